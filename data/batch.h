@@ -1,0 +1,34 @@
+// The packed micro-batch the model consumes: one or more samples (documents) laid end to end.
+// Every per-token array has length T (decoder tokens); image tokens occupy decoder positions
+// whose token id is the pad id and whose image_slot points at the merged vision token.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace dhp {
+
+// One image of the pack as the vision encoder sees it.
+struct PackedImage {
+  int64_t patch_offset = 0;  // first row of Batch::patches belonging to this image
+  int grid_h = 0;            // patches per column (H' / p)
+  int grid_w = 0;            // patches per row    (W' / p)
+  int64_t n_patches() const { return int64_t(grid_h) * grid_w; }
+};
+
+struct Batch {
+  int64_t T = 0;                      // decoder tokens in the pack
+  std::vector<int32_t> tokens;        // (T) token ids; image positions hold <pad>
+  std::vector<int32_t> targets;       // (T) token predicted from position t; -1 = no loss
+  std::vector<int32_t> doc;           // (T) document (sample) index within the pack, 0..
+  std::vector<int32_t> pos;           // (T) position within its document, from 0
+  std::vector<int32_t> image_slot;    // (T) row of the merged image tokens, or -1 for text
+  std::vector<float> patches;         // (P, p*p*3) normalised pixels, channel fastest
+  std::vector<PackedImage> images;    // images in order; merged tokens follow this order
+  std::vector<int64_t> sample_ids;    // dataset index of each document of the pack
+
+  int64_t n_patches() const;
+  int64_t loss_tokens() const;        // number of targets >= 0
+};
+
+}  // namespace dhp

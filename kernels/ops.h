@@ -1,0 +1,82 @@
+// The op interface the model is written against. Pointers are device pointers of the backend
+// that implements it; shapes and conventions are those of the CPU reference in kernels/cpu/
+// (one header per op family, forward and backward side by side). A backend never allocates
+// inside an op: the caller owns every buffer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/patch_merge.h"
+
+namespace dhp {
+
+using cpu::AdamWStep;
+using cpu::AttnMeta;
+using cpu::AttnShape;
+using cpu::CrossEntropyStats;
+using cpu::MergeImage;
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual std::string name() const = 0;
+
+  virtual void linear_forward(float* y, const float* x, const float* W, const float* b, int64_t T,
+                              int64_t in, int64_t out) const = 0;
+  virtual void linear_backward(float* dx, float* dW, float* db, const float* dy, const float* x,
+                               const float* W, int64_t T, int64_t in, int64_t out,
+                               bool accumulate_dx) const = 0;
+  virtual void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t T,
+                               int64_t C) const = 0;
+  virtual void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x,
+                                const float* w, const float* rstd, int64_t T, int64_t C) const = 0;
+  virtual void rope_forward(float* x, const int32_t* pos, int64_t T, int H, int hd,
+                            double theta) const = 0;
+  virtual void rope_backward(float* dx, const int32_t* pos, int64_t T, int H, int hd,
+                             double theta) const = 0;
+  virtual void rope2d_forward(float* x, const int32_t* row, const int32_t* col, int64_t T, int H,
+                              int hd, double theta) const = 0;
+  virtual void rope2d_backward(float* dx, const int32_t* row, const int32_t* col, int64_t T, int H,
+                               int hd, double theta) const = 0;
+  virtual void swiglu_forward(float* h, const float* a, const float* b, int64_t n) const = 0;
+  virtual void swiglu_backward(float* da, float* db, const float* dh, const float* a,
+                               const float* b, int64_t n) const = 0;
+  virtual void gelu_forward(float* y, const float* x, int64_t n) const = 0;
+  virtual void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) const = 0;
+  virtual void attention_forward(float* out, float* lse, const float* q, const float* k,
+                                 const float* v, AttnMeta qm, AttnMeta km,
+                                 const AttnShape& s) const = 0;
+  virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                                  const float* out, const float* lse, const float* q,
+                                  const float* k, const float* v, AttnMeta qm, AttnMeta km,
+                                  const AttnShape& s) const = 0;
+  virtual CrossEntropyStats cross_entropy_forward(float* lse, const float* logits,
+                                                  const int32_t* targets, int64_t T,
+                                                  int64_t V) const = 0;
+  virtual void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                                      const int32_t* targets, int64_t T, int64_t V,
+                                      float scale) const = 0;
+  virtual void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t T,
+                                 int64_t C) const = 0;
+  virtual void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t T,
+                                  int64_t C) const = 0;
+  virtual void patch_merge_forward(float* out, const float* in, const MergeImage* images,
+                                   int n_images, int64_t C, int m) const = 0;
+  virtual void patch_merge_backward(float* din, const float* dout, const MergeImage* images,
+                                    int n_images, int64_t C, int m) const = 0;
+  virtual void add_inplace(float* y, const float* x, int64_t n) const = 0;
+  virtual void scale_inplace(float* y, float s, int64_t n) const = 0;
+  virtual double sum_squares(const float* x, int64_t n) const = 0;
+  virtual void adamw_update(float* p, const float* g, float* m, float* v, int64_t n,
+                            const AdamWStep& s) const = 0;
+};
+
+// The fp32 CPU reference backend (OpenBLAS + OpenMP); `threads` = 0 uses every core.
+std::unique_ptr<Ops> make_cpu_ops(int threads);
+
+}  // namespace dhp

@@ -1,0 +1,127 @@
+#include "model/params.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "data/rng.h"
+#include "kernels/check.h"
+
+namespace dhp {
+namespace {
+
+// FNV-1a: a name hash fixed by this file (std::hash differs between standard libraries).
+uint64_t name_hash(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+
+}  // namespace
+
+int64_t ParamSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+void ParamTable::add(std::string name, std::vector<int64_t> shape, Init init, bool decay,
+                     float std) {
+  ParamSpec p{std::move(name), std::move(shape), init, std, decay, total_};
+  // Keep every tensor 16-float aligned so rows of SIMD loads never straddle two tensors.
+  total_ += (p.numel() + 15) / 16 * 16;
+  specs_.push_back(std::move(p));
+}
+
+ParamTable::ParamTable(const ModelConfig& c) {
+  const auto& v = c.vision;
+  const int64_t dv = v.dim, d = c.dim;
+  auto block = [&](const std::string& pre, int64_t C, int64_t qd, int64_t kvd, int64_t F,
+                   int n_layers) {
+    // Output projections are scaled by 1/sqrt(2·layers) so the residual stream's variance
+    // does not grow with depth (model-spec.md "Initialisation").
+    const float out_std = 0.02f / std::sqrt(2.0f * float(std::max(1, n_layers)));
+    add(pre + "attn_norm.weight", {C}, Init::Ones, false);
+    add(pre + "attn.wq.weight", {qd, C}, Init::Normal, true);
+    add(pre + "attn.wk.weight", {kvd, C}, Init::Normal, true);
+    add(pre + "attn.wv.weight", {kvd, C}, Init::Normal, true);
+    add(pre + "attn.wo.weight", {C, qd}, Init::Normal, true, out_std);
+    add(pre + "mlp_norm.weight", {C}, Init::Ones, false);
+    add(pre + "mlp.w1.weight", {F, C}, Init::Normal, true);
+    add(pre + "mlp.w2.weight", {C, F}, Init::Normal, true, out_std);
+    add(pre + "mlp.w3.weight", {F, C}, Init::Normal, true);
+  };
+  add("vision.patch_embed.weight", {dv, v.patch_numel()}, Init::Normal, true);
+  add("vision.patch_embed.bias", {dv}, Init::Zeros, false);
+  for (int i = 0; i < v.layers; ++i)
+    block("vision.layers." + std::to_string(i) + ".", dv, dv, dv, v.ffn, v.layers);
+  add("vision.norm.weight", {dv}, Init::Ones, false);
+  add("projector.fc1.weight", {d, int64_t(v.merge) * v.merge * dv}, Init::Normal, true);
+  add("projector.fc1.bias", {d}, Init::Zeros, false);
+  add("projector.fc2.weight", {d, d}, Init::Normal, true);
+  add("projector.fc2.bias", {d}, Init::Zeros, false);
+  add("tok_embed.weight", {c.vocab_size, d}, Init::Normal, true);
+  for (int i = 0; i < c.layers; ++i)
+    block("layers." + std::to_string(i) + ".", d, c.q_dim(), c.kv_dim(), c.ffn, c.layers);
+  add("final_norm.weight", {d}, Init::Ones, false);
+  if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, d}, Init::Normal, true);
+}
+
+const ParamSpec* ParamTable::find(const std::string& name) const {
+  for (const auto& p : specs_)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+const ParamSpec& ParamTable::get(const std::string& name) const {
+  const ParamSpec* p = find(name);
+  DHP_CHECK(p, "unknown parameter '{}'", name);
+  return *p;
+}
+
+void ParamTable::initialise(float* arena, uint64_t seed) const {
+  for (const auto& p : specs_) {
+    float* x = arena + p.offset;
+    const int64_t n = p.numel();
+    if (p.init != Init::Normal) {
+      std::fill_n(x, n, p.init == Init::Ones ? 1.0f : 0.0f);
+      continue;
+    }
+    Rng rng(mix_seed(seed, name_hash(p.name)));
+    // Box-Muller from our own uniform draws: std::normal_distribution differs between
+    // standard libraries, and the weights must not.
+    for (int64_t i = 0; i < n; i += 2) {
+      double u1 = 1.0 - rng.uniform(), u2 = rng.uniform();
+      double r = std::sqrt(-2.0 * std::log(u1)), a = 2.0 * M_PI * u2;
+      x[i] = float(p.std * r * std::cos(a));
+      if (i + 1 < n) x[i + 1] = float(p.std * r * std::sin(a));
+    }
+  }
+}
+
+ModelParams bind_params(const ParamTable& t, const ModelConfig& c, float* arena) {
+  auto at = [&](const std::string& name) { return arena + t.get(name).offset; };
+  auto block = [&](const std::string& pre) {
+    return BlockParams{at(pre + "attn_norm.weight"), at(pre + "attn.wq.weight"),
+                       at(pre + "attn.wk.weight"),   at(pre + "attn.wv.weight"),
+                       at(pre + "attn.wo.weight"),   at(pre + "mlp_norm.weight"),
+                       at(pre + "mlp.w1.weight"),    at(pre + "mlp.w2.weight"),
+                       at(pre + "mlp.w3.weight")};
+  };
+  ModelParams p;
+  p.patch_embed_w = at("vision.patch_embed.weight");
+  p.patch_embed_b = at("vision.patch_embed.bias");
+  for (int i = 0; i < c.vision.layers; ++i)
+    p.vision_layers.push_back(block("vision.layers." + std::to_string(i) + "."));
+  p.vision_norm = at("vision.norm.weight");
+  p.fc1_w = at("projector.fc1.weight");
+  p.fc1_b = at("projector.fc1.bias");
+  p.fc2_w = at("projector.fc2.weight");
+  p.fc2_b = at("projector.fc2.bias");
+  p.tok_embed = at("tok_embed.weight");
+  for (int i = 0; i < c.layers; ++i) p.layers.push_back(block("layers." + std::to_string(i) + "."));
+  p.final_norm = at("final_norm.weight");
+  p.lm_head = c.tie_embeddings ? p.tok_embed : at("lm_head.weight");
+  return p;
+}
+
+}  // namespace dhp

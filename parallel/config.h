@@ -1,0 +1,19 @@
+// [parallel] section: how a global batch is spread over the ranks every step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dhp {
+
+struct ParallelConfig {
+  std::string strategy = "dhp";    // "dhp" | "static" | "pow2"
+  double memory_gb = 80.0;         // usable memory per device for the memory model
+  bool zero1 = true;               // shard optimizer state over all ranks
+  int ranks_per_node = 8;          // placement keeps groups inside a node when it can
+  int static_cp = 0;               // static strategy's CP degree; 0 = smallest that fits
+  double planner_budget_ms = 5.0;  // time the planner may spend improving a plan
+  std::string device = "cpu";      // cost-model profile: "cpu" (measured) or a GPU name
+};
+
+}  // namespace dhp

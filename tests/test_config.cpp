@@ -1,0 +1,118 @@
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "kernels/check.h"
+#include "trainer/config.h"
+
+namespace dhp {
+namespace {
+
+// The message of the dhp::Error that `f` throws, or "" when it throws none.
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, DefaultsWhenEmpty) {
+  Config c = parse_config("", "empty.toml");
+  EXPECT_EQ(c.model.dim, ModelConfig{}.dim);
+  EXPECT_EQ(c.parallel.strategy, "dhp");
+}
+
+TEST(Config, ReadsSectionsAndNestedVision) {
+  Config c = parse_config(
+      "[model]\ndim = 96\nheads = 4\nkv_heads = 2\n[model.vision]\npatch = 8\nmerge = 1\n"
+      "[optim]\nlr = 1\n[parallel]\nstrategy = \"pow2\"\n",
+      "a.toml");
+  EXPECT_EQ(c.model.dim, 96);
+  EXPECT_EQ(c.model.vision.patch, 8);
+  EXPECT_EQ(c.model.vision.merge, 1);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 1.0);  // an integer is accepted where a float is expected
+  EXPECT_EQ(c.parallel.strategy, "pow2");
+}
+
+TEST(Config, OverridesWinAndAcceptBareStrings) {
+  Config c = parse_config("[model]\ndim = 96\n", "a.toml",
+                          {"--model.dim=64", "optim.lr=1e-4", "--parallel.strategy=static",
+                           "--log.progress=false", "--model.vision.layers=0"});
+  EXPECT_EQ(c.model.dim, 64);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 1e-4);
+  EXPECT_EQ(c.parallel.strategy, "static");
+  EXPECT_FALSE(c.log.progress);
+  EXPECT_EQ(c.model.vision.layers, 0);
+}
+
+TEST(Config, UnknownKeyNamesFileLineKeyAndSuggests) {
+  std::string msg = error_of([] { parse_config("[train]\nsteps = 3\nbatch_sise = 4\n", "run.toml"); });
+  EXPECT_NE(msg.find("run.toml:3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("train.batch_sise"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("train.batch_size"), std::string::npos) << msg;
+}
+
+TEST(Config, UnknownSection) {
+  std::string msg = error_of([] { parse_config("\n[trian]\nsteps = 3\n", "run.toml"); });
+  EXPECT_NE(msg.find("run.toml:2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[trian]"), std::string::npos) << msg;
+}
+
+TEST(Config, WrongTypeNamesKeyAndType) {
+  std::string msg = error_of([] { parse_config("[model]\n\ndim = \"big\"\n", "m.toml"); });
+  EXPECT_NE(msg.find("m.toml:3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.dim"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("integer"), std::string::npos) << msg;
+  msg = error_of([] { parse_config("[log]\nprogress = 1\n", "m.toml"); });
+  EXPECT_NE(msg.find("boolean"), std::string::npos) << msg;
+}
+
+TEST(Config, OutOfRangeAndBadChoice) {
+  std::string msg = error_of([] { parse_config("[checkpoint]\nkeep = 1\n", "c.toml"); });
+  EXPECT_NE(msg.find("c.toml:2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("checkpoint.keep"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("out of range"), std::string::npos) << msg;
+  msg = error_of([] { parse_config("[parallel]\nstrategy = \"ring\"\n", "c.toml"); });
+  EXPECT_NE(msg.find("dhp, static, pow2"), std::string::npos) << msg;
+}
+
+TEST(Config, OverrideErrorsNameTheOverride) {
+  std::string msg = error_of([] { parse_config("", "c.toml", {"--model.dimm=4"}); });
+  EXPECT_NE(msg.find("--model.dimm=4"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.dim"), std::string::npos) << msg;
+  msg = error_of([] { parse_config("", "c.toml", {"--model.dim=wide"}); });
+  EXPECT_NE(msg.find("integer"), std::string::npos) << msg;
+  msg = error_of([] { parse_config("", "c.toml", {"--model.dim"}); });
+  EXPECT_NE(msg.find("section.key=value"), std::string::npos) << msg;
+}
+
+TEST(Config, CrossKeyValidation) {
+  std::string msg = error_of([] { parse_config("[model]\nheads = 6\nkv_heads = 4\ndim = 96\n", "x.toml"); });
+  EXPECT_NE(msg.find("kv_heads"), std::string::npos) << msg;
+}
+
+TEST(Config, MissingFile) {
+  std::string msg = error_of([] { load_config("/nonexistent/dir/run.toml"); });
+  EXPECT_NE(msg.find("/nonexistent/dir/run.toml"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not found"), std::string::npos) << msg;
+}
+
+TEST(Config, InvalidTomlNamesLine) {
+  std::string msg = error_of([] { parse_config("[model]\ndim = = 3\n", "bad.toml"); });
+  EXPECT_NE(msg.find("bad.toml:2"), std::string::npos) << msg;
+}
+
+TEST(Config, TomlRoundTripAndDemoConfigLoads) {
+  Config a = parse_config("", "a.toml", {"--model.dim=80", "--data.train=x y.jsonl", "--optim.lr=0.25"});
+  Config b = parse_config(to_toml(a), "b.toml");
+  EXPECT_EQ(format_config(a), format_config(b));
+  Config demo = load_config(std::string(DHP_SOURCE_DIR) + "/configs/demo.toml");
+  EXPECT_GT(demo.train.steps, 0);
+}
+
+}  // namespace
+}  // namespace dhp

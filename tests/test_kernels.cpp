@@ -1,0 +1,245 @@
+// Every CPU op: forward against a direct formula where one exists, backward against finite
+// differences. The attention kernel is also checked against a naive reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/norm.h"
+#include "kernels/cpu/patch_merge.h"
+#include "kernels/cpu/rope.h"
+#include "tests/grad_check.h"
+
+namespace dhp {
+namespace {
+
+using namespace dhp::cpu;
+using testing::expect_gradient;
+using testing::random_vec;
+using testing::weighted_sum;
+
+TEST(Matmul, LinearForwardMatchesLoops) {
+  Rng rng(1);
+  const int64_t T = 5, in = 7, out = 3;
+  auto x = random_vec(rng, T * in), W = random_vec(rng, out * in), b = random_vec(rng, out);
+  std::vector<float> y(T * out);
+  linear_forward(y.data(), x.data(), W.data(), b.data(), T, in, out);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < out; ++o) {
+      double s = b[o];
+      for (int64_t i = 0; i < in; ++i) s += double(x[t * in + i]) * W[o * in + i];
+      EXPECT_NEAR(y[t * out + o], s, 1e-5);
+    }
+}
+
+TEST(Matmul, LinearGradients) {
+  Rng rng(2);
+  const int64_t T = 6, in = 5, out = 4;
+  auto x = random_vec(rng, T * in), W = random_vec(rng, out * in), b = random_vec(rng, out);
+  auto r = random_vec(rng, T * out);
+  auto loss = [&] {
+    std::vector<float> y(T * out);
+    linear_forward(y.data(), x.data(), W.data(), b.data(), T, in, out);
+    return weighted_sum(y, r);
+  };
+  std::vector<float> dx(T * in), dW(out * in, 0.0f), db(out, 0.0f);
+  linear_backward(dx.data(), dW.data(), db.data(), r.data(), x.data(), W.data(), T, in, out);
+  expect_gradient("linear dx", x, dx, loss);
+  expect_gradient("linear dW", W, dW, loss);
+  expect_gradient("linear db", b, db, loss);
+  // Parameter gradients accumulate: a second call doubles them.
+  linear_backward(nullptr, dW.data(), db.data(), r.data(), x.data(), W.data(), T, in, out);
+  std::vector<float> dW1(out * in, 0.0f);
+  linear_backward(nullptr, dW1.data(), nullptr, r.data(), x.data(), W.data(), T, in, out);
+  for (size_t i = 0; i < dW.size(); ++i) EXPECT_NEAR(dW[i], 2 * dW1[i], 1e-5);
+}
+
+TEST(RMSNorm, ForwardAndGradients) {
+  Rng rng(3);
+  const int64_t T = 4, C = 8;
+  auto x = random_vec(rng, T * C, 2.0f), w = random_vec(rng, C), r = random_vec(rng, T * C);
+  std::vector<float> y(T * C), rstd(T);
+  rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), T, C);
+  double ms = 0;
+  for (int64_t c = 0; c < C; ++c) ms += double(x[c]) * x[c];
+  EXPECT_NEAR(y[1], x[1] / std::sqrt(ms / C + 1e-6) * w[1], 1e-5);
+  auto loss = [&] {
+    std::vector<float> yy(T * C), rs(T);
+    rmsnorm_forward(yy.data(), rs.data(), x.data(), w.data(), T, C);
+    return weighted_sum(yy, r);
+  };
+  std::vector<float> dx(T * C), dw(C, 0.0f);
+  rmsnorm_backward(dx.data(), dw.data(), r.data(), x.data(), w.data(), rstd.data(), T, C);
+  expect_gradient("rmsnorm dx", x, dx, loss);
+  expect_gradient("rmsnorm dw", w, dw, loss);
+}
+
+TEST(Rope, OneDimensionalRotatesHalfSplitPairs) {
+  const int hd = 8;
+  std::vector<float> x(hd);
+  for (int i = 0; i < hd; ++i) x[i] = float(i + 1);
+  int32_t pos = 3;
+  rope_forward(x.data(), &pos, 1, 1, hd, 0, hd, 10000.0);
+  for (int i = 0; i < hd / 2; ++i) {
+    double a = 3.0 * std::pow(10000.0, -2.0 * i / hd);
+    double x0 = i + 1, x1 = i + 1 + hd / 2;
+    EXPECT_NEAR(x[i], x0 * std::cos(a) - x1 * std::sin(a), 1e-5);
+    EXPECT_NEAR(x[i + hd / 2], x0 * std::sin(a) + x1 * std::cos(a), 1e-5);
+  }
+}
+
+TEST(Rope, GradientsOneAndTwoDimensional) {
+  Rng rng(4);
+  const int64_t T = 5;
+  const int H = 2, hd = 8;
+  std::vector<int32_t> pos = {0, 1, 7, 2, 30}, row = {0, 0, 1, 3, 2}, col = {0, 1, 0, 4, 5};
+  auto r = random_vec(rng, T * H * hd);
+  for (int dims = 1; dims <= 2; ++dims) {
+    auto x = random_vec(rng, T * H * hd);
+    auto loss = [&] {
+      auto y = x;
+      if (dims == 1) rope_forward(y.data(), pos.data(), T, H, hd, 0, hd, 100.0);
+      else rope2d_forward(y.data(), row.data(), col.data(), T, H, hd, 100.0);
+      return weighted_sum(y, r);
+    };
+    auto dx = r;
+    if (dims == 1) rope_backward(dx.data(), pos.data(), T, H, hd, 0, hd, 100.0);
+    else rope2d_backward(dx.data(), row.data(), col.data(), T, H, hd, 100.0);
+    expect_gradient(dims == 1 ? "rope1d dx" : "rope2d dx", x, dx, loss);
+  }
+  // 2-D RoPE is 1-D RoPE of half the width on each half.
+  auto x = random_vec(rng, T * H * hd), y = x, z = x;
+  rope2d_forward(y.data(), row.data(), col.data(), T, H, hd, 100.0);
+  rope_forward(z.data(), row.data(), T, H, hd, 0, hd / 2, 100.0);
+  rope_forward(z.data(), col.data(), T, H, hd, hd / 2, hd / 2, 100.0);
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], z[i]);
+}
+
+TEST(Activation, SwiGLUAndGELU) {
+  Rng rng(5);
+  const int64_t n = 30;
+  auto a = random_vec(rng, n, 3.0f), b = random_vec(rng, n, 3.0f), r = random_vec(rng, n);
+  std::vector<float> h(n);
+  swiglu_forward(h.data(), a.data(), b.data(), n);
+  EXPECT_NEAR(h[0], a[0] / (1 + std::exp(-a[0])) * b[0], 1e-5);
+  auto lsw = [&] {
+    std::vector<float> y(n);
+    swiglu_forward(y.data(), a.data(), b.data(), n);
+    return weighted_sum(y, r);
+  };
+  std::vector<float> da(n), db(n);
+  swiglu_backward(da.data(), db.data(), r.data(), a.data(), b.data(), n);
+  expect_gradient("swiglu da", a, da, lsw);
+  expect_gradient("swiglu db", b, db, lsw);
+
+  auto x = random_vec(rng, n, 4.0f);
+  std::vector<float> y(n);
+  gelu_forward(y.data(), x.data(), n);
+  double v = x[3];
+  EXPECT_NEAR(y[3], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), 1e-5);
+  auto lg = [&] {
+    std::vector<float> yy(n);
+    gelu_forward(yy.data(), x.data(), n);
+    return weighted_sum(yy, r);
+  };
+  std::vector<float> dx(n);
+  gelu_backward(dx.data(), r.data(), x.data(), n);
+  expect_gradient("gelu dx", x, dx, lg);
+}
+
+TEST(CrossEntropy, LossAccuracyAndGradient) {
+  Rng rng(6);
+  const int64_t T = 5, V = 7;
+  auto logits = random_vec(rng, T * V, 3.0f);
+  std::vector<int32_t> targets = {2, -1, 6, 0, -1};
+  std::vector<float> lse(T);
+  auto st = cross_entropy_forward(lse.data(), logits.data(), targets.data(), T, V);
+  EXPECT_EQ(st.count, 3);
+  double expect = 0;
+  int64_t correct = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    if (targets[t] < 0) continue;
+    double s = 0;
+    int64_t arg = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      s += std::exp(double(logits[t * V + v]));
+      if (logits[t * V + v] > logits[t * V + arg]) arg = v;
+    }
+    expect += std::log(s) - logits[t * V + targets[t]];
+    correct += arg == targets[t];
+  }
+  EXPECT_NEAR(st.loss_sum, expect, 1e-5);
+  EXPECT_EQ(st.correct, correct);
+  auto loss = [&] {
+    std::vector<float> l(T);
+    return 0.5 * cross_entropy_forward(l.data(), logits.data(), targets.data(), T, V).loss_sum;
+  };
+  std::vector<float> d(T * V);
+  cross_entropy_backward(d.data(), logits.data(), lse.data(), targets.data(), T, V, 0.5f);
+  expect_gradient("cross-entropy dlogits", logits, d, loss);
+}
+
+TEST(Embedding, LookupSkipsNegativeIdsAndScatterAdds) {
+  Rng rng(7);
+  const int64_t V = 6, C = 20, T = 7;
+  auto table = random_vec(rng, V * C), r = random_vec(rng, T * C);
+  std::vector<int32_t> ids = {3, 1, -1, 3, 0, 5, 3};
+  std::vector<float> out(T * C);
+  embedding_forward(out.data(), ids.data(), table.data(), T, C);
+  EXPECT_EQ(out[2 * C + 4], 0.0f);
+  EXPECT_EQ(out[3 * C + 4], table[3 * C + 4]);
+  auto loss = [&] {
+    std::vector<float> o(T * C);
+    embedding_forward(o.data(), ids.data(), table.data(), T, C);
+    return weighted_sum(o, r);
+  };
+  std::vector<float> dt(V * C, 0.0f);
+  embedding_backward(dt.data(), r.data(), ids.data(), T, C);
+  expect_gradient("embedding dtable", table, dt, loss, 200);
+}
+
+TEST(PatchMerge, OrderAndGradient) {
+  // Two images: 2x4 and 2x2 patches, C = 1, values = patch index.
+  const int64_t C = 1;
+  std::vector<MergeImage> ims = {{0, 2, 4}, {8, 2, 2}};
+  std::vector<float> in(12);
+  for (int i = 0; i < 12; ++i) in[i] = float(i);
+  std::vector<float> out(12);
+  patch_merge_forward(out.data(), in.data(), ims.data(), 2, C, 2);
+  // Image 0 row-major grid 2x4: merged token 0 = (0,0),(0,1),(1,0),(1,1) = 0,1,4,5.
+  std::vector<float> expect = {0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 10, 11};
+  EXPECT_EQ(out, expect);
+  Rng rng(8);
+  auto x = random_vec(rng, 12 * 3), r = random_vec(rng, 12 * 3);
+  auto loss = [&] {
+    std::vector<float> o(x.size());
+    patch_merge_forward(o.data(), x.data(), ims.data(), 2, 3, 2);
+    return weighted_sum(o, r);
+  };
+  std::vector<float> dx(x.size());
+  patch_merge_backward(dx.data(), r.data(), ims.data(), 2, 3, 2);
+  expect_gradient("patch merge dx", x, dx, loss, 100);
+}
+
+TEST(Elementwise, SumSquaresAndAdamW) {
+  std::vector<float> x(100000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 7) - 3.0f;
+  double expect = 0;
+  for (float v : x) expect += double(v) * v;
+  EXPECT_DOUBLE_EQ(sum_squares(x.data(), int64_t(x.size())), expect);
+
+  // One AdamW step from zero moments: m̂ = g, v̂ = g², so p -= lr·(g/(|g|+eps) + wd·p).
+  std::vector<float> p = {1.0f, -2.0f}, g = {0.5f, -0.25f}, m(2, 0.0f), v(2, 0.0f);
+  adamw_update(p.data(), g.data(), m.data(), v.data(), 2, AdamWStep{0.1f, 0.9f, 0.99f, 1e-8f, 0.1f, 1});
+  EXPECT_NEAR(p[0], 1.0 - 0.1 * (1.0 + 0.1 * 1.0), 1e-5);
+  EXPECT_NEAR(p[1], -2.0 - 0.1 * (-1.0 + 0.1 * -2.0), 1e-5);
+}
+
+}  // namespace
+}  // namespace dhp

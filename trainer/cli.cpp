@@ -1,0 +1,47 @@
+#include "trainer/cli.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "kernels/check.h"
+
+namespace dhp {
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{"dhp: a trainer for vision-language models with dynamic hybrid parallelism"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", DHP_VERSION);
+
+  auto* version = app.add_subcommand("version", "Print the version and build options");
+  version->callback([] {
+    fmt::print("dhp {}\n", DHP_VERSION);
+#ifdef DHP_WITH_CUDA
+    fmt::print("cuda backend: compiled in\n");
+#else
+    fmt::print("cuda backend: not compiled\n");
+#endif
+#ifdef DHP_MPI
+    fmt::print("mpi: yes\n");
+#else
+    fmt::print("mpi: no\n");
+#endif
+  });
+  add_train_command(app);
+  add_eval_command(app);
+  add_data_command(app);
+  add_plan_command(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "dhp: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace dhp

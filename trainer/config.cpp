@@ -1,0 +1,364 @@
+#include "trainer/config.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <toml++/toml.h>
+#include <variant>
+
+#include "kernels/check.h"
+
+namespace dhp {
+namespace {
+
+using Ref = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*>;
+
+struct Key {
+  std::string section;              // "model" or "model.vision"
+  std::string name;
+  Ref ref;
+  double lo = -std::numeric_limits<double>::infinity();
+  double hi = std::numeric_limits<double>::infinity();
+  std::vector<std::string> choices;  // non-empty: the only accepted strings
+  std::string path() const { return section + "." + name; }
+};
+
+// The one table of every configuration key: type (from the member), range and choices.
+class Schema {
+ public:
+  explicit Schema(Config& c) { describe(c); }
+  const std::vector<Key>& keys() const { return keys_; }
+  const Key* find(const std::string& path) const {
+    for (const auto& k : keys_)
+      if (k.path() == path) return &k;
+    return nullptr;
+  }
+  bool is_section(const std::string& s) const {
+    for (const auto& k : keys_)
+      if (k.section == s) return true;
+    return false;
+  }
+
+ private:
+  std::vector<Key> keys_;
+  std::string sec_;
+
+  template <class T>
+  void num(const char* name, T& ref, double lo, double hi) {
+    keys_.push_back(Key{sec_, name, Ref(&ref), lo, hi, {}});
+  }
+  void flag(const char* name, bool& ref) { keys_.push_back(Key{sec_, name, Ref(&ref)}); }
+  void str(const char* name, std::string& ref, std::vector<std::string> choices = {}) {
+    keys_.push_back(Key{sec_, name, Ref(&ref), -INFINITY, INFINITY, std::move(choices)});
+  }
+
+  void describe(Config& c) {
+    const double big = 1e12;
+    sec_ = "model";
+    auto& m = c.model;
+    num("dim", m.dim, 1, 1 << 16);
+    num("layers", m.layers, 0, 1024);
+    num("heads", m.heads, 1, 1024);
+    num("kv_heads", m.kv_heads, 1, 1024);
+    num("head_dim", m.head_dim, 0, 4096);
+    num("ffn", m.ffn, 1, 1 << 20);
+    num("vocab_size", m.vocab_size, 8, 1 << 24);
+    num("rope_theta", m.rope_theta, 1, 1e12);
+    flag("tie_embeddings", m.tie_embeddings);
+    sec_ = "model.vision";
+    auto& v = c.model.vision;
+    num("patch", v.patch, 1, 256);
+    num("dim", v.dim, 1, 1 << 16);
+    num("layers", v.layers, 0, 1024);
+    num("heads", v.heads, 1, 1024);
+    num("ffn", v.ffn, 1, 1 << 20);
+    num("merge", v.merge, 1, 2);
+    num("min_pixels", v.min_pixels, 1, big);
+    num("max_pixels", v.max_pixels, 1, big);
+
+    sec_ = "data";
+    auto& d = c.data;
+    str("train", d.train);
+    str("val", d.val);
+    str("image_root", d.image_root);
+    str("tokenizer", d.tokenizer);
+    num("max_tokens", d.max_tokens, 8, big);
+    num("workers", d.workers, 0, 256);
+    str("on_error", d.on_error, {"skip", "fail"});
+
+    sec_ = "train";
+    auto& t = c.train;
+    num("steps", t.steps, 0, big);
+    num("batch_size", t.batch_size, 1, big);
+    num("micro_tokens", t.micro_tokens, 8, big);
+    num("seed", t.seed, 0, 9.2e18);
+    num("threads", t.threads, 0, 4096);
+    str("device", t.device, {"cpu", "cuda"});
+
+    sec_ = "optim";
+    auto& o = c.optim;
+    num("lr", o.lr, 0, 10);
+    num("min_lr", o.min_lr, 0, 10);
+    num("warmup", o.warmup, 0, big);
+    num("weight_decay", o.weight_decay, 0, 10);
+    num("beta1", o.beta1, 0, 0.999999);
+    num("beta2", o.beta2, 0, 0.999999);
+    num("eps", o.eps, 0, 1);
+    num("grad_clip", o.grad_clip, 0, 1e6);
+
+    sec_ = "parallel";
+    auto& p = c.parallel;
+    str("strategy", p.strategy, {"dhp", "static", "pow2"});
+    num("memory_gb", p.memory_gb, 0.001, 1e6);
+    flag("zero1", p.zero1);
+    num("ranks_per_node", p.ranks_per_node, 1, 1 << 16);
+    num("static_cp", p.static_cp, 0, 1 << 20);
+    num("planner_budget_ms", p.planner_budget_ms, 0, 1e6);
+    str("device", p.device);
+
+    sec_ = "checkpoint";
+    auto& k = c.checkpoint;
+    str("dir", k.dir);
+    num("every", k.every, 0, big);
+    num("keep", k.keep, 2, 1 << 20);
+
+    sec_ = "eval";
+    auto& e = c.eval;
+    num("every", e.every, 0, big);
+    num("max_samples", e.max_samples, 0, big);
+    flag("blank_images", e.blank_images);
+
+    sec_ = "log";
+    auto& l = c.log;
+    str("level", l.level, {"debug", "info", "warn", "error"});
+    num("every", l.every, 1, big);
+    str("metrics", l.metrics);
+    flag("progress", l.progress);
+  }
+};
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string suggestion(const Schema& s, const std::string& path) {
+  const Key* best = nullptr;
+  size_t best_d = 4;
+  for (const auto& k : s.keys()) {
+    size_t d = edit_distance(k.path(), path);
+    if (d < best_d) best_d = d, best = &k;
+  }
+  return best ? fmt::format(" (did you mean '{}'?)", best->path()) : "";
+}
+
+std::string where(const std::string& file, const toml::source_region& src) {
+  if (src.begin.line > 0) return fmt::format("{}:{}", file, src.begin.line);
+  return file;
+}
+
+const char* type_name(const Ref& r) {
+  switch (r.index()) {
+    case 0: case 1: case 2: return "an integer";
+    case 3: return "a number";
+    case 4: return "a boolean (true or false)";
+    default: return "a string";
+  }
+}
+
+// Stores `node` into the key's member after checking its type and range.
+void assign(const Key& key, const toml::node& node, const std::string& at) {
+  auto bad_type = [&] {
+    return Error(fmt::format("{}: '{}' must be {}, got {}", at, key.path(), type_name(key.ref),
+                             node.type() == toml::node_type::string ? "a string" : "another type"));
+  };
+  auto in_range = [&](double x) {
+    DHP_CHECK(x >= key.lo && x <= key.hi, "{}: '{}' = {} is out of range [{}, {}]", at, key.path(),
+              x, key.lo, key.hi);
+  };
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          auto v = node.value_exact<bool>();
+          if (!v) throw bad_type();
+          *p = *v;
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          auto v = node.value_exact<std::string>();
+          if (!v) throw bad_type();
+          if (!key.choices.empty() &&
+              std::find(key.choices.begin(), key.choices.end(), *v) == key.choices.end())
+            throw Error(fmt::format("{}: '{}' = \"{}\" is not one of: {}", at, key.path(), *v,
+                                    fmt::join(key.choices, ", ")));
+          *p = *v;
+        } else if constexpr (std::is_same_v<T, double>) {
+          std::optional<double> v;
+          if (node.is_floating_point()) v = node.value_exact<double>();
+          else if (node.is_integer()) v = double(*node.value_exact<int64_t>());
+          if (!v) throw bad_type();
+          in_range(*v);
+          *p = *v;
+        } else {
+          auto v = node.value_exact<int64_t>();
+          if (!v) throw bad_type();
+          in_range(double(*v));
+          *p = T(*v);
+        }
+      },
+      key.ref);
+}
+
+void apply_table(const Schema& s, const toml::table& tbl, const std::string& prefix,
+                 const std::string& file) {
+  for (const auto& [k, node] : tbl) {
+    std::string name(k.str());
+    std::string path = prefix.empty() ? name : prefix + "." + name;
+    std::string at = where(file, node.source());
+    if (node.is_table()) {
+      DHP_CHECK(s.is_section(path), "{}: unknown section [{}]{}", at, path, suggestion(s, path));
+      apply_table(s, *node.as_table(), path, file);
+      continue;
+    }
+    const Key* key = s.find(path);
+    if (!key) {
+      if (prefix.empty())
+        throw Error(fmt::format("{}: '{}' must be inside a section such as [train]", at, path));
+      throw Error(fmt::format("{}: unknown key '{}'{}", at, path, suggestion(s, path)));
+    }
+    assign(*key, node, at);
+  }
+}
+
+void apply_override(const Schema& s, std::string text) {
+  if (text.rfind("--", 0) == 0) text = text.substr(2);
+  auto eq = text.find('=');
+  std::string at = fmt::format("command-line override '--{}'", text);
+  DHP_CHECK(eq != std::string::npos, "{}: expected --section.key=value", at);
+  std::string path = text.substr(0, eq), value = text.substr(eq + 1);
+  const Key* key = s.find(path);
+  DHP_CHECK(key, "{}: unknown key '{}'{}", at, path, suggestion(s, path));
+  // The value is TOML (so 1e-3, true, "x" mean what they mean in the file); a bare word that
+  // is not valid TOML is taken as a string, so --parallel.strategy=pow2 needs no quotes.
+  toml::parse_result parsed = toml::parse("v = " + value);
+  if (parsed && !(key->ref.index() == 5 && !parsed.table()["v"].is_string())) {
+    assign(*key, *parsed.table().get("v"), at);
+  } else {
+    toml::value<std::string> as_string(value);
+    assign(*key, as_string, at);
+  }
+}
+
+// Relations between keys that no single range can express.
+void validate(const Config& c) {
+  const auto& m = c.model;
+  const std::string& f = c.source;
+  DHP_CHECK(m.head_dim > 0 || m.dim % m.heads == 0,
+            "{}: model.dim ({}) must be divisible by model.heads ({}) unless model.head_dim is set",
+            f, m.dim, m.heads);
+  DHP_CHECK(m.heads % m.kv_heads == 0, "{}: model.heads ({}) must be a multiple of model.kv_heads ({})",
+            f, m.heads, m.kv_heads);
+  DHP_CHECK(m.hd() % 2 == 0, "{}: the head dimension ({}) must be even for RoPE", f, m.hd());
+  const auto& v = m.vision;
+  DHP_CHECK(v.dim % v.heads == 0, "{}: model.vision.dim ({}) must be divisible by model.vision.heads ({})",
+            f, v.dim, v.heads);
+  DHP_CHECK(v.head_dim() % 4 == 0,
+            "{}: the vision head dimension ({}) must be a multiple of 4 for 2-D RoPE", f, v.head_dim());
+  DHP_CHECK(v.min_pixels <= v.max_pixels, "{}: model.vision.min_pixels ({}) exceeds max_pixels ({})",
+            f, v.min_pixels, v.max_pixels);
+  DHP_CHECK(int64_t(v.factor()) * v.factor() <= v.max_pixels,
+            "{}: model.vision.max_pixels ({}) is below one merged patch ({}x{} pixels)", f,
+            v.max_pixels, v.factor(), v.factor());
+  DHP_CHECK(c.optim.min_lr <= c.optim.lr, "{}: optim.min_lr ({}) exceeds optim.lr ({})", f,
+            c.optim.min_lr, c.optim.lr);
+}
+
+std::string value_text(const Ref& r, bool quote) {
+  return std::visit(
+      [&](auto* p) -> std::string {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, std::string>)
+          return quote ? fmt::format("\"{}\"", *p) : *p;
+        else if constexpr (std::is_same_v<T, bool>)
+          return *p ? "true" : "false";
+        else if constexpr (std::is_same_v<T, double>) {
+          std::string s = fmt::format("{}", *p);
+          if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+          return s;
+        } else
+          return fmt::format("{}", *p);
+      },
+      r);
+}
+
+Config finish(Config cfg, const toml::table& tbl, const std::string& name,
+              const std::vector<std::string>& overrides) {
+  cfg.source = name;
+  Schema s(cfg);
+  apply_table(s, tbl, "", name);
+  for (const auto& o : overrides) apply_override(s, o);
+  validate(cfg);
+  return cfg;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& text, const std::string& name,
+                    const std::vector<std::string>& overrides) {
+  toml::parse_result parsed = toml::parse(text, name);
+  if (!parsed) {
+    const auto& e = parsed.error();
+    throw Error(fmt::format("{}:{}: invalid TOML: {}", name, e.source().begin.line, e.description()));
+  }
+  return finish(Config{}, parsed.table(), name, overrides);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  DHP_CHECK(in.good(), "config file '{}' not found or not readable", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path, overrides);
+}
+
+std::string format_config(const Config& cfg) {
+  Config copy = cfg;
+  Schema s(copy);
+  size_t width = 0;
+  for (const auto& k : s.keys()) width = std::max(width, k.path().size());
+  std::string out;
+  for (const auto& k : s.keys())
+    out += fmt::format("  {:<{}} = {}\n", k.path(), width, value_text(k.ref, true));
+  return out;
+}
+
+std::string to_toml(const Config& cfg) {
+  Config copy = cfg;
+  Schema s(copy);
+  std::string out, section;
+  for (const auto& k : s.keys()) {
+    if (k.section != section) {
+      section = k.section;
+      out += fmt::format("{}[{}]\n", out.empty() ? "" : "\n", section);
+    }
+    out += fmt::format("{} = {}\n", k.name, value_text(k.ref, true));
+  }
+  return out;
+}
+
+}  // namespace dhp

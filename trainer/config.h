@@ -1,0 +1,81 @@
+// The whole run's configuration: one TOML file whose sections mirror the modules.
+// Every key has a type, a default and a valid range in one schema (config.cpp); unknown keys,
+// wrong types and out-of-range values are errors naming the file, line and key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/config.h"
+#include "model/config.h"
+#include "parallel/config.h"
+
+namespace dhp {
+
+struct TrainConfig {
+  int64_t steps = 200;
+  int64_t batch_size = 16;          // samples per global batch
+  int64_t micro_tokens = 2048;      // decoder-token budget of one micro-batch (accumulation)
+  uint64_t seed = 1234;
+  int threads = 0;                  // CPU threads; 0 = all cores
+  std::string device = "cpu";       // "cpu" | "cuda"
+};
+
+struct OptimConfig {
+  double lr = 3e-3;
+  double min_lr = 3e-4;             // cosine floor
+  int64_t warmup = 20;              // linear warm-up steps
+  double weight_decay = 0.05;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;           // global-norm clipping; 0 = off
+};
+
+struct CheckpointConfig {
+  std::string dir = "runs/demo/checkpoints";
+  int64_t every = 0;                // steps between checkpoints; 0 = only at the end
+  int keep = 2;
+};
+
+struct EvalConfig {
+  int64_t every = 0;                // steps between held-out evaluations; 0 = only at the end
+  int64_t max_samples = 0;          // 0 = the whole held-out split
+  bool blank_images = true;         // also evaluate with the images blanked
+};
+
+struct LogConfig {
+  std::string level = "info";
+  int64_t every = 1;                // steps between log lines
+  std::string metrics = "runs/demo/metrics.jsonl";  // "" = no metrics file
+  bool progress = true;             // progress bar on a terminal
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  ParallelConfig parallel;
+  CheckpointConfig checkpoint;
+  EvalConfig eval;
+  LogConfig log;
+  std::string source;               // file the config came from
+};
+
+// Reads `path` (TOML) and applies `overrides` of the form "section.key=value" (a leading "--"
+// is accepted), then validates. Throws dhp::Error naming file, line and key.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Parses TOML text as if it came from `name`; for tests and for configs built in memory.
+Config parse_config(const std::string& text, const std::string& name,
+                    const std::vector<std::string>& overrides = {});
+
+// The resolved configuration as an aligned "section.key = value" table.
+std::string format_config(const Config& cfg);
+
+// The resolved configuration as TOML text that parse_config() reads back to the same values.
+std::string to_toml(const Config& cfg);
+
+}  // namespace dhp
