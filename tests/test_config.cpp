@@ -40,7 +40,7 @@ TEST(Config, ReadsSectionsAndNestedVision) {
 
 TEST(Config, OverridesWinAndAcceptBareStrings) {
   Config c = parse_config("[model]\ndim = 96\n", "a.toml",
-                          {"--model.dim=64", "optim.lr=1e-4", "--parallel.strategy=static",
+                          {"--model.dim=64", "optim.lr=1e-4", "--optim.min_lr=1e-5", "--parallel.strategy=static",
                            "--log.progress=false", "--model.vision.layers=0"});
   EXPECT_EQ(c.model.dim, 64);
   EXPECT_DOUBLE_EQ(c.optim.lr, 1e-4);

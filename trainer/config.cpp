@@ -121,6 +121,7 @@ class Schema {
     num("static_cp", p.static_cp, 0, 1 << 20);
     num("planner_budget_ms", p.planner_budget_ms, 0, 1e6);
     str("device", p.device);
+    flag("recompute", p.recompute);
 
     sec_ = "checkpoint";
     auto& k = c.checkpoint;
@@ -255,9 +256,13 @@ void apply_override(const Schema& s, std::string text) {
   DHP_CHECK(key, "{}: unknown key '{}'{}", at, path, suggestion(s, path));
   // The value is TOML (so 1e-3, true, "x" mean what they mean in the file); a bare word that
   // is not valid TOML is taken as a string, so --parallel.strategy=pow2 needs no quotes.
-  toml::parse_result parsed = toml::parse("v = " + value);
-  if (parsed && !(key->ref.index() == 5 && !parsed.table()["v"].is_string())) {
-    assign(*key, *parsed.table().get("v"), at);
+  std::optional<toml::table> parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+  }
+  if (parsed && !(key->ref.index() == 5 && !(*parsed)["v"].is_string())) {
+    assign(*key, *parsed->get("v"), at);
   } else {
     toml::value<std::string> as_string(value);
     assign(*key, as_string, at);
@@ -320,12 +325,13 @@ Config finish(Config cfg, const toml::table& tbl, const std::string& name,
 
 Config parse_config(const std::string& text, const std::string& name,
                     const std::vector<std::string>& overrides) {
-  toml::parse_result parsed = toml::parse(text, name);
-  if (!parsed) {
-    const auto& e = parsed.error();
+  toml::table parsed;
+  try {
+    parsed = toml::parse(text, name);
+  } catch (const toml::parse_error& e) {
     throw Error(fmt::format("{}:{}: invalid TOML: {}", name, e.source().begin.line, e.description()));
   }
-  return finish(Config{}, parsed.table(), name, overrides);
+  return finish(Config{}, parsed, name, overrides);
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {

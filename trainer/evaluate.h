@@ -1,0 +1,33 @@
+// Held-out evaluation: loss, perplexity and next-token accuracy over the loss targets (the
+// caption tokens and their <eos>), optionally with every image blanked to the mean colour.
+// The gap between the two accuracies is how much the model reads the images.
+#pragma once
+
+#include <cstdint>
+
+#include "data/dataset.h"
+#include "model/model.h"
+#include "parallel/comm.h"
+
+namespace dhp {
+
+struct EvalResult {
+  double loss = 0.0;       // mean over targets
+  double perplexity = 0.0;
+  double accuracy = 0.0;   // fraction of targets predicted exactly (argmax)
+  int64_t targets = 0;
+  int64_t samples = 0;
+};
+
+struct EvalOptions {
+  int64_t micro_tokens = 2048;  // pack budget
+  int64_t max_samples = 0;      // 0 = the whole dataset
+  bool blank_images = false;
+  int workers = 1;              // decode threads
+};
+
+// Every rank evaluates its share of the packs; the result is summed over ranks.
+EvalResult evaluate(Model& model, const JsonlDataset& data, const EvalOptions& opt,
+                    const Comm& comm);
+
+}  // namespace dhp

@@ -1,0 +1,42 @@
+// AdamW with decoupled weight decay (flagged per parameter in the parameter table), global-norm
+// gradient clipping and the warm-up + cosine learning-rate schedule.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/ops.h"
+#include "kernels/tensor.h"
+#include "model/params.h"
+#include "trainer/config.h"
+
+namespace dhp {
+
+// Linear warm-up from lr/warmup to lr over `warmup` steps, then cosine decay to min_lr at the
+// last step. `step` counts from 0.
+double learning_rate(const OptimConfig& o, int64_t step, int64_t total_steps);
+
+class AdamW {
+ public:
+  AdamW(const ParamTable& table, const OptimConfig& cfg, const Ops& ops);
+
+  // Global L2 norm of the gradient arena.
+  double grad_norm(const float* grads) const;
+  // Scales gradients so their norm is at most cfg.grad_clip (when set); returns the scale.
+  float clip(float* grads, double norm) const;
+  // One update of every parameter with learning rate lr; increments the step count.
+  void update(float* params, const float* grads, double lr);
+
+  int64_t steps_taken() const { return t_; }
+  float* m() { return m_.f32(); }  // first moments, same layout as the parameters
+  float* v() { return v_.f32(); }  // second moments
+  void set_steps_taken(int64_t t) { t_ = t; }
+
+ private:
+  const ParamTable& table_;
+  OptimConfig cfg_;
+  const Ops& ops_;
+  Tensor m_, v_;  // (n_params)
+  int64_t t_ = 0;
+};
+
+}  // namespace dhp

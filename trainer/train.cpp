@@ -1,0 +1,248 @@
+#include "trainer/train.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "data/pack.h"
+#include "data/sampler.h"
+#include "data/tokenizer.h"
+#include "kernels/check.h"
+#include "kernels/log.h"
+#include "model/model.h"
+#include "trainer/evaluate.h"
+#include "trainer/optimizer.h"
+
+namespace dhp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// One line that redraws itself on a terminal; silent when stderr is not one.
+class ProgressBar {
+ public:
+  ProgressBar(int64_t total, bool enabled) : total_(total), on_(enabled && isatty(STDERR_FILENO)) {}
+  void draw(int64_t done, double elapsed, double loss) {
+    if (!on_) return;
+    const int width = 30;
+    const int fill = int(width * done / std::max<int64_t>(1, total_));
+    const double eta = done > 0 ? elapsed / done * (total_ - done) : 0.0;
+    fmt::print(stderr, "\r[{:=<{}}{:<{}}] {}/{} loss {:.3f} eta {:.0f}s\033[K", "", fill, "",
+               width - fill, done, total_, loss, eta);
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+  // Clears the bar so a log line can take the row.
+  void clear() {
+    if (on_ && drawn_) fmt::print(stderr, "\r\033[K");
+    drawn_ = false;
+  }
+
+ private:
+  int64_t total_;
+  bool on_;
+  bool drawn_ = false;
+};
+
+class MetricsFile {
+ public:
+  MetricsFile(const std::string& path, bool enabled) {
+    if (!enabled || path.empty()) return;
+    auto parent = std::filesystem::path(path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    out_.open(path, std::ios::trunc);
+    DHP_CHECK(out_.good(), "log.metrics: cannot write '{}'", path);
+  }
+  void write(const nlohmann::json& j) {
+    if (!out_.is_open()) return;
+    out_ << j.dump() << '\n';
+    out_.flush();
+  }
+
+ private:
+  std::ofstream out_;
+};
+
+void log_eval(const char* what, int64_t step, const EvalResult& r, const EvalResult* blank,
+              MetricsFile& metrics) {
+  if (blank)
+    spdlog::info("eval {} step {}: loss {:.4f} ppl {:.2f} caption token accuracy {:.2f}% "
+                 "(images blanked: loss {:.4f}, accuracy {:.2f}%) over {} samples, {} tokens",
+                 what, step, r.loss, r.perplexity, 100 * r.accuracy, blank->loss,
+                 100 * blank->accuracy, r.samples, r.targets);
+  else
+    spdlog::info("eval {} step {}: loss {:.4f} ppl {:.2f} caption token accuracy {:.2f}% over {} "
+                 "samples",
+                 what, step, r.loss, r.perplexity, 100 * r.accuracy, r.samples);
+  nlohmann::json j = {{"eval", what}, {"step", step}, {"loss", r.loss},
+                      {"perplexity", r.perplexity}, {"accuracy", r.accuracy},
+                      {"samples", r.samples}, {"targets", r.targets}};
+  if (blank) {
+    j["blank_loss"] = blank->loss;
+    j["blank_accuracy"] = blank->accuracy;
+  }
+  metrics.write(j);
+}
+
+}  // namespace
+
+TrainResult train(const Config& cfg, const Comm& comm) {
+  const auto t_start = Clock::now();
+  const bool rank0 = comm.rank() == 0;
+  auto ops = make_cpu_ops(cfg.train.threads);
+  DHP_CHECK(cfg.train.device == "cpu",
+            "train.device = \"{}\": this build trains on the CPU backend only; set train.device "
+            "= \"cpu\"",
+            cfg.train.device);
+
+  Tokenizer tokenizer(cfg.data.tokenizer);
+  DHP_CHECK(tokenizer.vocab_size() <= cfg.model.vocab_size,
+            "{}: model.vocab_size ({}) is smaller than the tokenizer's vocabulary ({} in {})",
+            cfg.source, cfg.model.vocab_size, tokenizer.vocab_size(), cfg.data.tokenizer);
+  JsonlDataset train_set(cfg.data.train, cfg.data.image_root, tokenizer, cfg.model,
+                         cfg.data.max_tokens, cfg.data.on_error);
+  DHP_CHECK(train_set.size() > 0, "data.train '{}' holds no usable sample", cfg.data.train);
+  std::unique_ptr<JsonlDataset> val_set;
+  if (!cfg.data.val.empty())
+    val_set = std::make_unique<JsonlDataset>(cfg.data.val, cfg.data.image_root, tokenizer,
+                                             cfg.model, cfg.data.max_tokens, cfg.data.on_error);
+
+  Model model(cfg.model, *ops);
+  model.initialise(cfg.train.seed);
+  AdamW opt(model.table(), cfg.optim, *ops);
+  Sampler sampler(train_set.size(), cfg.train.seed);
+  BatchLoader loader(train_set, cfg.data.workers);
+  if (rank0)
+    spdlog::info("model: {:.3f} M parameters; train: {} samples; val: {} samples; {} rank(s)",
+                 double(model.n_params()) / 1e6, train_set.size(), val_set ? val_set->size() : 0,
+                 comm.size());
+
+  // Packs of a step are a function of the sampled lengths only, so every rank computes the
+  // same split without communication and loads just its own packs.
+  struct StepPlan {
+    std::vector<std::vector<int64_t>> packs;  // dataset indices per pack
+    std::vector<int64_t> my_ids;              // samples this rank loads, pack after pack
+    int64_t loss_tokens = 0, tokens = 0, samples = 0;
+  };
+  auto plan_step = [&](int64_t step) {
+    StepPlan p;
+    const std::vector<int64_t> ids = sampler.batch(step, cfg.train.batch_size);
+    std::vector<int64_t> lengths;
+    for (int64_t id : ids) {
+      lengths.push_back(train_set.length(id));
+      p.loss_tokens += train_set.loss_tokens(id);
+      p.tokens += lengths.back();
+    }
+    p.samples = int64_t(ids.size());
+    for (const auto& positions : split_micro_batches(lengths, cfg.train.micro_tokens)) {
+      std::vector<int64_t> pk;
+      for (int64_t pos : positions) pk.push_back(ids[pos]);
+      if (int(p.packs.size() % comm.size()) == comm.rank())
+        p.my_ids.insert(p.my_ids.end(), pk.begin(), pk.end());
+      p.packs.push_back(std::move(pk));
+    }
+    return p;
+  };
+
+  MetricsFile metrics(cfg.log.metrics, rank0);
+  ProgressBar bar(cfg.train.steps, rank0 && cfg.log.progress);
+  EvalOptions eval_opt{cfg.train.micro_tokens, cfg.eval.max_samples, false, cfg.data.workers};
+  auto run_eval = [&](int64_t step, TrainResult* out) {
+    if (!val_set || val_set->size() == 0) return;
+    EvalResult r = evaluate(model, *val_set, eval_opt, comm);
+    EvalResult b;
+    if (cfg.eval.blank_images) {
+      EvalOptions ob = eval_opt;
+      ob.blank_images = true;
+      b = evaluate(model, *val_set, ob, comm);
+    }
+    bar.clear();
+    if (rank0) log_eval("val", step, r, cfg.eval.blank_images ? &b : nullptr, metrics);
+    if (out) {
+      out->final_loss = r.loss;
+      out->final_accuracy = r.accuracy;
+      out->final_blank_accuracy = cfg.eval.blank_images ? b.accuracy : -1.0;
+    }
+  };
+
+  TrainResult result;
+  StepPlan next = plan_step(0);
+  if (cfg.train.steps > 0) loader.submit(next.my_ids, false);
+  const auto t_train = Clock::now();
+  for (int64_t step = 0; step < cfg.train.steps; ++step) {
+    const auto t_step = Clock::now();
+    StepPlan cur = std::move(next);
+    std::vector<Sample> samples = loader.next();
+    double wait = loader.last_wait_seconds();
+    // Decode the next step's samples in the background while this one computes.
+    if (step + 1 < cfg.train.steps) {
+      next = plan_step(step + 1);
+      loader.submit(next.my_ids, false);
+    }
+
+    model.zero_grads();
+    const float scale = 1.0f / float(std::max<int64_t>(1, cur.loss_tokens));
+    double loss_sum = 0.0;
+    size_t at = 0;
+    for (size_t p = 0; p < cur.packs.size(); ++p) {
+      if (int(p % comm.size()) != comm.rank()) continue;
+      std::vector<const Sample*> ptrs;
+      for (size_t k = 0; k < cur.packs[p].size(); ++k) ptrs.push_back(&samples[at++]);
+      loss_sum += model.step(pack(ptrs, cfg.model.vision), scale, true).loss_sum;
+    }
+    comm.allreduce_sum(model.grads(), model.n_params());
+    comm.allreduce_sum(&loss_sum, 1);
+
+    const double norm = opt.grad_norm(model.grads());
+    DHP_CHECK(std::isfinite(norm), "step {}: the gradient norm is not finite ({}); lower optim.lr",
+              step, norm);
+    opt.clip(model.grads(), norm);
+    const double lr = learning_rate(cfg.optim, step, cfg.train.steps);
+    opt.update(model.params(), model.grads(), lr);
+
+    const double dt = seconds_since(t_step);
+    StepRecord rec{step + 1,
+                   loss_sum * scale,
+                   lr,
+                   norm,
+                   double(cur.tokens) / dt,
+                   double(cur.samples) / dt,
+                   seconds_since(t_start),
+                   wait,
+                   int64_t(cur.packs.size())};
+    result.steps.push_back(rec);
+    if (rank0) {
+      metrics.write({{"step", rec.step}, {"loss", rec.loss}, {"lr", rec.lr},
+                     {"grad_norm", rec.grad_norm}, {"tokens_per_s", rec.tokens_per_s},
+                     {"samples_per_s", rec.samples_per_s}, {"elapsed_s", rec.elapsed_s},
+                     {"loader_wait_s", rec.loader_wait_s}, {"packs", rec.packs}});
+      if (rec.step % cfg.log.every == 0 || rec.step == cfg.train.steps || rec.step == 1) {
+        bar.clear();
+        spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
+                     "{:.1f} samples/s | wait {:.0f} ms | {:.1f}s",
+                     rec.step, cfg.train.steps, rec.loss, rec.lr, rec.grad_norm, rec.tokens_per_s,
+                     rec.samples_per_s, 1e3 * rec.loader_wait_s, rec.elapsed_s);
+      }
+      bar.draw(rec.step, seconds_since(t_train), rec.loss);
+    }
+    if (cfg.eval.every > 0 && rec.step % cfg.eval.every == 0 && rec.step < cfg.train.steps)
+      run_eval(rec.step, nullptr);
+  }
+  bar.clear();
+  run_eval(cfg.train.steps, &result);
+  if (rank0) spdlog::info("done in {:.1f}s", seconds_since(t_start));
+  return result;
+}
+
+}  // namespace dhp

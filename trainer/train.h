@@ -1,0 +1,37 @@
+// The training loop: global batches from the seeded sampler, split into packs (micro-batches)
+// under a token budget, packs spread over the ranks, gradients accumulated and summed, then
+// clipping, the schedule and one AdamW update. The loss of a step is normalised by the global
+// count of loss targets, so the result does not depend on how the batch was split.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/comm.h"
+#include "trainer/config.h"
+
+namespace dhp {
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0.0;
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  double tokens_per_s = 0.0;
+  double samples_per_s = 0.0;
+  double elapsed_s = 0.0;
+  double loader_wait_s = 0.0;
+  int64_t packs = 0;
+};
+
+struct TrainResult {
+  std::vector<StepRecord> steps;
+  double final_accuracy = -1.0;        // held-out caption token accuracy, -1 = not evaluated
+  double final_blank_accuracy = -1.0;  // the same with every image blanked
+  double final_loss = 0.0;
+};
+
+TrainResult train(const Config& cfg, const Comm& comm);
+
+}  // namespace dhp
