@@ -15,6 +15,7 @@ packages=(
   libhdf5-dev
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   libopenmpi-dev openmpi-bin
+  python3-torch  # the independent PyTorch reference of tests/test_reference.cpp
 )
 missing=()
 for p in "${packages[@]}"; do

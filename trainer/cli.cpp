@@ -9,19 +9,15 @@
 
 namespace dhp {
 
-int run_cli(int argc, char** argv) {
+int run_cli(int argc, char** argv, const CliHooks& hooks) {
   CLI::App app{"dhp: a trainer for vision-language models with dynamic hybrid parallelism"};
   app.require_subcommand(1);
   app.set_version_flag("--version", DHP_VERSION);
 
   auto* version = app.add_subcommand("version", "Print the version and build options");
-  version->callback([] {
+  version->callback([&hooks] {
     fmt::print("dhp {}\n", DHP_VERSION);
-#ifdef DHP_WITH_CUDA
-    fmt::print("cuda backend: compiled in\n");
-#else
-    fmt::print("cuda backend: not compiled\n");
-#endif
+    fmt::print("cuda backend: {}\n", hooks.cuda_report ? hooks.cuda_report() : "not compiled");
 #ifdef DHP_MPI
     fmt::print("mpi: yes\n");
 #else

@@ -2,13 +2,22 @@
 // CLI11 app with an add_*_command() function that lives beside the code it drives.
 #pragma once
 
+#include <functional>
+#include <string>
+
 namespace CLI {
 class App;
 }
 
 namespace dhp {
 
-int run_cli(int argc, char** argv);
+// What the executable knows that the libraries below it do not: the CUDA backend lives in a
+// library only the executable links, so it reports on itself through this hook.
+struct CliHooks {
+  std::function<std::string()> cuda_report;  // empty when built without CUDA
+};
+
+int run_cli(int argc, char** argv, const CliHooks& hooks = {});
 
 // Registration hooks, one per subcommand family (each in its own file of trainer/).
 void add_train_command(CLI::App& app);

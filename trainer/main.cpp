@@ -1,4 +1,21 @@
-// The dhp executable: everything lives in the libraries; this only hands over the arguments.
+// The dhp executable: everything lives in the libraries; this only hands over the arguments
+// and tells the front end about the backends linked into this binary.
+#include <fmt/format.h>
+
 #include "trainer/cli.h"
 
-int main(int argc, char** argv) { return dhp::run_cli(argc, argv); }
+#ifdef DHP_WITH_CUDA
+#include "kernels/cuda/device.h"
+#endif
+
+int main(int argc, char** argv) {
+  dhp::CliHooks hooks;
+#ifdef DHP_WITH_CUDA
+  hooks.cuda_report = [] {
+    dhp::CudaStatus s = dhp::cuda_status();
+    if (s.devices == 0) return fmt::format("compiled; no usable device: {}", s.reason);
+    return fmt::format("compiled; {} device(s), device 0: {}", s.devices, s.name);
+  };
+#endif
+  return dhp::run_cli(argc, argv, hooks);
+}

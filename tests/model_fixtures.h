@@ -1,0 +1,95 @@
+// A tiny model configuration and hand-built packed batches shared by the model tests.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "data/batch.h"
+#include "model/model.h"
+#include "tests/grad_check.h"
+
+namespace dhp::testing {
+
+inline ModelConfig tiny_config() {
+  ModelConfig c;
+  c.dim = 16;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.ffn = 24;
+  c.vocab_size = 23;
+  c.rope_theta = 100.0;
+  c.vision.patch = 2;
+  c.vision.dim = 8;
+  c.vision.layers = 1;
+  c.vision.heads = 2;
+  c.vision.ffn = 12;
+  c.vision.merge = 2;
+  return c;
+}
+
+// A document: text ids with a loss flag each, and images (grid_h x grid_w patches) inserted
+// where `image_at` says (before text position k).
+struct Doc {
+  std::vector<int32_t> ids;
+  std::vector<int> loss;
+  std::vector<std::pair<size_t, std::pair<int, int>>> images;
+};
+
+inline Batch make_batch(const std::vector<Doc>& docs, const ModelConfig& cfg, uint64_t pixel_seed) {
+  Batch b;
+  Rng rng(pixel_seed);
+  const int m = cfg.vision.merge;
+  int32_t slot = 0;
+  for (size_t di = 0; di < docs.size(); ++di) {
+    const Doc& d = docs[di];
+    std::vector<int32_t> toks, slots;
+    std::vector<int> loss;
+    size_t next_image = 0;
+    for (size_t k = 0; k <= d.ids.size(); ++k) {
+      while (next_image < d.images.size() && d.images[next_image].first == k) {
+        auto [gh, gw] = d.images[next_image++].second;
+        PackedImage im{b.n_patches(), gh, gw};
+        auto px = random_vec(rng, size_t(gh) * gw * cfg.vision.patch_numel());
+        b.patches.insert(b.patches.end(), px.begin(), px.end());
+        b.images.push_back(im);
+        for (int t = 0; t < gh * gw / (m * m); ++t) {
+          toks.push_back(0);
+          slots.push_back(slot++);
+          loss.push_back(0);
+        }
+      }
+      if (k == d.ids.size()) break;
+      toks.push_back(d.ids[k]);
+      slots.push_back(-1);
+      loss.push_back(d.loss[k]);
+    }
+    for (size_t t = 0; t < toks.size(); ++t) {
+      b.tokens.push_back(toks[t]);
+      b.image_slot.push_back(slots[t]);
+      b.doc.push_back(int32_t(di));
+      b.pos.push_back(int32_t(t));
+      b.targets.push_back(t + 1 < toks.size() && loss[t + 1] ? toks[t + 1] : -1);
+    }
+    b.sample_ids.push_back(int64_t(di));
+  }
+  b.T = int64_t(b.tokens.size());
+  return b;
+}
+
+inline std::vector<Doc> sample_docs() {
+  return {
+      Doc{{2, 7, 4, 5, 9, 10, 11, 3}, {0, 0, 0, 0, 1, 1, 1, 1}, {{3, {4, 4}}}},
+      Doc{{2, 12, 13, 14, 3}, {0, 0, 1, 1, 1}, {}},
+      Doc{{2, 4, 5, 4, 5, 15, 16, 3}, {0, 0, 0, 0, 0, 1, 1, 1}, {{2, {2, 4}}, {4, {4, 2}}}},
+  };
+}
+
+inline void randomise(Model& m, uint64_t seed) {
+  // Larger than the 0.02 initialisation so every parameter has a gradient well above the
+  // finite-difference noise floor.
+  Rng rng(seed);
+  for (int64_t i = 0; i < m.n_params(); ++i) m.params()[i] = float((rng.uniform() * 2 - 1) * 0.5);
+}
+
+}  // namespace dhp::testing
