@@ -76,7 +76,11 @@ class Ops {
                             const AdamWStep& s) const = 0;
 };
 
-// The fp32 CPU reference backend (OpenBLAS + OpenMP); `threads` = 0 uses every core.
+// The fp32 CPU reference backend (OpenBLAS + OpenMP) on `threads` threads.
 std::unique_ptr<Ops> make_cpu_ops(int threads);
+
+// The compute threads to use when the configuration says 0: every core not taken by a
+// background data worker (spinning OpenMP teams slow down badly when they share a core).
+int default_compute_threads(int data_workers);
 
 }  // namespace dhp

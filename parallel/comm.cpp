@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "kernels/check.h"
 
@@ -31,6 +32,12 @@ void allreduce(T* data, int64_t n, MPI_Datatype type) {
               "MPI_Allreduce");
   }
 }
+
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
 }  // namespace
 
 Comm::Comm(int* argc, char*** argv) {
@@ -38,15 +45,15 @@ Comm::Comm(int* argc, char*** argv) {
   MPI_Initialized(&inited);
   if (!inited) {
     mpi_check(MPI_Init(argc, argv), "MPI_Init");
-    owns_mpi_ = true;
+    // MPI can be initialised once per process, so it is finalised at exit rather than when
+    // this object goes: a later Comm (another run in the same process) still works.
+    std::atexit(finalize_at_exit);
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
 }
 
-Comm::~Comm() {
-  if (owns_mpi_) MPI_Finalize();
-}
+Comm::~Comm() = default;
 
 void Comm::allreduce_sum(float* data, int64_t n) const {
   if (size_ > 1) allreduce(data, n, MPI_FLOAT);

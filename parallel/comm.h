@@ -9,7 +9,8 @@ namespace dhp {
 
 class Comm {
  public:
-  // Initialises MPI when built with it (a process started without mpirun is a singleton).
+  // Initialises MPI when built with it (a process started without mpirun is a singleton);
+  // MPI is finalised when the process exits.
   Comm(int* argc, char*** argv);
   ~Comm();
   Comm(const Comm&) = delete;
@@ -27,7 +28,6 @@ class Comm {
  private:
   int rank_ = 0;
   int size_ = 1;
-  bool owns_mpi_ = false;
 };
 
 }  // namespace dhp

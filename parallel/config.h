@@ -14,6 +14,7 @@ struct ParallelConfig {
   int static_cp = 0;               // static strategy's CP degree; 0 = smallest that fits
   double planner_budget_ms = 5.0;  // time the planner may spend improving a plan
   std::string device = "cpu";      // cost-model profile: "cpu" (measured) or a GPU name
+  bool recompute = false;          // planner's models: activations recomputed in backward
 };
 
 }  // namespace dhp

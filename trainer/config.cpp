@@ -13,6 +13,7 @@
 #include <variant>
 
 #include "kernels/check.h"
+#include "kernels/ops.h"
 
 namespace dhp {
 namespace {
@@ -340,6 +341,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_config(ss.str(), path, overrides);
+}
+
+int compute_threads(const Config& cfg) {
+  return cfg.train.threads > 0 ? cfg.train.threads : default_compute_threads(cfg.data.workers);
 }
 
 std::string format_config(const Config& cfg) {

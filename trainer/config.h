@@ -18,7 +18,7 @@ struct TrainConfig {
   int64_t batch_size = 16;          // samples per global batch
   int64_t micro_tokens = 2048;      // decoder-token budget of one micro-batch (accumulation)
   uint64_t seed = 1234;
-  int threads = 0;                  // CPU threads; 0 = all cores
+  int threads = 0;                  // CPU compute threads; 0 = cores left by data.workers
   std::string device = "cpu";       // "cpu" | "cuda"
 };
 
@@ -71,6 +71,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // Parses TOML text as if it came from `name`; for tests and for configs built in memory.
 Config parse_config(const std::string& text, const std::string& name,
                     const std::vector<std::string>& overrides = {});
+
+// CPU compute threads for this run: train.threads, or when 0 every core that the data workers
+// leave free.
+int compute_threads(const Config& cfg);
 
 // The resolved configuration as an aligned "section.key = value" table.
 std::string format_config(const Config& cfg);

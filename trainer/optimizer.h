@@ -29,6 +29,8 @@ class AdamW {
   int64_t steps_taken() const { return t_; }
   float* m() { return m_.f32(); }  // first moments, same layout as the parameters
   float* v() { return v_.f32(); }  // second moments
+  const float* m() const { return m_.f32(); }
+  const float* v() const { return v_.f32(); }
   void set_steps_taken(int64_t t) { t_ = t; }
 
  private:

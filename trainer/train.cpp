@@ -18,7 +18,9 @@
 #include "kernels/check.h"
 #include "kernels/log.h"
 #include "model/model.h"
+#include "trainer/checkpoint.h"
 #include "trainer/evaluate.h"
+#include "trainer/weights.h"
 #include "trainer/optimizer.h"
 
 namespace dhp {
@@ -57,11 +59,11 @@ class ProgressBar {
 
 class MetricsFile {
  public:
-  MetricsFile(const std::string& path, bool enabled) {
+  MetricsFile(const std::string& path, bool enabled, bool append) {
     if (!enabled || path.empty()) return;
     auto parent = std::filesystem::path(path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
-    out_.open(path, std::ios::trunc);
+    out_.open(path, append ? std::ios::app : std::ios::trunc);
     DHP_CHECK(out_.good(), "log.metrics: cannot write '{}'", path);
   }
   void write(const nlohmann::json& j) {
@@ -97,10 +99,10 @@ void log_eval(const char* what, int64_t step, const EvalResult& r, const EvalRes
 
 }  // namespace
 
-TrainResult train(const Config& cfg, const Comm& comm) {
+TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt) {
   const auto t_start = Clock::now();
   const bool rank0 = comm.rank() == 0;
-  auto ops = make_cpu_ops(cfg.train.threads);
+  auto ops = make_cpu_ops(compute_threads(cfg));
   DHP_CHECK(cfg.train.device == "cpu",
             "train.device = \"{}\": this build trains on the CPU backend only; set train.device "
             "= \"cpu\"",
@@ -121,6 +123,21 @@ TrainResult train(const Config& cfg, const Comm& comm) {
   Model model(cfg.model, *ops);
   model.initialise(cfg.train.seed);
   AdamW opt(model.table(), cfg.optim, *ops);
+  int64_t first_step = 0;
+  if (!topt.resume.empty()) {
+    const std::string path = resolve_checkpoint(topt.resume, cfg.checkpoint.dir);
+    check_same_model(checkpoint_config(path), cfg, path);
+    TrainState st = load_checkpoint(path, model, &opt);
+    DHP_CHECK(st.seed == cfg.train.seed && st.batch_size == cfg.train.batch_size,
+              "cannot resume from '{}': it was trained with train.seed = {} and train.batch_size "
+              "= {}, this run has {} and {}; the sample order would not continue",
+              path, st.seed, st.batch_size, cfg.train.seed, cfg.train.batch_size);
+    first_step = st.step;
+    if (rank0) spdlog::info("resumed from {} at step {}", path, first_step);
+  } else if (!topt.init.empty()) {
+    load_weights(topt.init, model);
+    if (rank0) spdlog::info("initialised weights from {}", topt.init);
+  }
   Sampler sampler(train_set.size(), cfg.train.seed);
   BatchLoader loader(train_set, cfg.data.workers);
   if (rank0)
@@ -155,7 +172,7 @@ TrainResult train(const Config& cfg, const Comm& comm) {
     return p;
   };
 
-  MetricsFile metrics(cfg.log.metrics, rank0);
+  MetricsFile metrics(cfg.log.metrics, rank0, first_step > 0);
   ProgressBar bar(cfg.train.steps, rank0 && cfg.log.progress);
   EvalOptions eval_opt{cfg.train.micro_tokens, cfg.eval.max_samples, false, cfg.data.workers};
   auto run_eval = [&](int64_t step, TrainResult* out) {
@@ -177,10 +194,21 @@ TrainResult train(const Config& cfg, const Comm& comm) {
   };
 
   TrainResult result;
-  StepPlan next = plan_step(0);
-  if (cfg.train.steps > 0) loader.submit(next.my_ids, false);
+  result.last_step = first_step;
+  auto save = [&](int64_t step) {
+    TrainState st{step, cfg.train.seed, cfg.train.batch_size};
+    if (rank0) {
+      result.checkpoint = save_checkpoint(cfg, model, &opt, st);
+      bar.clear();
+      spdlog::info("checkpoint saved: {}", result.checkpoint);
+    }
+    comm.barrier();
+  };
+
+  StepPlan next = plan_step(first_step);
+  if (first_step < cfg.train.steps) loader.submit(next.my_ids, false);
   const auto t_train = Clock::now();
-  for (int64_t step = 0; step < cfg.train.steps; ++step) {
+  for (int64_t step = first_step; step < cfg.train.steps; ++step) {
     const auto t_step = Clock::now();
     StepPlan cur = std::move(next);
     std::vector<Sample> samples = loader.next();
@@ -236,11 +264,24 @@ TrainResult train(const Config& cfg, const Comm& comm) {
       }
       bar.draw(rec.step, seconds_since(t_train), rec.loss);
     }
+    result.last_step = rec.step;
     if (cfg.eval.every > 0 && rec.step % cfg.eval.every == 0 && rec.step < cfg.train.steps)
       run_eval(rec.step, nullptr);
+    const bool interrupted = topt.stop_flag && *topt.stop_flag;
+    if (interrupted || rec.step == topt.stop_after) {
+      save(rec.step);
+      if (rank0)
+        spdlog::info("stopping after step {}{}; resume with --resume auto", rec.step,
+                     interrupted ? " (signal)" : "");
+      return result;
+    }
+    if (cfg.checkpoint.every > 0 && rec.step % cfg.checkpoint.every == 0 &&
+        rec.step < cfg.train.steps)
+      save(rec.step);
   }
   bar.clear();
-  run_eval(cfg.train.steps, &result);
+  if (result.last_step > first_step || first_step == 0) save(result.last_step);
+  run_eval(result.last_step, &result);
   if (rank0) spdlog::info("done in {:.1f}s", seconds_since(t_start));
   return result;
 }

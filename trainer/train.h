@@ -30,8 +30,17 @@ struct TrainResult {
   double final_accuracy = -1.0;        // held-out caption token accuracy, -1 = not evaluated
   double final_blank_accuracy = -1.0;  // the same with every image blanked
   double final_loss = 0.0;
+  int64_t last_step = 0;               // optimizer steps completed when train() returned
+  std::string checkpoint;              // the last checkpoint written, "" = none
 };
 
-TrainResult train(const Config& cfg, const Comm& comm);
+struct TrainOptions {
+  std::string resume;            // "" = fresh run; "auto" = newest checkpoint; or a path
+  std::string init;              // weights to start from (safetensors or checkpoint), "" = none
+  int64_t stop_after = -1;       // save a checkpoint and return after this step (-1 = never)
+  const volatile int* stop_flag = nullptr;  // set by a signal handler: save and return
+};
+
+TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& opt = {});
 
 }  // namespace dhp

@@ -1,38 +1,153 @@
-// `dhp train` and `dhp eval`.
+// `dhp train`, `dhp eval` and `dhp export`.
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
+#include <csignal>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "data/tokenizer.h"
 #include "kernels/check.h"
 #include "kernels/log.h"
 #include "parallel/comm.h"
+#include "trainer/checkpoint.h"
 #include "trainer/cli.h"
 #include "trainer/config.h"
+#include "trainer/evaluate.h"
 #include "trainer/train.h"
+#include "trainer/weights.h"
 
 namespace dhp {
+namespace {
+
+// Set by SIGTERM/SIGINT; the training loop saves a checkpoint after the current step and
+// returns. A signal handler can only reach static storage, hence this one file-level flag.
+volatile std::sig_atomic_t g_stop_requested = 0;
+
+void request_stop(int) { g_stop_requested = 1; }
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = request_stop;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+// A model configured from the checkpoint itself, so eval and export need no config file.
+struct LoadedModel {
+  Config cfg;
+  std::unique_ptr<Ops> ops;
+  std::unique_ptr<Model> model;
+};
+
+LoadedModel load_for_inference(const std::string& checkpoint, const std::vector<std::string>& overrides) {
+  LoadedModel m;
+  m.cfg = checkpoint_config(checkpoint);
+  if (!overrides.empty()) m.cfg = parse_config(to_toml(m.cfg), checkpoint + ":/config", overrides);
+  m.ops = make_cpu_ops(compute_threads(m.cfg));
+  m.model = std::make_unique<Model>(m.cfg.model, *m.ops);
+  load_checkpoint(checkpoint, *m.model, nullptr);
+  return m;
+}
+
+}  // namespace
 
 void add_train_command(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "train",
       "Train a model from a TOML config; any key can be overridden as --section.key=value");
   auto config = std::make_shared<std::string>();
+  auto opt = std::make_shared<TrainOptions>();
   sub->add_option("-c,--config", *config, "TOML configuration file")->required();
+  sub->add_option("--resume", opt->resume,
+                  "Continue from a checkpoint: 'auto' (newest in checkpoint.dir) or a path");
+  sub->add_option("--init", opt->init,
+                  "Start from existing weights (a safetensors export or a checkpoint)");
+  sub->add_option("--stop-after", opt->stop_after,
+                  "Save a checkpoint and stop after this step (for time-limited allocations)");
   sub->allow_extras();
-  sub->callback([sub, config] {
+  sub->callback([sub, config, opt] {
     Comm comm(nullptr, nullptr);
     Config cfg = load_config(*config, sub->remaining());
     set_up_logging(comm.rank(), comm.size(), cfg.log.level);
     if (comm.rank() == 0) spdlog::info("resolved configuration ({}):\n{}", cfg.source, format_config(cfg));
-    train(cfg, comm);
+    DHP_CHECK(opt->resume.empty() || opt->init.empty(), "--resume and --init exclude each other");
+    install_stop_handlers();
+    TrainOptions o = *opt;
+    o.stop_flag = &g_stop_requested;
+    train(cfg, comm, o);
   });
 }
 
 void add_eval_command(CLI::App& app) {
-  auto* sub = app.add_subcommand("eval", "Evaluate a checkpoint on a held-out dataset");
+  auto* sub = app.add_subcommand(
+      "eval", "Held-out loss, perplexity and caption token accuracy of a checkpoint, with and "
+              "without images");
+  auto checkpoint = std::make_shared<std::string>("auto");
+  auto dir = std::make_shared<std::string>("runs/demo/checkpoints");
+  auto data = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  sub->add_option("--checkpoint", *checkpoint, "Checkpoint file, directory, or 'auto'")
+      ->capture_default_str();
+  sub->add_option("--dir", *dir, "Where 'auto' looks")->capture_default_str();
+  sub->add_option("--data", *data, "JSONL manifest (default: the checkpoint's data.val)");
+  sub->add_option("--json", *out, "Also write the results to this JSON file");
   sub->allow_extras();
-  sub->callback([] {
-    throw Error(
-        "'dhp eval' needs checkpoints, which are not implemented yet; 'dhp train' runs the "
-        "held-out evaluation (with and without images) at the end of training");
+  sub->callback([sub, checkpoint, dir, data, out] {
+    Comm comm(nullptr, nullptr);
+    set_up_logging(comm.rank(), comm.size(), "info");
+    const std::string path = resolve_checkpoint(*checkpoint, *dir);
+    LoadedModel m = load_for_inference(path, sub->remaining());
+    const std::string manifest = data->empty() ? m.cfg.data.val : *data;
+    DHP_CHECK(!manifest.empty(), "no data to evaluate: pass --data or set data.val");
+    Tokenizer tok(m.cfg.data.tokenizer);
+    JsonlDataset ds(manifest, m.cfg.data.image_root, tok, m.cfg.model, m.cfg.data.max_tokens,
+                    m.cfg.data.on_error);
+    EvalOptions eo{m.cfg.train.micro_tokens, m.cfg.eval.max_samples, false, m.cfg.data.workers};
+    EvalResult real = evaluate(*m.model, ds, eo, comm);
+    eo.blank_images = true;
+    EvalResult blank = evaluate(*m.model, ds, eo, comm);
+    if (comm.rank() != 0) return;
+    fmt::print("checkpoint   {}\ndata         {} ({} samples, {} caption tokens)\n", path, manifest,
+               real.samples, real.targets);
+    fmt::print("{:<16} {:>10} {:>12} {:>12}\n", "images", "loss", "perplexity", "accuracy");
+    fmt::print("{:<16} {:>10.4f} {:>12.3f} {:>11.2f}%\n", "real", real.loss, real.perplexity,
+               100 * real.accuracy);
+    fmt::print("{:<16} {:>10.4f} {:>12.3f} {:>11.2f}%\n", "blanked", blank.loss, blank.perplexity,
+               100 * blank.accuracy);
+    if (!out->empty()) {
+      nlohmann::json j = {{"checkpoint", path}, {"data", manifest}, {"samples", real.samples},
+                          {"targets", real.targets},
+                          {"real", {{"loss", real.loss}, {"perplexity", real.perplexity}, {"accuracy", real.accuracy}}},
+                          {"blanked", {{"loss", blank.loss}, {"perplexity", blank.perplexity}, {"accuracy", blank.accuracy}}}};
+      std::ofstream(*out) << j.dump(2) << "\n";
+    }
+  });
+}
+
+void add_export_command(CLI::App& app) {
+  auto* sub = app.add_subcommand("export", "Write a checkpoint's weights for other tools");
+  auto checkpoint = std::make_shared<std::string>("auto");
+  auto dir = std::make_shared<std::string>("runs/demo/checkpoints");
+  auto format = std::make_shared<std::string>("safetensors");
+  auto out = std::make_shared<std::string>("runs/demo/export/model.safetensors");
+  sub->add_option("--checkpoint", *checkpoint, "Checkpoint file, directory, or 'auto'")
+      ->capture_default_str();
+  sub->add_option("--dir", *dir, "Where 'auto' looks")->capture_default_str();
+  sub->add_option("--format", *format, "Output format")
+      ->check(CLI::IsMember({"safetensors"}))
+      ->capture_default_str();
+  sub->add_option("-o,--out", *out, "Output file; config.json is written beside it")
+      ->capture_default_str();
+  sub->callback([checkpoint, dir, out] {
+    set_up_logging(0, 1, "info");
+    const std::string path = resolve_checkpoint(*checkpoint, *dir);
+    LoadedModel m = load_for_inference(path, {});
+    const std::string config_path = (std::filesystem::path(*out).parent_path() / "config.json").string();
+    export_safetensors(*m.model, m.cfg, *out, config_path);
+    spdlog::info("exported {} tensors from {} to {} (+ {})", m.model->table().specs().size(), path,
+                 *out, config_path);
   });
 }
 

@@ -1,11 +1,15 @@
 // The CPU backend: forwards the op interface to the reference kernels of this folder.
 #include <omp.h>
 
+#include <algorithm>
+#include <thread>
+
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/check.h"
 #include "kernels/ops.h"
 
 namespace dhp {
@@ -104,10 +108,16 @@ class CpuOps final : public Ops {
 }  // namespace
 
 std::unique_ptr<Ops> make_cpu_ops(int threads) {
-  if (threads > 0) omp_set_num_threads(threads);
-  // BLAS calls come from the serial parts of the model; give them the same thread count.
-  cpu::set_blas_threads(threads > 0 ? threads : omp_get_max_threads());
+  DHP_ASSERT(threads > 0);
+  omp_set_num_threads(threads);
+  // Parallelism comes from OpenMP tiles around single-threaded BLAS calls (cpu/matmul.cpp).
+  cpu::set_blas_threads(1);
   return std::make_unique<CpuOps>();
+}
+
+int default_compute_threads(int data_workers) {
+  const int cores = int(std::thread::hardware_concurrency());
+  return std::max(1, cores - data_workers);
 }
 
 }  // namespace dhp

@@ -2,17 +2,43 @@
 
 #include <cblas.h>
 
+#include <algorithm>
+
 #include "kernels/check.h"
 
 namespace dhp::cpu {
+
+namespace {
+// Output tile handed to one thread. The tiling depends on the shapes only, never on the
+// thread count, and each tile is one single-threaded sgemm over the full K: the result is the
+// same bits for any number of threads (OpenBLAS's own threading is not: it changes the
+// summation order with the thread count).
+constexpr int64_t kTile = 64;
+}  // namespace
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
           int64_t ldc) {
   if (M == 0 || N == 0) return;
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, blasint(M), blasint(N), blasint(K), alpha, A,
-              blasint(lda), B, blasint(ldb), beta, C, blasint(ldc));
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans;
+  const auto tb = trans_b ? CblasTrans : CblasNoTrans;
+  const bool split_rows = M >= N;
+  const int64_t tiles = ((split_rows ? M : N) + kTile - 1) / kTile;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t lo = t * kTile, n = std::min(kTile, (split_rows ? M : N) - lo);
+    if (split_rows) {
+      // Rows lo.. of op(A): row offset of A, or column offset when A is transposed.
+      const float* a = trans_a ? A + lo : A + lo * lda;
+      cblas_sgemm(CblasRowMajor, ta, tb, blasint(n), blasint(N), blasint(K), alpha, a,
+                  blasint(lda), B, blasint(ldb), beta, C + lo * ldc, blasint(ldc));
+    } else {
+      // Columns lo.. of op(B): column offset of B, or row offset when B is transposed.
+      const float* b = trans_b ? B + lo * ldb : B + lo;
+      cblas_sgemm(CblasRowMajor, ta, tb, blasint(M), blasint(n), blasint(K), alpha, A,
+                  blasint(lda), b, blasint(ldb), beta, C + lo, blasint(ldc));
+    }
+  }
 }
 
 void linear_forward(float* y, const float* x, const float* W, const float* b, int64_t T,

@@ -22,7 +22,7 @@ void linear_forward(float* y, const float* x, const float* W, const float* b, in
 void linear_backward(float* dx, float* dW, float* db, const float* dy, const float* x,
                      const float* W, int64_t T, int64_t in, int64_t out, bool accumulate_dx = false);
 
-// Limits the BLAS library's own threads (the rest of the CPU backend uses OpenMP).
+// Sets the BLAS library's own threads; the backend keeps it at 1 and parallelises over tiles.
 void set_blas_threads(int n);
 
 }  // namespace dhp::cpu

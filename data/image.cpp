@@ -1,0 +1,161 @@
+#include "data/image.h"
+
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <fstream>
+
+#include "kernels/check.h"
+
+namespace dhp {
+
+namespace {
+
+// CLIP's normalisation constants, as model-spec.md fixes them.
+constexpr std::array<float, 3> kMean = {0.48145466f, 0.4578275f, 0.40821073f};
+constexpr std::array<float, 3> kStd = {0.26862954f, 0.26130258f, 0.27577711f};
+
+uint32_t be32(const unsigned char* b) {
+  return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | b[3];
+}
+uint32_t be16(const unsigned char* b) { return (uint32_t(b[0]) << 8) | b[1]; }
+
+ImageSize png_size(std::ifstream& in, const std::string& path) {
+  // signature(8) | chunk length(4) | "IHDR" | width(4) | height(4): IHDR must come first.
+  unsigned char b[24];
+  in.read(reinterpret_cast<char*>(b), 24);
+  DHP_CHECK(in.gcount() == 24, "image '{}': truncated PNG header", path);
+  DHP_CHECK(std::equal(b + 12, b + 16, "IHDR"), "image '{}': PNG without an IHDR chunk", path);
+  const uint32_t w = be32(b + 16), h = be32(b + 20);
+  DHP_CHECK(w > 0 && h > 0 && w < (1u << 31) && h < (1u << 31),
+            "image '{}': PNG header gives an invalid size {}x{}", path, w, h);
+  return {int(h), int(w)};
+}
+
+bool is_sof(int m) {
+  // SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC), which share the range.
+  return m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
+}
+
+ImageSize jpeg_size(std::ifstream& in, const std::string& path) {
+  in.seekg(2);
+  for (;;) {
+    int c = in.get();
+    DHP_CHECK(c != EOF, "image '{}': truncated JPEG header (no frame header found)", path);
+    DHP_CHECK(c == 0xFF, "image '{}': malformed JPEG header (expected a marker)", path);
+    int m = in.get();
+    while (m == 0xFF) m = in.get();  // fill bytes may precede a marker
+    DHP_CHECK(m != EOF, "image '{}': truncated JPEG header", path);
+    if (m == 0x01 || (m >= 0xD0 && m <= 0xD8)) continue;  // markers without a length
+    DHP_CHECK(m != 0xD9 && m != 0xDA,
+              "image '{}': JPEG has no frame header before its scan data", path);
+    unsigned char len_b[2];
+    in.read(reinterpret_cast<char*>(len_b), 2);
+    DHP_CHECK(in.gcount() == 2, "image '{}': truncated JPEG header", path);
+    const uint32_t len = be16(len_b);
+    DHP_CHECK(len >= 2, "image '{}': malformed JPEG segment length", path);
+    if (is_sof(m)) {
+      unsigned char b[5];  // precision(1) | height(2) | width(2)
+      in.read(reinterpret_cast<char*>(b), 5);
+      DHP_CHECK(in.gcount() == 5, "image '{}': truncated JPEG frame header", path);
+      const uint32_t h = be16(b + 1), w = be16(b + 3);
+      // A zero height means "defined later by DNL", which no decoder we use supports.
+      DHP_CHECK(w > 0 && h > 0, "image '{}': JPEG frame header gives size {}x{}", path, w, h);
+      return {int(h), int(w)};
+    }
+    in.seekg(len - 2, std::ios::cur);
+    DHP_CHECK(in.good(), "image '{}': truncated JPEG header", path);
+  }
+}
+
+}  // namespace
+
+ImageSize resized_size(int H, int W, const VisionConfig& v) {
+  DHP_CHECK(H > 0 && W > 0, "image size {}x{} is empty", H, W);
+  const double f = v.factor();
+  const double Hd = H, Wd = W;
+  auto r = [](double x) { return std::floor(x + 0.5); };
+  double h = std::max(f, r(Hd / f) * f);
+  double w = std::max(f, r(Wd / f) * f);
+  if (h * w > double(v.max_pixels)) {
+    const double b = std::sqrt(Hd * Wd / double(v.max_pixels));
+    h = std::max(f, std::floor(Hd / b / f) * f);
+    w = std::max(f, std::floor(Wd / b / f) * f);
+  } else if (h * w < double(v.min_pixels)) {
+    const double b = std::sqrt(double(v.min_pixels) / (Hd * Wd));
+    h = std::ceil(Hd * b / f) * f;
+    w = std::ceil(Wd * b / f) * f;
+  }
+  return {int(h), int(w)};
+}
+
+int64_t image_tokens(int H, int W, const VisionConfig& v) {
+  const ImageSize s = resized_size(H, W, v);
+  return int64_t(s.h / v.patch / v.merge) * (s.w / v.patch / v.merge);
+}
+
+ImageSize read_image_size(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  DHP_CHECK(in.good(), "image '{}' not found or not readable", path);
+  unsigned char sig[8];
+  in.read(reinterpret_cast<char*>(sig), 8);
+  const auto n = in.gcount();
+  static constexpr unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  if (n == 8 && std::equal(sig, sig + 8, kPng)) {
+    in.seekg(0);
+    return png_size(in, path);
+  }
+  if (n >= 3 && sig[0] == 0xFF && sig[1] == 0xD8 && sig[2] == 0xFF) {
+    in.clear();
+    return jpeg_size(in, path);
+  }
+  throw Error(fmt::format("image '{}' is neither PNG nor JPEG (or its header is truncated)",
+                          path));
+}
+
+PreparedImage prepare_image(const cv::Mat& bgr, const VisionConfig& v) {
+  DHP_CHECK(bgr.type() == CV_8UC3 && !bgr.empty(),
+            "prepare_image: expected a non-empty 8-bit 3-channel BGR image");
+  cv::Mat rgb;
+  cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+  const ImageSize s = resized_size(rgb.rows, rgb.cols, v);
+  if (s.h != rgb.rows || s.w != rgb.cols) {
+    cv::Mat resized;
+    cv::resize(rgb, resized, cv::Size(s.w, s.h), 0, 0, cv::INTER_CUBIC);
+    rgb = resized;
+  }
+  const int p = v.patch;
+  PreparedImage out;
+  out.grid_h = s.h / p;
+  out.grid_w = s.w / p;
+  const int64_t pn = v.patch_numel();
+  out.patches.resize(size_t(out.n_patches() * pn));
+  // The spec's formula evaluated literally in fp32, once per (channel, value).
+  std::array<std::array<float, 256>, 3> lut;  // (3, 256)
+  for (int c = 0; c < 3; ++c)
+    for (int i = 0; i < 256; ++i) lut[c][i] = (float(i) / 255.0f - kMean[c]) / kStd[c];
+  for (int y = 0; y < s.h; ++y) {
+    const uint8_t* row = rgb.ptr<uint8_t>(y);
+    const int gy = y / p, dy = y % p;
+    for (int x = 0; x < s.w; ++x) {
+      const int gx = x / p, dx = x % p;
+      float* dst = out.patches.data() + (int64_t(gy) * out.grid_w + gx) * pn + (dy * p + dx) * 3;
+      for (int c = 0; c < 3; ++c) dst[c] = lut[c][row[x * 3 + c]];
+    }
+  }
+  return out;
+}
+
+PreparedImage load_image(const std::string& path, const VisionConfig& v) {
+  cv::Mat bgr = cv::imread(path, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
+  DHP_CHECK(!bgr.empty(), "image '{}' is missing or cannot be decoded", path);
+  return prepare_image(bgr, v);
+}
+
+void blank(PreparedImage& im) { std::fill(im.patches.begin(), im.patches.end(), 0.0f); }
+
+}  // namespace dhp

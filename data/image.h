@@ -1,0 +1,47 @@
+// Image preprocessing of model-spec.md: header-only size probing, the resize rule, and
+// normalised patches in the layout the vision encoder reads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace cv {
+class Mat;
+}
+
+namespace dhp {
+
+struct ImageSize {
+  int h = 0, w = 0;
+};
+
+// The spec's resize rule, to the letter: both sides become multiples of f = patch * merge.
+ImageSize resized_size(int H, int W, const VisionConfig& v);
+// Decoder tokens contributed by an H x W image: (h/p/m) * (w/p/m) after resized_size.
+int64_t image_tokens(int H, int W, const VisionConfig& v);
+
+// Reads only the PNG IHDR or JPEG SOFn header (no pixel decode). Throws dhp::Error naming the
+// file for a missing file, another format, or a truncated or malformed header.
+ImageSize read_image_size(const std::string& path);
+
+struct PreparedImage {
+  int grid_h = 0, grid_w = 0;  // patches per column / per row
+  std::vector<float> patches;  // (grid_h*grid_w, p*p*3) row-major over the grid;
+                               // inside a patch the index is (dy*p+dx)*3+c, c in R,G,B
+  int64_t n_patches() const { return int64_t(grid_h) * grid_w; }
+};
+
+// bgr: CV_8UC3 as OpenCV decodes it. Converts to RGB, resizes (INTER_CUBIC on uint8) only
+// when the size changes, normalises with the spec's mean and std, and patchifies.
+PreparedImage prepare_image(const cv::Mat& bgr, const VisionConfig& v);
+// Decodes the file (ignoring EXIF orientation, so the size matches read_image_size) and
+// prepares it. Throws dhp::Error naming the file when it is missing or cannot be decoded.
+PreparedImage load_image(const std::string& path, const VisionConfig& v);
+// Replaces every pixel by the mean colour (0 after normalisation), keeping the grid, so a
+// model can be evaluated without seeing the image while the sequence stays the same.
+void blank(PreparedImage& im);
+
+}  // namespace dhp

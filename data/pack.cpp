@@ -1,0 +1,95 @@
+#include "data/pack.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "kernels/check.h"
+
+namespace dhp {
+
+Batch pack(const std::vector<const Sample*>& samples, const VisionConfig& v) {
+  Batch b;
+  int64_t T = 0, P = 0;
+  for (const Sample* s : samples) {
+    DHP_ASSERT(s != nullptr);
+    DHP_ASSERT(s->loss_mask.size() == s->tokens.size() && s->image_of.size() == s->tokens.size());
+    T += int64_t(s->tokens.size());
+    for (const auto& im : s->images) P += im.n_patches();
+  }
+  const int64_t pn = v.patch_numel();
+  b.T = T;
+  b.tokens.reserve(size_t(T));
+  b.targets.reserve(size_t(T));
+  b.doc.reserve(size_t(T));
+  b.pos.reserve(size_t(T));
+  b.image_slot.reserve(size_t(T));
+  b.patches.reserve(size_t(P * pn));
+
+  int64_t slot_base = 0;  // merged tokens of the images packed before this sample
+  for (size_t d = 0; d < samples.size(); ++d) {
+    const Sample& s = *samples[d];
+    b.sample_ids.push_back(s.id);
+    // First merged-token slot of each of this sample's images.
+    std::vector<int64_t> first(s.images.size());
+    for (size_t k = 0; k < s.images.size(); ++k) {
+      const PreparedImage& im = s.images[k];
+      DHP_ASSERT(int64_t(im.patches.size()) == im.n_patches() * pn);
+      DHP_ASSERT(im.grid_h % v.merge == 0 && im.grid_w % v.merge == 0);
+      PackedImage pi;
+      pi.patch_offset = int64_t(b.patches.size()) / pn;
+      pi.grid_h = im.grid_h;
+      pi.grid_w = im.grid_w;
+      b.images.push_back(pi);
+      b.patches.insert(b.patches.end(), im.patches.begin(), im.patches.end());
+      first[k] = slot_base;
+      slot_base += im.n_patches() / (int64_t(v.merge) * v.merge);
+    }
+    std::vector<int64_t> seen(s.images.size(), 0);  // image tokens met so far, per image
+    const int64_t L = int64_t(s.tokens.size());
+    for (int64_t t = 0; t < L; ++t) {
+      b.tokens.push_back(s.tokens[size_t(t)]);
+      const bool learn = t + 1 < L && s.loss_mask[size_t(t + 1)];
+      b.targets.push_back(learn ? s.tokens[size_t(t + 1)] : -1);
+      b.doc.push_back(int32_t(d));
+      b.pos.push_back(int32_t(t));
+      const int32_t k = s.image_of[size_t(t)];
+      if (k < 0) {
+        b.image_slot.push_back(-1);
+      } else {
+        DHP_ASSERT(size_t(k) < s.images.size());
+        b.image_slot.push_back(int32_t(first[size_t(k)] + seen[size_t(k)]++));
+      }
+    }
+    for (size_t k = 0; k < s.images.size(); ++k)
+      DHP_ASSERT(seen[k] == s.images[k].n_patches() / (int64_t(v.merge) * v.merge));
+  }
+  return b;
+}
+
+std::vector<std::vector<int64_t>> split_micro_batches(const std::vector<int64_t>& lengths,
+                                                      int64_t micro_tokens) {
+  DHP_CHECK(micro_tokens > 0, "micro_tokens must be positive, got {}", micro_tokens);
+  std::vector<int64_t> order(lengths.size());
+  std::iota(order.begin(), order.end(), int64_t(0));
+  // Longest first; equal lengths keep their position order so the result is unique.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return lengths[size_t(a)] > lengths[size_t(b)]; });
+  std::vector<std::vector<int64_t>> packs;
+  std::vector<int64_t> used;  // (packs) tokens in each pack
+  for (int64_t i : order) {
+    const int64_t len = lengths[size_t(i)];
+    DHP_ASSERT(len >= 0);
+    size_t p = 0;
+    while (p < packs.size() && used[p] + len > micro_tokens) ++p;
+    if (p == packs.size()) {
+      packs.emplace_back();
+      used.push_back(0);
+    }
+    packs[p].push_back(i);
+    used[p] += len;
+  }
+  for (auto& pk : packs) std::sort(pk.begin(), pk.end());
+  return packs;
+}
+
+}  // namespace dhp

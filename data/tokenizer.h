@@ -1,0 +1,42 @@
+// SentencePiece tokenizer with the reserved ids of model-spec.md's sequence layout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace dhp {
+
+class Tokenizer {
+ public:
+  static constexpr int32_t kPad = 0, kUnk = 1, kBos = 2, kEos = 3, kImg = 4, kImgEnd = 5;
+
+  // Throws dhp::Error when the file is missing, is not a SentencePiece model, or does not
+  // reserve the ids above.
+  explicit Tokenizer(const std::string& model_path);
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  // Thread-safe (SentencePiece's encode/decode are const).
+  std::vector<int32_t> encode(const std::string& text) const;
+  // Ids outside the vocabulary (a model may have a larger output layer) decode as <unk>.
+  std::string decode(const std::vector<int32_t>& ids) const;
+  int vocab_size() const;
+
+ private:
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  std::string path_;
+};
+
+// Trains a BPE model on `texts` and writes it to model_path, reserving the ids above (a
+// small corpus still works: hard_vocab_limit is off). Deterministic for the same inputs.
+void train_tokenizer(const std::vector<std::string>& texts, int vocab_size,
+                     const std::string& model_path);
+
+}  // namespace dhp

@@ -1,0 +1,73 @@
+#include "parallel/memory_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/check.h"
+
+namespace dhp {
+
+MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int world, double memory_gb,
+                         bool zero1, bool recompute) {
+  DHP_CHECK(world >= 1, "the world size must be at least 1, got {}", world);
+  capacity_ = int64_t(memory_gb * double(int64_t(1) << 30));
+  const auto& v = m.vision;
+  const int64_t d = m.dim, q = m.q_dim(), kv = m.kv_dim(), dv = v.dim;
+  m2_ = v.merge * v.merge;
+  // Parameter count of model-spec.md's table.
+  const int64_t dec = int64_t(m.layers) * (d * q + 2 * d * kv + q * d + 3 * d * m.ffn + 2 * d) +
+                      int64_t(m.vocab_size) * d * (m.tie_embeddings ? 1 : 2) + d;
+  const int64_t vis = v.patch_numel() * dv + dv + int64_t(v.layers) * (4 * dv * dv + 3 * dv * v.ffn + 2 * dv) +
+                      dv + m2_ * dv * d + d + d * d + d;
+  params_ = dec + vis;
+  const int64_t shards = zero1 ? world : 1;
+  static_ = params_ * (dev.weight_bytes + dev.grad_bytes) + (params_ * dev.optim_bytes + shards - 1) / shards;
+  // Elements a layer keeps per token for backward: input, two norm outputs, q, k, v,
+  // attention output, residual, and the three SwiGLU hidden tensors. Recompute keeps only
+  // each layer's input and rebuilds one layer at a time.
+  const int64_t dec_layer = 4 * d + 2 * q + 2 * kv + 3 * int64_t(m.ffn);
+  const int64_t vis_layer = 8 * dv + 3 * int64_t(v.ffn);
+  const int64_t dec_elems = recompute ? int64_t(m.layers) * d + dec_layer : int64_t(m.layers) * dec_layer + d;
+  const int64_t vis_elems = (recompute ? int64_t(v.layers) * dv + vis_layer : int64_t(v.layers) * vis_layer) +
+                            v.patch_numel() + dv;
+  // Ring buffers: K/V in flight and being used, and dK/dV likewise during backward.
+  const int64_t ring_elems = 8 * kv;
+  per_token_ = (dec_elems + ring_elems) * dev.act_bytes;
+  per_patch_ = (vis_elems + 4 * dv) * dev.act_bytes + (2 * d * dev.act_bytes + m2_ - 1) / m2_;
+  logits_per_token_ = int64_t(m.vocab_size) * 4 * 2;  // fp32 logits and their gradient
+  logits_chunk_ = std::max<int64_t>(1, dev.logits_chunk);
+  fixed_ = dev.workspace_bytes;
+}
+
+int64_t MemoryModel::activation_bytes(const SeqShape& s, int64_t t) const {
+  const int64_t L = std::max<int64_t>(1, s.tokens());
+  const int64_t patches = (t * m2_ * s.vision_tokens + L - 1) / L;
+  return t * per_token_ + patches * per_patch_;
+}
+
+int64_t MemoryModel::rank_bytes(int64_t activations, int64_t tokens) const {
+  return static_ + activations + std::min(tokens, logits_chunk_) * logits_per_token_ + fixed_;
+}
+
+int64_t MemoryModel::group_bytes(const std::vector<const SeqShape*>& seqs, int c) const {
+  int64_t act = 0, tokens = 0;
+  for (const SeqShape* s : seqs) {
+    const int64_t t = (s->tokens() + c - 1) / c;
+    act += activation_bytes(*s, t);
+    tokens += t;
+  }
+  return rank_bytes(act, tokens);
+}
+
+int MemoryModel::min_degree(const std::vector<const SeqShape*>& seqs, int max_degree) const {
+  if (group_bytes(seqs, max_degree) > capacity_) return max_degree + 1;
+  int lo = 1, hi = max_degree;  // bytes never grow with the degree: binary search
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2;
+    if (group_bytes(seqs, mid) <= capacity_) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+}  // namespace dhp

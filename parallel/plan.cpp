@@ -1,0 +1,114 @@
+#include "parallel/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "kernels/check.h"
+
+namespace dhp {
+
+std::vector<std::pair<int64_t, int64_t>> zigzag_ranges(int64_t length, int c, int i) {
+  DHP_ASSERT(c >= 1 && i >= 0 && i < c && length >= 0);
+  const int64_t chunks = 2 * int64_t(c), base = length / chunks, extra = length % chunks;
+  auto begin = [&](int64_t j) { return j * base + std::min(j, extra); };
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t j : {int64_t(i), chunks - 1 - i}) {
+    const int64_t b = begin(j), e = begin(j + 1);
+    if (e > b) out.emplace_back(b, e);
+  }
+  return out;
+}
+
+Plan::Plan(std::string strategy, int world, std::vector<SeqShape> seqs, std::vector<PlanGroup> groups,
+           int64_t lower_bound_ns)
+    : strategy_(std::move(strategy)), world_(world), seqs_(std::move(seqs)), groups_(std::move(groups)) {
+  summary_.lower_bound_ns = lower_bound_ns;
+  summary_.groups = int(groups_.size());
+  int64_t busy = 0;
+  for (const auto& g : groups_) {
+    DHP_ASSERT(g.degree >= 1 && g.cp >= 1 && g.cp <= g.degree);
+    DHP_ASSERT(g.first_rank >= 0 && g.first_rank + g.degree <= world_);
+    summary_.makespan_ns = std::max(summary_.makespan_ns, g.start_ns + g.time_ns);
+    summary_.waves = std::max(summary_.waves, g.wave + 1);
+    busy += g.time_ns * g.cp;
+  }
+  const double total = double(summary_.makespan_ns) * world_;
+  summary_.idle_fraction = total > 0 ? 1.0 - double(busy) / total : 0.0;
+}
+
+std::vector<TokenRange> Plan::ranges(int g, int rank) const {
+  const PlanGroup& grp = groups_.at(size_t(g));
+  std::vector<TokenRange> out;
+  const int i = rank - grp.first_rank;
+  if (i < 0 || i >= grp.cp) return out;
+  for (int32_t s : grp.seqs)
+    for (auto [b, e] : zigzag_ranges(seqs_[size_t(s)].tokens(), grp.cp, i)) out.push_back({s, b, e});
+  return out;
+}
+
+std::vector<int> Plan::groups_of(int rank) const {
+  std::vector<int> out;
+  for (int g = 0; g < int(groups_.size()); ++g)
+    if (rank >= groups_[g].first_rank && rank < groups_[g].first_rank + groups_[g].degree) out.push_back(g);
+  std::stable_sort(out.begin(), out.end(),
+                   [&](int a, int b) { return groups_[a].start_ns < groups_[b].start_ns; });
+  return out;
+}
+
+nlohmann::json Plan::to_json() const {
+  nlohmann::json j;
+  j["strategy"] = strategy_;
+  j["world"] = world_;
+  j["makespan_ns"] = summary_.makespan_ns;
+  j["lower_bound_ns"] = summary_.lower_bound_ns;
+  j["waves"] = summary_.waves;
+  j["idle_fraction"] = summary_.idle_fraction;
+  auto& groups = j["groups"] = nlohmann::json::array();
+  for (int g = 0; g < int(groups_.size()); ++g) {
+    const PlanGroup& grp = groups_[g];
+    nlohmann::json o;
+    o["wave"] = grp.wave;
+    o["ranks"] = {grp.first_rank, grp.first_rank + grp.degree};
+    o["degree"] = grp.degree;
+    o["cp"] = grp.cp;
+    o["start_ns"] = grp.start_ns;
+    o["time_ns"] = grp.time_ns;
+    o["peak_bytes"] = grp.peak_bytes;
+    auto& samples = o["samples"] = nlohmann::json::array();
+    for (int32_t s : grp.seqs)
+      samples.push_back({{"id", seqs_[s].id}, {"text", seqs_[s].text_tokens}, {"vision", seqs_[s].vision_tokens}});
+    auto& shards = o["shards"] = nlohmann::json::array();
+    for (int i = 0; i < grp.cp; ++i) {
+      nlohmann::json r = nlohmann::json::array();
+      for (const auto& t : ranges(g, grp.first_rank + i)) r.push_back({seqs_[t.seq].id, t.begin, t.end});
+      shards.push_back({{"rank", grp.first_rank + i}, {"ranges", r}});
+    }
+    groups.push_back(std::move(o));
+  }
+  return j;
+}
+
+std::string Plan::to_string() const {
+  std::string out = fmt::format("plan {} on {} ranks: {} groups, {} waves, makespan {:.3f} ms "
+                                "(bound {:.3f} ms), idle {:.1f}%\n",
+                                strategy_, world_, summary_.groups, summary_.waves, summary_.makespan_ns * 1e-6,
+                                summary_.lower_bound_ns * 1e-6, 100.0 * summary_.idle_fraction);
+  for (const auto& g : groups_) {
+    int64_t tokens = 0;
+    std::string ids;
+    for (size_t k = 0; k < g.seqs.size(); ++k) {
+      tokens += seqs_[g.seqs[k]].tokens();
+      if (k < 6) ids += fmt::format("{}{}", k ? "," : "", seqs_[g.seqs[k]].id);
+    }
+    if (g.seqs.size() > 6) ids += fmt::format(",... ({} more)", g.seqs.size() - 6);
+    out += fmt::format("  wave {:>2}  ranks {:>4}-{:<4} d={:<4} cp={:<4} {:>8} tokens  {:>10.3f} ms  "
+                       "{:>7.2f} GiB  samples {}\n",
+                       g.wave, g.first_rank, g.first_rank + g.degree - 1, g.degree, g.cp, tokens,
+                       g.time_ns * 1e-6, g.peak_bytes / double(int64_t(1) << 30), ids);
+  }
+  return out;
+}
+
+}  // namespace dhp

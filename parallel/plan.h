@@ -1,0 +1,85 @@
+// The plan of one step: an immutable value that every rank computes identically from the
+// batch's lengths. It says which sequences run together (groups), on which contiguous ranks,
+// when (waves / start times), each rank's token ranges, and the predicted times.
+//
+// Token ranges (design.md §4, zigzag): a sequence of L tokens on a ring of c ranks is cut
+// into 2c chunks, chunk j holding floor(L/2c) tokens plus one when j < L mod 2c; ring rank i
+// holds chunks i and 2c-1-i. Every rank then holds floor or ceil of L/c tokens, with no
+// padding, and the causal work of the early and late chunks balances.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "parallel/cost_model.h"
+
+namespace dhp {
+
+// [begin, end) token positions of one sequence; seq indexes Plan::seqs().
+struct TokenRange {
+  int32_t seq = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+  bool operator==(const TokenRange&) const = default;
+};
+
+struct PlanGroup {
+  int wave = 0;              // micro-step; groups of a wave run at the same time
+  int first_rank = 0;        // the group owns ranks [first_rank, first_rank + degree)
+  int degree = 1;
+  int cp = 1;                // ring degree: the first cp ranks of the group hold tokens
+  std::vector<int32_t> seqs; // indices into Plan::seqs(), in processing order
+  int64_t start_ns = 0;      // predicted start, from the beginning of the step
+  int64_t time_ns = 0;       // predicted duration
+  int64_t peak_bytes = 0;    // memory model: the fullest rank of the group
+  bool operator==(const PlanGroup&) const = default;
+};
+
+// The zigzag ranges of ring rank i of c for a sequence of L tokens (empty chunks omitted).
+std::vector<std::pair<int64_t, int64_t>> zigzag_ranges(int64_t length, int c, int i);
+
+struct PlanSummary {
+  int64_t makespan_ns = 0;
+  int64_t lower_bound_ns = 0;
+  int waves = 0;
+  int groups = 0;
+  double idle_fraction = 0;  // rank-time not spent running a ring, over world x makespan
+};
+
+class Plan {
+ public:
+  Plan() = default;
+  Plan(std::string strategy, int world, std::vector<SeqShape> seqs, std::vector<PlanGroup> groups,
+       int64_t lower_bound_ns);
+
+  const std::string& strategy() const { return strategy_; }
+  int world() const { return world_; }
+  const std::vector<SeqShape>& seqs() const { return seqs_; }
+  const std::vector<PlanGroup>& groups() const { return groups_; }
+  int64_t makespan_ns() const { return summary_.makespan_ns; }
+  const PlanSummary& summary() const { return summary_; }
+
+  // Token ranges of global rank r in group g (empty when r is one of its idle ranks).
+  std::vector<TokenRange> ranges(int g, int rank) const;
+  // Every group a rank takes part in, in start order.
+  std::vector<int> groups_of(int rank) const;
+
+  nlohmann::json to_json() const;
+  std::string to_string() const;  // one line per group, then the summary
+  bool operator==(const Plan& o) const {
+    return strategy_ == o.strategy_ && world_ == o.world_ && groups_ == o.groups_ &&
+           summary_.makespan_ns == o.summary_.makespan_ns;
+  }
+
+ private:
+  std::string strategy_;
+  int world_ = 0;
+  std::vector<SeqShape> seqs_;
+  std::vector<PlanGroup> groups_;
+  PlanSummary summary_;
+};
+
+}  // namespace dhp

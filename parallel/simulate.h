@@ -1,0 +1,39 @@
+// Many steps of one strategy on the same batches: what `dhp plan` and bench_planner print.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "parallel/planner.h"
+
+namespace dhp {
+
+struct StrategyReport {
+  std::string strategy;            // "dhp", "dhp-waves", "static", "pow2"
+  int static_cp = 0;               // the CP degree of a static layout
+  double step_s = 0;               // mean predicted step time
+  double bound_s = 0;              // mean lower bound
+  double ratio = 0;                // step / bound
+  double speedup_vs_static = 0;    // filled in by the caller, 0 = not known
+  double idle = 0;                 // mean idle fraction of rank-time
+  double groups = 0;               // mean groups per step
+  double waves = 0;                // mean waves per step
+  int max_waves = 0;
+  std::map<int, int64_t> degrees;  // ring degree -> groups, over all steps
+  double wall_median_ms = 0, wall_p99_ms = 0;
+  nlohmann::json to_json() const;
+};
+
+StrategyReport simulate(const Planner& planner, const std::string& strategy,
+                        const std::vector<std::vector<SeqShape>>& batches, int static_cp = 0);
+
+// Every divisor of the world that holds the longest sample, simulated; the fastest wins.
+StrategyReport best_static(const Planner& planner, const std::vector<std::vector<SeqShape>>& batches);
+
+// The comparison table, speedups relative to the `static` row when there is one.
+std::string format_reports(const std::vector<StrategyReport>& reports);
+
+}  // namespace dhp

@@ -1,0 +1,607 @@
+// data/: preprocessing, manifests, packing, sampling and loading, on fixtures generated here.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "data/dataset.h"
+#include "data/image.h"
+#include "data/loader.h"
+#include "data/pack.h"
+#include "data/rng.h"
+#include "data/sampler.h"
+#include "data/synth.h"
+#include "data/tokenizer.h"
+#include "kernels/check.h"
+
+namespace dhp {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_file(const fs::path& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+// One small synthesized data set shared by the tests of this file.
+class DataTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new fs::path(fs::temp_directory_path() /
+                         ("dhp_test_data_" + std::to_string(::getpid())));
+    fs::remove_all(*root_);
+    SynthOptions o;
+    o.out_dir = (*root_ / "synth").string();
+    o.train = 48;
+    o.val = 8;
+    o.seed = 11;
+    synthesize(o);
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*root_);
+    delete root_;
+  }
+  static fs::path dir() { return *root_ / "synth"; }
+  static std::string manifest() { return (dir() / "train.jsonl").string(); }
+  static std::string tokenizer() { return (dir() / "tokenizer.model").string(); }
+  static fs::path* root_;
+};
+fs::path* DataTest::root_ = nullptr;
+
+// ---- resize rule --------------------------------------------------------------------------
+
+struct ResizeCase {
+  int H, W, want_h, want_w;
+};
+
+TEST(Image, ResizeRuleHandComputed) {
+  VisionConfig v;  // p = 14, m = 2 -> f = 28; pixels in [256, 65536]
+  const std::vector<ResizeCase> plain = {
+      {28, 28, 28, 28},     // already a multiple
+      {100, 50, 112, 56},   // r(3.57) = 4, r(1.79) = 2
+      {32, 192, 28, 196},   // strip: r(1.14) = 1, r(6.86) = 7
+      {10, 500, 28, 504},   // r(0.36) = 0 is lifted to f
+      {70, 70, 84, 84},     // r(2.5) = 3: floor(x + 0.5), not round-half-even
+      {1000, 1000, 252, 252},  // max branch: b = 3.90625, floor(9.14) * 28
+      {300, 2000, 84, 644},    // max branch, odd aspect: floor(3.54), floor(23.6)
+      {20, 5000, 28, 4032},    // max branch keeps the f floor even past max_pixels
+  };
+  for (const auto& c : plain) {
+    const ImageSize s = resized_size(c.H, c.W, v);
+    EXPECT_EQ(s.h, c.want_h) << c.H << "x" << c.W;
+    EXPECT_EQ(s.w, c.want_w) << c.H << "x" << c.W;
+  }
+  VisionConfig small = v;
+  small.min_pixels = 10000;  // min branch: b = sqrt(10000 / 1200) = 2.887
+  EXPECT_EQ(resized_size(30, 40, small).h, 112);  // ceil(3.09) * 28
+  EXPECT_EQ(resized_size(30, 40, small).w, 140);  // ceil(4.12) * 28
+  small.min_pixels = 20000;  // odd aspect: b = sqrt(20), ceil(0.80), ceil(31.9)
+  EXPECT_EQ(resized_size(5, 200, small).h, 28);
+  EXPECT_EQ(resized_size(5, 200, small).w, 896);
+  VisionConfig p16;
+  p16.patch = 16;
+  p16.merge = 1;
+  p16.min_pixels = 1024;  // b = 4 exactly: ceil(2.0) must stay 2
+  EXPECT_EQ(resized_size(8, 8, p16).h, 32);
+  EXPECT_EQ(resized_size(8, 8, p16).w, 32);
+
+  EXPECT_EQ(image_tokens(100, 50, v), 4 * 2);
+  EXPECT_EQ(image_tokens(32, 192, v), 1 * 7);
+  EXPECT_EQ(image_tokens(8, 8, p16), 2 * 2);
+}
+
+// ---- headers -------------------------------------------------------------------------------
+
+TEST_F(DataTest, HeaderSizeEqualsDecodedSize) {
+  cv::Mat img(37, 91, CV_8UC3, cv::Scalar(10, 200, 30));
+  cv::Mat tall(120, 33, CV_8UC3, cv::Scalar(90, 20, 230));
+  const fs::path d = *root_ / "headers";
+  fs::create_directories(d);
+  struct File {
+    std::string name;
+    const cv::Mat* m;
+    std::vector<int> params;
+  };
+  const std::vector<File> files = {
+      {"a.png", &img, {}},
+      {"b.jpg", &img, {}},
+      {"c.png", &tall, {}},
+      {"d.jpg", &tall, {cv::IMWRITE_JPEG_PROGRESSIVE, 1}},  // SOF2 rather than SOF0
+  };
+  for (const auto& f : files) {
+    const std::string p = (d / f.name).string();
+    ASSERT_TRUE(cv::imwrite(p, *f.m, f.params));
+    const ImageSize s = read_image_size(p);
+    const cv::Mat back = cv::imread(p, cv::IMREAD_COLOR);
+    EXPECT_EQ(s.h, back.rows) << f.name;
+    EXPECT_EQ(s.w, back.cols) << f.name;
+    EXPECT_EQ(s.h, f.m->rows) << f.name;
+  }
+  // Truncated headers and foreign formats are user errors that name the file.
+  const std::string png = read_file(d / "a.png"), jpg = read_file(d / "b.jpg");
+  write_file(d / "t.png", png.substr(0, 20));
+  write_file(d / "t.jpg", jpg.substr(0, 30));
+  write_file(d / "x.gif", "GIF89a........");
+  for (const char* name : {"t.png", "t.jpg", "x.gif", "absent.png"}) {
+    const std::string p = (d / name).string();
+    try {
+      read_image_size(p);
+      ADD_FAILURE() << name << " should not parse";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+  }
+}
+
+// ---- patches -------------------------------------------------------------------------------
+
+float normalised(int v, int c) {
+  const float mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
+  const float std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
+  return (float(v) / 255.0f - mean[c]) / std[c];
+}
+
+TEST(Image, PatchLayoutKnownPixels) {
+  VisionConfig v;  // 28 x 56 needs no resize: a 2 x 4 patch grid
+  const int H = 28, W = 56, p = v.patch;
+  cv::Mat bgr(H, W, CV_8UC3);
+  auto value = [](int y, int x, int c) { return (y * 7 + x * 3 + c * 50) % 256; };  // RGB
+  for (int y = 0; y < H; ++y)
+    for (int x = 0; x < W; ++x)
+      for (int c = 0; c < 3; ++c) bgr.at<cv::Vec3b>(y, x)[2 - c] = uint8_t(value(y, x, c));
+  const PreparedImage im = prepare_image(bgr, v);
+  ASSERT_EQ(im.grid_h, 2);
+  ASSERT_EQ(im.grid_w, 4);
+  ASSERT_EQ(int64_t(im.patches.size()), 8 * v.patch_numel());
+  // One pixel by hand: (y=17, x=45) is patch (1, 3) = index 7, offset (dy=3, dx=3).
+  const int64_t base = 7 * v.patch_numel() + (3 * p + 3) * 3;
+  for (int c = 0; c < 3; ++c)
+    EXPECT_EQ(im.patches[size_t(base + c)], normalised(value(17, 45, c), c));
+  // And every pixel against the layout formula.
+  for (int y = 0; y < H; ++y)
+    for (int x = 0; x < W; ++x)
+      for (int c = 0; c < 3; ++c) {
+        const int64_t i = ((y / p) * 4 + x / p) * v.patch_numel() + ((y % p) * p + x % p) * 3 + c;
+        ASSERT_EQ(im.patches[size_t(i)], normalised(value(y, x, c), c)) << y << "," << x;
+      }
+  PreparedImage b = im;
+  blank(b);
+  EXPECT_EQ(b.grid_h, 2);
+  EXPECT_TRUE(std::all_of(b.patches.begin(), b.patches.end(), [](float f) { return f == 0.0f; }));
+  // A size off the grid is resized to resized_size() (30 x 40 -> 28 x 28 -> 2 x 2 patches).
+  const PreparedImage r = prepare_image(cv::Mat(30, 40, CV_8UC3, cv::Scalar(0, 0, 255)), v);
+  EXPECT_EQ(r.grid_h, 2);
+  EXPECT_EQ(r.grid_w, 2);
+  EXPECT_NEAR(r.patches[0], normalised(255, 0), 1e-6);  // red survives BGR -> RGB
+  EXPECT_NEAR(r.patches[2], normalised(0, 2), 1e-6);
+}
+
+// ---- tokenizer -----------------------------------------------------------------------------
+
+TEST_F(DataTest, TokenizerReservedIdsAndRoundTrip) {
+  Tokenizer tok(tokenizer());
+  EXPECT_GT(tok.vocab_size(), 6);
+  EXPECT_LE(tok.vocab_size(), 160);
+  const std::string text = "two red circles at the top left and a blue square on the right.";
+  const auto ids = tok.encode(text);
+  EXPECT_FALSE(ids.empty());
+  for (int32_t id : ids) EXPECT_GT(id, Tokenizer::kImgEnd);  // no reserved id from plain text
+  EXPECT_EQ(tok.decode(ids), text);
+  EXPECT_EQ(tok.decode({Tokenizer::kBos, ids[0], Tokenizer::kEos}), tok.decode({ids[0]}));
+  const auto img = tok.encode("<img></img>");
+  EXPECT_NE(std::find(img.begin(), img.end(), Tokenizer::kImg), img.end());
+  EXPECT_NE(std::find(img.begin(), img.end(), Tokenizer::kImgEnd), img.end());
+
+  EXPECT_THROW(Tokenizer((*root_ / "absent.model").string()), Error);
+  write_file(*root_ / "corrupt.model", "this is not a protobuf");
+  EXPECT_THROW(Tokenizer((*root_ / "corrupt.model").string()), Error);
+}
+
+// ---- synth ---------------------------------------------------------------------------------
+
+TEST_F(DataTest, SynthIsDeterministicAndVaried) {
+  SynthOptions o;
+  o.train = 48;
+  o.val = 8;
+  o.seed = 11;
+  o.out_dir = (*root_ / "again").string();
+  synthesize(o);
+  int64_t files = 0, png = 0, jpg = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir())) {
+    if (!e.is_regular_file()) continue;
+    const fs::path rel = fs::relative(e.path(), dir());
+    ASSERT_EQ(read_file(e.path()), read_file(*root_ / "again" / rel)) << rel;
+    ++files;
+    png += e.path().extension() == ".png";
+    jpg += e.path().extension() == ".jpg";
+  }
+  EXPECT_EQ(files, 48 + 8 + 3);  // images, two manifests, the tokenizer
+  EXPECT_GT(png, 0);
+  EXPECT_GT(jpg, 0);
+
+  // Captions follow the grammar (with number agreement); image shapes vary widely.
+  const std::string g =
+      "(a|two|three) (red|green|blue|yellow|purple|black) (circle|square|triangle)s? "
+      "(in the center|on the (left|right)|at the (top|bottom)( (left|right))?)";
+  const std::regex grammar(g + "((, " + g + ")* and " + g + ")?\\.");
+  const std::regex singular_plural("(^|, | and )a [a-z]+ [a-z]+s ");
+  const std::regex plural_singular("(two|three) [a-z]+ (circle|square|triangle) ");
+  std::ifstream in(manifest());
+  std::string line;
+  double min_aspect = 10, max_aspect = 0;
+  std::set<std::string> distinct;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    const std::string cap = j["conversations"][1]["value"];
+    distinct.insert(cap);
+    EXPECT_TRUE(std::regex_match(cap, grammar)) << cap;
+    EXPECT_FALSE(std::regex_search(cap, singular_plural)) << cap;
+    EXPECT_FALSE(std::regex_search(cap, plural_singular)) << cap;
+    const ImageSize s = read_image_size((dir() / std::string(j["image"])).string());
+    min_aspect = std::min(min_aspect, double(s.w) / s.h);
+    max_aspect = std::max(max_aspect, double(s.w) / s.h);
+  }
+  EXPECT_GT(distinct.size(), 40u);  // captions vary with the content
+  EXPECT_LT(min_aspect, 0.5);
+  EXPECT_GT(max_aspect, 2.0);
+}
+
+// ---- dataset -------------------------------------------------------------------------------
+
+TEST_F(DataTest, LoadedLengthEqualsHeaderPrediction) {
+  Tokenizer tok(tokenizer());
+  ModelConfig mc;
+  JsonlDataset ds(manifest(), "", tok, mc, 4096, "fail");
+  ASSERT_EQ(ds.size(), 48);
+  std::ifstream in(manifest());
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    std::string line;
+    std::getline(in, line);
+    const auto j = nlohmann::json::parse(line);
+    const Sample s = ds.load(i, false);
+    ASSERT_EQ(int64_t(s.tokens.size()), ds.length(i)) << i;
+    ASSERT_EQ(s.loss_mask.size(), s.tokens.size());
+    ASSERT_EQ(s.image_of.size(), s.tokens.size());
+    ASSERT_EQ(s.images.size(), 1u);
+    EXPECT_EQ(s.id, i);
+    EXPECT_EQ(s.tokens.front(), Tokenizer::kBos);
+    EXPECT_EQ(s.tokens.back(), Tokenizer::kEos);
+    EXPECT_EQ(s.loss_mask.back(), 1);
+    // Image tokens: exactly the merged grid of the decoded image, between <img> and </img>.
+    const int64_t n_img = std::count(s.image_of.begin(), s.image_of.end(), 0);
+    const ImageSize hdr = read_image_size((dir() / std::string(j["image"])).string());
+    EXPECT_EQ(n_img, image_tokens(hdr.h, hdr.w, mc.vision));
+    EXPECT_EQ(n_img, int64_t(s.images[0].grid_h / 2) * (s.images[0].grid_w / 2));
+    const auto first = std::find(s.image_of.begin(), s.image_of.end(), 0) - s.image_of.begin();
+    EXPECT_EQ(s.tokens[size_t(first - 1)], Tokenizer::kImg);
+    EXPECT_EQ(s.tokens[size_t(first + n_img)], Tokenizer::kImgEnd);
+    // The loss covers exactly the caption and <eos>.
+    std::vector<int32_t> answer;
+    for (size_t t = 0; t < s.tokens.size(); ++t)
+      if (s.loss_mask[t] && s.tokens[t] != Tokenizer::kEos) answer.push_back(s.tokens[t]);
+    EXPECT_EQ(tok.decode(answer), std::string(j["conversations"][1]["value"]));
+    EXPECT_EQ(int64_t(answer.size()) + 1, ds.loss_tokens(i));
+  }
+  const Sample b = ds.load(3, true);
+  EXPECT_EQ(b.tokens, ds.load(3, false).tokens);
+  EXPECT_TRUE(std::all_of(b.images[0].patches.begin(), b.images[0].patches.end(),
+                          [](float f) { return f == 0.0f; }));
+}
+
+class LogCapture {
+ public:
+  LogCapture() : old_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  }
+  ~LogCapture() { spdlog::set_default_logger(old_); }
+  std::string text() const { return out_.str(); }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> old_;
+};
+
+std::string line_json(const std::string& id, const std::string& images,
+                      const std::string& human, const std::string& gpt) {
+  return "{\"id\": \"" + id + "\"" + images +
+         ", \"conversations\": [{\"from\": \"human\", \"value\": \"" + human +
+         "\"}, {\"from\": \"gpt\", \"value\": \"" + gpt + "\"}]}\n";
+}
+
+TEST_F(DataTest, BadLinesAreSkippedAndCounted) {
+  const fs::path d = *root_ / "bad";
+  fs::create_directories(d / "images");
+  fs::copy_file(dir() / "images" / "train-000000.png", d / "images" / "ok.png",
+                fs::copy_options::overwrite_existing);
+  fs::copy_file(dir() / "images" / "train-000001.png", d / "images" / "ok2.png",
+                fs::copy_options::overwrite_existing);
+  write_file(d / "images" / "corrupt.png", "\x89PNG garbage bytes");
+  const std::string img = ", \"image\": \"images/ok.png\"";
+  std::string m;
+  m += line_json("good", img, "<image>\\nDescribe the image.", "a red circle in the center.");
+  m += "{\"id\": \"broken\", \"image\": \n";                                        // line 2
+  m += line_json("nofile", ", \"image\": \"images/nope.png\"", "<image>", "a red circle.");
+  m += line_json("corrupt", ", \"image\": \"images/corrupt.png\"", "<image>", "a circle.");
+  m += line_json("empty", img, "<image>\\nDescribe the image.", "");               // line 5
+  m += line_json("text", "", "What is a square?", "a square has four sides.");
+  m += line_json("two", ", \"images\": [\"images/ok.png\", \"images/ok2.png\"]",
+                 "<image> and <image>", "two blue squares.");                       // line 7
+  m += "\n";
+  m += line_json("mismatch", img, "Describe the image.", "a red circle.");          // line 9
+  write_file(d / "bad.jsonl", m);
+  const std::string path = (d / "bad.jsonl").string();
+
+  Tokenizer tok(tokenizer());
+  ModelConfig mc;
+  std::string log;
+  {
+    LogCapture cap;
+    JsonlDataset ds(path, "", tok, mc, 4096, "skip");
+    log = cap.text();
+    EXPECT_EQ(ds.size(), 3);
+    EXPECT_EQ(ds.name(0), "good");
+    EXPECT_EQ(ds.name(1), "text");
+    EXPECT_EQ(ds.name(2), "two");
+    const std::map<std::string, int64_t> want = {{"invalid json", 1},
+                                                 {"missing image", 1},
+                                                 {"unreadable image", 1},
+                                                 {"empty text", 1},
+                                                 {"image count mismatch", 1}};
+    EXPECT_EQ(ds.skipped(), want);
+
+    const Sample text = ds.load(1, false);  // text only: no image tokens at all
+    EXPECT_EQ(int64_t(text.tokens.size()), ds.length(1));
+    EXPECT_TRUE(text.images.empty());
+    EXPECT_EQ(std::count(text.image_of.begin(), text.image_of.end(), -1),
+              int64_t(text.tokens.size()));
+    const Sample two = ds.load(2, false);  // both images, in order, each in its own <img>
+    EXPECT_EQ(int64_t(two.tokens.size()), ds.length(2));
+    ASSERT_EQ(two.images.size(), 2u);
+    EXPECT_EQ(std::count(two.tokens.begin(), two.tokens.end(), Tokenizer::kImg), 2);
+    const auto first1 = std::find(two.image_of.begin(), two.image_of.end(), 1);
+    const auto last0 = std::find(two.image_of.rbegin(), two.image_of.rend(), 0);
+    EXPECT_LT(two.image_of.rend() - last0, first1 - two.image_of.begin());
+  }
+  for (const char* want : {":2: skipped (invalid json)", ":3: skipped (missing image)",
+                           ":4: skipped (unreadable image)", ":5: skipped (empty text)",
+                           ":9: skipped (image count mismatch)"})
+    EXPECT_NE(log.find(path + want), std::string::npos) << want << "\n" << log;
+  EXPECT_EQ(log.find(":8:"), std::string::npos) << "blank lines are not errors";
+
+  try {
+    JsonlDataset ds(path, "", tok, mc, 4096, "fail");
+    ADD_FAILURE() << "fail mode should throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ":2: invalid json"), std::string::npos)
+        << e.what();
+  }
+  {
+    LogCapture cap;  // a limit one below the longest sample skips exactly the longest
+    int64_t longest = 0, n_longest = 0;
+    {
+      JsonlDataset ds(path, "", tok, mc, 4096, "skip");
+      for (int64_t i = 0; i < ds.size(); ++i) longest = std::max(longest, ds.length(i));
+      for (int64_t i = 0; i < ds.size(); ++i) n_longest += ds.length(i) == longest;
+    }
+    ASSERT_LT(n_longest, 3);
+    JsonlDataset ds(path, "", tok, mc, longest - 1, "skip");
+    EXPECT_EQ(ds.size(), 3 - n_longest);
+    EXPECT_EQ(ds.skipped().at("too long"), n_longest);
+    for (int64_t i = 0; i < ds.size(); ++i) EXPECT_LT(ds.length(i), longest);
+  }
+}
+
+// ---- pack ----------------------------------------------------------------------------------
+
+PreparedImage fake_image(int gh, int gw, const VisionConfig& v, float tag) {
+  PreparedImage im;
+  im.grid_h = gh;
+  im.grid_w = gw;
+  im.patches.resize(size_t(im.n_patches() * v.patch_numel()));
+  for (size_t i = 0; i < im.patches.size(); ++i) im.patches[i] = tag + float(i);
+  return im;
+}
+
+TEST(Pack, TwoSamplesWithImages) {
+  VisionConfig v;
+  v.patch = 2;  // 12 values per patch keeps the hand-built arrays short
+  v.merge = 2;
+  Sample a;  // two images: 2 x 4 patches (2 merged tokens) then 2 x 2 (1 merged token)
+  a.id = 5;
+  a.tokens = {2, 4, 0, 0, 5, 4, 0, 5, 10, 11, 3};
+  a.loss_mask = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+  a.image_of = {-1, -1, 0, 0, -1, -1, 1, -1, -1, -1, -1};
+  a.images = {fake_image(2, 4, v, 1000), fake_image(2, 2, v, 2000)};
+  Sample b;  // text, one 2 x 2 image, answer
+  b.id = 9;
+  b.tokens = {2, 20, 4, 0, 5, 21, 3};
+  b.loss_mask = {0, 0, 0, 0, 0, 1, 1};
+  b.image_of = {-1, -1, -1, 0, -1, -1, -1};
+  b.images = {fake_image(2, 2, v, 3000)};
+
+  const Batch bt = pack({&a, &b}, v);
+  EXPECT_EQ(bt.T, 18);
+  std::vector<int32_t> tokens = a.tokens;
+  tokens.insert(tokens.end(), b.tokens.begin(), b.tokens.end());
+  EXPECT_EQ(bt.tokens, tokens);
+  const std::vector<int32_t> targets = {-1, -1, -1, -1, -1, -1, -1, -1, 11, 3, -1,
+                                        -1, -1, -1, -1, 21, 3, -1};
+  EXPECT_EQ(bt.targets, targets);
+  const std::vector<int32_t> doc = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1};
+  EXPECT_EQ(bt.doc, doc);
+  const std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 1, 2, 3, 4, 5, 6};
+  EXPECT_EQ(bt.pos, pos);
+  const std::vector<int32_t> slot = {-1, -1, 0, 1, -1, -1, 2, -1, -1, -1, -1,
+                                     -1, -1, -1, 3, -1, -1, -1};
+  EXPECT_EQ(bt.image_slot, slot);
+  EXPECT_EQ(bt.loss_tokens(), 4);
+  EXPECT_EQ(bt.sample_ids, (std::vector<int64_t>{5, 9}));
+  ASSERT_EQ(bt.images.size(), 3u);
+  EXPECT_EQ(bt.images[0].patch_offset, 0);
+  EXPECT_EQ(bt.images[1].patch_offset, 8);
+  EXPECT_EQ(bt.images[2].patch_offset, 12);
+  EXPECT_EQ(bt.images[1].grid_h, 2);
+  EXPECT_EQ(bt.images[0].grid_w, 4);
+  EXPECT_EQ(bt.n_patches(), 16);
+  ASSERT_EQ(int64_t(bt.patches.size()), 16 * v.patch_numel());
+  EXPECT_EQ(bt.patches[0], 1000.0f);
+  EXPECT_EQ(bt.patches[size_t(8 * v.patch_numel())], 2000.0f);
+  EXPECT_EQ(bt.patches[size_t(12 * v.patch_numel() + 5)], 3005.0f);
+}
+
+TEST(Pack, SplitMicroBatchesHandCase) {
+  // FFD order 12, 9, 7, 5, 3, 2 into budget 10: [12] [9] [7 3] [5 2].
+  const auto packs = split_micro_batches({5, 9, 3, 7, 2, 12}, 10);
+  const std::vector<std::vector<int64_t>> want = {{5}, {1}, {2, 3}, {0, 4}};
+  EXPECT_EQ(packs, want);
+}
+
+TEST(Pack, SplitMicroBatchesRespectsBudget) {
+  Rng rng(3);
+  std::vector<int64_t> lengths(500);
+  for (auto& l : lengths) l = rng.range(1, 300);
+  lengths[17] = 1000;  // longer than the budget: alone in its pack
+  const int64_t budget = 512;
+  const auto packs = split_micro_batches(lengths, budget);
+  std::vector<int64_t> seen;
+  for (const auto& pk : packs) {
+    ASSERT_FALSE(pk.empty());
+    EXPECT_TRUE(std::is_sorted(pk.begin(), pk.end()));
+    int64_t sum = 0;
+    for (int64_t i : pk) sum += lengths[size_t(i)];
+    if (pk.size() > 1) {
+      EXPECT_LE(sum, budget);
+    }
+    seen.insert(seen.end(), pk.begin(), pk.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  std::vector<int64_t> all(lengths.size());
+  std::iota(all.begin(), all.end(), int64_t(0));
+  EXPECT_EQ(seen, all);
+  EXPECT_EQ(split_micro_batches(lengths, budget), packs);
+  const int64_t total = std::accumulate(lengths.begin(), lengths.end(), int64_t(0));
+  EXPECT_LE(int64_t(packs.size()), total / budget + 3);  // FFD packs tightly
+}
+
+// ---- sampler -------------------------------------------------------------------------------
+
+TEST(Sampler, DeterministicCoveringAndStraddling) {
+  const int64_t n = 37, bs = 5;
+  Sampler s(n, 42), same(n, 42), other(n, 43);
+  EXPECT_EQ(s.batch(3, bs), same.batch(3, bs));
+  EXPECT_NE(s.batch(3, bs), other.batch(3, bs));
+  EXPECT_NE(s.permutation(0), s.permutation(1));
+  // The stream of the first three epochs, batch by batch.
+  std::vector<int64_t> stream;
+  for (int64_t step = 0; int64_t(stream.size()) < 3 * n; ++step) {
+    const auto b = s.batch(step, bs);
+    ASSERT_EQ(int64_t(b.size()), bs);
+    stream.insert(stream.end(), b.begin(), b.end());
+  }
+  for (int64_t e = 0; e < 3; ++e) {
+    std::vector<int64_t> epoch(stream.begin() + e * n, stream.begin() + (e + 1) * n);
+    EXPECT_EQ(epoch, s.permutation(e));
+    std::sort(epoch.begin(), epoch.end());
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(epoch[size_t(i)], i) << "epoch " << e;
+  }
+  // Step 7 covers stream positions 35..39: the last two of epoch 0, the first three of 1.
+  const auto straddle = s.batch(7, bs);
+  const auto p0 = s.permutation(0), p1 = s.permutation(1);
+  EXPECT_EQ(straddle, (std::vector<int64_t>{p0[35], p0[36], p1[0], p1[1], p1[2]}));
+  // A batch larger than the data set spans several epochs.
+  Sampler tiny(3, 1);
+  const auto big = tiny.batch(0, 8);
+  std::vector<int64_t> want = tiny.permutation(0);
+  for (int64_t e : {1, 2}) {
+    const auto p = tiny.permutation(e);
+    want.insert(want.end(), p.begin(), p.end());
+  }
+  want.resize(8);
+  EXPECT_EQ(big, want);
+}
+
+// ---- loader --------------------------------------------------------------------------------
+
+void expect_same(const Sample& a, const Sample& b) {
+  EXPECT_EQ(a.id, b.id);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.loss_mask, b.loss_mask);
+  EXPECT_EQ(a.image_of, b.image_of);
+  ASSERT_EQ(a.images.size(), b.images.size());
+  for (size_t k = 0; k < a.images.size(); ++k) {
+    EXPECT_EQ(a.images[k].grid_h, b.images[k].grid_h);
+    EXPECT_EQ(a.images[k].grid_w, b.images[k].grid_w);
+    EXPECT_EQ(a.images[k].patches, b.images[k].patches);
+  }
+}
+
+TEST_F(DataTest, LoaderMatchesLoadInOrder) {
+  Tokenizer tok(tokenizer());
+  ModelConfig mc;
+  JsonlDataset ds(manifest(), "", tok, mc, 4096, "fail");
+  const std::vector<std::vector<int64_t>> subs = {{5, 1, 7, 3, 3, 0}, {40, 2}, {}, {11, 12, 13}};
+  for (int workers : {0, 1, 2}) {
+    BatchLoader loader(ds, workers, 3);
+    loader.submit(subs[0], false);
+    loader.submit(subs[1], true);
+    loader.submit(subs[2], false);
+    for (size_t k = 0; k < subs.size(); ++k) {
+      const auto got = loader.next();
+      if (k + 3 < subs.size()) loader.submit(subs[k + 3], false);
+      ASSERT_EQ(got.size(), subs[k].size()) << "workers " << workers;
+      for (size_t i = 0; i < got.size(); ++i) expect_same(got[i], ds.load(subs[k][i], k == 1));
+      EXPECT_GE(loader.last_wait_seconds(), 0.0);
+    }
+    EXPECT_EQ(loader.pending(), 0);
+  }
+  {
+    BatchLoader loader(ds, 2, 2);  // destroyed with work queued: must join, not hang
+    std::vector<int64_t> all(size_t(ds.size()));
+    std::iota(all.begin(), all.end(), int64_t(0));
+    loader.submit(all, false);
+    loader.submit(all, true);
+  }
+}
+
+TEST_F(DataTest, LoaderSurfacesWorkerErrors) {
+  const fs::path d = *root_ / "vanishing";
+  fs::create_directories(d / "images");
+  fs::copy_file(dir() / "images" / "train-000000.png", d / "images" / "a.png",
+                fs::copy_options::overwrite_existing);
+  write_file(d / "m.jsonl",
+             line_json("a", ", \"image\": \"images/a.png\"", "<image>", "a red circle."));
+  Tokenizer tok(tokenizer());
+  ModelConfig mc;
+  JsonlDataset ds((d / "m.jsonl").string(), "", tok, mc, 4096, "fail");
+  fs::remove(d / "images" / "a.png");  // gone after indexing: decoding must fail
+  for (int workers : {0, 2}) {
+    BatchLoader loader(ds, workers);
+    loader.submit({0, 0}, false);
+    EXPECT_THROW(loader.next(), Error) << "workers " << workers;
+  }
+}
+
+}  // namespace
+}  // namespace dhp

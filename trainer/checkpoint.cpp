@@ -1,0 +1,294 @@
+#include "trainer/checkpoint.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "kernels/check.h"
+
+namespace dhp {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr int kFormatVersion = 1;
+constexpr const char* kFormat = "dhp-checkpoint";
+
+// Owns one HDF5 identifier and closes it with the matching function.
+class H5 {
+ public:
+  H5(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  ~H5() {
+    if (id_ >= 0) close_(id_);
+  }
+  H5(const H5&) = delete;
+  H5& operator=(const H5&) = delete;
+  operator hid_t() const { return id_; }
+  bool ok() const { return id_ >= 0; }
+
+ private:
+  hid_t id_;
+  herr_t (*close_)(hid_t);
+};
+
+// HDF5 prints its own error stack on every failure; we report errors ourselves.
+void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+uint64_t checksum(const float* x, int64_t n) {
+  // FNV-1a over the bytes: cheap, and any flipped or truncated byte changes it.
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* p = reinterpret_cast<const unsigned char*>(x);
+  for (int64_t i = 0; i < n * int64_t(sizeof(float)); ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+void write_attr_i64(hid_t obj, const char* name, int64_t v) {
+  H5 space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5 a(H5Acreate2(obj, name, H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  DHP_CHECK(a.ok() && H5Awrite(a, H5T_NATIVE_INT64, &v) >= 0, "writing attribute {}", name);
+}
+
+void write_attr_u64(hid_t obj, const char* name, uint64_t v) {
+  H5 space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5 a(H5Acreate2(obj, name, H5T_NATIVE_UINT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  DHP_CHECK(a.ok() && H5Awrite(a, H5T_NATIVE_UINT64, &v) >= 0, "writing attribute {}", name);
+}
+
+bool read_attr(hid_t obj, const char* name, hid_t type, void* out) {
+  if (H5Aexists(obj, name) <= 0) return false;
+  H5 a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  return a.ok() && H5Aread(a, type, out) >= 0;
+}
+
+hid_t string_type(size_t n) {
+  hid_t t = H5Tcopy(H5T_C_S1);
+  H5Tset_size(t, std::max<size_t>(n, 1));
+  return t;
+}
+
+void write_string(hid_t loc, const char* name, const std::string& s) {
+  H5 type(string_type(s.size()), H5Tclose);
+  H5 space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5 d(H5Dcreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+  DHP_CHECK(d.ok() && H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.c_str()) >= 0,
+            "writing {}", name);
+}
+
+std::string read_string(hid_t loc, const char* name, const std::string& path) {
+  DHP_CHECK(H5Lexists(loc, name, H5P_DEFAULT) > 0, "checkpoint '{}' has no {}", path, name);
+  H5 d(H5Dopen2(loc, name, H5P_DEFAULT), H5Dclose);
+  H5 type(H5Dget_type(d), H5Tclose);
+  std::string s(H5Tget_size(type), '\0');
+  H5 mem(string_type(s.size()), H5Tclose);
+  DHP_CHECK(H5Dread(d, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data()) >= 0,
+            "checkpoint '{}': cannot read {}", path, name);
+  s.resize(std::strlen(s.c_str()));
+  return s;
+}
+
+void write_tensor(hid_t group, const ParamSpec& spec, const float* x) {
+  std::vector<hsize_t> dims(spec.shape.begin(), spec.shape.end());
+  H5 space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
+  H5 d(H5Dcreate2(group, spec.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
+                  H5P_DEFAULT),
+       H5Dclose);
+  DHP_CHECK(d.ok() && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x) >= 0,
+            "writing tensor {}", spec.name);
+  write_attr_u64(d, "checksum", checksum(x, spec.numel()));
+}
+
+void read_tensor(hid_t group, const std::string& gname, const ParamSpec& spec, float* x,
+                 const std::string& path) {
+  const std::string where = fmt::format("checkpoint '{}': {}/{}", path, gname, spec.name);
+  DHP_CHECK(H5Lexists(group, spec.name.c_str(), H5P_DEFAULT) > 0,
+            "{} is missing (was it saved by a different model configuration?)", where);
+  H5 d(H5Dopen2(group, spec.name.c_str(), H5P_DEFAULT), H5Dclose);
+  DHP_CHECK(d.ok(), "{} cannot be opened: the file is damaged", where);
+  H5 space(H5Dget_space(d), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space);
+  std::vector<hsize_t> dims(std::max(rank, 0));
+  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  std::vector<int64_t> shape(dims.begin(), dims.end());
+  DHP_CHECK(shape == spec.shape, "{} has shape [{}], the model expects [{}]", where,
+            fmt::join(shape, ", "), fmt::join(spec.shape, ", "));
+  DHP_CHECK(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x) >= 0,
+            "{} cannot be read: the file is damaged or truncated", where);
+  uint64_t want = 0;
+  DHP_CHECK(read_attr(d, "checksum", H5T_NATIVE_UINT64, &want), "{} has no checksum", where);
+  DHP_CHECK(checksum(x, spec.numel()) == want,
+            "{} does not match its checksum: the file is damaged; refusing to load it", where);
+}
+
+void fsync_path(const fs::path& p, bool directory) {
+  int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  DHP_CHECK(fd >= 0, "cannot open '{}' to sync it", p.string());
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  DHP_CHECK(rc == 0, "fsync of '{}' failed", p.string());
+}
+
+fs::path marker_of(const fs::path& h5) {
+  fs::path m = h5;
+  return m.replace_extension(".done");
+}
+
+}  // namespace
+
+std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* opt,
+                            const TrainState& st) {
+  quiet_hdf5();
+  const fs::path dir = cfg.checkpoint.dir;
+  fs::create_directories(dir);
+  const fs::path final_path = dir / fmt::format("step-{:08d}.h5", st.step);
+  const fs::path tmp = fs::path(final_path.string() + ".tmp");
+  fs::remove(marker_of(final_path));  // an older save of the same step is no longer complete
+  {
+    H5 file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    DHP_CHECK(file.ok(), "cannot create checkpoint file '{}'", tmp.string());
+    H5 root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose);
+    {
+      H5 type(string_type(std::strlen(kFormat)), H5Tclose);
+      H5 space(H5Screate(H5S_SCALAR), H5Sclose);
+      H5 a(H5Acreate2(root, "format", type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+      H5Awrite(a, type, kFormat);
+    }
+    write_attr_i64(root, "format_version", kFormatVersion);
+    write_string(file, "config", to_toml(cfg));
+    H5 params(H5Gcreate2(file, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    for (const auto& s : model.table().specs()) write_tensor(params, s, model.params() + s.offset);
+    if (opt) {
+      H5 optim(H5Gcreate2(file, "optim", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      write_attr_i64(optim, "step", opt->steps_taken());
+      H5 m(H5Gcreate2(optim, "m", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      H5 v(H5Gcreate2(optim, "v", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      for (const auto& s : model.table().specs()) {
+        write_tensor(m, s, opt->m() + s.offset);
+        write_tensor(v, s, opt->v() + s.offset);
+      }
+    }
+    H5 state(H5Gcreate2(file, "state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    write_attr_i64(state, "step", st.step);
+    write_attr_u64(state, "seed", st.seed);
+    write_attr_i64(state, "batch_size", st.batch_size);
+    DHP_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, "flushing '{}'", tmp.string());
+  }
+  // Durable before visible: data on disk, then the name, then the marker that says complete.
+  fsync_path(tmp, false);
+  fs::rename(tmp, final_path);
+  fsync_path(dir, true);
+  {
+    std::ofstream(marker_of(final_path)) << st.step << "\n";
+  }
+  fsync_path(marker_of(final_path), false);
+  fsync_path(dir, true);
+
+  // Keep the newest `keep` complete checkpoints; the marker goes first so a crash in between
+  // never leaves a marker that points at a missing file.
+  auto all = list_checkpoints(dir.string());
+  for (size_t i = 0; i + size_t(cfg.checkpoint.keep) < all.size(); ++i) {
+    fs::remove(marker_of(all[i]));
+    fs::remove(all[i]);
+  }
+  return final_path.string();
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::string> out;
+  if (!fs::is_directory(dir)) return out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const fs::path p = e.path();
+    if (p.extension() == ".h5" && p.filename().string().rfind("step-", 0) == 0 &&
+        fs::exists(marker_of(p)))
+      out.push_back(p.string());
+  }
+  std::sort(out.begin(), out.end());  // zero-padded step numbers sort in step order
+  return out;
+}
+
+std::string resolve_checkpoint(const std::string& what, const std::string& default_dir) {
+  const std::string dir = what == "auto" ? default_dir : what;
+  if (what != "auto" && fs::is_regular_file(what)) return what;
+  DHP_CHECK(fs::is_directory(dir), "no checkpoint at '{}' (neither a file nor a directory)", dir);
+  auto all = list_checkpoints(dir);
+  DHP_CHECK(!all.empty(), "no complete checkpoint in '{}'", dir);
+  return all.back();
+}
+
+Config checkpoint_config(const std::string& path) {
+  quiet_hdf5();
+  DHP_CHECK(fs::is_regular_file(path), "checkpoint '{}' not found", path);
+  H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
+  return parse_config(read_string(file, "config", path), path + ":/config");
+}
+
+TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
+  quiet_hdf5();
+  DHP_CHECK(fs::is_regular_file(path), "checkpoint '{}' not found", path);
+  H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
+  H5 root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose);
+  int64_t version = 0;
+  DHP_CHECK(read_attr(root, "format_version", H5T_NATIVE_INT64, &version),
+            "'{}' is not a dhp checkpoint (no format_version)", path);
+  DHP_CHECK(version == kFormatVersion, "checkpoint '{}' has format version {}; this dhp reads {}",
+            path, version, kFormatVersion);
+  DHP_CHECK(H5Lexists(file, "params", H5P_DEFAULT) > 0, "checkpoint '{}' has no /params", path);
+  H5 params(H5Gopen2(file, "params", H5P_DEFAULT), H5Gclose);
+  std::vector<float> staged(model.n_params());  // loaded fully before anything is replaced
+  for (const auto& s : model.table().specs()) read_tensor(params, "params", s, staged.data() + s.offset, path);
+
+  TrainState st;
+  H5 state(H5Gopen2(file, "state", H5P_DEFAULT), H5Gclose);
+  DHP_CHECK(state.ok() && read_attr(state, "step", H5T_NATIVE_INT64, &st.step) &&
+                read_attr(state, "seed", H5T_NATIVE_UINT64, &st.seed) &&
+                read_attr(state, "batch_size", H5T_NATIVE_INT64, &st.batch_size),
+            "checkpoint '{}': /state is missing or damaged", path);
+  if (opt) {
+    DHP_CHECK(H5Lexists(file, "optim", H5P_DEFAULT) > 0,
+              "checkpoint '{}' holds weights only (no optimizer state): start a new run from it "
+              "with --init instead of resuming",
+              path);
+    H5 optim(H5Gopen2(file, "optim", H5P_DEFAULT), H5Gclose);
+    int64_t t = 0;
+    DHP_CHECK(read_attr(optim, "step", H5T_NATIVE_INT64, &t), "checkpoint '{}': no optimizer step", path);
+    H5 m(H5Gopen2(optim, "m", H5P_DEFAULT), H5Gclose);
+    H5 v(H5Gopen2(optim, "v", H5P_DEFAULT), H5Gclose);
+    DHP_CHECK(m.ok() && v.ok(), "checkpoint '{}': optimizer moments missing", path);
+    std::vector<float> sm(model.n_params()), sv(model.n_params());
+    for (const auto& s : model.table().specs()) {
+      read_tensor(m, "optim/m", s, sm.data() + s.offset, path);
+      read_tensor(v, "optim/v", s, sv.data() + s.offset, path);
+    }
+    std::copy(sm.begin(), sm.end(), opt->m());
+    std::copy(sv.begin(), sv.end(), opt->v());
+    opt->set_steps_taken(t);
+  }
+  std::copy(staged.begin(), staged.end(), model.params());
+  return st;
+}
+
+void check_same_model(const Config& saved, const Config& now, const std::string& path) {
+  auto model_lines = [](const Config& c) {
+    std::vector<std::string> lines;
+    std::istringstream in(format_config(c));
+    for (std::string l; std::getline(in, l);)
+      if (l.find("model.") != std::string::npos) lines.push_back(l);
+    return lines;
+  };
+  const auto a = model_lines(saved), b = model_lines(now);
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    DHP_CHECK(a[i] == b[i],
+              "cannot resume from '{}': the model's shape changed ({} in the checkpoint, {} now); "
+              "resume with the checkpoint's model settings",
+              path, a[i].substr(a[i].find_first_not_of(' ')), b[i].substr(b[i].find_first_not_of(' ')));
+}
+
+}  // namespace dhp

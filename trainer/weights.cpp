@@ -1,0 +1,150 @@
+#include "trainer/weights.h"
+
+#include <fmt/ranges.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kernels/check.h"
+#include "trainer/checkpoint.h"
+
+namespace dhp {
+namespace {
+
+using nlohmann::json;
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalise
+      exp = 127 - 15 + 1;
+      while (!(man & 0x400)) man <<= 1, --exp;
+      bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp - 15 + 127) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+float bf16_to_float(uint16_t b) {
+  const uint32_t bits = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+json model_config_json(const Config& c) {
+  const auto& m = c.model;
+  const auto& v = m.vision;
+  return {{"model_type", "dhp-vlm"},
+          {"dim", m.dim}, {"layers", m.layers}, {"heads", m.heads}, {"kv_heads", m.kv_heads},
+          {"head_dim", m.hd()}, {"ffn", m.ffn}, {"vocab_size", m.vocab_size},
+          {"rope_theta", m.rope_theta}, {"tie_embeddings", m.tie_embeddings},
+          {"vision", {{"patch", v.patch}, {"dim", v.dim}, {"layers", v.layers}, {"heads", v.heads},
+                      {"ffn", v.ffn}, {"merge", v.merge}, {"min_pixels", v.min_pixels},
+                      {"max_pixels", v.max_pixels}}}};
+}
+
+void load_safetensors(const std::string& path, Model& model) {
+  std::ifstream in(path, std::ios::binary);
+  DHP_CHECK(in.good(), "cannot open weights file '{}'", path);
+  const auto file_size = int64_t(std::filesystem::file_size(path));
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  DHP_CHECK(in.good() && n > 1 && int64_t(n) <= file_size - 8,
+            "'{}' is not a safetensors file (bad header length)", path);
+  std::string text(n, '\0');
+  in.read(text.data(), std::streamsize(n));
+  json header;
+  try {
+    header = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("'{}': the safetensors header is not valid JSON: {}", path, e.what()));
+  }
+  const int64_t data_start = 8 + int64_t(n), data_size = file_size - data_start;
+
+  std::vector<float> staged(model.n_params());
+  for (auto it = header.begin(); it != header.end(); ++it)
+    DHP_CHECK(it.key() == "__metadata__" || model.table().find(it.key()),
+              "'{}' holds tensor '{}', which this model does not have (different model config?)",
+              path, it.key());
+  for (const auto& spec : model.table().specs()) {
+    DHP_CHECK(header.contains(spec.name), "'{}' has no tensor '{}'", path, spec.name);
+    const json& t = header[spec.name];
+    const std::string dtype = t.value("dtype", "");
+    const auto shape = t.value("shape", std::vector<int64_t>{});
+    const auto off = t.value("data_offsets", std::vector<int64_t>{});
+    DHP_CHECK(shape == spec.shape, "'{}': tensor '{}' has shape [{}], the model expects [{}]", path,
+              spec.name, fmt::join(shape, ", "), fmt::join(spec.shape, ", "));
+    const int64_t width = dtype == "F32" ? 4 : (dtype == "F16" || dtype == "BF16") ? 2 : 0;
+    DHP_CHECK(width > 0, "'{}': tensor '{}' has dtype {}; F32, F16 and BF16 are supported", path,
+              spec.name, dtype);
+    DHP_CHECK(off.size() == 2 && off[0] >= 0 && off[1] - off[0] == spec.numel() * width &&
+                  off[1] <= data_size,
+              "'{}': tensor '{}' has data offsets outside the file or of the wrong size "
+              "(truncated file?)",
+              path, spec.name);
+    std::vector<char> raw(off[1] - off[0]);
+    in.seekg(data_start + off[0]);
+    in.read(raw.data(), std::streamsize(raw.size()));
+    DHP_CHECK(in.good(), "'{}': cannot read tensor '{}' (truncated file?)", path, spec.name);
+    float* dst = staged.data() + spec.offset;
+    for (int64_t i = 0; i < spec.numel(); ++i) {
+      if (width == 4) {
+        std::memcpy(dst + i, raw.data() + 4 * i, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, raw.data() + 2 * i, 2);
+        dst[i] = dtype == "F16" ? half_to_float(h) : bf16_to_float(h);
+      }
+    }
+  }
+  std::copy(staged.begin(), staged.end(), model.params());
+}
+
+}  // namespace
+
+void export_safetensors(const Model& model, const Config& cfg, const std::string& path,
+                        const std::string& config_path) {
+  json header;
+  int64_t offset = 0;
+  for (const auto& s : model.table().specs()) {
+    header[s.name] = {{"dtype", "F32"}, {"shape", s.shape}, {"data_offsets", {offset, offset + 4 * s.numel()}}};
+    offset += 4 * s.numel();
+  }
+  header["__metadata__"] = {{"format", "pt"}, {"producer", "dhp"}};
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // keeps the tensor data 8-byte aligned
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  DHP_CHECK(out.good(), "cannot write '{}'", path);
+  const uint64_t n = text.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out.write(text.data(), std::streamsize(n));
+  for (const auto& s : model.table().specs())
+    out.write(reinterpret_cast<const char*>(model.params() + s.offset), std::streamsize(4 * s.numel()));
+  DHP_CHECK(out.good(), "writing '{}' failed (disk full?)", path);
+  std::ofstream(config_path) << model_config_json(cfg).dump(2) << "\n";
+}
+
+void load_weights(const std::string& path, Model& model) {
+  DHP_CHECK(std::filesystem::is_regular_file(path), "weights file '{}' not found", path);
+  if (std::filesystem::path(path).extension() == ".h5")
+    load_checkpoint(path, model, nullptr);
+  else
+    load_safetensors(path, model);
+}
+
+}  // namespace dhp
