@@ -26,7 +26,22 @@ struct Sample {
   std::vector<PreparedImage> images;   // in order of appearance
 };
 
-class JsonlDataset {
+// What training and evaluation need of a data set: every sample's lengths without decoding
+// anything, and the decoded sample on demand. JSONL manifests implement it here; other
+// storage (HDF5 shards) implements the same interface.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual int64_t length(int64_t i) const = 0;          // decoder tokens of sample i
+  virtual int64_t loss_tokens(int64_t i) const = 0;     // tokens with loss_mask = 1
+  virtual const std::string& name(int64_t i) const = 0; // a name for messages
+  virtual const std::map<std::string, int64_t>& skipped() const = 0;  // bad samples by reason
+  // Thread-safe: the loader's workers call it concurrently.
+  virtual Sample load(int64_t i, bool blank_images) const = 0;
+};
+
+class JsonlDataset final : public Dataset {
  public:
   // Parses the whole manifest and predicts every sample's length from image headers alone.
   // image_root "" = the manifest's folder. on_error: "skip" (warn, count, go on) | "fail".
@@ -34,15 +49,15 @@ class JsonlDataset {
                const Tokenizer& tokenizer, const ModelConfig& model, int64_t max_tokens,
                const std::string& on_error);
 
-  int64_t size() const { return int64_t(entries_.size()); }
-  int64_t length(int64_t i) const;       // decoder tokens of sample i
-  int64_t loss_tokens(int64_t i) const;  // tokens with loss_mask = 1
-  const std::string& name(int64_t i) const;  // the manifest's "id" (or "line N")
+  int64_t size() const override { return int64_t(entries_.size()); }
+  int64_t length(int64_t i) const override;
+  int64_t loss_tokens(int64_t i) const override;
+  const std::string& name(int64_t i) const override;  // the manifest's "id" (or "line N")
   // Skipped lines by reason ("invalid json", "missing image", ...).
-  const std::map<std::string, int64_t>& skipped() const { return skipped_; }
+  const std::map<std::string, int64_t>& skipped() const override { return skipped_; }
 
   // Decodes the images (or blanks them) and lays out the document. Thread-safe.
-  Sample load(int64_t i, bool blank_images) const;
+  Sample load(int64_t i, bool blank_images) const override;
 
  private:
   struct Entry {

@@ -6,7 +6,7 @@
 
 namespace dhp {
 
-BatchLoader::BatchLoader(const JsonlDataset& dataset, int workers, int max_pending)
+BatchLoader::BatchLoader(const Dataset& dataset, int workers, int max_pending)
     : dataset_(dataset), max_pending_(max_pending) {
   DHP_CHECK(workers >= 0, "data.workers must be >= 0, got {}", workers);
   DHP_CHECK(max_pending > 0, "the loader needs max_pending > 0, got {}", max_pending);

@@ -20,7 +20,7 @@ class BatchLoader {
   // workers: background threads (0 = decode inside next() on the caller's thread).
   // max_pending: submissions not yet taken by next(); this bounds the memory held by decoded
   // images. Submitting more is a bug of the caller (it would only wait on itself).
-  BatchLoader(const JsonlDataset& dataset, int workers, int max_pending = 4);
+  BatchLoader(const Dataset& dataset, int workers, int max_pending = 4);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -45,7 +45,7 @@ class BatchLoader {
   };
   void work();
 
-  const JsonlDataset& dataset_;
+  const Dataset& dataset_;
   const int max_pending_;
   mutable std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;

@@ -8,7 +8,7 @@
 
 namespace dhp {
 
-EvalResult evaluate(Model& model, const JsonlDataset& data, const EvalOptions& opt,
+EvalResult evaluate(Model& model, const Dataset& data, const EvalOptions& opt,
                     const Comm& comm) {
   const int64_t n = opt.max_samples > 0 ? std::min(opt.max_samples, data.size()) : data.size();
   std::vector<int64_t> lengths(n);

@@ -27,7 +27,7 @@ struct EvalOptions {
 };
 
 // Every rank evaluates its share of the packs; the result is summed over ranks.
-EvalResult evaluate(Model& model, const JsonlDataset& data, const EvalOptions& opt,
+EvalResult evaluate(Model& model, const Dataset& data, const EvalOptions& opt,
                     const Comm& comm);
 
 }  // namespace dhp

@@ -24,6 +24,7 @@ namespace {
 struct PlanOptions {
   std::string data, preset = "video-longtail", config, model_profile, device, strategies = "dhp,static,pow2";
   int world = 64, batch = 512, steps = 20, ranks_per_node = 0;
+  std::string recompute;  // "", "on" or "off": overrides parallel.recompute
   double memory_gb = 0;
   uint64_t seed = 1;
   bool json = false, show_plan = false;
@@ -112,6 +113,9 @@ void run_plan(const PlanOptions& o) {
   if (!o.device.empty()) par.device = o.device;
   if (o.memory_gb > 0) par.memory_gb = o.memory_gb;
   if (o.ranks_per_node > 0) par.ranks_per_node = o.ranks_per_node;
+  DHP_CHECK(o.recompute.empty() || o.recompute == "on" || o.recompute == "off", "--recompute: on or off, got '{}'",
+            o.recompute);
+  if (!o.recompute.empty()) par.recompute = o.recompute == "on";
   Planner planner(model, par, o.world);
   auto batches = make_batches(o, model.vision.factor());
 
@@ -122,7 +126,8 @@ void run_plan(const PlanOptions& o) {
   std::vector<StrategyReport> rows;
   nlohmann::json failures = nlohmann::json::object();
   for (const auto& name : names) {
-    DHP_CHECK(name == "dhp" || name == "static" || name == "pow2", "--strategies: unknown '{}' (dhp, static, pow2)", name);
+    DHP_CHECK(name == "dhp" || name == "dhp-waves" || name == "static" || name == "pow2",
+              "--strategies: unknown '{}' (dhp, dhp-waves, static, pow2)", name);
     try {
       if (name == "static" && par.static_cp == 0) rows.push_back(best_static(planner, batches));
       else rows.push_back(simulate(planner, name, batches, par.static_cp));
@@ -173,7 +178,11 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--batch", opts->batch, "Samples per global batch")->capture_default_str();
   cmd->add_option("--memory-gb", opts->memory_gb, "Usable memory per device (default: parallel.memory_gb)");
   cmd->add_option("--steps", opts->steps, "Steps to simulate")->capture_default_str();
-  cmd->add_option("--strategies", opts->strategies, "Comma-separated: dhp,static,pow2")->capture_default_str();
+  cmd->add_option("--strategies", opts->strategies,
+                  "Comma-separated: dhp,static,pow2 and dhp-waves (dhp's waves as global barriers, for reference)")
+      ->capture_default_str();
+  cmd->add_option("--recompute", opts->recompute, "Planner models with activation recompute: on or off "
+                                                  "(default: parallel.recompute)");
   cmd->add_option("--ranks-per-node", opts->ranks_per_node, "Ranks per node (default: parallel.ranks_per_node)");
   cmd->add_option("--seed", opts->seed, "Seed of the preset / the sample order")->capture_default_str();
   cmd->add_flag("--json", opts->json, "Print JSON for scripts");

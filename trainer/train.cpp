@@ -115,7 +115,7 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
   JsonlDataset train_set(cfg.data.train, cfg.data.image_root, tokenizer, cfg.model,
                          cfg.data.max_tokens, cfg.data.on_error);
   DHP_CHECK(train_set.size() > 0, "data.train '{}' holds no usable sample", cfg.data.train);
-  std::unique_ptr<JsonlDataset> val_set;
+  std::unique_ptr<Dataset> val_set;
   if (!cfg.data.val.empty())
     val_set = std::make_unique<JsonlDataset>(cfg.data.val, cfg.data.image_root, tokenizer,
                                              cfg.model, cfg.data.max_tokens, cfg.data.on_error);

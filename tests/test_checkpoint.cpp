@@ -1,0 +1,281 @@
+// Checkpoints: bit-exact resume, crash safety under kill -9, refusal of damaged files and of
+// resumes that change the model, safetensors export/import (including a file Python wrote),
+// and the SIGTERM save of the real executable.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "data/rng.h"
+#include "kernels/check.h"
+#include "model/model.h"
+#include "parallel/comm.h"
+#include "tests/train_fixture.h"
+#include "trainer/checkpoint.h"
+#include "trainer/train.h"
+#include "trainer/weights.h"
+
+extern char** environ;
+
+namespace dhp {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_dir;
+using testing::small_config;
+
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<float> weights_of(const std::string& checkpoint) {
+  Config cfg = checkpoint_config(checkpoint);
+  auto ops = make_cpu_ops(1);
+  Model m(cfg.model, *ops);
+  load_checkpoint(checkpoint, m, nullptr);
+  return std::vector<float>(m.params(), m.params() + m.n_params());
+}
+
+TEST(Checkpoint, ResumeIsBitExact) {
+  Comm comm(nullptr, nullptr);
+  const auto straight_dir = run_dir("straight"), resumed_dir = run_dir("resumed");
+  TrainResult straight = train(small_config(20, straight_dir), comm);
+
+  TrainOptions first;
+  first.stop_after = 10;
+  TrainResult a = train(small_config(20, resumed_dir), comm, first);
+  ASSERT_EQ(a.last_step, 10);
+  TrainOptions again;
+  again.resume = "auto";
+  TrainResult b = train(small_config(20, resumed_dir), comm, again);
+  ASSERT_EQ(b.steps.size(), 10u);
+
+  for (size_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(straight.steps[i].loss, a.steps[i].loss) << "step " << i + 1;
+    EXPECT_EQ(straight.steps[10 + i].loss, b.steps[i].loss) << "step " << 11 + i;
+    EXPECT_EQ(straight.steps[10 + i].grad_norm, b.steps[i].grad_norm) << "step " << 11 + i;
+  }
+  const auto w1 = weights_of(straight.checkpoint), w2 = weights_of(b.checkpoint);
+  ASSERT_EQ(w1.size(), w2.size());
+  EXPECT_EQ(0, std::memcmp(w1.data(), w2.data(), w1.size() * sizeof(float)))
+      << "final weights differ";
+  EXPECT_EQ(straight.final_accuracy, b.final_accuracy);
+}
+
+TEST(Checkpoint, ResumeRefusesAChangedModelShapeNamingTheKey) {
+  Comm comm(nullptr, nullptr);
+  const auto dir = run_dir("shape");
+  train(small_config(2, dir), comm);
+  TrainOptions o;
+  o.resume = "auto";
+  std::string msg = error_of([&] { train(small_config(4, dir, {"--model.ffn=96"}), comm, o); });
+  EXPECT_NE(msg.find("model.ffn"), std::string::npos) << msg;
+  // A longer schedule is fine.
+  TrainResult r = train(small_config(4, dir, {"--optim.lr=1e-3"}), comm, o);
+  EXPECT_EQ(r.steps.size(), 2u);
+}
+
+// Saves checkpoints in a loop in a child process and kills it with SIGKILL at random moments;
+// whatever moment the kill hits, the newest complete checkpoint loads and holds exactly the
+// values saved for its step.
+TEST(Checkpoint, SurvivesKillDuringSave) {
+  const auto dir = run_dir("crash");
+  Config cfg = small_config(1, dir, {"--model.dim=128", "--model.ffn=384", "--checkpoint.keep=2"});
+  auto ops = make_cpu_ops(1);
+  Model model(cfg.model, *ops);
+  AdamW opt(model.table(), cfg.optim, *ops);
+  Rng rng(5);
+  int64_t next_step = 1;
+  for (int round = 0; round < 25; ++round) {
+    const int64_t first = next_step;
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      for (int64_t s = first;; ++s) {
+        std::fill_n(model.params(), model.n_params(), float(s));
+        std::fill_n(opt.m(), model.n_params(), float(-s));
+        save_checkpoint(cfg, model, &opt, TrainState{s, 11, 16});
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(rng.range(2000, 60000)));
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    const auto all = list_checkpoints((dir / "checkpoints").string());
+    if (all.empty()) continue;  // killed before the first save completed
+    const std::string newest = all.back();
+    Model loaded(cfg.model, *ops);
+    AdamW lopt(loaded.table(), cfg.optim, *ops);
+    TrainState st;
+    ASSERT_NO_THROW(st = load_checkpoint(newest, loaded, &lopt)) << newest;
+    EXPECT_EQ(loaded.params()[0], float(st.step));
+    EXPECT_EQ(loaded.params()[loaded.n_params() - 1], float(st.step));
+    EXPECT_EQ(lopt.m()[7], float(-st.step));
+    EXPECT_LE(all.size(), 3u);  // keep = 2, plus at most one whose older twin awaits deletion
+    next_step = st.step + 1000;  // later rounds write newer steps
+  }
+}
+
+TEST(Checkpoint, DamagedOrTruncatedFilesAreRefused) {
+  Comm comm(nullptr, nullptr);
+  const auto dir = run_dir("damaged");
+  TrainResult r = train(small_config(1, dir), comm);
+  const std::string good = r.checkpoint;
+  auto ops = make_cpu_ops(1);
+  Model model(checkpoint_config(good).model, *ops);
+
+  // Truncated at several lengths.
+  const auto size = fs::file_size(good);
+  for (double frac : {0.0, 0.1, 0.5, 0.9, 0.999}) {
+    const fs::path t = dir / "truncated.h5";
+    fs::copy_file(good, t, fs::copy_options::overwrite_existing);
+    fs::resize_file(t, uintmax_t(size * frac));
+    std::string msg = error_of([&] { load_checkpoint(t.string(), model, nullptr); });
+    EXPECT_FALSE(msg.empty()) << "truncated to " << frac << " loaded";
+    EXPECT_NE(msg.find("truncated.h5"), std::string::npos) << msg;
+  }
+
+  // One flipped byte inside a tensor's data: the checksum catches it.
+  hsize_t offset = 0;
+  {
+    hid_t f = H5Fopen(good.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, "params/layers.1.mlp.w2.weight", H5P_DEFAULT);
+    offset = H5Dget_offset(d);
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  ASSERT_GT(offset, 0u);
+  const fs::path flipped = dir / "flipped.h5";
+  fs::copy_file(good, flipped, fs::copy_options::overwrite_existing);
+  {
+    std::fstream io(flipped, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(std::streamoff(offset + 17));
+    char c = 0;
+    io.read(&c, 1);
+    c ^= 0x10;
+    io.seekp(std::streamoff(offset + 17));
+    io.write(&c, 1);
+  }
+  std::string msg = error_of([&] { load_checkpoint(flipped.string(), model, nullptr); });
+  EXPECT_NE(msg.find("checksum"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("layers.1.mlp.w2.weight"), std::string::npos) << msg;
+
+  // Not a checkpoint at all.
+  std::ofstream(dir / "text.h5") << "hello";
+  msg = error_of([&] { load_checkpoint((dir / "text.h5").string(), model, nullptr); });
+  EXPECT_NE(msg.find("not a readable HDF5 file"), std::string::npos) << msg;
+
+  // The good one still loads.
+  EXPECT_NO_THROW(load_checkpoint(good, model, nullptr));
+}
+
+TEST(Weights, ExportThenImportIsIdentical) {
+  Comm comm(nullptr, nullptr);
+  const auto dir = run_dir("export");
+  TrainResult r = train(small_config(2, dir), comm);
+  Config cfg = checkpoint_config(r.checkpoint);
+  auto ops = make_cpu_ops(1);
+  Model a(cfg.model, *ops), b(cfg.model, *ops);
+  load_checkpoint(r.checkpoint, a, nullptr);
+  export_safetensors(a, cfg, (dir / "m.safetensors").string(), (dir / "config.json").string());
+  load_weights((dir / "m.safetensors").string(), b);
+  EXPECT_EQ(0, std::memcmp(a.params(), b.params(), sizeof(float) * a.n_params()));
+  auto j = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+  EXPECT_EQ(j["dim"], cfg.model.dim);
+  EXPECT_EQ(j["vision"]["patch"], cfg.model.vision.patch);
+  // The file is the real format: the header parses as JSON with the spec's names.
+  std::ifstream in(dir / "m.safetensors", std::ios::binary);
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  std::string text(n, '\0');
+  in.read(text.data(), std::streamsize(n));
+  auto h = nlohmann::json::parse(text);
+  EXPECT_EQ(h["projector.fc1.weight"]["dtype"], "F32");
+  EXPECT_EQ(h["projector.fc1.weight"]["shape"], (std::vector<int64_t>{64, 128}));
+}
+
+TEST(Weights, LoadsASafetensorsFileWrittenByPython) {
+  const auto dir = run_dir("python");
+  Config cfg = small_config(1, dir);
+  auto ops = make_cpu_ops(1);
+  Model m(cfg.model, *ops);
+  nlohmann::json table = nlohmann::json::array();
+  for (const auto& s : m.table().specs()) table.push_back({{"name", s.name}, {"shape", s.shape}});
+  std::ofstream(dir / "table.json") << table.dump();
+  const std::string cmd = "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) +
+                          "/tests/reference/write_safetensors.py " + (dir / "table.json").string() +
+                          " " + (dir / "py.safetensors").string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  load_weights((dir / "py.safetensors").string(), m);
+  size_t k = 0;
+  for (const auto& s : m.table().specs()) {
+    // F16 keeps 11 significant bits, BF16 8: compare within the format's rounding.
+    const double tol = k % 3 == 0 ? 1e-3 : k % 3 == 1 ? 8e-3 : 0.0;
+    for (int64_t i = 0; i < s.numel(); i += std::max<int64_t>(1, s.numel() / 50)) {
+      const double want = double(float(double(i) * 0.001 - 1.0));
+      ASSERT_NEAR(m.params()[s.offset + i], want, tol * std::max(1.0, std::abs(want)))
+          << s.name << "[" << i << "]";
+    }
+    ++k;
+  }
+  // A file missing a tensor, or with a wrong shape, is refused by name and loads nothing.
+  std::vector<float> before(m.params(), m.params() + m.n_params());
+  table.erase(table.begin() + 3);
+  std::ofstream(dir / "table.json") << table.dump();
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::string msg = error_of([&] { load_weights((dir / "py.safetensors").string(), m); });
+  EXPECT_NE(msg.find(m.table().specs()[3].name), std::string::npos) << msg;
+  EXPECT_EQ(0, std::memcmp(before.data(), m.params(), before.size() * sizeof(float)));
+}
+
+// The executable saves a checkpoint and exits cleanly on SIGTERM.
+TEST(Checkpoint, SigtermSavesBeforeExiting) {
+  const auto dir = run_dir("sigterm");
+  Config cfg = small_config(100000, dir, {"--log.metrics=" + (dir / "metrics.jsonl").string()});
+  std::ofstream(dir / "run.toml") << to_toml(cfg);
+  const std::string bin = DHP_BINARY, conf = (dir / "run.toml").string();
+  std::vector<std::string> args = {bin, "train", "--config", conf};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, bin.c_str(), nullptr, nullptr, argv.data(), environ), 0);
+  // Wait for a few steps to be logged, then ask it to stop.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  int64_t lines = 0;
+  while (lines < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::ifstream in(dir / "metrics.jsonl");
+    lines = std::count(std::istreambuf_iterator<char>(in), {}, '\n');
+  }
+  ASSERT_GE(lines, 3) << "the trainer did not start";
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  const auto all = list_checkpoints((dir / "checkpoints").string());
+  ASSERT_EQ(all.size(), 1u);
+  auto ops = make_cpu_ops(1);
+  Model m(cfg.model, *ops);
+  TrainState st = load_checkpoint(all.back(), m, nullptr);
+  EXPECT_GE(st.step, 3);
+  EXPECT_LT(st.step, 100000);
+}
+
+}  // namespace
+}  // namespace dhp
