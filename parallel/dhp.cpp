@@ -473,10 +473,33 @@ Plan Planner::plan_dhp(const std::vector<SeqShape>& batch, PlanStats* stats) con
 
   // Candidate 1: the packed wave solution (exact degrees per wave), run without barriers.
   // It is the same computation plan_dhp_waves() makes (same inputs, same budget point), so
-  // the final makespan is never above the barrier schedule's.
+  // the final makespan is never above the barrier schedule's when that one is node-local.
   Solution sol = wave_solution(b, memory_, n, wave_budget(), st);
-  int64_t best_makespan = 0;
-  std::vector<PlanGroup> best = compact(barrier_groups(b, sol, n, par_.ranks_per_node), n, &best_makespan);
+  const int rpn = std::clamp(par_.ranks_per_node, 1, n);
+  std::vector<PlanGroup> waves = barrier_groups(b, sol, n, par_.ranks_per_node);
+  int64_t best_makespan = kNever;
+  std::vector<PlanGroup> best;
+  // place_wave must let a ring straddle two nodes when a wave's degrees do not bin-pack into
+  // nodes; the cost model prices rings of <= a node's ranks at intra-node bandwidth, so such
+  // a placement's predicted time is optimistic and it is not used (the barrier reference
+  // plan_dhp_waves() keeps it, and its makespan is then not a valid bound for this one).
+  const bool node_local = std::none_of(waves.begin(), waves.end(), [&](const PlanGroup& g) {
+    return g.cp <= rpn && g.first_rank / rpn != (g.first_rank + g.cp - 1) / rpn;
+  });
+  if (node_local) best = compact(waves, n, &best_makespan);
+  // The same groups list-scheduled wave by wave (slowest first) with node-aware placement.
+  {
+    std::vector<int> order(waves.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = int(i);
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+      return waves[x].wave != waves[y].wave ? waves[x].wave < waves[y].wave : waves[x].time_ns > waves[y].time_ns;
+    });
+    std::vector<detail::Job> jobs;
+    for (int i : order) jobs.push_back({waves[i].seqs, waves[i].cp, waves[i].cp, waves[i].time_ns});
+    int64_t span = 0;
+    auto groups = detail::list_schedule(b, jobs, n, par_.ranks_per_node, &span);
+    if (span < best_makespan) best_makespan = span, best = std::move(groups);
+  }
 
   // Candidate 2..: moldable list schedules over a grid of targets M = f · lower bound, then
   // a geometric refinement around the best f. Stops when the budget is spent or when a

@@ -1,6 +1,7 @@
 // The plan of one step: an immutable value that every rank computes identically from the
 // batch's lengths. It says which sequences run together (groups), on which contiguous ranks,
-// when (waves / start times), each rank's token ranges, and the predicted times.
+// when (start times; every rank runs its groups in start order, a group starting as soon as
+// all its ranks are free), each rank's token ranges, and the predicted times.
 //
 // Token ranges (design.md §4, zigzag): a sequence of L tokens on a ring of c ranks is cut
 // into 2c chunks, chunk j holding floor(L/2c) tokens plus one when j < L mod 2c; ring rank i
@@ -27,7 +28,8 @@ struct TokenRange {
 };
 
 struct PlanGroup {
-  int wave = 0;              // micro-step; groups of a wave run at the same time
+  int wave = 0;              // micro-step depth: 1 + the largest wave before it on any of its
+                             // ranks (0 if none); strictly increasing along every rank
   int first_rank = 0;        // the group owns ranks [first_rank, first_rank + degree)
   int degree = 1;
   int cp = 1;                // ring degree: the first cp ranks of the group hold tokens
@@ -44,7 +46,7 @@ std::vector<std::pair<int64_t, int64_t>> zigzag_ranges(int64_t length, int c, in
 struct PlanSummary {
   int64_t makespan_ns = 0;
   int64_t lower_bound_ns = 0;
-  int waves = 0;
+  int waves = 0;             // micro-steps: the largest wave + 1
   int groups = 0;
   double idle_fraction = 0;  // rank-time not spent running a ring, over world x makespan
 };

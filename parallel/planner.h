@@ -3,19 +3,27 @@
 //   dhp     Stage 1 memory-aware best-fit-decreasing packing of short sequences into atomic
 //           groups of about one rank's share of the work; long ones alone. Waves when the
 //           groups (or their minimum degrees) outnumber the ranks. Stage 2 exact degree
-//           assignment per wave (solver.h). Then, inside a budget counted in cost
-//           evaluations (never wall time, so every rank stops at the same point): moves of
-//           short sequences out of the slowest groups into those that finish early, and
-//           re-packing at the makespan just found and at a few other targets; the best plan
-//           wins. Placement: contiguous ranks, big groups node-aligned, small ones
-//           best-fit into the nodes' free segments.
+//           assignment per wave (solver.h), improved by moving short sequences out of the
+//           slowest groups and re-packing at other targets. That wave solution is then run
+//           without barriers (a group starts when its ranks are free), and competes with
+//           moldable list schedules: for a target M every sequence gets the fewest ranks
+//           (any integer) that bring it under M, and the rings are list-scheduled longest
+//           first on rank timelines with node-aware contiguous placement; M is searched
+//           from the lower bound up. The best schedule wins; back-to-back groups on the same
+//           ranks merge into one micro-step where memory allows. Everything inside a budget
+//           counted in cost evaluations (never wall time, so every rank stops at the same
+//           point), with early stops when a search stops improving.
 //   static  fixed DP x CP mesh; CP large enough for the longest sequence; sequences spread
 //           over the DP replicas longest-first to the least loaded (greedy), each replica
 //           running memory-sized micro-batches one after another.
 //   pow2    per-step CP degrees restricted to powers of two (Megatron-Core dynamic CP):
 //           each sequence gets the smallest power of two that holds it, doubled while it is
-//           still longer than a rank's fair share, then greedily scheduled longest-first on
-//           the aligned block of ranks that frees up first.
+//           still longer than a rank's fair share, then list-scheduled longest first with
+//           the same barrier-free scheduler and placement as dhp.
+//
+// Every strategy's plan is an as-soon-as-possible schedule: each rank runs its groups one
+// after another (gradient accumulation) and a group starts exactly when the last of its
+// ranks is free; only the final gradient reduction synchronises all ranks (check()).
 #pragma once
 
 #include <cstdint>
@@ -32,7 +40,7 @@ namespace dhp {
 
 // Cost evaluations the improvement phase may spend per millisecond of planner_budget_ms;
 // measured on one core of the development machine (bench_planner prints the current rate).
-inline constexpr int64_t kEvaluationsPerMs = 15000;
+inline constexpr int64_t kEvaluationsPerMs = 13000;
 
 struct PlanStats {
   int64_t evaluations = 0;  // sequence-cost evaluations spent
