@@ -24,7 +24,8 @@ AttnShape attn_shape(const BlockDims& d, int64_t T) {
 }  // namespace
 
 void block_forward(const Ops& ops, const BlockDims& d, const BlockParams& w, BlockActs& a,
-                   float* x, int64_t T, AttnMeta meta, RopePos rope) {
+                   float* x, int64_t T, AttnMeta meta, RopePos rope, LayerCache* cache,
+                   AttnMeta cache_meta) {
   const int64_t C = d.C, qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd, F = d.F;
   a.x_in.assign(x, x + T * C);
   a.xn1.resize(T * C);
@@ -47,8 +48,17 @@ void block_forward(const Ops& ops, const BlockDims& d, const BlockParams& w, Blo
   ops.linear_forward(a.v.data(), a.xn1.data(), w.wv, nullptr, T, C, kvd);
   rope_apply(ops, a.q.data(), T, d.Hq, d, rope, false);
   rope_apply(ops, a.k.data(), T, d.Hkv, d, rope, false);
-  ops.attention_forward(a.att.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), meta, meta,
-                        attn_shape(d, T));
+  if (cache) {
+    cache->k.insert(cache->k.end(), a.k.begin(), a.k.end());
+    cache->v.insert(cache->v.end(), a.v.begin(), a.v.end());
+    AttnShape sh = attn_shape(d, T);
+    sh.Tk = int64_t(cache->k.size()) / kvd;
+    ops.attention_forward(a.att.data(), a.lse.data(), a.q.data(), cache->k.data(),
+                          cache->v.data(), meta, cache_meta, sh);
+  } else {
+    ops.attention_forward(a.att.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), meta,
+                          meta, attn_shape(d, T));
+  }
   ops.linear_forward(a.h.data(), a.att.data(), w.wo, nullptr, T, qd, C);
   ops.add_inplace(a.h.data(), a.x_in.data(), T * C);
 

@@ -50,9 +50,17 @@ struct BlockScratch {
   std::vector<float> dk, dv;          // (T, Hkv·hd)
 };
 
-// x (T, C) is replaced by the block's output.
+// Keys and values of earlier tokens for incremental decoding, one per layer.
+struct LayerCache {
+  std::vector<float> k, v;  // (L, Hkv·hd) after RoPE
+};
+
+// x (T, C) is replaced by the block's output. With a cache, the block appends its new keys
+// and values to it and its queries attend to every cached key (described by cache_meta,
+// which already covers the new tokens) instead of only to the T new ones.
 void block_forward(const Ops& ops, const BlockDims& d, const BlockParams& w, BlockActs& acts,
-                   float* x, int64_t T, AttnMeta meta, RopePos rope);
+                   float* x, int64_t T, AttnMeta meta, RopePos rope,
+                   LayerCache* cache = nullptr, AttnMeta cache_meta = {});
 
 // dx (T, C) holds d(out) on entry and d(x) on return.
 void block_backward(const Ops& ops, const BlockDims& d, const BlockParams& w,

@@ -22,6 +22,20 @@ struct StepStats {
   int64_t correct = 0;    // targets whose argmax prediction is right
 };
 
+// Keys and values of the tokens generated so far, for incremental decoding.
+struct KvCache {
+  std::vector<LayerCache> layers;      // one per decoder layer
+  std::vector<int32_t> doc, idx, blk;  // (L) attention metadata of the cached keys
+  int64_t len() const { return int64_t(idx.size()); }
+};
+
+struct SamplingOptions {
+  int max_new_tokens = 64;
+  double temperature = 0.0;  // 0 = greedy
+  double top_p = 1.0;        // nucleus sampling when temperature > 0
+  uint64_t seed = 0;
+};
+
 class Model {
  public:
   Model(const ModelConfig& cfg, const Ops& ops);
@@ -42,7 +56,17 @@ class Model {
   // accumulates the parameter gradients.
   StepStats step(const Batch& b, float loss_scale, bool backward);
 
+  // Continues a prompt of one document (targets unused) token by token with a KV cache: the
+  // prompt runs once, then each new token costs one position. Stops after `eos` (not
+  // returned) or max_new_tokens. logits_out, when given, receives each step's logits (V each).
+  std::vector<int32_t> generate(const Batch& prompt, int32_t eos, const SamplingOptions& opt,
+                                std::vector<float>* logits_out = nullptr);
+
  private:
+  // Vision path, decoder and final norm; leaves the normed stream in xf_ (T, d). With a
+  // cache, positions continue after the cached tokens and attend to them too.
+  void forward_hidden(const Batch& b, KvCache* cache);
+
   ModelConfig cfg_;
   const Ops& ops_;
   ParamTable table_;

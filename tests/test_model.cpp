@@ -126,3 +126,67 @@ TEST(Model, StepIsDeterministic) {
 
 }  // namespace
 }  // namespace dhp
+
+namespace dhp {
+namespace {
+
+// One-document prompt from the first sample document, cut before its answer.
+Batch prompt_with(const std::vector<int32_t>& extra) {
+  ModelConfig cfg = testing::tiny_config();
+  testing::Doc d = testing::sample_docs()[0];
+  d.ids.resize(4);  // <bos> 7 [image] 4 5 : the image sits before position 3
+  d.loss.assign(4, 0);
+  for (int32_t t : extra) {
+    d.ids.push_back(t);
+    d.loss.push_back(0);
+  }
+  return testing::make_batch({d}, cfg, 9);
+}
+
+TEST(Generate, KvCacheMatchesFullRecomputation) {
+  auto ops = make_cpu_ops(1);
+  Model model(testing::tiny_config(), *ops);
+  testing::randomise(model, 31);
+  SamplingOptions greedy;
+  greedy.max_new_tokens = 8;
+  std::vector<float> cached_logits;
+  const auto cached = model.generate(prompt_with({}), -1, greedy, &cached_logits);
+  ASSERT_EQ(cached.size(), 8u);
+  const int64_t V = model.config().vocab_size;
+  // Each step again from a full forward pass over the prompt plus the tokens before it.
+  SamplingOptions one;
+  one.max_new_tokens = 1;
+  for (size_t k = 0; k < cached.size(); ++k) {
+    std::vector<int32_t> prefix(cached.begin(), cached.begin() + k);
+    std::vector<float> full;
+    const auto next = model.generate(prompt_with(prefix), -1, one, &full);
+    ASSERT_EQ(next.size(), 1u);
+    EXPECT_EQ(next[0], cached[k]) << "token " << k;
+    for (int64_t v = 0; v < V; ++v)
+      ASSERT_NEAR(full[v], cached_logits[k * V + v], 1e-5) << "step " << k << " logit " << v;
+  }
+}
+
+TEST(Generate, StopsAtEosAndSamplingIsSeeded) {
+  auto ops = make_cpu_ops(1);
+  Model model(testing::tiny_config(), *ops);
+  testing::randomise(model, 37);
+  SamplingOptions greedy;
+  greedy.max_new_tokens = 6;
+  const auto g = model.generate(prompt_with({}), -1, greedy);
+  // With the first greedy token as <eos>, generation stops before emitting anything.
+  EXPECT_TRUE(model.generate(prompt_with({}), g[0], greedy).empty());
+  SamplingOptions hot;
+  hot.max_new_tokens = 6;
+  hot.temperature = 1.5;
+  hot.top_p = 0.9;
+  hot.seed = 4;
+  const auto a = model.generate(prompt_with({}), -1, hot), b = model.generate(prompt_with({}), -1, hot);
+  EXPECT_EQ(a, b);
+  // A nucleus too small to hold more than the top token is greedy.
+  hot.top_p = 1e-9;
+  EXPECT_EQ(model.generate(prompt_with({}), -1, hot), g);
+}
+
+}  // namespace
+}  // namespace dhp
