@@ -4,14 +4,17 @@
 #include <cstdint>
 #include <string>
 
+#include "data/manifest.h"
+
 namespace dhp {
 
 struct DataConfig {
-  std::string train = "data/demo/train.jsonl";      // LLaVA-style JSONL manifest
+  std::string train = "data/demo/train.jsonl";  // JSONL manifest, or a `dhp data build` folder
   std::string val = "data/demo/val.jsonl";          // held-out manifest ("" = none)
   std::string image_root;                           // "" = the manifest's own folder
   std::string tokenizer = "data/demo/tokenizer.model";
   int64_t max_tokens = 4096;       // a sample longer than this is skipped and reported
+  int64_t max_image_pixels = kDefaultMaxImagePixels;  // an image with more (H*W) is skipped
   int workers = 1;                 // background decode threads
   std::string on_error = "skip";   // "skip" | "fail"
 };

@@ -1,11 +1,12 @@
 #include "data/dataset.h"
 
-#include <nlohmann/json.hpp>
-#include <opencv2/imgcodecs.hpp>
+#include <opencv2/core.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
+#include "data/layout.h"
 #include "data/tokenizer.h"
 #include "kernels/check.h"
 #include "kernels/log.h"
@@ -15,132 +16,55 @@ namespace dhp {
 namespace {
 
 namespace fs = std::filesystem;
-using json = nlohmann::json;
 
 constexpr int kMaxWarnings = 20;  // after this many, only the summary line reports skips
-const std::string kMarker = "<image>";
 
-// A manifest line that cannot be used; reason is the counting key, detail the specifics.
-struct LineError {
-  std::string reason, detail;
-};
-
-std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return {};
-  const auto e = s.find_last_not_of(" \t\r\n");
-  return s.substr(b, e - b + 1);
-}
-
-std::vector<std::string> image_list(const json& j) {
-  const bool one = j.contains("image"), many = j.contains("images");
-  if (one && many) throw LineError{"bad format", "has both \"image\" and \"images\""};
-  std::vector<std::string> out;
-  if (one) {
-    if (!j["image"].is_string()) throw LineError{"bad format", "\"image\" is not a string"};
-    out.push_back(j["image"].get<std::string>());
-  } else if (many) {
-    if (!j["images"].is_array()) throw LineError{"bad format", "\"images\" is not an array"};
-    for (const auto& x : j["images"]) {
-      if (!x.is_string()) throw LineError{"bad format", "\"images\" holds a non-string"};
-      out.push_back(x.get<std::string>());
-    }
-  }
-  for (const auto& p : out)
-    if (p.empty()) throw LineError{"bad format", "empty image path"};
-  return out;
+bool blank_line(const std::string& s) {
+  return s.find_first_not_of(" \t\r\n") == std::string::npos;
 }
 
 }  // namespace
 
+Sample Dataset::guarded_load(int64_t i, int64_t begin, int64_t end, bool skip,
+                             const std::function<Sample()>& load) const {
+  try {
+    Sample s = load();
+    s.id = i;
+    return s;
+  } catch (const Error& e) {
+    if (!skip)
+      throw Error(fmt::format("sample {} ('{}'): {} (set data.on_error = \"skip\" to train on "
+                              "without it)",
+                              i, name(i), e.what()));
+    // Few enough that every one is worth a line: data going bad after indexing is rare.
+    spdlog::warn("sample {} ('{}') skipped: {}", i, name(i), e.what());
+    ++bad_loads_;
+    return placeholder_sample(i, begin, end, length(i));
+  }
+}
+
 JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image_root,
                            const Tokenizer& tok, const ModelConfig& model, int64_t max_tokens,
-                           const std::string& on_error)
-    : model_(model) {
+                           const std::string& on_error, int64_t max_image_pixels)
+    : model_(model), skip_(on_error == "skip") {
   DHP_CHECK(on_error == "skip" || on_error == "fail",
             "data.on_error must be \"skip\" or \"fail\", not \"{}\"", on_error);
   std::ifstream in(manifest);
   DHP_CHECK(in.good(), "manifest '{}' not found or not readable (set data.train / data.val)",
             manifest);
-  const fs::path root =
-      image_root.empty() ? fs::path(manifest).parent_path() : fs::path(image_root);
+  LineRules rules;
+  rules.image_root = image_root.empty() ? fs::path(manifest).parent_path() : fs::path(image_root);
+  rules.vision = model.vision;
+  rules.max_tokens = max_tokens;
+  rules.max_image_pixels = max_image_pixels;
   std::string line;
   int64_t line_no = 0, n_skipped = 0;
   while (std::getline(in, line)) {
     ++line_no;
-    if (trim(line).empty()) continue;
-    // Built locally and appended only when the whole line is good.
-    std::vector<int32_t> layout;
-    std::vector<uint8_t> loss;
-    std::vector<std::string> paths;
-    std::vector<ImageSize> sizes;
-    Entry e;
+    if (blank_line(line)) continue;
+    ParsedLine p;
     try {
-      const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded()) throw LineError{"invalid json", "the line is not valid JSON"};
-      if (!j.is_object()) throw LineError{"bad format", "the line is not a JSON object"};
-      if (j.contains("id") && j["id"].is_string())
-        e.name = j["id"].get<std::string>();
-      else if (j.contains("id") && j["id"].is_number())
-        e.name = j["id"].dump();
-      else
-        e.name = "line " + std::to_string(line_no);
-
-      for (const auto& rel : image_list(j)) {
-        const fs::path p = fs::path(rel).is_absolute() ? fs::path(rel) : root / rel;
-        if (!fs::exists(p)) throw LineError{"missing image", p.string()};
-        try {
-          sizes.push_back(read_image_size(p.string()));
-        } catch (const Error& err) {
-          throw LineError{"unreadable image", err.what()};
-        }
-        paths.push_back(p.string());
-      }
-
-      if (!j.contains("conversations") || !j["conversations"].is_array() ||
-          j["conversations"].empty())
-        throw LineError{"bad format", "no \"conversations\" array"};
-      int64_t markers = 0, answer_tokens = 0;
-      for (const auto& turn : j["conversations"]) {
-        if (!turn.is_object() || !turn.contains("from") || !turn["from"].is_string() ||
-            !turn.contains("value") || !turn["value"].is_string())
-          throw LineError{"bad format", "a turn lacks a string \"from\" or \"value\""};
-        const std::string from = turn["from"].get<std::string>();
-        const bool answer = from == "gpt" || from == "assistant";
-        if (!answer && from != "human" && from != "user" && from != "system")
-          throw LineError{"bad format", "unknown speaker \"" + from + "\""};
-        const std::string value = turn["value"].get<std::string>();
-        size_t at = 0;
-        for (;;) {
-          const size_t next = value.find(kMarker, at);
-          const std::string text = trim(value.substr(at, next == std::string::npos
-                                                              ? std::string::npos
-                                                              : next - at));
-          if (!text.empty()) {
-            const auto ids = tok.encode(text);
-            layout.insert(layout.end(), ids.begin(), ids.end());
-            loss.insert(loss.end(), ids.size(), uint8_t(answer));
-            if (answer) answer_tokens += int64_t(ids.size());
-          }
-          if (next == std::string::npos) break;
-          if (answer) throw LineError{"bad format", "an <image> marker in an answer"};
-          layout.push_back(-int32_t(++markers));
-          loss.push_back(0);
-          at = next + kMarker.size();
-        }
-      }
-      if (markers != int64_t(paths.size()))
-        throw LineError{"image count mismatch",
-                        std::to_string(markers) + " <image> markers for " +
-                            std::to_string(paths.size()) + " images"};
-      if (answer_tokens == 0) throw LineError{"empty text", "no answer text to learn from"};
-
-      e.length = 2 + int64_t(layout.size()) - markers;  // <bos>, <eos>, text
-      for (const auto& s : sizes) e.length += 2 + image_tokens(s.h, s.w, model.vision);
-      e.loss_tokens = answer_tokens + 1;
-      if (e.length > max_tokens)
-        throw LineError{"too long", std::to_string(e.length) + " tokens > data.max_tokens = " +
-                                        std::to_string(max_tokens)};
+      p = parse_line(line, line_no, tok, rules);
     } catch (const LineError& err) {
       DHP_CHECK(on_error == "skip",
                 "{}:{}: {}: {} (set data.on_error = \"skip\" to skip such lines)", manifest,
@@ -150,29 +74,38 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
         spdlog::warn("{}:{}: skipped ({}): {}", manifest, line_no, err.reason, err.detail);
       continue;
     }
+    Entry e;
+    e.name = std::move(p.name);
+    e.length = p.length();
+    e.vision_tokens = p.vision_tokens;
+    e.loss_tokens = p.loss_tokens;
     e.layout_begin = int64_t(layout_.size());
-    layout_.insert(layout_.end(), layout.begin(), layout.end());
-    layout_loss_.insert(layout_loss_.end(), loss.begin(), loss.end());
+    layout_.insert(layout_.end(), p.layout.begin(), p.layout.end());
+    layout_loss_.insert(layout_loss_.end(), p.loss.begin(), p.loss.end());
     e.layout_end = int64_t(layout_.size());
     e.image_begin = int64_t(image_paths_.size());
-    image_paths_.insert(image_paths_.end(), paths.begin(), paths.end());
-    image_sizes_.insert(image_sizes_.end(), sizes.begin(), sizes.end());
+    for (size_t k = 0; k < p.paths.size(); ++k) {
+      image_paths_.push_back(p.paths[k]);
+      image_sizes_.push_back(p.sizes[k]);
+      image_tokens_.push_back(image_tokens(p.sizes[k].h, p.sizes[k].w, model.vision));
+    }
     e.image_end = int64_t(image_paths_.size());
     entries_.push_back(std::move(e));
   }
-  if (n_skipped > 0) {
-    std::string by;
-    for (const auto& [reason, n] : skipped_)
-      by += fmt::format("{}{}: {}", by.empty() ? "" : ", ", reason, n);
-    spdlog::warn("{}: skipped {} of {} lines ({})", manifest, n_skipped,
-                 n_skipped + size(), by);
-  }
+  if (n_skipped > 0)
+    spdlog::warn("{}: skipped {} of {} lines ({})", manifest, n_skipped, n_skipped + size(),
+                 format_counts(skipped_));
   DHP_CHECK(size() > 0, "manifest '{}' holds no usable sample", manifest);
 }
 
 int64_t JsonlDataset::length(int64_t i) const {
   DHP_ASSERT(i >= 0 && i < size());
   return entries_[size_t(i)].length;
+}
+
+int64_t JsonlDataset::vision_tokens(int64_t i) const {
+  DHP_ASSERT(i >= 0 && i < size());
+  return entries_[size_t(i)].vision_tokens;
 }
 
 int64_t JsonlDataset::loss_tokens(int64_t i) const {
@@ -185,50 +118,28 @@ const std::string& JsonlDataset::name(int64_t i) const {
   return entries_[size_t(i)].name;
 }
 
-Sample JsonlDataset::load(int64_t i, bool blank_images) const {
+Sample JsonlDataset::load_range(int64_t i, int64_t begin, int64_t end, bool blank_images) const {
   DHP_ASSERT(i >= 0 && i < size());
   const Entry& e = entries_[size_t(i)];
-  const int m = model_.vision.merge;
-  Sample s;
-  s.id = i;
-  for (int64_t k = e.image_begin; k < e.image_end; ++k) {
-    const std::string& path = image_paths_[size_t(k)];
-    const cv::Mat bgr = cv::imread(path, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
-    DHP_CHECK(!bgr.empty(), "image '{}' cannot be decoded", path);
-    const ImageSize hdr = image_sizes_[size_t(k)];
-    DHP_CHECK(bgr.rows == hdr.h && bgr.cols == hdr.w,
-              "image '{}' decodes to {}x{} but its header says {}x{}", path, bgr.rows,
-              bgr.cols, hdr.h, hdr.w);
-    s.images.push_back(prepare_image(bgr, model_.vision));
-    if (blank_images) blank(s.images.back());
-  }
-  const size_t cap = size_t(e.length);
-  s.tokens.reserve(cap);
-  s.loss_mask.reserve(cap);
-  s.image_of.reserve(cap);
-  auto push = [&](int32_t tok, uint8_t loss, int32_t img) {
-    s.tokens.push_back(tok);
-    s.loss_mask.push_back(loss);
-    s.image_of.push_back(img);
-  };
-  push(Tokenizer::kBos, 0, -1);
-  for (int64_t t = e.layout_begin; t < e.layout_end; ++t) {
-    const int32_t v = layout_[size_t(t)];
-    if (v >= 0) {
-      push(v, layout_loss_[size_t(t)], -1);
-      continue;
-    }
-    const int32_t k = -v - 1;
-    const PreparedImage& im = s.images[size_t(k)];
-    // Counted from the decoded grid, so the check below compares against the header path.
-    const int64_t n = int64_t(im.grid_h / m) * (im.grid_w / m);
-    push(Tokenizer::kImg, 0, -1);
-    for (int64_t j = 0; j < n; ++j) push(Tokenizer::kPad, 0, k);
-    push(Tokenizer::kImgEnd, 0, -1);
-  }
-  push(Tokenizer::kEos, 1, -1);
-  DHP_ASSERT(int64_t(s.tokens.size()) == e.length);
-  return s;
+  DHP_CHECK(begin >= 0 && begin <= end && end <= e.length,
+            "token range [{}, {}) is outside sample {}'s {} tokens", begin, end, i, e.length);
+  return guarded_load(i, begin, end, skip_, [&] {
+    StoredLayout s;
+    s.layout = layout_.data() + e.layout_begin;
+    s.loss = layout_loss_.data() + e.layout_begin;
+    s.n = e.layout_end - e.layout_begin;
+    s.image_tokens.assign(image_tokens_.begin() + e.image_begin,
+                          image_tokens_.begin() + e.image_end);
+    auto decode = [&](int64_t k) {
+      const std::string& path = image_paths_[size_t(e.image_begin + k)];
+      std::ifstream f(path, std::ios::binary);
+      DHP_CHECK(f.good(), "image '{}' is missing or unreadable", path);
+      const std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(f), {}};
+      const cv::Mat bgr = decode_image(bytes.data(), bytes.size(), path);
+      return prepare_checked(bgr, image_sizes_[size_t(e.image_begin + k)], path, model_.vision);
+    };
+    return expand_layout(s, begin, end, decode, model_.vision.merge, blank_images);
+  });
 }
 
 }  // namespace dhp

@@ -1,81 +1,122 @@
-// LLaVA-style JSONL manifests: one sample per line,
+// The data set interface, and LLaVA-style JSONL manifests (the small-data path): one sample
+// per line,
 //   {"id": "...", "image": "images/a.png" | "images": [...], "conversations":
 //    [{"from": "human", "value": "<image>\nDescribe the image."}, {"from": "gpt", "value": "..."}]}
 // A `<image>` marker in a human turn places the next image there; a sample may have none.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "data/image.h"
+#include "data/manifest.h"
 #include "model/config.h"
 
 namespace dhp {
 
 class Tokenizer;
 
-// One document in model-spec.md's layout:
+// One document in model-spec.md's layout, or a token range [begin, begin + tokens.size()) of
+// it (a piece: the plan may give a rank only part of a long sequence):
 //   <bos> human text ... <img> [image tokens] </img> ... gpt answer <eos>
 struct Sample {
   int64_t id = 0;                      // dataset index
   std::vector<int32_t> tokens;         // (L) token ids; image tokens hold Tokenizer::kPad
   std::vector<uint8_t> loss_mask;      // (L) 1 on answer tokens and the final <eos>
-  std::vector<int32_t> image_of;       // (L) image index for image tokens, -1 on text
-  std::vector<PreparedImage> images;   // in order of appearance
+  std::vector<int32_t> image_of;       // (L) index into `images` for image tokens, -1 on text
+  std::vector<PreparedImage> images;   // whole images whose tokens the piece holds, in order
+  int64_t begin = 0;                   // position of tokens[0] in the full document
+  int64_t full_length = 0;             // tokens of the full document
+  int32_t first_image = 0;             // index of images[0] among the document's images
+  int64_t first_image_token = 0;       // merged tokens of images[0] that lie before `begin`
+  int32_t next_target = -1;            // the document's token at begin + L when it carries
+                                       // loss (the last token's target), else -1
+  bool skipped = false;                // its data went bad: placeholder_sample() in layout.h
 };
 
 // What training and evaluation need of a data set: every sample's lengths without decoding
-// anything, and the decoded sample on demand. JSONL manifests implement it here; other
-// storage (HDF5 shards) implements the same interface.
+// anything, and the decoded sample, or a token range of it, on demand. JSONL manifests
+// (JsonlDataset) and built HDF5 shards (ShardDataset) implement it.
 class Dataset {
  public:
   virtual ~Dataset() = default;
   virtual int64_t size() const = 0;
   virtual int64_t length(int64_t i) const = 0;          // decoder tokens of sample i
+  virtual int64_t vision_tokens(int64_t i) const = 0;   // of which image tokens
   virtual int64_t loss_tokens(int64_t i) const = 0;     // tokens with loss_mask = 1
   virtual const std::string& name(int64_t i) const = 0; // a name for messages
   virtual const std::map<std::string, int64_t>& skipped() const = 0;  // bad samples by reason
-  // Thread-safe: the loader's workers call it concurrently.
-  virtual Sample load(int64_t i, bool blank_images) const = 0;
+
+  // Tokens [begin, end) of sample i, decoding only the images whose tokens overlap the range;
+  // equal to slice_sample(load(i), begin, end). When the sample's data went bad after
+  // indexing (a vanished or corrupt image, a damaged shard) it throws dhp::Error naming the
+  // sample in on_error = "fail" mode, and in "skip" mode warns and returns
+  // placeholder_sample(). Thread-safe: the loader's workers call it concurrently.
+  virtual Sample load_range(int64_t i, int64_t begin, int64_t end, bool blank_images) const = 0;
+  Sample load(int64_t i, bool blank_images) const {
+    return load_range(i, 0, length(i), blank_images);
+  }
+  // Loads that came back as placeholders (skip mode).
+  int64_t bad_loads() const { return bad_loads_.load(); }
+
+ protected:
+  // Runs `load` under the on_error policy, as load_range promises.
+  Sample guarded_load(int64_t i, int64_t begin, int64_t end, bool skip,
+                      const std::function<Sample()>& load) const;
+
+ private:
+  mutable std::atomic<int64_t> bad_loads_{0};
 };
 
 class JsonlDataset final : public Dataset {
  public:
   // Parses the whole manifest and predicts every sample's length from image headers alone.
   // image_root "" = the manifest's folder. on_error: "skip" (warn, count, go on) | "fail".
+  // max_image_pixels: an image with more pixels (by its header) is skipped; 0 = no limit.
   JsonlDataset(const std::string& manifest, const std::string& image_root,
                const Tokenizer& tokenizer, const ModelConfig& model, int64_t max_tokens,
-               const std::string& on_error);
+               const std::string& on_error, int64_t max_image_pixels = kDefaultMaxImagePixels);
 
   int64_t size() const override { return int64_t(entries_.size()); }
   int64_t length(int64_t i) const override;
+  int64_t vision_tokens(int64_t i) const override;
   int64_t loss_tokens(int64_t i) const override;
   const std::string& name(int64_t i) const override;  // the manifest's "id" (or "line N")
-  // Skipped lines by reason ("invalid json", "missing image", ...).
+  // Skipped lines by reason ("invalid json", "missing image", ...: see manifest.h).
   const std::map<std::string, int64_t>& skipped() const override { return skipped_; }
-
-  // Decodes the images (or blanks them) and lays out the document. Thread-safe.
-  Sample load(int64_t i, bool blank_images) const override;
+  Sample load_range(int64_t i, int64_t begin, int64_t end, bool blank_images) const override;
 
  private:
   struct Entry {
     std::string name;
     int64_t layout_begin = 0, layout_end = 0;  // range of layout_/layout_loss_
-    int64_t image_begin = 0, image_end = 0;    // range of image_paths_/image_sizes_
+    int64_t image_begin = 0, image_end = 0;    // range of image_paths_/image_tokens_
     int64_t length = 0;
+    int64_t vision_tokens = 0;
     int64_t loss_tokens = 0;
   };
-  // Tokens of all samples with each image as one placeholder -(k+1) standing for
-  // <img> [tokens of image k] </img>; expanded by load().
+  // Every sample's ParsedLine::layout, end to end.
   std::vector<int32_t> layout_;        // (sum of text tokens + images)
   std::vector<uint8_t> layout_loss_;   // (same)
   std::vector<std::string> image_paths_;
-  std::vector<ImageSize> image_sizes_;  // header sizes, for the prediction check in load()
+  std::vector<ImageSize> image_sizes_;  // header sizes, checked against the decoded pixels
+  std::vector<int64_t> image_tokens_;   // predicted from the header sizes
   std::vector<Entry> entries_;
   std::map<std::string, int64_t> skipped_;
   ModelConfig model_;
+  bool skip_ = true;
 };
+
+struct DataConfig;
+
+// Opens `path` by what it is: a folder built by `dhp data build` (it holds index.h5) as a
+// ShardDataset, anything else as a JSONL manifest. Limits and on_error come from `data`.
+std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataConfig& data,
+                                      const Tokenizer& tokenizer, const ModelConfig& model);
 
 }  // namespace dhp

@@ -156,6 +156,37 @@ PreparedImage load_image(const std::string& path, const VisionConfig& v) {
   return prepare_image(bgr, v);
 }
 
+cv::Mat decode_image(const uint8_t* data, size_t n, const std::string& what) {
+  static constexpr uint8_t kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  static constexpr uint8_t kIend[8] = {'I', 'E', 'N', 'D', 0xAE, 0x42, 0x60, 0x82};
+  // Writers may pad after the end marker; a few bytes of slack keep those files usable.
+  constexpr size_t kTrailerSlack = 16;
+  const size_t tail = n > kTrailerSlack + 8 ? n - kTrailerSlack - 8 : 0;
+  if (n >= 8 && std::equal(kPng, kPng + 8, data)) {
+    DHP_CHECK(std::search(data + tail, data + n, kIend, kIend + 8) != data + n,
+              "image '{}' is truncated (PNG without its IEND chunk)", what);
+  } else if (n >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF) {
+    static constexpr uint8_t kEoi[2] = {0xFF, 0xD9};
+    DHP_CHECK(std::search(data + tail, data + n, kEoi, kEoi + 2) != data + n,
+              "image '{}' is truncated (JPEG without its end-of-image marker)", what);
+  } else {
+    throw Error(fmt::format("image '{}' is neither PNG nor JPEG", what));
+  }
+  const cv::Mat raw(1, int(n), CV_8U, const_cast<uint8_t*>(data));
+  cv::Mat bgr = cv::imdecode(raw, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
+  DHP_CHECK(!bgr.empty(), "image '{}' cannot be decoded (corrupt data)", what);
+  return bgr;
+}
+
+PreparedImage prepare_checked(const cv::Mat& bgr, ImageSize expected, const std::string& what,
+                              const VisionConfig& v) {
+  DHP_CHECK(!bgr.empty(), "image '{}' cannot be decoded (corrupt or truncated data)", what);
+  DHP_CHECK(bgr.rows == expected.h && bgr.cols == expected.w,
+            "image '{}' decodes to {}x{} but its header says {}x{}", what, bgr.rows, bgr.cols,
+            expected.h, expected.w);
+  return prepare_image(bgr, v);
+}
+
 void blank(PreparedImage& im) { std::fill(im.patches.begin(), im.patches.end(), 0.0f); }
 
 }  // namespace dhp

@@ -40,6 +40,16 @@ PreparedImage prepare_image(const cv::Mat& bgr, const VisionConfig& v);
 // Decodes the file (ignoring EXIF orientation, so the size matches read_image_size) and
 // prepares it. Throws dhp::Error naming the file when it is missing or cannot be decoded.
 PreparedImage load_image(const std::string& path, const VisionConfig& v);
+// Decodes encoded PNG / JPEG bytes to BGR (EXIF orientation ignored, so the size matches the
+// header). Throws dhp::Error naming `what` for another format, a file cut short (no JPEG
+// end-of-image marker or PNG IEND chunk: decoders would silently fill the missing rows with
+// grey) or data the decoder rejects.
+cv::Mat decode_image(const uint8_t* data, size_t n, const std::string& what);
+// Prepares an image that was decoded (cv::imread / cv::imdecode) from a source whose header
+// said `expected`: an empty Mat (undecodable data) or a different size throws dhp::Error
+// naming `what`, because the stored length would no longer describe the pixels.
+PreparedImage prepare_checked(const cv::Mat& bgr, ImageSize expected, const std::string& what,
+                              const VisionConfig& v);
 // Replaces every pixel by the mean colour (0 after normalisation), keeping the grid, so a
 // model can be evaluated without seeing the image while the sequence stays the same.
 void blank(PreparedImage& im);

@@ -27,10 +27,24 @@ int64_t BatchLoader::pending() const {
   return int64_t(jobs_.size());
 }
 
-void BatchLoader::submit(std::vector<int64_t> ids, bool blank_images) {
+void BatchLoader::submit(const std::vector<int64_t>& ids, bool blank_images) {
+  std::vector<Piece> pieces;
+  pieces.reserve(ids.size());
+  for (int64_t id : ids) pieces.push_back({id, 0, -1});
+  submit(std::move(pieces), blank_images);
+}
+
+Sample BatchLoader::load(const Piece& p, bool blank) const {
+  DHP_CHECK(p.sample >= 0 && p.sample < dataset_.size(), "loader: sample {} is not in 0..{}",
+            p.sample, dataset_.size() - 1);
+  const int64_t end = p.end < 0 ? dataset_.length(p.sample) : p.end;
+  return dataset_.load_range(p.sample, p.begin, end, blank);
+}
+
+void BatchLoader::submit(std::vector<Piece> pieces, bool blank_images) {
   auto job = std::make_shared<Job>();
-  job->out.resize(ids.size());
-  job->ids = std::move(ids);
+  job->out.resize(pieces.size());
+  job->ids = std::move(pieces);
   job->blank = blank_images;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -59,7 +73,7 @@ void BatchLoader::work() {
     std::exception_ptr err;
     Sample s;
     try {
-      s = dataset_.load(job->ids[slot], job->blank);
+      s = load(job->ids[slot], job->blank);
     } catch (...) {
       err = std::current_exception();
     }
@@ -91,7 +105,7 @@ std::vector<Sample> BatchLoader::next() {
   }
   if (threads_.empty())
     for (size_t i = 0; i < job->ids.size(); ++i)
-      job->out[i] = dataset_.load(job->ids[i], job->blank);
+      job->out[i] = load(job->ids[i], job->blank);
   last_wait_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (job->error) std::rethrow_exception(job->error);
   return std::move(job->out);

@@ -44,14 +44,18 @@ Batch pack(const std::vector<const Sample*>& samples, const VisionConfig& v) {
       first[k] = slot_base;
       slot_base += im.n_patches() / (int64_t(v.merge) * v.merge);
     }
-    std::vector<int64_t> seen(s.images.size(), 0);  // image tokens met so far, per image
+    // Image tokens met so far, per image; a piece may start inside its first image.
+    std::vector<int64_t> seen(s.images.size(), 0);
+    if (!seen.empty()) seen[0] = s.first_image_token;
     const int64_t L = int64_t(s.tokens.size());
     for (int64_t t = 0; t < L; ++t) {
       b.tokens.push_back(s.tokens[size_t(t)]);
-      const bool learn = t + 1 < L && s.loss_mask[size_t(t + 1)];
-      b.targets.push_back(learn ? s.tokens[size_t(t + 1)] : -1);
+      // The last token of a piece predicts the first token after it (next_target).
+      const int32_t target = t + 1 < L ? (s.loss_mask[size_t(t + 1)] ? s.tokens[size_t(t + 1)] : -1)
+                                       : s.next_target;
+      b.targets.push_back(target);
       b.doc.push_back(int32_t(d));
-      b.pos.push_back(int32_t(t));
+      b.pos.push_back(int32_t(s.begin + t));  // RoPE positions count from the document start
       const int32_t k = s.image_of[size_t(t)];
       if (k < 0) {
         b.image_slot.push_back(-1);
@@ -60,8 +64,12 @@ Batch pack(const std::vector<const Sample*>& samples, const VisionConfig& v) {
         b.image_slot.push_back(int32_t(first[size_t(k)] + seen[size_t(k)]++));
       }
     }
-    for (size_t k = 0; k < s.images.size(); ++k)
-      DHP_ASSERT(seen[k] == s.images[k].n_patches() / (int64_t(v.merge) * v.merge));
+    // A whole document uses every merged token of its images once; a piece may stop early.
+    const bool whole = s.begin == 0 && (s.full_length == 0 || L == s.full_length);
+    for (size_t k = 0; k < s.images.size(); ++k) {
+      const int64_t n = s.images[k].n_patches() / (int64_t(v.merge) * v.merge);
+      DHP_ASSERT(whole ? seen[k] == n : seen[k] <= n);
+    }
   }
   return b;
 }

@@ -12,15 +12,16 @@
 #include <vector>
 
 #include "data/rng.h"
+#include "data/synth_scene.h"
 #include "data/tokenizer.h"
 #include "kernels/check.h"
 #include "kernels/log.h"
 
 namespace dhp {
 
-namespace {
-
 namespace fs = std::filesystem;
+
+namespace {
 
 struct Colour {
   const char* name;
@@ -35,24 +36,19 @@ const std::array<Colour, 6> kColours = {{{"red", {0, 0, 230}},
                                          {"black", {20, 20, 20}}}};
 const std::array<const char*, 3> kShapes = {"circle", "square", "triangle"};
 const std::array<const char*, 4> kCounts = {"", "a", "two", "three"};
+
+}  // namespace
+
 const std::array<const char*, 3> kPrompts = {"Describe the image.", "What is in the picture?",
                                              "Describe what you see."};
+
+namespace {
 
 constexpr int kCellSide = 48;   // a cell per 48 px of side, at most 3 x 3, so shapes fit
 constexpr int kMinShape = 14;   // one vision patch: smaller shapes would be hard to see
 constexpr int kMargin = 4;      // pixels kept free around each shape inside its cell
 constexpr double kJpegShare = 0.3;
 constexpr int kNoise = 10;      // amplitude of the "lightly noisy" background
-
-// A run of `count` identical shapes inside one cell of the rows x cols grid.
-struct Group {
-  int colour = 0, shape = 0, count = 1, row = 0, col = 0;
-};
-
-struct Scene {
-  int h = 0, w = 0, rows = 1, cols = 1;
-  std::vector<Group> groups;  // ordered by cell, row-major: the caption's order
-};
 
 // Where a cell is, in words; an axis with one cell says nothing about that direction.
 std::string position(int row, int rows, int col, int cols) {
@@ -69,6 +65,8 @@ std::string position(int row, int rows, int col, int cols) {
   return "at the " + v + " " + hz;
 }
 
+}  // namespace
+
 std::string caption(const Scene& s) {
   std::string out;
   for (size_t i = 0; i < s.groups.size(); ++i) {
@@ -80,6 +78,8 @@ std::string caption(const Scene& s) {
   }
   return out + ".";
 }
+
+namespace {
 
 struct CellBox {
   int y0, x0, h, w;
@@ -97,10 +97,18 @@ int max_shape(const CellBox& c, int count) {
   return std::min(sub_h, sub_w) - 2 * kMargin;
 }
 
+}  // namespace
+
 Scene make_scene(Rng& rng, int min_side, int max_side) {
+  const int h = int(rng.range(min_side, max_side));
+  const int w = int(rng.range(min_side, max_side));
+  return make_scene_of_size(rng, h, w);
+}
+
+Scene make_scene_of_size(Rng& rng, int h, int w) {
   Scene s;
-  s.h = int(rng.range(min_side, max_side));
-  s.w = int(rng.range(min_side, max_side));
+  s.h = h;
+  s.w = w;
   s.rows = std::clamp(s.h / kCellSide, 1, 3);
   s.cols = std::clamp(s.w / kCellSide, 1, 3);
   const int cells = s.rows * s.cols;
@@ -128,6 +136,8 @@ Scene make_scene(Rng& rng, int min_side, int max_side) {
   return s;
 }
 
+namespace {
+
 void draw_shape(cv::Mat& img, int shape, int cy, int cx, int side, const cv::Scalar& c) {
   const int r = side / 2;
   if (shape == 0) {
@@ -141,11 +151,13 @@ void draw_shape(cv::Mat& img, int shape, int cy, int cx, int side, const cv::Sca
   }
 }
 
-cv::Mat render(const Scene& s, Rng& rng) {
+}  // namespace
+
+cv::Mat render(const Scene& s, Rng& rng, bool allow_noise) {
   const cv::Scalar bg(double(rng.range(215, 255)), double(rng.range(215, 255)),
                       double(rng.range(215, 255)));
   cv::Mat img(s.h, s.w, CV_8UC3, bg);
-  if (rng.below(2) == 1) {
+  if (rng.below(2) == 1 && allow_noise) {
     for (int y = 0; y < s.h; ++y) {
       uint8_t* row = img.ptr<uint8_t>(y);
       for (int x = 0; x < s.w * 3; ++x)
@@ -172,6 +184,15 @@ cv::Mat render(const Scene& s, Rng& rng) {
   return img;
 }
 
+std::string grammar_words() {
+  std::string words = "a two three at on in the top bottom left right center and";
+  for (const auto& c : kColours) words += std::string(" ") + c.name;
+  for (const char* s : kShapes) words += fmt::format(" {} {}s", s, s);
+  return words;
+}
+
+namespace {
+
 // Writes one split; returns its prompts and captions (the tokenizer's training text).
 std::vector<std::string> write_split(const SynthOptions& opt, const std::string& split,
                                      int64_t n, uint64_t key) {
@@ -185,7 +206,7 @@ std::vector<std::string> write_split(const SynthOptions& opt, const std::string&
   for (int64_t i = 0; i < n; ++i) {
     Rng rng(mix_seed(opt.seed, (key << 40) + uint64_t(i)));
     const Scene scene = make_scene(rng, opt.min_side, opt.max_side);
-    const cv::Mat img = render(scene, rng);
+    const cv::Mat img = render(scene, rng, true);
     const bool as_jpeg = rng.uniform() < kJpegShare;
     const std::string id = fmt::format("{}-{:06d}", split, i);
     const std::string rel = "images/" + id + (as_jpeg ? ".jpg" : ".png");
@@ -209,6 +230,7 @@ std::vector<std::string> write_split(const SynthOptions& opt, const std::string&
 }  // namespace
 
 void synthesize(const SynthOptions& opt) {
+  if (!opt.preset.empty()) return synthesize_preset(opt);
   DHP_CHECK(opt.train > 0 && opt.val >= 0, "synth: need train > 0 and val >= 0 samples");
   DHP_CHECK(opt.min_side >= 32 && opt.min_side <= opt.max_side && opt.max_side <= 4096,
             "synth: need 32 <= min_side <= max_side <= 4096 (got {} and {})", opt.min_side,
@@ -220,10 +242,7 @@ void synthesize(const SynthOptions& opt) {
   std::vector<std::string> texts = write_split(opt, "train", opt.train, 1);
   write_split(opt, "val", opt.val, 2);
   // Every word of the grammar once, so a small training split still covers the vocabulary.
-  std::string words = "a two three at on in the top bottom left right center and";
-  for (const auto& c : kColours) words += std::string(" ") + c.name;
-  for (const char* s : kShapes) words += fmt::format(" {} {}s", s, s);
-  texts.push_back(words);
+  texts.push_back(grammar_words());
   const std::string model = (fs::path(opt.out_dir) / "tokenizer.model").string();
   train_tokenizer(texts, opt.vocab_size, model);
   spdlog::info("synth: wrote {} train and {} val samples, images and {} to {}", opt.train,

@@ -1,6 +1,11 @@
 // A synthetic captioning dataset small enough to learn on a laptop: images of 1-3 coloured
 // shapes on a light background, captioned from what was drawn (count, colour, shape,
 // position), in a regular grammar with a few dozen words.
+//
+// With a length preset (presets.h: "captions", "mixed", "video-longtail") the same scenes
+// are drawn at the sizes and counts the preset gives each sample: low- and high-resolution
+// single images, multi-image samples, video-like frame sequences (one scene, shifted frame by
+// frame) and long text-only documents, with the preset's long tail of lengths.
 #pragma once
 
 #include <cstdint>
@@ -16,10 +21,15 @@ struct SynthOptions {
   int vocab_size = 160;  // upper bound for the tokenizer trained on the captions and prompts
   int min_side = 32;     // image sides are drawn independently from [min_side, max_side]
   int max_side = 192;
+  std::string preset;    // "" = the demo set above; else a length preset
+  double scale = 1.0;    // preset image sides are multiplied by this (>= 32 pixels)
+  int factor = 28;       // patch * merge the preset's sizes are snapped to (presets.h)
 };
 
 // Writes out_dir/{train,val}.jsonl, out_dir/images/*.png|*.jpg and out_dir/tokenizer.model.
 // The same options give byte-identical files.
 void synthesize(const SynthOptions& opt);
+// The preset branch of synthesize(): `train` and `val` samples of opt.preset.
+void synthesize_preset(const SynthOptions& opt);
 
 }  // namespace dhp

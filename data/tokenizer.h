@@ -28,6 +28,7 @@ class Tokenizer {
   // Ids outside the vocabulary (a model may have a larger output layer) decode as <unk>.
   std::string decode(const std::vector<int32_t>& ids) const;
   int vocab_size() const;
+  const std::string& path() const { return path_; }
 
  private:
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;

@@ -1,4 +1,5 @@
-// data/: preprocessing, manifests, packing, sampling and loading, on fixtures generated here.
+// data/: image preprocessing, tokenizer, the demo synth and JSONL manifests, on fixtures
+// generated here.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/ostream_sink.h>
@@ -27,47 +28,10 @@
 #include "data/tokenizer.h"
 #include "kernels/check.h"
 
+#include "tests/data_fixture.h"
+
 namespace dhp {
 namespace {
-
-namespace fs = std::filesystem;
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void write_file(const fs::path& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
-
-// One small synthesized data set shared by the tests of this file.
-class DataTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    root_ = new fs::path(fs::temp_directory_path() /
-                         ("dhp_test_data_" + std::to_string(::getpid())));
-    fs::remove_all(*root_);
-    SynthOptions o;
-    o.out_dir = (*root_ / "synth").string();
-    o.train = 48;
-    o.val = 8;
-    o.seed = 11;
-    synthesize(o);
-  }
-  static void TearDownTestSuite() {
-    fs::remove_all(*root_);
-    delete root_;
-  }
-  static fs::path dir() { return *root_ / "synth"; }
-  static std::string manifest() { return (dir() / "train.jsonl").string(); }
-  static std::string tokenizer() { return (dir() / "tokenizer.model").string(); }
-  static fs::path* root_;
-};
-fs::path* DataTest::root_ = nullptr;
 
 // ---- resize rule --------------------------------------------------------------------------
 
@@ -309,26 +273,6 @@ TEST_F(DataTest, LoadedLengthEqualsHeaderPrediction) {
                           [](float f) { return f == 0.0f; }));
 }
 
-class LogCapture {
- public:
-  LogCapture() : old_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
-  }
-  ~LogCapture() { spdlog::set_default_logger(old_); }
-  std::string text() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> old_;
-};
-
-std::string line_json(const std::string& id, const std::string& images,
-                      const std::string& human, const std::string& gpt) {
-  return "{\"id\": \"" + id + "\"" + images +
-         ", \"conversations\": [{\"from\": \"human\", \"value\": \"" + human +
-         "\"}, {\"from\": \"gpt\", \"value\": \"" + gpt + "\"}]}\n";
-}
 
 TEST_F(DataTest, BadLinesAreSkippedAndCounted) {
   const fs::path d = *root_ / "bad";
@@ -410,196 +354,6 @@ TEST_F(DataTest, BadLinesAreSkippedAndCounted) {
     EXPECT_EQ(ds.size(), 3 - n_longest);
     EXPECT_EQ(ds.skipped().at("too long"), n_longest);
     for (int64_t i = 0; i < ds.size(); ++i) EXPECT_LT(ds.length(i), longest);
-  }
-}
-
-// ---- pack ----------------------------------------------------------------------------------
-
-PreparedImage fake_image(int gh, int gw, const VisionConfig& v, float tag) {
-  PreparedImage im;
-  im.grid_h = gh;
-  im.grid_w = gw;
-  im.patches.resize(size_t(im.n_patches() * v.patch_numel()));
-  for (size_t i = 0; i < im.patches.size(); ++i) im.patches[i] = tag + float(i);
-  return im;
-}
-
-TEST(Pack, TwoSamplesWithImages) {
-  VisionConfig v;
-  v.patch = 2;  // 12 values per patch keeps the hand-built arrays short
-  v.merge = 2;
-  Sample a;  // two images: 2 x 4 patches (2 merged tokens) then 2 x 2 (1 merged token)
-  a.id = 5;
-  a.tokens = {2, 4, 0, 0, 5, 4, 0, 5, 10, 11, 3};
-  a.loss_mask = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
-  a.image_of = {-1, -1, 0, 0, -1, -1, 1, -1, -1, -1, -1};
-  a.images = {fake_image(2, 4, v, 1000), fake_image(2, 2, v, 2000)};
-  Sample b;  // text, one 2 x 2 image, answer
-  b.id = 9;
-  b.tokens = {2, 20, 4, 0, 5, 21, 3};
-  b.loss_mask = {0, 0, 0, 0, 0, 1, 1};
-  b.image_of = {-1, -1, -1, 0, -1, -1, -1};
-  b.images = {fake_image(2, 2, v, 3000)};
-
-  const Batch bt = pack({&a, &b}, v);
-  EXPECT_EQ(bt.T, 18);
-  std::vector<int32_t> tokens = a.tokens;
-  tokens.insert(tokens.end(), b.tokens.begin(), b.tokens.end());
-  EXPECT_EQ(bt.tokens, tokens);
-  const std::vector<int32_t> targets = {-1, -1, -1, -1, -1, -1, -1, -1, 11, 3, -1,
-                                        -1, -1, -1, -1, 21, 3, -1};
-  EXPECT_EQ(bt.targets, targets);
-  const std::vector<int32_t> doc = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1};
-  EXPECT_EQ(bt.doc, doc);
-  const std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 1, 2, 3, 4, 5, 6};
-  EXPECT_EQ(bt.pos, pos);
-  const std::vector<int32_t> slot = {-1, -1, 0, 1, -1, -1, 2, -1, -1, -1, -1,
-                                     -1, -1, -1, 3, -1, -1, -1};
-  EXPECT_EQ(bt.image_slot, slot);
-  EXPECT_EQ(bt.loss_tokens(), 4);
-  EXPECT_EQ(bt.sample_ids, (std::vector<int64_t>{5, 9}));
-  ASSERT_EQ(bt.images.size(), 3u);
-  EXPECT_EQ(bt.images[0].patch_offset, 0);
-  EXPECT_EQ(bt.images[1].patch_offset, 8);
-  EXPECT_EQ(bt.images[2].patch_offset, 12);
-  EXPECT_EQ(bt.images[1].grid_h, 2);
-  EXPECT_EQ(bt.images[0].grid_w, 4);
-  EXPECT_EQ(bt.n_patches(), 16);
-  ASSERT_EQ(int64_t(bt.patches.size()), 16 * v.patch_numel());
-  EXPECT_EQ(bt.patches[0], 1000.0f);
-  EXPECT_EQ(bt.patches[size_t(8 * v.patch_numel())], 2000.0f);
-  EXPECT_EQ(bt.patches[size_t(12 * v.patch_numel() + 5)], 3005.0f);
-}
-
-TEST(Pack, SplitMicroBatchesHandCase) {
-  // FFD order 12, 9, 7, 5, 3, 2 into budget 10: [12] [9] [7 3] [5 2].
-  const auto packs = split_micro_batches({5, 9, 3, 7, 2, 12}, 10);
-  const std::vector<std::vector<int64_t>> want = {{5}, {1}, {2, 3}, {0, 4}};
-  EXPECT_EQ(packs, want);
-}
-
-TEST(Pack, SplitMicroBatchesRespectsBudget) {
-  Rng rng(3);
-  std::vector<int64_t> lengths(500);
-  for (auto& l : lengths) l = rng.range(1, 300);
-  lengths[17] = 1000;  // longer than the budget: alone in its pack
-  const int64_t budget = 512;
-  const auto packs = split_micro_batches(lengths, budget);
-  std::vector<int64_t> seen;
-  for (const auto& pk : packs) {
-    ASSERT_FALSE(pk.empty());
-    EXPECT_TRUE(std::is_sorted(pk.begin(), pk.end()));
-    int64_t sum = 0;
-    for (int64_t i : pk) sum += lengths[size_t(i)];
-    if (pk.size() > 1) {
-      EXPECT_LE(sum, budget);
-    }
-    seen.insert(seen.end(), pk.begin(), pk.end());
-  }
-  std::sort(seen.begin(), seen.end());
-  std::vector<int64_t> all(lengths.size());
-  std::iota(all.begin(), all.end(), int64_t(0));
-  EXPECT_EQ(seen, all);
-  EXPECT_EQ(split_micro_batches(lengths, budget), packs);
-  const int64_t total = std::accumulate(lengths.begin(), lengths.end(), int64_t(0));
-  EXPECT_LE(int64_t(packs.size()), total / budget + 3);  // FFD packs tightly
-}
-
-// ---- sampler -------------------------------------------------------------------------------
-
-TEST(Sampler, DeterministicCoveringAndStraddling) {
-  const int64_t n = 37, bs = 5;
-  Sampler s(n, 42), same(n, 42), other(n, 43);
-  EXPECT_EQ(s.batch(3, bs), same.batch(3, bs));
-  EXPECT_NE(s.batch(3, bs), other.batch(3, bs));
-  EXPECT_NE(s.permutation(0), s.permutation(1));
-  // The stream of the first three epochs, batch by batch.
-  std::vector<int64_t> stream;
-  for (int64_t step = 0; int64_t(stream.size()) < 3 * n; ++step) {
-    const auto b = s.batch(step, bs);
-    ASSERT_EQ(int64_t(b.size()), bs);
-    stream.insert(stream.end(), b.begin(), b.end());
-  }
-  for (int64_t e = 0; e < 3; ++e) {
-    std::vector<int64_t> epoch(stream.begin() + e * n, stream.begin() + (e + 1) * n);
-    EXPECT_EQ(epoch, s.permutation(e));
-    std::sort(epoch.begin(), epoch.end());
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(epoch[size_t(i)], i) << "epoch " << e;
-  }
-  // Step 7 covers stream positions 35..39: the last two of epoch 0, the first three of 1.
-  const auto straddle = s.batch(7, bs);
-  const auto p0 = s.permutation(0), p1 = s.permutation(1);
-  EXPECT_EQ(straddle, (std::vector<int64_t>{p0[35], p0[36], p1[0], p1[1], p1[2]}));
-  // A batch larger than the data set spans several epochs.
-  Sampler tiny(3, 1);
-  const auto big = tiny.batch(0, 8);
-  std::vector<int64_t> want = tiny.permutation(0);
-  for (int64_t e : {1, 2}) {
-    const auto p = tiny.permutation(e);
-    want.insert(want.end(), p.begin(), p.end());
-  }
-  want.resize(8);
-  EXPECT_EQ(big, want);
-}
-
-// ---- loader --------------------------------------------------------------------------------
-
-void expect_same(const Sample& a, const Sample& b) {
-  EXPECT_EQ(a.id, b.id);
-  EXPECT_EQ(a.tokens, b.tokens);
-  EXPECT_EQ(a.loss_mask, b.loss_mask);
-  EXPECT_EQ(a.image_of, b.image_of);
-  ASSERT_EQ(a.images.size(), b.images.size());
-  for (size_t k = 0; k < a.images.size(); ++k) {
-    EXPECT_EQ(a.images[k].grid_h, b.images[k].grid_h);
-    EXPECT_EQ(a.images[k].grid_w, b.images[k].grid_w);
-    EXPECT_EQ(a.images[k].patches, b.images[k].patches);
-  }
-}
-
-TEST_F(DataTest, LoaderMatchesLoadInOrder) {
-  Tokenizer tok(tokenizer());
-  ModelConfig mc;
-  JsonlDataset ds(manifest(), "", tok, mc, 4096, "fail");
-  const std::vector<std::vector<int64_t>> subs = {{5, 1, 7, 3, 3, 0}, {40, 2}, {}, {11, 12, 13}};
-  for (int workers : {0, 1, 2}) {
-    BatchLoader loader(ds, workers, 3);
-    loader.submit(subs[0], false);
-    loader.submit(subs[1], true);
-    loader.submit(subs[2], false);
-    for (size_t k = 0; k < subs.size(); ++k) {
-      const auto got = loader.next();
-      if (k + 3 < subs.size()) loader.submit(subs[k + 3], false);
-      ASSERT_EQ(got.size(), subs[k].size()) << "workers " << workers;
-      for (size_t i = 0; i < got.size(); ++i) expect_same(got[i], ds.load(subs[k][i], k == 1));
-      EXPECT_GE(loader.last_wait_seconds(), 0.0);
-    }
-    EXPECT_EQ(loader.pending(), 0);
-  }
-  {
-    BatchLoader loader(ds, 2, 2);  // destroyed with work queued: must join, not hang
-    std::vector<int64_t> all(size_t(ds.size()));
-    std::iota(all.begin(), all.end(), int64_t(0));
-    loader.submit(all, false);
-    loader.submit(all, true);
-  }
-}
-
-TEST_F(DataTest, LoaderSurfacesWorkerErrors) {
-  const fs::path d = *root_ / "vanishing";
-  fs::create_directories(d / "images");
-  fs::copy_file(dir() / "images" / "train-000000.png", d / "images" / "a.png",
-                fs::copy_options::overwrite_existing);
-  write_file(d / "m.jsonl",
-             line_json("a", ", \"image\": \"images/a.png\"", "<image>", "a red circle."));
-  Tokenizer tok(tokenizer());
-  ModelConfig mc;
-  JsonlDataset ds((d / "m.jsonl").string(), "", tok, mc, 4096, "fail");
-  fs::remove(d / "images" / "a.png");  // gone after indexing: decoding must fail
-  for (int workers : {0, 2}) {
-    BatchLoader loader(ds, workers);
-    loader.submit({0, 0}, false);
-    EXPECT_THROW(loader.next(), Error) << "workers " << workers;
   }
 }
 

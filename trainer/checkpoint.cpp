@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "data/h5.h"
 #include "kernels/check.h"
 
 namespace dhp {
@@ -20,23 +21,6 @@ namespace {
 namespace fs = std::filesystem;
 constexpr int kFormatVersion = 1;
 constexpr const char* kFormat = "dhp-checkpoint";
-
-// Owns one HDF5 identifier and closes it with the matching function.
-class H5 {
- public:
-  H5(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  ~H5() {
-    if (id_ >= 0) close_(id_);
-  }
-  H5(const H5&) = delete;
-  H5& operator=(const H5&) = delete;
-  operator hid_t() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
-};
 
 // HDF5 prints its own error stack on every failure; we report errors ourselves.
 void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }

@@ -27,6 +27,7 @@ int run_cli(int argc, char** argv, const CliHooks& hooks) {
   add_train_command(app);
   add_eval_command(app);
   add_export_command(app);
+  add_generate_command(app);
   add_data_command(app);
   add_plan_command(app);
 

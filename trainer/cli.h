@@ -23,6 +23,7 @@ int run_cli(int argc, char** argv, const CliHooks& hooks = {});
 void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_export_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 

@@ -90,6 +90,7 @@ class Schema {
     str("image_root", d.image_root);
     str("tokenizer", d.tokenizer);
     num("max_tokens", d.max_tokens, 8, big);
+    num("max_image_pixels", d.max_image_pixels, 1, big);
     num("workers", d.workers, 0, 256);
     str("on_error", d.on_error, {"skip", "fail"});
 
@@ -135,6 +136,7 @@ class Schema {
     num("every", e.every, 0, big);
     num("max_samples", e.max_samples, 0, big);
     flag("blank_images", e.blank_images);
+    flag("exact_match", e.exact_match);
 
     sec_ = "log";
     auto& l = c.log;

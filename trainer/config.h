@@ -43,6 +43,7 @@ struct EvalConfig {
   int64_t every = 0;                // steps between held-out evaluations; 0 = only at the end
   int64_t max_samples = 0;          // 0 = the whole held-out split
   bool blank_images = true;         // also evaluate with the images blanked
+  bool exact_match = true;          // final evaluation also generates every answer (greedy)
 };
 
 struct LogConfig {

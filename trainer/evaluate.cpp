@@ -5,8 +5,30 @@
 
 #include "data/loader.h"
 #include "data/pack.h"
+#include "data/tokenizer.h"
 
 namespace dhp {
+namespace {
+
+// Generates the answer of `s` greedily from everything before it and compares it with the
+// reference answer (the loss-masked tokens before the final <eos>).
+bool answer_matches(Model& model, const Sample& s) {
+  const auto first = std::find(s.loss_mask.begin(), s.loss_mask.end(), 1);
+  if (first == s.loss_mask.end()) return false;
+  const size_t a = size_t(first - s.loss_mask.begin());
+  Sample prompt;
+  prompt.id = s.id;
+  prompt.tokens.assign(s.tokens.begin(), s.tokens.begin() + a);
+  prompt.loss_mask.assign(a, 0);
+  prompt.image_of.assign(s.image_of.begin(), s.image_of.begin() + a);
+  prompt.images = s.images;
+  const std::vector<int32_t> answer(s.tokens.begin() + a, s.tokens.end() - 1);
+  SamplingOptions greedy;
+  greedy.max_new_tokens = int(answer.size()) + 1;
+  return model.generate(pack({&prompt}, model.config().vision), Tokenizer::kEos, greedy) == answer;
+}
+
+}  // namespace
 
 EvalResult evaluate(Model& model, const Dataset& data, const EvalOptions& opt,
                     const Comm& comm) {
@@ -24,7 +46,7 @@ EvalResult evaluate(Model& model, const Dataset& data, const EvalOptions& opt,
   for (size_t k = 0; k < std::min(ahead, mine.size()); ++k)
     loader.submit(packs[mine[k]], opt.blank_images);
 
-  double stats[3] = {0.0, 0.0, 0.0};  // loss sum, targets, correct
+  double stats[5] = {0.0, 0.0, 0.0, 0.0, 0.0};  // loss sum, targets, correct, exact, answers
   for (size_t k = 0; k < mine.size(); ++k) {
     std::vector<Sample> samples = loader.next();
     if (k + ahead < mine.size()) loader.submit(packs[mine[k + ahead]], opt.blank_images);
@@ -34,8 +56,13 @@ EvalResult evaluate(Model& model, const Dataset& data, const EvalOptions& opt,
     stats[0] += st.loss_sum;
     stats[1] += double(st.targets);
     stats[2] += double(st.correct);
+    if (!opt.exact_match) continue;
+    for (const auto& s : samples) {
+      stats[3] += answer_matches(model, s);
+      stats[4] += 1;
+    }
   }
-  comm.allreduce_sum(stats, 3);
+  comm.allreduce_sum(stats, 5);
 
   EvalResult r;
   r.samples = n;
@@ -45,6 +72,7 @@ EvalResult evaluate(Model& model, const Dataset& data, const EvalOptions& opt,
     r.perplexity = std::exp(r.loss);
     r.accuracy = stats[2] / stats[1];
   }
+  if (opt.exact_match && stats[4] > 0) r.exact_match = stats[3] / stats[4];
   return r;
 }
 

@@ -1,6 +1,8 @@
 // Held-out evaluation: loss, perplexity and next-token accuracy over the loss targets (the
 // caption tokens and their <eos>), optionally with every image blanked to the mean colour.
-// The gap between the two accuracies is how much the model reads the images.
+// The gap between the two accuracies is how much the model reads the images. Optionally also
+// exact match: the answer generated greedily from the prompt (with a KV cache) equals the
+// reference answer token for token.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +19,7 @@ struct EvalResult {
   double accuracy = 0.0;   // fraction of targets predicted exactly (argmax)
   int64_t targets = 0;
   int64_t samples = 0;
+  double exact_match = -1.0;  // fraction of answers generated exactly (greedy); -1 = not run
 };
 
 struct EvalOptions {
@@ -24,6 +27,7 @@ struct EvalOptions {
   int64_t max_samples = 0;      // 0 = the whole dataset
   bool blank_images = false;
   int workers = 1;              // decode threads
+  bool exact_match = false;     // also generate every answer greedily and compare it whole
 };
 
 // Every rank evaluates its share of the packs; the result is summed over ranks.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -78,21 +79,23 @@ class MetricsFile {
 
 void log_eval(const char* what, int64_t step, const EvalResult& r, const EvalResult* blank,
               MetricsFile& metrics) {
-  if (blank)
-    spdlog::info("eval {} step {}: loss {:.4f} ppl {:.2f} caption token accuracy {:.2f}% "
-                 "(images blanked: loss {:.4f}, accuracy {:.2f}%) over {} samples, {} tokens",
-                 what, step, r.loss, r.perplexity, 100 * r.accuracy, blank->loss,
-                 100 * blank->accuracy, r.samples, r.targets);
-  else
-    spdlog::info("eval {} step {}: loss {:.4f} ppl {:.2f} caption token accuracy {:.2f}% over {} "
-                 "samples",
-                 what, step, r.loss, r.perplexity, 100 * r.accuracy, r.samples);
+  std::string line = fmt::format("eval {} step {}: loss {:.4f} ppl {:.2f} caption token accuracy "
+                                 "{:.2f}%", what, step, r.loss, r.perplexity, 100 * r.accuracy);
+  if (r.exact_match >= 0) line += fmt::format(", exact match {:.1f}%", 100 * r.exact_match);
+  if (blank) {
+    line += fmt::format(" | images blanked: loss {:.4f} accuracy {:.2f}%", blank->loss,
+                        100 * blank->accuracy);
+    if (blank->exact_match >= 0) line += fmt::format(", exact match {:.1f}%", 100 * blank->exact_match);
+  }
+  spdlog::info("{} ({} samples, {} caption tokens)", line, r.samples, r.targets);
   nlohmann::json j = {{"eval", what}, {"step", step}, {"loss", r.loss},
                       {"perplexity", r.perplexity}, {"accuracy", r.accuracy},
                       {"samples", r.samples}, {"targets", r.targets}};
+  if (r.exact_match >= 0) j["exact_match"] = r.exact_match;
   if (blank) {
     j["blank_loss"] = blank->loss;
     j["blank_accuracy"] = blank->accuracy;
+    if (blank->exact_match >= 0) j["blank_exact_match"] = blank->exact_match;
   }
   metrics.write(j);
 }
@@ -112,13 +115,12 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
   DHP_CHECK(tokenizer.vocab_size() <= cfg.model.vocab_size,
             "{}: model.vocab_size ({}) is smaller than the tokenizer's vocabulary ({} in {})",
             cfg.source, cfg.model.vocab_size, tokenizer.vocab_size(), cfg.data.tokenizer);
-  JsonlDataset train_set(cfg.data.train, cfg.data.image_root, tokenizer, cfg.model,
-                         cfg.data.max_tokens, cfg.data.on_error);
+  const std::unique_ptr<Dataset> train_data = open_dataset(cfg.data.train, cfg.data, tokenizer, cfg.model);
+  const Dataset& train_set = *train_data;
   DHP_CHECK(train_set.size() > 0, "data.train '{}' holds no usable sample", cfg.data.train);
   std::unique_ptr<Dataset> val_set;
   if (!cfg.data.val.empty())
-    val_set = std::make_unique<JsonlDataset>(cfg.data.val, cfg.data.image_root, tokenizer,
-                                             cfg.model, cfg.data.max_tokens, cfg.data.on_error);
+    val_set = open_dataset(cfg.data.val, cfg.data, tokenizer, cfg.model);
 
   Model model(cfg.model, *ops);
   model.initialise(cfg.train.seed);
@@ -177,10 +179,12 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
   EvalOptions eval_opt{cfg.train.micro_tokens, cfg.eval.max_samples, false, cfg.data.workers};
   auto run_eval = [&](int64_t step, TrainResult* out) {
     if (!val_set || val_set->size() == 0) return;
-    EvalResult r = evaluate(model, *val_set, eval_opt, comm);
+    EvalOptions o = eval_opt;
+    o.exact_match = out && cfg.eval.exact_match;  // generation only at the final evaluation
+    EvalResult r = evaluate(model, *val_set, o, comm);
     EvalResult b;
     if (cfg.eval.blank_images) {
-      EvalOptions ob = eval_opt;
+      EvalOptions ob = o;
       ob.blank_images = true;
       b = evaluate(model, *val_set, ob, comm);
     }
@@ -190,6 +194,8 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
       out->final_loss = r.loss;
       out->final_accuracy = r.accuracy;
       out->final_blank_accuracy = cfg.eval.blank_images ? b.accuracy : -1.0;
+      out->final_exact_match = r.exact_match;
+      out->final_blank_exact_match = cfg.eval.blank_images ? b.exact_match : -1.0;
     }
   };
 
@@ -223,12 +229,17 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
     const float scale = 1.0f / float(std::max<int64_t>(1, cur.loss_tokens));
     double loss_sum = 0.0;
     size_t at = 0;
+    const auto t_compute = Clock::now();
     for (size_t p = 0; p < cur.packs.size(); ++p) {
       if (int(p % comm.size()) != comm.rank()) continue;
       std::vector<const Sample*> ptrs;
       for (size_t k = 0; k < cur.packs[p].size(); ++k) ptrs.push_back(&samples[at++]);
       loss_sum += model.step(pack(ptrs, cfg.model.vision), scale, true).loss_sum;
     }
+    // Every rank's compute time, to show how unevenly the step's work was spread.
+    std::vector<double> rank_time(comm.size(), 0.0);
+    rank_time[comm.rank()] = seconds_since(t_compute);
+    comm.allreduce_sum(rank_time.data(), int64_t(rank_time.size()));
     comm.allreduce_sum(model.grads(), model.n_params());
     comm.allreduce_sum(&loss_sum, 1);
 
@@ -240,6 +251,9 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
     opt.update(model.params(), model.grads(), lr);
 
     const double dt = seconds_since(t_step);
+    const double slowest = *std::max_element(rank_time.begin(), rank_time.end());
+    double mean = 0.0;
+    for (double t : rank_time) mean += t / double(rank_time.size());
     StepRecord rec{step + 1,
                    loss_sum * scale,
                    lr,
@@ -248,13 +262,16 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
                    double(cur.samples) / dt,
                    seconds_since(t_start),
                    wait,
-                   int64_t(cur.packs.size())};
+                   int64_t(cur.packs.size()),
+                   dt,
+                   mean > 0.0 ? slowest / mean : 1.0};
     result.steps.push_back(rec);
     if (rank0) {
       metrics.write({{"step", rec.step}, {"loss", rec.loss}, {"lr", rec.lr},
                      {"grad_norm", rec.grad_norm}, {"tokens_per_s", rec.tokens_per_s},
                      {"samples_per_s", rec.samples_per_s}, {"elapsed_s", rec.elapsed_s},
-                     {"loader_wait_s", rec.loader_wait_s}, {"packs", rec.packs}});
+                     {"loader_wait_s", rec.loader_wait_s}, {"packs", rec.packs},
+                     {"step_s", rec.step_s}, {"imbalance", rec.imbalance}});
       if (rec.step % cfg.log.every == 0 || rec.step == cfg.train.steps || rec.step == 1) {
         bar.clear();
         spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "

@@ -23,12 +23,16 @@ struct StepRecord {
   double elapsed_s = 0.0;
   double loader_wait_s = 0.0;
   int64_t packs = 0;
+  double step_s = 0.0;
+  double imbalance = 1.0;  // slowest rank's compute time over the mean of all ranks
 };
 
 struct TrainResult {
   std::vector<StepRecord> steps;
   double final_accuracy = -1.0;        // held-out caption token accuracy, -1 = not evaluated
   double final_blank_accuracy = -1.0;  // the same with every image blanked
+  double final_exact_match = -1.0;     // held-out answers generated exactly, -1 = not run
+  double final_blank_exact_match = -1.0;
   double final_loss = 0.0;
   int64_t last_step = 0;               // optimizer steps completed when train() returned
   std::string checkpoint;              // the last checkpoint written, "" = none

@@ -102,25 +102,30 @@ void add_eval_command(CLI::App& app) {
     const std::string manifest = data->empty() ? m.cfg.data.val : *data;
     DHP_CHECK(!manifest.empty(), "no data to evaluate: pass --data or set data.val");
     Tokenizer tok(m.cfg.data.tokenizer);
-    JsonlDataset ds(manifest, m.cfg.data.image_root, tok, m.cfg.model, m.cfg.data.max_tokens,
-                    m.cfg.data.on_error);
-    EvalOptions eo{m.cfg.train.micro_tokens, m.cfg.eval.max_samples, false, m.cfg.data.workers};
+    const std::unique_ptr<Dataset> data = open_dataset(manifest, m.cfg.data, tok, m.cfg.model);
+    const Dataset& ds = *data;
+    EvalOptions eo{m.cfg.train.micro_tokens, m.cfg.eval.max_samples, false, m.cfg.data.workers,
+                   m.cfg.eval.exact_match};
     EvalResult real = evaluate(*m.model, ds, eo, comm);
     eo.blank_images = true;
     EvalResult blank = evaluate(*m.model, ds, eo, comm);
     if (comm.rank() != 0) return;
     fmt::print("checkpoint   {}\ndata         {} ({} samples, {} caption tokens)\n", path, manifest,
                real.samples, real.targets);
-    fmt::print("{:<16} {:>10} {:>12} {:>12}\n", "images", "loss", "perplexity", "accuracy");
-    fmt::print("{:<16} {:>10.4f} {:>12.3f} {:>11.2f}%\n", "real", real.loss, real.perplexity,
-               100 * real.accuracy);
-    fmt::print("{:<16} {:>10.4f} {:>12.3f} {:>11.2f}%\n", "blanked", blank.loss, blank.perplexity,
-               100 * blank.accuracy);
+    fmt::print("{:<10} {:>10} {:>12} {:>16} {:>13}\n", "images", "loss", "perplexity",
+               "token accuracy", "exact match");
+    for (const auto& [name, r] : {std::pair{"real", real}, std::pair{"blanked", blank}}) {
+      const std::string em = r.exact_match >= 0 ? fmt::format("{:.1f}%", 100 * r.exact_match) : "-";
+      fmt::print("{:<10} {:>10.4f} {:>12.3f} {:>15.2f}% {:>13}\n", name, r.loss, r.perplexity,
+                 100 * r.accuracy, em);
+    }
     if (!out->empty()) {
       nlohmann::json j = {{"checkpoint", path}, {"data", manifest}, {"samples", real.samples},
                           {"targets", real.targets},
-                          {"real", {{"loss", real.loss}, {"perplexity", real.perplexity}, {"accuracy", real.accuracy}}},
-                          {"blanked", {{"loss", blank.loss}, {"perplexity", blank.perplexity}, {"accuracy", blank.accuracy}}}};
+                          {"real", {{"loss", real.loss}, {"perplexity", real.perplexity},
+                                    {"accuracy", real.accuracy}, {"exact_match", real.exact_match}}},
+                          {"blanked", {{"loss", blank.loss}, {"perplexity", blank.perplexity},
+                                       {"accuracy", blank.accuracy}, {"exact_match", blank.exact_match}}}};
       std::ofstream(*out) << j.dump(2) << "\n";
     }
   });

@@ -1,0 +1,123 @@
+// Data pipeline benchmarks: `dhp data build` throughput (lines/s, MB/s of input read) and
+// loader throughput (samples/s, tokens/s) from built shards and from the JSONL manifest, with
+// 1 and 2 worker threads. Run it on a synthetic set made by `dhp data synth --preset ...`
+// (see docs/data.md for the commands). Prints tables; asserts nothing.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "data/build.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "data/shard_dataset.h"
+#include "data/tokenizer.h"
+#include "kernels/check.h"
+#include "kernels/log.h"
+
+namespace {
+
+using namespace dhp;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Decodes `samples` samples in batches of `batch` through a BatchLoader with up to 4 batches
+// in flight (what the training loop keeps), as fast as the workers can go.
+void loader_row(const char* source, const Dataset& ds, int workers, int64_t samples, int64_t batch,
+                bool print = true) {
+  BatchLoader loader(ds, workers, 4);
+  const int64_t n = std::min(samples, ds.size());
+  const int64_t n_batches = (n + batch - 1) / batch;
+  auto ids = [&](int64_t b) {
+    std::vector<int64_t> out;
+    for (int64_t i = b * batch; i < std::min(n, (b + 1) * batch); ++i) out.push_back(i);
+    return out;
+  };
+  const auto t0 = Clock::now();
+  int64_t submitted = 0, tokens = 0, patches = 0;
+  for (; submitted < std::min<int64_t>(4, n_batches); ++submitted) loader.submit(ids(submitted), false);
+  for (int64_t b = 0; b < n_batches; ++b) {
+    for (const Sample& s : loader.next()) {
+      tokens += int64_t(s.tokens.size());
+      for (const auto& im : s.images) patches += im.n_patches();
+    }
+    if (submitted < n_batches) loader.submit(ids(submitted++), false);
+  }
+  const double t = seconds_since(t0);
+  if (print) fmt::print("{:<8}{:>8}{:>10}{:>12.0f}{:>14.0f}{:>14.0f}\n", source, workers, n, double(n) / t,
+             double(tokens) / t, double(patches) / t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_data: build and loader throughput of the data pipeline"};
+  std::string data, out = "/tmp/dhp_bench_data";
+  int64_t load_samples = 4000, batch = 32;
+  std::vector<int> workers = {1, 2};
+  VisionConfig v;
+  app.add_option("--data", data, "Folder written by `dhp data synth` (train.jsonl, tokenizer.model)")
+      ->required();
+  app.add_option("--out", out, "Scratch folder for the builds (removed first)")->capture_default_str();
+  app.add_option("--workers", workers, "Worker counts to measure")->capture_default_str();
+  app.add_option("--load-samples", load_samples, "Samples each loader row decodes")->capture_default_str();
+  app.add_option("--batch", batch, "Samples per loader submission")->capture_default_str();
+  app.add_option("--patch", v.patch)->capture_default_str();
+  app.add_option("--merge", v.merge)->capture_default_str();
+  app.add_option("--min-pixels", v.min_pixels)->capture_default_str();
+  app.add_option("--max-pixels", v.max_pixels)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::warn);
+  try {
+    const std::string manifest = (fs::path(data) / "train.jsonl").string();
+    const std::string tok_path = (fs::path(data) / "tokenizer.model").string();
+    fmt::print("build: {} ({} bytes of manifest)\n", manifest, fs::file_size(manifest));
+    fmt::print("{:<8}{:>10}{:>10}{:>10}{:>12}{:>10}{:>10}\n", "workers", "lines", "samples",
+               "seconds", "lines/s", "MB/s in", "shards");
+    std::string built;
+    for (int w : workers) {
+      BuildOptions o;
+      o.manifest = manifest;
+      o.tokenizer = tok_path;
+      o.out_dir = out + "/built-w" + std::to_string(w);
+      o.vision = v;
+      o.max_tokens = int64_t(1) << 20;  // measure every sample: nothing is too long here
+      o.workers = w;
+      o.shard_bytes = int64_t(32) << 20;  // several shards, as a real build has
+      o.progress = false;
+      fs::remove_all(o.out_dir);
+      const BuildSummary s = build_dataset(o);
+      fmt::print("{:<8}{:>10}{:>10}{:>10.2f}{:>12.0f}{:>10.1f}{:>10}\n", w, s.processed_lines,
+                 s.samples, s.seconds, double(s.processed_lines) / s.seconds,
+                 double(s.input_bytes) / 1e6 / s.seconds, s.shards);
+      built = o.out_dir;
+    }
+
+    Tokenizer tok(tok_path);
+    ModelConfig mc;
+    mc.vision = v;
+    ShardDataset shards(built, tok, mc, int64_t(1) << 20, "fail");
+    JsonlDataset jsonl(manifest, "", tok, mc, int64_t(1) << 20, "fail");
+    fmt::print("\nloader: batches of {}, 4 in flight, patch {} merge {} pixels {}..{}\n", batch,
+               v.patch, v.merge, v.min_pixels, v.max_pixels);
+    fmt::print("{:<8}{:>8}{:>10}{:>12}{:>14}{:>14}\n", "source", "workers", "samples",
+               "samples/s", "tokens/s", "patches/s");
+    // A first, unmeasured pass grows the heap once, so the first measured row does not pay
+    // for page faults that later rows would not.
+    loader_row("warm-up", shards, workers.back(), load_samples, batch, false);
+    for (int w : workers) loader_row("shards", shards, w, load_samples, batch);
+    for (int w : workers) loader_row("jsonl", jsonl, w, load_samples, batch);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "bench_data: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,22 @@
+// FNV-1a, 64 bit: a fixed, dependency-free checksum for detecting damaged data and changed
+// inputs (not a cryptographic hash). Any flipped, missing or extra byte changes it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace dhp {
+
+inline constexpr uint64_t kFnvSeed = 0xcbf29ce484222325ull;
+
+inline uint64_t fnv1a(const void* data, size_t n, uint64_t h = kFnvSeed) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+// Hash of a whole file's bytes; throws dhp::Error when it cannot be read.
+uint64_t hash_file(const std::string& path);
+
+}  // namespace dhp

@@ -1,0 +1,143 @@
+#include "data/layout.h"
+
+#include <algorithm>
+
+#include "data/tokenizer.h"
+#include "kernels/check.h"
+
+namespace dhp {
+
+int64_t full_length(const StoredLayout& s) {
+  int64_t L = 2;  // <bos>, <eos>
+  for (int64_t t = 0; t < s.n; ++t)
+    L += s.layout[t] >= 0 ? 1 : 2 + s.image_tokens[size_t(-s.layout[t] - 1)];
+  return L;
+}
+
+Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
+                     const std::function<PreparedImage(int64_t)>& decode, int merge,
+                     bool blank_images) {
+  const int64_t L = full_length(s);
+  DHP_CHECK(begin >= 0 && begin <= end && end <= L,
+            "token range [{}, {}) is outside the sample's {} tokens", begin, end, L);
+  // Pass 1: where each image's tokens lie, to pick the images the range needs.
+  const int64_t n_images = int64_t(s.image_tokens.size());
+  std::vector<int64_t> first_token(size_t(n_images), 0);  // position of its first image token
+  int64_t t = 1;
+  for (int64_t i = 0; i < s.n; ++i) {
+    const int32_t v = s.layout[i];
+    if (v >= 0) {
+      ++t;
+      continue;
+    }
+    const int64_t k = -v - 1;
+    first_token[size_t(k)] = t + 1;
+    t += 2 + s.image_tokens[size_t(k)];
+  }
+  int64_t k_first = n_images, k_last = -1;
+  for (int64_t k = 0; k < n_images; ++k) {
+    const int64_t a = first_token[size_t(k)], b = a + s.image_tokens[size_t(k)];
+    if (begin < end && a < end && b > begin) k_first = std::min(k_first, k), k_last = std::max(k_last, k);
+  }
+
+  Sample out;
+  out.begin = begin;
+  out.full_length = L;
+  out.first_image = k_first <= k_last ? int32_t(k_first) : 0;
+  if (k_first <= k_last) out.first_image_token = std::max<int64_t>(0, begin - first_token[size_t(k_first)]);
+  for (int64_t k = k_first; k <= k_last; ++k) {
+    PreparedImage im = decode(k);
+    const int64_t got = int64_t(im.grid_h / merge) * (im.grid_w / merge);
+    DHP_CHECK(got == s.image_tokens[size_t(k)],
+              "image {} decodes to {} tokens ({}x{} patches) but its stored size gives {}", k,
+              got, im.grid_h, im.grid_w, s.image_tokens[size_t(k)]);
+    if (blank_images) blank(im);
+    out.images.push_back(std::move(im));
+  }
+
+  // Pass 2: emit the tokens that fall in the range, and note the target after its end.
+  const size_t cap = size_t(end - begin);
+  out.tokens.reserve(cap);
+  out.loss_mask.reserve(cap);
+  out.image_of.reserve(cap);
+  t = 0;
+  auto put = [&](int32_t tok, uint8_t loss, int32_t img) {
+    if (t >= begin && t < end) {
+      out.tokens.push_back(tok);
+      out.loss_mask.push_back(loss);
+      out.image_of.push_back(img);
+    } else if (t == end) {
+      out.next_target = loss ? tok : -1;
+    }
+    ++t;
+  };
+  put(Tokenizer::kBos, 0, -1);
+  for (int64_t i = 0; i < s.n && t <= end; ++i) {
+    const int32_t v = s.layout[i];
+    if (v >= 0) {
+      put(v, s.loss[i], -1);
+      continue;
+    }
+    const int64_t k = -v - 1;
+    const int64_t n = s.image_tokens[size_t(k)];
+    put(Tokenizer::kImg, 0, -1);
+    // Image tokens are emitted in one block, clipped to the range; they never carry loss, so
+    // a range ending just before one keeps next_target = -1.
+    const int64_t a = std::max(t, begin), b = std::min(t + n, end);
+    if (a < b) {
+      const int32_t rel = int32_t(k - k_first);
+      out.tokens.insert(out.tokens.end(), size_t(b - a), Tokenizer::kPad);
+      out.loss_mask.insert(out.loss_mask.end(), size_t(b - a), 0);
+      out.image_of.insert(out.image_of.end(), size_t(b - a), rel);
+    }
+    t += n;
+    put(Tokenizer::kImgEnd, 0, -1);
+  }
+  put(Tokenizer::kEos, 1, -1);
+  DHP_ASSERT(int64_t(out.tokens.size()) == end - begin);
+  return out;
+}
+
+Sample slice_sample(const Sample& full, int64_t begin, int64_t end) {
+  const int64_t L = int64_t(full.tokens.size());
+  DHP_CHECK(full.begin == 0 && begin >= 0 && begin <= end && end <= L,
+            "slice [{}, {}) of a {}-token sample", begin, end, L);
+  Sample out;
+  out.id = full.id;
+  out.begin = begin;
+  out.full_length = L;
+  out.next_target = end < L && full.loss_mask[size_t(end)] ? full.tokens[size_t(end)] : -1;
+  int32_t k_first = -1, k_last = -1;
+  for (int64_t t = begin; t < end; ++t) {
+    const int32_t k = full.image_of[size_t(t)];
+    if (k < 0) continue;
+    if (k_first < 0) k_first = k;
+    k_last = k;
+  }
+  if (k_first >= 0) {
+    out.first_image = k_first;
+    for (int64_t t = 0; t < begin; ++t) out.first_image_token += full.image_of[size_t(t)] == k_first;
+    for (int32_t k = k_first; k <= k_last; ++k) out.images.push_back(full.images[size_t(k)]);
+  }
+  for (int64_t t = begin; t < end; ++t) {
+    out.tokens.push_back(full.tokens[size_t(t)]);
+    out.loss_mask.push_back(full.loss_mask[size_t(t)]);
+    const int32_t k = full.image_of[size_t(t)];
+    out.image_of.push_back(k < 0 ? -1 : k - k_first);
+  }
+  return out;
+}
+
+Sample placeholder_sample(int64_t id, int64_t begin, int64_t end, int64_t full_length) {
+  Sample out;
+  out.id = id;
+  out.begin = begin;
+  out.full_length = full_length;
+  out.skipped = true;
+  out.tokens.assign(size_t(end - begin), Tokenizer::kPad);
+  out.loss_mask.assign(size_t(end - begin), 0);
+  out.image_of.assign(size_t(end - begin), -1);
+  return out;
+}
+
+}  // namespace dhp

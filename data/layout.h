@@ -1,0 +1,39 @@
+// From a stored layout (text tokens with one placeholder per image) to the tokens of a
+// Sample, for the whole document or for a token range of it. Both datasets (JSONL and
+// shards) store the same layout, so they share this expansion and produce the same samples.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "data/dataset.h"
+
+namespace dhp {
+
+struct StoredLayout {
+  const int32_t* layout = nullptr;  // (n) text ids; -(k+1) stands for image k
+  const uint8_t* loss = nullptr;    // (n) 1 on answer tokens
+  int64_t n = 0;
+  std::vector<int64_t> image_tokens;  // merged tokens of each image, predicted from its size
+};
+
+// Decoder tokens of the whole document: <bos> ... <eos> with <img> n_k </img> per image.
+int64_t full_length(const StoredLayout& s);
+
+// Tokens [begin, end) of the document. `decode(k)` is called only for the images whose image
+// tokens overlap the range; a decoded grid that disagrees with the predicted token count
+// throws dhp::Error (the stored size does not describe the stored pixels).
+Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
+                     const std::function<PreparedImage(int64_t)>& decode, int merge,
+                     bool blank_images);
+
+// Tokens [begin, end) cut out of an already loaded full sample, with the same conventions
+// as expand_layout (images are the whole images whose tokens overlap the range).
+Sample slice_sample(const Sample& full, int64_t begin, int64_t end);
+
+// A sample whose data went bad: the same number of tokens (so every rank's plan and packs
+// stay valid) but <pad> everywhere, no images and no loss, so it teaches nothing.
+Sample placeholder_sample(int64_t id, int64_t begin, int64_t end, int64_t full_length);
+
+}  // namespace dhp

@@ -1,0 +1,161 @@
+#include "data/manifest.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "data/tokenizer.h"
+#include "kernels/check.h"
+
+namespace dhp {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const std::string kMarker = "<image>";
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return {};
+  const auto e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+std::vector<std::string> image_list(const json& j) {
+  const bool one = j.contains("image"), many = j.contains("images");
+  if (one && many) throw LineError{"bad format", "has both \"image\" and \"images\""};
+  std::vector<std::string> out;
+  if (one) {
+    if (!j["image"].is_string()) throw LineError{"bad format", "\"image\" is not a string"};
+    out.push_back(j["image"].get<std::string>());
+  } else if (many) {
+    if (!j["images"].is_array()) throw LineError{"bad format", "\"images\" is not an array"};
+    for (const auto& x : j["images"]) {
+      if (!x.is_string()) throw LineError{"bad format", "\"images\" holds a non-string"};
+      out.push_back(x.get<std::string>());
+    }
+  }
+  for (const auto& p : out)
+    if (p.empty()) throw LineError{"bad format", "empty image path"};
+  return out;
+}
+
+}  // namespace
+
+bool valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    int n = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 1, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + size_t(n) >= s.size()) return false;  // the sequence is cut short
+    for (int k = 1; k <= n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + size_t(k)]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    // Overlong forms, UTF-16 surrogates and code points past U+10FFFF are not UTF-8.
+    static constexpr uint32_t kMin[4] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return false;
+    i += size_t(n) + 1;
+  }
+  return true;
+}
+
+std::string format_counts(const std::map<std::string, int64_t>& counts) {
+  std::string out;
+  for (const auto& [k, n] : counts) out += fmt::format("{}{}: {}", out.empty() ? "" : ", ", k, n);
+  return out;
+}
+
+ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer& tok,
+                      const LineRules& rules) {
+  // Checked first: nlohmann rejects bad UTF-8 as a parse error, which would hide the cause.
+  if (!valid_utf8(line)) throw LineError{"bad utf-8", "the line is not valid UTF-8"};
+  const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw LineError{"invalid json", "the line is not valid JSON"};
+  if (!j.is_object()) throw LineError{"bad format", "the line is not a JSON object"};
+  ParsedLine out;
+  if (j.contains("id") && j["id"].is_string())
+    out.name = j["id"].get<std::string>();
+  else if (j.contains("id") && j["id"].is_number())
+    out.name = j["id"].dump();
+  else
+    out.name = "line " + std::to_string(line_no);
+
+  for (const auto& rel : image_list(j)) {
+    const fs::path p = fs::path(rel).is_absolute() ? fs::path(rel) : rules.image_root / rel;
+    if (!fs::exists(p)) throw LineError{"missing image", p.string()};
+    ImageSize s;
+    try {
+      s = read_image_size(p.string());
+    } catch (const Error& err) {
+      throw LineError{"unreadable image", err.what()};
+    }
+    if (rules.max_image_pixels > 0 && int64_t(s.h) * s.w > rules.max_image_pixels)
+      throw LineError{"image too large",
+                      fmt::format("{}: {}x{} pixels > data.max_image_pixels = {}", p.string(),
+                                  s.h, s.w, rules.max_image_pixels)};
+    out.paths.push_back(p.string());
+    out.sizes.push_back(s);
+  }
+
+  if (!j.contains("conversations") || !j["conversations"].is_array() ||
+      j["conversations"].empty())
+    throw LineError{"bad format", "no \"conversations\" array"};
+  int64_t markers = 0, answer_tokens = 0;
+  for (const auto& turn : j["conversations"]) {
+    if (!turn.is_object() || !turn.contains("from") || !turn["from"].is_string() ||
+        !turn.contains("value") || !turn["value"].is_string())
+      throw LineError{"bad format", "a turn lacks a string \"from\" or \"value\""};
+    const std::string from = turn["from"].get<std::string>();
+    const bool answer = from == "gpt" || from == "assistant";
+    if (!answer && from != "human" && from != "user" && from != "system")
+      throw LineError{"bad format", "unknown speaker \"" + from + "\""};
+    const std::string value = turn["value"].get<std::string>();
+    size_t at = 0;
+    for (;;) {
+      const size_t next = value.find(kMarker, at);
+      const std::string text =
+          trim(value.substr(at, next == std::string::npos ? std::string::npos : next - at));
+      if (!text.empty()) {
+        const auto ids = tok.encode(text);
+        out.layout.insert(out.layout.end(), ids.begin(), ids.end());
+        out.loss.insert(out.loss.end(), ids.size(), uint8_t(answer));
+        if (answer) answer_tokens += int64_t(ids.size());
+      }
+      if (next == std::string::npos) break;
+      if (answer) throw LineError{"bad format", "an <image> marker in an answer"};
+      out.layout.push_back(-int32_t(++markers));
+      out.loss.push_back(0);
+      at = next + kMarker.size();
+    }
+  }
+  if (markers != int64_t(out.paths.size()))
+    throw LineError{"image count mismatch", fmt::format("{} <image> markers for {} images",
+                                                        markers, out.paths.size())};
+  if (answer_tokens == 0) throw LineError{"empty text", "no answer text to learn from"};
+
+  out.text_tokens = 2 + int64_t(out.layout.size()) - markers + 2 * markers;  // <bos> <eos> <img> </img>
+  for (const auto& s : out.sizes) out.vision_tokens += image_tokens(s.h, s.w, rules.vision);
+  out.loss_tokens = answer_tokens + 1;
+  if (out.length() > rules.max_tokens)
+    throw LineError{"too long", fmt::format("{} tokens > data.max_tokens = {}", out.length(),
+                                            rules.max_tokens)};
+  return out;
+}
+
+}  // namespace dhp

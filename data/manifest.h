@@ -1,0 +1,64 @@
+// One line of a LLaVA-style JSONL manifest, checked and tokenized. Shared by JsonlDataset
+// (the small-data path) and `dhp data build`, so both accept and reject exactly the same
+// lines and lay out exactly the same tokens.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "data/image.h"
+#include "model/config.h"
+
+namespace dhp {
+
+class Tokenizer;
+
+// A sample that cannot be used. `reason` is the counting key of the build report and of
+// Dataset::skipped(); `detail` says what exactly is wrong. Reasons, all stable strings:
+//   "invalid json", "bad utf-8", "bad format", "missing image", "unreadable image",
+//   "corrupt image", "image too large", "empty text", "image count mismatch", "too long".
+struct LineError {
+  std::string reason, detail;
+};
+
+// What decides whether a line is usable and how long it is.
+struct LineRules {
+  std::filesystem::path image_root;  // relative image paths are resolved against it
+  VisionConfig vision;               // the resize rule that gives vision tokens
+  int64_t max_tokens = 4096;         // longer samples are "too long"
+  int64_t max_image_pixels = 0;      // H*W above it is "image too large"; 0 = no limit
+};
+
+struct ParsedLine {
+  std::string name;                 // the "id" field, or "line N"
+  // Text tokens with each image as one placeholder -(k+1), standing for
+  // <img> [tokens of image k] </img>; <bos>/<eos> are not stored.
+  std::vector<int32_t> layout;
+  std::vector<uint8_t> loss;        // (layout) 1 on answer tokens
+  std::vector<std::string> paths;   // resolved image paths
+  std::vector<ImageSize> sizes;     // header sizes
+  int64_t vision_tokens = 0;        // image tokens of all images
+  int64_t text_tokens = 0;          // every other decoder token: <bos>, <eos>, <img>, </img>
+  int64_t loss_tokens = 0;          // answer tokens and the final <eos>
+  int64_t length() const { return vision_tokens + text_tokens; }
+};
+
+// Parses, validates (UTF-8, JSON shape, image headers and pixel limit, markers, token
+// budget) and tokenizes one line. Throws LineError. Reads image headers, never pixels.
+ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer& tok,
+                      const LineRules& rules);
+
+bool valid_utf8(std::string_view s);
+
+// Default cap on H*W: 2^26 pixels (8192 x 8192), far above any resized image but low
+// enough that a malicious or broken header cannot make a decoder allocate gigabytes.
+inline constexpr int64_t kDefaultMaxImagePixels = int64_t(1) << 26;
+
+// "a: 1, b: 2" for log lines and reports.
+std::string format_counts(const std::map<std::string, int64_t>& counts);
+
+}  // namespace dhp

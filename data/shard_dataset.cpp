@@ -1,0 +1,205 @@
+#include "data/shard_dataset.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bit>
+#include <filesystem>
+
+#include <opencv2/core.hpp>
+
+#include "data/config.h"
+#include "data/hash.h"
+#include "data/image.h"
+#include "data/layout.h"
+#include "data/tokenizer.h"
+#include "kernels/check.h"
+#include "kernels/log.h"
+
+namespace dhp {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Shards store little-endian integers and are read back as raw bytes.
+static_assert(std::endian::native == std::endian::little,
+              "ShardDataset reads little-endian shard data in place");
+
+// One open shard file for the duration of a load.
+class ShardFile {
+ public:
+  ShardFile(const std::string& path, int64_t expected_size) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    DHP_CHECK(fd_ >= 0, "shard '{}' is missing or unreadable", path);
+    struct stat st {};
+    DHP_CHECK(::fstat(fd_, &st) == 0 && int64_t(st.st_size) == expected_size,
+              "shard '{}' has {} bytes, the index expects {} (truncated or replaced)", path,
+              int64_t(st.st_size), expected_size);
+  }
+  ~ShardFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  ShardFile(const ShardFile&) = delete;
+  ShardFile& operator=(const ShardFile&) = delete;
+  void read(void* out, int64_t bytes, int64_t offset) const {
+    auto* p = static_cast<char*>(out);
+    while (bytes > 0) {
+      const ssize_t n = ::pread(fd_, p, size_t(bytes), off_t(offset));
+      DHP_CHECK(n > 0, "shard '{}': cannot read {} bytes at offset {}", path_, bytes, offset);
+      p += n, bytes -= n, offset += n;
+    }
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
+
+}  // namespace
+
+ShardDataset::ShardDataset(const std::string& dir, const Tokenizer& tok, const ModelConfig& model,
+                           int64_t max_tokens, const std::string& on_error,
+                           int64_t max_image_pixels)
+    : dir_(dir), x_(read_index(dir)), model_(model), skip_(on_error == "skip") {
+  DHP_CHECK(on_error == "skip" || on_error == "fail",
+            "data.on_error must be \"skip\" or \"fail\", not \"{}\"", on_error);
+  DHP_CHECK(hex(hash_file(tok.path())) == x_.tokenizer_hash,
+            "'{}' was built with another tokenizer than '{}': the stored token ids would mean "
+            "other words; rebuild it or set data.tokenizer to the model it was built with",
+            dir, tok.path());
+  const bool same_rule = x_.vision.patch == model.vision.patch &&
+                         x_.vision.merge == model.vision.merge &&
+                         x_.vision.min_pixels == model.vision.min_pixels &&
+                         x_.vision.max_pixels == model.vision.max_pixels;
+  const int64_t n_images = int64_t(x_.images.size()) / kImageCols;
+  image_tokens_.resize(size_t(n_images));
+  for (int64_t k = 0; k < n_images; ++k)
+    image_tokens_[size_t(k)] = image_tokens(int(x_.image(k, kHeight)), int(x_.image(k, kWidth)),
+                                            model.vision);
+  for (const auto& r : x_.skipped) ++skipped_[r.reason];
+  int64_t filtered = 0;
+  for (int64_t row = 0; row < x_.size(); ++row) {
+    int64_t vision = 0;
+    bool too_large = false;
+    for (int64_t k = x_.at(row, kImageBegin); k < x_.at(row, kImageEnd); ++k) {
+      DHP_CHECK(k >= 0 && k < n_images, "'{}': damaged index (image row {})", dir, k);
+      vision += image_tokens_[size_t(k)];
+      too_large |= max_image_pixels > 0 &&
+                   x_.image(k, kHeight) * x_.image(k, kWidth) > max_image_pixels;
+    }
+    DHP_CHECK(!same_rule || vision == x_.at(row, kVision),
+              "'{}': damaged index (sample {} records {} vision tokens, its images give {})", dir,
+              row, x_.at(row, kVision), vision);
+    const int64_t length = vision + x_.at(row, kText);
+    const char* reason = too_large ? "image too large" : length > max_tokens ? "too long" : nullptr;
+    if (reason) {
+      DHP_CHECK(skip_, "'{}': sample '{}' (manifest line {}): {} for this run (set "
+                "data.on_error = \"skip\" to leave such samples out)",
+                dir, x_.name(row), x_.at(row, kLine), reason);
+      ++skipped_[reason];
+      ++filtered;
+      continue;
+    }
+    rows_.push_back(row);
+    vision_.push_back(vision);
+    names_.push_back(x_.name(row));
+  }
+  if (filtered > 0)
+    spdlog::warn("{}: left out {} of {} built samples over this run's limits", dir, filtered,
+                 x_.size());
+  if (!same_rule)
+    spdlog::info("{}: vision tokens recomputed for this model's resize rule", dir);
+  DHP_CHECK(size() > 0, "'{}' holds no usable sample", dir);
+}
+
+int64_t ShardDataset::length(int64_t i) const {
+  DHP_ASSERT(i >= 0 && i < size());
+  return vision_[size_t(i)] + x_.at(rows_[size_t(i)], kText);
+}
+
+int64_t ShardDataset::vision_tokens(int64_t i) const {
+  DHP_ASSERT(i >= 0 && i < size());
+  return vision_[size_t(i)];
+}
+
+int64_t ShardDataset::loss_tokens(int64_t i) const {
+  DHP_ASSERT(i >= 0 && i < size());
+  return x_.at(rows_[size_t(i)], kLoss);
+}
+
+const std::string& ShardDataset::name(int64_t i) const {
+  DHP_ASSERT(i >= 0 && i < size());
+  return names_[size_t(i)];
+}
+
+Sample ShardDataset::load_range(int64_t i, int64_t begin, int64_t end, bool blank_images) const {
+  DHP_ASSERT(i >= 0 && i < size());
+  const int64_t L = length(i);
+  DHP_CHECK(begin >= 0 && begin <= end && end <= L,
+            "token range [{}, {}) is outside sample {}'s {} tokens", begin, end, i, L);
+  return guarded_load(i, begin, end, skip_, [&] {
+    const int64_t row = rows_[size_t(i)];
+    const int64_t shard = x_.shard[size_t(row)];
+    const int64_t* ext = &x_.extents[size_t(shard * kExtentCols)];
+    const std::string path = (fs::path(dir_) / shard_file_name(shard)).string();
+    const ShardFile f(path, ext[kFileSize]);
+
+    const int64_t lb = x_.at(row, kLayoutBegin), n = x_.at(row, kLayoutEnd) - lb;
+    std::vector<int32_t> layout(static_cast<size_t>(n));
+    std::vector<uint8_t> loss(static_cast<size_t>(n));
+    if (n > 0) {
+      f.read(layout.data(), n * 4, ext[kLayoutOffset] + lb * 4);
+      f.read(loss.data(), n, ext[kLossOffset] + lb);
+    }
+    uint64_t sum = fnv1a(layout.data(), layout.size() * sizeof(int32_t));
+    sum = fnv1a(loss.data(), loss.size(), sum);
+    DHP_CHECK(int64_t(sum) == x_.at(row, kTextChecksum),
+              "shard '{}': the text of manifest line {} fails its checksum (damaged shard)", path,
+              x_.at(row, kLine));
+
+    const int64_t ib = x_.at(row, kImageBegin), n_img = x_.at(row, kImageEnd) - ib;
+    StoredLayout s;
+    s.layout = layout.data();
+    s.loss = loss.data();
+    s.n = n;
+    s.image_tokens.assign(image_tokens_.begin() + ib, image_tokens_.begin() + ib + n_img);
+    const int64_t L_stored = full_length(s);
+    DHP_CHECK(L_stored == L, "shard '{}': manifest line {} lays out {} tokens, the index says {}",
+              path, x_.at(row, kLine), L_stored, L);
+    auto decode = [&](int64_t k) {
+      const int64_t g = ib + k;
+      const int64_t a = x_.image(g, kByteBegin), b = x_.image(g, kByteEnd);
+      const std::string what = fmt::format("{} (line {}, image {})", path, x_.at(row, kLine), k);
+      DHP_CHECK(a >= 0 && b >= a && ext[kBytesOffset] + b <= ext[kFileSize],
+                "image '{}': damaged index (bytes {}..{})", what, a, b);
+      std::vector<uint8_t> bytes(size_t(b - a));
+      f.read(bytes.data(), b - a, ext[kBytesOffset] + a);
+      DHP_CHECK(int64_t(fnv1a(bytes.data(), bytes.size())) == x_.image(g, kChecksum),
+                "image '{}' fails its checksum (damaged shard)", what);
+      const cv::Mat bgr = decode_image(bytes.data(), bytes.size(), what);
+      return prepare_checked(bgr, {int(x_.image(g, kHeight)), int(x_.image(g, kWidth))}, what,
+                             model_.vision);
+    };
+    return expand_layout(s, begin, end, decode, model_.vision.merge, blank_images);
+  });
+}
+
+std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataConfig& d,
+                                      const Tokenizer& tokenizer, const ModelConfig& model) {
+  if (fs::is_directory(path)) {
+    DHP_CHECK(fs::exists(fs::path(path) / kIndexFile),
+              "'{}' is a folder without {}: pass a JSONL manifest, or a folder built by `dhp "
+              "data build` (rerunning an interrupted build finishes it)",
+              path, kIndexFile);
+    return std::make_unique<ShardDataset>(path, tokenizer, model, d.max_tokens, d.on_error,
+                                          d.max_image_pixels);
+  }
+  return std::make_unique<JsonlDataset>(path, d.image_root, tokenizer, model, d.max_tokens,
+                                        d.on_error, d.max_image_pixels);
+}
+
+}  // namespace dhp

@@ -1,0 +1,145 @@
+// `dhp data synth --preset NAME`: image data sets whose length distribution follows a preset
+// of presets.h. Each sample's image sizes, image count and text lengths come from
+// preset_sample(); the pixels and words come from the demo's shapes scenes, so a model can
+// still learn from them, and the files exercise the whole pipeline (PNG and JPEG, many images
+// per sample, long texts) at realistic proportions.
+#include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "data/presets.h"
+#include "data/synth.h"
+#include "data/synth_scene.h"
+#include "data/tokenizer.h"
+#include "kernels/check.h"
+#include "kernels/log.h"
+
+namespace dhp {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kMinSide = 32;               // make_scene_of_size needs room for one shape
+constexpr double kJpegShare = 0.3;         // of single images; frames are always JPEG
+constexpr int kFrameShift = 3;             // pixels the scene moves per frame
+constexpr size_t kTokenizerPieces = 20000; // sentences the tokenizer trains on, at most
+
+// Sentences about random scenes until `words` words are reached (the BPE model of this tiny
+// grammar maps most words to one token, so words approximate tokens).
+std::string filler(Rng& rng, int64_t words, std::vector<std::string>* pieces) {
+  std::string out;
+  int64_t n = 0;
+  while (n < words) {
+    Rng scene_rng(rng.next());
+    std::string sentence = caption(make_scene_of_size(scene_rng, 144, 144));
+    n += std::count(sentence.begin(), sentence.end(), ' ') + 1;
+    if (pieces && pieces->size() < kTokenizerPieces) pieces->push_back(sentence);
+    out += (out.empty() ? "" : " ") + sentence;
+  }
+  return out;
+}
+
+int scaled(int side, double scale) {
+  return std::max(kMinSide, int(std::lround(side * scale)));
+}
+
+std::vector<std::string> write_preset_split(const SynthOptions& opt, const PresetParams& p,
+                                            const std::string& split, int64_t n, uint64_t key) {
+  const fs::path dir(opt.out_dir);
+  const std::string manifest = (dir / (split + ".jsonl")).string();
+  std::ofstream out(manifest, std::ios::binary | std::ios::trunc);
+  DHP_CHECK(out.good(), "cannot write '{}'", manifest);
+  std::vector<std::string> pieces;
+  const std::vector<int> png = {cv::IMWRITE_PNG_COMPRESSION, 3};
+  const std::vector<int> jpg = {cv::IMWRITE_JPEG_QUALITY, 90};
+  for (int64_t i = 0; i < n; ++i) {
+    // Train and val draw disjoint preset ids, so they are different samples.
+    const int64_t pid = int64_t(key << 40) + i;
+    const SyntheticSample ss = preset_sample(p, pid, opt.seed, opt.factor);
+    Rng rng(mix_seed(opt.seed, uint64_t(pid)));
+    const std::string id = fmt::format("{}-{:06d}", split, i);
+    const size_t n_img = ss.images.size();
+    // Equal frames of a preset's video kind; multi-image samples draw every size anew.
+    const bool video = n_img >= 2 && std::all_of(ss.images.begin(), ss.images.end(), [&](auto& im) {
+      return im.height == ss.images[0].height && im.width == ss.images[0].width;
+    });
+    std::vector<std::string> rels;
+    std::string first_caption;
+    cv::Mat base;
+    for (size_t k = 0; k < n_img; ++k) {
+      const int h = scaled(ss.images[k].height, opt.scale), w = scaled(ss.images[k].width, opt.scale);
+      cv::Mat img;
+      if (video && k > 0) {
+        const cv::Mat shift = (cv::Mat_<double>(2, 3) << 1, 0, double(int(k) * kFrameShift % w), 0, 1, 0);
+        cv::warpAffine(base, img, shift, base.size(), cv::INTER_NEAREST, cv::BORDER_WRAP);
+      } else {
+        const Scene scene = make_scene_of_size(rng, h, w);
+        if (k == 0) first_caption = caption(scene);
+        // No noise: it would make big PNGs that say nothing more about the pipeline.
+        img = render(scene, rng, false);
+        base = img;
+      }
+      const bool as_jpeg = video || rng.uniform() < kJpegShare;
+      const std::string rel = fmt::format("images/{}-{}{}", id, k, as_jpeg ? ".jpg" : ".png");
+      const std::string path = (dir / rel).string();
+      DHP_CHECK(cv::imwrite(path, img, as_jpeg ? jpg : png), "cannot write image '{}'", path);
+      rels.push_back(rel);
+    }
+    const int64_t answer_words = std::max<int64_t>(1, ss.loss_tokens - 1);
+    const int64_t prompt_words = std::max<int64_t>(
+        0, ss.text_tokens - 2 - 2 * int64_t(n_img) - answer_words);
+    std::string human;
+    for (size_t k = 0; k < n_img; ++k) human += "<image>";
+    const std::string ask = n_img == 0 ? "Continue the story."
+                            : video    ? "Describe the video."
+                                       : kPrompts[rng.below(kPrompts.size())];
+    human += (human.empty() ? "" : "\n") + ask;
+    if (prompt_words > 4) human += " " + filler(rng, prompt_words - 4, &pieces);
+    std::string answer = first_caption;
+    const int64_t have = answer.empty() ? 0 : std::count(answer.begin(), answer.end(), ' ') + 1;
+    if (have < answer_words) answer += (answer.empty() ? "" : " ") + filler(rng, answer_words - have, &pieces);
+    if (pieces.size() < kTokenizerPieces) pieces.push_back(ask), pieces.push_back(first_caption);
+
+    nlohmann::ordered_json j;
+    j["id"] = id;
+    if (n_img == 1) j["image"] = rels[0];
+    if (n_img > 1) j["images"] = rels;
+    j["conversations"] = {{{"from", "human"}, {"value", human}},
+                          {{"from", "gpt"}, {"value", answer}}};
+    out << j.dump() << '\n';
+  }
+  DHP_CHECK(out.good(), "cannot write '{}'", manifest);
+  return pieces;
+}
+
+}  // namespace
+
+void synthesize_preset(const SynthOptions& opt) {
+  DHP_CHECK(opt.train > 0 && opt.val >= 0, "synth: need train > 0 and val >= 0 samples");
+  DHP_CHECK(opt.scale > 0 && opt.scale <= 4, "synth: --scale must be in (0, 4], got {}", opt.scale);
+  DHP_CHECK(opt.factor >= 1, "synth: --factor must be >= 1");
+  PresetParams p;
+  try {
+    p = preset_params(opt.preset);
+  } catch (const std::invalid_argument& e) {
+    throw Error(e.what());
+  }
+  std::error_code ec;
+  fs::create_directories(fs::path(opt.out_dir) / "images", ec);
+  DHP_CHECK(!ec, "cannot create '{}': {}", opt.out_dir, ec.message());
+  std::vector<std::string> texts = write_preset_split(opt, p, "train", opt.train, 1);
+  write_preset_split(opt, p, "val", opt.val, 2);
+  texts.push_back(grammar_words());
+  texts.push_back("Continue the story. Describe the video.");
+  train_tokenizer(texts, opt.vocab_size, (fs::path(opt.out_dir) / "tokenizer.model").string());
+  spdlog::info("synth: wrote {} train and {} val samples of preset '{}' to {}", opt.train,
+               opt.val, opt.preset, opt.out_dir);
+}
+
+}  // namespace dhp

@@ -1,0 +1,109 @@
+#!/usr/bin/python3
+"""Charts from the metrics JSONL files that `dhp train` writes (log.metrics).
+
+    scripts/plot_metrics.py runs/a/metrics.jsonl [runs/b/metrics.jsonl ...] -o charts/
+
+Writes loss.png (training loss and held-out loss per step, with images and blanked),
+throughput.png (tokens/s and samples/s) and imbalance.png (the slowest rank's compute time over
+the mean rank's, and the share of each step spent waiting on data). One line per run, labelled
+by the run's folder.
+"""
+import argparse
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read_run(path):
+    steps, evals = [], []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"{path}:{n}: not JSON ({e})")
+            (evals if "eval" in rec else steps).append(rec)
+    return steps, evals
+
+
+def smooth(values, window):
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= window:
+            acc -= values[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("metrics", nargs="+", help="metrics.jsonl files")
+    ap.add_argument("-o", "--out", default="charts", help="output folder")
+    ap.add_argument("--smooth", type=int, default=10, help="moving-average window in steps")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    runs = []
+    for p in args.metrics:
+        steps, evals = read_run(p)
+        if not steps:
+            raise SystemExit(f"{p}: no step records")
+        runs.append((os.path.basename(os.path.dirname(os.path.abspath(p))) or p, steps, evals))
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, steps, evals in runs:
+        x = [s["step"] for s in steps]
+        ax.plot(x, smooth([s["loss"] for s in steps], args.smooth), label=f"{name} train")
+        if evals:
+            ax.plot([e["step"] for e in evals], [e["loss"] for e in evals], "o--", label=f"{name} held-out")
+            if any("blank_loss" in e for e in evals):
+                ax.plot([e["step"] for e in evals if "blank_loss" in e],
+                        [e["blank_loss"] for e in evals if "blank_loss" in e], "x:",
+                        label=f"{name} held-out, images blanked")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "loss.png"), dpi=120)
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, steps, _ in runs:
+        x = [s["step"] for s in steps]
+        axes[0].plot(x, smooth([s["tokens_per_s"] for s in steps], args.smooth), label=name)
+        axes[1].plot(x, smooth([s["samples_per_s"] for s in steps], args.smooth), label=name)
+    axes[0].set_ylabel("tokens / s")
+    axes[1].set_ylabel("samples / s")
+    for a in axes:
+        a.set_xlabel("step")
+        a.grid(alpha=0.3)
+        a.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "throughput.png"), dpi=120)
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, steps, _ in runs:
+        x = [s["step"] for s in steps]
+        ax.plot(x, smooth([s.get("imbalance", 1.0) for s in steps], args.smooth),
+                label=f"{name} slowest rank / mean rank")
+        ax.plot(x, smooth([1.0 + s.get("loader_wait_s", 0.0) / max(s.get("step_s", 1e-12), 1e-12)
+                           for s in steps], args.smooth), "--", label=f"{name} 1 + data-wait fraction")
+    ax.set_xlabel("step")
+    ax.set_ylabel("ratio")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "imbalance.png"), dpi=120)
+    print(f"wrote loss.png, throughput.png, imbalance.png to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+// `dhp generate`: continue a prompt (with one or more images) from a checkpoint, greedily or
+// by temperature / top-p sampling, with the model's KV cache.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "data/image.h"
+#include "data/layout.h"
+#include "data/pack.h"
+#include "data/tokenizer.h"
+#include "kernels/check.h"
+#include "kernels/log.h"
+#include "trainer/checkpoint.h"
+#include "trainer/cli.h"
+
+namespace dhp {
+namespace {
+
+const std::string kMarker = "<image>";
+
+struct GenerateOptions {
+  std::string checkpoint = "auto";
+  std::string dir = "runs/demo/checkpoints";
+  std::vector<std::string> images;
+  std::string prompt = "Describe the image.";
+  int max_tokens = 64;
+  double temperature = 0.0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+};
+
+// The prompt in the training layout: <bos>, text pieces, an <img> ... </img> block wherever
+// the text says <image> (or all images first when it never does, as LLaVA prompts read).
+Batch build_prompt(const GenerateOptions& o, const Tokenizer& tok, const VisionConfig& v) {
+  std::string text = o.prompt;
+  size_t markers = 0;
+  for (size_t at = text.find(kMarker); at != std::string::npos; at = text.find(kMarker, at + 1))
+    ++markers;
+  if (markers == 0) {
+    std::string prefix;
+    for (size_t i = 0; i < o.images.size(); ++i) prefix += kMarker + "\n";
+    text = prefix + text;
+    markers = o.images.size();
+  }
+  DHP_CHECK(markers == o.images.size(), "the prompt has {} <image> markers for {} --image files",
+            markers, o.images.size());
+  std::vector<int32_t> layout;
+  std::vector<PreparedImage> images;
+  StoredLayout s;
+  size_t at = 0, k = 0;
+  for (;;) {
+    const size_t next = text.find(kMarker, at);
+    const std::string piece = text.substr(at, next == std::string::npos ? next : next - at);
+    if (piece.find_first_not_of(" \t\r\n") != std::string::npos) {
+      const size_t b = piece.find_first_not_of(" \t\r\n"), e = piece.find_last_not_of(" \t\r\n");
+      for (int32_t id : tok.encode(piece.substr(b, e - b + 1))) layout.push_back(id);
+    }
+    if (next == std::string::npos) break;
+    images.push_back(load_image(o.images[k], v));
+    s.image_tokens.push_back(int64_t(images.back().grid_h / v.merge) * (images.back().grid_w / v.merge));
+    layout.push_back(-int32_t(++k));
+    at = next + kMarker.size();
+  }
+  std::vector<uint8_t> loss(layout.size(), 0);
+  s.layout = layout.data();
+  s.loss = loss.data();
+  s.n = int64_t(layout.size());
+  // Everything but the closing <eos>: the model writes the rest.
+  Sample prompt = expand_layout(s, 0, full_length(s) - 1,
+                                [&](int64_t i) { return images[size_t(i)]; }, v.merge, false);
+  return pack({&prompt}, v);
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto* sub = app.add_subcommand("generate", "Generate text for images and a prompt from a checkpoint");
+  auto o = std::make_shared<GenerateOptions>();
+  sub->add_option("--checkpoint", o->checkpoint, "Checkpoint file, directory, or 'auto'")->capture_default_str();
+  sub->add_option("--dir", o->dir, "Where 'auto' looks")->capture_default_str();
+  sub->add_option("--image", o->images, "Image file (repeat for several)");
+  sub->add_option("--prompt", o->prompt, "Prompt text; <image> marks where each image goes")
+      ->capture_default_str();
+  sub->add_option("--max-tokens", o->max_tokens, "Most tokens to generate")->capture_default_str();
+  sub->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
+  sub->add_option("--top-p", o->top_p, "Nucleus sampling mass (with temperature > 0)")
+      ->check(CLI::Range(1e-9, 1.0))
+      ->capture_default_str();
+  sub->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
+  sub->callback([o] {
+    set_up_logging(0, 1, "warn");
+    const std::string path = resolve_checkpoint(o->checkpoint, o->dir);
+    Config cfg = checkpoint_config(path);
+    auto ops = make_cpu_ops(compute_threads(cfg));
+    Model model(cfg.model, *ops);
+    load_checkpoint(path, model, nullptr);
+    Tokenizer tok(cfg.data.tokenizer);
+    Batch prompt = build_prompt(*o, tok, cfg.model.vision);
+    SamplingOptions so;
+    so.max_new_tokens = o->max_tokens;
+    so.temperature = o->temperature;
+    so.top_p = o->top_p;
+    so.seed = o->seed;
+    fmt::print("{}\n", tok.decode(model.generate(prompt, Tokenizer::kEos, so)));
+  });
+}
+
+}  // namespace dhp
