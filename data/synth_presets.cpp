@@ -40,7 +40,8 @@ std::string filler(Rng& rng, int64_t words, std::vector<std::string>* pieces) {
     std::string sentence = caption(make_scene_of_size(scene_rng, 144, 144));
     n += std::count(sentence.begin(), sentence.end(), ' ') + 1;
     if (pieces && pieces->size() < kTokenizerPieces) pieces->push_back(sentence);
-    out += (out.empty() ? "" : " ") + sentence;
+    if (!out.empty()) out += ' ';
+    out += sentence;
   }
   return out;
 }
@@ -99,11 +100,15 @@ std::vector<std::string> write_preset_split(const SynthOptions& opt, const Prese
     const std::string ask = n_img == 0 ? "Continue the story."
                             : video    ? "Describe the video."
                                        : kPrompts[rng.below(kPrompts.size())];
-    human += (human.empty() ? "" : "\n") + ask;
+    if (!human.empty()) human += '\n';
+    human += ask;
     if (prompt_words > 4) human += " " + filler(rng, prompt_words - 4, &pieces);
     std::string answer = first_caption;
     const int64_t have = answer.empty() ? 0 : std::count(answer.begin(), answer.end(), ' ') + 1;
-    if (have < answer_words) answer += (answer.empty() ? "" : " ") + filler(rng, answer_words - have, &pieces);
+    if (have < answer_words) {
+      if (!answer.empty()) answer += ' ';
+      answer += filler(rng, answer_words - have, &pieces);
+    }
     if (pieces.size() < kTokenizerPieces) pieces.push_back(ask), pieces.push_back(first_caption);
 
     nlohmann::ordered_json j;

@@ -9,4 +9,6 @@ scripts/setup.sh build
 if [ ! -f data/demo/tokenizer.model ]; then
   ./build/dhp data synth --out data/demo
 fi
+# Each demo run starts afresh: its checkpoints and metrics go to runs/demo/.
+rm -rf runs/demo
 ./build/dhp train --config configs/demo.toml "$@"

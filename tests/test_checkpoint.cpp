@@ -85,9 +85,12 @@ TEST(Checkpoint, ResumeRefusesAChangedModelShapeNamingTheKey) {
   o.resume = "auto";
   std::string msg = error_of([&] { train(small_config(4, dir, {"--model.ffn=96"}), comm, o); });
   EXPECT_NE(msg.find("model.ffn"), std::string::npos) << msg;
-  // A longer schedule is fine.
-  TrainResult r = train(small_config(4, dir, {"--optim.lr=1e-3"}), comm, o);
+  // A different learning rate and a longer schedule are fine, and so is another batch size:
+  // the sample stream continues where it stopped.
+  TrainResult r = train(small_config(4, dir, {"--optim.lr=1e-3", "--train.batch_size=8"}), comm, o);
   EXPECT_EQ(r.steps.size(), 2u);
+  msg = error_of([&] { train(small_config(6, dir, {"--train.seed=12"}), comm, o); });
+  EXPECT_NE(msg.find("train.seed"), std::string::npos) << msg;
 }
 
 // Saves checkpoints in a loop in a child process and kills it with SIGKILL at random moments;
@@ -275,6 +278,36 @@ TEST(Checkpoint, SigtermSavesBeforeExiting) {
   TrainState st = load_checkpoint(all.back(), m, nullptr);
   EXPECT_GE(st.step, 3);
   EXPECT_LT(st.step, 100000);
+}
+
+}  // namespace
+}  // namespace dhp
+
+namespace dhp {
+namespace {
+
+TEST(Checkpoint, FreshRunRefusesAFolderHoldingAnotherRun) {
+  Comm comm(nullptr, nullptr);
+  const auto dir = testing::run_dir("occupied");
+  train(testing::small_config(1, dir), comm);
+  std::string msg = error_of([&] { train(testing::small_config(1, dir), comm); });
+  EXPECT_NE(msg.find("--resume auto"), std::string::npos) << msg;
+}
+
+TEST(Weights, TrainInitStartsFromExportedWeights) {
+  Comm comm(nullptr, nullptr);
+  const auto a = testing::run_dir("init_src"), b = testing::run_dir("init_dst");
+  TrainResult src = train(testing::small_config(3, a), comm);
+  Config cfg = checkpoint_config(src.checkpoint);
+  auto ops = make_cpu_ops(1);
+  Model m(cfg.model, *ops);
+  load_checkpoint(src.checkpoint, m, nullptr);
+  export_safetensors(m, cfg, (a / "w.safetensors").string(), (a / "config.json").string());
+  // Zero steps: the run saves the weights it started from, which must be the export's.
+  TrainOptions o;
+  o.init = (a / "w.safetensors").string();
+  TrainResult dst = train(testing::small_config(0, b), comm, o);
+  EXPECT_EQ(weights_of(dst.checkpoint), weights_of(src.checkpoint));
 }
 
 }  // namespace

@@ -161,6 +161,8 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
     write_attr_i64(state, "step", st.step);
     write_attr_u64(state, "seed", st.seed);
     write_attr_i64(state, "batch_size", st.batch_size);
+    write_attr_i64(state, "sampler_epoch", st.sampler.epoch);
+    write_attr_i64(state, "sampler_position", st.sampler.position);
     DHP_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, "flushing '{}'", tmp.string());
   }
   // Durable before visible: data on disk, then the name, then the marker that says complete.
@@ -233,8 +235,11 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
   H5 state(H5Gopen2(file, "state", H5P_DEFAULT), H5Gclose);
   DHP_CHECK(state.ok() && read_attr(state, "step", H5T_NATIVE_INT64, &st.step) &&
                 read_attr(state, "seed", H5T_NATIVE_UINT64, &st.seed) &&
-                read_attr(state, "batch_size", H5T_NATIVE_INT64, &st.batch_size),
+                read_attr(state, "batch_size", H5T_NATIVE_INT64, &st.batch_size) &&
+                read_attr(state, "sampler_epoch", H5T_NATIVE_INT64, &st.sampler.epoch) &&
+                read_attr(state, "sampler_position", H5T_NATIVE_INT64, &st.sampler.position),
             "checkpoint '{}': /state is missing or damaged", path);
+  st.sampler.seed = st.seed;
   if (opt) {
     DHP_CHECK(H5Lexists(file, "optim", H5P_DEFAULT) > 0,
               "checkpoint '{}' holds weights only (no optimizer state): start a new run from it "

@@ -6,7 +6,7 @@
 //   /config           the resolved configuration as TOML text
 //   /params/<name>    every parameter under its model-spec name, full (unsharded) shape
 //   /optim/m/<name>   AdamW first moments     /optim/v/<name>  second moments
-//   /state            attributes step, seed, batch_size
+//   /state            attributes step, seed, batch_size, sampler_epoch, sampler_position
 // Every dataset carries a 64-bit checksum attribute verified on load, so a file damaged on
 // disk is refused rather than loaded. Nothing depends on the world size.
 //
@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "data/sampler.h"
 #include "model/model.h"
 #include "trainer/config.h"
 #include "trainer/optimizer.h"
@@ -27,7 +28,8 @@ namespace dhp {
 struct TrainState {
   int64_t step = 0;        // optimizer steps completed
   uint64_t seed = 0;       // the run's seed (weights, sampler)
-  int64_t batch_size = 0;  // global batch size the sampler stepped with
+  int64_t batch_size = 0;  // global batch size of the steps so far
+  SamplerState sampler;    // where the next global batch starts in the sample stream
 };
 
 // Saves into cfg.checkpoint.dir and deletes all but the newest cfg.checkpoint.keep complete

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
@@ -126,21 +127,38 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
   model.initialise(cfg.train.seed);
   AdamW opt(model.table(), cfg.optim, *ops);
   int64_t first_step = 0;
+  std::optional<SamplerState> resumed_sampler;
   if (!topt.resume.empty()) {
     const std::string path = resolve_checkpoint(topt.resume, cfg.checkpoint.dir);
     check_same_model(checkpoint_config(path), cfg, path);
     TrainState st = load_checkpoint(path, model, &opt);
-    DHP_CHECK(st.seed == cfg.train.seed && st.batch_size == cfg.train.batch_size,
-              "cannot resume from '{}': it was trained with train.seed = {} and train.batch_size "
-              "= {}, this run has {} and {}; the sample order would not continue",
-              path, st.seed, st.batch_size, cfg.train.seed, cfg.train.batch_size);
+    DHP_CHECK(st.seed == cfg.train.seed,
+              "cannot resume from '{}': it was trained with train.seed = {}, this run has {}; "
+              "the weights and the sample order come from the seed",
+              path, st.seed, cfg.train.seed);
+    resumed_sampler = st.sampler;
+    if (st.batch_size != cfg.train.batch_size && rank0)
+      spdlog::info("train.batch_size changes from {} to {}; the sample stream continues where "
+                   "it stopped", st.batch_size, cfg.train.batch_size);
     first_step = st.step;
     if (rank0) spdlog::info("resumed from {} at step {}", path, first_step);
-  } else if (!topt.init.empty()) {
+  } else {
+    const auto existing = list_checkpoints(cfg.checkpoint.dir);
+    DHP_CHECK(existing.empty(),
+              "checkpoint.dir '{}' already holds checkpoints of another run (newest: {}); "
+              "continue that run with --resume auto, or set checkpoint.dir to a new folder",
+              cfg.checkpoint.dir, existing.back());
+  }
+  if (topt.resume.empty() && !topt.init.empty()) {
     load_weights(topt.init, model);
     if (rank0) spdlog::info("initialised weights from {}", topt.init);
   }
   Sampler sampler(train_set.size(), cfg.train.seed);
+  // Stream position of the first sample of step `first_step`; later steps follow on.
+  const int64_t first_position = resumed_sampler ? sampler.resume(*resumed_sampler) : 0;
+  auto position_of = [&](int64_t step) {
+    return first_position + (step - first_step) * cfg.train.batch_size;
+  };
   BatchLoader loader(train_set, cfg.data.workers);
   if (rank0)
     spdlog::info("model: {:.3f} M parameters; train: {} samples; val: {} samples; {} rank(s)",
@@ -156,7 +174,7 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
   };
   auto plan_step = [&](int64_t step) {
     StepPlan p;
-    const std::vector<int64_t> ids = sampler.batch(step, cfg.train.batch_size);
+    const std::vector<int64_t> ids = sampler.batch_at(position_of(step), cfg.train.batch_size);
     std::vector<int64_t> lengths;
     for (int64_t id : ids) {
       lengths.push_back(train_set.length(id));
@@ -202,7 +220,7 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
   TrainResult result;
   result.last_step = first_step;
   auto save = [&](int64_t step) {
-    TrainState st{step, cfg.train.seed, cfg.train.batch_size};
+    TrainState st{step, cfg.train.seed, cfg.train.batch_size, sampler.state_at(position_of(step))};
     if (rank0) {
       result.checkpoint = save_checkpoint(cfg, model, &opt, st);
       bar.clear();
