@@ -17,6 +17,7 @@
 
 #include "data/rng.h"
 #include "kernels/check.h"
+#include "tests/error_of.h"
 #include "model/model.h"
 #include "parallel/comm.h"
 #include "tests/train_fixture.h"
@@ -33,15 +34,7 @@ namespace fs = std::filesystem;
 using testing::run_dir;
 using testing::small_config;
 
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 std::vector<float> weights_of(const std::string& checkpoint) {
   Config cfg = checkpoint_config(checkpoint);

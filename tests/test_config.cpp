@@ -4,21 +4,13 @@
 #include <fstream>
 
 #include "kernels/check.h"
+#include "tests/error_of.h"
 #include "trainer/config.h"
 
 namespace dhp {
 namespace {
 
-// The message of the dhp::Error that `f` throws, or "" when it throws none.
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(Config, DefaultsWhenEmpty) {
   Config c = parse_config("", "empty.toml");

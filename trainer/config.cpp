@@ -346,7 +346,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 }
 
 int compute_threads(const Config& cfg) {
-  return cfg.train.threads > 0 ? cfg.train.threads : default_compute_threads(cfg.data.workers);
+  return cfg.train.threads > 0 ? cfg.train.threads : default_compute_threads();
 }
 
 std::string format_config(const Config& cfg) {

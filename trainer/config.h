@@ -18,7 +18,7 @@ struct TrainConfig {
   int64_t batch_size = 16;          // samples per global batch
   int64_t micro_tokens = 2048;      // decoder-token budget of one micro-batch (accumulation)
   uint64_t seed = 1234;
-  int threads = 0;                  // CPU compute threads; 0 = cores left by data.workers
+  int threads = 0;                  // CPU compute threads; 0 = every core
   std::string device = "cpu";       // "cpu" | "cuda"
 };
 
@@ -73,8 +73,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config(const std::string& text, const std::string& name,
                     const std::vector<std::string>& overrides = {});
 
-// CPU compute threads for this run: train.threads, or when 0 every core that the data workers
-// leave free.
+// CPU compute threads for this run: train.threads, or every core when it is 0.
 int compute_threads(const Config& cfg);
 
 // The resolved configuration as an aligned "section.key = value" table.

@@ -115,9 +115,6 @@ std::unique_ptr<Ops> make_cpu_ops(int threads) {
   return std::make_unique<CpuOps>();
 }
 
-int default_compute_threads(int data_workers) {
-  const int cores = int(std::thread::hardware_concurrency());
-  return std::max(1, cores - data_workers);
-}
+int default_compute_threads() { return std::max(1, int(std::thread::hardware_concurrency())); }
 
 }  // namespace dhp
