@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "kernels/check.h"
@@ -85,6 +86,17 @@ TEST(Config, OverrideErrorsNameTheOverride) {
 TEST(Config, CrossKeyValidation) {
   std::string msg = error_of([] { parse_config("[model]\nheads = 6\nkv_heads = 4\ndim = 96\n", "x.toml"); });
   EXPECT_NE(msg.find("kv_heads"), std::string::npos) << msg;
+}
+
+TEST(Config, ComputeThreadsShareTheNodeBetweenLocalRanks) {
+  Config c = parse_config("[train]\nthreads = 3\n", "t.toml");
+  EXPECT_EQ(compute_threads(c), 3);
+  c.train.threads = 0;
+  const int all = compute_threads(c);
+  EXPECT_GE(all, 1);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+  EXPECT_EQ(compute_threads(c), std::max(1, all / 2));
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
 }
 
 TEST(Config, MissingFile) {

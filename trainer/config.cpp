@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -346,7 +347,15 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 }
 
 int compute_threads(const Config& cfg) {
-  return cfg.train.threads > 0 ? cfg.train.threads : default_compute_threads();
+  if (cfg.train.threads > 0) return cfg.train.threads;
+  // Ranks that mpirun or srun started on this node share its cores.
+  int local_ranks = 1;
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (const char* v = std::getenv(var)) {
+      local_ranks = std::max(1, std::atoi(v));
+      break;
+    }
+  return std::max(1, default_compute_threads() / local_ranks);
 }
 
 std::string format_config(const Config& cfg) {

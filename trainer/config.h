@@ -18,7 +18,7 @@ struct TrainConfig {
   int64_t batch_size = 16;          // samples per global batch
   int64_t micro_tokens = 2048;      // decoder-token budget of one micro-batch (accumulation)
   uint64_t seed = 1234;
-  int threads = 0;                  // CPU compute threads; 0 = every core
+  int threads = 0;                  // CPU compute threads; 0 = the cores per local rank
   std::string device = "cpu";       // "cpu" | "cuda"
 };
 
@@ -73,7 +73,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config(const std::string& text, const std::string& name,
                     const std::vector<std::string>& overrides = {});
 
-// CPU compute threads for this run: train.threads, or every core when it is 0.
+// CPU compute threads for this run: train.threads, or when it is 0 the node's cores divided by
+// the ranks the launcher started on the node.
 int compute_threads(const Config& cfg);
 
 // The resolved configuration as an aligned "section.key = value" table.
