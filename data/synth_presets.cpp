@@ -102,7 +102,10 @@ std::vector<std::string> write_preset_split(const SynthOptions& opt, const Prese
                                        : kPrompts[rng.below(kPrompts.size())];
     if (!human.empty()) human += '\n';
     human += ask;
-    if (prompt_words > 4) human += " " + filler(rng, prompt_words - 4, &pieces);
+    if (prompt_words > 4) {
+      human += ' ';  // appended separately: `" " + string` trips a GCC 12 -Wrestrict false positive
+      human += filler(rng, prompt_words - 4, &pieces);
+    }
     std::string answer = first_caption;
     const int64_t have = answer.empty() ? 0 : std::count(answer.begin(), answer.end(), ' ') + 1;
     if (have < answer_words) {
