@@ -322,7 +322,9 @@ Solution wave_solution(const BatchCosts& b, const MemoryModel& mem, int n, int64
   double need = 0;
   for (int s = 0; s < b.size(); ++s) need += double(mem.activation_bytes(b.seq(s), b.seq(s).tokens()));
   const double room = 0.9 * double(n) * double(mem.capacity() - mem.rank_bytes(0, 1 << 30));
-  const int w0 = std::max(1, int(std::ceil(need / std::max(1.0, room))));
+  // No more waves than sequences: a wave without a sequence would leave the solution empty
+  // (a few sequences that nearly fill all N ranks can ask for more waves than they are).
+  const int w0 = std::min(b.size(), std::max(1, int(std::ceil(need / std::max(1.0, room)))));
   Solution best;
   for (int w = w0; w <= w0 + 1 && w <= b.size(); ++w) {
     if (w > w0 && b.evaluations() >= stop_at) break;

@@ -86,6 +86,16 @@ TEST(Checkpoint, ResumeRefusesAChangedModelShapeNamingTheKey) {
   EXPECT_NE(msg.find("train.seed"), std::string::npos) << msg;
 }
 
+TEST(Checkpoint, ShapeCheckIgnoresModelInOtherKeysValues) {
+  // Only model.* keys are the model's shape; "model." inside a path of another key is not.
+  const Config saved = parse_config("", "a.toml", {"--checkpoint.dir=runs/model.v1", "--data.train=a.jsonl"});
+  const Config now = parse_config("", "b.toml", {"--checkpoint.dir=runs/model.v2", "--data.train=model.b.jsonl"});
+  EXPECT_NO_THROW(check_same_model(saved, now, "x.h5"));
+  const Config wider = parse_config("", "c.toml", {"--model.ffn=96"});
+  const std::string msg = error_of([&] { check_same_model(saved, wider, "x.h5"); });
+  EXPECT_NE(msg.find("model.ffn"), std::string::npos) << msg;
+}
+
 // Saves checkpoints in a loop in a child process and kills it with SIGKILL at random moments;
 // whatever moment the kill hits, the newest complete checkpoint loads and holds exactly the
 // values saved for its step.
@@ -105,7 +115,7 @@ TEST(Checkpoint, SurvivesKillDuringSave) {
       for (int64_t s = first;; ++s) {
         std::fill_n(model.params(), model.n_params(), float(s));
         std::fill_n(opt.m(), model.n_params(), float(-s));
-        save_checkpoint(cfg, model, &opt, TrainState{s, 11, 16});
+        save_checkpoint(cfg, model, &opt, TrainState{s, 11, 16, SamplerState{11, 0, 0}});
       }
     }
     std::this_thread::sleep_for(std::chrono::microseconds(rng.range(2000, 60000)));
@@ -203,6 +213,31 @@ TEST(Weights, ExportThenImportIsIdentical) {
   auto h = nlohmann::json::parse(text);
   EXPECT_EQ(h["projector.fc1.weight"]["dtype"], "F32");
   EXPECT_EQ(h["projector.fc1.weight"]["shape"], (std::vector<int64_t>{64, 128}));
+}
+
+TEST(Weights, MalformedSafetensorsHeaderIsAnErrorNamingTheFile) {
+  // Valid JSON of the wrong shape must be refused with dhp::Error, not escape as a JSON
+  // library exception (which the CLI does not catch).
+  const auto dir = run_dir("badheader");
+  Config cfg = small_config(1, dir);
+  auto ops = make_cpu_ops(1);
+  Model m(cfg.model, *ops);
+  auto write = [&](const std::string& name, const std::string& header) {
+    std::ofstream out(dir / name, std::ios::binary);
+    const uint64_t n = header.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header;
+    return (dir / name).string();
+  };
+  const std::string first = m.table().specs().front().name;
+  for (const auto& [name, header] :
+       {std::pair<std::string, std::string>{"array.safetensors", "[1, 2, 3]"},
+        {"entry.safetensors", "{\"" + first + "\": 5}"},
+        {"shape.safetensors", "{\"" + first + "\": {\"dtype\": \"F32\", \"shape\": \"x\"}}"}}) {
+    const std::string path = write(name, header);
+    const std::string msg = error_of([&] { load_weights(path, m); });
+    EXPECT_NE(msg.find(name), std::string::npos) << msg;
+  }
 }
 
 TEST(Weights, LoadsASafetensorsFileWrittenByPython) {

@@ -118,5 +118,14 @@ TEST(Config, TomlRoundTripAndDemoConfigLoads) {
   EXPECT_GT(demo.train.steps, 0);
 }
 
+TEST(Config, TomlRoundTripKeepsQuotesAndBackslashesInStrings) {
+  // Checkpoints store to_toml() and resume parses it back: strings must be escaped.
+  Config a = parse_config("[data]\nimage_root = 'C:\\images\\new'\ntrain = 'say \"hi\".jsonl'\n", "a.toml");
+  EXPECT_EQ(a.data.image_root, "C:\\images\\new");
+  Config b = parse_config(to_toml(a), "b.toml");
+  EXPECT_EQ(b.data.image_root, a.data.image_root);
+  EXPECT_EQ(b.data.train, a.data.train);
+}
+
 }  // namespace
 }  // namespace dhp

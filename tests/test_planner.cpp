@@ -388,6 +388,21 @@ TEST(Planner, MemoryForcesWavesAndLargeDegrees) {
   }
 }
 
+TEST(Planner, FewSequencesThatFillAlmostAllMemoryAreAllPlanned) {
+  // One sequence whose activations need ~95% of all ranks' free memory: the wave estimate
+  // (activations over 90% of the free memory) asks for 2 waves of a 1-sequence batch. The
+  // wave solution must still hold the sequence instead of coming back empty.
+  for (int n : {2, 3, 4}) {
+    Planner p(ModelConfig{}, par_for("cpu", 0.4, 4), n);
+    const int64_t room = p.memory().capacity() - p.memory().rank_bytes(0, 1 << 30);
+    const int64_t L = int64_t(0.95 * double(n) * double(room)) / p.memory().bytes_per_token();
+    std::vector<SeqShape> batch = {{7, L, 0, 0}};
+    ASSERT_LE(p.min_degree(batch[0]), n);
+    expect_valid(p, p.plan_dhp(batch), batch);
+    expect_valid(p, p.plan_dhp_waves(batch), batch);
+  }
+}
+
 TEST(Planner, TooLongSequenceNamesTheSample) {
   Planner p(model_profile("7b"), par_for("h100", 80, 8), 5);
   std::vector<SeqShape> batch = preset_batch("captions", 20, 1);

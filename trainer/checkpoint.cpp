@@ -269,7 +269,8 @@ void check_same_model(const Config& saved, const Config& now, const std::string&
     std::vector<std::string> lines;
     std::istringstream in(format_config(c));
     for (std::string l; std::getline(in, l);)
-      if (l.find("model.") != std::string::npos) lines.push_back(l);
+      // The key, not the value: a path such as checkpoint.dir = "runs/model.v2" is no shape.
+      if (l.compare(l.find_first_not_of(' '), 6, "model.") == 0) lines.push_back(l);
     return lines;
   };
   const auto a = model_lines(saved), b = model_lines(now);

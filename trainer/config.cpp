@@ -55,7 +55,9 @@ class Schema {
   void num(const char* name, T& ref, double lo, double hi) {
     keys_.push_back(Key{sec_, name, Ref(&ref), lo, hi, {}});
   }
-  void flag(const char* name, bool& ref) { keys_.push_back(Key{sec_, name, Ref(&ref)}); }
+  void flag(const char* name, bool& ref) {
+    keys_.push_back(Key{sec_, name, Ref(&ref), -INFINITY, INFINITY, {}});
+  }
   void str(const char* name, std::string& ref, std::vector<std::string> choices = {}) {
     keys_.push_back(Key{sec_, name, Ref(&ref), -INFINITY, INFINITY, std::move(choices)});
   }
@@ -297,12 +299,25 @@ void validate(const Config& c) {
             c.optim.min_lr, c.optim.lr);
 }
 
+// A TOML basic string: quotes, backslashes and control characters escaped, so that
+// to_toml() (what checkpoints store) parses back to the same value.
+std::string toml_quoted(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') out += '\\', out += ch;
+    else if (c < 0x20 || c == 0x7F) out += fmt::format("\\u{:04X}", unsigned(c));
+    else out += ch;
+  }
+  return out + "\"";
+}
+
 std::string value_text(const Ref& r, bool quote) {
   return std::visit(
       [&](auto* p) -> std::string {
         using T = std::remove_pointer_t<decltype(p)>;
         if constexpr (std::is_same_v<T, std::string>)
-          return quote ? fmt::format("\"{}\"", *p) : *p;
+          return quote ? toml_quoted(*p) : *p;
         else if constexpr (std::is_same_v<T, bool>)
           return *p ? "true" : "false";
         else if constexpr (std::is_same_v<T, double>) {

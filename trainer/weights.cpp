@@ -72,6 +72,7 @@ void load_safetensors(const std::string& path, Model& model) {
   } catch (const json::exception& e) {
     throw Error(fmt::format("'{}': the safetensors header is not valid JSON: {}", path, e.what()));
   }
+  DHP_CHECK(header.is_object(), "'{}': the safetensors header is not a JSON object", path);
   const int64_t data_start = 8 + int64_t(n), data_size = file_size - data_start;
 
   std::vector<float> staged(model.n_params());
@@ -82,9 +83,17 @@ void load_safetensors(const std::string& path, Model& model) {
   for (const auto& spec : model.table().specs()) {
     DHP_CHECK(header.contains(spec.name), "'{}' has no tensor '{}'", path, spec.name);
     const json& t = header[spec.name];
-    const std::string dtype = t.value("dtype", "");
-    const auto shape = t.value("shape", std::vector<int64_t>{});
-    const auto off = t.value("data_offsets", std::vector<int64_t>{});
+    std::string dtype;
+    std::vector<int64_t> shape, off;
+    try {  // a wrong JSON type (a string shape, an entry that is not an object) is the file's fault
+      DHP_CHECK(t.is_object(), "'{}': tensor '{}' is not described by a JSON object", path, spec.name);
+      dtype = t.value("dtype", "");
+      shape = t.value("shape", std::vector<int64_t>{});
+      off = t.value("data_offsets", std::vector<int64_t>{});
+    } catch (const json::exception& e) {
+      throw Error(fmt::format("'{}': tensor '{}' has a malformed header entry: {}", path, spec.name,
+                              e.what()));
+    }
     DHP_CHECK(shape == spec.shape, "'{}': tensor '{}' has shape [{}], the model expects [{}]", path,
               spec.name, fmt::join(shape, ", "), fmt::join(spec.shape, ", "));
     const int64_t width = dtype == "F32" ? 4 : (dtype == "F16" || dtype == "BF16") ? 2 : 0;
