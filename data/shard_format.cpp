@@ -153,6 +153,15 @@ ShardIndex read_index(const std::string& dir) {
   DHP_CHECK(int64_t(x.samples.size()) == n * kSampleCols &&
                 int64_t(x.name_offsets.size()) == n + 1,
             "'{}': the index tables disagree in length (damaged file)", path);
+  // Every reference must land inside its table: a damaged index must not read out of bounds.
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t b = x.at(i, kImageBegin), e = x.at(i, kImageEnd);
+    DHP_CHECK(x.shard[size_t(i)] >= 0 && x.shard[size_t(i)] < x.n_shards() && b >= 0 && b <= e &&
+                  e <= int64_t(x.images.size()) / kImageCols &&
+                  x.name_offsets[size_t(i)] <= x.name_offsets[size_t(i) + 1] &&
+                  x.name_offsets[size_t(i) + 1] <= int64_t(x.names.size()),
+              "'{}': sample {} points outside the index tables (damaged file)", path, i);
+  }
   return x;
 }
 

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <thread>
 
 #include "data/rng.h"
@@ -51,12 +52,26 @@ TEST(Checkpoint, ResumeIsBitExact) {
 
   TrainOptions first;
   first.stop_after = 10;
-  TrainResult a = train(small_config(20, resumed_dir), comm, first);
+  const std::string metrics = "--log.metrics=" + (resumed_dir / "metrics.jsonl").string();
+  TrainResult a = train(small_config(20, resumed_dir, {metrics}), comm, first);
   ASSERT_EQ(a.last_step, 10);
+  // As if the interrupted run had logged two more steps after its last checkpoint.
+  std::ofstream(resumed_dir / "metrics.jsonl", std::ios::app)
+      << "{\"step\": 11, \"loss\": 9}\n{\"step\": 12, \"loss\": 9}\n";
   TrainOptions again;
   again.resume = "auto";
-  TrainResult b = train(small_config(20, resumed_dir), comm, again);
+  TrainResult b = train(small_config(20, resumed_dir, {metrics}), comm, again);
   ASSERT_EQ(b.steps.size(), 10u);
+  // The metrics file holds each step once: the stale records after step 10 were dropped.
+  std::ifstream in(resumed_dir / "metrics.jsonl");
+  std::vector<int64_t> logged;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (!j.contains("eval")) logged.push_back(j["step"].get<int64_t>());
+  }
+  std::vector<int64_t> expect(20);
+  std::iota(expect.begin(), expect.end(), 1);
+  EXPECT_EQ(logged, expect);
 
   for (size_t i = 0; i < 10; ++i) {
     EXPECT_EQ(straight.steps[i].loss, a.steps[i].loss) << "step " << i + 1;
@@ -84,6 +99,10 @@ TEST(Checkpoint, ResumeRefusesAChangedModelShapeNamingTheKey) {
   EXPECT_EQ(r.steps.size(), 2u);
   msg = error_of([&] { train(small_config(6, dir, {"--train.seed=12"}), comm, o); });
   EXPECT_NE(msg.find("train.seed"), std::string::npos) << msg;
+  // Another training set would change the sample stream.
+  const std::string val = (testing::synth_dir() / "val.jsonl").string();
+  msg = error_of([&] { train(small_config(6, dir, {"--data.train=" + val}), comm, o); });
+  EXPECT_NE(msg.find("training samples"), std::string::npos) << msg;
 }
 
 TEST(Checkpoint, ShapeCheckIgnoresModelInOtherKeysValues) {
@@ -185,6 +204,21 @@ TEST(Checkpoint, DamagedOrTruncatedFilesAreRefused) {
   std::ofstream(dir / "text.h5") << "hello";
   msg = error_of([&] { load_checkpoint((dir / "text.h5").string(), model, nullptr); });
   EXPECT_NE(msg.find("not a readable HDF5 file"), std::string::npos) << msg;
+
+  // An HDF5 file with a version number but written by something else.
+  {
+    const std::string other = (dir / "other.h5").string();
+    hid_t f = H5Fcreate(other.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(f, "format_version", H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT);
+    const int64_t one = 1;
+    H5Awrite(a, H5T_NATIVE_INT64, &one);
+    H5Aclose(a);
+    H5Sclose(space);
+    H5Fclose(f);
+    msg = error_of([&] { load_checkpoint(other, model, nullptr); });
+    EXPECT_NE(msg.find("not a dhp checkpoint"), std::string::npos) << msg;
+  }
 
   // The good one still loads.
   EXPECT_NO_THROW(load_checkpoint(good, model, nullptr));

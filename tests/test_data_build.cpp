@@ -2,6 +2,7 @@
 // (round trip against the JSONL path, range loading, damaged shards), stats and the synth
 // presets, on fixtures generated here.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <nlohmann/json.hpp>
 
 #include <opencv2/core.hpp>
@@ -339,6 +340,33 @@ TEST_F(DataTest, PresetSynthFollowsThePresetAndIsDeterministic) {
   EXPECT_EQ(i, 40);
   EXPECT_GT(multi, 0);
   EXPECT_GT(text_only, 0);
+}
+
+
+TEST_F(BuildTest, DamagedIndexReferencesAreRefusedNotFollowed) {
+  const fs::path copy = *root_ / "damaged-index";
+  fs::remove_all(copy);
+  fs::copy(built(), copy);
+  const std::string index = (copy / kIndexFile).string();
+  {
+    // Point sample 0 at a shard that does not exist.
+    hid_t f = H5Fopen(index.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    hid_t d = H5Dopen2(f, "shard", H5P_DEFAULT);
+    ASSERT_GE(d, 0);
+    std::vector<int32_t> shard(size_t(read_index(built().string()).size()));
+    ASSERT_GE(H5Dread(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, shard.data()), 0);
+    shard[0] = 1000;
+    ASSERT_GE(H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, shard.data()), 0);
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  try {
+    read_index(copy.string());
+    ADD_FAILURE() << "a damaged index was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("outside the index tables"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

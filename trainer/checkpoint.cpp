@@ -14,6 +14,7 @@
 
 #include "data/h5.h"
 #include "kernels/check.h"
+#include "kernels/log.h"
 
 namespace dhp {
 namespace {
@@ -49,6 +50,18 @@ bool read_attr(hid_t obj, const char* name, hid_t type, void* out) {
   if (H5Aexists(obj, name) <= 0) return false;
   H5 a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
   return a.ok() && H5Aread(a, type, out) >= 0;
+}
+
+// A fixed-length string attribute, or "" when absent or not a string.
+std::string read_string_attr(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return "";
+  H5 a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  H5 type(H5Aget_type(a), H5Tclose);
+  if (H5Tget_class(type) != H5T_STRING || H5Tis_variable_str(type) > 0) return "";
+  std::string s(H5Tget_size(type), '\0');
+  if (H5Aread(a, type, s.data()) < 0) return "";
+  s.resize(std::strlen(s.c_str()));
+  return s;
 }
 
 hid_t string_type(size_t n) {
@@ -132,7 +145,10 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
   fs::create_directories(dir);
   const fs::path final_path = dir / fmt::format("step-{:08d}.h5", st.step);
   const fs::path tmp = fs::path(final_path.string() + ".tmp");
-  fs::remove(marker_of(final_path));  // an older save of the same step is no longer complete
+  std::error_code ec;
+  // An older save of the same step is no longer complete once we start overwriting it.
+  fs::remove(marker_of(final_path), ec);
+  DHP_CHECK(!ec, "cannot remove '{}': {}", marker_of(final_path).string(), ec.message());
   {
     H5 file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
     DHP_CHECK(file.ok(), "cannot create checkpoint file '{}'", tmp.string());
@@ -163,14 +179,19 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
     write_attr_i64(state, "batch_size", st.batch_size);
     write_attr_i64(state, "sampler_epoch", st.sampler.epoch);
     write_attr_i64(state, "sampler_position", st.sampler.position);
+    write_attr_i64(state, "dataset_size", st.dataset_size);
     DHP_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, "flushing '{}'", tmp.string());
   }
   // Durable before visible: data on disk, then the name, then the marker that says complete.
   fsync_path(tmp, false);
-  fs::rename(tmp, final_path);
+  fs::rename(tmp, final_path, ec);
+  DHP_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp.string(), final_path.string(), ec.message());
   fsync_path(dir, true);
   {
-    std::ofstream(marker_of(final_path)) << st.step << "\n";
+    std::ofstream marker(marker_of(final_path));
+    marker << st.step << "\n";
+    marker.close();
+    DHP_CHECK(marker.good(), "cannot write '{}' (disk full?)", marker_of(final_path).string());
   }
   fsync_path(marker_of(final_path), false);
   fsync_path(dir, true);
@@ -179,8 +200,9 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
   // never leaves a marker that points at a missing file.
   auto all = list_checkpoints(dir.string());
   for (size_t i = 0; i + size_t(cfg.checkpoint.keep) < all.size(); ++i) {
-    fs::remove(marker_of(all[i]));
-    fs::remove(all[i]);
+    fs::remove(marker_of(all[i]), ec);
+    if (!ec) fs::remove(all[i], ec);
+    if (ec) spdlog::warn("could not delete old checkpoint '{}': {}", all[i], ec.message());
   }
   return final_path.string();
 }
@@ -222,8 +244,9 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
   DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
   H5 root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose);
   int64_t version = 0;
-  DHP_CHECK(read_attr(root, "format_version", H5T_NATIVE_INT64, &version),
-            "'{}' is not a dhp checkpoint (no format_version)", path);
+  DHP_CHECK(read_string_attr(root, "format") == kFormat &&
+                read_attr(root, "format_version", H5T_NATIVE_INT64, &version),
+            "'{}' is not a dhp checkpoint (no format = \"{}\" and format_version)", path, kFormat);
   DHP_CHECK(version == kFormatVersion, "checkpoint '{}' has format version {}; this dhp reads {}",
             path, version, kFormatVersion);
   DHP_CHECK(H5Lexists(file, "params", H5P_DEFAULT) > 0, "checkpoint '{}' has no /params", path);
@@ -237,7 +260,8 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
                 read_attr(state, "seed", H5T_NATIVE_UINT64, &st.seed) &&
                 read_attr(state, "batch_size", H5T_NATIVE_INT64, &st.batch_size) &&
                 read_attr(state, "sampler_epoch", H5T_NATIVE_INT64, &st.sampler.epoch) &&
-                read_attr(state, "sampler_position", H5T_NATIVE_INT64, &st.sampler.position),
+                read_attr(state, "sampler_position", H5T_NATIVE_INT64, &st.sampler.position) &&
+                read_attr(state, "dataset_size", H5T_NATIVE_INT64, &st.dataset_size),
             "checkpoint '{}': /state is missing or damaged", path);
   st.sampler.seed = st.seed;
   if (opt) {

@@ -6,7 +6,8 @@
 //   /config           the resolved configuration as TOML text
 //   /params/<name>    every parameter under its model-spec name, full (unsharded) shape
 //   /optim/m/<name>   AdamW first moments     /optim/v/<name>  second moments
-//   /state            attributes step, seed, batch_size, sampler_epoch, sampler_position
+//   /state            attributes step, seed, batch_size, sampler_epoch, sampler_position,
+//                     dataset_size
 // Every dataset carries a 64-bit checksum attribute verified on load, so a file damaged on
 // disk is refused rather than loaded. Nothing depends on the world size.
 //
@@ -30,6 +31,7 @@ struct TrainState {
   uint64_t seed = 0;       // the run's seed (weights, sampler)
   int64_t batch_size = 0;  // global batch size of the steps so far
   SamplerState sampler;    // where the next global batch starts in the sample stream
+  int64_t dataset_size = 0;  // samples the sampler shuffled (a different set changes the stream)
 };
 
 // Saves into cfg.checkpoint.dir and deletes all but the newest cfg.checkpoint.keep complete

@@ -10,22 +10,28 @@
 namespace dhp {
 namespace {
 
-// Generates the answer of `s` greedily from everything before it and compares it with the
-// reference answer (the loss-masked tokens before the final <eos>).
+// Generates the first answer of `s` greedily from everything before it and compares it with
+// the reference: the first run of loss-masked tokens. A run that ends the document ends with
+// <eos>, which the model must produce too (generation stops there); a run that a later turn
+// follows must match token for token over its length.
 bool answer_matches(Model& model, const Sample& s) {
   const auto first = std::find(s.loss_mask.begin(), s.loss_mask.end(), 1);
   if (first == s.loss_mask.end()) return false;
   const size_t a = size_t(first - s.loss_mask.begin());
+  size_t e = a;
+  while (e < s.loss_mask.size() && s.loss_mask[e]) ++e;
+  const bool ends_document = e == s.tokens.size() && s.tokens.back() == Tokenizer::kEos;
   Sample prompt;
   prompt.id = s.id;
   prompt.tokens.assign(s.tokens.begin(), s.tokens.begin() + a);
   prompt.loss_mask.assign(a, 0);
   prompt.image_of.assign(s.image_of.begin(), s.image_of.begin() + a);
   prompt.images = s.images;
-  const std::vector<int32_t> answer(s.tokens.begin() + a, s.tokens.end() - 1);
+  const std::vector<int32_t> answer(s.tokens.begin() + a, s.tokens.begin() + (ends_document ? e - 1 : e));
   SamplingOptions greedy;
-  greedy.max_new_tokens = int(answer.size()) + 1;
-  return model.generate(pack({&prompt}, model.config().vision), Tokenizer::kEos, greedy) == answer;
+  greedy.max_new_tokens = int(answer.size()) + (ends_document ? 1 : 0);
+  return model.generate(pack({&prompt}, model.config().vision), ends_document ? Tokenizer::kEos : -1,
+                        greedy) == answer;
 }
 
 }  // namespace
@@ -58,6 +64,7 @@ EvalResult evaluate(Model& model, const Dataset& data, const EvalOptions& opt,
     stats[2] += double(st.correct);
     if (!opt.exact_match) continue;
     for (const auto& s : samples) {
+      if (s.skipped) continue;  // a placeholder for data that went bad has no answer
       stats[3] += answer_matches(model, s);
       stats[4] += 1;
     }

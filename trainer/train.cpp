@@ -61,12 +61,23 @@ class ProgressBar {
 
 class MetricsFile {
  public:
-  MetricsFile(const std::string& path, bool enabled, bool append) {
+  // A resumed run keeps the records up to the step it resumes from and drops the ones the
+  // interrupted run wrote after its checkpoint, which this run writes again.
+  MetricsFile(const std::string& path, bool enabled, int64_t resumed_step) {
     if (!enabled || path.empty()) return;
     auto parent = std::filesystem::path(path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
-    out_.open(path, append ? std::ios::app : std::ios::trunc);
+    std::string kept;
+    if (resumed_step > 0) {
+      std::ifstream in(path);
+      for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line, nullptr, false);
+        if (!j.is_discarded() && j.value("step", int64_t(0)) <= resumed_step) kept += line + "\n";
+      }
+    }
+    out_.open(path, std::ios::trunc);
     DHP_CHECK(out_.good(), "log.metrics: cannot write '{}'", path);
+    out_ << kept;
   }
   void write(const nlohmann::json& j) {
     if (!out_.is_open()) return;
@@ -136,6 +147,10 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
               "cannot resume from '{}': it was trained with train.seed = {}, this run has {}; "
               "the weights and the sample order come from the seed",
               path, st.seed, cfg.train.seed);
+    DHP_CHECK(st.dataset_size == train_set.size(),
+              "cannot resume from '{}': its run sampled from {} training samples, data.train "
+              "'{}' now holds {}; the sample order would not continue",
+              path, st.dataset_size, cfg.data.train, train_set.size());
     resumed_sampler = st.sampler;
     if (st.batch_size != cfg.train.batch_size && rank0)
       spdlog::info("train.batch_size changes from {} to {}; the sample stream continues where "
@@ -192,7 +207,7 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
     return p;
   };
 
-  MetricsFile metrics(cfg.log.metrics, rank0, first_step > 0);
+  MetricsFile metrics(cfg.log.metrics, rank0, first_step);
   ProgressBar bar(cfg.train.steps, rank0 && cfg.log.progress);
   EvalOptions eval_opt{cfg.train.micro_tokens, cfg.eval.max_samples, false, cfg.data.workers};
   auto run_eval = [&](int64_t step, TrainResult* out) {
@@ -220,7 +235,8 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
   TrainResult result;
   result.last_step = first_step;
   auto save = [&](int64_t step) {
-    TrainState st{step, cfg.train.seed, cfg.train.batch_size, sampler.state_at(position_of(step))};
+    TrainState st{step, cfg.train.seed, cfg.train.batch_size, sampler.state_at(position_of(step)),
+                  train_set.size()};
     if (rank0) {
       result.checkpoint = save_checkpoint(cfg, model, &opt, st);
       bar.clear();

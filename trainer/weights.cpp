@@ -145,7 +145,10 @@ void export_safetensors(const Model& model, const Config& cfg, const std::string
   for (const auto& s : model.table().specs())
     out.write(reinterpret_cast<const char*>(model.params() + s.offset), std::streamsize(4 * s.numel()));
   DHP_CHECK(out.good(), "writing '{}' failed (disk full?)", path);
-  std::ofstream(config_path) << model_config_json(cfg).dump(2) << "\n";
+  std::ofstream cfg_out(config_path);
+  cfg_out << model_config_json(cfg).dump(2) << "\n";
+  cfg_out.close();
+  DHP_CHECK(cfg_out.good(), "writing '{}' failed (disk full?)", config_path);
 }
 
 void load_weights(const std::string& path, Model& model) {
