@@ -43,6 +43,17 @@ def smooth(values, window):
     return out
 
 
+def finish(fig, labelled, path):
+    """Labels each (axes, y label) pair and writes the figure."""
+    for ax, ylabel in labelled:
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("metrics", nargs="+", help="metrics.jsonl files")
@@ -67,27 +78,15 @@ def main():
                 ax.plot([e["step"] for e in evals if "blank_loss" in e],
                         [e["blank_loss"] for e in evals if "blank_loss" in e], "x:",
                         label=f"{name} held-out, images blanked")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
     ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "loss.png"), dpi=120)
+    finish(fig, [(ax, "loss")], os.path.join(args.out, "loss.png"))
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for name, steps, _ in runs:
         x = [s["step"] for s in steps]
         axes[0].plot(x, smooth([s["tokens_per_s"] for s in steps], args.smooth), label=name)
         axes[1].plot(x, smooth([s["samples_per_s"] for s in steps], args.smooth), label=name)
-    axes[0].set_ylabel("tokens / s")
-    axes[1].set_ylabel("samples / s")
-    for a in axes:
-        a.set_xlabel("step")
-        a.grid(alpha=0.3)
-        a.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "throughput.png"), dpi=120)
+    finish(fig, [(axes[0], "tokens / s"), (axes[1], "samples / s")], os.path.join(args.out, "throughput.png"))
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, steps, _ in runs:
@@ -96,12 +95,7 @@ def main():
                 label=f"{name} slowest rank / mean rank")
         ax.plot(x, smooth([1.0 + s.get("loader_wait_s", 0.0) / max(s.get("step_s", 1e-12), 1e-12)
                            for s in steps], args.smooth), "--", label=f"{name} 1 + data-wait fraction")
-    ax.set_xlabel("step")
-    ax.set_ylabel("ratio")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "imbalance.png"), dpi=120)
+    finish(fig, [(ax, "ratio")], os.path.join(args.out, "imbalance.png"))
     print(f"wrote loss.png, throughput.png, imbalance.png to {args.out}")
 
 
