@@ -137,14 +137,23 @@ void export_safetensors(const Model& model, const Config& cfg, const std::string
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the tensor data 8-byte aligned
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  DHP_CHECK(out.good(), "cannot write '{}'", path);
-  const uint64_t n = text.size();
-  out.write(reinterpret_cast<const char*>(&n), 8);
-  out.write(text.data(), std::streamsize(n));
-  for (const auto& s : model.table().specs())
-    out.write(reinterpret_cast<const char*>(model.params() + s.offset), std::streamsize(4 * s.numel()));
-  DHP_CHECK(out.good(), "writing '{}' failed (disk full?)", path);
+  // Written under a temporary name and renamed, so an interrupted export never leaves a
+  // truncated file where a reader expects a complete one.
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    DHP_CHECK(out.good(), "cannot write '{}'", tmp);
+    const uint64_t n = text.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out.write(text.data(), std::streamsize(n));
+    for (const auto& s : model.table().specs())
+      out.write(reinterpret_cast<const char*>(model.params() + s.offset), std::streamsize(4 * s.numel()));
+    out.close();
+    DHP_CHECK(out.good(), "writing '{}' failed (disk full?)", tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  DHP_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp, path, ec.message());
   std::ofstream cfg_out(config_path);
   cfg_out << model_config_json(cfg).dump(2) << "\n";
   cfg_out.close();
