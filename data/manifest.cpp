@@ -81,6 +81,29 @@ std::string format_counts(const std::map<std::string, int64_t>& counts) {
   return out;
 }
 
+int64_t append_turn(const std::string& value, bool answer, const Tokenizer& tok,
+                    int64_t markers_before, std::vector<int32_t>& layout,
+                    std::vector<uint8_t>& loss) {
+  int64_t markers = 0;
+  size_t at = 0;
+  for (;;) {
+    const size_t next = value.find(kMarker, at);
+    const std::string text =
+        trim(value.substr(at, next == std::string::npos ? std::string::npos : next - at));
+    if (!text.empty()) {
+      const auto ids = tok.encode(text);
+      layout.insert(layout.end(), ids.begin(), ids.end());
+      loss.insert(loss.end(), ids.size(), uint8_t(answer));
+    }
+    if (next == std::string::npos) break;
+    if (answer) throw LineError{"bad format", "an <image> marker in an answer"};
+    layout.push_back(-int32_t(markers_before + ++markers));
+    loss.push_back(0);
+    at = next + kMarker.size();
+  }
+  return markers;
+}
+
 ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer& tok,
                       const LineRules& rules) {
   // Checked first: nlohmann rejects bad UTF-8 as a parse error, which would hide the cause.
@@ -125,24 +148,10 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
     const bool answer = from == "gpt" || from == "assistant";
     if (!answer && from != "human" && from != "user" && from != "system")
       throw LineError{"bad format", "unknown speaker \"" + from + "\""};
-    const std::string value = turn["value"].get<std::string>();
-    size_t at = 0;
-    for (;;) {
-      const size_t next = value.find(kMarker, at);
-      const std::string text =
-          trim(value.substr(at, next == std::string::npos ? std::string::npos : next - at));
-      if (!text.empty()) {
-        const auto ids = tok.encode(text);
-        out.layout.insert(out.layout.end(), ids.begin(), ids.end());
-        out.loss.insert(out.loss.end(), ids.size(), uint8_t(answer));
-        if (answer) answer_tokens += int64_t(ids.size());
-      }
-      if (next == std::string::npos) break;
-      if (answer) throw LineError{"bad format", "an <image> marker in an answer"};
-      out.layout.push_back(-int32_t(++markers));
-      out.loss.push_back(0);
-      at = next + kMarker.size();
-    }
+    const size_t before = out.layout.size();
+    markers += append_turn(turn["value"].get<std::string>(), answer, tok, markers, out.layout,
+                           out.loss);
+    if (answer) answer_tokens += int64_t(out.layout.size() - before);  // answers hold no images
   }
   if (markers != int64_t(out.paths.size()))
     throw LineError{"image count mismatch", fmt::format("{} <image> markers for {} images",

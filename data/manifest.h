@@ -52,6 +52,14 @@ struct ParsedLine {
 ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer& tok,
                       const LineRules& rules);
 
+// Appends one conversation turn in the training layout: the trimmed text between <image>
+// markers tokenized, each marker as the next image placeholder -(markers_before + k + 1).
+// loss gets `answer` for every text token. Returns the number of markers; throws LineError
+// for a marker in an answer. `dhp generate` lays out its prompt with it too.
+int64_t append_turn(const std::string& value, bool answer, const Tokenizer& tok,
+                    int64_t markers_before, std::vector<int32_t>& layout,
+                    std::vector<uint8_t>& loss);
+
 bool valid_utf8(std::string_view s);
 
 // Default cap on H*W: 2^26 pixels (8192 x 8192), far above any resized image but low

@@ -5,6 +5,7 @@
 
 #include "data/image.h"
 #include "data/layout.h"
+#include "data/manifest.h"
 #include "data/pack.h"
 #include "data/tokenizer.h"
 #include "kernels/check.h"
@@ -28,39 +29,24 @@ struct GenerateOptions {
   uint64_t seed = 0;
 };
 
-// The prompt in the training layout: <bos>, text pieces, an <img> ... </img> block wherever
-// the text says <image> (or all images first when it never does, as LLaVA prompts read).
+// The prompt in the training layout (the manifest's own turn rule): <bos>, text pieces, an
+// <img> ... </img> block wherever the text says <image> (or all images first when it never
+// does, as LLaVA prompts read).
 Batch build_prompt(const GenerateOptions& o, const Tokenizer& tok, const VisionConfig& v) {
   std::string text = o.prompt;
-  size_t markers = 0;
-  for (size_t at = text.find(kMarker); at != std::string::npos; at = text.find(kMarker, at + 1))
-    ++markers;
-  if (markers == 0) {
-    std::string prefix;
-    for (size_t i = 0; i < o.images.size(); ++i) prefix += kMarker + "\n";
-    text = prefix + text;
-    markers = o.images.size();
-  }
-  DHP_CHECK(markers == o.images.size(), "the prompt has {} <image> markers for {} --image files",
-            markers, o.images.size());
+  if (text.find(kMarker) == std::string::npos)
+    for (size_t i = 0; i < o.images.size(); ++i) text = kMarker + "\n" + text;
   std::vector<int32_t> layout;
+  std::vector<uint8_t> loss;
+  const int64_t markers = append_turn(text, false, tok, 0, layout, loss);
+  DHP_CHECK(markers == int64_t(o.images.size()),
+            "the prompt has {} <image> markers for {} --image files", markers, o.images.size());
   std::vector<PreparedImage> images;
   StoredLayout s;
-  size_t at = 0, k = 0;
-  for (;;) {
-    const size_t next = text.find(kMarker, at);
-    const std::string piece = text.substr(at, next == std::string::npos ? next : next - at);
-    if (piece.find_first_not_of(" \t\r\n") != std::string::npos) {
-      const size_t b = piece.find_first_not_of(" \t\r\n"), e = piece.find_last_not_of(" \t\r\n");
-      for (int32_t id : tok.encode(piece.substr(b, e - b + 1))) layout.push_back(id);
-    }
-    if (next == std::string::npos) break;
-    images.push_back(load_image(o.images[k], v));
+  for (const auto& path : o.images) {
+    images.push_back(load_image(path, v));
     s.image_tokens.push_back(int64_t(images.back().grid_h / v.merge) * (images.back().grid_w / v.merge));
-    layout.push_back(-int32_t(++k));
-    at = next + kMarker.size();
   }
-  std::vector<uint8_t> loss(layout.size(), 0);
   s.layout = layout.data();
   s.loss = loss.data();
   s.n = int64_t(layout.size());
