@@ -21,9 +21,9 @@ using testing::tiny_config;
 using testing::Doc;
 
 TEST(Model, InitialLossIsNearUniform) {
-  auto ops = make_cpu_ops(1);
+  auto backend = make_cpu_backend({1});
   ModelConfig cfg = tiny_config();
-  Model model(cfg, *ops);
+  Model model(cfg, *backend);
   model.initialise(5);
   Batch b = make_batch(sample_docs(), cfg, 1);
   StepStats st = model.step(b, 0.0f, false);
@@ -32,9 +32,9 @@ TEST(Model, InitialLossIsNearUniform) {
 }
 
 TEST(Model, SameSeedSameWeightsAndSpecNames) {
-  auto ops = make_cpu_ops(1);
+  auto backend = make_cpu_backend({1});
   ModelConfig cfg = tiny_config();
-  Model a(cfg, *ops), b(cfg, *ops);
+  Model a(cfg, *backend), b(cfg, *backend);
   a.initialise(9);
   b.initialise(9);
   EXPECT_TRUE(std::equal(a.params(), a.params() + a.n_params(), b.params()));
@@ -53,10 +53,10 @@ TEST(Model, SameSeedSameWeightsAndSpecNames) {
 class ModelGradients : public ::testing::TestWithParam<bool> {};
 
 TEST_P(ModelGradients, EveryParameterTensor) {
-  auto ops = make_cpu_ops(1);
+  auto backend = make_cpu_backend({1});
   ModelConfig cfg = tiny_config();
   cfg.tie_embeddings = GetParam();
-  Model model(cfg, *ops);
+  Model model(cfg, *backend);
   randomise(model, 17);
   Batch b = make_batch(sample_docs(), cfg, 3);
   const float scale = 1.0f / float(b.loss_tokens());
@@ -79,9 +79,9 @@ TEST_P(ModelGradients, EveryParameterTensor) {
 INSTANTIATE_TEST_SUITE_P(Tied, ModelGradients, ::testing::Values(false, true));
 
 TEST(Model, LossAndGradientsIndependentOfPacking) {
-  auto ops = make_cpu_ops(1);
+  auto backend = make_cpu_backend({1});
   ModelConfig cfg = tiny_config();
-  Model model(cfg, *ops);
+  Model model(cfg, *backend);
   randomise(model, 23);
   const auto docs = sample_docs();
   Batch all = make_batch(docs, cfg, 4);
@@ -110,9 +110,9 @@ TEST(Model, LossAndGradientsIndependentOfPacking) {
 }
 
 TEST(Model, StepIsDeterministic) {
-  auto ops = make_cpu_ops(2);
+  auto backend = make_cpu_backend({2});
   ModelConfig cfg = tiny_config();
-  Model model(cfg, *ops);
+  Model model(cfg, *backend);
   randomise(model, 29);
   Batch b = make_batch(sample_docs(), cfg, 5);
   model.zero_grads();
@@ -144,8 +144,8 @@ Batch prompt_with(const std::vector<int32_t>& extra) {
 }
 
 TEST(Generate, KvCacheMatchesFullRecomputation) {
-  auto ops = make_cpu_ops(1);
-  Model model(testing::tiny_config(), *ops);
+  auto backend = make_cpu_backend({1});
+  Model model(testing::tiny_config(), *backend);
   testing::randomise(model, 31);
   SamplingOptions greedy;
   greedy.max_new_tokens = 8;
@@ -168,8 +168,8 @@ TEST(Generate, KvCacheMatchesFullRecomputation) {
 }
 
 TEST(Generate, StopsAtEosAndSamplingIsSeeded) {
-  auto ops = make_cpu_ops(1);
-  Model model(testing::tiny_config(), *ops);
+  auto backend = make_cpu_backend({1});
+  Model model(testing::tiny_config(), *backend);
   testing::randomise(model, 37);
   SamplingOptions greedy;
   greedy.max_new_tokens = 6;

@@ -14,7 +14,7 @@
 #include <variant>
 
 #include "kernels/check.h"
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 
 namespace dhp {
 namespace {

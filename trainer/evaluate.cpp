@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
-#include "data/loader.h"
 #include "data/pack.h"
 #include "data/tokenizer.h"
+#include "trainer/executor.h"
 
 namespace dhp {
 namespace {
@@ -37,39 +38,43 @@ bool answer_matches(Model& model, const Sample& s) {
 }  // namespace
 
 EvalResult evaluate(Model& model, const Dataset& data, const EvalOptions& opt,
-                    const Comm& comm) {
+                    Communicator& comm) {
   const int64_t n = opt.max_samples > 0 ? std::min(opt.max_samples, data.size()) : data.size();
-  std::vector<int64_t> lengths(n);
-  for (int64_t i = 0; i < n; ++i) lengths[i] = data.length(i);
-  const auto packs = split_micro_batches(lengths, opt.micro_tokens);
+  std::vector<int64_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = i;
+  const StepWork all = split_step(data, ids, opt.micro_tokens, comm.rank(), comm.size());
+  // Chunks of two packs per rank: the next chunk decodes while this one runs, and decoded
+  // images of the whole set are never held at once.
+  const size_t per_chunk = 2 * size_t(comm.size());
+  std::vector<StepWork> chunks;
+  for (size_t p0 = 0; p0 < all.packs.size(); p0 += per_chunk) {
+    StepWork c;
+    for (size_t p = p0; p < std::min(all.packs.size(), p0 + per_chunk); ++p) {
+      if (int(p % size_t(comm.size())) == comm.rank()) c.mine.push_back(c.packs.size());
+      c.packs.push_back(all.packs[p]);
+    }
+    chunks.push_back(std::move(c));
+  }
 
-  BatchLoader loader(data, opt.workers);
-  std::vector<size_t> mine;
-  for (size_t p = 0; p < packs.size(); ++p)
-    if (int(p % comm.size()) == comm.rank()) mine.push_back(p);
-  // Keep a few packs in flight so decoding overlaps the forward passes.
-  const size_t ahead = 2;
-  for (size_t k = 0; k < std::min(ahead, mine.size()); ++k)
-    loader.submit(packs[mine[k]], opt.blank_images);
-
+  Executor exec(model, data, opt.workers);
   double stats[5] = {0.0, 0.0, 0.0, 0.0, 0.0};  // loss sum, targets, correct, exact, answers
-  for (size_t k = 0; k < mine.size(); ++k) {
-    std::vector<Sample> samples = loader.next();
-    if (k + ahead < mine.size()) loader.submit(packs[mine[k + ahead]], opt.blank_images);
-    std::vector<const Sample*> ptrs;
-    for (const auto& s : samples) ptrs.push_back(&s);
-    StepStats st = model.step(pack(ptrs, model.config().vision), 0.0f, false);
-    stats[0] += st.loss_sum;
-    stats[1] += double(st.targets);
-    stats[2] += double(st.correct);
-    if (!opt.exact_match) continue;
+  auto exact = [&](const std::vector<Sample>& samples) {
     for (const auto& s : samples) {
       if (s.skipped) continue;  // a placeholder for data that went bad has no answer
       stats[3] += answer_matches(model, s);
       stats[4] += 1;
     }
+  };
+  if (!chunks.empty()) exec.submit(chunks[0], opt.blank_images);
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    if (k + 1 < chunks.size()) exec.submit(chunks[k + 1], opt.blank_images);
+    const StepStats st = exec.run(chunks[k], 0.0f, false,
+                                  opt.exact_match ? std::function(exact) : nullptr);
+    stats[0] += st.loss_sum;
+    stats[1] += double(st.targets);
+    stats[2] += double(st.correct);
   }
-  comm.allreduce_sum(stats, 5);
+  comm.all_reduce_sum(stats, 5);
 
   EvalResult r;
   r.samples = n;

@@ -9,7 +9,7 @@
 
 #include "data/dataset.h"
 #include "model/model.h"
-#include "parallel/comm.h"
+#include "parallel/communicator.h"
 
 namespace dhp {
 
@@ -32,6 +32,6 @@ struct EvalOptions {
 
 // Every rank evaluates its share of the packs; the result is summed over ranks.
 EvalResult evaluate(Model& model, const Dataset& data, const EvalOptions& opt,
-                    const Comm& comm);
+                    Communicator& comm);
 
 }  // namespace dhp

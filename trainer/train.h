@@ -1,6 +1,6 @@
 // The training loop: global batches from the seeded sampler, split into packs (micro-batches)
-// under a token budget, packs spread over the ranks, gradients accumulated and summed, then
-// clipping, the schedule and one AdamW update. The loss of a step is normalised by the global
+// under a token budget, packs spread over the ranks (trainer/executor.h), gradients accumulated
+// and summed, then clipping, the schedule and one AdamW update. The loss of a step is normalised by the global
 // count of loss targets, so the result does not depend on how the batch was split.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/comm.h"
+#include "parallel/communicator.h"
 #include "trainer/config.h"
 
 namespace dhp {
@@ -25,6 +25,7 @@ struct StepRecord {
   int64_t packs = 0;
   double step_s = 0.0;
   double imbalance = 1.0;  // slowest rank's compute time over the mean of all ranks
+  int threads = 0;         // compute threads this rank used for the step
 };
 
 struct TrainResult {
@@ -45,6 +46,6 @@ struct TrainOptions {
   const volatile int* stop_flag = nullptr;  // set by a signal handler: save and return
 };
 
-TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& opt = {});
+TrainResult train(const Config& cfg, Communicator& comm, const TrainOptions& opt = {});
 
 }  // namespace dhp
