@@ -19,7 +19,8 @@ namespace dhp {
 enum class Device { CPU, CUDA };
 
 struct BackendOptions {
-  int threads = 1;  // CPU compute threads (>= 1)
+  int threads = 1;            // CPU compute threads (>= 1)
+  bool adapt_threads = false;  // CPU: follow the cores other processes leave free
   int device = 0;   // device ordinal, for backends with several devices
 };
 

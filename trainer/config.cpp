@@ -104,6 +104,7 @@ class Schema {
     num("micro_tokens", t.micro_tokens, 8, big);
     num("seed", t.seed, 0, 9.2e18);
     num("threads", t.threads, 0, 4096);
+    flag("adapt_threads", t.adapt_threads);
     str("device", t.device, {"cpu", "cuda"});
 
     sec_ = "optim";
@@ -371,6 +372,13 @@ int compute_threads(const Config& cfg) {
       break;
     }
   return std::max(1, default_compute_threads() / local_ranks);
+}
+
+BackendOptions backend_options(const Config& cfg) {
+  BackendOptions o;
+  o.threads = compute_threads(cfg);
+  o.adapt_threads = cfg.train.adapt_threads;
+  return o;
 }
 
 std::string format_config(const Config& cfg) {

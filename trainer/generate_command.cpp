@@ -77,7 +77,7 @@ void add_generate_command(CLI::App& app) {
     set_up_logging(0, 1, "warn");
     const std::string path = resolve_checkpoint(o->checkpoint, o->dir);
     Config cfg = checkpoint_config(path);
-    auto backend = make_backend(cfg.train.device, BackendOptions{compute_threads(cfg)});
+    auto backend = make_backend(cfg.train.device, backend_options(cfg));
     Model model(cfg.model, *backend);
     load_checkpoint(path, model, nullptr);
     Tokenizer tok(cfg.data.tokenizer);

@@ -83,7 +83,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
     : cfg_(cfg),
       comm_(comm),
       rank0_(comm.rank() == 0),
-      backend_(make_backend(cfg.train.device, BackendOptions{compute_threads(cfg)})),
+      backend_(make_backend(cfg.train.device, backend_options(cfg))),
       tokenizer_(cfg.data.tokenizer),
       train_set_(open_train_set(cfg, tokenizer_)),
       val_set_(cfg.data.val.empty() ? nullptr

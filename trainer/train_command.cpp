@@ -46,7 +46,7 @@ LoadedModel load_for_inference(const std::string& checkpoint, const std::vector<
   LoadedModel m;
   m.cfg = checkpoint_config(checkpoint);
   if (!overrides.empty()) m.cfg = parse_config(to_toml(m.cfg), checkpoint + ":/config", overrides);
-  m.backend = make_backend(m.cfg.train.device, BackendOptions{compute_threads(m.cfg)});
+  m.backend = make_backend(m.cfg.train.device, backend_options(m.cfg));
   m.model = std::make_unique<Model>(m.cfg.model, *m.backend);
   load_checkpoint(checkpoint, *m.model, nullptr);
   return m;

@@ -130,7 +130,7 @@ class CpuOps final : public Ops {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : configured_(threads), threads_(threads) {
+  CpuBackend(int threads, bool adapt) : configured_(threads), threads_(threads), adapt_(adapt) {
     DHP_CHECK(threads > 0, "the CPU backend needs at least one compute thread (got {})", threads);
     omp_set_num_threads(threads);
     // Parallelism comes from OpenMP tiles around single-threaded BLAS calls (cpu/matmul.cpp).
@@ -159,6 +159,7 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
 
   void adapt_to_load() override {
+    if (!adapt_) return;
     const int want = load_.threads_for(configured_);
     if (want != threads_) {
       threads_ = want;
@@ -170,13 +171,14 @@ class CpuBackend final : public Backend {
  private:
   CpuOps ops_;
   int configured_, threads_;
+  bool adapt_;
   cpu::LoadMonitor load_;
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opt) {
-  return std::make_unique<CpuBackend>(opt.threads);
+  return std::make_unique<CpuBackend>(opt.threads, opt.adapt_threads);
 }
 
 int default_compute_threads() { return std::max(1, int(std::thread::hardware_concurrency())); }
