@@ -190,3 +190,118 @@ TEST(Generate, StopsAtEosAndSamplingIsSeeded) {
 
 }  // namespace
 }  // namespace dhp
+
+namespace dhp {
+namespace {
+
+static_assert(!std::is_copy_constructible_v<Model> && !std::is_copy_assignable_v<Model>,
+              "a copy of a Model would alias its device buffers");
+
+// Reorders the tokens of a batch; every per-token array moves together.
+Batch permute_tokens(const Batch& b, const std::vector<int64_t>& order) {
+  Batch p = b;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const size_t j = size_t(order[i]);
+    p.tokens[i] = b.tokens[j];
+    p.targets[i] = b.targets[j];
+    p.doc[i] = b.doc[j];
+    p.pos[i] = b.pos[j];
+    p.image_slot[i] = b.image_slot[j];
+  }
+  return p;
+}
+
+TEST(Model, TokenOrderComesFromPositionsNotFromThePack) {
+  // A rank holding zigzag pieces sees a sequence's chunks out of order and interleaved with
+  // other documents: the causal order and RoPE must follow the positions, so the loss and
+  // every gradient are those of the ordered pack.
+  auto backend = make_cpu_backend({1});
+  ModelConfig cfg = tiny_config();
+  Model model(cfg, *backend);
+  randomise(model, 41);
+  const Batch b = make_batch(sample_docs(), cfg, 6);
+  const float scale = 1.0f / float(b.loss_tokens());
+  model.zero_grads();
+  const double ordered = model.step(b, scale, true).loss_sum;
+  const std::vector<float> g(model.grads(), model.grads() + model.n_params());
+
+  // Last chunk of every document first, then the rest backwards, documents interleaved.
+  std::vector<int64_t> order;
+  for (int64_t t = b.T - 1; t >= 0; t -= 2) order.push_back(t);
+  for (int64_t t = b.T - 2; t >= 0; t -= 2) order.push_back(t);
+  ASSERT_EQ(int64_t(order.size()), b.T);
+  model.zero_grads();
+  const double shuffled = model.step(permute_tokens(b, order), scale, true).loss_sum;
+  EXPECT_NEAR(shuffled, ordered, 1e-5 * std::abs(ordered));
+  for (int64_t i = 0; i < model.n_params(); ++i)
+    ASSERT_NEAR(model.grads()[i], g[i], 1e-6 + 1e-4 * std::abs(g[i])) << i;
+}
+
+// Local attention that counts how the model calls it.
+class CountingAttention final : public Attention {
+ public:
+  explicit CountingAttention(const Ops& ops) : inner_(ops) {}
+  void prepare(AttnMeta meta, int64_t T) override {
+    ++prepared;
+    inner_.prepare(meta, T);
+  }
+  void forward(int layer, float* out, float* lse, const float* q, const float* k, const float* v,
+               const AttnDims& d) override {
+    forward_layers.push_back(layer);
+    inner_.forward(layer, out, lse, q, k, v, d);
+  }
+  void backward(int layer, float* dq, float* dk, float* dv, const float* dout, const float* out,
+                const float* lse, const float* q, const float* k, const float* v,
+                const AttnDims& d) override {
+    backward_layers.push_back(layer);
+    inner_.backward(layer, dq, dk, dv, dout, out, lse, q, k, v, d);
+  }
+  int prepared = 0;
+  std::vector<int> forward_layers, backward_layers;
+
+ private:
+  LocalAttention inner_;
+};
+
+TEST(Model, DecoderAttentionIsTheObjectHandedIn) {
+  auto backend = make_cpu_backend({1});
+  ModelConfig cfg = tiny_config();
+  cfg.layers = 3;
+  Model model(cfg, *backend);
+  randomise(model, 43);
+  const Batch b = make_batch(sample_docs(), cfg, 7);
+  const float scale = 1.0f / float(b.loss_tokens());
+  model.zero_grads();
+  const double plain = model.step(b, scale, true).loss_sum;
+  const std::vector<float> g(model.grads(), model.grads() + model.n_params());
+
+  CountingAttention counting(backend->ops());
+  model.zero_grads();
+  model.run(model.upload(b), scale, true, &counting);
+  const StepStats st = model.take_stats();
+  EXPECT_EQ(counting.prepared, 1);
+  EXPECT_EQ(counting.forward_layers, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(counting.backward_layers, (std::vector<int>{2, 1, 0}));
+  EXPECT_EQ(st.loss_sum, plain);
+  EXPECT_TRUE(std::equal(g.begin(), g.end(), model.grads()));
+}
+
+TEST(Model, SteadyStateStepsAllocateNothing) {
+  auto backend = make_cpu_backend({2});
+  ModelConfig cfg = tiny_config();
+  Model model(cfg, *backend);
+  randomise(model, 47);
+  const auto docs = sample_docs();
+  const Batch big = make_batch(docs, cfg, 8);
+  model.step(big, 0.1f, true);  // the largest shape: the arenas grow to it once
+  const int64_t after_warmup = backend->allocations();
+  for (int it = 0; it < 3; ++it)
+    for (const auto& batch : {big, make_batch({docs[1]}, cfg, 9), make_batch({docs[0], docs[2]}, cfg, 10)}) {
+      model.step(batch, 0.1f, true);
+      model.step(batch, 0.0f, false);
+    }
+  EXPECT_EQ(backend->allocations(), after_warmup);
+}
+
+}  // namespace
+}  // namespace dhp
