@@ -49,6 +49,10 @@ class Ops {
   // Adds the rows' statistics to *stats (a device buffer).
   virtual void cross_entropy_forward(float* lse, CrossEntropyStats* stats, const float* logits,
                                      const int32_t* targets, int64_t T, int64_t V) const = 0;
+  // Merges a partial attention result over other keys into (out, lse): see
+  // kernels/cpu/attention_merge.h. out (T, H·hd), lse (H, T).
+  virtual void attention_merge(float* out, float* lse, const float* part_out,
+                               const float* part_lse, int64_t T, int H, int hd) const = 0;
   virtual void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                                       const int32_t* targets, int64_t T, int64_t V,
                                       float scale) const = 0;

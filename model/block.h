@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "kernels/backend.h"
-#include "model/attention.h"
+#include "kernels/attention.h"
 #include "model/params.h"
 
 namespace dhp {

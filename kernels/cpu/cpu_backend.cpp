@@ -11,6 +11,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_merge.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
@@ -79,6 +80,10 @@ class CpuOps final : public Ops {
                           const float* lse, const float* q, const float* k, const float* v,
                           AttnMeta qm, AttnMeta km, const AttnShape& s) const override {
     cpu::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, qm, km, s);
+  }
+  void attention_merge(float* out, float* lse, const float* part_out, const float* part_lse,
+                       int64_t T, int H, int hd) const override {
+    cpu::attention_merge(out, lse, part_out, part_lse, T, H, hd);
   }
   void cross_entropy_forward(float* lse, CrossEntropyStats* stats, const float* logits,
                              const int32_t* targets, int64_t T, int64_t V) const override {
