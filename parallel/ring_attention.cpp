@@ -24,11 +24,15 @@ RingAttention::RingAttention(Communicator& comm, Backend& backend, std::vector<i
     : comm_(comm),
       backend_(backend),
       ops_(backend.ops()),
-      group_(std::move(group)),
       meta_arena_(backend),
       work_(backend) {
+  regroup(std::move(group));
+}
+
+void RingAttention::regroup(std::vector<int> group) {
+  group_ = std::move(group);
   d_ = int(group_.size());
-  const auto it = std::find(group_.begin(), group_.end(), comm.rank());
+  const auto it = std::find(group_.begin(), group_.end(), comm_.rank());
   DHP_ASSERT(d_ >= 1 && it != group_.end());
   DHP_ASSERT(std::set<int>(group_.begin(), group_.end()).size() == group_.size());
   me_ = int(it - group_.begin());

@@ -27,6 +27,8 @@ class RingAttention final : public Attention {
  public:
   // group: the world ranks of the ring in ring order; this rank must be one of them.
   RingAttention(Communicator& comm, Backend& backend, std::vector<int> group);
+  // Another group for the next pass (its buffers are kept: no allocation once warm).
+  void regroup(std::vector<int> group);
   // Exchanges every member's token count and metadata (once per pass, not per layer).
   void prepare(AttnMeta meta, int64_t T) override;
   void forward(int layer, float* out, float* lse, const float* q, const float* k, const float* v,

@@ -101,7 +101,6 @@ class Schema {
     auto& t = c.train;
     num("steps", t.steps, 0, big);
     num("batch_size", t.batch_size, 1, big);
-    num("micro_tokens", t.micro_tokens, 8, big);
     num("seed", t.seed, 0, 9.2e18);
     num("threads", t.threads, 0, 4096);
     flag("adapt_threads", t.adapt_threads);
@@ -167,6 +166,10 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 std::string suggestion(const Schema& s, const std::string& path) {
+  // Keys that existed once: say what replaced them rather than a near spelling.
+  if (path == "train.micro_tokens")
+    return " (it is gone: the planner sizes every rank's micro-batches with its memory model, "
+           "whose capacity is parallel.memory_gb)";
   const Key* best = nullptr;
   size_t best_d = 4;
   for (const auto& k : s.keys()) {

@@ -17,7 +17,6 @@ namespace dhp {
 struct TrainConfig {
   int64_t steps = 200;
   int64_t batch_size = 16;          // samples per global batch
-  int64_t micro_tokens = 2048;      // decoder-token budget of one micro-batch (accumulation)
   uint64_t seed = 1234;
   int threads = 0;                  // CPU compute threads; 0 = the cores per local rank
   bool adapt_threads = true;        // CPU: use fewer threads while other processes hold cores

@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "data/pack.h"
+#include "kernels/check.h"
 #include "data/tokenizer.h"
 #include "trainer/executor.h"
 
@@ -38,29 +39,24 @@ bool answer_matches(Model& model, const Sample& s) {
 }  // namespace
 
 EvalResult evaluate(Model& model, const Dataset& data, const EvalOptions& opt,
-                    Communicator& comm) {
+                    Communicator& comm, const Planner& planner) {
   const int64_t n = opt.max_samples > 0 ? std::min(opt.max_samples, data.size()) : data.size();
-  std::vector<int64_t> ids(n);
-  for (int64_t i = 0; i < n; ++i) ids[i] = i;
-  const StepWork all = split_step(data, ids, opt.micro_tokens, comm.rank(), comm.size());
-  // Chunks of two packs per rank: the next chunk decodes while this one runs, and decoded
-  // images of the whole set are never held at once.
-  const size_t per_chunk = 2 * size_t(comm.size());
+  DHP_CHECK(opt.batch > 0, "evaluation batch must be positive, got {}", opt.batch);
+  // Batches are planned one ahead: the next one decodes while this one runs.
   std::vector<StepWork> chunks;
-  for (size_t p0 = 0; p0 < all.packs.size(); p0 += per_chunk) {
-    StepWork c;
-    for (size_t p = p0; p < std::min(all.packs.size(), p0 + per_chunk); ++p) {
-      if (int(p % size_t(comm.size())) == comm.rank()) c.mine.push_back(c.packs.size());
-      c.packs.push_back(all.packs[p]);
-    }
-    chunks.push_back(std::move(c));
+  for (int64_t i0 = 0; i0 < n; i0 += opt.batch) {
+    std::vector<int64_t> ids;
+    for (int64_t i = i0; i < std::min(n, i0 + opt.batch); ++i) ids.push_back(i);
+    chunks.push_back(plan_step(planner, data, ids, comm.rank()));
   }
 
-  Executor exec(model, data, opt.workers);
+  Executor exec(model, data, opt.workers, comm);
   double stats[5] = {0.0, 0.0, 0.0, 0.0, 0.0};  // loss sum, targets, correct, exact, answers
   auto exact = [&](const std::vector<Sample>& samples) {
     for (const auto& s : samples) {
-      if (s.skipped) continue;  // a placeholder for data that went bad has no answer
+      // A placeholder for data that went bad has no answer; a sample split over a ring has no
+      // rank holding its whole prompt.
+      if (s.skipped || s.begin != 0 || int64_t(s.tokens.size()) != s.full_length) continue;
       stats[3] += answer_matches(model, s);
       stats[4] += 1;
     }

@@ -1,10 +1,13 @@
 #include "trainer/train.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 
@@ -57,6 +60,7 @@ class Run {
   std::unique_ptr<Dataset> train_set_, val_set_;
   Model model_;
   AdamW opt_;
+  Planner planner_;
   int64_t first_step_ = 0;
   std::optional<Sampler> sampler_;
   int64_t first_position_ = 0;  // stream position of the first sample of first_step_
@@ -90,7 +94,8 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
                                     : open_dataset(cfg.data.val, cfg.data, tokenizer_, cfg.model)),
       model_(cfg.model, *backend_),
       opt_(model_.table(), cfg.optim, *backend_),
-      exec_(model_, *train_set_, cfg.data.workers),
+      planner_(cfg.model, cfg.parallel, comm.size()),
+      exec_(model_, *train_set_, cfg.data.workers, comm),
       bar_(cfg.train.steps, rank0_ && cfg.log.progress) {
   model_.initialise(cfg.train.seed);
   std::optional<SamplerState> resumed_sampler;
@@ -138,7 +143,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
 
 StepWork Run::plan(int64_t step) const {
   const std::vector<int64_t> ids = sampler_->batch_at(position_of(step), cfg_.train.batch_size);
-  return split_step(*train_set_, ids, cfg_.train.micro_tokens, comm_.rank(), comm_.size());
+  return plan_step(planner_, *train_set_, ids, comm_.rank());
 }
 
 StepRecord Run::step(int64_t step, const StepWork& work) {
@@ -177,7 +182,12 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
   rec.samples_per_s = double(work.samples) / dt;
   rec.elapsed_s = seconds_since(t_start_);
   rec.loader_wait_s = exec_.last_wait_seconds();
-  rec.packs = int64_t(work.packs.size());
+  rec.groups = int64_t(work.plan.groups().size());
+  for (const auto& g : work.plan.groups()) rec.degrees.push_back(g.cp);
+  std::sort(rec.degrees.begin(), rec.degrees.end(), std::greater<>());
+  rec.max_degree = rec.degrees.empty() ? 1 : rec.degrees.front();
+  rec.plan_s = work.plan_seconds;
+  rec.predicted_s = double(work.plan.makespan_ns()) * 1e-9;
   rec.step_s = dt;
   rec.imbalance = mean > 0.0 ? slowest / mean : 1.0;
   rec.threads = threads;
@@ -189,29 +199,34 @@ void Run::record(const StepRecord& rec) {
   metrics_->write({{"step", rec.step}, {"loss", rec.loss}, {"lr", rec.lr},
                   {"grad_norm", rec.grad_norm}, {"tokens_per_s", rec.tokens_per_s},
                   {"samples_per_s", rec.samples_per_s}, {"elapsed_s", rec.elapsed_s},
-                  {"loader_wait_s", rec.loader_wait_s}, {"packs", rec.packs},
+                  {"loader_wait_s", rec.loader_wait_s}, {"groups", rec.groups},
+                  {"max_degree", rec.max_degree}, {"degrees", rec.degrees},
+                  {"plan_s", rec.plan_s},
+                  {"predicted_s", rec.predicted_s},
                   {"step_s", rec.step_s}, {"imbalance", rec.imbalance},
                   {"threads", rec.threads}});
   if (rec.step % cfg_.log.every == 0 || rec.step == cfg_.train.steps || rec.step == 1) {
     bar_.clear();
     spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
-                 "{:.1f} samples/s | wait {:.0f} ms | {:.1f}s",
+                 "{:.1f} samples/s | wait {:.0f} ms | {} groups, degrees {} | plan {:.1f} ms | "
+                 "{:.1f}s",
                  rec.step, cfg_.train.steps, rec.loss, rec.lr, rec.grad_norm, rec.tokens_per_s,
-                 rec.samples_per_s, 1e3 * rec.loader_wait_s, rec.elapsed_s);
+                 rec.samples_per_s, 1e3 * rec.loader_wait_s, rec.groups, fmt::join(rec.degrees, ","),
+                 1e3 * rec.plan_s, rec.elapsed_s);
   }
   bar_.draw(rec.step, seconds_since(t_train_), rec.loss);
 }
 
 void Run::evaluate(int64_t step, TrainResult* out) {
   if (!val_set_ || val_set_->size() == 0) return;
-  EvalOptions o{cfg_.train.micro_tokens, cfg_.eval.max_samples, false, cfg_.data.workers};
+  EvalOptions o{cfg_.train.batch_size, cfg_.eval.max_samples, false, cfg_.data.workers};
   o.exact_match = out && cfg_.eval.exact_match;  // generation only at the final evaluation
-  const EvalResult r = dhp::evaluate(model_, *val_set_, o, comm_);
+  const EvalResult r = dhp::evaluate(model_, *val_set_, o, comm_, planner_);
   EvalResult b;
   if (cfg_.eval.blank_images) {
     EvalOptions ob = o;
     ob.blank_images = true;
-    b = dhp::evaluate(model_, *val_set_, ob, comm_);
+    b = dhp::evaluate(model_, *val_set_, ob, comm_, planner_);
   }
   bar_.clear();
   if (rank0_) log_eval("val", step, r, cfg_.eval.blank_images ? &b : nullptr, *metrics_);
@@ -246,15 +261,20 @@ TrainResult train(const Config& cfg, Communicator& comm, const TrainOptions& top
   TrainResult result;
   result.last_step = first;
 
-  StepWork next = run.plan(first);
-  if (first < cfg.train.steps) run.submit(next);
+  // The plan of step s+1 is made, and its samples start decoding, on a background thread
+  // while step s computes.
+  auto plan_ahead = [&](int64_t step) {
+    return std::async(std::launch::async, [&run, step] {
+      StepWork w = run.plan(step);
+      run.submit(w);
+      return w;
+    });
+  };
+  std::future<StepWork> next;
+  if (first < cfg.train.steps) next = plan_ahead(first);
   for (int64_t step = first; step < cfg.train.steps; ++step) {
-    const StepWork cur = std::move(next);
-    // Decode the next step's samples in the background while this one computes.
-    if (step + 1 < cfg.train.steps) {
-      next = run.plan(step + 1);
-      run.submit(next);
-    }
+    const StepWork cur = next.get();
+    if (step + 1 < cfg.train.steps) next = plan_ahead(step + 1);
     const StepRecord rec = run.step(step, cur);
     result.steps.push_back(rec);
     result.last_step = rec.step;

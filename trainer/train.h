@@ -1,6 +1,6 @@
-// The training loop: global batches from the seeded sampler, split into packs (micro-batches)
-// under a token budget, packs spread over the ranks (trainer/executor.h), gradients accumulated
-// and summed, then clipping, the schedule and one AdamW update. The loss of a step is normalised by the global
+// The training loop: global batches from the seeded sampler, planned into groups of ranks
+// (parallel.strategy) and run by every rank's executor (trainer/executor.h), gradients
+// accumulated and summed, then clipping, the schedule and one AdamW update. The loss of a step is normalised by the global
 // count of loss targets, so the result does not depend on how the batch was split.
 #pragma once
 
@@ -22,7 +22,11 @@ struct StepRecord {
   double samples_per_s = 0.0;
   double elapsed_s = 0.0;
   double loader_wait_s = 0.0;
-  int64_t packs = 0;
+  int64_t groups = 0;        // groups of the step's plan (all ranks)
+  int max_degree = 1;        // the widest ring of the plan
+  std::vector<int> degrees;  // ring degree of every group of the plan, widest first
+  double plan_s = 0.0;       // planner wall time
+  double predicted_s = 0.0;  // the plan's predicted makespan
   double step_s = 0.0;
   double imbalance = 1.0;  // slowest rank's compute time over the mean of all ranks
   int threads = 0;         // compute threads this rank used for the step

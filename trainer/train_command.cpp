@@ -107,11 +107,12 @@ void add_eval_command(CLI::App& app) {
     Tokenizer tok(m.cfg.data.tokenizer);
     const std::unique_ptr<Dataset> data = open_dataset(manifest, m.cfg.data, tok, m.cfg.model);
     const Dataset& ds = *data;
-    EvalOptions eo{m.cfg.train.micro_tokens, m.cfg.eval.max_samples, false, m.cfg.data.workers,
+    EvalOptions eo{m.cfg.train.batch_size, m.cfg.eval.max_samples, false, m.cfg.data.workers,
                    m.cfg.eval.exact_match};
-    EvalResult real = evaluate(*m.model, ds, eo, comm);
+    const Planner planner(m.cfg.model, m.cfg.parallel, comm.size());
+    EvalResult real = evaluate(*m.model, ds, eo, comm, planner);
     eo.blank_images = true;
-    EvalResult blank = evaluate(*m.model, ds, eo, comm);
+    EvalResult blank = evaluate(*m.model, ds, eo, comm, planner);
     if (comm.rank() != 0) return;
     fmt::print("checkpoint   {}\ndata         {} ({} samples, {} caption tokens)\n", path, manifest,
                real.samples, real.targets);
