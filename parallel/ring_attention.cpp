@@ -1,6 +1,9 @@
 #include "parallel/ring_attention.h"
 
+#include <time.h>
+
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <set>
@@ -18,7 +21,21 @@ constexpr int kPrepareTag = 30000;
 constexpr int kLayerTags = 7000;
 enum Stream { kK = 0, kV = 1, kDK = 2, kDV = 3 };
 
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 }  // namespace
+
+void RingAttention::wait(PendingExchange& ex) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = thread_cpu_seconds();
+  ex.wait();
+  wait_cpu_ += thread_cpu_seconds() - c0;
+  wait_wall_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 RingAttention::RingAttention(Communicator& comm, Backend& backend, std::vector<int> group)
     : comm_(comm),
@@ -47,6 +64,7 @@ AttnMeta RingAttention::member_meta(int j) const {
 }
 
 void RingAttention::prepare(AttnMeta meta, int64_t T) {
+  wait_wall_ = wait_cpu_ = 0.0;
   meta_ = meta;
   T_.assign(size_t(d_), 0);
   T_[size_t(me_)] = T;
@@ -57,7 +75,7 @@ void RingAttention::prepare(AttnMeta meta, int64_t T) {
         t.push_back(Transfer::send(group_[size_t(j)], &T, 1, kPrepareTag));
         t.push_back(Transfer::recv(group_[size_t(j)], &T_[size_t(j)], 1, kPrepareTag));
       }
-    comm_.exchange(t)->wait();
+    wait(*comm_.exchange(t));
   }
   doc_.assign(size_t(d_), nullptr);
   idx_.assign(size_t(d_), nullptr);
@@ -82,7 +100,7 @@ void RingAttention::prepare(AttnMeta meta, int64_t T) {
       t.push_back(Transfer::recv(peer, idx_[size_t(j)], T_[size_t(j)], kPrepareTag + 2));
       t.push_back(Transfer::recv(peer, blk_[size_t(j)], T_[size_t(j)], kPrepareTag + 3));
     }
-    comm_.exchange(t)->wait();
+    wait(*comm_.exchange(t));
   }
 
   // Which members hold a key that one of my queries may see: per document, the latest query
@@ -153,7 +171,7 @@ void RingAttention::forward(int layer, float* out, float* lse, const float* q, c
       ++blocks_computed_;
     }
     if (next_block) {
-      next_block->wait();
+      wait(*next_block);
       cur_k = kbuf[(s + 1) % 2];
       cur_v = vbuf[(s + 1) % 2];
     }
@@ -217,7 +235,7 @@ void RingAttention::backward(int layer, float* dq, float* dk, float* dv, const f
         ops_.fill(acc_v, 0.0f, Tf * kvd);
       }
     } else {
-      acc_next->wait();  // the block's accumulator, with every earlier rank's part
+      wait(*acc_next);  // the block's accumulator, with every earlier rank's part
       if (compute) {
         ops_.add_inplace(acc_k, dk_part, Tf * kvd);
         ops_.add_inplace(acc_v, dv_part, Tf * kvd);
@@ -232,13 +250,13 @@ void RingAttention::backward(int layer, float* dq, float* dk, float* dv, const f
          Transfer::recv(prev_, last ? dk : dkbuf[(s + 1) % 2], n_recv, tag(layer, kDK)),
          Transfer::recv(prev_, last ? dv : dvbuf[(s + 1) % 2], n_recv, tag(layer, kDV))});
     if (kv_next) {
-      kv_next->wait();
+      wait(*kv_next);
       kv_next.reset();
       cur_k = kbuf[(s + 1) % 2];
       cur_v = vbuf[(s + 1) % 2];
     }
   }
-  acc_next->wait();
+  wait(*acc_next);
   if (!dq_written) ops_.fill(dq, 0.0f, T * qd);
 }
 

@@ -38,6 +38,10 @@ class RingAttention final : public Attention {
                 const AttnDims& d) override;
   // Key blocks this rank computed in the last forward (of d): shows the mask-skipping.
   int blocks_computed() const { return blocks_computed_; }
+  // Time spent waiting for transfers since the last prepare(): wall seconds, and this
+  // thread's CPU seconds (an MPI wait may spin), so busy time can leave the waiting out.
+  double wait_seconds() const { return wait_wall_; }
+  double wait_cpu_seconds() const { return wait_cpu_; }
 
  private:
   int source(int step) const { return (me_ - step % d_ + d_) % d_; }  // block held at a step
@@ -55,6 +59,8 @@ class RingAttention final : public Attention {
   Arena meta_arena_, work_;
   std::vector<int32_t*> doc_, idx_, blk_;     // (T_[j]) every member's metadata, device
   int blocks_computed_ = 0;
+  double wait_wall_ = 0.0, wait_cpu_ = 0.0;
+  void wait(PendingExchange& ex);  // ex.wait(), timed
 };
 
 }  // namespace dhp

@@ -72,5 +72,5 @@ for path, n in zip(sys.argv[2:], (2, 3)):
     assert widest == n, f"the {n}-rank run's widest ring has {widest} ranks, expected {n}"
 PY
 /usr/bin/python3 "$src/scripts/plot_metrics.py" "$work/one/metrics.jsonl" "$work/r3/metrics.jsonl" -o "$work/charts"
-for f in loss throughput imbalance; do test -s "$work/charts/$f.png"; done
+for f in loss throughput imbalance cost_model; do test -s "$work/charts/$f.png"; done
 echo "1, 2 and 3 ranks agree; charts written"

@@ -127,6 +127,8 @@ class Schema {
     num("planner_budget_ms", p.planner_budget_ms, 0, 1e6);
     str("device", p.device);
     flag("recompute", p.recompute);
+    flag("refit", p.refit);
+    num("refit_window", p.refit_window, 1, 1 << 20);
 
     sec_ = "checkpoint";
     auto& k = c.checkpoint;

@@ -97,14 +97,19 @@ StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
     // on every rank, so that the two zigzag pieces of a sequence are one document.
     for (auto& d : b.doc) d = g.docs[size_t(d)];
     const DeviceBatch& db = model_.upload(b);
-    if (g.ring.size() > 1) {
+    const bool ring = g.ring.size() > 1;
+    if (ring) {
       ring_.regroup(g.ring);
       model_.run(db, loss_scale, backward, &ring_);
     } else {
       model_.run(db, loss_scale, backward);
     }
-    timings_.push_back(GroupTiming{g.group, thread_cpu_seconds() - cpu0,
-                                   std::chrono::duration<double>(Clock::now() - wall0).count()});
+    const double cpu = thread_cpu_seconds() - cpu0;
+    const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
+    const double wait = ring ? ring_.wait_seconds() : 0.0;
+    const bool one_thread = model_.backend().threads() == 1;
+    const double busy = one_thread ? cpu - (ring ? ring_.wait_cpu_seconds() : 0.0) : wall - wait;
+    timings_.push_back(GroupTiming{g.group, std::max(0.0, busy), wait});
     if (after) {
       group_samples.assign(std::make_move_iterator(samples.begin() + long(at)),
                            std::make_move_iterator(samples.begin() + long(at + n)));

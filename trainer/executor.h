@@ -51,12 +51,13 @@ struct StepWork {
 StepWork plan_step(const Planner& planner, const Dataset& data, const std::vector<int64_t>& ids,
                    int rank);
 
-// A group this rank ran: its compute time as thread CPU time (true busy time even with more
-// ranks than cores) and as wall time, which includes waiting for ring neighbours.
+// A group this rank ran. Busy time is the rank's thread CPU time (true busy time even with
+// more ranks than cores) less what it spent inside ring waits; with several compute threads
+// per rank (whose CPU time the calling thread does not see) it is wall time less the waits.
 struct GroupTiming {
   int group = 0;
-  double cpu_seconds = 0.0;
-  double wall_seconds = 0.0;
+  double busy_seconds = 0.0;
+  double wait_seconds = 0.0;  // wall time waiting for ring neighbours
 };
 
 class Executor {

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
+#include <mutex>
 #include <functional>
 #include <future>
 #include <memory>
@@ -18,6 +20,7 @@
 #include "kernels/check.h"
 #include "kernels/log.h"
 #include "model/model.h"
+#include "parallel/planner.h"
 #include "trainer/checkpoint.h"
 #include "trainer/evaluate.h"
 #include "trainer/executor.h"
@@ -40,12 +43,19 @@ class Run {
  public:
   Run(const Config& cfg, Communicator& comm, const TrainOptions& topt);
   int64_t first_step() const { return first_step_; }
-  // This rank's share of the global batch of `step`, decided from sample lengths alone.
-  StepWork plan(int64_t step) const;
+  std::shared_ptr<const Planner> planner() const {
+    std::lock_guard lk(planner_mu_);
+    return planner_;
+  }
+  // This rank's share of the global batch of `step`, decided from sample lengths alone. Every
+  // rank must plan a step with the same planner (see train()).
+  StepWork plan(int64_t step, const Planner& planner) const;
   void submit(const StepWork& work) { exec_.submit(work, false); }
   // One optimizer step over `work` (submitted earlier).
   StepRecord step(int64_t step, const StepWork& work);
   void record(const StepRecord& rec);
+  // Measured group times against the plan's prediction, and the online refit.
+  void learn_costs(const StepWork& work, StepRecord& rec);
   void evaluate(int64_t step, TrainResult* out);
   std::string save(int64_t step);
   void clear_bar() { bar_.clear(); }
@@ -60,7 +70,11 @@ class Run {
   std::unique_ptr<Dataset> train_set_, val_set_;
   Model model_;
   AdamW opt_;
-  Planner planner_;
+  // The planner of the current cost model; replaced (never modified) by the online refit, so
+  // a plan being made on the background thread keeps the one it started with.
+  mutable std::mutex planner_mu_;
+  std::shared_ptr<const Planner> planner_;
+  std::deque<TimingObservation> observed_;  // the latest groups' measured times
   int64_t first_step_ = 0;
   std::optional<Sampler> sampler_;
   int64_t first_position_ = 0;  // stream position of the first sample of first_step_
@@ -94,7 +108,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
                                     : open_dataset(cfg.data.val, cfg.data, tokenizer_, cfg.model)),
       model_(cfg.model, *backend_),
       opt_(model_.table(), cfg.optim, *backend_),
-      planner_(cfg.model, cfg.parallel, comm.size()),
+      planner_(std::make_shared<const Planner>(cfg.model, cfg.parallel, comm.size())),
       exec_(model_, *train_set_, cfg.data.workers, comm),
       bar_(cfg.train.steps, rank0_ && cfg.log.progress) {
   model_.initialise(cfg.train.seed);
@@ -141,19 +155,72 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
   t_train_ = Clock::now();
 }
 
-StepWork Run::plan(int64_t step) const {
+StepWork Run::plan(int64_t step, const Planner& planner) const {
   const std::vector<int64_t> ids = sampler_->batch_at(position_of(step), cfg_.train.batch_size);
-  return plan_step(planner_, *train_set_, ids, comm_.rank());
+  return plan_step(planner, *train_set_, ids, comm_.rank());
+}
+
+// The plan's schedule replayed with measured group times: each rank runs its groups in start
+// order and a group starts when the last of its ranks is free.
+double rebuilt_makespan(const Plan& plan, const std::vector<double>& seconds) {
+  std::vector<double> free_at(size_t(plan.world()), 0.0);
+  std::vector<int> order(plan.groups().size());
+  for (size_t g = 0; g < order.size(); ++g) order[g] = int(g);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return plan.groups()[size_t(a)].start_ns < plan.groups()[size_t(b)].start_ns;
+  });
+  double makespan = 0.0;
+  for (int g : order) {
+    const PlanGroup& grp = plan.groups()[size_t(g)];
+    double start = 0.0;
+    for (int r = grp.first_rank; r < grp.first_rank + grp.degree; ++r)
+      start = std::max(start, free_at[size_t(r)]);
+    const double end = start + seconds[size_t(g)];
+    for (int r = grp.first_rank; r < grp.first_rank + grp.degree; ++r) free_at[size_t(r)] = end;
+    makespan = std::max(makespan, end);
+  }
+  return makespan;
+}
+
+void Run::learn_costs(const StepWork& work, StepRecord& rec) {
+  // Every group's time is its slowest member's busy time; the same numbers reach every rank,
+  // so every rank refits to the same coefficients and keeps planning identically.
+  const auto& groups = work.plan.groups();
+  std::vector<double> measured(groups.size(), 0.0);
+  for (const GroupTiming& t : exec_.last_timings()) measured[size_t(t.group)] = t.busy_seconds;
+  comm_.all_reduce_max(measured.data(), int64_t(measured.size()));
+  double err = 0.0;
+  int counted = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (measured[g] <= 0.0) continue;
+    err += std::abs(double(groups[g].time_ns) * 1e-9 - measured[g]) / measured[g];
+    ++counted;
+    TimingObservation o;
+    for (int32_t s : groups[g].seqs) o.seqs.push_back(work.plan.seqs()[size_t(s)]);
+    o.degree = groups[g].cp;
+    o.seconds = measured[g];
+    observed_.push_back(std::move(o));
+  }
+  rec.cost_error = counted ? err / counted : 0.0;
+  rec.measured_s = rebuilt_makespan(work.plan, measured);
+  while (int(observed_.size()) > cfg_.parallel.refit_window) observed_.pop_front();
+  if (!cfg_.parallel.refit || observed_.empty()) return;
+  const std::shared_ptr<const Planner> cur = planner();
+  CostModel cost = cur->cost();
+  cost.set_coeffs(refit(cost, {observed_.begin(), observed_.end()}));
+  auto next = std::make_shared<const Planner>(cost, cfg_.parallel, comm_.size());
+  std::lock_guard lk(planner_mu_);
+  planner_ = std::move(next);
 }
 
 StepRecord Run::step(int64_t step, const StepWork& work) {
   const auto t_step = Clock::now();
   model_.zero_grads();
   const float scale = 1.0f / float(std::max<int64_t>(1, work.loss_tokens));
-  const auto t_compute = Clock::now();
   const StepStats local = exec_.run(work, scale, true);
-  // Every rank's compute time, to show how unevenly the step's work was spread.
-  const double mine = seconds_since(t_compute);
+  // Every rank's busy time, to show how unevenly the step's work was spread.
+  double mine = 0.0, waited = 0.0;
+  for (const GroupTiming& t : exec_.last_timings()) mine += t.busy_seconds, waited += t.wait_seconds;
   std::vector<double> rank_time(size_t(comm_.size()), 0.0);
   comm_.all_gather(&mine, rank_time.data(), 1, DataType::F64);
   comm_.all_reduce_sum(model_.grads(), model_.n_params());
@@ -188,6 +255,9 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
   rec.max_degree = rec.degrees.empty() ? 1 : rec.degrees.front();
   rec.plan_s = work.plan_seconds;
   rec.predicted_s = double(work.plan.makespan_ns()) * 1e-9;
+  rec.busy_s = mine;
+  rec.ring_wait_s = waited;
+  learn_costs(work, rec);
   rec.step_s = dt;
   rec.imbalance = mean > 0.0 ? slowest / mean : 1.0;
   rec.threads = threads;
@@ -202,17 +272,20 @@ void Run::record(const StepRecord& rec) {
                   {"loader_wait_s", rec.loader_wait_s}, {"groups", rec.groups},
                   {"max_degree", rec.max_degree}, {"degrees", rec.degrees},
                   {"plan_s", rec.plan_s},
-                  {"predicted_s", rec.predicted_s},
+                  {"predicted_s", rec.predicted_s}, {"measured_s", rec.measured_s},
+                  {"cost_error", rec.cost_error}, {"busy_s", rec.busy_s},
+                  {"ring_wait_s", rec.ring_wait_s},
                   {"step_s", rec.step_s}, {"imbalance", rec.imbalance},
                   {"threads", rec.threads}});
   if (rec.step % cfg_.log.every == 0 || rec.step == cfg_.train.steps || rec.step == 1) {
     bar_.clear();
     spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
-                 "{:.1f} samples/s | wait {:.0f} ms | {} groups, degrees {} | plan {:.1f} ms | "
-                 "{:.1f}s",
+                 "{:.1f} samples/s | wait {:.0f} ms | {} groups, degrees {} | plan {:.1f} ms, "
+                 "predicted {:.3f}s, measured {:.3f}s (cost model error {:.0f}%) | {:.1f}s",
                  rec.step, cfg_.train.steps, rec.loss, rec.lr, rec.grad_norm, rec.tokens_per_s,
                  rec.samples_per_s, 1e3 * rec.loader_wait_s, rec.groups, fmt::join(rec.degrees, ","),
-                 1e3 * rec.plan_s, rec.elapsed_s);
+                 1e3 * rec.plan_s, rec.predicted_s, rec.measured_s, 100 * rec.cost_error,
+                 rec.elapsed_s);
   }
   bar_.draw(rec.step, seconds_since(t_train_), rec.loss);
 }
@@ -221,12 +294,13 @@ void Run::evaluate(int64_t step, TrainResult* out) {
   if (!val_set_ || val_set_->size() == 0) return;
   EvalOptions o{cfg_.train.batch_size, cfg_.eval.max_samples, false, cfg_.data.workers};
   o.exact_match = out && cfg_.eval.exact_match;  // generation only at the final evaluation
-  const EvalResult r = dhp::evaluate(model_, *val_set_, o, comm_, planner_);
+  const std::shared_ptr<const Planner> planner = this->planner();
+  const EvalResult r = dhp::evaluate(model_, *val_set_, o, comm_, *planner);
   EvalResult b;
   if (cfg_.eval.blank_images) {
     EvalOptions ob = o;
     ob.blank_images = true;
-    b = dhp::evaluate(model_, *val_set_, ob, comm_, planner_);
+    b = dhp::evaluate(model_, *val_set_, ob, comm_, *planner);
   }
   bar_.clear();
   if (rank0_) log_eval("val", step, r, cfg_.eval.blank_images ? &b : nullptr, *metrics_);
@@ -264,8 +338,10 @@ TrainResult train(const Config& cfg, Communicator& comm, const TrainOptions& top
   // The plan of step s+1 is made, and its samples start decoding, on a background thread
   // while step s computes.
   auto plan_ahead = [&](int64_t step) {
-    return std::async(std::launch::async, [&run, step] {
-      StepWork w = run.plan(step);
+    // The planner is taken here, on the training thread, between the same two steps on every
+    // rank: a refit that lands while the plan is being made does not change this plan.
+    return std::async(std::launch::async, [&run, step, planner = run.planner()] {
+      StepWork w = run.plan(step, *planner);
       run.submit(w);
       return w;
     });

@@ -27,6 +27,10 @@ struct StepRecord {
   std::vector<int> degrees;  // ring degree of every group of the plan, widest first
   double plan_s = 0.0;       // planner wall time
   double predicted_s = 0.0;  // the plan's predicted makespan
+  double measured_s = 0.0;   // the plan's schedule replayed with the measured group times
+  double cost_error = 0.0;   // mean |predicted - measured| / measured over the step's groups
+  double busy_s = 0.0;       // this rank's compute time (thread CPU time, waits left out)
+  double ring_wait_s = 0.0;  // this rank's time waiting for ring neighbours
   double step_s = 0.0;
   double imbalance = 1.0;  // slowest rank's compute time over the mean of all ranks
   int threads = 0;         // compute threads this rank used for the step
