@@ -65,6 +65,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string name() const = 0;
+  // Communicators this object has created with the transport (the world's own counts one).
+  // Groups are rank lists on this one communicator, so the count never grows after start-up.
+  virtual int communicators_created() const = 0;
 
   // Collectives over every rank; every rank calls them in the same order with the same count,
   // type and root. Reductions run in an order fixed for a given world size, so a run is

@@ -52,16 +52,16 @@ void finalize_at_exit() {
 
 class MpiExchange final : public PendingExchange {
  public:
-  explicit MpiExchange(std::vector<Transfer> transfers) : transfers_(std::move(transfers)) {
+  MpiExchange(std::vector<Transfer> transfers, MPI_Comm comm) : transfers_(std::move(transfers)) {
     requests_.resize(transfers_.size(), MPI_REQUEST_NULL);
     for (size_t i = 0; i < transfers_.size(); ++i) {
       const Transfer& t = transfers_[i];
       const int n = checked_count(t.count, "a point-to-point transfer");
       if (t.kind == Transfer::Send)
-        mpi_check(MPI_Isend(t.buf, n, mpi_type(t.type), t.peer, t.tag, MPI_COMM_WORLD,
+        mpi_check(MPI_Isend(t.buf, n, mpi_type(t.type), t.peer, t.tag, comm,
                             &requests_[i]), "MPI_Isend");
       else
-        mpi_check(MPI_Irecv(t.buf, n, mpi_type(t.type), t.peer, t.tag, MPI_COMM_WORLD,
+        mpi_check(MPI_Irecv(t.buf, n, mpi_type(t.type), t.peer, t.tag, comm,
                             &requests_[i]), "MPI_Irecv");
     }
   }
@@ -91,12 +91,22 @@ class MpiExchange final : public PendingExchange {
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator() {
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    // dhp's own copy of the world, so its messages never match a library's; the only
+    // communicator a run creates.
+    mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
+    ++created_;
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
     // Errors come back as codes (and then as dhp::Error) instead of aborting the job without
     // a word about which call failed.
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  int communicators_created() const override { return created_; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
@@ -108,17 +118,17 @@ class MpiCommunicator final : public Communicator {
       const int n = int(std::min(kSlice, count - off));
       mpi_check(MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(buf) + size_t(off) * es, n,
                               mpi_type(type), op == ReduceOp::Sum ? MPI_SUM : MPI_MAX,
-                              MPI_COMM_WORLD), "MPI_Allreduce");
+                              comm_), "MPI_Allreduce");
     }
   }
   void reduce_scatter(const void* send, void* recv, int64_t count, DataType type) override {
     mpi_check(MPI_Reduce_scatter_block(send, recv, checked_count(count, "reduce_scatter"),
-                                       mpi_type(type), MPI_SUM, MPI_COMM_WORLD),
+                                       mpi_type(type), MPI_SUM, comm_),
               "MPI_Reduce_scatter_block");
   }
   void all_gather(const void* send, void* recv, int64_t count, DataType type) override {
     const int n = checked_count(count, "all_gather");
-    mpi_check(MPI_Allgather(send, n, mpi_type(type), recv, n, mpi_type(type), MPI_COMM_WORLD),
+    mpi_check(MPI_Allgather(send, n, mpi_type(type), recv, n, mpi_type(type), comm_),
               "MPI_Allgather");
   }
   void broadcast(void* buf, int64_t count, DataType type, int root) override {
@@ -127,18 +137,20 @@ class MpiCommunicator final : public Communicator {
     for (int64_t off = 0; off < count; off += kSlice) {
       const int n = int(std::min(kSlice, count - off));
       mpi_check(MPI_Bcast(static_cast<char*>(buf) + size_t(off) * es, n, mpi_type(type), root,
-                          MPI_COMM_WORLD), "MPI_Bcast");
+                          comm_), "MPI_Bcast");
     }
   }
-  void barrier() override { mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+  void barrier() override { mpi_check(MPI_Barrier(comm_), "MPI_Barrier"); }
   std::unique_ptr<PendingExchange> exchange(const std::vector<Transfer>& transfers) override {
     for (const Transfer& t : transfers)
       DHP_CHECK(t.peer >= 0 && t.peer < size_, "rank {}: transfer to rank {} in a world of {}",
                 rank_, t.peer, size_);
-    return std::make_unique<MpiExchange>(transfers);
+    return std::make_unique<MpiExchange>(transfers, comm_);
   }
 
  private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int created_ = 0;
   int rank_ = 0, size_ = 1;
 };
 

@@ -19,6 +19,11 @@ TEST(MpiComm, GroupedSendsAndReceivesMatchSerialResults) {
   EXPECT_NO_THROW(testing::check_exchanges(*g_world));
 }
 
+TEST(MpiComm, TheWorldIsTheOnlyCommunicator) {
+  testing::check_exchanges(*g_world);
+  EXPECT_EQ(g_world->communicators_created(), 1);
+}
+
 }  // namespace
 }  // namespace dhp
 

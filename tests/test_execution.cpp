@@ -159,6 +159,9 @@ TEST(PlanInvariance, FiveTrainingStepsOnOneThreeAndFiveRanks) {
     TrainResult r0;
     run_threaded(n, [&](Communicator& comm) {
       TrainResult r = train(cfg, comm);
+      // Groups re-formed every step are rank lists on the one communicator.
+      DHP_CHECK(comm.communicators_created() == 1, "rank {}: {} communicators after training",
+                comm.rank(), comm.communicators_created());
       if (comm.rank() == 0) r0 = r;
     });
     ASSERT_EQ(r0.steps.size(), 5u);

@@ -256,6 +256,7 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
   rec.plan_s = work.plan_seconds;
   rec.predicted_s = double(work.plan.makespan_ns()) * 1e-9;
   rec.busy_s = mine;
+  rec.rank_busy_s = rank_time;
   rec.ring_wait_s = waited;
   learn_costs(work, rec);
   rec.step_s = dt;
@@ -273,7 +274,7 @@ void Run::record(const StepRecord& rec) {
                   {"max_degree", rec.max_degree}, {"degrees", rec.degrees},
                   {"plan_s", rec.plan_s},
                   {"predicted_s", rec.predicted_s}, {"measured_s", rec.measured_s},
-                  {"cost_error", rec.cost_error}, {"busy_s", rec.busy_s},
+                  {"cost_error", rec.cost_error}, {"rank_busy_s", rec.rank_busy_s},
                   {"ring_wait_s", rec.ring_wait_s},
                   {"step_s", rec.step_s}, {"imbalance", rec.imbalance},
                   {"threads", rec.threads}});

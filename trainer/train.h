@@ -30,6 +30,7 @@ struct StepRecord {
   double measured_s = 0.0;   // the plan's schedule replayed with the measured group times
   double cost_error = 0.0;   // mean |predicted - measured| / measured over the step's groups
   double busy_s = 0.0;       // this rank's compute time (thread CPU time, waits left out)
+  std::vector<double> rank_busy_s;  // every rank's busy_s
   double ring_wait_s = 0.0;  // this rank's time waiting for ring neighbours
   double step_s = 0.0;
   double imbalance = 1.0;  // slowest rank's compute time over the mean of all ranks
