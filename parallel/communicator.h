@@ -30,6 +30,9 @@ template <> constexpr DataType data_type_of<uint8_t>() { return DataType::U8; }
 
 enum class ReduceOp { Sum, Max };
 
+// How long one blocking call may wait for its peers before it is an error (parallel.timeout_s).
+inline constexpr double kDefaultTimeoutSeconds = 120.0;
+
 // One send or receive of a grouped exchange. A receive must name the exact count and type the
 // peer sends under the same tag; anything else is an error on the receiving rank.
 struct Transfer {
@@ -68,6 +71,9 @@ class Communicator {
   // Communicators this object has created with the transport (the world's own counts one).
   // Groups are rank lists on this one communicator, so the count never grows after start-up.
   virtual int communicators_created() const = 0;
+  // The longest a blocking call waits for its peers before throwing dhp::Error that names
+  // this rank and what it waited for: a dead or stopped rank never hangs the job.
+  virtual void set_timeout(double seconds) = 0;
 
   // Collectives over every rank; every rank calls them in the same order with the same count,
   // type and root. Reductions run in an order fixed for a given world size, so a run is

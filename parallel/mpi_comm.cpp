@@ -1,8 +1,13 @@
 #include "parallel/mpi_comm.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <functional>
+#include <thread>
 
 #include "kernels/check.h"
 #include "parallel/threaded_comm.h"
@@ -50,9 +55,34 @@ void finalize_at_exit() {
   if (!finalized) MPI_Finalize();
 }
 
+// Completes requests without holding a core and without waiting forever. A quick peer
+// answers within microseconds, so the wait spins briefly, then polls with sleeps growing to a
+// millisecond: a rank that shares cores with busy peers (more ranks than cores, or another
+// job) leaves them the CPU instead of spinning in MPI_Waitall. A wait longer than `timeout`
+// seconds is an error naming this rank and what it waited for (a dead or stopped peer).
+void wait_all(std::vector<MPI_Request>& reqs, MPI_Status* status, int rank, double timeout,
+              const std::function<std::string()>& what) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto pause = std::chrono::microseconds(0);
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    mpi_check(MPI_Testall(int(reqs.size()), reqs.data(), &done, status), "MPI_Testall");
+    if (done) return;
+    if (polls < 200) continue;
+    if (std::chrono::duration<double>(Clock::now() - t0).count() > timeout)
+      throw Error(fmt::format("rank {}: no answer within {:.0f} s while waiting for {} (a rank "
+                              "died, stopped or is far behind; parallel.timeout_s)",
+                              rank, timeout, what()));
+    pause = std::min(std::chrono::microseconds(1000), pause + std::chrono::microseconds(20));
+    std::this_thread::sleep_for(pause);
+  }
+}
+
 class MpiExchange final : public PendingExchange {
  public:
-  MpiExchange(std::vector<Transfer> transfers, MPI_Comm comm) : transfers_(std::move(transfers)) {
+  MpiExchange(std::vector<Transfer> transfers, MPI_Comm comm, int rank, double timeout)
+      : transfers_(std::move(transfers)), rank_(rank), timeout_(timeout) {
     requests_.resize(transfers_.size(), MPI_REQUEST_NULL);
     for (size_t i = 0; i < transfers_.size(); ++i) {
       const Transfer& t = transfers_[i];
@@ -70,7 +100,15 @@ class MpiExchange final : public PendingExchange {
   }
   void wait() override {
     std::vector<MPI_Status> status(requests_.size());
-    mpi_check(MPI_Waitall(int(requests_.size()), requests_.data(), status.data()), "MPI_Waitall");
+    wait_all(requests_, status.data(), rank_, timeout_, [&] {
+      std::vector<std::string> peers;
+      for (size_t i = 0; i < transfers_.size(); ++i)
+        if (requests_[i] != MPI_REQUEST_NULL)
+          peers.push_back(fmt::format("{} rank {}", transfers_[i].kind == Transfer::Send ? "a send to"
+                                                                                         : "a receive from",
+                                      transfers_[i].peer));
+      return fmt::format("{}", fmt::join(peers, ", "));
+    });
     done_ = true;
     for (size_t i = 0; i < transfers_.size(); ++i) {
       const Transfer& t = transfers_[i];
@@ -85,6 +123,8 @@ class MpiExchange final : public PendingExchange {
  private:
   std::vector<Transfer> transfers_;
   std::vector<MPI_Request> requests_;
+  int rank_;
+  double timeout_;
   bool done_ = false;
 };
 
@@ -116,41 +156,62 @@ class MpiCommunicator final : public Communicator {
     const size_t es = data_type_size(type);
     for (int64_t off = 0; off < count; off += kSlice) {
       const int n = int(std::min(kSlice, count - off));
-      mpi_check(MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(buf) + size_t(off) * es, n,
-                              mpi_type(type), op == ReduceOp::Sum ? MPI_SUM : MPI_MAX,
-                              comm_), "MPI_Allreduce");
+      std::vector<MPI_Request> r(1);
+      mpi_check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(buf) + size_t(off) * es, n,
+                               mpi_type(type), op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_,
+                               &r[0]), "MPI_Iallreduce");
+      finish(r, "an all-reduce");
     }
   }
   void reduce_scatter(const void* send, void* recv, int64_t count, DataType type) override {
-    mpi_check(MPI_Reduce_scatter_block(send, recv, checked_count(count, "reduce_scatter"),
-                                       mpi_type(type), MPI_SUM, comm_),
-              "MPI_Reduce_scatter_block");
+    std::vector<MPI_Request> r(1);
+    mpi_check(MPI_Ireduce_scatter_block(send, recv, checked_count(count, "reduce_scatter"),
+                                        mpi_type(type), MPI_SUM, comm_, &r[0]),
+              "MPI_Ireduce_scatter_block");
+    finish(r, "a reduce-scatter");
   }
   void all_gather(const void* send, void* recv, int64_t count, DataType type) override {
     const int n = checked_count(count, "all_gather");
-    mpi_check(MPI_Allgather(send, n, mpi_type(type), recv, n, mpi_type(type), comm_),
-              "MPI_Allgather");
+    // A send that is already this rank's block of recv is gathered in place.
+    const bool in_place =
+        send == static_cast<char*>(recv) + size_t(rank_) * size_t(n) * data_type_size(type);
+    std::vector<MPI_Request> r(1);
+    mpi_check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(type), recv, n,
+                             mpi_type(type), comm_, &r[0]), "MPI_Iallgather");
+    finish(r, "an all-gather");
   }
   void broadcast(void* buf, int64_t count, DataType type, int root) override {
     DHP_CHECK(root >= 0 && root < size_, "broadcast from rank {} in a world of {}", root, size_);
     const size_t es = data_type_size(type);
     for (int64_t off = 0; off < count; off += kSlice) {
       const int n = int(std::min(kSlice, count - off));
-      mpi_check(MPI_Bcast(static_cast<char*>(buf) + size_t(off) * es, n, mpi_type(type), root,
-                          comm_), "MPI_Bcast");
+      std::vector<MPI_Request> r(1);
+      mpi_check(MPI_Ibcast(static_cast<char*>(buf) + size_t(off) * es, n, mpi_type(type), root,
+                           comm_, &r[0]), "MPI_Ibcast");
+      finish(r, "a broadcast");
     }
   }
-  void barrier() override { mpi_check(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() override {
+    std::vector<MPI_Request> r(1);
+    mpi_check(MPI_Ibarrier(comm_, &r[0]), "MPI_Ibarrier");
+    finish(r, "a barrier");
+  }
+  void set_timeout(double seconds) override { timeout_ = seconds; }
   std::unique_ptr<PendingExchange> exchange(const std::vector<Transfer>& transfers) override {
     for (const Transfer& t : transfers)
       DHP_CHECK(t.peer >= 0 && t.peer < size_, "rank {}: transfer to rank {} in a world of {}",
                 rank_, t.peer, size_);
-    return std::make_unique<MpiExchange>(transfers, comm_);
+    return std::make_unique<MpiExchange>(transfers, comm_, rank_, timeout_);
   }
 
  private:
+  void finish(std::vector<MPI_Request>& r, const char* what) {
+    wait_all(r, MPI_STATUSES_IGNORE, rank_, timeout_,
+             [what] { return fmt::format("{} with every rank", what); });
+  }
   MPI_Comm comm_ = MPI_COMM_NULL;
   int created_ = 0;
+  double timeout_ = kDefaultTimeoutSeconds;
   int rank_ = 0, size_ = 1;
 };
 

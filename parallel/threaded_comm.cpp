@@ -203,6 +203,11 @@ void ThreadedCommunicator::broadcast(void* buf, int64_t count, DataType type, in
   world_.arrive(rank_, "broadcast (done)");
 }
 
+void ThreadedCommunicator::set_timeout(double seconds) {
+  std::lock_guard lk(world_.mu_);
+  world_.timeout_ = std::chrono::milliseconds(int64_t(seconds * 1e3));
+}
+
 void ThreadedCommunicator::barrier() {
   meet({"barrier", nullptr, nullptr});
   world_.arrive(rank_, "barrier (done)");

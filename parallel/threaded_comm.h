@@ -56,7 +56,7 @@ class ThreadedWorld {
   void throw_if_failed_locked() const;
 
   const int size_;
-  const std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds timeout_;  // shared by the world's ranks
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Call> calls_;
@@ -76,6 +76,7 @@ class ThreadedCommunicator final : public Communicator {
   int size() const override { return world_.size(); }
   std::string name() const override { return "threaded"; }
   int communicators_created() const override { return 1; }  // the world it was given
+  void set_timeout(double seconds) override;
 
   void all_reduce(void* buf, int64_t count, DataType type, ReduceOp op) override;
   void reduce_scatter(const void* send, void* recv, int64_t count, DataType type) override;

@@ -129,6 +129,7 @@ class Schema {
     flag("recompute", p.recompute);
     flag("refit", p.refit);
     num("refit_window", p.refit_window, 1, 1 << 20);
+    num("timeout_s", p.timeout_s, 0.1, 1e7);
 
     sec_ = "checkpoint";
     auto& k = c.checkpoint;

@@ -111,6 +111,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
       planner_(std::make_shared<const Planner>(cfg.model, cfg.parallel, comm.size())),
       exec_(model_, *train_set_, cfg.data.workers, comm),
       bar_(cfg.train.steps, rank0_ && cfg.log.progress) {
+  comm.set_timeout(cfg.parallel.timeout_s);
   model_.initialise(cfg.train.seed);
   std::optional<SamplerState> resumed_sampler;
   if (!topt.resume.empty()) {
