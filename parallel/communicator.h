@@ -74,6 +74,9 @@ class Communicator {
   // The longest a blocking call waits for its peers before throwing dhp::Error that names
   // this rank and what it waited for: a dead or stopped rank never hangs the job.
   virtual void set_timeout(double seconds) = 0;
+  // Ends every rank of the job after this rank met an error it reported: the others would
+  // otherwise wait for it (MPI: MPI_Abort, which does not return).
+  virtual void abort(const std::string& why) = 0;
 
   // Collectives over every rank; every rank calls them in the same order with the same count,
   // type and root. Reductions run in an order fixed for a given world size, so a run is

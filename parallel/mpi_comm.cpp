@@ -197,6 +197,7 @@ class MpiCommunicator final : public Communicator {
     finish(r, "a barrier");
   }
   void set_timeout(double seconds) override { timeout_ = seconds; }
+  void abort(const std::string&) override { MPI_Abort(comm_, 1); }
   std::unique_ptr<PendingExchange> exchange(const std::vector<Transfer>& transfers) override {
     for (const Transfer& t : transfers)
       DHP_CHECK(t.peer >= 0 && t.peer < size_, "rank {}: transfer to rank {} in a world of {}",

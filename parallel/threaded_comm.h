@@ -77,6 +77,7 @@ class ThreadedCommunicator final : public Communicator {
   std::string name() const override { return "threaded"; }
   int communicators_created() const override { return 1; }  // the world it was given
   void set_timeout(double seconds) override;
+  void abort(const std::string& why) override { world_.fail(rank_, why); }
 
   void all_reduce(void* buf, int64_t count, DataType type, ReduceOp op) override;
   void reduce_scatter(const void* send, void* recv, int64_t count, DataType type) override;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <csignal>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -78,7 +79,19 @@ void add_train_command(CLI::App& app) {
     install_stop_handlers();
     TrainOptions o = *opt;
     o.stop_flag = &g_stop_requested;
-    train(cfg, comm, o);
+    try {
+      train(cfg, comm, o);
+    } catch (const std::exception& e) {
+      // The other ranks would wait for this one until their timeout and then for ever in
+      // MPI_Finalize: say why, then take the whole job down.
+      if (comm.size() == 1) throw;
+      const std::string what = e.what();
+      if (what.rfind("rank ", 0) == 0)
+        std::fprintf(stderr, "dhp: error: %s\n", what.c_str());
+      else
+        std::fprintf(stderr, "dhp: error: rank %d: %s\n", comm.rank(), what.c_str());
+      comm.abort(e.what());
+    }
   });
 }
 
