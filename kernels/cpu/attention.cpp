@@ -2,42 +2,66 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/attention_isa.h"
+
+// 64-byte vectors in the generic variant are split into SSE registers; GCC notes (at the end
+// of the file) that passing them by value would use another ABI than AVX-512 code, which
+// cannot matter for these internal, inlined functions.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// How the work is cut (the arithmetic is in attention_tiles.inc):
+// - Tiles of at most kB tokens that never straddle a document boundary (on either side), so
+//   packs of short documents give tiles whose pairs are either all visible or all hidden;
+//   only tiles on a causal diagonal or inside image blocks test the mask per element, and
+//   tile pairs the summaries prove hidden are never visited.
+// - K and V are packed once per call into per-tile panels padded to a multiple of 16 floats
+//   (Kᵀ and Vᵀ for the score products, K and V rows for the value products).
+// - Forward: one task per (query head, query tile), an online softmax over its visible key
+//   tiles in ascending order.
+// - Backward recomputes the probabilities once: one task per (kv head, key tile) computes P,
+//   dP and dS for every visible (query head, query tile), accumulates dK and dV and keeps
+//   dS·scale; a second pass per (query head, query tile) sums dS·K over its key tiles in
+//   ascending order. Every output row is written by one task in a fixed order, so the result
+//   does not depend on the thread count (no atomics, no reduction across threads).
 namespace dhp::cpu {
 namespace {
 
-constexpr int64_t kBq = 32;  // query rows per tile
-constexpr int64_t kBk = 64;  // key rows per tile
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int kB = 64;  // tokens per query and key tile; a (kB, kB) score tile fits in L1
 
 // Bounds of a tile's mask metadata; two tiles interact only if these allow it.
 struct Tile {
+  int64_t begin, end;
   int32_t doc_lo, doc_hi, idx_lo, idx_hi, blk_lo, blk_hi;
   bool any_blk;
   bool one_blk;  // every token is in the same bidirectional block
 };
 
-std::vector<Tile> summarise(AttnMeta m, int64_t T, int64_t B) {
-  std::vector<Tile> tiles((T + B - 1) / B);
-  for (size_t b = 0; b < tiles.size(); ++b) {
-    Tile t{INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN, false, true};
-    for (int64_t i = b * B; i < std::min<int64_t>(T, (b + 1) * B); ++i) {
-      t.doc_lo = std::min(t.doc_lo, m.doc[i]);
-      t.doc_hi = std::max(t.doc_hi, m.doc[i]);
-      t.idx_lo = std::min(t.idx_lo, m.idx[i]);
-      t.idx_hi = std::max(t.idx_hi, m.idx[i]);
-      if (m.blk[i] >= 0) {
+std::vector<Tile> make_tiles(AttnMeta m, int64_t T) {
+  std::vector<Tile> tiles;
+  int64_t i = 0;
+  while (i < T) {
+    Tile t{i, i, INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN, false, true};
+    while (t.end < T && t.end - t.begin < kB && m.doc[t.end] == m.doc[t.begin]) {
+      const int64_t j = t.end++;
+      t.doc_lo = std::min(t.doc_lo, m.doc[j]);
+      t.doc_hi = std::max(t.doc_hi, m.doc[j]);
+      t.idx_lo = std::min(t.idx_lo, m.idx[j]);
+      t.idx_hi = std::max(t.idx_hi, m.idx[j]);
+      if (m.blk[j] >= 0) {
         t.any_blk = true;
-        t.blk_lo = std::min(t.blk_lo, m.blk[i]);
-        t.blk_hi = std::max(t.blk_hi, m.blk[i]);
+        t.blk_lo = std::min(t.blk_lo, m.blk[j]);
+        t.blk_hi = std::max(t.blk_hi, m.blk[j]);
       } else {
         t.one_blk = false;
       }
     }
     t.one_blk = t.one_blk && t.blk_lo == t.blk_hi;
-    tiles[b] = t;
+    tiles.push_back(t);
+    i = t.end;
   }
   return tiles;
 }
@@ -54,110 +78,255 @@ bool sees_all(const Tile& q, const Tile& k) {
   return k.idx_hi <= q.idx_lo || (q.one_blk && k.one_blk && q.blk_lo == k.blk_lo);
 }
 
-inline bool visible(AttnMeta qm, int64_t i, AttnMeta km, int64_t j) {
-  if (qm.doc[i] != km.doc[j]) return false;
-  return km.idx[j] <= qm.idx[i] || (qm.blk[i] >= 0 && qm.blk[i] == km.blk[j]);
-}
+// ---- types shared by the driver and the per-ISA arithmetic ---------------------------------
 
-// Per-thread buffers of one tile. K and V are transposed into (hd, kBk) so the inner loops
-// run over contiguous keys, which the compiler turns into SIMD without reordering any sum.
-struct TileWork {
-  std::vector<float> kt, vt;  // (hd, kBk)
-  std::vector<float> s;       // (kBq, kBk) scores, then probabilities
-  std::vector<float> dp;      // (kBk) dO_i · v_j of one query row
-  explicit TileWork(int hd) : kt(hd * kBk), vt(hd * kBk), s(kBq * kBk), dp(kBk) {}
+struct AttnDims {
+  int hd, hdp;         // head dim, and padded to a multiple of 16
+  float scale;
+  int64_t kt_stride;   // floats per packed Kᵀ or Vᵀ tile (hdp, kB)
+  int64_t vp_stride;   // floats per packed V or K tile (kB, hdp)
+  int64_t kp_stride;
 };
 
-void load_tile(float* dst, const float* src, const AttnShape& sh, int kvh, int64_t j0, int64_t j1) {
-  for (int64_t j = j0; j < j1; ++j) {
-    const float* row = src + (j * sh.Hkv + kvh) * sh.hd;
-    for (int d = 0; d < sh.hd; ++d) dst[d * kBk + (j - j0)] = row[d];
+struct TilePair {
+  int64_t i0, j0;  // first query and key token
+  int qt, kt;      // tile numbers
+  int nj;          // keys in the key tile
+  bool all;        // every pair visible
+};
+
+struct MaskView {
+  const int32_t *qdoc, *qidx, *qblk, *kdoc, *kidx, *kblk;
+};
+
+struct FwdTask {
+  const float* q;     // first row of the tile in this head; rows q_stride apart
+  int64_t q_stride;
+  float* out;         // same layout as q
+  float* lse;         // (nr) contiguous
+  int nr;
+  const TilePair* pairs;
+  int n_pairs;
+  const float* kt;    // this kv head's packed Kᵀ tiles
+  const float* vp;    // this kv head's packed V tiles
+};
+
+struct BwdQuery {
+  const float* qp;   // (kB, hdp) packed q rows of the query tile
+  const float* dop;  // (kB, hdp) packed dout rows
+  const float* lse;  // (nr)
+  const float* D;    // (nr) rowsum(dout · out)
+  float* ds;         // (kB, kB) dS·scale of this tile pair, kept for the dQ pass
+  int nr;
+};
+
+struct BwdTask {
+  const float* kt;  // packed Kᵀ of the key tile
+  const float* vt;  // packed Vᵀ of the key tile
+  int nj;
+  float* dk;        // first row of the key tile in this kv head; rows kv_stride apart
+  float* dv;
+  int64_t kv_stride;
+  const TilePair* const* pairs;
+  const BwdQuery* queries;
+  int n_pairs;
+};
+
+struct DqTask {
+  float* dq;  // first row of the query tile in this head; rows q_stride apart
+  int64_t q_stride;
+  int nr;
+  const TilePair* pairs;
+  int n_pairs;
+  const float* ds;  // (n_pairs, kB, kB) in the order of pairs
+  const float* kp;  // this kv head's packed K tiles
+};
+
+// ---- the arithmetic, once per instruction set ----------------------------------------------
+// The same source compiled three times under function-level targets (the build passes no
+// -march flag, so the default is plain x86-64); attention_isa() picks one at run time. The
+// standard headers are included above, outside the target regions, so no library code is
+// compiled for a wider ISA than the machine may have.
+
+namespace isa_generic {
+constexpr int kAcc = 2;
+#include "kernels/cpu/attention_tiles.inc"
+}  // namespace isa_generic
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace isa_avx2 {
+constexpr int kAcc = 4;
+#include "kernels/cpu/attention_tiles.inc"
+}  // namespace isa_avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")
+namespace isa_avx512 {
+constexpr int kAcc = 16;
+#include "kernels/cpu/attention_tiles.inc"
+}  // namespace isa_avx512
+#pragma GCC pop_options
+
+struct Kernels {
+  void (*forward)(const FwdTask&, const AttnDims&, const MaskView&, float*);
+  void (*backward_keys)(const BwdTask&, const AttnDims&, const MaskView&, float*);
+  void (*backward_queries)(const DqTask&, const AttnDims&, float*);
+};
+
+Kernels kernels_for(AttnIsa isa) {
+  switch (isa) {
+    case AttnIsa::avx512:
+      return {isa_avx512::forward_tile, isa_avx512::backward_key_tile,
+              isa_avx512::backward_query_tile};
+    case AttnIsa::avx2:
+      return {isa_avx2::forward_tile, isa_avx2::backward_key_tile, isa_avx2::backward_query_tile};
+    default:
+      return {isa_generic::forward_tile, isa_generic::backward_key_tile,
+              isa_generic::backward_query_tile};
   }
 }
 
-// Scores of one tile: s (rows, kBk) = scale · q_i · k_j, or -inf where the mask hides (i, j).
-// Expects w.kt to hold the key tile.
-void tile_scores(TileWork& w, const float* q, AttnMeta qm, AttnMeta km, const AttnShape& sh,
-                 int h, int64_t i0, int64_t i1, int64_t j0, int64_t j1, bool all_visible) {
-  const int64_t nj = j1 - j0;
-  for (int64_t i = i0; i < i1; ++i) {
-    const float* qi = q + (i * sh.Hq + h) * sh.hd;
-    float* row = w.s.data() + (i - i0) * kBk;
-    std::fill_n(row, nj, 0.0f);
-    for (int d = 0; d < sh.hd; ++d) {
-      const float qd = sh.scale * qi[d];
-      const float* kd = w.kt.data() + d * kBk;
-      for (int64_t j = 0; j < nj; ++j) row[j] += qd * kd[j];
+AttnIsa g_forced = AttnIsa::best;  // set only by tests, through set_attention_isa
+
+// ---- the plan of one call: tiles, visible tile pairs, packed K and V ------------------------
+
+struct Plan {
+  std::vector<Tile> qt, kt;
+  std::vector<TilePair> pairs;   // grouped by query tile, key tiles ascending
+  std::vector<int64_t> q_first;  // (nqt + 1) pairs of query tile qt: [q_first[qt], q_first[qt+1])
+  std::vector<int64_t> k_first;  // (nkt + 1) into k_pairs
+  std::vector<int64_t> k_pairs;  // pair numbers grouped by key tile, query tiles ascending
+  AttnDims dims;
+};
+
+Plan make_plan(AttnMeta qm, AttnMeta km, const AttnShape& sh) {
+  Plan p;
+  p.qt = make_tiles(qm, sh.Tq);
+  p.kt = make_tiles(km, sh.Tk);
+  const int nqt = int(p.qt.size()), nkt = int(p.kt.size());
+  p.q_first.assign(size_t(nqt) + 1, 0);
+  std::vector<int64_t> k_count(size_t(nkt), 0);
+  for (int a = 0; a < nqt; ++a) {
+    for (int b = 0; b < nkt; ++b) {
+      if (!may_see(p.qt[a], p.kt[b])) continue;
+      p.pairs.push_back({p.qt[a].begin, p.kt[b].begin, a, b,
+                         int(p.kt[b].end - p.kt[b].begin), sees_all(p.qt[a], p.kt[b])});
+      ++k_count[size_t(b)];
     }
-    if (!all_visible)
-      for (int64_t j = 0; j < nj; ++j)
-        if (!visible(qm, i, km, j0 + j)) row[j] = kNegInf;
+    p.q_first[size_t(a) + 1] = int64_t(p.pairs.size());
   }
+  p.k_first.assign(size_t(nkt) + 1, 0);
+  for (int b = 0; b < nkt; ++b) p.k_first[size_t(b) + 1] = p.k_first[size_t(b)] + k_count[size_t(b)];
+  p.k_pairs.resize(p.pairs.size());
+  std::vector<int64_t> fill(p.k_first.begin(), p.k_first.end() - 1);
+  for (size_t n = 0; n < p.pairs.size(); ++n) p.k_pairs[size_t(fill[size_t(p.pairs[n].kt)]++)] = int64_t(n);
+  const int hdp = (sh.hd + 15) / 16 * 16;
+  p.dims = {sh.hd, hdp, sh.scale, int64_t(hdp) * kB, int64_t(kB) * hdp, int64_t(kB) * hdp};
+  return p;
 }
 
-// dp (nj) = dO_i · v_j for every key of the tile; expects w.vt to hold the value tile.
-void tile_dp(TileWork& w, const float* doi, int hd, int64_t nj) {
-  std::fill_n(w.dp.data(), nj, 0.0f);
-  for (int d = 0; d < hd; ++d) {
-    const float g = doi[d];
-    const float* vd = w.vt.data() + d * kBk;
-    for (int64_t j = 0; j < nj; ++j) w.dp[j] += g * vd[j];
-  }
+// x (T, H, hd) head h -> tiles of (kB, hdp) rows (transposed = false) or (hdp, kB) columns,
+// tile t at dst + (h·ntiles + t)·kB·hdp. Padding the kernels read is zero: the columns past hd
+// of a row tile and the keys past the tile's end in a transposed one; rows past the tile's
+// end and rows past hd of a transposed tile are never read.
+void pack(std::vector<float>& dst, const float* x, int H, int hd, int hdp,
+          const std::vector<Tile>& tiles, bool transposed) {
+  const int64_t nt = int64_t(tiles.size()), per = int64_t(kB) * hdp;
+  dst.resize(size_t(H * nt * per));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int h = 0; h < H; ++h)
+    for (int64_t t = 0; t < nt; ++t) {
+      float* tile = dst.data() + (h * nt + t) * per;
+      const int64_t begin = tiles[size_t(t)].begin, n = tiles[size_t(t)].end - begin;
+      if (transposed) {
+        for (int c = 0; c < hd; ++c) std::fill_n(tile + c * kB + n, kB - n, 0.0f);
+        for (int64_t r = 0; r < n; ++r) {
+          const float* row = x + ((begin + r) * H + h) * hd;
+          for (int c = 0; c < hd; ++c) tile[c * kB + r] = row[c];
+        }
+      } else {
+        for (int64_t r = 0; r < n; ++r) {
+          const float* row = x + ((begin + r) * H + h) * hd;
+          std::copy_n(row, hd, tile + r * hdp);
+          std::fill_n(tile + r * hdp + hd, hdp - hd, 0.0f);
+        }
+      }
+    }
+}
+
+// Buffers kept per thread between calls, so the steady state of training neither allocates
+// nor page-faults here; they only grow, to the largest shapes seen. The results never depend
+// on their previous contents.
+struct Workspace {
+  std::vector<float> kt, vt, kp, vp, qp, dop, D, ds;  // the calling thread's
+  std::vector<float> scratch;                          // each worker's
+  std::vector<const TilePair*> pairs;
+  std::vector<BwdQuery> queries;
+};
+
+Workspace& workspace() {
+  thread_local Workspace w;
+  return w;
+}
+
+MaskView view(AttnMeta qm, AttnMeta km) { return {qm.doc, qm.idx, qm.blk, km.doc, km.idx, km.blk}; }
+
+// Floats of scratch per thread: the largest of the three kinds of task.
+size_t scratch_floats(const AttnDims& d) {
+  const size_t tile = size_t(kB) * kB, rows = size_t(kB) * d.hdp;
+  return std::max({2 * rows + tile + 2 * size_t(kB), 2 * tile + 2 * rows, rows});
 }
 
 }  // namespace
 
+AttnIsa attention_isa() {
+  static const AttnIsa best = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
+      return AttnIsa::avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AttnIsa::avx2;
+    return AttnIsa::generic;
+  }();
+  return g_forced == AttnIsa::best || int(g_forced) > int(best) ? best : g_forced;
+}
+
+void set_attention_isa(AttnIsa isa) { g_forced = isa; }
+
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        AttnMeta qm, AttnMeta km, const AttnShape& sh) {
-  const auto qt = summarise(qm, sh.Tq, kBq);
-  const auto kt = summarise(km, sh.Tk, kBk);
-  const int64_t nqb = qt.size(), nkb = kt.size();
-  const int hd = sh.hd;
+  const Plan p = make_plan(qm, km, sh);
+  const AttnDims& d = p.dims;
+  const Kernels ker = kernels_for(attention_isa());
+  Workspace& ws = workspace();
+  std::vector<float>& kt = ws.kt;
+  std::vector<float>& vp = ws.vp;
+  pack(kt, k, sh.Hkv, sh.hd, d.hdp, p.kt, true);
+  pack(vp, v, sh.Hkv, sh.hd, d.hdp, p.kt, false);
+  const int64_t nqt = int64_t(p.qt.size()), nkt = int64_t(p.kt.size());
+  const MaskView mv = view(qm, km);
 #pragma omp parallel
   {
-    TileWork w(hd);
-    std::vector<float> m(kBq), l(kBq), acc(kBq * hd);  // running max, sum, output per row
+    std::vector<float>& scratch = workspace().scratch;
+    scratch.resize(scratch_floats(d));
 #pragma omp for collapse(2) schedule(dynamic)
     for (int h = 0; h < sh.Hq; ++h)
-      for (int64_t qb = 0; qb < nqb; ++qb) {
+      for (int64_t a = 0; a < nqt; ++a) {
         const int kvh = h / (sh.Hq / sh.Hkv);
-        const int64_t i0 = qb * kBq, i1 = std::min(sh.Tq, i0 + kBq);
-        std::fill(m.begin(), m.end(), kNegInf);
-        std::fill(l.begin(), l.end(), 0.0f);
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t kb = 0; kb < nkb; ++kb) {
-          if (!may_see(qt[qb], kt[kb])) continue;
-          const int64_t j0 = kb * kBk, j1 = std::min(sh.Tk, j0 + kBk), nj = j1 - j0;
-          load_tile(w.kt.data(), k, sh, kvh, j0, j1);
-          tile_scores(w, q, qm, km, sh, h, i0, i1, j0, j1, sees_all(qt[qb], kt[kb]));
-          for (int64_t i = i0; i < i1; ++i) {
-            const int64_t r = i - i0;
-            float* row = w.s.data() + r * kBk;
-            float mx = m[r];
-            for (int64_t j = 0; j < nj; ++j) mx = std::max(mx, row[j]);
-            if (mx == kNegInf) continue;  // nothing visible yet in this row
-            const float alpha = std::exp(m[r] - mx);  // 0 when m was -inf
-            float* a = acc.data() + r * hd;
-            for (int d = 0; d < hd; ++d) a[d] *= alpha;
-            float sum = l[r] * alpha;
-            for (int64_t j = 0; j < nj; ++j) {
-              if (row[j] == kNegInf) continue;
-              const float p = std::exp(row[j] - mx);
-              sum += p;
-              const float* vj = v + ((j0 + j) * sh.Hkv + kvh) * hd;
-              for (int d = 0; d < hd; ++d) a[d] += p * vj[d];
-            }
-            l[r] = sum;
-            m[r] = mx;
-          }
-        }
-        for (int64_t i = i0; i < i1; ++i) {
-          const int64_t r = i - i0;
-          float* o = out + (i * sh.Hq + h) * hd;
-          const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-          for (int d = 0; d < hd; ++d) o[d] = acc[r * hd + d] * inv;
-          lse[int64_t(h) * sh.Tq + i] = l[r] > 0.0f ? m[r] + std::log(l[r]) : kNegInf;
-        }
+        const Tile& t = p.qt[size_t(a)];
+        const int64_t first = p.q_first[size_t(a)];
+        const FwdTask task{q + (t.begin * sh.Hq + h) * sh.hd,
+                           int64_t(sh.Hq) * sh.hd,
+                           out + (t.begin * sh.Hq + h) * sh.hd,
+                           lse + int64_t(h) * sh.Tq + t.begin,
+                           int(t.end - t.begin),
+                           p.pairs.data() + first,
+                           int(p.q_first[size_t(a) + 1] - first),
+                           kt.data() + kvh * nkt * d.kt_stride,
+                           vp.data() + kvh * nkt * d.vp_stride};
+        ker.forward(task, d, mv, scratch.data());
       }
   }
 }
@@ -165,96 +334,93 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v,
                         AttnMeta qm, AttnMeta km, const AttnShape& sh) {
-  const auto qt = summarise(qm, sh.Tq, kBq);
-  const auto kt = summarise(km, sh.Tk, kBk);
-  const int64_t nqb = qt.size(), nkb = kt.size();
-  const int hd = sh.hd, group = sh.Hq / sh.Hkv;
+  const Plan p = make_plan(qm, km, sh);
+  const AttnDims& d = p.dims;
+  const Kernels ker = kernels_for(attention_isa());
+  const int group = sh.Hq / sh.Hkv;
+  const int64_t nqt = int64_t(p.qt.size()), nkt = int64_t(p.kt.size());
+  const int64_t npairs = int64_t(p.pairs.size()), tile = int64_t(kB) * kB;
+  Workspace& ws = workspace();
+  std::vector<float>&kt = ws.kt, &vt = ws.vt, &kp = ws.kp, &qp = ws.qp, &dop = ws.dop;
+  pack(kt, k, sh.Hkv, sh.hd, d.hdp, p.kt, true);
+  pack(vt, v, sh.Hkv, sh.hd, d.hdp, p.kt, true);
+  pack(kp, k, sh.Hkv, sh.hd, d.hdp, p.kt, false);
+  pack(qp, q, sh.Hq, sh.hd, d.hdp, p.qt, false);
+  pack(dop, dout, sh.Hq, sh.hd, d.hdp, p.qt, false);
+  const MaskView mv = view(qm, km);
 
   // D (Hq, Tq) = rowsum(dout · out): the softmax backward's correction term.
-  std::vector<float> D(int64_t(sh.Hq) * sh.Tq);
+  std::vector<float>& D = ws.D;
+  D.resize(size_t(sh.Hq) * sh.Tq);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int h = 0; h < sh.Hq; ++h)
     for (int64_t i = 0; i < sh.Tq; ++i) {
-      const float* a = dout + (i * sh.Hq + h) * hd;
-      const float* b = out + (i * sh.Hq + h) * hd;
+      const float* a = dout + (i * sh.Hq + h) * sh.hd;
+      const float* b = out + (i * sh.Hq + h) * sh.hd;
       float s = 0.0f;
-      for (int d = 0; d < hd; ++d) s += a[d] * b[d];
-      D[h * sh.Tq + i] = s;
+      for (int c = 0; c < sh.hd; ++c) s += a[c] * b[c];
+      D[size_t(h * sh.Tq + i)] = s;
     }
 
-  // Two passes so every output row is owned by one thread (no atomics, deterministic):
-  // pass 1 writes dq per (head, query tile), pass 2 writes dk/dv per (kv head, key tile).
-  // Both recompute the probabilities of a tile from q, k and the saved log-sum-exp.
+  // dS·scale of every (query head of the group, tile pair), kept between the two passes.
+  // One kv head at a time bounds it to group · pairs · kB² floats.
+  std::vector<float>& ds = ws.ds;
+  ds.resize(size_t(group * npairs * tile));
+  for (int kvh = 0; kvh < sh.Hkv; ++kvh) {
 #pragma omp parallel
-  {
-    TileWork w(hd);
-#pragma omp for collapse(2) schedule(dynamic)
-    for (int h = 0; h < sh.Hq; ++h)
-      for (int64_t qb = 0; qb < nqb; ++qb) {
-        const int kvh = h / group;
-        const int64_t i0 = qb * kBq, i1 = std::min(sh.Tq, i0 + kBq);
-        for (int64_t i = i0; i < i1; ++i) std::fill_n(dq + (i * sh.Hq + h) * hd, hd, 0.0f);
-        for (int64_t kb = 0; kb < nkb; ++kb) {
-          if (!may_see(qt[qb], kt[kb])) continue;
-          const int64_t j0 = kb * kBk, j1 = std::min(sh.Tk, j0 + kBk), nj = j1 - j0;
-          load_tile(w.kt.data(), k, sh, kvh, j0, j1);
-          load_tile(w.vt.data(), v, sh, kvh, j0, j1);
-          tile_scores(w, q, qm, km, sh, h, i0, i1, j0, j1, sees_all(qt[qb], kt[kb]));
-          for (int64_t i = i0; i < i1; ++i) {
-            const float L = lse[int64_t(h) * sh.Tq + i];
-            if (L == kNegInf) continue;
-            const float* doi = dout + (i * sh.Hq + h) * hd;
-            float* dqi = dq + (i * sh.Hq + h) * hd;
-            const float Di = D[h * sh.Tq + i];
-            const float* row = w.s.data() + (i - i0) * kBk;
-            tile_dp(w, doi, hd, nj);
-            for (int64_t j = 0; j < nj; ++j) {
-              if (row[j] == kNegInf) continue;
-              const float ds = std::exp(row[j] - L) * (w.dp[j] - Di) * sh.scale;
-              const float* kj = k + ((j0 + j) * sh.Hkv + kvh) * hd;
-              for (int d = 0; d < hd; ++d) dqi[d] += ds * kj[d];
-            }
+    {
+      Workspace& own = workspace();
+      std::vector<float>& scratch = own.scratch;
+      std::vector<const TilePair*>& pairs = own.pairs;
+      std::vector<BwdQuery>& queries = own.queries;
+      scratch.resize(scratch_floats(d));
+#pragma omp for schedule(dynamic)
+      for (int64_t b = 0; b < nkt; ++b) {
+        const Tile& t = p.kt[size_t(b)];
+        pairs.clear();
+        queries.clear();
+        for (int g = 0; g < group; ++g) {
+          const int h = kvh * group + g;
+          for (int64_t n = p.k_first[size_t(b)]; n < p.k_first[size_t(b) + 1]; ++n) {
+            const int64_t pi = p.k_pairs[size_t(n)];
+            const TilePair& tp = p.pairs[size_t(pi)];
+            const Tile& qt = p.qt[size_t(tp.qt)];
+            const int64_t qtile = (int64_t(h) * nqt + tp.qt) * d.vp_stride;
+            pairs.push_back(&tp);
+            queries.push_back({qp.data() + qtile, dop.data() + qtile,
+                               lse + int64_t(h) * sh.Tq + qt.begin,
+                               D.data() + int64_t(h) * sh.Tq + qt.begin,
+                               ds.data() + (g * npairs + pi) * tile, int(qt.end - qt.begin)});
           }
         }
+        const int64_t ktile = (kvh * nkt + b) * d.kt_stride;
+        const BwdTask task{kt.data() + ktile,
+                           vt.data() + ktile,
+                           int(t.end - t.begin),
+                           dk + (t.begin * sh.Hkv + kvh) * sh.hd,
+                           dv + (t.begin * sh.Hkv + kvh) * sh.hd,
+                           int64_t(sh.Hkv) * sh.hd,
+                           pairs.data(),
+                           queries.data(),
+                           int(pairs.size())};
+        ker.backward_keys(task, d, mv, scratch.data());
       }
-
 #pragma omp for collapse(2) schedule(dynamic)
-    for (int kvh = 0; kvh < sh.Hkv; ++kvh)
-      for (int64_t kb = 0; kb < nkb; ++kb) {
-        const int64_t j0 = kb * kBk, j1 = std::min(sh.Tk, j0 + kBk), nj = j1 - j0;
-        for (int64_t j = j0; j < j1; ++j) {
-          std::fill_n(dk + (j * sh.Hkv + kvh) * hd, hd, 0.0f);
-          std::fill_n(dv + (j * sh.Hkv + kvh) * hd, hd, 0.0f);
+      for (int g = 0; g < group; ++g)
+        for (int64_t a = 0; a < nqt; ++a) {
+          const int h = kvh * group + g;
+          const Tile& t = p.qt[size_t(a)];
+          const int64_t first = p.q_first[size_t(a)];
+          const DqTask task{dq + (t.begin * sh.Hq + h) * sh.hd,
+                            int64_t(sh.Hq) * sh.hd,
+                            int(t.end - t.begin),
+                            p.pairs.data() + first,
+                            int(p.q_first[size_t(a) + 1] - first),
+                            ds.data() + (g * npairs + first) * tile,
+                            kp.data() + kvh * nkt * d.kp_stride};
+          ker.backward_queries(task, d, scratch.data());
         }
-        load_tile(w.kt.data(), k, sh, kvh, j0, j1);
-        load_tile(w.vt.data(), v, sh, kvh, j0, j1);
-        for (int h = kvh * group; h < (kvh + 1) * group; ++h)
-          for (int64_t qb = 0; qb < nqb; ++qb) {
-            if (!may_see(qt[qb], kt[kb])) continue;
-            const int64_t i0 = qb * kBq, i1 = std::min(sh.Tq, i0 + kBq);
-            tile_scores(w, q, qm, km, sh, h, i0, i1, j0, j1, sees_all(qt[qb], kt[kb]));
-            for (int64_t i = i0; i < i1; ++i) {
-              const float L = lse[int64_t(h) * sh.Tq + i];
-              if (L == kNegInf) continue;
-              const float* doi = dout + (i * sh.Hq + h) * hd;
-              const float* qi = q + (i * sh.Hq + h) * hd;
-              const float Di = D[h * sh.Tq + i];
-              const float* row = w.s.data() + (i - i0) * kBk;
-              tile_dp(w, doi, hd, nj);
-              for (int64_t j = 0; j < nj; ++j) {
-                if (row[j] == kNegInf) continue;
-                const float p = std::exp(row[j] - L);
-                const float ds = p * (w.dp[j] - Di) * sh.scale;
-                float* dvj = dv + ((j0 + j) * sh.Hkv + kvh) * hd;
-                float* dkj = dk + ((j0 + j) * sh.Hkv + kvh) * hd;
-                for (int d = 0; d < hd; ++d) {
-                  dvj[d] += p * doi[d];
-                  dkj[d] += ds * qi[d];
-                }
-              }
-            }
-          }
-      }
+    }
   }
 }
 
