@@ -49,7 +49,7 @@ double thread_seconds() {
 }
 
 double g_min_seconds = 0.2;
-std::string g_filter;  // only ops whose name contains it (the GEMM row always runs)
+std::string g_filter;  // only rows whose "op shape" contains it (the GEMM row always runs)
 
 // Seconds per call: best of three trials, each repeating until g_min_seconds have passed.
 double time_op(const std::function<void()>& f) {
@@ -87,7 +87,7 @@ struct Table {
   double gemm_gflops = 0;
   std::vector<Row> rows;
   void add(std::string op, std::string shape, double flops, const std::function<void()>& f) {
-    if (!rows.empty() && op.find(g_filter) == std::string::npos) return;
+    if (!rows.empty() && (op + " " + shape).find(g_filter) == std::string::npos) return;
     rows.push_back({std::move(op), std::move(shape), time_op(f), flops});
   }
   void print() const {
@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "OpenMP threads (1 for comparable figures)");
   app.add_option("--isa", isa, "attention variant")->check(CLI::IsMember({"best", "avx512", "avx2", "generic"}));
   app.add_option("--min-seconds", g_min_seconds, "CPU seconds per trial");
-  app.add_option("--filter", g_filter, "only the ops whose name contains this");
+  app.add_option("--filter", g_filter, "only the rows whose op and shape contain this");
   CLI11_PARSE(app, argc, argv);
   omp_set_num_threads(threads);
   set_blas_threads(1);

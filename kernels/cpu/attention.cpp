@@ -227,18 +227,18 @@ Plan make_plan(AttnMeta qm, AttnMeta km, const AttnShape& sh) {
   return p;
 }
 
-// x (T, H, hd) head h -> tiles of (kB, hdp) rows (transposed = false) or (hdp, kB) columns,
-// tile t at dst + (h·ntiles + t)·kB·hdp. Padding the kernels read is zero: the columns past hd
+// x (T, H, hd) heads h0 .. h0+nh -> tiles of (kB, hdp) rows (transposed = false) or (hdp, kB)
+// columns, tile t of head h at dst + ((h - h0)·ntiles + t)·kB·hdp. Padding the kernels read is zero: the columns past hd
 // of a row tile and the keys past the tile's end in a transposed one; rows past the tile's
 // end and rows past hd of a transposed tile are never read.
-void pack(std::vector<float>& dst, const float* x, int H, int hd, int hdp,
+void pack(std::vector<float>& dst, const float* x, int H, int h0, int nh, int hd, int hdp,
           const std::vector<Tile>& tiles, bool transposed) {
   const int64_t nt = int64_t(tiles.size()), per = int64_t(kB) * hdp;
-  dst.resize(size_t(H * nt * per));
+  dst.resize(size_t(nh * nt * per));
 #pragma omp parallel for collapse(2) schedule(static)
-  for (int h = 0; h < H; ++h)
+  for (int h = h0; h < h0 + nh; ++h)
     for (int64_t t = 0; t < nt; ++t) {
-      float* tile = dst.data() + (h * nt + t) * per;
+      float* tile = dst.data() + ((h - h0) * nt + t) * per;
       const int64_t begin = tiles[size_t(t)].begin, n = tiles[size_t(t)].end - begin;
       if (transposed) {
         for (int c = 0; c < hd; ++c) std::fill_n(tile + c * kB + n, kB - n, 0.0f);
@@ -276,7 +276,7 @@ MaskView view(AttnMeta qm, AttnMeta km) { return {qm.doc, qm.idx, qm.blk, km.doc
 // Floats of scratch per thread: the largest of the three kinds of task.
 size_t scratch_floats(const AttnDims& d) {
   const size_t tile = size_t(kB) * kB, rows = size_t(kB) * d.hdp;
-  return std::max({2 * rows + tile + 2 * size_t(kB), 2 * tile + 2 * rows, rows});
+  return std::max({2 * rows + tile + 19 * size_t(kB), 2 * tile + 2 * rows, rows});
 }
 
 }  // namespace
@@ -303,8 +303,8 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   Workspace& ws = workspace();
   std::vector<float>& kt = ws.kt;
   std::vector<float>& vp = ws.vp;
-  pack(kt, k, sh.Hkv, sh.hd, d.hdp, p.kt, true);
-  pack(vp, v, sh.Hkv, sh.hd, d.hdp, p.kt, false);
+  pack(kt, k, sh.Hkv, 0, sh.Hkv, sh.hd, d.hdp, p.kt, true);
+  pack(vp, v, sh.Hkv, 0, sh.Hkv, sh.hd, d.hdp, p.kt, false);
   const int64_t nqt = int64_t(p.qt.size()), nkt = int64_t(p.kt.size());
   const MaskView mv = view(qm, km);
 #pragma omp parallel
@@ -342,31 +342,30 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const int64_t npairs = int64_t(p.pairs.size()), tile = int64_t(kB) * kB;
   Workspace& ws = workspace();
   std::vector<float>&kt = ws.kt, &vt = ws.vt, &kp = ws.kp, &qp = ws.qp, &dop = ws.dop;
-  pack(kt, k, sh.Hkv, sh.hd, d.hdp, p.kt, true);
-  pack(vt, v, sh.Hkv, sh.hd, d.hdp, p.kt, true);
-  pack(kp, k, sh.Hkv, sh.hd, d.hdp, p.kt, false);
-  pack(qp, q, sh.Hq, sh.hd, d.hdp, p.qt, false);
-  pack(dop, dout, sh.Hq, sh.hd, d.hdp, p.qt, false);
   const MaskView mv = view(qm, km);
 
-  // D (Hq, Tq) = rowsum(dout · out): the softmax backward's correction term.
-  std::vector<float>& D = ws.D;
-  D.resize(size_t(sh.Hq) * sh.Tq);
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int h = 0; h < sh.Hq; ++h)
-    for (int64_t i = 0; i < sh.Tq; ++i) {
-      const float* a = dout + (i * sh.Hq + h) * sh.hd;
-      const float* b = out + (i * sh.Hq + h) * sh.hd;
-      float s = 0.0f;
-      for (int c = 0; c < sh.hd; ++c) s += a[c] * b[c];
-      D[size_t(h * sh.Tq + i)] = s;
-    }
-
-  // dS·scale of every (query head of the group, tile pair), kept between the two passes.
-  // One kv head at a time bounds it to group · pairs · kB² floats.
-  std::vector<float>& ds = ws.ds;
+  // One kv head at a time: its packed K and V, its query heads' packed q and dout, D and the
+  // kept dS stay small enough to remain in cache between the two passes.
+  std::vector<float>& D = ws.D;  // (group, Tq) rowsum(dout · out): the softmax backward's term
+  std::vector<float>& ds = ws.ds;  // (group, pairs, kB, kB)
+  D.resize(size_t(group) * sh.Tq);
   ds.resize(size_t(group * npairs * tile));
   for (int kvh = 0; kvh < sh.Hkv; ++kvh) {
+    const int h0 = kvh * group;
+    pack(kt, k, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt, true);
+    pack(vt, v, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt, true);
+    pack(kp, k, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt, false);
+    pack(qp, q, sh.Hq, h0, group, sh.hd, d.hdp, p.qt, false);
+    pack(dop, dout, sh.Hq, h0, group, sh.hd, d.hdp, p.qt, false);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int g = 0; g < group; ++g)
+      for (int64_t i = 0; i < sh.Tq; ++i) {
+        const float* a = dout + (i * sh.Hq + h0 + g) * sh.hd;
+        const float* b = out + (i * sh.Hq + h0 + g) * sh.hd;
+        float s = 0.0f;
+        for (int c = 0; c < sh.hd; ++c) s += a[c] * b[c];
+        D[size_t(g * sh.Tq + i)] = s;
+      }
 #pragma omp parallel
     {
       Workspace& own = workspace();
@@ -385,15 +384,15 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             const int64_t pi = p.k_pairs[size_t(n)];
             const TilePair& tp = p.pairs[size_t(pi)];
             const Tile& qt = p.qt[size_t(tp.qt)];
-            const int64_t qtile = (int64_t(h) * nqt + tp.qt) * d.vp_stride;
+            const int64_t qtile = (int64_t(g) * nqt + tp.qt) * d.vp_stride;
             pairs.push_back(&tp);
             queries.push_back({qp.data() + qtile, dop.data() + qtile,
                                lse + int64_t(h) * sh.Tq + qt.begin,
-                               D.data() + int64_t(h) * sh.Tq + qt.begin,
+                               D.data() + int64_t(g) * sh.Tq + qt.begin,
                                ds.data() + (g * npairs + pi) * tile, int(qt.end - qt.begin)});
           }
         }
-        const int64_t ktile = (kvh * nkt + b) * d.kt_stride;
+        const int64_t ktile = b * d.kt_stride;
         const BwdTask task{kt.data() + ktile,
                            vt.data() + ktile,
                            int(t.end - t.begin),
@@ -417,7 +416,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                             p.pairs.data() + first,
                             int(p.q_first[size_t(a) + 1] - first),
                             ds.data() + (g * npairs + first) * tile,
-                            kp.data() + kvh * nkt * d.kp_stride};
+                            kp.data()};
           ker.backward_queries(task, d, scratch.data());
         }
     }
