@@ -8,9 +8,8 @@
 
 #include "kernels/cpu/attention_isa.h"
 
-// 64-byte vectors in the generic variant are split into SSE registers; GCC notes (at the end
-// of the file) that passing them by value would use another ABI than AVX-512 code, which
-// cannot matter for these internal, inlined functions.
+// GCC notes (at the end of the file) that passing 32- and 64-byte vectors by value would use
+// another ABI without AVX, which cannot matter for these internal, inlined functions.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 // How the work is cut (the arithmetic is in attention_tiles.inc):
@@ -149,23 +148,29 @@ struct DqTask {
 // compiled for a wider ISA than the machine may have.
 
 namespace isa_generic {
-constexpr int kAcc = 2;
+constexpr int W = 4, kAcc = 12;  // SSE2: 16 xmm
+#define DHP_ATTENTION_LANES 4
 #include "kernels/cpu/attention_tiles.inc"
+#undef DHP_ATTENTION_LANES
 }  // namespace isa_generic
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace isa_avx2 {
-constexpr int kAcc = 4;
+constexpr int W = 8, kAcc = 12;  // 16 ymm
+#define DHP_ATTENTION_LANES 8
 #include "kernels/cpu/attention_tiles.inc"
+#undef DHP_ATTENTION_LANES
 }  // namespace isa_avx2
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")
 namespace isa_avx512 {
-constexpr int kAcc = 16;
+constexpr int W = 16, kAcc = 16;  // 32 zmm
+#define DHP_ATTENTION_LANES 16
 #include "kernels/cpu/attention_tiles.inc"
+#undef DHP_ATTENTION_LANES
 }  // namespace isa_avx512
 #pragma GCC pop_options
 
