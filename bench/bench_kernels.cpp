@@ -32,7 +32,7 @@
 
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
-#include "kernels/cpu/attention_isa.h"
+#include "kernels/cpu/attention_tuning.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm.h"

@@ -12,7 +12,7 @@
 #include <limits>
 
 #include "kernels/cpu/attention.h"
-#include "kernels/cpu/attention_isa.h"
+#include "kernels/cpu/attention_tuning.h"
 #include "tests/grad_check.h"
 
 namespace dhp {
@@ -380,6 +380,36 @@ TEST(AttentionTiles, SameBitsForAnyThreadCount) {
       EXPECT_TRUE(runs[0][t] == runs[1][t]) << c.name << " output " << t << " differs";
   }
   omp_set_num_threads(omp_get_num_procs());
+}
+
+// Long sequences take the key tiles in batches so the kept dS stays bounded; dq then
+// continues across batches, which must not change a bit (batches of one key tile, of a few
+// tile pairs, and one batch for everything).
+TEST(AttentionTiles, BatchesOfKeyTilesGiveTheSameBits) {
+  Rng rng(13);
+  const int64_t budget = attention_kept_ds_floats();
+  for (const Case& c : stress_cases()) {
+    const AttnShape s{c.qm.size(), c.km.size(), c.Hq, c.Hkv, c.hd, 0.3f};
+    auto q = random_vec(rng, s.Tq * s.Hq * s.hd), k = random_vec(rng, s.Tk * s.Hkv * s.hd),
+         v = random_vec(rng, s.Tk * s.Hkv * s.hd), dout = random_vec(rng, s.Tq * s.Hq * s.hd);
+    std::vector<float> out(q.size()), lse(size_t(s.Hq * s.Tq));
+    attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), c.qm.view(), c.km.view(), s);
+    std::vector<std::vector<float>> first;
+    for (int64_t floats : {budget, int64_t(1), int64_t(3) * 64 * 64 * (c.Hq / c.Hkv)}) {
+      set_attention_kept_ds_floats(floats);
+      std::vector<float> dq(q.size(), 7.0f), dk(k.size(), 7.0f), dv(v.size(), 7.0f);
+      attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
+                         q.data(), k.data(), v.data(), c.qm.view(), c.km.view(), s);
+      if (first.empty()) {
+        first = {dq, dk, dv};
+        continue;
+      }
+      EXPECT_TRUE(first[0] == dq) << c.name << " dq differs with a budget of " << floats;
+      EXPECT_TRUE(first[1] == dk) << c.name << " dk differs with a budget of " << floats;
+      EXPECT_TRUE(first[2] == dv) << c.name << " dv differs with a budget of " << floats;
+    }
+  }
+  set_attention_kept_ds_floats(budget);
 }
 
 }  // namespace

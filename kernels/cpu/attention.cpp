@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/attention_isa.h"
+#include "kernels/cpu/attention_tuning.h"
 
 // GCC notes (at the end of the file) that passing 32- and 64-byte vectors by value would use
 // another ABI without AVX, which cannot matter for these internal, inlined functions.
@@ -30,6 +30,9 @@ namespace dhp::cpu {
 namespace {
 
 constexpr int kB = 64;  // tokens per query and key tile; a (kB, kB) score tile fits in L1
+// The backward pass keeps dS of at most this many floats at once (64 MiB), taking the key tiles
+// in batches when a long sequence has more visible tile pairs.
+constexpr int64_t kDefaultKeptDsFloats = int64_t(16) << 20;
 
 // Bounds of a tile's mask metadata; two tiles interact only if these allow it.
 struct Tile {
@@ -137,8 +140,9 @@ struct DqTask {
   int nr;
   const TilePair* pairs;
   int n_pairs;
-  const float* ds;  // (n_pairs, kB, kB) in the order of pairs
-  const float* kp;  // this kv head's packed K tiles
+  const float* const* ds;  // (n_pairs) the kept (kB, kB) dS·scale of each pair
+  const float* kp;         // this kv head's packed K tiles
+  bool accumulate;         // continue dq (a later batch of key tiles) instead of writing it
 };
 
 // ---- the arithmetic, once per instruction set ----------------------------------------------
@@ -193,7 +197,8 @@ Kernels kernels_for(AttnIsa isa) {
   }
 }
 
-AttnIsa g_forced = AttnIsa::best;  // set only by tests, through set_attention_isa
+AttnIsa g_forced = AttnIsa::best;  // set only by tests and benchmarks (attention_tuning.h)
+int64_t g_kept_ds_floats = kDefaultKeptDsFloats;
 
 // ---- the plan of one call: tiles, visible tile pairs, packed K and V ------------------------
 
@@ -269,6 +274,7 @@ struct Workspace {
   std::vector<float> scratch;                          // each worker's
   std::vector<const TilePair*> pairs;
   std::vector<BwdQuery> queries;
+  std::vector<const float*> ds_of;
 };
 
 Workspace& workspace() {
@@ -299,6 +305,9 @@ AttnIsa attention_isa() {
 }
 
 void set_attention_isa(AttnIsa isa) { g_forced = isa; }
+
+int64_t attention_kept_ds_floats() { return g_kept_ds_floats; }
+void set_attention_kept_ds_floats(int64_t n) { g_kept_ds_floats = n; }
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        AttnMeta qm, AttnMeta km, const AttnShape& sh) {
@@ -351,10 +360,25 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 
   // One kv head at a time: its packed K and V, its query heads' packed q and dout, D and the
   // kept dS stay small enough to remain in cache between the two passes.
+  // Batches of key tiles [batch[n], batch[n+1]) whose pairs' dS fit the budget (a key tile
+  // with more pairs than that is a batch of its own); slot_of[pair] numbers the pairs by key
+  // tile, so a batch's slots are contiguous.
+  std::vector<int64_t> batch{0};
+  int64_t most_slots = 0;
+  const int64_t max_slots = std::max<int64_t>(1, g_kept_ds_floats / (group * tile));
+  for (int64_t b = 0; b < nkt; ++b) {
+    if (b > batch.back() && p.k_first[size_t(b) + 1] - p.k_first[size_t(batch.back())] > max_slots)
+      batch.push_back(b);
+    most_slots = std::max(most_slots, p.k_first[size_t(b) + 1] - p.k_first[size_t(batch.back())]);
+  }
+  batch.push_back(nkt);
+  std::vector<int64_t> slot_of(static_cast<size_t>(npairs));
+  for (int64_t n = 0; n < npairs; ++n) slot_of[size_t(p.k_pairs[size_t(n)])] = n;
+
   std::vector<float>& D = ws.D;  // (group, Tq) rowsum(dout · out): the softmax backward's term
-  std::vector<float>& ds = ws.ds;  // (group, pairs, kB, kB)
+  std::vector<float>& ds = ws.ds;  // (group, slots of a batch, kB, kB)
   D.resize(size_t(group) * sh.Tq);
-  ds.resize(size_t(group * npairs * tile));
+  ds.resize(size_t(group * most_slots * tile));
   for (int kvh = 0; kvh < sh.Hkv; ++kvh) {
     const int h0 = kvh * group;
     pack(kt, k, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt, true);
@@ -371,59 +395,76 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         for (int c = 0; c < sh.hd; ++c) s += a[c] * b[c];
         D[size_t(g * sh.Tq + i)] = s;
       }
+    for (size_t n = 0; n + 1 < batch.size(); ++n) {
+      const int64_t kb0 = batch[n], kb1 = batch[n + 1];
+      const int64_t first_slot = p.k_first[size_t(kb0)];
+      const int64_t slots = p.k_first[size_t(kb1)] - first_slot;
+      auto kept = [&](int g, int64_t pair) {
+        return ds.data() + (g * slots + slot_of[size_t(pair)] - first_slot) * tile;
+      };
 #pragma omp parallel
-    {
-      Workspace& own = workspace();
-      std::vector<float>& scratch = own.scratch;
-      std::vector<const TilePair*>& pairs = own.pairs;
-      std::vector<BwdQuery>& queries = own.queries;
-      scratch.resize(scratch_floats(d));
+      {
+        Workspace& own = workspace();
+        std::vector<float>& scratch = own.scratch;
+        std::vector<const TilePair*>& pairs = own.pairs;
+        std::vector<BwdQuery>& queries = own.queries;
+        std::vector<const float*>& ds_of = own.ds_of;
+        scratch.resize(scratch_floats(d));
 #pragma omp for schedule(dynamic)
-      for (int64_t b = 0; b < nkt; ++b) {
-        const Tile& t = p.kt[size_t(b)];
-        pairs.clear();
-        queries.clear();
-        for (int g = 0; g < group; ++g) {
-          const int h = kvh * group + g;
-          for (int64_t n = p.k_first[size_t(b)]; n < p.k_first[size_t(b) + 1]; ++n) {
-            const int64_t pi = p.k_pairs[size_t(n)];
-            const TilePair& tp = p.pairs[size_t(pi)];
-            const Tile& qt = p.qt[size_t(tp.qt)];
-            const int64_t qtile = (int64_t(g) * nqt + tp.qt) * d.vp_stride;
-            pairs.push_back(&tp);
-            queries.push_back({qp.data() + qtile, dop.data() + qtile,
-                               lse + int64_t(h) * sh.Tq + qt.begin,
-                               D.data() + int64_t(g) * sh.Tq + qt.begin,
-                               ds.data() + (g * npairs + pi) * tile, int(qt.end - qt.begin)});
+        for (int64_t b = kb0; b < kb1; ++b) {
+          const Tile& t = p.kt[size_t(b)];
+          pairs.clear();
+          queries.clear();
+          for (int g = 0; g < group; ++g) {
+            const int h = h0 + g;
+            for (int64_t m = p.k_first[size_t(b)]; m < p.k_first[size_t(b) + 1]; ++m) {
+              const int64_t pi = p.k_pairs[size_t(m)];
+              const TilePair& tp = p.pairs[size_t(pi)];
+              const Tile& qt = p.qt[size_t(tp.qt)];
+              const int64_t qtile = (int64_t(g) * nqt + tp.qt) * d.vp_stride;
+              pairs.push_back(&tp);
+              queries.push_back({qp.data() + qtile, dop.data() + qtile,
+                                 lse + int64_t(h) * sh.Tq + qt.begin,
+                                 D.data() + int64_t(g) * sh.Tq + qt.begin, kept(g, pi),
+                                 int(qt.end - qt.begin)});
+            }
           }
+          const int64_t ktile = b * d.kt_stride;
+          const BwdTask task{kt.data() + ktile,
+                             vt.data() + ktile,
+                             int(t.end - t.begin),
+                             dk + (t.begin * sh.Hkv + kvh) * sh.hd,
+                             dv + (t.begin * sh.Hkv + kvh) * sh.hd,
+                             int64_t(sh.Hkv) * sh.hd,
+                             pairs.data(),
+                             queries.data(),
+                             int(pairs.size())};
+          ker.backward_keys(task, d, mv, scratch.data());
         }
-        const int64_t ktile = b * d.kt_stride;
-        const BwdTask task{kt.data() + ktile,
-                           vt.data() + ktile,
-                           int(t.end - t.begin),
-                           dk + (t.begin * sh.Hkv + kvh) * sh.hd,
-                           dv + (t.begin * sh.Hkv + kvh) * sh.hd,
-                           int64_t(sh.Hkv) * sh.hd,
-                           pairs.data(),
-                           queries.data(),
-                           int(pairs.size())};
-        ker.backward_keys(task, d, mv, scratch.data());
-      }
 #pragma omp for collapse(2) schedule(dynamic)
-      for (int g = 0; g < group; ++g)
-        for (int64_t a = 0; a < nqt; ++a) {
-          const int h = kvh * group + g;
-          const Tile& t = p.qt[size_t(a)];
-          const int64_t first = p.q_first[size_t(a)];
-          const DqTask task{dq + (t.begin * sh.Hq + h) * sh.hd,
-                            int64_t(sh.Hq) * sh.hd,
-                            int(t.end - t.begin),
-                            p.pairs.data() + first,
-                            int(p.q_first[size_t(a) + 1] - first),
-                            ds.data() + (g * npairs + first) * tile,
-                            kp.data()};
-          ker.backward_queries(task, d, scratch.data());
-        }
+        for (int g = 0; g < group; ++g)
+          for (int64_t a = 0; a < nqt; ++a) {
+            // This query tile's pairs with a key tile of the batch: a contiguous run, since
+            // its pairs are sorted by key tile.
+            int64_t lo = p.q_first[size_t(a)], hi = p.q_first[size_t(a) + 1];
+            while (lo < hi && p.pairs[size_t(lo)].kt < kb0) ++lo;
+            int64_t end = lo;
+            while (end < hi && p.pairs[size_t(end)].kt < kb1) ++end;
+            if (n > 0 && end == lo) continue;  // nothing new for it; the first batch wrote it
+            ds_of.clear();
+            for (int64_t pi = lo; pi < end; ++pi) ds_of.push_back(kept(g, pi));
+            const Tile& t = p.qt[size_t(a)];
+            const DqTask task{dq + (t.begin * sh.Hq + h0 + g) * sh.hd,
+                              int64_t(sh.Hq) * sh.hd,
+                              int(t.end - t.begin),
+                              p.pairs.data() + lo,
+                              int(end - lo),
+                              ds_of.data(),
+                              kp.data(),
+                              n > 0};
+            ker.backward_queries(task, d, scratch.data());
+          }
+      }
     }
   }
 }
