@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <ctime>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -51,21 +52,33 @@ double thread_seconds() {
 double g_min_seconds = 0.2;
 std::string g_filter;  // only rows whose "op shape" contains it (the GEMM row always runs)
 
-// Seconds per call: best of three trials, each repeating until g_min_seconds have passed.
-double time_op(const std::function<void()>& f) {
+// Seconds per call of one trial: repeats until g_min_seconds of CPU time have passed.
+double trial(const std::function<void()>& f) {
+  int n = 0;
+  const double t0 = thread_seconds();
+  double t = t0;
+  do {
+    f();
+    ++n;
+    t = thread_seconds();
+  } while (t - t0 < g_min_seconds);
+  return (t - t0) / n;
+}
+
+struct Timing {
+  double op, gemm;  // best seconds per call of the op and of the GEMM
+};
+
+// Three trials of the op, each followed by one of the GEMM, best of each: the load of a shared
+// machine drifts, so the op is compared with the GEMM measured at the same moments.
+Timing time_op(const std::function<void()>& f, const std::function<void()>& gemm) {
   f();  // warm-up: first-touch page faults and caches
-  double best = 1e30;
-  for (int trial = 0; trial < 3; ++trial) {
-    int n = 0;
-    const double t0 = thread_seconds();
-    double t = t0;
-    do {
-      f();
-      ++n;
-      t = thread_seconds();
-    } while (t - t0 < g_min_seconds);
-    best = std::min(best, (t - t0) / n);
+  Timing best{1e30, 1e30};
+  for (int k = 0; k < 3; ++k) {
+    best.op = std::min(best.op, trial(f));
+    if (gemm) best.gemm = std::min(best.gemm, trial(gemm));
   }
+  if (!gemm) best.gemm = best.op;
   return best;
 }
 
@@ -78,25 +91,29 @@ std::vector<float> randn(std::mt19937& rng, size_t n, float s = 1.0f) {
 
 struct Row {
   std::string op, shape;
-  double seconds, flops;
+  double flops;
+  Timing t;
 };
 
+// Rows of one model's shapes; the first row added is the GEMM every other row is compared with.
 struct Table {
   explicit Table(std::string t) : title(std::move(t)) {}
   std::string title;
-  double gemm_gflops = 0;
+  std::function<void()> gemm;
+  double gemm_flops = 0;
   std::vector<Row> rows;
   void add(std::string op, std::string shape, double flops, const std::function<void()>& f) {
     if (!rows.empty() && (op + " " + shape).find(g_filter) == std::string::npos) return;
-    rows.push_back({std::move(op), std::move(shape), time_op(f), flops});
+    rows.push_back({std::move(op), std::move(shape), flops, time_op(f, gemm)});
   }
   void print() const {
-    fmt::print("\n## {}\n\n| op | shape | ms/call | GFLOP/s | % of GEMM |\n|---|---|---:|---:|---:|\n",
+    fmt::print("\n## {}\n\n| op | shape | ms/call | GFLOP/s | GEMM GFLOP/s meanwhile | % of GEMM |\n"
+               "|---|---|---:|---:|---:|---:|\n",
                title);
     for (const auto& r : rows) {
-      const double gf = r.flops / r.seconds / 1e9;
-      fmt::print("| {} | {} | {:.3f} | {:.1f} | {:.0f}% |\n", r.op, r.shape, r.seconds * 1e3, gf,
-                 100.0 * gf / gemm_gflops);
+      const double gf = r.flops / r.t.op / 1e9, gemm_gf = gemm_flops / r.t.gemm / 1e9;
+      fmt::print("| {} | {} | {:.3f} | {:.1f} | {:.1f} | {:.0f}% |\n", r.op, r.shape, r.t.op * 1e3,
+                 gf, gemm_gf, 100.0 * gf / gemm_gf);
     }
   }
 };
@@ -150,9 +167,16 @@ Pack image_pack(std::mt19937& rng, int64_t T, int lo, int hi) {
 
 void bench_gemm(Table& t, std::mt19937& rng, int64_t T, int64_t in, int64_t out) {
   auto x = randn(rng, size_t(T * in)), W = randn(rng, size_t(out * in)), y = randn(rng, size_t(T * out));
-  t.add("gemm (linear fwd)", fmt::format("{}x{} -> {}", T, in, out), 2.0 * T * in * out,
-        [&] { linear_forward(y.data(), x.data(), W.data(), nullptr, T, in, out); });
-  t.gemm_gflops = t.rows.back().flops / t.rows.back().seconds / 1e9;
+  // Kept alive by the table: every later row times this GEMM between its own trials.
+  auto keep = std::make_shared<std::vector<std::vector<float>>>(
+      std::vector<std::vector<float>>{randn(rng, size_t(T * in)), randn(rng, size_t(out * in)),
+                                      std::vector<float>(size_t(T * out))});
+  t.gemm = [keep, T, in, out] {
+    auto& v = *keep;
+    linear_forward(v[2].data(), v[0].data(), v[1].data(), nullptr, T, in, out);
+  };
+  t.gemm_flops = 2.0 * T * in * out;
+  t.add("gemm (linear fwd)", fmt::format("{}x{} -> {}", T, in, out), t.gemm_flops, t.gemm);
   auto dW = std::vector<float>(size_t(out * in), 0.0f), dx = randn(rng, size_t(T * in));
   t.add("linear bwd", fmt::format("{}x{} -> {}", T, in, out), 4.0 * T * in * out, [&] {
     linear_backward(dx.data(), dW.data(), nullptr, y.data(), x.data(), W.data(), T, in, out);

@@ -30,6 +30,8 @@ namespace dhp::cpu {
 namespace {
 
 constexpr int kB = 64;  // tokens per query and key tile; a (kB, kB) score tile fits in L1
+constexpr float kLog2e = 1.44269504f;
+constexpr float kLn2 = 0.693147181f;
 // The backward pass keeps dS of at most this many floats at once (64 MiB), taking the key tiles
 // in batches when a long sequence has more visible tile pairs.
 constexpr int64_t kDefaultKeptDsFloats = int64_t(16) << 20;
@@ -102,9 +104,8 @@ struct MaskView {
 };
 
 struct FwdTask {
-  const float* q;     // first row of the tile in this head; rows q_stride apart
-  int64_t q_stride;
-  float* out;         // same layout as q
+  const float* qp;    // (kB, hdp) packed q rows of the tile, times scale·log2(e)
+  float* op;          // (kB, hdp) packed output rows
   float* lse;         // (nr) contiguous
   int nr;
   const TilePair* pairs;
@@ -126,17 +127,15 @@ struct BwdTask {
   const float* kt;  // packed Kᵀ of the key tile
   const float* vt;  // packed Vᵀ of the key tile
   int nj;
-  float* dk;        // first row of the key tile in this kv head; rows kv_stride apart
+  float* dk;        // (kB, hdp) packed output rows
   float* dv;
-  int64_t kv_stride;
   const TilePair* const* pairs;
   const BwdQuery* queries;
   int n_pairs;
 };
 
 struct DqTask {
-  float* dq;  // first row of the query tile in this head; rows q_stride apart
-  int64_t q_stride;
+  float* dq;  // (kB, hdp) packed output rows
   int nr;
   const TilePair* pairs;
   int n_pairs;
@@ -181,7 +180,7 @@ constexpr int W = 16, kAcc = 16;  // 32 zmm
 struct Kernels {
   void (*forward)(const FwdTask&, const AttnDims&, const MaskView&, float*);
   void (*backward_keys)(const BwdTask&, const AttnDims&, const MaskView&, float*);
-  void (*backward_queries)(const DqTask&, const AttnDims&, float*);
+  void (*backward_queries)(const DqTask&, const AttnDims&);
 };
 
 Kernels kernels_for(AttnIsa isa) {
@@ -218,8 +217,17 @@ Plan make_plan(AttnMeta qm, AttnMeta km, const AttnShape& sh) {
   const int nqt = int(p.qt.size()), nkt = int(p.kt.size());
   p.q_first.assign(size_t(nqt) + 1, 0);
   std::vector<int64_t> k_count(size_t(nkt), 0);
+  // Tiles hold one document each, so a query tile can only see the key tiles of its document:
+  // find those by binary search instead of testing every pair of tiles (a pack of a thousand
+  // one-token documents would otherwise cost a million tests per call).
+  std::vector<std::pair<int32_t, int>> by_doc(static_cast<size_t>(nkt));  // (doc, key tile)
+  for (int b = 0; b < nkt; ++b) by_doc[size_t(b)] = {p.kt[size_t(b)].doc_lo, b};
+  std::sort(by_doc.begin(), by_doc.end());
   for (int a = 0; a < nqt; ++a) {
-    for (int b = 0; b < nkt; ++b) {
+    const int32_t doc = p.qt[size_t(a)].doc_lo;
+    auto it = std::lower_bound(by_doc.begin(), by_doc.end(), std::pair<int32_t, int>{doc, 0});
+    for (; it != by_doc.end() && it->first == doc; ++it) {
+      const int b = it->second;
       if (!may_see(p.qt[a], p.kt[b])) continue;
       p.pairs.push_back({p.qt[a].begin, p.kt[b].begin, a, b,
                          int(p.kt[b].end - p.kt[b].begin), sees_all(p.qt[a], p.kt[b])});
@@ -237,40 +245,57 @@ Plan make_plan(AttnMeta qm, AttnMeta km, const AttnShape& sh) {
   return p;
 }
 
-// x (T, H, hd) heads h0 .. h0+nh -> tiles of (kB, hdp) rows (transposed = false) or (hdp, kB)
-// columns, tile t of head h at dst + ((h - h0)·ntiles + t)·kB·hdp. Padding the kernels read is zero: the columns past hd
-// of a row tile and the keys past the tile's end in a transposed one; rows past the tile's
-// end and rows past hd of a transposed tile are never read.
+// x (T, H, hd) heads h0 .. h0+nh, times `scale` -> tiles of (kB, hdp) rows (transposed =
+// false) or (hdp, kB) columns, tile t of head h at dst + ((h - h0)·ntiles + t)·kB·hdp. Padding
+// the kernels read is zero: the columns past hd of a row tile and the keys past the tile's end
+// in a transposed one; rows past the tile's end and rows past hd of a transposed tile are never
+// read. x is read token by token, all heads of a token together: rows of one head alone sit
+// H·hd floats apart, a power-of-two stride that defeats the caches and the prefetchers.
 void pack(std::vector<float>& dst, const float* x, int H, int h0, int nh, int hd, int hdp,
-          const std::vector<Tile>& tiles, bool transposed) {
+          const std::vector<Tile>& tiles, bool transposed, float scale = 1.0f) {
   const int64_t nt = int64_t(tiles.size()), per = int64_t(kB) * hdp;
   dst.resize(size_t(nh * nt * per));
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int h = h0; h < h0 + nh; ++h)
-    for (int64_t t = 0; t < nt; ++t) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < nt; ++t) {
+    const int64_t begin = tiles[size_t(t)].begin, n = tiles[size_t(t)].end - begin;
+    for (int h = h0; h < h0 + nh; ++h) {
       float* tile = dst.data() + ((h - h0) * nt + t) * per;
-      const int64_t begin = tiles[size_t(t)].begin, n = tiles[size_t(t)].end - begin;
-      if (transposed) {
+      if (transposed)
         for (int c = 0; c < hd; ++c) std::fill_n(tile + c * kB + n, kB - n, 0.0f);
-        for (int64_t r = 0; r < n; ++r) {
-          const float* row = x + ((begin + r) * H + h) * hd;
-          for (int c = 0; c < hd; ++c) tile[c * kB + r] = row[c];
-        }
-      } else {
-        for (int64_t r = 0; r < n; ++r) {
-          const float* row = x + ((begin + r) * H + h) * hd;
-          std::copy_n(row, hd, tile + r * hdp);
+    }
+    for (int64_t r = 0; r < n; ++r)
+      for (int h = h0; h < h0 + nh; ++h) {
+        const float* row = x + ((begin + r) * H + h) * hd;
+        float* tile = dst.data() + ((h - h0) * nt + t) * per;
+        if (transposed) {
+          for (int c = 0; c < hd; ++c) tile[c * kB + r] = row[c] * scale;
+        } else {
+          for (int c = 0; c < hd; ++c) tile[r * hdp + c] = row[c] * scale;
           std::fill_n(tile + r * hdp + hd, hdp - hd, 0.0f);
         }
       }
-    }
+  }
+}
+
+// The inverse of pack for row tiles: y (T, H, hd) heads h0 .. h0+nh from src, token by token.
+void unpack(float* y, const std::vector<float>& src, int H, int h0, int nh, int hd, int hdp,
+            const std::vector<Tile>& tiles) {
+  const int64_t nt = int64_t(tiles.size()), per = int64_t(kB) * hdp;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < nt; ++t) {
+    const int64_t begin = tiles[size_t(t)].begin, n = tiles[size_t(t)].end - begin;
+    for (int64_t r = 0; r < n; ++r)
+      for (int h = h0; h < h0 + nh; ++h)
+        std::copy_n(src.data() + ((h - h0) * nt + t) * per + r * hdp, hd,
+                    y + ((begin + r) * H + h) * hd);
+  }
 }
 
 // Buffers kept per thread between calls, so the steady state of training neither allocates
 // nor page-faults here; they only grow, to the largest shapes seen. The results never depend
 // on their previous contents.
 struct Workspace {
-  std::vector<float> kt, vt, kp, vp, qp, dop, D, ds;  // the calling thread's
+  std::vector<float> kt, vt, kp, vp, qp, dop, op, dqp, dkp, dvp, D, ds;  // the calling thread's
   std::vector<float> scratch;                          // each worker's
   std::vector<const TilePair*> pairs;
   std::vector<BwdQuery> queries;
@@ -284,10 +309,11 @@ Workspace& workspace() {
 
 MaskView view(AttnMeta qm, AttnMeta km) { return {qm.doc, qm.idx, qm.blk, km.doc, km.idx, km.blk}; }
 
-// Floats of scratch per thread: the largest of the three kinds of task.
-size_t scratch_floats(const AttnDims& d) {
-  const size_t tile = size_t(kB) * kB, rows = size_t(kB) * d.hdp;
-  return std::max({2 * rows + tile + 19 * size_t(kB), 2 * tile + 2 * rows, rows});
+// Floats of scratch per thread: the larger of a forward task (scores, m, mnew, alpha, l) and a
+// backward key-tile task (P and dP).
+size_t scratch_floats() {
+  const size_t tile = size_t(kB) * kB;
+  return std::max(tile + (3 + 16) * size_t(kB), 2 * tile);
 }
 
 }  // namespace
@@ -315,25 +341,27 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   const AttnDims& d = p.dims;
   const Kernels ker = kernels_for(attention_isa());
   Workspace& ws = workspace();
-  std::vector<float>& kt = ws.kt;
-  std::vector<float>& vp = ws.vp;
+  std::vector<float>&kt = ws.kt, &vp = ws.vp, &qp = ws.qp, &op = ws.op;
   pack(kt, k, sh.Hkv, 0, sh.Hkv, sh.hd, d.hdp, p.kt, true);
   pack(vp, v, sh.Hkv, 0, sh.Hkv, sh.hd, d.hdp, p.kt, false);
+  // Scores come out in base 2 (scale·log2(e) folded into q), so the softmax runs on 2^x.
+  pack(qp, q, sh.Hq, 0, sh.Hq, sh.hd, d.hdp, p.qt, false, sh.scale * kLog2e);
+  op.resize(qp.size());
   const int64_t nqt = int64_t(p.qt.size()), nkt = int64_t(p.kt.size());
   const MaskView mv = view(qm, km);
 #pragma omp parallel
   {
     std::vector<float>& scratch = workspace().scratch;
-    scratch.resize(scratch_floats(d));
+    scratch.resize(scratch_floats());
 #pragma omp for collapse(2) schedule(dynamic)
     for (int h = 0; h < sh.Hq; ++h)
       for (int64_t a = 0; a < nqt; ++a) {
         const int kvh = h / (sh.Hq / sh.Hkv);
         const Tile& t = p.qt[size_t(a)];
         const int64_t first = p.q_first[size_t(a)];
-        const FwdTask task{q + (t.begin * sh.Hq + h) * sh.hd,
-                           int64_t(sh.Hq) * sh.hd,
-                           out + (t.begin * sh.Hq + h) * sh.hd,
+        const int64_t qtile = (h * nqt + a) * d.vp_stride;
+        const FwdTask task{qp.data() + qtile,
+                           op.data() + qtile,
                            lse + int64_t(h) * sh.Tq + t.begin,
                            int(t.end - t.begin),
                            p.pairs.data() + first,
@@ -343,6 +371,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
         ker.forward(task, d, mv, scratch.data());
       }
   }
+  unpack(out, op, sh.Hq, 0, sh.Hq, sh.hd, d.hdp, p.qt);
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
@@ -356,6 +385,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const int64_t npairs = int64_t(p.pairs.size()), tile = int64_t(kB) * kB;
   Workspace& ws = workspace();
   std::vector<float>&kt = ws.kt, &vt = ws.vt, &kp = ws.kp, &qp = ws.qp, &dop = ws.dop;
+  std::vector<float>&dqp = ws.dqp, &dkp = ws.dkp, &dvp = ws.dvp;  // packed gradients
   const MaskView mv = view(qm, km);
 
   // One kv head at a time: its packed K and V, its query heads' packed q and dout, D and the
@@ -386,6 +416,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     pack(kp, k, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt, false);
     pack(qp, q, sh.Hq, h0, group, sh.hd, d.hdp, p.qt, false);
     pack(dop, dout, sh.Hq, h0, group, sh.hd, d.hdp, p.qt, false);
+    dqp.resize(qp.size());
+    dkp.resize(kp.size());
+    dvp.resize(kp.size());
 #pragma omp parallel for collapse(2) schedule(static)
     for (int g = 0; g < group; ++g)
       for (int64_t i = 0; i < sh.Tq; ++i) {
@@ -409,7 +442,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         std::vector<const TilePair*>& pairs = own.pairs;
         std::vector<BwdQuery>& queries = own.queries;
         std::vector<const float*>& ds_of = own.ds_of;
-        scratch.resize(scratch_floats(d));
+        scratch.resize(scratch_floats());
 #pragma omp for schedule(dynamic)
         for (int64_t b = kb0; b < kb1; ++b) {
           const Tile& t = p.kt[size_t(b)];
@@ -433,9 +466,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           const BwdTask task{kt.data() + ktile,
                              vt.data() + ktile,
                              int(t.end - t.begin),
-                             dk + (t.begin * sh.Hkv + kvh) * sh.hd,
-                             dv + (t.begin * sh.Hkv + kvh) * sh.hd,
-                             int64_t(sh.Hkv) * sh.hd,
+                             dkp.data() + b * d.kp_stride,
+                             dvp.data() + b * d.kp_stride,
                              pairs.data(),
                              queries.data(),
                              int(pairs.size())};
@@ -454,18 +486,20 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             ds_of.clear();
             for (int64_t pi = lo; pi < end; ++pi) ds_of.push_back(kept(g, pi));
             const Tile& t = p.qt[size_t(a)];
-            const DqTask task{dq + (t.begin * sh.Hq + h0 + g) * sh.hd,
-                              int64_t(sh.Hq) * sh.hd,
+            const DqTask task{dqp.data() + (int64_t(g) * nqt + a) * d.vp_stride,
                               int(t.end - t.begin),
                               p.pairs.data() + lo,
                               int(end - lo),
                               ds_of.data(),
                               kp.data(),
                               n > 0};
-            ker.backward_queries(task, d, scratch.data());
+            ker.backward_queries(task, d);
           }
       }
     }
+    unpack(dq, dqp, sh.Hq, h0, group, sh.hd, d.hdp, p.qt);
+    unpack(dk, dkp, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt);
+    unpack(dv, dvp, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt);
   }
 }
 
