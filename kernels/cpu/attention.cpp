@@ -342,36 +342,41 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   const Kernels ker = kernels_for(attention_isa());
   Workspace& ws = workspace();
   std::vector<float>&kt = ws.kt, &vp = ws.vp, &qp = ws.qp, &op = ws.op;
-  pack(kt, k, sh.Hkv, 0, sh.Hkv, sh.hd, d.hdp, p.kt, true);
-  pack(vp, v, sh.Hkv, 0, sh.Hkv, sh.hd, d.hdp, p.kt, false);
-  // Scores come out in base 2 (scale·log2(e) folded into q), so the softmax runs on 2^x.
-  pack(qp, q, sh.Hq, 0, sh.Hq, sh.hd, d.hdp, p.qt, false, sh.scale * kLog2e);
-  op.resize(qp.size());
-  const int64_t nqt = int64_t(p.qt.size()), nkt = int64_t(p.kt.size());
+  const int group = sh.Hq / sh.Hkv;
+  const int64_t nqt = int64_t(p.qt.size());
   const MaskView mv = view(qm, km);
+  // One kv head at a time, like the backward pass: its packed K and V and its query heads'
+  // packed q and output stay in cache from packing to unpacking.
+  for (int kvh = 0; kvh < sh.Hkv; ++kvh) {
+    const int h0 = kvh * group;
+    pack(kt, k, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt, true);
+    pack(vp, v, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt, false);
+    // Scores come out in base 2 (scale·log2(e) folded into q), so the softmax runs on 2^x.
+    pack(qp, q, sh.Hq, h0, group, sh.hd, d.hdp, p.qt, false, sh.scale * kLog2e);
+    op.resize(qp.size());
 #pragma omp parallel
-  {
-    std::vector<float>& scratch = workspace().scratch;
-    scratch.resize(scratch_floats());
+    {
+      std::vector<float>& scratch = workspace().scratch;
+      scratch.resize(scratch_floats());
 #pragma omp for collapse(2) schedule(dynamic)
-    for (int h = 0; h < sh.Hq; ++h)
-      for (int64_t a = 0; a < nqt; ++a) {
-        const int kvh = h / (sh.Hq / sh.Hkv);
-        const Tile& t = p.qt[size_t(a)];
-        const int64_t first = p.q_first[size_t(a)];
-        const int64_t qtile = (h * nqt + a) * d.vp_stride;
-        const FwdTask task{qp.data() + qtile,
-                           op.data() + qtile,
-                           lse + int64_t(h) * sh.Tq + t.begin,
-                           int(t.end - t.begin),
-                           p.pairs.data() + first,
-                           int(p.q_first[size_t(a) + 1] - first),
-                           kt.data() + kvh * nkt * d.kt_stride,
-                           vp.data() + kvh * nkt * d.vp_stride};
-        ker.forward(task, d, mv, scratch.data());
-      }
+      for (int g = 0; g < group; ++g)
+        for (int64_t a = 0; a < nqt; ++a) {
+          const Tile& t = p.qt[size_t(a)];
+          const int64_t first = p.q_first[size_t(a)];
+          const int64_t qtile = (g * nqt + a) * d.vp_stride;
+          const FwdTask task{qp.data() + qtile,
+                             op.data() + qtile,
+                             lse + int64_t(h0 + g) * sh.Tq + t.begin,
+                             int(t.end - t.begin),
+                             p.pairs.data() + first,
+                             int(p.q_first[size_t(a) + 1] - first),
+                             kt.data(),
+                             vp.data()};
+          ker.forward(task, d, mv, scratch.data());
+        }
+    }
+    unpack(out, op, sh.Hq, h0, group, sh.hd, d.hdp, p.qt);
   }
-  unpack(out, op, sh.Hq, 0, sh.Hq, sh.hd, d.hdp, p.qt);
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
