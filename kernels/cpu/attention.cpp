@@ -20,11 +20,12 @@
 // - K and V are packed once per call into per-tile panels padded to a multiple of 16 floats
 //   (Kᵀ and Vᵀ for the score products, K and V rows for the value products).
 // - Forward: one task per (query head, query tile), an online softmax over its visible key
-//   tiles in ascending order.
-// - Backward recomputes the probabilities once: one task per (kv head, key tile) computes P,
-//   dP and dS for every visible (query head, query tile), accumulates dK and dV and keeps
-//   dS·scale; a second pass per (query head, query tile) sums dS·K over its key tiles in
-//   ascending order. Every output row is written by one task in a fixed order, so the result
+//   tiles in ascending order. Both passes take one kv head (backward: one query head) at a
+//   time, so the packed panels stay in cache.
+// - Backward recomputes the probabilities once: one task per (query head, key tile) computes
+//   P, dP and dS for every visible query tile, accumulates dK and dV (continued across the
+//   heads of a kv group, in ascending order) and keeps dS·scale; a second pass per query tile
+//   sums dS·K over its key tiles in ascending order. Every output row is written by one task in a fixed order, so the result
 //   does not depend on the thread count (no atomics, no reduction across threads).
 namespace dhp::cpu {
 namespace {
@@ -132,6 +133,7 @@ struct BwdTask {
   const TilePair* const* pairs;
   const BwdQuery* queries;
   int n_pairs;
+  bool accumulate;  // continue dk and dv (a later query head of the group) instead of writing
 };
 
 struct DqTask {
@@ -393,14 +395,15 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   std::vector<float>&dqp = ws.dqp, &dkp = ws.dkp, &dvp = ws.dvp;  // packed gradients
   const MaskView mv = view(qm, km);
 
-  // One kv head at a time: its packed K and V, its query heads' packed q and dout, D and the
-  // kept dS stay small enough to remain in cache between the two passes.
+  // One query head at a time (its kv head's panels packed once for the group): the packed
+  // K, V, q, dout, D, the packed gradients and the kept dS stay in cache between the two
+  // passes. dK and dV of a key tile continue across the heads of the group in ascending order.
   // Batches of key tiles [batch[n], batch[n+1]) whose pairs' dS fit the budget (a key tile
   // with more pairs than that is a batch of its own); slot_of[pair] numbers the pairs by key
   // tile, so a batch's slots are contiguous.
   std::vector<int64_t> batch{0};
   int64_t most_slots = 0;
-  const int64_t max_slots = std::max<int64_t>(1, g_kept_ds_floats / (group * tile));
+  const int64_t max_slots = std::max<int64_t>(1, g_kept_ds_floats / tile);
   for (int64_t b = 0; b < nkt; ++b) {
     if (b > batch.back() && p.k_first[size_t(b) + 1] - p.k_first[size_t(batch.back())] > max_slots)
       batch.push_back(b);
@@ -410,76 +413,71 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   std::vector<int64_t> slot_of(static_cast<size_t>(npairs));
   for (int64_t n = 0; n < npairs; ++n) slot_of[size_t(p.k_pairs[size_t(n)])] = n;
 
-  std::vector<float>& D = ws.D;  // (group, Tq) rowsum(dout · out): the softmax backward's term
-  std::vector<float>& ds = ws.ds;  // (group, slots of a batch, kB, kB)
-  D.resize(size_t(group) * sh.Tq);
-  ds.resize(size_t(group * most_slots * tile));
+  std::vector<float>& D = ws.D;    // (Tq) rowsum(dout · out) of one head: the softmax term
+  std::vector<float>& ds = ws.ds;  // (slots of a batch, kB, kB)
+  D.resize(size_t(sh.Tq));
+  ds.resize(size_t(most_slots * tile));
   for (int kvh = 0; kvh < sh.Hkv; ++kvh) {
-    const int h0 = kvh * group;
     pack(kt, k, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt, true);
     pack(vt, v, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt, true);
     pack(kp, k, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt, false);
-    pack(qp, q, sh.Hq, h0, group, sh.hd, d.hdp, p.qt, false);
-    pack(dop, dout, sh.Hq, h0, group, sh.hd, d.hdp, p.qt, false);
-    dqp.resize(qp.size());
     dkp.resize(kp.size());
     dvp.resize(kp.size());
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int g = 0; g < group; ++g)
+    for (int g = 0; g < group; ++g) {
+      const int h = kvh * group + g;
+      pack(qp, q, sh.Hq, h, 1, sh.hd, d.hdp, p.qt, false);
+      pack(dop, dout, sh.Hq, h, 1, sh.hd, d.hdp, p.qt, false);
+      dqp.resize(qp.size());
+#pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < sh.Tq; ++i) {
-        const float* a = dout + (i * sh.Hq + h0 + g) * sh.hd;
-        const float* b = out + (i * sh.Hq + h0 + g) * sh.hd;
+        const float* a = dout + (i * sh.Hq + h) * sh.hd;
+        const float* b = out + (i * sh.Hq + h) * sh.hd;
         float s = 0.0f;
         for (int c = 0; c < sh.hd; ++c) s += a[c] * b[c];
-        D[size_t(g * sh.Tq + i)] = s;
+        D[size_t(i)] = s;
       }
-    for (size_t n = 0; n + 1 < batch.size(); ++n) {
-      const int64_t kb0 = batch[n], kb1 = batch[n + 1];
-      const int64_t first_slot = p.k_first[size_t(kb0)];
-      const int64_t slots = p.k_first[size_t(kb1)] - first_slot;
-      auto kept = [&](int g, int64_t pair) {
-        return ds.data() + (g * slots + slot_of[size_t(pair)] - first_slot) * tile;
-      };
+      for (size_t n = 0; n + 1 < batch.size(); ++n) {
+        const int64_t kb0 = batch[n], kb1 = batch[n + 1];
+        const int64_t first_slot = p.k_first[size_t(kb0)];
+        auto kept = [&](int64_t pair) {
+          return ds.data() + (slot_of[size_t(pair)] - first_slot) * tile;
+        };
 #pragma omp parallel
-      {
-        Workspace& own = workspace();
-        std::vector<float>& scratch = own.scratch;
-        std::vector<const TilePair*>& pairs = own.pairs;
-        std::vector<BwdQuery>& queries = own.queries;
-        std::vector<const float*>& ds_of = own.ds_of;
-        scratch.resize(scratch_floats());
+        {
+          Workspace& own = workspace();
+          std::vector<float>& scratch = own.scratch;
+          std::vector<const TilePair*>& pairs = own.pairs;
+          std::vector<BwdQuery>& queries = own.queries;
+          std::vector<const float*>& ds_of = own.ds_of;
+          scratch.resize(scratch_floats());
 #pragma omp for schedule(dynamic)
-        for (int64_t b = kb0; b < kb1; ++b) {
-          const Tile& t = p.kt[size_t(b)];
-          pairs.clear();
-          queries.clear();
-          for (int g = 0; g < group; ++g) {
-            const int h = h0 + g;
+          for (int64_t b = kb0; b < kb1; ++b) {
+            const Tile& t = p.kt[size_t(b)];
+            pairs.clear();
+            queries.clear();
             for (int64_t m = p.k_first[size_t(b)]; m < p.k_first[size_t(b) + 1]; ++m) {
               const int64_t pi = p.k_pairs[size_t(m)];
               const TilePair& tp = p.pairs[size_t(pi)];
               const Tile& qt = p.qt[size_t(tp.qt)];
-              const int64_t qtile = (int64_t(g) * nqt + tp.qt) * d.vp_stride;
+              const int64_t qtile = tp.qt * d.vp_stride;
               pairs.push_back(&tp);
               queries.push_back({qp.data() + qtile, dop.data() + qtile,
-                                 lse + int64_t(h) * sh.Tq + qt.begin,
-                                 D.data() + int64_t(g) * sh.Tq + qt.begin, kept(g, pi),
-                                 int(qt.end - qt.begin)});
+                                 lse + int64_t(h) * sh.Tq + qt.begin, D.data() + qt.begin,
+                                 kept(pi), int(qt.end - qt.begin)});
             }
+            const int64_t ktile = b * d.kt_stride;
+            const BwdTask task{kt.data() + ktile,
+                               vt.data() + ktile,
+                               int(t.end - t.begin),
+                               dkp.data() + b * d.kp_stride,
+                               dvp.data() + b * d.kp_stride,
+                               pairs.data(),
+                               queries.data(),
+                               int(pairs.size()),
+                               g > 0};
+            ker.backward_keys(task, d, mv, scratch.data());
           }
-          const int64_t ktile = b * d.kt_stride;
-          const BwdTask task{kt.data() + ktile,
-                             vt.data() + ktile,
-                             int(t.end - t.begin),
-                             dkp.data() + b * d.kp_stride,
-                             dvp.data() + b * d.kp_stride,
-                             pairs.data(),
-                             queries.data(),
-                             int(pairs.size())};
-          ker.backward_keys(task, d, mv, scratch.data());
-        }
-#pragma omp for collapse(2) schedule(dynamic)
-        for (int g = 0; g < group; ++g)
+#pragma omp for schedule(dynamic)
           for (int64_t a = 0; a < nqt; ++a) {
             // This query tile's pairs with a key tile of the batch: a contiguous run, since
             // its pairs are sorted by key tile.
@@ -489,9 +487,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             while (end < hi && p.pairs[size_t(end)].kt < kb1) ++end;
             if (n > 0 && end == lo) continue;  // nothing new for it; the first batch wrote it
             ds_of.clear();
-            for (int64_t pi = lo; pi < end; ++pi) ds_of.push_back(kept(g, pi));
+            for (int64_t pi = lo; pi < end; ++pi) ds_of.push_back(kept(pi));
             const Tile& t = p.qt[size_t(a)];
-            const DqTask task{dqp.data() + (int64_t(g) * nqt + a) * d.vp_stride,
+            const DqTask task{dqp.data() + a * d.vp_stride,
                               int(t.end - t.begin),
                               p.pairs.data() + lo,
                               int(end - lo),
@@ -500,9 +498,10 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                               n > 0};
             ker.backward_queries(task, d);
           }
+        }
       }
+      unpack(dq, dqp, sh.Hq, h, 1, sh.hd, d.hdp, p.qt);
     }
-    unpack(dq, dqp, sh.Hq, h0, group, sh.hd, d.hdp, p.qt);
     unpack(dk, dkp, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt);
     unpack(dv, dvp, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt);
   }
