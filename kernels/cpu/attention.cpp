@@ -88,9 +88,7 @@ bool sees_all(const Tile& q, const Tile& k) {
 struct AttnDims {
   int hd, hdp;         // head dim, and padded to a multiple of 16
   float scale;
-  int64_t kt_stride;   // floats per packed Kᵀ or Vᵀ tile (hdp, kB)
-  int64_t vp_stride;   // floats per packed V or K tile (kB, hdp)
-  int64_t kp_stride;
+  int64_t panel;       // floats per packed tile: (kB, hdp) rows or (hdp, kB) columns
 };
 
 struct TilePair {
@@ -243,7 +241,7 @@ Plan make_plan(AttnMeta qm, AttnMeta km, const AttnShape& sh) {
   std::vector<int64_t> fill(p.k_first.begin(), p.k_first.end() - 1);
   for (size_t n = 0; n < p.pairs.size(); ++n) p.k_pairs[size_t(fill[size_t(p.pairs[n].kt)]++)] = int64_t(n);
   const int hdp = (sh.hd + 15) / 16 * 16;
-  p.dims = {sh.hd, hdp, sh.scale, int64_t(hdp) * kB, int64_t(kB) * hdp, int64_t(kB) * hdp};
+  p.dims = {sh.hd, hdp, sh.scale, int64_t(kB) * hdp};
   return p;
 }
 
@@ -251,8 +249,7 @@ Plan make_plan(AttnMeta qm, AttnMeta km, const AttnShape& sh) {
 // false) or (hdp, kB) columns, tile t of head h at dst + ((h - h0)·ntiles + t)·kB·hdp. Padding
 // the kernels read is zero: the columns past hd of a row tile and the keys past the tile's end
 // in a transposed one; rows past the tile's end and rows past hd of a transposed tile are never
-// read. x is read token by token, all heads of a token together: rows of one head alone sit
-// H·hd floats apart, a power-of-two stride that defeats the caches and the prefetchers.
+// read. x is read token by token, the heads of a token next to each other.
 void pack(std::vector<float>& dst, const float* x, int H, int h0, int nh, int hd, int hdp,
           const std::vector<Tile>& tiles, bool transposed, float scale = 1.0f) {
   const int64_t nt = int64_t(tiles.size()), per = int64_t(kB) * hdp;
@@ -365,7 +362,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
         for (int64_t a = 0; a < nqt; ++a) {
           const Tile& t = p.qt[size_t(a)];
           const int64_t first = p.q_first[size_t(a)];
-          const int64_t qtile = (g * nqt + a) * d.vp_stride;
+          const int64_t qtile = (g * nqt + a) * d.panel;
           const FwdTask task{qp.data() + qtile,
                              op.data() + qtile,
                              lse + int64_t(h0 + g) * sh.Tq + t.begin,
@@ -459,18 +456,18 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
               const int64_t pi = p.k_pairs[size_t(m)];
               const TilePair& tp = p.pairs[size_t(pi)];
               const Tile& qt = p.qt[size_t(tp.qt)];
-              const int64_t qtile = tp.qt * d.vp_stride;
+              const int64_t qtile = tp.qt * d.panel;
               pairs.push_back(&tp);
               queries.push_back({qp.data() + qtile, dop.data() + qtile,
                                  lse + int64_t(h) * sh.Tq + qt.begin, D.data() + qt.begin,
                                  kept(pi), int(qt.end - qt.begin)});
             }
-            const int64_t ktile = b * d.kt_stride;
+            const int64_t ktile = b * d.panel;
             const BwdTask task{kt.data() + ktile,
                                vt.data() + ktile,
                                int(t.end - t.begin),
-                               dkp.data() + b * d.kp_stride,
-                               dvp.data() + b * d.kp_stride,
+                               dkp.data() + b * d.panel,
+                               dvp.data() + b * d.panel,
                                pairs.data(),
                                queries.data(),
                                int(pairs.size()),
@@ -489,7 +486,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             ds_of.clear();
             for (int64_t pi = lo; pi < end; ++pi) ds_of.push_back(kept(pi));
             const Tile& t = p.qt[size_t(a)];
-            const DqTask task{dqp.data() + a * d.vp_stride,
+            const DqTask task{dqp.data() + a * d.panel,
                               int(t.end - t.begin),
                               p.pairs.data() + lo,
                               int(end - lo),
