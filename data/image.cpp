@@ -90,6 +90,17 @@ ImageSize resized_size(int H, int W, const VisionConfig& v) {
     h = std::ceil(Hd * b / f) * f;
     w = std::ceil(Wd * b / f) * f;
   }
+  // A side lifted to f by the floors above (extreme aspect ratios) can leave h·w above the
+  // cap; shortening the longer side restores h·w <= max_pixels whenever f² <= max_pixels.
+  if (h * w > double(v.max_pixels)) {
+    double& longer = h >= w ? h : w;
+    const double shorter = h >= w ? w : h;
+    longer = std::floor(double(v.max_pixels) / (shorter * f)) * f;
+    DHP_CHECK(longer >= f,
+              "image {}x{}: min_pixels {} and max_pixels {} leave no room for a {}-pixel side "
+              "next to a {}-pixel one; lower min_pixels or raise max_pixels",
+              H, W, v.min_pixels, v.max_pixels, f, shorter);
+  }
   return {int(h), int(w)};
 }
 

@@ -17,9 +17,17 @@ constexpr const char* kShardFormat = "dhp-shard";
 constexpr const char* kIndexFormat = "dhp-shard-index";
 
 void check_format(const H5Reader& r, const char* want, const std::string& path) {
-  DHP_CHECK(r.attr_str("format") == want && r.attr_i64("version") == kShardFormatVersion,
-            "'{}' is not a {} file of format version {} (rebuild it with `dhp data build`)",
-            path, want, kShardFormatVersion);
+  DHP_CHECK(r.attr_str("format") == want, "'{}' is not a {} file (rebuild it with `dhp data build`)",
+            path, want);
+  const int64_t version = r.attr_i64("version");
+  DHP_CHECK(version == kShardFormatVersion,
+            "'{}' has format version {}, this dhp reads version {}{}: rebuild the folder with "
+            "`dhp data build` (into a new --out folder, or after deleting the old one)",
+            path, version, kShardFormatVersion,
+            version < kShardFormatVersion
+                ? " (its image token counts come from the resize rule before the max_pixels "
+                  "clamp)"
+                : "");
 }
 
 }  // namespace

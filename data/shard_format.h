@@ -24,7 +24,10 @@
 
 namespace dhp {
 
-inline constexpr int64_t kShardFormatVersion = 1;
+// Version 2: the stored vision lengths (and the samples filtered as too long) follow the
+// resize rule with its final clamp (model-spec.md); version 1 files hold lengths from the rule
+// without it, so they are refused rather than read with lengths that no longer match.
+inline constexpr int64_t kShardFormatVersion = 2;
 
 enum SampleCol : int {
   kLayoutBegin, kLayoutEnd,  // [begin, end) of layout / layout_loss

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -49,7 +50,7 @@ TEST(Image, ResizeRuleHandComputed) {
       {70, 70, 84, 84},     // r(2.5) = 3: floor(x + 0.5), not round-half-even
       {1000, 1000, 252, 252},  // max branch: b = 3.90625, floor(9.14) * 28
       {300, 2000, 84, 644},    // max branch, odd aspect: floor(3.54), floor(23.6)
-      {20, 5000, 28, 4032},    // max branch keeps the f floor even past max_pixels
+      {20, 5000, 28, 2324},    // max branch lifts h to f (28 x 4032), the clamp: floor(83.6)
   };
   for (const auto& c : plain) {
     const ImageSize s = resized_size(c.H, c.W, v);
@@ -73,6 +74,51 @@ TEST(Image, ResizeRuleHandComputed) {
   EXPECT_EQ(image_tokens(100, 50, v), 4 * 2);
   EXPECT_EQ(image_tokens(32, 192, v), 1 * 7);
   EXPECT_EQ(image_tokens(8, 8, p16), 2 * 2);
+}
+
+// Extreme aspect ratios under the demo's settings (f = 16, max_pixels = 16384): the floors of
+// the max branch lift the short side to f and would give 16 x 2160 for 5 x 1426; the final
+// clamp shortens the long side to floor(16384 / (16 * 16)) * 16 = 1024.
+TEST(Image, ResizeClampHoldsTheCapOnExtremeAspectRatios) {
+  VisionConfig demo;
+  demo.patch = 8;
+  demo.merge = 2;
+  demo.min_pixels = 1024;
+  demo.max_pixels = 16384;
+  const std::vector<ResizeCase> extreme = {
+      {5, 1426, 16, 1024},
+      {1426, 5, 1024, 16},
+      {1, 100000, 16, 1024},
+      {100000, 1, 1024, 16},
+      {40, 1426, 16, 752},  // the max branch alone already fits: no clamp
+  };
+  for (const auto& c : extreme) {
+    const ImageSize s = resized_size(c.H, c.W, demo);
+    EXPECT_EQ(s.h, c.want_h) << c.H << "x" << c.W;
+    EXPECT_EQ(s.w, c.want_w) << c.H << "x" << c.W;
+  }
+  EXPECT_EQ(image_tokens(5, 1426, demo), 1 * 64);  // the demo config's "at most 64" holds
+
+  // The min branch's ceilings can also overshoot when min_pixels is close to max_pixels.
+  VisionConfig tight;  // f = 28
+  tight.min_pixels = tight.max_pixels = 10000;
+  EXPECT_EQ(resized_size(30, 40, tight).h, 112);  // 112 x 140 -> shorter 112
+  EXPECT_EQ(resized_size(30, 40, tight).w, 84);   // floor(10000 / (112 * 28)) = 3
+
+  // The guarantee: h·w <= max_pixels whenever f² <= max_pixels, sides multiples of f and >= f.
+  std::mt19937 rng(7);
+  for (const int64_t cap : {int64_t(256), int64_t(1000), int64_t(16384), int64_t(65536)}) {
+    VisionConfig v = demo;
+    v.max_pixels = cap;
+    v.min_pixels = std::min<int64_t>(256, cap);
+    for (int t = 0; t < 2000; ++t) {
+      const int H = 1 + int(rng() % (t % 2 ? 20 : 5000)), W = 1 + int(rng() % 100000);
+      const ImageSize s = t % 4 < 2 ? resized_size(H, W, v) : resized_size(W, H, v);
+      ASSERT_LE(int64_t(s.h) * s.w, cap) << H << "x" << W << " cap " << cap;
+      ASSERT_TRUE(s.h >= 16 && s.w >= 16 && s.h % 16 == 0 && s.w % 16 == 0)
+          << H << "x" << W << " -> " << s.h << "x" << s.w;
+    }
+  }
 }
 
 // ---- headers -------------------------------------------------------------------------------

@@ -369,5 +369,33 @@ TEST_F(BuildTest, DamagedIndexReferencesAreRefusedNotFollowed) {
   }
 }
 
+// An index written under the previous format (lengths from the resize rule without its final
+// clamp) must be refused with a message that says to rebuild, never read with stale lengths.
+TEST_F(BuildTest, IndexOfAnOlderFormatIsRefusedWithRebuildAdvice) {
+  const fs::path copy = *root_ / "old-format";
+  fs::remove_all(copy);
+  fs::copy(built(), copy);
+  const std::string index = (copy / kIndexFile).string();
+  {
+    hid_t f = H5Fopen(index.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    hid_t a = H5Aopen(f, "version", H5P_DEFAULT);
+    ASSERT_GE(a, 0);
+    const int64_t old_version = kShardFormatVersion - 1;
+    ASSERT_GE(H5Awrite(a, H5T_NATIVE_INT64, &old_version), 0);
+    H5Aclose(a);
+    H5Fclose(f);
+  }
+  try {
+    read_index(copy.string());
+    ADD_FAILURE() << "an index of an older format was read";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(fmt::format("format version {}", kShardFormatVersion - 1)), std::string::npos) << what;
+    EXPECT_NE(what.find("rebuild"), std::string::npos) << what;
+  }
+  EXPECT_NO_THROW(read_index(built().string()));
+}
+
 }  // namespace
 }  // namespace dhp

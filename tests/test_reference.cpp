@@ -54,19 +54,17 @@ void dump(const fs::path& dir, const Model& m, const Batch& b) {
   write_floats(dir / "patches.bin", b.patches.data(), b.patches.size());
 }
 
-class Reference : public ::testing::TestWithParam<bool> {};
-
-TEST_P(Reference, LossAndGradientsMatchPyTorch) {
+// Runs the reference on a dump of (cfg, randomised weights, a pack of docs) and compares the
+// loss and every parameter's gradient.
+void expect_matches_pytorch(const ModelConfig& cfg, const std::vector<testing::Doc>& docs,
+                            const std::string& tag) {
   auto backend = make_cpu_backend({1});
-  ModelConfig cfg = testing::tiny_config();
-  cfg.tie_embeddings = GetParam();
-  cfg.rope_theta = 37.0;  // a small base makes every rotation frequency matter
   Model model(cfg, *backend);
   testing::randomise(model, 41);
-  Batch b = testing::make_batch(testing::sample_docs(), cfg, 7);
+  Batch b = testing::make_batch(docs, cfg, 7);
 
   const fs::path dir = fs::temp_directory_path() /
-                       ("dhp_reference_" + std::to_string(::getpid()) + (GetParam() ? "_tied" : ""));
+                       ("dhp_reference_" + std::to_string(::getpid()) + "_" + tag);
   fs::create_directories(dir);
   dump(dir, model, b);
   const std::string cmd = "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) +
@@ -95,7 +93,42 @@ TEST_P(Reference, LossAndGradientsMatchPyTorch) {
   fs::remove_all(dir);
 }
 
+class Reference : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Reference, LossAndGradientsMatchPyTorch) {
+  ModelConfig cfg = testing::tiny_config();
+  cfg.tie_embeddings = GetParam();
+  cfg.rope_theta = 37.0;  // a small base makes every rotation frequency matter
+  expect_matches_pytorch(cfg, testing::sample_docs(), GetParam() ? "tied" : "untied");
+}
+
 INSTANTIATE_TEST_SUITE_P(Tied, Reference, ::testing::Values(false, true));
+
+// The tiny configuration's vision head dim is 4: each half of the 2-D RoPE has one frequency,
+// so a wrong exponent there is invisible, and one vision layer over small grids barely moves
+// the loss when rows and columns are swapped. This one has vision head dim 16 (four
+// frequencies per half), three vision layers, grids with up to 10 rows or columns and every
+// shape non-square, several documents in the pack (one text-only, one with two images), and
+// multi-query attention in the decoder; every parameter gradient is compared.
+TEST(ReferenceVision, DeepVisionNonSquareGridsAndMqaMatchPyTorch) {
+  ModelConfig cfg = testing::tiny_config();
+  cfg.dim = 32;
+  cfg.heads = 4;
+  cfg.kv_heads = 1;
+  cfg.ffn = 40;
+  cfg.rope_theta = 37.0;
+  cfg.vision.dim = 32;
+  cfg.vision.heads = 2;  // head dim 16
+  cfg.vision.layers = 3;
+  cfg.vision.ffn = 24;
+  const std::vector<testing::Doc> docs = {
+      {{2, 7, 4, 5, 9, 10, 11, 3}, {0, 0, 0, 0, 1, 1, 1, 1}, {{1, {6, 4}}}},
+      {{2, 12, 13, 14, 3}, {0, 0, 1, 1, 1}, {}},
+      {{2, 4, 5, 4, 5, 15, 16, 3}, {0, 0, 0, 0, 0, 1, 1, 1}, {{2, {2, 8}}, {4, {8, 2}}}},
+      {{2, 6, 8, 17, 18, 19, 3}, {0, 0, 0, 1, 1, 1, 1}, {{3, {4, 10}}}},
+  };
+  expect_matches_pytorch(cfg, docs, "vision");
+}
 
 }  // namespace
 }  // namespace dhp

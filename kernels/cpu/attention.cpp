@@ -2,42 +2,71 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/attention_tuning.h"
+
+// GCC notes (at the end of the file) that passing 32- and 64-byte vectors by value would use
+// another ABI without AVX, which cannot matter for these internal, inlined functions.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// How the work is cut (the arithmetic is in attention_tiles.inc):
+// - Tiles of at most kB tokens that never straddle a document boundary (on either side), so
+//   packs of short documents give tiles whose pairs are either all visible or all hidden;
+//   only tiles on a causal diagonal or inside image blocks test the mask per element, and
+//   tile pairs the summaries prove hidden are never visited.
+// - K and V are packed once per call into per-tile panels padded to a multiple of 16 floats
+//   (Kᵀ and Vᵀ for the score products, K and V rows for the value products).
+// - Forward: one task per (query head, query tile), an online softmax over its visible key
+//   tiles in ascending order. Both passes take one kv head (backward: one query head) at a
+//   time, so the packed panels stay in cache.
+// - Backward recomputes the probabilities once: one task per (query head, key tile) computes
+//   P, dP and dS for every visible query tile, accumulates dK and dV (continued across the
+//   heads of a kv group, in ascending order) and keeps dS·scale; a second pass per query tile
+//   sums dS·K over its key tiles in ascending order. Every output row is written by one task in a fixed order, so the result
+//   does not depend on the thread count (no atomics, no reduction across threads).
 namespace dhp::cpu {
 namespace {
 
-constexpr int64_t kBq = 32;  // query rows per tile
-constexpr int64_t kBk = 64;  // key rows per tile
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int kB = 64;  // tokens per query and key tile; a (kB, kB) score tile fits in L1
+constexpr float kLog2e = 1.44269504f;
+constexpr float kLn2 = 0.693147181f;
+// The backward pass keeps dS of at most this many floats at once (64 MiB), taking the key tiles
+// in batches when a long sequence has more visible tile pairs.
+constexpr int64_t kDefaultKeptDsFloats = int64_t(16) << 20;
 
 // Bounds of a tile's mask metadata; two tiles interact only if these allow it.
 struct Tile {
+  int64_t begin, end;
   int32_t doc_lo, doc_hi, idx_lo, idx_hi, blk_lo, blk_hi;
   bool any_blk;
   bool one_blk;  // every token is in the same bidirectional block
 };
 
-std::vector<Tile> summarise(AttnMeta m, int64_t T, int64_t B) {
-  std::vector<Tile> tiles((T + B - 1) / B);
-  for (size_t b = 0; b < tiles.size(); ++b) {
-    Tile t{INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN, false, true};
-    for (int64_t i = b * B; i < std::min<int64_t>(T, (b + 1) * B); ++i) {
-      t.doc_lo = std::min(t.doc_lo, m.doc[i]);
-      t.doc_hi = std::max(t.doc_hi, m.doc[i]);
-      t.idx_lo = std::min(t.idx_lo, m.idx[i]);
-      t.idx_hi = std::max(t.idx_hi, m.idx[i]);
-      if (m.blk[i] >= 0) {
+std::vector<Tile> make_tiles(AttnMeta m, int64_t T) {
+  std::vector<Tile> tiles;
+  int64_t i = 0;
+  while (i < T) {
+    Tile t{i, i, INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN, false, true};
+    while (t.end < T && t.end - t.begin < kB && m.doc[t.end] == m.doc[t.begin]) {
+      const int64_t j = t.end++;
+      t.doc_lo = std::min(t.doc_lo, m.doc[j]);
+      t.doc_hi = std::max(t.doc_hi, m.doc[j]);
+      t.idx_lo = std::min(t.idx_lo, m.idx[j]);
+      t.idx_hi = std::max(t.idx_hi, m.idx[j]);
+      if (m.blk[j] >= 0) {
         t.any_blk = true;
-        t.blk_lo = std::min(t.blk_lo, m.blk[i]);
-        t.blk_hi = std::max(t.blk_hi, m.blk[i]);
+        t.blk_lo = std::min(t.blk_lo, m.blk[j]);
+        t.blk_hi = std::max(t.blk_hi, m.blk[j]);
       } else {
         t.one_blk = false;
       }
     }
     t.one_blk = t.one_blk && t.blk_lo == t.blk_hi;
-    tiles[b] = t;
+    tiles.push_back(t);
+    i = t.end;
   }
   return tiles;
 }
@@ -54,207 +83,424 @@ bool sees_all(const Tile& q, const Tile& k) {
   return k.idx_hi <= q.idx_lo || (q.one_blk && k.one_blk && q.blk_lo == k.blk_lo);
 }
 
-inline bool visible(AttnMeta qm, int64_t i, AttnMeta km, int64_t j) {
-  if (qm.doc[i] != km.doc[j]) return false;
-  return km.idx[j] <= qm.idx[i] || (qm.blk[i] >= 0 && qm.blk[i] == km.blk[j]);
-}
+// ---- types shared by the driver and the per-ISA arithmetic ---------------------------------
 
-// Per-thread buffers of one tile. K and V are transposed into (hd, kBk) so the inner loops
-// run over contiguous keys, which the compiler turns into SIMD without reordering any sum.
-struct TileWork {
-  std::vector<float> kt, vt;  // (hd, kBk)
-  std::vector<float> s;       // (kBq, kBk) scores, then probabilities
-  std::vector<float> dp;      // (kBk) dO_i · v_j of one query row
-  explicit TileWork(int hd) : kt(hd * kBk), vt(hd * kBk), s(kBq * kBk), dp(kBk) {}
+struct AttnDims {
+  int hd, hdp;         // head dim, and padded to a multiple of 16
+  float scale;
+  int64_t panel;       // floats per packed tile: (kB, hdp) rows or (hdp, kB) columns
 };
 
-void load_tile(float* dst, const float* src, const AttnShape& sh, int kvh, int64_t j0, int64_t j1) {
-  for (int64_t j = j0; j < j1; ++j) {
-    const float* row = src + (j * sh.Hkv + kvh) * sh.hd;
-    for (int d = 0; d < sh.hd; ++d) dst[d * kBk + (j - j0)] = row[d];
+struct TilePair {
+  int64_t i0, j0;  // first query and key token
+  int qt, kt;      // tile numbers
+  int nj;          // keys in the key tile
+  bool all;        // every pair visible
+};
+
+struct MaskView {
+  const int32_t *qdoc, *qidx, *qblk, *kdoc, *kidx, *kblk;
+};
+
+struct FwdTask {
+  const float* qp;    // (kB, hdp) packed q rows of the tile, times scale·log2(e)
+  float* op;          // (kB, hdp) packed output rows
+  float* lse;         // (nr) contiguous
+  int nr;
+  const TilePair* pairs;
+  int n_pairs;
+  const float* kt;    // this kv head's packed Kᵀ tiles
+  const float* vp;    // this kv head's packed V tiles
+};
+
+struct BwdQuery {
+  const float* qp;   // (kB, hdp) packed q rows of the query tile
+  const float* dop;  // (kB, hdp) packed dout rows
+  const float* lse;  // (nr)
+  const float* D;    // (nr) rowsum(dout · out)
+  float* ds;         // (kB, kB) dS·scale of this tile pair, kept for the dQ pass
+  int nr;
+};
+
+struct BwdTask {
+  const float* kt;  // packed Kᵀ of the key tile
+  const float* vt;  // packed Vᵀ of the key tile
+  int nj;
+  float* dk;        // (kB, hdp) packed output rows
+  float* dv;
+  const TilePair* const* pairs;
+  const BwdQuery* queries;
+  int n_pairs;
+  bool accumulate;  // continue dk and dv (a later query head of the group) instead of writing
+};
+
+struct DqTask {
+  float* dq;  // (kB, hdp) packed output rows
+  int nr;
+  const TilePair* pairs;
+  int n_pairs;
+  const float* const* ds;  // (n_pairs) the kept (kB, kB) dS·scale of each pair
+  const float* kp;         // this kv head's packed K tiles
+  bool accumulate;         // continue dq (a later batch of key tiles) instead of writing it
+};
+
+// ---- the arithmetic, once per instruction set ----------------------------------------------
+// The same source compiled three times under function-level targets (the build passes no
+// -march flag, so the default is plain x86-64); attention_isa() picks one at run time. The
+// standard headers are included above, outside the target regions, so no library code is
+// compiled for a wider ISA than the machine may have.
+
+namespace isa_generic {
+constexpr int W = 4, kAcc = 12;  // SSE2: 16 xmm
+#define DHP_ATTENTION_LANES 4
+#include "kernels/cpu/attention_tiles.inc"
+#undef DHP_ATTENTION_LANES
+}  // namespace isa_generic
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace isa_avx2 {
+constexpr int W = 8, kAcc = 12;  // 16 ymm
+#define DHP_ATTENTION_LANES 8
+#include "kernels/cpu/attention_tiles.inc"
+#undef DHP_ATTENTION_LANES
+}  // namespace isa_avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")
+namespace isa_avx512 {
+constexpr int W = 16, kAcc = 16;  // 32 zmm
+#define DHP_ATTENTION_LANES 16
+#include "kernels/cpu/attention_tiles.inc"
+#undef DHP_ATTENTION_LANES
+}  // namespace isa_avx512
+#pragma GCC pop_options
+
+struct Kernels {
+  void (*forward)(const FwdTask&, const AttnDims&, const MaskView&, float*);
+  void (*backward_keys)(const BwdTask&, const AttnDims&, const MaskView&, float*);
+  void (*backward_queries)(const DqTask&, const AttnDims&);
+};
+
+Kernels kernels_for(AttnIsa isa) {
+  switch (isa) {
+    case AttnIsa::avx512:
+      return {isa_avx512::forward_tile, isa_avx512::backward_key_tile,
+              isa_avx512::backward_query_tile};
+    case AttnIsa::avx2:
+      return {isa_avx2::forward_tile, isa_avx2::backward_key_tile, isa_avx2::backward_query_tile};
+    default:
+      return {isa_generic::forward_tile, isa_generic::backward_key_tile,
+              isa_generic::backward_query_tile};
   }
 }
 
-// Scores of one tile: s (rows, kBk) = scale · q_i · k_j, or -inf where the mask hides (i, j).
-// Expects w.kt to hold the key tile.
-void tile_scores(TileWork& w, const float* q, AttnMeta qm, AttnMeta km, const AttnShape& sh,
-                 int h, int64_t i0, int64_t i1, int64_t j0, int64_t j1, bool all_visible) {
-  const int64_t nj = j1 - j0;
-  for (int64_t i = i0; i < i1; ++i) {
-    const float* qi = q + (i * sh.Hq + h) * sh.hd;
-    float* row = w.s.data() + (i - i0) * kBk;
-    std::fill_n(row, nj, 0.0f);
-    for (int d = 0; d < sh.hd; ++d) {
-      const float qd = sh.scale * qi[d];
-      const float* kd = w.kt.data() + d * kBk;
-      for (int64_t j = 0; j < nj; ++j) row[j] += qd * kd[j];
+AttnIsa g_forced = AttnIsa::best;  // set only by tests and benchmarks (attention_tuning.h)
+int64_t g_kept_ds_floats = kDefaultKeptDsFloats;
+
+// ---- the plan of one call: tiles, visible tile pairs, packed K and V ------------------------
+
+struct Plan {
+  std::vector<Tile> qt, kt;
+  std::vector<TilePair> pairs;   // grouped by query tile, key tiles ascending
+  std::vector<int64_t> q_first;  // (nqt + 1) pairs of query tile qt: [q_first[qt], q_first[qt+1])
+  std::vector<int64_t> k_first;  // (nkt + 1) into k_pairs
+  std::vector<int64_t> k_pairs;  // pair numbers grouped by key tile, query tiles ascending
+  AttnDims dims;
+};
+
+Plan make_plan(AttnMeta qm, AttnMeta km, const AttnShape& sh) {
+  Plan p;
+  p.qt = make_tiles(qm, sh.Tq);
+  p.kt = make_tiles(km, sh.Tk);
+  const int nqt = int(p.qt.size()), nkt = int(p.kt.size());
+  p.q_first.assign(size_t(nqt) + 1, 0);
+  std::vector<int64_t> k_count(size_t(nkt), 0);
+  // Tiles hold one document each, so a query tile can only see the key tiles of its document:
+  // find those by binary search instead of testing every pair of tiles (a pack of a thousand
+  // one-token documents would otherwise cost a million tests per call).
+  std::vector<std::pair<int32_t, int>> by_doc(static_cast<size_t>(nkt));  // (doc, key tile)
+  for (int b = 0; b < nkt; ++b) by_doc[size_t(b)] = {p.kt[size_t(b)].doc_lo, b};
+  std::sort(by_doc.begin(), by_doc.end());
+  for (int a = 0; a < nqt; ++a) {
+    const int32_t doc = p.qt[size_t(a)].doc_lo;
+    auto it = std::lower_bound(by_doc.begin(), by_doc.end(), std::pair<int32_t, int>{doc, 0});
+    for (; it != by_doc.end() && it->first == doc; ++it) {
+      const int b = it->second;
+      if (!may_see(p.qt[a], p.kt[b])) continue;
+      p.pairs.push_back({p.qt[a].begin, p.kt[b].begin, a, b,
+                         int(p.kt[b].end - p.kt[b].begin), sees_all(p.qt[a], p.kt[b])});
+      ++k_count[size_t(b)];
     }
-    if (!all_visible)
-      for (int64_t j = 0; j < nj; ++j)
-        if (!visible(qm, i, km, j0 + j)) row[j] = kNegInf;
+    p.q_first[size_t(a) + 1] = int64_t(p.pairs.size());
+  }
+  p.k_first.assign(size_t(nkt) + 1, 0);
+  for (int b = 0; b < nkt; ++b) p.k_first[size_t(b) + 1] = p.k_first[size_t(b)] + k_count[size_t(b)];
+  p.k_pairs.resize(p.pairs.size());
+  std::vector<int64_t> fill(p.k_first.begin(), p.k_first.end() - 1);
+  for (size_t n = 0; n < p.pairs.size(); ++n) p.k_pairs[size_t(fill[size_t(p.pairs[n].kt)]++)] = int64_t(n);
+  const int hdp = (sh.hd + 15) / 16 * 16;
+  p.dims = {sh.hd, hdp, sh.scale, int64_t(kB) * hdp};
+  return p;
+}
+
+// x (T, H, hd) heads h0 .. h0+nh, times `scale` -> tiles of (kB, hdp) rows (transposed =
+// false) or (hdp, kB) columns, tile t of head h at dst + ((h - h0)·ntiles + t)·kB·hdp. Padding
+// the kernels read is zero: the columns past hd of a row tile and the keys past the tile's end
+// in a transposed one; rows past the tile's end and rows past hd of a transposed tile are never
+// read. x is read token by token, the heads of a token next to each other.
+void pack(std::vector<float>& dst, const float* x, int H, int h0, int nh, int hd, int hdp,
+          const std::vector<Tile>& tiles, bool transposed, float scale = 1.0f) {
+  const int64_t nt = int64_t(tiles.size()), per = int64_t(kB) * hdp;
+  dst.resize(size_t(nh * nt * per));
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < nt; ++t) {
+    const int64_t begin = tiles[size_t(t)].begin, n = tiles[size_t(t)].end - begin;
+    for (int h = h0; h < h0 + nh; ++h) {
+      float* tile = dst.data() + ((h - h0) * nt + t) * per;
+      if (transposed)
+        for (int c = 0; c < hd; ++c) std::fill_n(tile + c * kB + n, kB - n, 0.0f);
+    }
+    for (int64_t r = 0; r < n; ++r)
+      for (int h = h0; h < h0 + nh; ++h) {
+        const float* row = x + ((begin + r) * H + h) * hd;
+        float* tile = dst.data() + ((h - h0) * nt + t) * per;
+        if (transposed) {
+          for (int c = 0; c < hd; ++c) tile[c * kB + r] = row[c] * scale;
+        } else {
+          for (int c = 0; c < hd; ++c) tile[r * hdp + c] = row[c] * scale;
+          std::fill_n(tile + r * hdp + hd, hdp - hd, 0.0f);
+        }
+      }
   }
 }
 
-// dp (nj) = dO_i · v_j for every key of the tile; expects w.vt to hold the value tile.
-void tile_dp(TileWork& w, const float* doi, int hd, int64_t nj) {
-  std::fill_n(w.dp.data(), nj, 0.0f);
-  for (int d = 0; d < hd; ++d) {
-    const float g = doi[d];
-    const float* vd = w.vt.data() + d * kBk;
-    for (int64_t j = 0; j < nj; ++j) w.dp[j] += g * vd[j];
+// The inverse of pack for row tiles: y (T, H, hd) heads h0 .. h0+nh from src, token by token.
+void unpack(float* y, const std::vector<float>& src, int H, int h0, int nh, int hd, int hdp,
+            const std::vector<Tile>& tiles) {
+  const int64_t nt = int64_t(tiles.size()), per = int64_t(kB) * hdp;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < nt; ++t) {
+    const int64_t begin = tiles[size_t(t)].begin, n = tiles[size_t(t)].end - begin;
+    for (int64_t r = 0; r < n; ++r)
+      for (int h = h0; h < h0 + nh; ++h)
+        std::copy_n(src.data() + ((h - h0) * nt + t) * per + r * hdp, hd,
+                    y + ((begin + r) * H + h) * hd);
   }
+}
+
+// Buffers kept per thread between calls, so the steady state of training neither allocates
+// nor page-faults here; they only grow, to the largest shapes seen. The results never depend
+// on their previous contents.
+struct Workspace {
+  std::vector<float> kt, vt, kp, vp, qp, dop, op, dqp, dkp, dvp, D, ds;  // the calling thread's
+  std::vector<float> scratch;                          // each worker's
+  std::vector<const TilePair*> pairs;
+  std::vector<BwdQuery> queries;
+  std::vector<const float*> ds_of;
+};
+
+Workspace& workspace() {
+  thread_local Workspace w;
+  return w;
+}
+
+MaskView view(AttnMeta qm, AttnMeta km) { return {qm.doc, qm.idx, qm.blk, km.doc, km.idx, km.blk}; }
+
+// Floats of scratch per thread: the larger of a forward task (scores, m, mnew, alpha, l) and a
+// backward key-tile task (P and dP).
+size_t scratch_floats() {
+  const size_t tile = size_t(kB) * kB;
+  return std::max(tile + (3 + 16) * size_t(kB), 2 * tile);
 }
 
 }  // namespace
 
+AttnIsa attention_isa() {
+  static const AttnIsa best = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
+      return AttnIsa::avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AttnIsa::avx2;
+    return AttnIsa::generic;
+  }();
+  return g_forced == AttnIsa::best || int(g_forced) > int(best) ? best : g_forced;
+}
+
+void set_attention_isa(AttnIsa isa) { g_forced = isa; }
+
+int64_t attention_kept_ds_floats() { return g_kept_ds_floats; }
+void set_attention_kept_ds_floats(int64_t n) { g_kept_ds_floats = n; }
+
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        AttnMeta qm, AttnMeta km, const AttnShape& sh) {
-  const auto qt = summarise(qm, sh.Tq, kBq);
-  const auto kt = summarise(km, sh.Tk, kBk);
-  const int64_t nqb = qt.size(), nkb = kt.size();
-  const int hd = sh.hd;
+  const Plan p = make_plan(qm, km, sh);
+  const AttnDims& d = p.dims;
+  const Kernels ker = kernels_for(attention_isa());
+  Workspace& ws = workspace();
+  std::vector<float>&kt = ws.kt, &vp = ws.vp, &qp = ws.qp, &op = ws.op;
+  const int group = sh.Hq / sh.Hkv;
+  const int64_t nqt = int64_t(p.qt.size());
+  const MaskView mv = view(qm, km);
+  // One kv head at a time, like the backward pass: its packed K and V and its query heads'
+  // packed q and output stay in cache from packing to unpacking.
+  for (int kvh = 0; kvh < sh.Hkv; ++kvh) {
+    const int h0 = kvh * group;
+    pack(kt, k, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt, true);
+    pack(vp, v, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt, false);
+    // Scores come out in base 2 (scale·log2(e) folded into q), so the softmax runs on 2^x.
+    pack(qp, q, sh.Hq, h0, group, sh.hd, d.hdp, p.qt, false, sh.scale * kLog2e);
+    op.resize(qp.size());
 #pragma omp parallel
-  {
-    TileWork w(hd);
-    std::vector<float> m(kBq), l(kBq), acc(kBq * hd);  // running max, sum, output per row
+    {
+      std::vector<float>& scratch = workspace().scratch;
+      scratch.resize(scratch_floats());
 #pragma omp for collapse(2) schedule(dynamic)
-    for (int h = 0; h < sh.Hq; ++h)
-      for (int64_t qb = 0; qb < nqb; ++qb) {
-        const int kvh = h / (sh.Hq / sh.Hkv);
-        const int64_t i0 = qb * kBq, i1 = std::min(sh.Tq, i0 + kBq);
-        std::fill(m.begin(), m.end(), kNegInf);
-        std::fill(l.begin(), l.end(), 0.0f);
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t kb = 0; kb < nkb; ++kb) {
-          if (!may_see(qt[qb], kt[kb])) continue;
-          const int64_t j0 = kb * kBk, j1 = std::min(sh.Tk, j0 + kBk), nj = j1 - j0;
-          load_tile(w.kt.data(), k, sh, kvh, j0, j1);
-          tile_scores(w, q, qm, km, sh, h, i0, i1, j0, j1, sees_all(qt[qb], kt[kb]));
-          for (int64_t i = i0; i < i1; ++i) {
-            const int64_t r = i - i0;
-            float* row = w.s.data() + r * kBk;
-            float mx = m[r];
-            for (int64_t j = 0; j < nj; ++j) mx = std::max(mx, row[j]);
-            if (mx == kNegInf) continue;  // nothing visible yet in this row
-            const float alpha = std::exp(m[r] - mx);  // 0 when m was -inf
-            float* a = acc.data() + r * hd;
-            for (int d = 0; d < hd; ++d) a[d] *= alpha;
-            float sum = l[r] * alpha;
-            for (int64_t j = 0; j < nj; ++j) {
-              if (row[j] == kNegInf) continue;
-              const float p = std::exp(row[j] - mx);
-              sum += p;
-              const float* vj = v + ((j0 + j) * sh.Hkv + kvh) * hd;
-              for (int d = 0; d < hd; ++d) a[d] += p * vj[d];
-            }
-            l[r] = sum;
-            m[r] = mx;
-          }
+      for (int g = 0; g < group; ++g)
+        for (int64_t a = 0; a < nqt; ++a) {
+          const Tile& t = p.qt[size_t(a)];
+          const int64_t first = p.q_first[size_t(a)];
+          const int64_t qtile = (g * nqt + a) * d.panel;
+          const FwdTask task{qp.data() + qtile,
+                             op.data() + qtile,
+                             lse + int64_t(h0 + g) * sh.Tq + t.begin,
+                             int(t.end - t.begin),
+                             p.pairs.data() + first,
+                             int(p.q_first[size_t(a) + 1] - first),
+                             kt.data(),
+                             vp.data()};
+          ker.forward(task, d, mv, scratch.data());
         }
-        for (int64_t i = i0; i < i1; ++i) {
-          const int64_t r = i - i0;
-          float* o = out + (i * sh.Hq + h) * hd;
-          const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-          for (int d = 0; d < hd; ++d) o[d] = acc[r * hd + d] * inv;
-          lse[int64_t(h) * sh.Tq + i] = l[r] > 0.0f ? m[r] + std::log(l[r]) : kNegInf;
-        }
-      }
+    }
+    unpack(out, op, sh.Hq, h0, group, sh.hd, d.hdp, p.qt);
   }
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v,
                         AttnMeta qm, AttnMeta km, const AttnShape& sh) {
-  const auto qt = summarise(qm, sh.Tq, kBq);
-  const auto kt = summarise(km, sh.Tk, kBk);
-  const int64_t nqb = qt.size(), nkb = kt.size();
-  const int hd = sh.hd, group = sh.Hq / sh.Hkv;
+  const Plan p = make_plan(qm, km, sh);
+  const AttnDims& d = p.dims;
+  const Kernels ker = kernels_for(attention_isa());
+  const int group = sh.Hq / sh.Hkv;
+  const int64_t nqt = int64_t(p.qt.size()), nkt = int64_t(p.kt.size());
+  const int64_t npairs = int64_t(p.pairs.size()), tile = int64_t(kB) * kB;
+  Workspace& ws = workspace();
+  std::vector<float>&kt = ws.kt, &vt = ws.vt, &kp = ws.kp, &qp = ws.qp, &dop = ws.dop;
+  std::vector<float>&dqp = ws.dqp, &dkp = ws.dkp, &dvp = ws.dvp;  // packed gradients
+  const MaskView mv = view(qm, km);
 
-  // D (Hq, Tq) = rowsum(dout · out): the softmax backward's correction term.
-  std::vector<float> D(int64_t(sh.Hq) * sh.Tq);
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int h = 0; h < sh.Hq; ++h)
-    for (int64_t i = 0; i < sh.Tq; ++i) {
-      const float* a = dout + (i * sh.Hq + h) * hd;
-      const float* b = out + (i * sh.Hq + h) * hd;
-      float s = 0.0f;
-      for (int d = 0; d < hd; ++d) s += a[d] * b[d];
-      D[h * sh.Tq + i] = s;
-    }
+  // One query head at a time (its kv head's panels packed once for the group): the packed
+  // K, V, q, dout, D, the packed gradients and the kept dS stay in cache between the two
+  // passes. dK and dV of a key tile continue across the heads of the group in ascending order.
+  // Batches of key tiles [batch[n], batch[n+1]) whose pairs' dS fit the budget (a key tile
+  // with more pairs than that is a batch of its own); slot_of[pair] numbers the pairs by key
+  // tile, so a batch's slots are contiguous.
+  std::vector<int64_t> batch{0};
+  int64_t most_slots = 0;
+  const int64_t max_slots = std::max<int64_t>(1, g_kept_ds_floats / tile);
+  for (int64_t b = 0; b < nkt; ++b) {
+    if (b > batch.back() && p.k_first[size_t(b) + 1] - p.k_first[size_t(batch.back())] > max_slots)
+      batch.push_back(b);
+    most_slots = std::max(most_slots, p.k_first[size_t(b) + 1] - p.k_first[size_t(batch.back())]);
+  }
+  batch.push_back(nkt);
+  std::vector<int64_t> slot_of(static_cast<size_t>(npairs));
+  for (int64_t n = 0; n < npairs; ++n) slot_of[size_t(p.k_pairs[size_t(n)])] = n;
 
-  // Two passes so every output row is owned by one thread (no atomics, deterministic):
-  // pass 1 writes dq per (head, query tile), pass 2 writes dk/dv per (kv head, key tile).
-  // Both recompute the probabilities of a tile from q, k and the saved log-sum-exp.
+  std::vector<float>& D = ws.D;    // (Tq) rowsum(dout · out) of one head: the softmax term
+  std::vector<float>& ds = ws.ds;  // (slots of a batch, kB, kB)
+  D.resize(size_t(sh.Tq));
+  ds.resize(size_t(most_slots * tile));
+  for (int kvh = 0; kvh < sh.Hkv; ++kvh) {
+    pack(kt, k, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt, true);
+    pack(vt, v, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt, true);
+    pack(kp, k, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt, false);
+    dkp.resize(kp.size());
+    dvp.resize(kp.size());
+    for (int g = 0; g < group; ++g) {
+      const int h = kvh * group + g;
+      pack(qp, q, sh.Hq, h, 1, sh.hd, d.hdp, p.qt, false);
+      pack(dop, dout, sh.Hq, h, 1, sh.hd, d.hdp, p.qt, false);
+      dqp.resize(qp.size());
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < sh.Tq; ++i) {
+        const float* a = dout + (i * sh.Hq + h) * sh.hd;
+        const float* b = out + (i * sh.Hq + h) * sh.hd;
+        float s = 0.0f;
+        for (int c = 0; c < sh.hd; ++c) s += a[c] * b[c];
+        D[size_t(i)] = s;
+      }
+      for (size_t n = 0; n + 1 < batch.size(); ++n) {
+        const int64_t kb0 = batch[n], kb1 = batch[n + 1];
+        const int64_t first_slot = p.k_first[size_t(kb0)];
+        auto kept = [&](int64_t pair) {
+          return ds.data() + (slot_of[size_t(pair)] - first_slot) * tile;
+        };
 #pragma omp parallel
-  {
-    TileWork w(hd);
-#pragma omp for collapse(2) schedule(dynamic)
-    for (int h = 0; h < sh.Hq; ++h)
-      for (int64_t qb = 0; qb < nqb; ++qb) {
-        const int kvh = h / group;
-        const int64_t i0 = qb * kBq, i1 = std::min(sh.Tq, i0 + kBq);
-        for (int64_t i = i0; i < i1; ++i) std::fill_n(dq + (i * sh.Hq + h) * hd, hd, 0.0f);
-        for (int64_t kb = 0; kb < nkb; ++kb) {
-          if (!may_see(qt[qb], kt[kb])) continue;
-          const int64_t j0 = kb * kBk, j1 = std::min(sh.Tk, j0 + kBk), nj = j1 - j0;
-          load_tile(w.kt.data(), k, sh, kvh, j0, j1);
-          load_tile(w.vt.data(), v, sh, kvh, j0, j1);
-          tile_scores(w, q, qm, km, sh, h, i0, i1, j0, j1, sees_all(qt[qb], kt[kb]));
-          for (int64_t i = i0; i < i1; ++i) {
-            const float L = lse[int64_t(h) * sh.Tq + i];
-            if (L == kNegInf) continue;
-            const float* doi = dout + (i * sh.Hq + h) * hd;
-            float* dqi = dq + (i * sh.Hq + h) * hd;
-            const float Di = D[h * sh.Tq + i];
-            const float* row = w.s.data() + (i - i0) * kBk;
-            tile_dp(w, doi, hd, nj);
-            for (int64_t j = 0; j < nj; ++j) {
-              if (row[j] == kNegInf) continue;
-              const float ds = std::exp(row[j] - L) * (w.dp[j] - Di) * sh.scale;
-              const float* kj = k + ((j0 + j) * sh.Hkv + kvh) * hd;
-              for (int d = 0; d < hd; ++d) dqi[d] += ds * kj[d];
+        {
+          Workspace& own = workspace();
+          std::vector<float>& scratch = own.scratch;
+          std::vector<const TilePair*>& pairs = own.pairs;
+          std::vector<BwdQuery>& queries = own.queries;
+          std::vector<const float*>& ds_of = own.ds_of;
+          scratch.resize(scratch_floats());
+#pragma omp for schedule(dynamic)
+          for (int64_t b = kb0; b < kb1; ++b) {
+            const Tile& t = p.kt[size_t(b)];
+            pairs.clear();
+            queries.clear();
+            for (int64_t m = p.k_first[size_t(b)]; m < p.k_first[size_t(b) + 1]; ++m) {
+              const int64_t pi = p.k_pairs[size_t(m)];
+              const TilePair& tp = p.pairs[size_t(pi)];
+              const Tile& qt = p.qt[size_t(tp.qt)];
+              const int64_t qtile = tp.qt * d.panel;
+              pairs.push_back(&tp);
+              queries.push_back({qp.data() + qtile, dop.data() + qtile,
+                                 lse + int64_t(h) * sh.Tq + qt.begin, D.data() + qt.begin,
+                                 kept(pi), int(qt.end - qt.begin)});
             }
+            const int64_t ktile = b * d.panel;
+            const BwdTask task{kt.data() + ktile,
+                               vt.data() + ktile,
+                               int(t.end - t.begin),
+                               dkp.data() + b * d.panel,
+                               dvp.data() + b * d.panel,
+                               pairs.data(),
+                               queries.data(),
+                               int(pairs.size()),
+                               g > 0};
+            ker.backward_keys(task, d, mv, scratch.data());
+          }
+#pragma omp for schedule(dynamic)
+          for (int64_t a = 0; a < nqt; ++a) {
+            // This query tile's pairs with a key tile of the batch: a contiguous run, since
+            // its pairs are sorted by key tile.
+            int64_t lo = p.q_first[size_t(a)], hi = p.q_first[size_t(a) + 1];
+            while (lo < hi && p.pairs[size_t(lo)].kt < kb0) ++lo;
+            int64_t end = lo;
+            while (end < hi && p.pairs[size_t(end)].kt < kb1) ++end;
+            if (n > 0 && end == lo) continue;  // nothing new for it; the first batch wrote it
+            ds_of.clear();
+            for (int64_t pi = lo; pi < end; ++pi) ds_of.push_back(kept(pi));
+            const Tile& t = p.qt[size_t(a)];
+            const DqTask task{dqp.data() + a * d.panel,
+                              int(t.end - t.begin),
+                              p.pairs.data() + lo,
+                              int(end - lo),
+                              ds_of.data(),
+                              kp.data(),
+                              n > 0};
+            ker.backward_queries(task, d);
           }
         }
       }
-
-#pragma omp for collapse(2) schedule(dynamic)
-    for (int kvh = 0; kvh < sh.Hkv; ++kvh)
-      for (int64_t kb = 0; kb < nkb; ++kb) {
-        const int64_t j0 = kb * kBk, j1 = std::min(sh.Tk, j0 + kBk), nj = j1 - j0;
-        for (int64_t j = j0; j < j1; ++j) {
-          std::fill_n(dk + (j * sh.Hkv + kvh) * hd, hd, 0.0f);
-          std::fill_n(dv + (j * sh.Hkv + kvh) * hd, hd, 0.0f);
-        }
-        load_tile(w.kt.data(), k, sh, kvh, j0, j1);
-        load_tile(w.vt.data(), v, sh, kvh, j0, j1);
-        for (int h = kvh * group; h < (kvh + 1) * group; ++h)
-          for (int64_t qb = 0; qb < nqb; ++qb) {
-            if (!may_see(qt[qb], kt[kb])) continue;
-            const int64_t i0 = qb * kBq, i1 = std::min(sh.Tq, i0 + kBq);
-            tile_scores(w, q, qm, km, sh, h, i0, i1, j0, j1, sees_all(qt[qb], kt[kb]));
-            for (int64_t i = i0; i < i1; ++i) {
-              const float L = lse[int64_t(h) * sh.Tq + i];
-              if (L == kNegInf) continue;
-              const float* doi = dout + (i * sh.Hq + h) * hd;
-              const float* qi = q + (i * sh.Hq + h) * hd;
-              const float Di = D[h * sh.Tq + i];
-              const float* row = w.s.data() + (i - i0) * kBk;
-              tile_dp(w, doi, hd, nj);
-              for (int64_t j = 0; j < nj; ++j) {
-                if (row[j] == kNegInf) continue;
-                const float p = std::exp(row[j] - L);
-                const float ds = p * (w.dp[j] - Di) * sh.scale;
-                float* dvj = dv + ((j0 + j) * sh.Hkv + kvh) * hd;
-                float* dkj = dk + ((j0 + j) * sh.Hkv + kvh) * hd;
-                for (int d = 0; d < hd; ++d) {
-                  dvj[d] += p * doi[d];
-                  dkj[d] += ds * qi[d];
-                }
-              }
-            }
-          }
-      }
+      unpack(dq, dqp, sh.Hq, h, 1, sh.hd, d.hdp, p.qt);
+    }
+    unpack(dk, dkp, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt);
+    unpack(dv, dvp, sh.Hkv, kvh, 1, sh.hd, d.hdp, p.kt);
   }
 }
 
