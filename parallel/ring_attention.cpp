@@ -59,6 +59,16 @@ void RingAttention::regroup(std::vector<int> group) {
 
 int RingAttention::tag(int layer, int what) const { return (layer % kLayerTags) * 4 + what; }
 
+std::unique_ptr<PendingExchange> RingAttention::pass_pair(const float* a, const float* b,
+                                                          int64_t n_send, float* into_a,
+                                                          float* into_b, int64_t n_recv,
+                                                          int tag_a, int tag_b) {
+  return comm_.exchange({Transfer::send(next_, a, n_send, tag_a),
+                         Transfer::send(next_, b, n_send, tag_b),
+                         Transfer::recv(prev_, into_a, n_recv, tag_a),
+                         Transfer::recv(prev_, into_b, n_recv, tag_b)});
+}
+
 AttnMeta RingAttention::member_meta(int j) const {
   return j == me_ ? meta_ : AttnMeta{doc_[size_t(j)], idx_[size_t(j)], blk_[size_t(j)]};
 }
@@ -155,10 +165,8 @@ void RingAttention::forward(int layer, float* out, float* lse, const float* q, c
     std::unique_ptr<PendingExchange> next_block;
     if (s + 1 < d_) {
       const int64_t n_recv = T_[size_t(source(s + 1))] * kvd;
-      next_block = comm_.exchange({Transfer::send(next_, cur_k, Tf * kvd, tag(layer, kK)),
-                                   Transfer::send(next_, cur_v, Tf * kvd, tag(layer, kV)),
-                                   Transfer::recv(prev_, kbuf[(s + 1) % 2], n_recv, tag(layer, kK)),
-                                   Transfer::recv(prev_, vbuf[(s + 1) % 2], n_recv, tag(layer, kV))});
+      next_block = pass_pair(cur_k, cur_v, Tf * kvd, kbuf[(s + 1) % 2], vbuf[(s + 1) % 2], n_recv,
+                             tag(layer, kK), tag(layer, kV));
     }
     if (s == 0) {
       // The local block always runs: it writes out and lse, the base of every later merge.
@@ -211,10 +219,8 @@ void RingAttention::backward(int layer, float* dq, float* dk, float* dv, const f
     // The next K/V block travels while this one computes.
     if (s + 1 < d_) {
       const int64_t n_recv = T_[size_t(source(s + 1))] * kvd;
-      kv_next = comm_.exchange({Transfer::send(next_, cur_k, Tf * kvd, tag(layer, kK)),
-                                Transfer::send(next_, cur_v, Tf * kvd, tag(layer, kV)),
-                                Transfer::recv(prev_, kbuf[(s + 1) % 2], n_recv, tag(layer, kK)),
-                                Transfer::recv(prev_, vbuf[(s + 1) % 2], n_recv, tag(layer, kV))});
+      kv_next = pass_pair(cur_k, cur_v, Tf * kvd, kbuf[(s + 1) % 2], vbuf[(s + 1) % 2], n_recv,
+                          tag(layer, kK), tag(layer, kV));
     }
     // This rank's queries' part of dQ, and of the block's dK/dV.
     const bool compute = visible_[size_t(from)] && T > 0 && Tf > 0;
@@ -244,11 +250,8 @@ void RingAttention::backward(int layer, float* dq, float* dk, float* dv, const f
     // Pass the accumulator on; after the last step, the one arriving is this rank's own.
     const bool last = s + 1 == d_;
     const int64_t n_recv = T_[size_t(source(s + 1))] * kvd;
-    acc_next = comm_.exchange(
-        {Transfer::send(next_, acc_k, Tf * kvd, tag(layer, kDK)),
-         Transfer::send(next_, acc_v, Tf * kvd, tag(layer, kDV)),
-         Transfer::recv(prev_, last ? dk : dkbuf[(s + 1) % 2], n_recv, tag(layer, kDK)),
-         Transfer::recv(prev_, last ? dv : dvbuf[(s + 1) % 2], n_recv, tag(layer, kDV))});
+    acc_next = pass_pair(acc_k, acc_v, Tf * kvd, last ? dk : dkbuf[(s + 1) % 2],
+                         last ? dv : dvbuf[(s + 1) % 2], n_recv, tag(layer, kDK), tag(layer, kDV));
     if (kv_next) {
       wait(*kv_next);
       kv_next.reset();

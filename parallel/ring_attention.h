@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -46,6 +47,11 @@ class RingAttention final : public Attention {
  private:
   int source(int step) const { return (me_ - step % d_ + d_) % d_; }  // block held at a step
   int tag(int layer, int what) const;
+  // Starts sending a and b (n_send each) to the next rank and receiving the previous rank's
+  // pair (n_recv each) into into_a and into_b.
+  std::unique_ptr<PendingExchange> pass_pair(const float* a, const float* b, int64_t n_send,
+                                             float* into_a, float* into_b, int64_t n_recv,
+                                             int tag_a, int tag_b);
   AttnMeta member_meta(int j) const;
 
   Communicator& comm_;

@@ -12,22 +12,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 "$dhp" data synth --out "$work/data" --preset video-longtail --train 96 --val 8 --seed 5 \
   --scale 0.1 --factor 16 >/dev/null
-cat > "$work/run.toml" <<TOML
-[model]
-dim = 64
-layers = 2
-heads = 4
-kv_heads = 2
-ffn = 128
-vocab_size = 160
-[model.vision]
-patch = 8
-dim = 32
-layers = 1
-heads = 2
-ffn = 64
-min_pixels = 1024
-max_pixels = 4096
+{ cat "$(dirname "$0")/small_model.toml"; cat <<TOML
 [data]
 train = "$work/data/train.jsonl"
 val = ""
@@ -46,6 +31,7 @@ every = 0
 progress = false
 every = 1
 TOML
+} > "$work/run.toml"
 
 # rank_pid MPIRUN_PID RANK: the pid of a rank, read from its environment.
 rank_pid() {

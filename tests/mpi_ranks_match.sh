@@ -12,22 +12,7 @@ trap 'rm -rf "$work"' EXIT
 
 "$dhp" data synth --out "$work/data" --preset video-longtail --train 96 --val 16 --seed 5 \
   --scale 0.1 --factor 16 >/dev/null
-cat > "$work/run.toml" <<TOML
-[model]
-dim = 64
-layers = 2
-heads = 4
-kv_heads = 2
-ffn = 128
-vocab_size = 160
-[model.vision]
-patch = 8
-dim = 32
-layers = 1
-heads = 2
-ffn = 64
-min_pixels = 1024
-max_pixels = 4096
+{ cat "$(dirname "$0")/small_model.toml"; cat <<TOML
 [data]
 train = "$work/data/train.jsonl"
 val = "$work/data/val.jsonl"
@@ -41,6 +26,7 @@ threads = 1
 [log]
 progress = false
 TOML
+} > "$work/run.toml"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 "$dhp" train --config "$work/run.toml" --log.metrics="$work/one/metrics.jsonl" \
   --checkpoint.dir="$work/one/ckpt" >"$work/one.log" 2>&1 || { cat "$work/one.log"; exit 1; }

@@ -25,24 +25,16 @@ namespace {
 // A long-tail set for the small model: captions of ~40 tokens next to multi-frame samples of
 // several hundred, synthesized once per test process.
 const std::filesystem::path& longtail_dir() {
-  struct Dir {
-    std::filesystem::path path;
-    Dir() {
-      path = std::filesystem::temp_directory_path() /
-             ("dhp_test_longtail_" + std::to_string(::getpid()));
-      SynthOptions o;
-      o.out_dir = path.string();
-      o.preset = "video-longtail";
-      o.train = 96;
-      o.val = 12;
-      o.seed = 5;
-      o.scale = 0.1;
-      o.factor = 16;
-      synthesize(o);
-    }
-    ~Dir() { std::filesystem::remove_all(path); }
-  };
-  static Dir dir;
+  static const testing::TempDataSet dir("dhp_test_longtail_", [] {
+    SynthOptions o;
+    o.preset = "video-longtail";
+    o.train = 96;
+    o.val = 12;
+    o.seed = 5;
+    o.scale = 0.1;
+    o.factor = 16;
+    return o;
+  }());
   return dir.path;
 }
 

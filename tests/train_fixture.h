@@ -12,25 +12,28 @@
 
 namespace dhp::testing {
 
-// Synthesizes the data set once per test process into a private temporary folder, removed
-// when the process exits.
+// A data set synthesized into a private temporary folder, removed when the process exits.
+struct TempDataSet {
+  std::filesystem::path path;
+  TempDataSet(const std::string& tag, SynthOptions o)
+      : path(std::filesystem::temp_directory_path() / (tag + std::to_string(::getpid()))) {
+    o.out_dir = path.string();
+    synthesize(o);
+  }
+  ~TempDataSet() { std::filesystem::remove_all(path); }
+};
+
+// The small captioning set, synthesized once per test process.
 inline const std::filesystem::path& synth_dir() {
-  struct Dir {
-    std::filesystem::path path;
-    Dir() {
-      path = std::filesystem::temp_directory_path() / ("dhp_test_data_" + std::to_string(::getpid()));
-      SynthOptions o;
-      o.out_dir = path.string();
-      o.train = 240;
-      o.val = 48;
-      o.seed = 3;
-      o.min_side = 32;
-      o.max_side = 96;
-      synthesize(o);
-    }
-    ~Dir() { std::filesystem::remove_all(path); }
-  };
-  static Dir dir;
+  static const TempDataSet dir("dhp_test_data_", [] {
+    SynthOptions o;
+    o.train = 240;
+    o.val = 48;
+    o.seed = 3;
+    o.min_side = 32;
+    o.max_side = 96;
+    return o;
+  }());
   return dir.path;
 }
 
