@@ -580,15 +580,19 @@ Candidate search(const BatchCosts& b, const ParallelConfig& par, Degrees ds, int
     last_cost = b.evaluations() - before;
     return span;
   };
-  auto affordable = [&] { return b.evaluations() + last_cost <= stop_at; };
+  // Optional work starts only when a conservative estimate of it still fits.
+  auto affordable = [&] { return b.evaluations() + last_cost * 3 / 2 <= stop_at; };
   std::vector<double> grid = {1.0, 1.03, 1.1, 1.25, 1.5, 2.0, 3.0};
   std::vector<int64_t> spans(grid.size(), kNever);
   spans[0] = run_mold(grid[0]);
+  st.floor += last_cost;
 
   // The packed wave solution (exact degrees per wave), up to 40% of what is left, run
   // without barriers and also list-scheduled wave by wave (slowest first).
-  if (b.evaluations() + 2 * last_cost <= stop_at) {
-    const int64_t wave_stop = b.evaluations() + int64_t(0.4 * double(stop_at - b.evaluations()));
+  if (b.evaluations() + 3 * last_cost <= stop_at) {
+    // Its solver stops hard at wave_stop; turning its solution into schedules costs about
+    // two moldable schedules more.
+    const int64_t wave_stop = b.evaluations() + int64_t(0.4 * double(stop_at - b.evaluations() - 2 * last_cost));
     Solution sol = wave_solution(b, n, ds, wave_stop, st);
     if (sol.makespan < kNever) {
       bool node_local = true;
@@ -700,9 +704,12 @@ Plan Planner::plan_pow2(const std::vector<SeqShape>& batch, PlanStats* stats) co
   require_pow2(b);
   PlanStats st;
   st.budget = budget();
+  st.floor = b.evaluations();
   detail::Candidate c = detail::search(b, par_, Degrees::Pow2, pow2_stop(b, budget()), st);
   DHP_ASSERT(c.makespan < kNever);
+  const int64_t before = b.evaluations();
   auto groups = detail::finish_groups(b, std::move(c.groups), world_);
+  st.floor += b.evaluations() - before;
   st.evaluations = b.evaluations();
   st.candidate = c.name;
   if (stats) *stats = st;
@@ -712,10 +719,10 @@ Plan Planner::plan_pow2(const std::vector<SeqShape>& batch, PlanStats* stats) co
 Plan Planner::plan_dhp(const std::vector<SeqShape>& batch, PlanStats* stats) const {
   if (batch.empty()) return Plan("dhp", world_, {}, {}, 0);
   BatchCosts b(*this, batch);
-
   const int n = world_;
   PlanStats st;
   st.budget = budget();
+  st.floor = b.evaluations();
   // 1. pow2's search, exactly as plan_pow2 runs it.
   detail::Candidate best = detail::search(b, par_, Degrees::Pow2, pow2_stop(b, budget()), st);
   best.name = "pow2/" + best.name;
@@ -726,9 +733,10 @@ Plan Planner::plan_dhp(const std::vector<SeqShape>& batch, PlanStats* stats) con
     int need = 1;
     for (int s = 0; s < b.size(); ++s) need = std::max(need, b.min_degree(s));
     const int64_t stop = b.evaluations() + std::max<int64_t>(0, budget() - b.evaluations()) / 3;
-    const int64_t estimate = int64_t(b.size()) * 5 / 2;  // about what one layout costs
+    const int64_t estimate = int64_t(b.size()) * 4;  // more than one layout costs
     for (int c = need; c <= n; ++c) {
       if (n % c) continue;
+      if (b.evaluations() + b.size() / 2 + 1 > stop) break;
       // Static with CP degree c: every sequence on exactly c ranks.
       double area[2] = {0, 0}, crit = 0;
       for (int s = 0; s < b.size(); ++s) {
@@ -748,7 +756,9 @@ Plan Planner::plan_dhp(const std::vector<SeqShape>& batch, PlanStats* stats) con
   // 3. Any integer degree: replaces the others only when strictly faster.
   detail::Candidate any = detail::search(b, par_, Degrees::Any, budget(), st);
   if (any.makespan < best.makespan) best = std::move(any), best.name = "any/" + best.name;
+  const int64_t before = b.evaluations();
   auto groups = detail::finish_groups(b, std::move(best.groups), n);
+  st.floor += b.evaluations() - before;
   st.evaluations = b.evaluations();
   st.candidate = best.name;
   if (stats) *stats = st;

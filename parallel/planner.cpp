@@ -65,7 +65,7 @@ int64_t BatchCosts::compute_lower_bound() {
   for (double lambda : {1.0, 0.0}) {
     double sum = 0;
     for (int s = 0; s < size(); ++s) sum += cost_.min_area_lower_bound(costs_[s], dmin_[s], n, lambda);
-    charge(size());
+    charge(size() / 2);
     area = std::max(area, sum / n);
   }
   // (b) The slowest sequence alone on its best ring. Only sequences whose time at their
@@ -74,7 +74,7 @@ int64_t BatchCosts::compute_lower_bound() {
   double bound = area;
   std::vector<std::pair<double, int>> order;
   for (int s = 0; s < size(); ++s) order.push_back({cost_.time_lower_bound(costs_[s], dmin_[s]), s});
-  charge(size());
+  charge(size() / 4);
   std::sort(order.begin(), order.end(), std::greater<>());
   const double fixed = cost_.fixed_seconds(), latency = cost_.step_latency();
   for (auto [at_min, s] : order) {

@@ -55,6 +55,8 @@ inline constexpr int kMaxWorld = 1 << 20;
 struct PlanStats {
   int64_t evaluations = 0;  // cost evaluations (and scheduling work in the same unit) spent
   int64_t budget = 0;       // what the strategy was allowed
+  int64_t floor = 0;        // of the evaluations, those made whatever the budget: preparing
+                            // the batch and the first schedule of each search
   int packings = 0;         // packings and schedules tried
   int moves = 0;            // sequence moves accepted (wave improvement)
   std::string candidate;    // the search whose schedule won (dhp): e.g. "any/moldable"
