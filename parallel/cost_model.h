@@ -86,7 +86,8 @@ struct DeviceProfile {
 };
 
 // "cpu" (measured with `dhp profile`, see cost_model.cpp), "a100", "h100", "h200" (sourced
-// hardware figures; the profiling pass and the online refit replace them).
+// hardware figures and stated assumptions; the profiling pass and the online refit replace
+// them).
 DeviceProfile device_profile(const std::string& name);
 std::vector<std::string> device_profile_names();
 

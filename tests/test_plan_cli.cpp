@@ -118,4 +118,26 @@ TEST(PlanCli, CostCoefficientsFile) {
   expect_error(kQuick + "--coeffs " + bad.string(), "sec_per_flop");
 }
 
+// The profiling pass measures the model, fits the coefficients and writes them where
+// `dhp plan --coeffs` reads them.
+TEST(PlanCli, ProfilingPassFitsCoefficientsThePlannerUses) {
+  const fs::path out = scratch("profile.json");
+  const std::string cmd = std::string("timeout 300 ") + DHP_BINARY + " profile --quick --repeats 1 --out " +
+                          out.string() + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string text;
+  std::array<char, 4096> buf{};
+  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) text.append(buf.data(), n);
+  const int st = pclose(p);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << text;
+  EXPECT_NE(text.find("mean relative error"), std::string::npos) << text;
+  std::ifstream in(out);
+  const std::string json((std::istreambuf_iterator<char>(in)), {});
+  for (const char* key : {"sec_per_flop", "sec_per_att_flop", "sec_per_weight_byte", "error_fit"})
+    EXPECT_NE(json.find(key), std::string::npos) << key;
+  const Result r = plan(kQuick + "--batch 16 --coeffs " + out.string());
+  EXPECT_EQ(r.status, 0) << r.output;
+}
+
 }  // namespace
