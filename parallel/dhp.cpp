@@ -555,7 +555,8 @@ class Moldable {
 
 }  // namespace
 
-Candidate search(const BatchCosts& b, const ParallelConfig& par, Degrees ds, int64_t stop_at, PlanStats& st) {
+Candidate search(const BatchCosts& b, const ParallelConfig& par, Degrees ds, int64_t stop_at, PlanStats& st,
+                 int64_t wave_units) {
   const int n = b.world();
   for (int s = 0; s < b.size(); ++s)
     if (round_up(ds, b.min_degree(s)) > n) return Candidate{};  // this degree set cannot hold s
@@ -592,7 +593,9 @@ Candidate search(const BatchCosts& b, const ParallelConfig& par, Degrees ds, int
   if (b.evaluations() + 3 * last_cost <= stop_at) {
     // Its solver stops hard at wave_stop; turning its solution into schedules costs about
     // two moldable schedules more.
-    const int64_t wave_stop = b.evaluations() + int64_t(0.4 * double(stop_at - b.evaluations() - 2 * last_cost));
+    int64_t wave_stop = b.evaluations() + int64_t(0.4 * double(stop_at - b.evaluations() - 2 * last_cost));
+    if (wave_units >= 0 && b.evaluations() + wave_units + 2 * last_cost <= stop_at)
+      wave_stop = b.evaluations() + wave_units;
     Solution sol = wave_solution(b, n, ds, wave_stop, st);
     if (sol.makespan < kNever) {
       bool node_local = true;
@@ -661,10 +664,43 @@ using detail::Degrees;
 
 namespace {
 
-// The pow2 search's share of the budget, from the point the batch was prepared.
-int64_t pow2_stop(const BatchCosts& b, int64_t budget) {
+// Static layouts (static_layout) at the CP degrees that divide the world, hold every
+// sequence, and are (pow2_only) or are not powers of two, each unless a lower bound shows it
+// cannot beat `best`, while a conservative estimate of its cost fits before stop_at.
+void try_static(const BatchCosts& b, detail::Candidate& best, bool pow2_only, int64_t stop_at, PlanStats& st) {
+  const int n = b.world();
+  int need = 1;
+  for (int s = 0; s < b.size(); ++s) need = std::max(need, b.min_degree(s));
+  const int64_t estimate = int64_t(b.size()) * 4;  // more than one layout costs
+  for (int c = need; c <= n; ++c) {
+    if (n % c || std::has_single_bit(unsigned(c)) != pow2_only) continue;
+    if (b.evaluations() + b.size() / 2 + 1 > stop_at) break;
+    // Every sequence on exactly c ranks.
+    double area[2] = {0, 0}, crit = 0;
+    for (int s = 0; s < b.size(); ++s) {
+      const SeqCost& sc = b.cost_of(s);
+      area[0] += b.cost().area_lower_bound(sc, c, 0.0), area[1] += b.cost().area_lower_bound(sc, c, 1.0);
+      crit = std::max(crit, b.cost().time_lower_bound(sc, c));
+    }
+    b.charge(b.size() / 2 + 1);
+    const double bound = std::max({area[0] / n, area[1] / n, crit}) * 1e9;
+    if (bound >= double(best.makespan)) continue;
+    if (b.evaluations() + estimate > stop_at) break;
+    detail::Candidate cand = detail::static_layout(b, c);
+    ++st.packings;
+    if (cand.makespan < best.makespan) best = std::move(cand);
+  }
+}
+
+// pow2: dhp's search with power-of-two degrees, and the static layouts at power-of-two CP
+// degrees (they are power-of-two plans too), within the pow2 share of the budget counted
+// from the point the batch was prepared. plan_pow2 and plan_dhp run exactly this.
+detail::Candidate pow2_portfolio(const BatchCosts& b, const ParallelConfig& par, int64_t budget, PlanStats& st) {
   const int64_t base = b.evaluations();
-  return base + int64_t(Planner::kPow2Share * double(std::max<int64_t>(0, budget - base)));
+  const int64_t share = int64_t(Planner::kPow2Share * double(std::max<int64_t>(0, budget - base)));
+  detail::Candidate best = detail::search(b, par, Degrees::Pow2, base + share * 17 / 20, st);
+  try_static(b, best, true, base + share, st);
+  return best;
 }
 
 void require_pow2(const BatchCosts& b) {
@@ -679,15 +715,22 @@ void require_pow2(const BatchCosts& b) {
 
 }  // namespace
 
+// The evaluations the wave solution gets, in plan_dhp_waves and inside plan_dhp alike.
+int64_t wave_units(const BatchCosts& b, int64_t budget) {
+  return std::max<int64_t>(0, budget - b.evaluations()) / 5;
+}
+
 Plan Planner::plan_dhp_waves(const std::vector<SeqShape>& batch, PlanStats* stats) const {
   if (batch.empty()) return Plan("dhp-waves", world_, {}, {}, 0);
   BatchCosts b(*this, batch);
   PlanStats st;
   st.budget = budget();
-  // The reference always completes: the budget only stops improvements.
+  st.floor = b.evaluations();
+  // The reference always completes: when the budget runs out before the first solution,
+  // it gets more (this is a reference, not a strategy the trainer runs).
   detail::Solution sol;
-  for (int64_t stop = budget();; stop = std::max<int64_t>(2 * stop, b.evaluations() + 1024)) {
-    sol = detail::wave_solution(b, world_, Degrees::Any, std::max<int64_t>(stop, b.evaluations() + 1), st);
+  for (int64_t units = wave_units(b, budget());; units = std::max<int64_t>(2 * units, 1024)) {
+    sol = detail::wave_solution(b, world_, Degrees::Any, b.evaluations() + units, st);
     if (sol.makespan < kNever) break;
   }
   bool node_local = true;
@@ -705,7 +748,7 @@ Plan Planner::plan_pow2(const std::vector<SeqShape>& batch, PlanStats* stats) co
   PlanStats st;
   st.budget = budget();
   st.floor = b.evaluations();
-  detail::Candidate c = detail::search(b, par_, Degrees::Pow2, pow2_stop(b, budget()), st);
+  detail::Candidate c = pow2_portfolio(b, par_, budget(), st);
   DHP_ASSERT(c.makespan < kNever);
   const int64_t before = b.evaluations();
   auto groups = detail::finish_groups(b, std::move(c.groups), world_);
@@ -723,38 +766,14 @@ Plan Planner::plan_dhp(const std::vector<SeqShape>& batch, PlanStats* stats) con
   PlanStats st;
   st.budget = budget();
   st.floor = b.evaluations();
-  // 1. pow2's search, exactly as plan_pow2 runs it.
-  detail::Candidate best = detail::search(b, par_, Degrees::Pow2, pow2_stop(b, budget()), st);
+  const int64_t waves = wave_units(b, budget());
+  // 1. pow2, exactly as plan_pow2 plans it.
+  detail::Candidate best = pow2_portfolio(b, par_, budget(), st);
   best.name = "pow2/" + best.name;
-  // 2. The static layout at every CP degree that divides the world and holds the batch,
-  //    unless a lower bound shows it cannot beat the best so far, while a third of what is
-  //    left lasts.
-  {
-    int need = 1;
-    for (int s = 0; s < b.size(); ++s) need = std::max(need, b.min_degree(s));
-    const int64_t stop = b.evaluations() + std::max<int64_t>(0, budget() - b.evaluations()) / 3;
-    const int64_t estimate = int64_t(b.size()) * 4;  // more than one layout costs
-    for (int c = need; c <= n; ++c) {
-      if (n % c) continue;
-      if (b.evaluations() + b.size() / 2 + 1 > stop) break;
-      // Static with CP degree c: every sequence on exactly c ranks.
-      double area[2] = {0, 0}, crit = 0;
-      for (int s = 0; s < b.size(); ++s) {
-        const SeqCost& sc = b.cost_of(s);
-        area[0] += b.cost().area_lower_bound(sc, c, 0.0), area[1] += b.cost().area_lower_bound(sc, c, 1.0);
-        crit = std::max(crit, b.cost().time_lower_bound(sc, c));
-      }
-      b.charge(b.size() / 2 + 1);
-      const double bound = std::max({area[0] / n, area[1] / n, crit}) * 1e9;
-      if (bound >= double(best.makespan)) continue;
-      if (b.evaluations() + estimate > stop) break;
-      detail::Candidate cand = detail::static_layout(b, c);
-      ++st.packings;
-      if (cand.makespan < best.makespan) best = std::move(cand);
-    }
-  }
+  // 2. The static layout at the other CP degrees that divide the world and hold the batch.
+  try_static(b, best, false, b.evaluations() + std::max<int64_t>(0, budget() - b.evaluations()) / 5, st);
   // 3. Any integer degree: replaces the others only when strictly faster.
-  detail::Candidate any = detail::search(b, par_, Degrees::Any, budget(), st);
+  detail::Candidate any = detail::search(b, par_, Degrees::Any, budget(), st, waves);
   if (any.makespan < best.makespan) best = std::move(any), best.name = "any/" + best.name;
   const int64_t before = b.evaluations();
   auto groups = detail::finish_groups(b, std::move(best.groups), n);

@@ -443,7 +443,7 @@ std::vector<std::string> Planner::check(const Plan& plan) const {
     // static layout (the static strategy, or dhp adopting it) and the barrier reference may
     // lay one across two nodes, priced at inter-node bandwidth (checked below).
     const bool static_like = plan.strategy() == "static" || plan.strategy() == "dhp-waves" ||
-                             plan.candidate().rfind("static", 0) == 0;
+                             plan.candidate().find("static") != std::string::npos;
     if (spans && grp.cp <= rpn && !static_like)
       bad.push_back(fmt::format("group {}: its ring of {} ranks from rank {} spans two nodes of {} ranks", g, grp.cp,
                                 grp.first_rank, rpn));

@@ -1,9 +1,10 @@
 // The per-step planner (design.md §2): from the lengths of one global batch to a Plan.
 //
 //   dhp     a portfolio of searches, the best schedule wins (ties: the simpler one):
-//           1. the pow2 search below (so dhp is never slower than pow2);
-//           2. the static layout at every CP degree that divides the world and holds the
-//              batch (so dhp is never slower than static at its best degree);
+//           1. the pow2 planner below, exactly (so dhp is never slower than pow2);
+//           2. the static layout at the other CP degrees that divide the world and hold the
+//              batch (so dhp is never slower than static at its best degree), each skipped
+//              when a lower bound shows it cannot win;
 //           3. the same search with any integer degree: packed waves (stage 1 memory-aware
 //              best-fit-decreasing packing into atomic groups, waves when groups outnumber
 //              ranks, stage 2 exact degree assignment per wave (solver.h), improved by
@@ -21,8 +22,9 @@
 //           least loaded, each replica running memory-sized micro-batches one after another.
 //           A replica that cannot sit inside one node is priced at inter-node bandwidth.
 //   pow2    per-step CP degrees restricted to powers of two (Megatron-Core dynamic CP),
-//           planned with dhp's own search, scheduler, placement, merging and memory model:
-//           only the degree set differs.
+//           planned with dhp's own search, scheduler, placement, merging and memory model,
+//           plus the static layouts at power-of-two CP degrees (they are power-of-two plans
+//           too): only the degree set differs.
 //
 // Every strategy's plan is an as-soon-as-possible schedule: each rank runs its groups one
 // after another (gradient accumulation) and a group starts exactly when the last of its
@@ -47,7 +49,7 @@ namespace dhp {
 // budget, except that preparing the batch (every sequence's cost, memory minimum and the
 // lower bound) and the first schedule of each search it runs are always made: about 10
 // units per sequence, which only exceeds the default 5 ms above ~4000 sequences.
-inline constexpr int64_t kEvaluationsPerMs = 9000;
+inline constexpr int64_t kEvaluationsPerMs = 12000;
 
 // The largest world the planner accepts (a million ranks).
 inline constexpr int kMaxWorld = 1 << 20;
@@ -78,8 +80,9 @@ class Planner {
   // cp = 0: the smallest divisor of the world that holds every sequence of `batch`.
   Plan plan_static(const std::vector<SeqShape>& batch, int cp, PlanStats* stats = nullptr) const;
   Plan plan_pow2(const std::vector<SeqShape>& batch, PlanStats* stats = nullptr) const;
-  // The share of the budget the pow2 search gets (inside dhp and alone: the same plan).
-  static constexpr double kPow2Share = 0.35;
+  // The share of the budget pow2 gets (inside dhp and alone: the same plan, so dhp is never
+  // slower). docs/planner.md also reports pow2 given the whole budget.
+  static constexpr double kPow2Share = 0.45;
 
   // A bound no plan can beat: the larger of (a) the rank-time every sequence needs at its
   // cheapest allowed degree (memory minimum and up), with the ring steps' max(compute,

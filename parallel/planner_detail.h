@@ -146,6 +146,9 @@ Candidate static_layout(const BatchCosts& b, int c);
 // first schedule (one moldable list schedule) is made whatever the budget; nothing after it
 // starts unless its estimated cost fits before stop_at. An empty candidate (makespan kNever)
 // when the degree set cannot hold some sequence.
-Candidate search(const BatchCosts& b, const ParallelConfig& par, Degrees ds, int64_t stop_at, PlanStats& st);
+// wave_units >= 0: the wave solution gets exactly that many evaluations (when they fit), as
+// plan_dhp_waves gives it, so that dhp's barrier-free form of it is the same solution.
+Candidate search(const BatchCosts& b, const ParallelConfig& par, Degrees ds, int64_t stop_at, PlanStats& st,
+                 int64_t wave_units = -1);
 
 }  // namespace dhp::detail

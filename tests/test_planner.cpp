@@ -396,7 +396,7 @@ TEST(Schedule, BarrierFreeInvariantsOnRandomInstances) {
           EXPECT_LE(g.peak_bytes, p->memory().capacity());
           // A ring of at most a node's ranks stays inside one node (unless dhp adopted a
           // static layout, whose replicas are priced across nodes when they span two).
-          if (g.cp <= rpn && dhp.candidate().rfind("static", 0) != 0) {
+          if (g.cp <= rpn && dhp.candidate().find("static") == std::string::npos) {
             EXPECT_EQ(g.first_rank / rpn, (g.first_rank + g.cp - 1) / rpn) << "N=" << n;
           }
         }
