@@ -108,6 +108,11 @@ int64_t JsonlDataset::vision_tokens(int64_t i) const {
   return entries_[size_t(i)].vision_tokens;
 }
 
+int32_t JsonlDataset::images(int64_t i) const {
+  DHP_ASSERT(i >= 0 && i < size());
+  return int32_t(entries_[size_t(i)].image_end - entries_[size_t(i)].image_begin);
+}
+
 int64_t JsonlDataset::loss_tokens(int64_t i) const {
   DHP_ASSERT(i >= 0 && i < size());
   return entries_[size_t(i)].loss_tokens;

@@ -1,7 +1,6 @@
 #include "data/pack.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "kernels/check.h"
 
@@ -72,32 +71,6 @@ Batch pack(const std::vector<const Sample*>& samples, const VisionConfig& v) {
     }
   }
   return b;
-}
-
-std::vector<std::vector<int64_t>> split_micro_batches(const std::vector<int64_t>& lengths,
-                                                      int64_t micro_tokens) {
-  DHP_CHECK(micro_tokens > 0, "micro_tokens must be positive, got {}", micro_tokens);
-  std::vector<int64_t> order(lengths.size());
-  std::iota(order.begin(), order.end(), int64_t(0));
-  // Longest first; equal lengths keep their position order so the result is unique.
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return lengths[size_t(a)] > lengths[size_t(b)]; });
-  std::vector<std::vector<int64_t>> packs;
-  std::vector<int64_t> used;  // (packs) tokens in each pack
-  for (int64_t i : order) {
-    const int64_t len = lengths[size_t(i)];
-    DHP_ASSERT(len >= 0);
-    size_t p = 0;
-    while (p < packs.size() && used[p] + len > micro_tokens) ++p;
-    if (p == packs.size()) {
-      packs.emplace_back();
-      used.push_back(0);
-    }
-    packs[p].push_back(i);
-    used[p] += len;
-  }
-  for (auto& pk : packs) std::sort(pk.begin(), pk.end());
-  return packs;
 }
 
 }  // namespace dhp

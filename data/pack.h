@@ -1,4 +1,4 @@
-// Packing samples into the model's micro-batch, and choosing which samples share a pack.
+// Packing samples (or pieces of them) into the model's micro-batch.
 #pragma once
 
 #include <cstdint>
@@ -15,11 +15,5 @@ namespace dhp {
 // document; image_slot numbers the merged image tokens in the order images x row-major
 // merged grid; patches are concatenated in image order.
 Batch pack(const std::vector<const Sample*>& samples, const VisionConfig& v);
-
-// Deterministic first-fit-decreasing of positions 0..n-1 into packs of at most micro_tokens
-// tokens; a sample longer than micro_tokens gets a pack of its own. Each pack lists its
-// positions ascending; packs come in the order they were opened.
-std::vector<std::vector<int64_t>> split_micro_batches(const std::vector<int64_t>& lengths,
-                                                      int64_t micro_tokens);
 
 }  // namespace dhp

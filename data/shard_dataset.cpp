@@ -126,6 +126,11 @@ int64_t ShardDataset::vision_tokens(int64_t i) const {
   return vision_[size_t(i)];
 }
 
+int32_t ShardDataset::images(int64_t i) const {
+  DHP_ASSERT(i >= 0 && i < size());
+  return int32_t(x_.at(rows_[size_t(i)], kImageEnd) - x_.at(rows_[size_t(i)], kImageBegin));
+}
+
 int64_t ShardDataset::loss_tokens(int64_t i) const {
   DHP_ASSERT(i >= 0 && i < size());
   return x_.at(rows_[size_t(i)], kLoss);

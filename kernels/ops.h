@@ -1,25 +1,16 @@
 // The op interface the model is written against. Pointers are device pointers of the backend
-// that implements it; shapes and conventions are those of the CPU reference in kernels/cpu/
-// (one header per op family, forward and backward side by side). A backend never allocates
-// inside an op: the caller owns every buffer.
+// that implements it (kernels/backend.h); shapes and conventions are those of the CPU
+// reference in kernels/cpu/ (one header per op family, forward and backward side by side).
+// An op never allocates and never returns a value to the host: results land in device
+// buffers that the caller reads when it chooses to synchronise.
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <string>
 
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/cross_entropy.h"
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/patch_merge.h"
+#include "kernels/op_types.h"
 
 namespace dhp {
-
-using cpu::AdamWStep;
-using cpu::AttnMeta;
-using cpu::AttnShape;
-using cpu::CrossEntropyStats;
-using cpu::MergeImage;
 
 class Ops {
  public:
@@ -55,9 +46,13 @@ class Ops {
                                   const float* out, const float* lse, const float* q,
                                   const float* k, const float* v, AttnMeta qm, AttnMeta km,
                                   const AttnShape& s) const = 0;
-  virtual CrossEntropyStats cross_entropy_forward(float* lse, const float* logits,
-                                                  const int32_t* targets, int64_t T,
-                                                  int64_t V) const = 0;
+  // Adds the rows' statistics to *stats (a device buffer).
+  virtual void cross_entropy_forward(float* lse, CrossEntropyStats* stats, const float* logits,
+                                     const int32_t* targets, int64_t T, int64_t V) const = 0;
+  // Merges a partial attention result over other keys into (out, lse): see
+  // kernels/cpu/attention_merge.h. out (T, H·hd), lse (H, T).
+  virtual void attention_merge(float* out, float* lse, const float* part_out,
+                               const float* part_lse, int64_t T, int H, int hd) const = 0;
   virtual void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                                       const int32_t* targets, int64_t T, int64_t V,
                                       float scale) const = 0;
@@ -71,17 +66,16 @@ class Ops {
                                     int n_images, int64_t C, int m) const = 0;
   virtual void add_inplace(float* y, const float* x, int64_t n) const = 0;
   virtual void scale_inplace(float* y, float s, int64_t n) const = 0;
-  virtual double sum_squares(const float* x, int64_t n) const = 0;
+  virtual void fill(float* y, float value, int64_t n) const = 0;
+  // *out (a device double) = sum of x², in an order independent of the thread count.
+  virtual void sum_squares(double* out, const float* x, int64_t n) const = 0;
+  // y[t] = src[slot[t]] where slot[t] >= 0; and its inverse, dsrc[slot[t]] = dy[t] (written).
+  virtual void scatter_rows(float* y, const float* src, const int32_t* slot, int64_t T,
+                            int64_t C) const = 0;
+  virtual void gather_rows(float* dsrc, const float* dy, const int32_t* slot, int64_t T,
+                           int64_t C) const = 0;
   virtual void adamw_update(float* p, const float* g, float* m, float* v, int64_t n,
                             const AdamWStep& s) const = 0;
 };
-
-// The fp32 CPU reference backend (OpenBLAS + OpenMP) on `threads` threads.
-std::unique_ptr<Ops> make_cpu_ops(int threads);
-
-// The compute threads to use when the configuration says 0: every core. Data workers mostly
-// wait on a loaded machine's compute, so leaving them a core of their own halves the speed
-// (measured: 2 threads + 1 worker run the demo 1.8x faster than 1 + 1 on 2 cores).
-int default_compute_threads();
 
 }  // namespace dhp

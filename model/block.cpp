@@ -1,8 +1,5 @@
 #include "model/block.h"
 
-#include <algorithm>
-#include <cmath>
-
 namespace dhp {
 namespace {
 
@@ -17,95 +14,86 @@ void rope_apply(const Ops& ops, float* x, int64_t T, int H, const BlockDims& d, 
   }
 }
 
-AttnShape attn_shape(const BlockDims& d, int64_t T) {
-  return AttnShape{T, T, d.Hq, d.Hkv, d.hd, float(1.0 / std::sqrt(double(d.hd)))};
-}
-
 }  // namespace
 
-void block_forward(const Ops& ops, const BlockDims& d, const BlockParams& w, BlockActs& a,
-                   float* x, int64_t T, AttnMeta meta, RopePos rope, LayerCache* cache,
-                   AttnMeta cache_meta) {
+BlockActs carve_block_acts(Carver& c, const BlockDims& d, int64_t T) {
+  const int64_t qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd;
+  BlockActs a;
+  a.x_in = c.take<float>(T * d.C);
+  a.xn1 = c.take<float>(T * d.C);
+  a.rstd1 = c.take<float>(T);
+  a.q = c.take<float>(T * qd);
+  a.k = c.take<float>(T * kvd);
+  a.v = c.take<float>(T * kvd);
+  a.att = c.take<float>(T * qd);
+  a.lse = c.take<float>(int64_t(d.Hq) * T);
+  a.h = c.take<float>(T * d.C);
+  a.xn2 = c.take<float>(T * d.C);
+  a.rstd2 = c.take<float>(T);
+  a.a = c.take<float>(T * d.F);
+  a.b = c.take<float>(T * d.F);
+  a.g = c.take<float>(T * d.F);
+  return a;
+}
+
+BlockScratch carve_block_scratch(Carver& c, const BlockDims& d, int64_t T) {
+  const int64_t qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd;
+  BlockScratch s;
+  s.dg = c.take<float>(T * d.F);
+  s.da = c.take<float>(T * d.F);
+  s.db = c.take<float>(T * d.F);
+  s.dxn = c.take<float>(T * d.C);
+  s.dtmp = c.take<float>(T * d.C);
+  s.datt = c.take<float>(T * qd);
+  s.dq = c.take<float>(T * qd);
+  s.dk = c.take<float>(T * kvd);
+  s.dv = c.take<float>(T * kvd);
+  return s;
+}
+
+void block_forward(const Ops& ops, const BlockDims& d, const BlockParams& w, const BlockActs& a,
+                   float* out, int64_t T, RopePos rope, Attention& attn, int layer) {
   const int64_t C = d.C, qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd, F = d.F;
-  a.x_in.assign(x, x + T * C);
-  a.xn1.resize(T * C);
-  a.rstd1.resize(T);
-  a.q.resize(T * qd);
-  a.k.resize(T * kvd);
-  a.v.resize(T * kvd);
-  a.att.resize(T * qd);
-  a.lse.resize(int64_t(d.Hq) * T);
-  a.h.resize(T * C);
-  a.xn2.resize(T * C);
-  a.rstd2.resize(T);
-  a.a.resize(T * F);
-  a.b.resize(T * F);
-  a.g.resize(T * F);
+  ops.rmsnorm_forward(a.xn1, a.rstd1, a.x_in, w.attn_norm, T, C);
+  ops.linear_forward(a.q, a.xn1, w.wq, nullptr, T, C, qd);
+  ops.linear_forward(a.k, a.xn1, w.wk, nullptr, T, C, kvd);
+  ops.linear_forward(a.v, a.xn1, w.wv, nullptr, T, C, kvd);
+  rope_apply(ops, a.q, T, d.Hq, d, rope, false);
+  rope_apply(ops, a.k, T, d.Hkv, d, rope, false);
+  attn.forward(layer, a.att, a.lse, a.q, a.k, a.v, d.attn());
+  ops.linear_forward(a.h, a.att, w.wo, nullptr, T, qd, C);
+  ops.add_inplace(a.h, a.x_in, T * C);
 
-  ops.rmsnorm_forward(a.xn1.data(), a.rstd1.data(), x, w.attn_norm, T, C);
-  ops.linear_forward(a.q.data(), a.xn1.data(), w.wq, nullptr, T, C, qd);
-  ops.linear_forward(a.k.data(), a.xn1.data(), w.wk, nullptr, T, C, kvd);
-  ops.linear_forward(a.v.data(), a.xn1.data(), w.wv, nullptr, T, C, kvd);
-  rope_apply(ops, a.q.data(), T, d.Hq, d, rope, false);
-  rope_apply(ops, a.k.data(), T, d.Hkv, d, rope, false);
-  if (cache) {
-    cache->k.insert(cache->k.end(), a.k.begin(), a.k.end());
-    cache->v.insert(cache->v.end(), a.v.begin(), a.v.end());
-    AttnShape sh = attn_shape(d, T);
-    sh.Tk = int64_t(cache->k.size()) / kvd;
-    ops.attention_forward(a.att.data(), a.lse.data(), a.q.data(), cache->k.data(),
-                          cache->v.data(), meta, cache_meta, sh);
-  } else {
-    ops.attention_forward(a.att.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), meta,
-                          meta, attn_shape(d, T));
-  }
-  ops.linear_forward(a.h.data(), a.att.data(), w.wo, nullptr, T, qd, C);
-  ops.add_inplace(a.h.data(), a.x_in.data(), T * C);
-
-  ops.rmsnorm_forward(a.xn2.data(), a.rstd2.data(), a.h.data(), w.mlp_norm, T, C);
-  ops.linear_forward(a.a.data(), a.xn2.data(), w.w1, nullptr, T, C, F);
-  ops.linear_forward(a.b.data(), a.xn2.data(), w.w3, nullptr, T, C, F);
-  ops.swiglu_forward(a.g.data(), a.a.data(), a.b.data(), T * F);
-  ops.linear_forward(x, a.g.data(), w.w2, nullptr, T, F, C);
-  ops.add_inplace(x, a.h.data(), T * C);
+  ops.rmsnorm_forward(a.xn2, a.rstd2, a.h, w.mlp_norm, T, C);
+  ops.linear_forward(a.a, a.xn2, w.w1, nullptr, T, C, F);
+  ops.linear_forward(a.b, a.xn2, w.w3, nullptr, T, C, F);
+  ops.swiglu_forward(a.g, a.a, a.b, T * F);
+  ops.linear_forward(out, a.g, w.w2, nullptr, T, F, C);
+  ops.add_inplace(out, a.h, T * C);
 }
 
 void block_backward(const Ops& ops, const BlockDims& d, const BlockParams& w,
-                    const BlockParams& gw, const BlockActs& a, BlockScratch& s, float* dx,
-                    int64_t T, AttnMeta meta, RopePos rope) {
+                    const BlockParams& gw, const BlockActs& a, const BlockScratch& s, float* dx,
+                    int64_t T, RopePos rope, Attention& attn, int layer) {
   const int64_t C = d.C, qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd, F = d.F;
-  s.dg.resize(T * F);
-  s.da.resize(T * F);
-  s.db.resize(T * F);
-  s.dxn.resize(T * C);
-  s.dtmp.resize(T * C);
-  s.datt.resize(T * qd);
-  s.dq.resize(T * qd);
-  s.dk.resize(T * kvd);
-  s.dv.resize(T * kvd);
-
   // MLP branch: dx holds d(out) = d(h) through the residual, plus what flows through the MLP.
-  ops.linear_backward(s.dg.data(), gw.w2, nullptr, dx, a.g.data(), w.w2, T, F, C, false);
-  ops.swiglu_backward(s.da.data(), s.db.data(), s.dg.data(), a.a.data(), a.b.data(), T * F);
-  ops.linear_backward(s.dxn.data(), gw.w1, nullptr, s.da.data(), a.xn2.data(), w.w1, T, C, F, false);
-  ops.linear_backward(s.dxn.data(), gw.w3, nullptr, s.db.data(), a.xn2.data(), w.w3, T, C, F, true);
-  ops.rmsnorm_backward(s.dtmp.data(), gw.mlp_norm, s.dxn.data(), a.h.data(), w.mlp_norm,
-                       a.rstd2.data(), T, C);
-  ops.add_inplace(dx, s.dtmp.data(), T * C);  // dx = d(h)
+  ops.linear_backward(s.dg, gw.w2, nullptr, dx, a.g, w.w2, T, F, C, false);
+  ops.swiglu_backward(s.da, s.db, s.dg, a.a, a.b, T * F);
+  ops.linear_backward(s.dxn, gw.w1, nullptr, s.da, a.xn2, w.w1, T, C, F, false);
+  ops.linear_backward(s.dxn, gw.w3, nullptr, s.db, a.xn2, w.w3, T, C, F, true);
+  ops.rmsnorm_backward(s.dtmp, gw.mlp_norm, s.dxn, a.h, w.mlp_norm, a.rstd2, T, C);
+  ops.add_inplace(dx, s.dtmp, T * C);  // dx = d(h)
 
   // Attention branch.
-  ops.linear_backward(s.datt.data(), gw.wo, nullptr, dx, a.att.data(), w.wo, T, qd, C, false);
-  ops.attention_backward(s.dq.data(), s.dk.data(), s.dv.data(), s.datt.data(), a.att.data(),
-                         a.lse.data(), a.q.data(), a.k.data(), a.v.data(), meta, meta,
-                         attn_shape(d, T));
-  rope_apply(ops, s.dq.data(), T, d.Hq, d, rope, true);
-  rope_apply(ops, s.dk.data(), T, d.Hkv, d, rope, true);
-  ops.linear_backward(s.dxn.data(), gw.wq, nullptr, s.dq.data(), a.xn1.data(), w.wq, T, C, qd, false);
-  ops.linear_backward(s.dxn.data(), gw.wk, nullptr, s.dk.data(), a.xn1.data(), w.wk, T, C, kvd, true);
-  ops.linear_backward(s.dxn.data(), gw.wv, nullptr, s.dv.data(), a.xn1.data(), w.wv, T, C, kvd, true);
-  ops.rmsnorm_backward(s.dtmp.data(), gw.attn_norm, s.dxn.data(), a.x_in.data(), w.attn_norm,
-                       a.rstd1.data(), T, C);
-  ops.add_inplace(dx, s.dtmp.data(), T * C);  // dx = d(x_in)
+  ops.linear_backward(s.datt, gw.wo, nullptr, dx, a.att, w.wo, T, qd, C, false);
+  attn.backward(layer, s.dq, s.dk, s.dv, s.datt, a.att, a.lse, a.q, a.k, a.v, d.attn());
+  rope_apply(ops, s.dq, T, d.Hq, d, rope, true);
+  rope_apply(ops, s.dk, T, d.Hkv, d, rope, true);
+  ops.linear_backward(s.dxn, gw.wq, nullptr, s.dq, a.xn1, w.wq, T, C, qd, false);
+  ops.linear_backward(s.dxn, gw.wk, nullptr, s.dk, a.xn1, w.wk, T, C, kvd, true);
+  ops.linear_backward(s.dxn, gw.wv, nullptr, s.dv, a.xn1, w.wv, T, C, kvd, true);
+  ops.rmsnorm_backward(s.dtmp, gw.attn_norm, s.dxn, a.x_in, w.attn_norm, a.rstd1, T, C);
+  ops.add_inplace(dx, s.dtmp, T * C);  // dx = d(x_in)
 }
 
 }  // namespace dhp

@@ -1,12 +1,13 @@
 // The pre-norm transformer block shared by the vision encoder and the decoder
 // (model-spec.md): h = x + Attn(RMSNorm(x)); out = h + SwiGLU-MLP(RMSNorm(h)).
 // Gradient convention: parameter gradients accumulate (+=), activation gradients are written.
+// Every buffer is a device pointer carved from the model's activation arena.
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
-#include "kernels/ops.h"
+#include "kernels/backend.h"
+#include "kernels/attention.h"
 #include "model/params.h"
 
 namespace dhp {
@@ -16,6 +17,7 @@ struct BlockDims {
   int Hq, Hkv, hd;
   int64_t F;      // SwiGLU hidden size
   double theta;   // RoPE base
+  AttnDims attn() const { return {Hq, Hkv, hd}; }
 };
 
 // Positions for RoPE: 1-D (pos) in the decoder, 2-D (row, col) in the vision encoder.
@@ -27,44 +29,39 @@ struct RopePos {
 
 // What the forward pass keeps for the backward pass, per block and micro-batch.
 struct BlockActs {
-  std::vector<float> x_in;   // (T, C) block input (the first residual)
-  std::vector<float> xn1;    // (T, C) RMSNorm(x_in)
-  std::vector<float> rstd1;  // (T)
-  std::vector<float> q;      // (T, Hq·hd) after RoPE
-  std::vector<float> k;      // (T, Hkv·hd) after RoPE
-  std::vector<float> v;      // (T, Hkv·hd)
-  std::vector<float> att;    // (T, Hq·hd) attention output before Wo
-  std::vector<float> lse;    // (Hq, T)
-  std::vector<float> h;      // (T, C) second residual
-  std::vector<float> xn2;    // (T, C)
-  std::vector<float> rstd2;  // (T)
-  std::vector<float> a, b;   // (T, F) x·W1 and x·W3
-  std::vector<float> g;      // (T, F) silu(a)·b
+  float* x_in;   // (T, C) block input (the first residual)
+  float* xn1;    // (T, C) RMSNorm(x_in)
+  float* rstd1;  // (T)
+  float* q;      // (T, Hq·hd) after RoPE
+  float* k;      // (T, Hkv·hd) after RoPE
+  float* v;      // (T, Hkv·hd)
+  float* att;    // (T, Hq·hd) attention output before Wo
+  float* lse;    // (Hq, T)
+  float* h;      // (T, C) second residual
+  float* xn2;    // (T, C)
+  float* rstd2;  // (T)
+  float* a;      // (T, F) x·W1
+  float* b;      // (T, F) x·W3
+  float* g;      // (T, F) silu(a)·b
 };
+BlockActs carve_block_acts(Carver& c, const BlockDims& d, int64_t T);
 
-// Scratch buffers of the backward pass, reused by every block.
+// Scratch buffers of the backward pass, shared by every block of a pass.
 struct BlockScratch {
-  std::vector<float> dg, da, db;      // (T, F)
-  std::vector<float> dxn, dtmp;       // (T, C)
-  std::vector<float> datt, dq;        // (T, Hq·hd)
-  std::vector<float> dk, dv;          // (T, Hkv·hd)
+  float *dg, *da, *db;  // (T, F)
+  float *dxn, *dtmp;    // (T, C)
+  float *datt, *dq;     // (T, Hq·hd)
+  float *dk, *dv;       // (T, Hkv·hd)
 };
+BlockScratch carve_block_scratch(Carver& c, const BlockDims& d, int64_t T);
 
-// Keys and values of earlier tokens for incremental decoding, one per layer.
-struct LayerCache {
-  std::vector<float> k, v;  // (L, Hkv·hd) after RoPE
-};
+// Reads the block input from acts.x_in and writes its output to out (T, C).
+void block_forward(const Ops& ops, const BlockDims& d, const BlockParams& w, const BlockActs& acts,
+                   float* out, int64_t T, RopePos rope, Attention& attn, int layer);
 
-// x (T, C) is replaced by the block's output. With a cache, the block appends its new keys
-// and values to it and its queries attend to every cached key (described by cache_meta,
-// which already covers the new tokens) instead of only to the T new ones.
-void block_forward(const Ops& ops, const BlockDims& d, const BlockParams& w, BlockActs& acts,
-                   float* x, int64_t T, AttnMeta meta, RopePos rope,
-                   LayerCache* cache = nullptr, AttnMeta cache_meta = {});
-
-// dx (T, C) holds d(out) on entry and d(x) on return.
+// dx (T, C) holds d(out) on entry and d(x_in) on return.
 void block_backward(const Ops& ops, const BlockDims& d, const BlockParams& w,
-                    const BlockParams& grad, const BlockActs& acts, BlockScratch& s, float* dx,
-                    int64_t T, AttnMeta meta, RopePos rope);
+                    const BlockParams& grad, const BlockActs& acts, const BlockScratch& s,
+                    float* dx, int64_t T, RopePos rope, Attention& attn, int layer);
 
 }  // namespace dhp

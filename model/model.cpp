@@ -38,114 +38,111 @@ int32_t pick_token(const std::vector<float>& logits, double temperature, double 
 }
 }  // namespace
 
-Model::Model(const ModelConfig& cfg, const Ops& ops)
+Model::Model(const ModelConfig& cfg, Backend& backend)
     : cfg_(cfg),
-      ops_(ops),
+      backend_(backend),
+      ops_(backend.ops()),
       table_(cfg_),
-      params_(Tensor::zeros({table_.total()})),
-      grads_(Tensor::zeros({table_.total()})),
-      p_(bind_params(table_, cfg_, params_.f32())),
-      g_(bind_params(table_, cfg_, grads_.f32())),
+      params_(backend, sizeof(float) * size_t(table_.total())),
+      grads_(backend, sizeof(float) * size_t(table_.total())),
+      stats_(backend, sizeof(CrossEntropyStats)),
+      p_(bind_params(table_, cfg_, params_.as<float>())),
+      g_(bind_params(table_, cfg_, grads_.as<float>())),
       dims_{cfg_.dim, cfg_.heads, cfg_.kv_heads, cfg_.hd(), cfg_.ffn, cfg_.rope_theta},
-      vision_(cfg_, ops) {
+      vision_(cfg_, ops_),
+      local_attn_(ops_),
+      uploader_(backend, cfg_),
+      arena_(backend) {
   acts_.resize(cfg_.layers);
+  backend_.zero(params_.data(), params_.bytes());
+  backend_.zero(grads_.data(), grads_.bytes());
+  backend_.zero(stats_.data(), stats_.bytes());
 }
 
-void Model::zero_grads() { std::fill_n(grads_.f32(), table_.total(), 0.0f); }
+void Model::initialise(uint64_t seed) {
+  std::vector<float> host(size_t(table_.total()));
+  table_.initialise(host.data(), seed);
+  backend_.upload(params_.data(), host.data(), params_.bytes());
+}
 
-void Model::forward_hidden(const Batch& b, KvCache* cache) {
-  const int64_t T = b.T, d = cfg_.dim, V = cfg_.vocab_size;
-  DHP_ASSERT(int64_t(b.tokens.size()) == T && int64_t(b.targets.size()) == T);
-  for (int64_t t = 0; t < T; ++t)
-    DHP_CHECK(b.tokens[t] < V && b.targets[t] < V,
-              "token id {} at position {} is outside the model's vocabulary ({}): does "
-              "model.vocab_size match the tokenizer?",
-              std::max(b.tokens[t], b.targets[t]), t, V);
+void Model::zero_grads() { backend_.zero(grads_.data(), grads_.bytes()); }
 
-  const std::vector<float>& img = vision_.forward(p_, b);
-  const int64_t N = vision_.n_tokens();
+void Model::carve(int64_t T, int64_t P, int64_t N, bool backward) {
+  const int64_t d = cfg_.dim, V = cfg_.vocab_size, rows = std::min(T, kLogitRows);
+  arena_.carve([&](Carver& c) {
+    vision_.carve(c, P, N, backward);
+    for (auto& a : acts_) a = carve_block_acts(c, dims_, T);
+    x_final_ = c.take<float>(T * d);
+    xf_ = c.take<float>(T * d);
+    rstd_ = c.take<float>(T);
+    logits_ = c.take<float>(rows * V);
+    lse_ = c.take<float>(rows);
+    if (!backward) return;
+    scratch_ = carve_block_scratch(c, dims_, T);
+    dxf_ = c.take<float>(T * d);
+    dx_ = c.take<float>(T * d);
+  });
+}
 
-  // Decoder input: token embeddings, with image tokens dropped into their positions.
-  ids_.resize(T);
-  for (int64_t t = 0; t < T; ++t) ids_[t] = b.image_slot[t] >= 0 ? -1 : b.tokens[t];
-  x_.resize(T * d);
-  ops_.embedding_forward(x_.data(), ids_.data(), p_.tok_embed, T, d);
-  for (int64_t t = 0; t < T; ++t)
-    if (b.image_slot[t] >= 0) {
-      DHP_ASSERT(b.image_slot[t] < N);
-      std::copy_n(img.data() + int64_t(b.image_slot[t]) * d, d, x_.data() + t * d);
-    }
-
-  // Causal within each document: the pack index orders tokens, doc keeps documents apart.
-  const int64_t base = cache ? cache->len() : 0;
-  idx_.resize(T);
-  for (int64_t t = 0; t < T; ++t) idx_[t] = int32_t(base + t);
-  blk_.assign(T, -1);
-  const AttnMeta meta{b.doc.data(), idx_.data(), blk_.data()};
-  const RopePos rope{b.pos.data(), nullptr, nullptr};
-  AttnMeta cache_meta{};
-  if (cache) {
-    cache->layers.resize(cfg_.layers);
-    cache->doc.insert(cache->doc.end(), b.doc.begin(), b.doc.end());
-    cache->idx.insert(cache->idx.end(), idx_.begin(), idx_.end());
-    cache->blk.insert(cache->blk.end(), blk_.begin(), blk_.end());
-    cache_meta = AttnMeta{cache->doc.data(), cache->idx.data(), cache->blk.data()};
-  }
+void Model::forward_hidden(const DeviceBatch& b, Attention& attn) {
+  const int64_t T = b.T, d = cfg_.dim;
+  vision_.forward(p_, b);
+  // Decoder input: token embeddings, with the image tokens dropped into their positions.
+  ops_.embedding_forward(stream(0), b.ids, p_.tok_embed, T, d);
+  if (b.N > 0) ops_.scatter_rows(stream(0), vision_.tokens(), b.image_slot, T, d);
+  // Causal within each document by position; doc keeps packed documents apart.
+  attn.prepare(b.decoder_meta(), T);
+  const RopePos rope{b.pos, nullptr, nullptr};
   for (int l = 0; l < cfg_.layers; ++l)
-    block_forward(ops_, dims_, p_.layers[l], acts_[l], x_.data(), T, meta, rope,
-                  cache ? &cache->layers[l] : nullptr, cache_meta);
+    block_forward(ops_, dims_, p_.layers[l], acts_[l], stream(l + 1), T, rope, attn, l);
+  ops_.rmsnorm_forward(xf_, rstd_, x_final_, p_.final_norm, T, d);
+}
 
-  x_final_ = x_;
-  xf_.resize(T * d);
-  rstd_.resize(T);
-  ops_.rmsnorm_forward(xf_.data(), rstd_.data(), x_final_.data(), p_.final_norm, T, d);
+void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention* attn_in) {
+  const int64_t T = b.T, d = cfg_.dim, V = cfg_.vocab_size;
+  Attention& attn = attn_in ? *attn_in : local_attn_;
+  carve(T, b.P, b.N, backward);
+  forward_hidden(b, attn);
+
+  // Logits, loss and (when training) their gradient chunk by chunk, so the full (T, V)
+  // matrix is never held.
+  auto* stats = stats_.as<CrossEntropyStats>();
+  for (int64_t t0 = 0; t0 < T; t0 += kLogitRows) {
+    const int64_t n = std::min(kLogitRows, T - t0);
+    const float* xf = xf_ + t0 * d;
+    ops_.linear_forward(logits_, xf, p_.lm_head, nullptr, n, d, V);
+    ops_.cross_entropy_forward(lse_, stats, logits_, b.targets + t0, n, V);
+    if (!backward) continue;
+    ops_.cross_entropy_backward(logits_, logits_, lse_, b.targets + t0, n, V, loss_scale);
+    ops_.linear_backward(dxf_ + t0 * d, g_.lm_head, nullptr, logits_, xf, p_.lm_head, n, d, V,
+                         false);
+  }
+  if (!backward) return;
+
+  ops_.rmsnorm_backward(dx_, g_.final_norm, dxf_, x_final_, p_.final_norm, rstd_, T, d);
+  const RopePos rope{b.pos, nullptr, nullptr};
+  for (int l = cfg_.layers - 1; l >= 0; --l)
+    block_backward(ops_, dims_, p_.layers[l], g_.layers[l], acts_[l], scratch_, dx_, T, rope,
+                   attn, l);
+  ops_.embedding_backward(g_.tok_embed, dx_, b.ids, T, d);
+  if (b.N == 0) return;
+  // A piece of a sequence may hold only some of an image's tokens: the others get no gradient.
+  ops_.fill(vision_.dtokens(), 0.0f, b.N * d);
+  ops_.gather_rows(vision_.dtokens(), dx_, b.image_slot, T, d);
+  vision_.backward(p_, g_, b);
+}
+
+StepStats Model::take_stats() {
+  CrossEntropyStats st;
+  backend_.download(&st, stats_.data(), sizeof(st));
+  backend_.zero(stats_.data(), stats_.bytes());
+  return StepStats{st.loss_sum, int64_t(st.count), int64_t(st.correct)};
 }
 
 StepStats Model::step(const Batch& b, float loss_scale, bool backward) {
-  const int64_t T = b.T, d = cfg_.dim, V = cfg_.vocab_size;
-  forward_hidden(b, nullptr);
-  const int64_t N = vision_.n_tokens();
-  const AttnMeta meta{b.doc.data(), idx_.data(), blk_.data()};
-  const RopePos rope{b.pos.data(), nullptr, nullptr};
-
-  // Logits, loss and (when training) their gradient chunk by chunk; x_ becomes d(xf).
-  StepStats st;
-  const int64_t rows = std::min(T, kLogitRows);
-  logits_.resize(rows * V);
-  lse_.resize(rows);
-  for (int64_t t0 = 0; t0 < T; t0 += kLogitRows) {
-    const int64_t n = std::min(kLogitRows, T - t0);
-    const float* xf = xf_.data() + t0 * d;
-    ops_.linear_forward(logits_.data(), xf, p_.lm_head, nullptr, n, d, V);
-    CrossEntropyStats ce =
-        ops_.cross_entropy_forward(lse_.data(), logits_.data(), b.targets.data() + t0, n, V);
-    st.loss_sum += ce.loss_sum;
-    st.targets += ce.count;
-    st.correct += ce.correct;
-    if (!backward) continue;
-    ops_.cross_entropy_backward(logits_.data(), logits_.data(), lse_.data(), b.targets.data() + t0,
-                                n, V, loss_scale);
-    ops_.linear_backward(x_.data() + t0 * d, g_.lm_head, nullptr, logits_.data(), xf, p_.lm_head,
-                         n, d, V, false);
-  }
-  if (!backward) return st;
-
-  ops_.rmsnorm_backward(xf_.data(), g_.final_norm, x_.data(), x_final_.data(), p_.final_norm,
-                        rstd_.data(), T, d);
-  std::swap(x_, xf_);  // x_ = d(decoder output)
-  for (int l = cfg_.layers - 1; l >= 0; --l)
-    block_backward(ops_, dims_, p_.layers[l], g_.layers[l], acts_[l], scratch_, x_.data(), T,
-                   meta, rope);
-
-  ops_.embedding_backward(g_.tok_embed, x_.data(), ids_.data(), T, d);
-  dimg_.assign(N * d, 0.0f);
-  for (int64_t t = 0; t < T; ++t)
-    if (b.image_slot[t] >= 0)
-      std::copy_n(x_.data() + t * d, d, dimg_.data() + int64_t(b.image_slot[t]) * d);
-  vision_.backward(p_, g_, b, dimg_, scratch_);
-  return st;
+  run(upload(b), loss_scale, backward);
+  return take_stats();
 }
-
 
 std::vector<int32_t> Model::generate(const Batch& prompt, int32_t eos, const SamplingOptions& opt,
                                      std::vector<float>* logits_out) {
@@ -153,13 +150,18 @@ std::vector<int32_t> Model::generate(const Batch& prompt, int32_t eos, const Sam
   DHP_CHECK(prompt.T > 0, "generate: the prompt is empty");
   for (int32_t doc : prompt.doc) DHP_CHECK(doc == 0, "generate: the prompt must be one document");
   Rng rng(opt.seed);
-  KvCache cache;
-  std::vector<float> logits(V);  // (V)
+  KvCacheAttention cache(backend_, cfg_.layers, dims_.attn(),
+                         prompt.T + std::max(0, opt.max_new_tokens));
+  DeviceBuffer logits_dev(backend_, sizeof(float) * size_t(V));  // (V)
+  std::vector<float> logits(V);                                    // (V) on the host
   std::vector<int32_t> out;
-  forward_hidden(prompt, &cache);
+  const DeviceBatch& first = upload(prompt);
+  carve(first.T, first.P, first.N, false);
+  forward_hidden(first, cache);
   int64_t last = prompt.T - 1;
   for (;;) {
-    ops_.linear_forward(logits.data(), xf_.data() + last * d, p_.lm_head, nullptr, 1, d, V);
+    ops_.linear_forward(logits_dev.as<float>(), xf_ + last * d, p_.lm_head, nullptr, 1, d, V);
+    backend_.download(logits.data(), logits_dev.data(), sizeof(float) * size_t(V));
     if (logits_out) logits_out->insert(logits_out->end(), logits.begin(), logits.end());
     const int32_t tok = pick_token(logits, opt.temperature, opt.top_p, rng);
     if (tok == eos || int(out.size()) >= opt.max_new_tokens) break;
@@ -172,7 +174,9 @@ std::vector<int32_t> Model::generate(const Batch& prompt, int32_t eos, const Sam
     one.doc = {0};
     one.pos = {int32_t(cache.len())};
     one.image_slot = {-1};
-    forward_hidden(one, &cache);
+    const DeviceBatch& next = upload(one);
+    carve(1, 0, 0, false);
+    forward_hidden(next, cache);
     last = 0;
   }
   return out;

@@ -1,5 +1,7 @@
-// The vision-language model of model-spec.md: parameters in one arena, a hand-written forward
-// and backward pass over a packed micro-batch, and the masked next-token loss.
+// The vision-language model of model-spec.md: parameters in one arena, activations in another
+// (carved per micro-batch shape, so a steady-state step allocates nothing), a hand-written
+// forward and backward pass over a packed micro-batch already on the device, and the masked
+// next-token loss.
 #pragma once
 
 #include <cstdint>
@@ -7,26 +9,20 @@
 #include <vector>
 
 #include "data/batch.h"
-#include "kernels/ops.h"
-#include "kernels/tensor.h"
+#include "kernels/backend.h"
+#include "model/attention.h"
 #include "model/block.h"
 #include "model/config.h"
+#include "model/device_batch.h"
 #include "model/params.h"
 #include "model/vision.h"
 
 namespace dhp {
 
 struct StepStats {
-  double loss_sum = 0.0;  // sum of -log p over the micro-batch's loss targets
-  int64_t targets = 0;    // loss targets in the micro-batch
+  double loss_sum = 0.0;  // sum of -log p over the loss targets
+  int64_t targets = 0;    // loss targets
   int64_t correct = 0;    // targets whose argmax prediction is right
-};
-
-// Keys and values of the tokens generated so far, for incremental decoding.
-struct KvCache {
-  std::vector<LayerCache> layers;      // one per decoder layer
-  std::vector<int32_t> doc, idx, blk;  // (L) attention metadata of the cached keys
-  int64_t len() const { return int64_t(idx.size()); }
 };
 
 struct SamplingOptions {
@@ -38,22 +34,36 @@ struct SamplingOptions {
 
 class Model {
  public:
-  Model(const ModelConfig& cfg, const Ops& ops);
+  Model(const ModelConfig& cfg, Backend& backend);
+  // A copy would share nothing but the config; weights live on a device. Copy explicitly
+  // through params() when that is what is meant.
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
   const ParamTable& table() const { return table_; }
+  Backend& backend() const { return backend_; }
   int64_t n_params() const { return table_.total(); }
-  float* params() { return params_.f32(); }
-  float* grads() { return grads_.f32(); }
-  const float* params() const { return params_.f32(); }
+  // Device pointers to the parameter and gradient arenas (n_params floats each).
+  float* params() { return params_.as<float>(); }
+  float* grads() { return grads_.as<float>(); }
+  const float* params() const { return params_.as<float>(); }
+  const float* grads() const { return grads_.as<float>(); }
 
-  void initialise(uint64_t seed) { table_.initialise(params_.f32(), seed); }
+  void initialise(uint64_t seed);
   void zero_grads();
 
-  // Runs the micro-batch forward and returns its loss statistics. With backward = true it
-  // also back-propagates d(loss)/d(logit) scaled by loss_scale (1 / the number of loss targets
-  // of the whole global batch, so that accumulated gradients are those of the mean loss) and
-  // accumulates the parameter gradients.
+  // Uploads a host micro-batch into the model's batch buffers (valid until the next upload).
+  const DeviceBatch& upload(const Batch& b) { return uploader_.upload(b); }
+  // Runs the micro-batch forward and adds its loss statistics to the model's statistics
+  // buffer. With backward = true it also back-propagates d(loss)/d(logit) scaled by
+  // loss_scale (1 / the number of loss targets of the whole global batch, so that
+  // accumulated gradients are those of the mean loss) and accumulates the parameter
+  // gradients. `attn` is the decoder's attention (null: local attention over the pack).
+  void run(const DeviceBatch& b, float loss_scale, bool backward, Attention* attn = nullptr);
+  // The statistics accumulated since the last call; synchronises with the device.
+  StepStats take_stats();
+  // upload + run + take_stats, for callers with one micro-batch at hand.
   StepStats step(const Batch& b, float loss_scale, bool backward);
 
   // Continues a prompt of one document (targets unused) token by token with a KV cache: the
@@ -63,26 +73,32 @@ class Model {
                                 std::vector<float>* logits_out = nullptr);
 
  private:
-  // Vision path, decoder and final norm; leaves the normed stream in xf_ (T, d). With a
-  // cache, positions continue after the cached tokens and attend to them too.
-  void forward_hidden(const Batch& b, KvCache* cache);
+  void carve(int64_t T, int64_t P, int64_t N, bool backward);
+  // Vision path, decoder and final norm; leaves the normed stream in xf_ (T, d).
+  void forward_hidden(const DeviceBatch& b, Attention& attn);
+  float* stream(int layer) const { return layer < int(acts_.size()) ? acts_[layer].x_in : x_final_; }
 
   ModelConfig cfg_;
+  Backend& backend_;
   const Ops& ops_;
   ParamTable table_;
-  Tensor params_, grads_;  // (n_params) arenas of the same layout
+  DeviceBuffer params_, grads_;  // (n_params) arenas of the same layout
+  DeviceBuffer stats_;           // (1) CrossEntropyStats accumulated on the device
   ModelParams p_, g_;
   BlockDims dims_;
   VisionPath vision_;
-  std::vector<BlockActs> acts_;          // per decoder layer
-  BlockScratch scratch_;
-  std::vector<int32_t> ids_;             // (T) token ids, -1 where an image token sits
-  std::vector<int32_t> idx_, blk_;       // (T) attention metadata
-  std::vector<float> x_;                 // (T, d) residual stream, then its gradient
-  std::vector<float> x_final_;           // (T, d) input of the final norm
-  std::vector<float> xf_, rstd_;         // (T, d) final-normed stream, (T)
-  std::vector<float> logits_, lse_;      // (chunk, V), (chunk)
-  std::vector<float> dimg_;              // (N, d) gradient of the image tokens
+  LocalAttention local_attn_;
+  BatchUploader uploader_;
+  Arena arena_;                  // activations of the current shape
+  std::vector<BlockActs> acts_;  // per decoder layer
+  BlockScratch scratch_{};
+  float* x_final_ = nullptr;     // (T, d) input of the final norm
+  float* xf_ = nullptr;          // (T, d) final-normed stream
+  float* rstd_ = nullptr;        // (T)
+  float* logits_ = nullptr;      // (rows, V), rows = min(T, kLogitRows); then d(logits)
+  float* lse_ = nullptr;         // (rows)
+  float* dxf_ = nullptr;         // (T, d) gradient of xf
+  float* dx_ = nullptr;          // (T, d) gradient of the decoder stream
 };
 
 }  // namespace dhp

@@ -1,13 +1,15 @@
 // The vision path (model-spec.md): patch embedding, bidirectional encoder blocks with 2-D
 // RoPE, encoder norm, m x m merge and the GELU projector into the decoder's width.
+// Images are encoded whole: the encoder's attention is always local (one image never sees
+// another), whatever the decoder's attention is.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "data/batch.h"
 #include "model/block.h"
 #include "model/config.h"
+#include "model/device_batch.h"
 
 namespace dhp {
 
@@ -15,29 +17,34 @@ class VisionPath {
  public:
   VisionPath(const ModelConfig& cfg, const Ops& ops);
 
-  // Image tokens (N, d) of every image of the batch, in the batch's image order.
-  // Keeps activations for backward(); call again for the next micro-batch.
-  const std::vector<float>& forward(const ModelParams& p, const Batch& b);
-  // dtokens (N, d): gradient of the image tokens. Accumulates parameter gradients.
-  void backward(const ModelParams& p, const ModelParams& g, const Batch& b,
-                const std::vector<float>& dtokens, BlockScratch& scratch);
-  int64_t n_tokens() const { return n_tokens_; }
+  // Takes this pass's buffers for P patches and N merged tokens from the model's arena.
+  void carve(Carver& c, int64_t P, int64_t N, bool backward);
+  // Image tokens (N, d) of every image of the batch, in the batch's image order, into tokens().
+  void forward(const ModelParams& p, const DeviceBatch& b);
+  // Reads the gradient of the image tokens from dtokens(); accumulates parameter gradients.
+  void backward(const ModelParams& p, const ModelParams& g, const DeviceBatch& b);
+  const float* tokens() const { return tokens_; }
+  float* dtokens() const { return dtokens_; }
 
  private:
+  float* stream(int layer) const { return layer < int(acts_.size()) ? acts_[layer].x_in : x_final_; }
   const ModelConfig& cfg_;
   const Ops& ops_;
   BlockDims dims_;
-  int64_t n_patches_ = 0, n_tokens_ = 0;
-  std::vector<int32_t> doc_, idx_, row_, col_;   // (P) mask and RoPE metadata per patch
-  std::vector<MergeImage> merge_images_;
-  std::vector<BlockActs> acts_;                  // per encoder layer
-  std::vector<float> x_;                         // (P, dv) encoder stream / its gradient
-  std::vector<float> x_final_;                   // (P, dv) input of the encoder norm
-  std::vector<float> xn_, rstd_;                 // (P, dv), (P)
-  std::vector<float> merged_;                    // (N, m²·dv)
-  std::vector<float> f1_, g1_;                   // (N, d) projector hidden before/after GELU
-  std::vector<float> tokens_;                    // (N, d)
-  std::vector<float> dmerged_, dg1_;             // gradients, (N, m²·dv) and (N, d)
+  LocalAttention attn_;
+  std::vector<BlockActs> acts_;  // per encoder layer
+  BlockScratch scratch_{};
+  float* x_final_ = nullptr;     // (P, dv) input of the encoder norm
+  float* xn_ = nullptr;          // (P, dv) normed, then its gradient
+  float* rstd_ = nullptr;        // (P)
+  float* merged_ = nullptr;      // (N, m²·dv)
+  float* f1_ = nullptr;          // (N, d) projector hidden before GELU
+  float* g1_ = nullptr;          // (N, d) after GELU
+  float* tokens_ = nullptr;      // (N, d)
+  float* dtokens_ = nullptr;     // (N, d)
+  float* dx_ = nullptr;          // (P, dv) gradient of the encoder stream
+  float* dmerged_ = nullptr;     // (N, m²·dv)
+  float* dg1_ = nullptr;         // (N, d)
 };
 
 }  // namespace dhp

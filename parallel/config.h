@@ -15,6 +15,10 @@ struct ParallelConfig {
   double planner_budget_ms = 5.0;  // time the planner may spend improving a plan
   std::string device = "cpu";      // cost-model profile: "cpu" (measured) or a GPU name
   bool recompute = false;          // planner's models: activations recomputed in backward
+  bool refit = true;               // refit the cost model from measured group times each step
+  int refit_window = 64;           // the most recent groups the refit uses
+  double timeout_s = 120.0;        // longest wait for other ranks before the run stops with
+                                   // an error naming the rank (a dead or stopped peer)
 };
 
 }  // namespace dhp

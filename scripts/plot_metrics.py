@@ -4,8 +4,10 @@
     scripts/plot_metrics.py runs/a/metrics.jsonl [runs/b/metrics.jsonl ...] -o charts/
 
 Writes loss.png (training loss and held-out loss per step, with images and blanked),
-throughput.png (tokens/s and samples/s) and imbalance.png (the slowest rank's compute time over
-the mean rank's, and the share of each step spent waiting on data). One line per run, labelled
+throughput.png (tokens/s and samples/s), imbalance.png (the slowest rank's compute time over
+the mean rank's, and the share of each step spent waiting on data) and cost_model.png (each
+step's makespan as the planner predicted it and as measured, the plan's schedule replayed with
+the measured group times, and the cost model's relative error). One line per run, labelled
 by the run's folder.
 """
 import argparse
@@ -96,7 +98,17 @@ def main():
         ax.plot(x, smooth([1.0 + s.get("loader_wait_s", 0.0) / max(s.get("step_s", 1e-12), 1e-12)
                            for s in steps], args.smooth), "--", label=f"{name} 1 + data-wait fraction")
     finish(fig, [(ax, "ratio")], os.path.join(args.out, "imbalance.png"))
-    print(f"wrote loss.png, throughput.png, imbalance.png to {args.out}")
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, steps, _ in runs:
+        rows = [s for s in steps if "predicted_s" in s and "measured_s" in s]
+        x = [s["step"] for s in rows]
+        axes[0].plot(x, [s["predicted_s"] for s in rows], label=f"{name} predicted")
+        axes[0].plot(x, [s["measured_s"] for s in rows], "--", label=f"{name} measured")
+        axes[1].plot(x, smooth([100 * s.get("cost_error", 0.0) for s in rows], args.smooth), label=name)
+    finish(fig, [(axes[0], "step makespan (s)"), (axes[1], "cost model error (%)")],
+           os.path.join(args.out, "cost_model.png"))
+    print(f"wrote loss.png, throughput.png, imbalance.png, cost_model.png to {args.out}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@
 #include "kernels/check.h"
 #include "tests/error_of.h"
 #include "model/model.h"
-#include "parallel/comm.h"
+#include "parallel/mpi_comm.h"
 #include "tests/train_fixture.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train.h"
@@ -39,14 +39,15 @@ using testing::error_of;
 
 std::vector<float> weights_of(const std::string& checkpoint) {
   Config cfg = checkpoint_config(checkpoint);
-  auto ops = make_cpu_ops(1);
-  Model m(cfg.model, *ops);
+  auto backend = make_cpu_backend({1});
+  Model m(cfg.model, *backend);
   load_checkpoint(checkpoint, m, nullptr);
   return std::vector<float>(m.params(), m.params() + m.n_params());
 }
 
 TEST(Checkpoint, ResumeIsBitExact) {
-  Comm comm(nullptr, nullptr);
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
   const auto straight_dir = run_dir("straight"), resumed_dir = run_dir("resumed");
   TrainResult straight = train(small_config(20, straight_dir), comm);
 
@@ -86,7 +87,8 @@ TEST(Checkpoint, ResumeIsBitExact) {
 }
 
 TEST(Checkpoint, ResumeRefusesAChangedModelShapeNamingTheKey) {
-  Comm comm(nullptr, nullptr);
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
   const auto dir = run_dir("shape");
   train(small_config(2, dir), comm);
   TrainOptions o;
@@ -121,9 +123,9 @@ TEST(Checkpoint, ShapeCheckIgnoresModelInOtherKeysValues) {
 TEST(Checkpoint, SurvivesKillDuringSave) {
   const auto dir = run_dir("crash");
   Config cfg = small_config(1, dir, {"--model.dim=128", "--model.ffn=384", "--checkpoint.keep=2"});
-  auto ops = make_cpu_ops(1);
-  Model model(cfg.model, *ops);
-  AdamW opt(model.table(), cfg.optim, *ops);
+  auto backend = make_cpu_backend({1});
+  Model model(cfg.model, *backend);
+  AdamW opt(model.table(), cfg.optim, *backend);
   Rng rng(5);
   int64_t next_step = 1;
   for (int round = 0; round < 25; ++round) {
@@ -144,8 +146,8 @@ TEST(Checkpoint, SurvivesKillDuringSave) {
     const auto all = list_checkpoints((dir / "checkpoints").string());
     if (all.empty()) continue;  // killed before the first save completed
     const std::string newest = all.back();
-    Model loaded(cfg.model, *ops);
-    AdamW lopt(loaded.table(), cfg.optim, *ops);
+    Model loaded(cfg.model, *backend);
+    AdamW lopt(loaded.table(), cfg.optim, *backend);
     TrainState st;
     ASSERT_NO_THROW(st = load_checkpoint(newest, loaded, &lopt)) << newest;
     EXPECT_EQ(loaded.params()[0], float(st.step));
@@ -157,12 +159,13 @@ TEST(Checkpoint, SurvivesKillDuringSave) {
 }
 
 TEST(Checkpoint, DamagedOrTruncatedFilesAreRefused) {
-  Comm comm(nullptr, nullptr);
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
   const auto dir = run_dir("damaged");
   TrainResult r = train(small_config(1, dir), comm);
   const std::string good = r.checkpoint;
-  auto ops = make_cpu_ops(1);
-  Model model(checkpoint_config(good).model, *ops);
+  auto backend = make_cpu_backend({1});
+  Model model(checkpoint_config(good).model, *backend);
 
   // Truncated at several lengths.
   const auto size = fs::file_size(good);
@@ -225,12 +228,13 @@ TEST(Checkpoint, DamagedOrTruncatedFilesAreRefused) {
 }
 
 TEST(Weights, ExportThenImportIsIdentical) {
-  Comm comm(nullptr, nullptr);
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
   const auto dir = run_dir("export");
   TrainResult r = train(small_config(2, dir), comm);
   Config cfg = checkpoint_config(r.checkpoint);
-  auto ops = make_cpu_ops(1);
-  Model a(cfg.model, *ops), b(cfg.model, *ops);
+  auto backend = make_cpu_backend({1});
+  Model a(cfg.model, *backend), b(cfg.model, *backend);
   load_checkpoint(r.checkpoint, a, nullptr);
   export_safetensors(a, cfg, (dir / "m.safetensors").string(), (dir / "config.json").string());
   load_weights((dir / "m.safetensors").string(), b);
@@ -254,8 +258,8 @@ TEST(Weights, MalformedSafetensorsHeaderIsAnErrorNamingTheFile) {
   // library exception (which the CLI does not catch).
   const auto dir = run_dir("badheader");
   Config cfg = small_config(1, dir);
-  auto ops = make_cpu_ops(1);
-  Model m(cfg.model, *ops);
+  auto backend = make_cpu_backend({1});
+  Model m(cfg.model, *backend);
   auto write = [&](const std::string& name, const std::string& header) {
     std::ofstream out(dir / name, std::ios::binary);
     const uint64_t n = header.size();
@@ -277,8 +281,8 @@ TEST(Weights, MalformedSafetensorsHeaderIsAnErrorNamingTheFile) {
 TEST(Weights, LoadsASafetensorsFileWrittenByPython) {
   const auto dir = run_dir("python");
   Config cfg = small_config(1, dir);
-  auto ops = make_cpu_ops(1);
-  Model m(cfg.model, *ops);
+  auto backend = make_cpu_backend({1});
+  Model m(cfg.model, *backend);
   nlohmann::json table = nlohmann::json::array();
   for (const auto& s : m.table().specs()) table.push_back({{"name", s.name}, {"shape", s.shape}});
   std::ofstream(dir / "table.json") << table.dump();
@@ -335,8 +339,8 @@ TEST(Checkpoint, SigtermSavesBeforeExiting) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
   const auto all = list_checkpoints((dir / "checkpoints").string());
   ASSERT_EQ(all.size(), 1u);
-  auto ops = make_cpu_ops(1);
-  Model m(cfg.model, *ops);
+  auto backend = make_cpu_backend({1});
+  Model m(cfg.model, *backend);
   TrainState st = load_checkpoint(all.back(), m, nullptr);
   EXPECT_GE(st.step, 3);
   EXPECT_LT(st.step, 100000);
@@ -349,7 +353,8 @@ namespace dhp {
 namespace {
 
 TEST(Checkpoint, FreshRunRefusesAFolderHoldingAnotherRun) {
-  Comm comm(nullptr, nullptr);
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
   const auto dir = testing::run_dir("occupied");
   train(testing::small_config(1, dir), comm);
   std::string msg = error_of([&] { train(testing::small_config(1, dir), comm); });
@@ -357,12 +362,13 @@ TEST(Checkpoint, FreshRunRefusesAFolderHoldingAnotherRun) {
 }
 
 TEST(Weights, TrainInitStartsFromExportedWeights) {
-  Comm comm(nullptr, nullptr);
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
   const auto a = testing::run_dir("init_src"), b = testing::run_dir("init_dst");
   TrainResult src = train(testing::small_config(3, a), comm);
   Config cfg = checkpoint_config(src.checkpoint);
-  auto ops = make_cpu_ops(1);
-  Model m(cfg.model, *ops);
+  auto backend = make_cpu_backend({1});
+  Model m(cfg.model, *backend);
   load_checkpoint(src.checkpoint, m, nullptr);
   export_safetensors(m, cfg, (a / "w.safetensors").string(), (a / "config.json").string());
   // Zero steps: the run saves the weights it started from, which must be the export's.

@@ -91,40 +91,6 @@ TEST(Pack, TwoSamplesWithImages) {
   EXPECT_EQ(bt.patches[size_t(12 * v.patch_numel() + 5)], 3005.0f);
 }
 
-TEST(Pack, SplitMicroBatchesHandCase) {
-  // FFD order 12, 9, 7, 5, 3, 2 into budget 10: [12] [9] [7 3] [5 2].
-  const auto packs = split_micro_batches({5, 9, 3, 7, 2, 12}, 10);
-  const std::vector<std::vector<int64_t>> want = {{5}, {1}, {2, 3}, {0, 4}};
-  EXPECT_EQ(packs, want);
-}
-
-TEST(Pack, SplitMicroBatchesRespectsBudget) {
-  Rng rng(3);
-  std::vector<int64_t> lengths(500);
-  for (auto& l : lengths) l = rng.range(1, 300);
-  lengths[17] = 1000;  // longer than the budget: alone in its pack
-  const int64_t budget = 512;
-  const auto packs = split_micro_batches(lengths, budget);
-  std::vector<int64_t> seen;
-  for (const auto& pk : packs) {
-    ASSERT_FALSE(pk.empty());
-    EXPECT_TRUE(std::is_sorted(pk.begin(), pk.end()));
-    int64_t sum = 0;
-    for (int64_t i : pk) sum += lengths[size_t(i)];
-    if (pk.size() > 1) {
-      EXPECT_LE(sum, budget);
-    }
-    seen.insert(seen.end(), pk.begin(), pk.end());
-  }
-  std::sort(seen.begin(), seen.end());
-  std::vector<int64_t> all(lengths.size());
-  std::iota(all.begin(), all.end(), int64_t(0));
-  EXPECT_EQ(seen, all);
-  EXPECT_EQ(split_micro_batches(lengths, budget), packs);
-  const int64_t total = std::accumulate(lengths.begin(), lengths.end(), int64_t(0));
-  EXPECT_LE(int64_t(packs.size()), total / budget + 3);  // FFD packs tightly
-}
-
 // ---- sampler -------------------------------------------------------------------------------
 
 TEST(Sampler, DeterministicCoveringAndStraddling) {

@@ -13,6 +13,7 @@
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/load.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/patch_merge.h"
@@ -269,3 +270,25 @@ TEST(Elementwise, SumSquaresAndAdamW) {
 
 }  // namespace
 }  // namespace dhp
+
+namespace dhp::cpu {
+namespace {
+
+TEST(LoadMonitor, ThreadsFollowTheCoresOthersLeaveFree) {
+  EXPECT_EQ(threads_for_free_cores(2, 2.0, 0.0), 2);   // idle machine: every configured thread
+  EXPECT_EQ(threads_for_free_cores(2, 2.0, 0.3), 2);   // a little background noise
+  EXPECT_EQ(threads_for_free_cores(2, 2.0, 0.7), 1);   // one core mostly taken
+  EXPECT_EQ(threads_for_free_cores(2, 2.0, 1.0), 1);   // one busy process
+  EXPECT_EQ(threads_for_free_cores(2, 2.0, 3.0), 1);   // never fewer than one
+  EXPECT_EQ(threads_for_free_cores(4, 16.0, 2.0), 4);  // never more than configured
+  EXPECT_EQ(threads_for_free_cores(8, 8.0, 2.4), 6);
+  EXPECT_EQ(threads_for_free_cores(3, 4.0, -1.0), 3);  // a negative estimate reads as idle
+}
+
+TEST(LoadMonitor, HoldsTheConfiguredCountUntilItHasMeasured) {
+  LoadMonitor m;
+  EXPECT_EQ(m.threads_for(2), 2);  // less than the sampling interval has passed
+}
+
+}  // namespace
+}  // namespace dhp::cpu

@@ -21,9 +21,9 @@ using testing::tiny_config;
 using testing::Doc;
 
 TEST(Model, InitialLossIsNearUniform) {
-  auto ops = make_cpu_ops(1);
+  auto backend = make_cpu_backend({1});
   ModelConfig cfg = tiny_config();
-  Model model(cfg, *ops);
+  Model model(cfg, *backend);
   model.initialise(5);
   Batch b = make_batch(sample_docs(), cfg, 1);
   StepStats st = model.step(b, 0.0f, false);
@@ -32,9 +32,9 @@ TEST(Model, InitialLossIsNearUniform) {
 }
 
 TEST(Model, SameSeedSameWeightsAndSpecNames) {
-  auto ops = make_cpu_ops(1);
+  auto backend = make_cpu_backend({1});
   ModelConfig cfg = tiny_config();
-  Model a(cfg, *ops), b(cfg, *ops);
+  Model a(cfg, *backend), b(cfg, *backend);
   a.initialise(9);
   b.initialise(9);
   EXPECT_TRUE(std::equal(a.params(), a.params() + a.n_params(), b.params()));
@@ -53,10 +53,10 @@ TEST(Model, SameSeedSameWeightsAndSpecNames) {
 class ModelGradients : public ::testing::TestWithParam<bool> {};
 
 TEST_P(ModelGradients, EveryParameterTensor) {
-  auto ops = make_cpu_ops(1);
+  auto backend = make_cpu_backend({1});
   ModelConfig cfg = tiny_config();
   cfg.tie_embeddings = GetParam();
-  Model model(cfg, *ops);
+  Model model(cfg, *backend);
   randomise(model, 17);
   Batch b = make_batch(sample_docs(), cfg, 3);
   const float scale = 1.0f / float(b.loss_tokens());
@@ -79,9 +79,9 @@ TEST_P(ModelGradients, EveryParameterTensor) {
 INSTANTIATE_TEST_SUITE_P(Tied, ModelGradients, ::testing::Values(false, true));
 
 TEST(Model, LossAndGradientsIndependentOfPacking) {
-  auto ops = make_cpu_ops(1);
+  auto backend = make_cpu_backend({1});
   ModelConfig cfg = tiny_config();
-  Model model(cfg, *ops);
+  Model model(cfg, *backend);
   randomise(model, 23);
   const auto docs = sample_docs();
   Batch all = make_batch(docs, cfg, 4);
@@ -110,9 +110,9 @@ TEST(Model, LossAndGradientsIndependentOfPacking) {
 }
 
 TEST(Model, StepIsDeterministic) {
-  auto ops = make_cpu_ops(2);
+  auto backend = make_cpu_backend({2});
   ModelConfig cfg = tiny_config();
-  Model model(cfg, *ops);
+  Model model(cfg, *backend);
   randomise(model, 29);
   Batch b = make_batch(sample_docs(), cfg, 5);
   model.zero_grads();
@@ -144,8 +144,8 @@ Batch prompt_with(const std::vector<int32_t>& extra) {
 }
 
 TEST(Generate, KvCacheMatchesFullRecomputation) {
-  auto ops = make_cpu_ops(1);
-  Model model(testing::tiny_config(), *ops);
+  auto backend = make_cpu_backend({1});
+  Model model(testing::tiny_config(), *backend);
   testing::randomise(model, 31);
   SamplingOptions greedy;
   greedy.max_new_tokens = 8;
@@ -168,8 +168,8 @@ TEST(Generate, KvCacheMatchesFullRecomputation) {
 }
 
 TEST(Generate, StopsAtEosAndSamplingIsSeeded) {
-  auto ops = make_cpu_ops(1);
-  Model model(testing::tiny_config(), *ops);
+  auto backend = make_cpu_backend({1});
+  Model model(testing::tiny_config(), *backend);
   testing::randomise(model, 37);
   SamplingOptions greedy;
   greedy.max_new_tokens = 6;
@@ -186,6 +186,121 @@ TEST(Generate, StopsAtEosAndSamplingIsSeeded) {
   // A nucleus too small to hold more than the top token is greedy.
   hot.top_p = 1e-9;
   EXPECT_EQ(model.generate(prompt_with({}), -1, hot), g);
+}
+
+}  // namespace
+}  // namespace dhp
+
+namespace dhp {
+namespace {
+
+static_assert(!std::is_copy_constructible_v<Model> && !std::is_copy_assignable_v<Model>,
+              "a copy of a Model would alias its device buffers");
+
+// Reorders the tokens of a batch; every per-token array moves together.
+Batch permute_tokens(const Batch& b, const std::vector<int64_t>& order) {
+  Batch p = b;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const size_t j = size_t(order[i]);
+    p.tokens[i] = b.tokens[j];
+    p.targets[i] = b.targets[j];
+    p.doc[i] = b.doc[j];
+    p.pos[i] = b.pos[j];
+    p.image_slot[i] = b.image_slot[j];
+  }
+  return p;
+}
+
+TEST(Model, TokenOrderComesFromPositionsNotFromThePack) {
+  // A rank holding zigzag pieces sees a sequence's chunks out of order and interleaved with
+  // other documents: the causal order and RoPE must follow the positions, so the loss and
+  // every gradient are those of the ordered pack.
+  auto backend = make_cpu_backend({1});
+  ModelConfig cfg = tiny_config();
+  Model model(cfg, *backend);
+  randomise(model, 41);
+  const Batch b = make_batch(sample_docs(), cfg, 6);
+  const float scale = 1.0f / float(b.loss_tokens());
+  model.zero_grads();
+  const double ordered = model.step(b, scale, true).loss_sum;
+  const std::vector<float> g(model.grads(), model.grads() + model.n_params());
+
+  // Last chunk of every document first, then the rest backwards, documents interleaved.
+  std::vector<int64_t> order;
+  for (int64_t t = b.T - 1; t >= 0; t -= 2) order.push_back(t);
+  for (int64_t t = b.T - 2; t >= 0; t -= 2) order.push_back(t);
+  ASSERT_EQ(int64_t(order.size()), b.T);
+  model.zero_grads();
+  const double shuffled = model.step(permute_tokens(b, order), scale, true).loss_sum;
+  EXPECT_NEAR(shuffled, ordered, 1e-5 * std::abs(ordered));
+  for (int64_t i = 0; i < model.n_params(); ++i)
+    ASSERT_NEAR(model.grads()[i], g[i], 1e-6 + 1e-4 * std::abs(g[i])) << i;
+}
+
+// Local attention that counts how the model calls it.
+class CountingAttention final : public Attention {
+ public:
+  explicit CountingAttention(const Ops& ops) : inner_(ops) {}
+  void prepare(AttnMeta meta, int64_t T) override {
+    ++prepared;
+    inner_.prepare(meta, T);
+  }
+  void forward(int layer, float* out, float* lse, const float* q, const float* k, const float* v,
+               const AttnDims& d) override {
+    forward_layers.push_back(layer);
+    inner_.forward(layer, out, lse, q, k, v, d);
+  }
+  void backward(int layer, float* dq, float* dk, float* dv, const float* dout, const float* out,
+                const float* lse, const float* q, const float* k, const float* v,
+                const AttnDims& d) override {
+    backward_layers.push_back(layer);
+    inner_.backward(layer, dq, dk, dv, dout, out, lse, q, k, v, d);
+  }
+  int prepared = 0;
+  std::vector<int> forward_layers, backward_layers;
+
+ private:
+  LocalAttention inner_;
+};
+
+TEST(Model, DecoderAttentionIsTheObjectHandedIn) {
+  auto backend = make_cpu_backend({1});
+  ModelConfig cfg = tiny_config();
+  cfg.layers = 3;
+  Model model(cfg, *backend);
+  randomise(model, 43);
+  const Batch b = make_batch(sample_docs(), cfg, 7);
+  const float scale = 1.0f / float(b.loss_tokens());
+  model.zero_grads();
+  const double plain = model.step(b, scale, true).loss_sum;
+  const std::vector<float> g(model.grads(), model.grads() + model.n_params());
+
+  CountingAttention counting(backend->ops());
+  model.zero_grads();
+  model.run(model.upload(b), scale, true, &counting);
+  const StepStats st = model.take_stats();
+  EXPECT_EQ(counting.prepared, 1);
+  EXPECT_EQ(counting.forward_layers, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(counting.backward_layers, (std::vector<int>{2, 1, 0}));
+  EXPECT_EQ(st.loss_sum, plain);
+  EXPECT_TRUE(std::equal(g.begin(), g.end(), model.grads()));
+}
+
+TEST(Model, SteadyStateStepsAllocateNothing) {
+  auto backend = make_cpu_backend({2});
+  ModelConfig cfg = tiny_config();
+  Model model(cfg, *backend);
+  randomise(model, 47);
+  const auto docs = sample_docs();
+  const Batch big = make_batch(docs, cfg, 8);
+  model.step(big, 0.1f, true);  // the largest shape: the arenas grow to it once
+  const int64_t after_warmup = backend->allocations();
+  for (int it = 0; it < 3; ++it)
+    for (const auto& batch : {big, make_batch({docs[1]}, cfg, 9), make_batch({docs[0], docs[2]}, cfg, 10)}) {
+      model.step(batch, 0.1f, true);
+      model.step(batch, 0.0f, false);
+    }
+  EXPECT_EQ(backend->allocations(), after_warmup);
 }
 
 }  // namespace

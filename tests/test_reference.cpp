@@ -57,11 +57,11 @@ void dump(const fs::path& dir, const Model& m, const Batch& b) {
 class Reference : public ::testing::TestWithParam<bool> {};
 
 TEST_P(Reference, LossAndGradientsMatchPyTorch) {
-  auto ops = make_cpu_ops(1);
+  auto backend = make_cpu_backend({1});
   ModelConfig cfg = testing::tiny_config();
   cfg.tie_embeddings = GetParam();
   cfg.rope_theta = 37.0;  // a small base makes every rotation frequency matter
-  Model model(cfg, *ops);
+  Model model(cfg, *backend);
   testing::randomise(model, 41);
   Batch b = testing::make_batch(testing::sample_docs(), cfg, 7);
 

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "parallel/comm.h"
+#include "parallel/mpi_comm.h"
 #include "tests/train_fixture.h"
 #include "trainer/train.h"
 
@@ -15,7 +15,8 @@ using testing::run_dir;
 using testing::small_config;
 
 TEST(Train, LossFallsBelowRecordedBound) {
-  Comm comm(nullptr, nullptr);
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
   TrainResult r = train(small_config(60, run_dir("bound")), comm);
   ASSERT_EQ(r.steps.size(), 60u);
   // Starts near the uniform prediction over the vocabulary ...
@@ -32,7 +33,8 @@ TEST(Train, LossFallsBelowRecordedBound) {
 }
 
 TEST(Train, SameSeedSameLossesBitForBit) {
-  Comm comm(nullptr, nullptr);
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
   TrainResult a = train(small_config(6, run_dir("same_a")), comm);
   TrainResult b = train(small_config(6, run_dir("same_b")), comm);
   ASSERT_EQ(a.steps.size(), b.steps.size());
@@ -43,7 +45,8 @@ TEST(Train, SameSeedSameLossesBitForBit) {
 }
 
 TEST(Train, ThreadCountDoesNotChangeTheResult) {
-  Comm comm(nullptr, nullptr);
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
   TrainResult a = train(small_config(4, run_dir("threads1"), {"--train.threads=1"}), comm);
   TrainResult b = train(small_config(4, run_dir("threads2"), {"--train.threads=2"}), comm);
   for (size_t i = 0; i < a.steps.size(); ++i) EXPECT_EQ(a.steps[i].loss, b.steps[i].loss);

@@ -47,7 +47,7 @@ inline const char* kSmallModelToml =
     "[model]\ndim = 64\nlayers = 2\nheads = 4\nkv_heads = 2\nffn = 128\nvocab_size = 160\n"
     "[model.vision]\npatch = 8\ndim = 32\nlayers = 1\nheads = 2\nffn = 64\nmerge = 2\n"
     "min_pixels = 1024\nmax_pixels = 4096\n"
-    "[train]\nbatch_size = 16\nmicro_tokens = 512\nseed = 11\nthreads = 2\n"
+    "[train]\nbatch_size = 16\nseed = 11\nthreads = 2\n"
     "[optim]\nlr = 3e-3\nmin_lr = 3e-4\nwarmup = 5\n"
     "[eval]\nblank_images = true\n"
     "[log]\nmetrics = \"\"\nprogress = false\nlevel = \"warn\"\n";

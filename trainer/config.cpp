@@ -14,7 +14,7 @@
 #include <variant>
 
 #include "kernels/check.h"
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 
 namespace dhp {
 namespace {
@@ -101,9 +101,9 @@ class Schema {
     auto& t = c.train;
     num("steps", t.steps, 0, big);
     num("batch_size", t.batch_size, 1, big);
-    num("micro_tokens", t.micro_tokens, 8, big);
     num("seed", t.seed, 0, 9.2e18);
     num("threads", t.threads, 0, 4096);
+    flag("adapt_threads", t.adapt_threads);
     str("device", t.device, {"cpu", "cuda"});
 
     sec_ = "optim";
@@ -127,6 +127,9 @@ class Schema {
     num("planner_budget_ms", p.planner_budget_ms, 0, 1e6);
     str("device", p.device);
     flag("recompute", p.recompute);
+    flag("refit", p.refit);
+    num("refit_window", p.refit_window, 1, 1 << 20);
+    num("timeout_s", p.timeout_s, 0.1, 1e7);
 
     sec_ = "checkpoint";
     auto& k = c.checkpoint;
@@ -166,6 +169,10 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 std::string suggestion(const Schema& s, const std::string& path) {
+  // Keys that existed once: say what replaced them rather than a near spelling.
+  if (path == "train.micro_tokens")
+    return " (it is gone: the planner sizes every rank's micro-batches with its memory model, "
+           "whose capacity is parallel.memory_gb)";
   const Key* best = nullptr;
   size_t best_d = 4;
   for (const auto& k : s.keys()) {
@@ -371,6 +378,13 @@ int compute_threads(const Config& cfg) {
       break;
     }
   return std::max(1, default_compute_threads() / local_ranks);
+}
+
+BackendOptions backend_options(const Config& cfg) {
+  BackendOptions o;
+  o.threads = compute_threads(cfg);
+  o.adapt_threads = cfg.train.adapt_threads;
+  return o;
 }
 
 std::string format_config(const Config& cfg) {

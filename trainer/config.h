@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "data/config.h"
+#include "kernels/backend.h"
 #include "model/config.h"
 #include "parallel/config.h"
 
@@ -16,9 +17,9 @@ namespace dhp {
 struct TrainConfig {
   int64_t steps = 200;
   int64_t batch_size = 16;          // samples per global batch
-  int64_t micro_tokens = 2048;      // decoder-token budget of one micro-batch (accumulation)
   uint64_t seed = 1234;
   int threads = 0;                  // CPU compute threads; 0 = the cores per local rank
+  bool adapt_threads = true;        // CPU: use fewer threads while other processes hold cores
   std::string device = "cpu";       // "cpu" | "cuda"
 };
 
@@ -76,6 +77,8 @@ Config parse_config(const std::string& text, const std::string& name,
 // CPU compute threads for this run: train.threads, or when it is 0 the node's cores divided by
 // the ranks the launcher started on the node.
 int compute_threads(const Config& cfg);
+// The backend options of train.device from the [train] section.
+BackendOptions backend_options(const Config& cfg);
 
 // The resolved configuration as an aligned "section.key = value" table.
 std::string format_config(const Config& cfg);

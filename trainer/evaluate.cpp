@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
-#include "data/loader.h"
 #include "data/pack.h"
+#include "kernels/check.h"
 #include "data/tokenizer.h"
+#include "trainer/executor.h"
 
 namespace dhp {
 namespace {
@@ -37,39 +39,38 @@ bool answer_matches(Model& model, const Sample& s) {
 }  // namespace
 
 EvalResult evaluate(Model& model, const Dataset& data, const EvalOptions& opt,
-                    const Comm& comm) {
+                    Communicator& comm, const Planner& planner) {
   const int64_t n = opt.max_samples > 0 ? std::min(opt.max_samples, data.size()) : data.size();
-  std::vector<int64_t> lengths(n);
-  for (int64_t i = 0; i < n; ++i) lengths[i] = data.length(i);
-  const auto packs = split_micro_batches(lengths, opt.micro_tokens);
+  DHP_CHECK(opt.batch > 0, "evaluation batch must be positive, got {}", opt.batch);
+  // Batches are planned one ahead: the next one decodes while this one runs.
+  std::vector<StepWork> chunks;
+  for (int64_t i0 = 0; i0 < n; i0 += opt.batch) {
+    std::vector<int64_t> ids;
+    for (int64_t i = i0; i < std::min(n, i0 + opt.batch); ++i) ids.push_back(i);
+    chunks.push_back(plan_step(planner, data, ids, comm.rank()));
+  }
 
-  BatchLoader loader(data, opt.workers);
-  std::vector<size_t> mine;
-  for (size_t p = 0; p < packs.size(); ++p)
-    if (int(p % comm.size()) == comm.rank()) mine.push_back(p);
-  // Keep a few packs in flight so decoding overlaps the forward passes.
-  const size_t ahead = 2;
-  for (size_t k = 0; k < std::min(ahead, mine.size()); ++k)
-    loader.submit(packs[mine[k]], opt.blank_images);
-
+  Executor exec(model, data, opt.workers, comm);
   double stats[5] = {0.0, 0.0, 0.0, 0.0, 0.0};  // loss sum, targets, correct, exact, answers
-  for (size_t k = 0; k < mine.size(); ++k) {
-    std::vector<Sample> samples = loader.next();
-    if (k + ahead < mine.size()) loader.submit(packs[mine[k + ahead]], opt.blank_images);
-    std::vector<const Sample*> ptrs;
-    for (const auto& s : samples) ptrs.push_back(&s);
-    StepStats st = model.step(pack(ptrs, model.config().vision), 0.0f, false);
-    stats[0] += st.loss_sum;
-    stats[1] += double(st.targets);
-    stats[2] += double(st.correct);
-    if (!opt.exact_match) continue;
+  auto exact = [&](const std::vector<Sample>& samples) {
     for (const auto& s : samples) {
-      if (s.skipped) continue;  // a placeholder for data that went bad has no answer
+      // A placeholder for data that went bad has no answer; a sample split over a ring has no
+      // rank holding its whole prompt.
+      if (s.skipped || s.begin != 0 || int64_t(s.tokens.size()) != s.full_length) continue;
       stats[3] += answer_matches(model, s);
       stats[4] += 1;
     }
+  };
+  if (!chunks.empty()) exec.submit(chunks[0], opt.blank_images);
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    if (k + 1 < chunks.size()) exec.submit(chunks[k + 1], opt.blank_images);
+    const StepStats st = exec.run(chunks[k], 0.0f, false,
+                                  opt.exact_match ? std::function(exact) : nullptr);
+    stats[0] += st.loss_sum;
+    stats[1] += double(st.targets);
+    stats[2] += double(st.correct);
   }
-  comm.allreduce_sum(stats, 5);
+  comm.all_reduce_sum(stats, 5);
 
   EvalResult r;
   r.samples = n;

@@ -9,7 +9,8 @@
 
 #include "data/dataset.h"
 #include "model/model.h"
-#include "parallel/comm.h"
+#include "parallel/communicator.h"
+#include "parallel/planner.h"
 
 namespace dhp {
 
@@ -23,15 +24,17 @@ struct EvalResult {
 };
 
 struct EvalOptions {
-  int64_t micro_tokens = 2048;  // pack budget
+  int64_t batch = 32;           // samples planned together (like one training batch)
   int64_t max_samples = 0;      // 0 = the whole dataset
   bool blank_images = false;
   int workers = 1;              // decode threads
   bool exact_match = false;     // also generate every answer greedily and compare it whole
 };
 
-// Every rank evaluates its share of the packs; the result is summed over ranks.
+// The data set in batches of opt.batch samples, each planned and run forward through the
+// training step's executor (so a sequence that needs several ranks is evaluated on a ring);
+// the result is summed over ranks.
 EvalResult evaluate(Model& model, const Dataset& data, const EvalOptions& opt,
-                    const Comm& comm);
+                    Communicator& comm, const Planner& planner);
 
 }  // namespace dhp

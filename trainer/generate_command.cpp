@@ -8,6 +8,7 @@
 #include "data/manifest.h"
 #include "data/pack.h"
 #include "data/tokenizer.h"
+#include "kernels/backend.h"
 #include "kernels/check.h"
 #include "kernels/log.h"
 #include "trainer/checkpoint.h"
@@ -76,8 +77,8 @@ void add_generate_command(CLI::App& app) {
     set_up_logging(0, 1, "warn");
     const std::string path = resolve_checkpoint(o->checkpoint, o->dir);
     Config cfg = checkpoint_config(path);
-    auto ops = make_cpu_ops(compute_threads(cfg));
-    Model model(cfg.model, *ops);
+    auto backend = make_backend(cfg.train.device, backend_options(cfg));
+    Model model(cfg.model, *backend);
     load_checkpoint(path, model, nullptr);
     Tokenizer tok(cfg.data.tokenizer);
     Batch prompt = build_prompt(*o, tok, cfg.model.vision);

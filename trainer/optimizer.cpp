@@ -12,21 +12,28 @@ double learning_rate(const OptimConfig& o, int64_t step, int64_t total_steps) {
   return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-AdamW::AdamW(const ParamTable& table, const OptimConfig& cfg, const Ops& ops)
+AdamW::AdamW(const ParamTable& table, const OptimConfig& cfg, Backend& backend)
     : table_(table),
       cfg_(cfg),
-      ops_(ops),
-      m_(Tensor::zeros({table.total()})),
-      v_(Tensor::zeros({table.total()})) {}
+      backend_(backend),
+      m_(backend, sizeof(float) * size_t(table.total())),
+      v_(backend, sizeof(float) * size_t(table.total())),
+      norm_(backend, sizeof(double)) {
+  backend_.zero(m_.data(), m_.bytes());
+  backend_.zero(v_.data(), v_.bytes());
+}
 
 double AdamW::grad_norm(const float* grads) const {
-  return std::sqrt(ops_.sum_squares(grads, table_.total()));
+  backend_.ops().sum_squares(norm_.as<double>(), grads, table_.total());
+  double sq = 0.0;
+  backend_.download(&sq, norm_.data(), sizeof(sq));
+  return std::sqrt(sq);
 }
 
 float AdamW::clip(float* grads, double norm) const {
   if (cfg_.grad_clip <= 0.0 || norm <= cfg_.grad_clip) return 1.0f;
   const float s = float(cfg_.grad_clip / (norm + 1e-6));
-  ops_.scale_inplace(grads, s, table_.total());
+  backend_.ops().scale_inplace(grads, s, table_.total());
   return s;
 }
 
@@ -35,8 +42,8 @@ void AdamW::update(float* params, const float* grads, double lr) {
   for (const auto& p : table_.specs()) {
     AdamWStep s{float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps),
                 p.decay ? float(cfg_.weight_decay) : 0.0f, t_};
-    ops_.adamw_update(params + p.offset, grads + p.offset, m_.f32() + p.offset,
-                      v_.f32() + p.offset, p.numel(), s);
+    backend_.ops().adamw_update(params + p.offset, grads + p.offset, m() + p.offset,
+                                v() + p.offset, p.numel(), s);
   }
 }
 

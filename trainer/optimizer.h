@@ -4,8 +4,7 @@
 
 #include <cstdint>
 
-#include "kernels/ops.h"
-#include "kernels/tensor.h"
+#include "kernels/backend.h"
 #include "model/params.h"
 #include "trainer/config.h"
 
@@ -17,9 +16,9 @@ double learning_rate(const OptimConfig& o, int64_t step, int64_t total_steps);
 
 class AdamW {
  public:
-  AdamW(const ParamTable& table, const OptimConfig& cfg, const Ops& ops);
+  AdamW(const ParamTable& table, const OptimConfig& cfg, Backend& backend);
 
-  // Global L2 norm of the gradient arena.
+  // Global L2 norm of the gradient arena (synchronises with the device to read it).
   double grad_norm(const float* grads) const;
   // Scales gradients so their norm is at most cfg.grad_clip (when set); returns the scale.
   float clip(float* grads, double norm) const;
@@ -27,17 +26,18 @@ class AdamW {
   void update(float* params, const float* grads, double lr);
 
   int64_t steps_taken() const { return t_; }
-  float* m() { return m_.f32(); }  // first moments, same layout as the parameters
-  float* v() { return v_.f32(); }  // second moments
-  const float* m() const { return m_.f32(); }
-  const float* v() const { return v_.f32(); }
+  float* m() { return m_.as<float>(); }  // first moments, same layout as the parameters
+  float* v() { return v_.as<float>(); }  // second moments
+  const float* m() const { return m_.as<float>(); }
+  const float* v() const { return v_.as<float>(); }
   void set_steps_taken(int64_t t) { t_ = t; }
 
  private:
   const ParamTable& table_;
   OptimConfig cfg_;
-  const Ops& ops_;
-  Tensor m_, v_;  // (n_params)
+  Backend& backend_;
+  DeviceBuffer m_, v_;  // (n_params)
+  DeviceBuffer norm_;   // (1) double: the squared norm, read by grad_norm
   int64_t t_ = 0;
 };
 

@@ -1,29 +1,32 @@
 #include "trainer/train.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
+#include <deque>
+#include <mutex>
+#include <functional>
+#include <future>
 #include <memory>
 #include <optional>
-#include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
-#include "data/loader.h"
-#include "data/pack.h"
 #include "data/sampler.h"
 #include "data/tokenizer.h"
+#include "kernels/backend.h"
 #include "kernels/check.h"
 #include "kernels/log.h"
 #include "model/model.h"
+#include "parallel/planner.h"
 #include "trainer/checkpoint.h"
 #include "trainer/evaluate.h"
-#include "trainer/weights.h"
+#include "trainer/executor.h"
+#include "trainer/metrics.h"
 #include "trainer/optimizer.h"
+#include "trainer/weights.h"
 
 namespace dhp {
 namespace {
@@ -33,130 +36,102 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// One line that redraws itself on a terminal; silent when stderr is not one.
-class ProgressBar {
+// Everything a training run holds between steps. train() below is the loop over steps; the
+// pieces it calls are the methods: plan, step (load, micro-steps, reduce, update), record,
+// evaluate and save.
+class Run {
  public:
-  ProgressBar(int64_t total, bool enabled) : total_(total), on_(enabled && isatty(STDERR_FILENO)) {}
-  void draw(int64_t done, double elapsed, double loss) {
-    if (!on_) return;
-    const int width = 30;
-    const int fill = int(width * done / std::max<int64_t>(1, total_));
-    const double eta = done > 0 ? elapsed / done * (total_ - done) : 0.0;
-    fmt::print(stderr, "\r[{:=<{}}{:<{}}] {}/{} loss {:.3f} eta {:.0f}s\033[K", "", fill, "",
-               width - fill, done, total_, loss, eta);
-    std::fflush(stderr);
-    drawn_ = true;
+  Run(const Config& cfg, Communicator& comm, const TrainOptions& topt);
+  int64_t first_step() const { return first_step_; }
+  std::shared_ptr<const Planner> planner() const {
+    std::lock_guard lk(planner_mu_);
+    return planner_;
   }
-  // Clears the bar so a log line can take the row.
-  void clear() {
-    if (on_ && drawn_) fmt::print(stderr, "\r\033[K");
-    drawn_ = false;
-  }
+  // This rank's share of the global batch of `step`, decided from sample lengths alone. Every
+  // rank must plan a step with the same planner (see train()).
+  StepWork plan(int64_t step, const Planner& planner) const;
+  void submit(const StepWork& work) { exec_.submit(work, false); }
+  // One optimizer step over `work` (submitted earlier).
+  StepRecord step(int64_t step, const StepWork& work);
+  void record(const StepRecord& rec);
+  // Measured group times against the plan's prediction, and the online refit.
+  void learn_costs(const StepWork& work, StepRecord& rec);
+  void evaluate(int64_t step, TrainResult* out);
+  std::string save(int64_t step);
+  void clear_bar() { bar_.clear(); }
 
  private:
-  int64_t total_;
-  bool on_;
-  bool drawn_ = false;
+  const Config& cfg_;
+  Communicator& comm_;
+  const bool rank0_;
+  const Clock::time_point t_start_ = Clock::now();
+  std::unique_ptr<Backend> backend_;
+  Tokenizer tokenizer_;
+  std::unique_ptr<Dataset> train_set_, val_set_;
+  Model model_;
+  AdamW opt_;
+  // The planner of the current cost model; replaced (never modified) by the online refit, so
+  // a plan being made on the background thread keeps the one it started with.
+  mutable std::mutex planner_mu_;
+  std::shared_ptr<const Planner> planner_;
+  std::deque<TimingObservation> observed_;  // the latest groups' measured times
+  int64_t first_step_ = 0;
+  std::optional<Sampler> sampler_;
+  int64_t first_position_ = 0;  // stream position of the first sample of first_step_
+  Executor exec_;
+  std::optional<MetricsFile> metrics_;  // opened once the resumed step is known
+  ProgressBar bar_;
+  Clock::time_point t_train_;
+
+  int64_t position_of(int64_t step) const {
+    return first_position_ + (step - first_step_) * cfg_.train.batch_size;
+  }
 };
 
-class MetricsFile {
- public:
-  // A resumed run keeps the records up to the step it resumes from and drops the ones the
-  // interrupted run wrote after its checkpoint, which this run writes again.
-  MetricsFile(const std::string& path, bool enabled, int64_t resumed_step) {
-    if (!enabled || path.empty()) return;
-    auto parent = std::filesystem::path(path).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent);
-    std::string kept;
-    if (resumed_step > 0) {
-      std::ifstream in(path);
-      for (std::string line; std::getline(in, line);) {
-        const auto j = nlohmann::json::parse(line, nullptr, false);
-        if (!j.is_discarded() && j.value("step", int64_t(0)) <= resumed_step) kept += line + "\n";
-      }
-    }
-    out_.open(path, std::ios::trunc);
-    DHP_CHECK(out_.good(), "log.metrics: cannot write '{}'", path);
-    out_ << kept;
-  }
-  void write(const nlohmann::json& j) {
-    if (!out_.is_open()) return;
-    out_ << j.dump() << '\n';
-    out_.flush();
-  }
-
- private:
-  std::ofstream out_;
-};
-
-void log_eval(const char* what, int64_t step, const EvalResult& r, const EvalResult* blank,
-              MetricsFile& metrics) {
-  std::string line = fmt::format("eval {} step {}: loss {:.4f} ppl {:.2f} caption token accuracy "
-                                 "{:.2f}%", what, step, r.loss, r.perplexity, 100 * r.accuracy);
-  if (r.exact_match >= 0) line += fmt::format(", exact match {:.1f}%", 100 * r.exact_match);
-  if (blank) {
-    line += fmt::format(" | images blanked: loss {:.4f} accuracy {:.2f}%", blank->loss,
-                        100 * blank->accuracy);
-    if (blank->exact_match >= 0) line += fmt::format(", exact match {:.1f}%", 100 * blank->exact_match);
-  }
-  spdlog::info("{} ({} samples, {} caption tokens)", line, r.samples, r.targets);
-  nlohmann::json j = {{"eval", what}, {"step", step}, {"loss", r.loss},
-                      {"perplexity", r.perplexity}, {"accuracy", r.accuracy},
-                      {"samples", r.samples}, {"targets", r.targets}};
-  if (r.exact_match >= 0) j["exact_match"] = r.exact_match;
-  if (blank) {
-    j["blank_loss"] = blank->loss;
-    j["blank_accuracy"] = blank->accuracy;
-    if (blank->exact_match >= 0) j["blank_exact_match"] = blank->exact_match;
-  }
-  metrics.write(j);
+std::unique_ptr<Dataset> open_train_set(const Config& cfg, const Tokenizer& tok) {
+  DHP_CHECK(tok.vocab_size() <= cfg.model.vocab_size,
+            "{}: model.vocab_size ({}) is smaller than the tokenizer's vocabulary ({} in {})",
+            cfg.source, cfg.model.vocab_size, tok.vocab_size(), cfg.data.tokenizer);
+  auto set = open_dataset(cfg.data.train, cfg.data, tok, cfg.model);
+  DHP_CHECK(set->size() > 0, "data.train '{}' holds no usable sample", cfg.data.train);
+  return set;
 }
 
-}  // namespace
-
-TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt) {
-  const auto t_start = Clock::now();
-  const bool rank0 = comm.rank() == 0;
-  auto ops = make_cpu_ops(compute_threads(cfg));
-  DHP_CHECK(cfg.train.device == "cpu",
-            "train.device = \"{}\": this build trains on the CPU backend only; set train.device "
-            "= \"cpu\"",
-            cfg.train.device);
-
-  Tokenizer tokenizer(cfg.data.tokenizer);
-  DHP_CHECK(tokenizer.vocab_size() <= cfg.model.vocab_size,
-            "{}: model.vocab_size ({}) is smaller than the tokenizer's vocabulary ({} in {})",
-            cfg.source, cfg.model.vocab_size, tokenizer.vocab_size(), cfg.data.tokenizer);
-  const std::unique_ptr<Dataset> train_data = open_dataset(cfg.data.train, cfg.data, tokenizer, cfg.model);
-  const Dataset& train_set = *train_data;
-  DHP_CHECK(train_set.size() > 0, "data.train '{}' holds no usable sample", cfg.data.train);
-  std::unique_ptr<Dataset> val_set;
-  if (!cfg.data.val.empty())
-    val_set = open_dataset(cfg.data.val, cfg.data, tokenizer, cfg.model);
-
-  Model model(cfg.model, *ops);
-  model.initialise(cfg.train.seed);
-  AdamW opt(model.table(), cfg.optim, *ops);
-  int64_t first_step = 0;
+Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
+    : cfg_(cfg),
+      comm_(comm),
+      rank0_(comm.rank() == 0),
+      backend_(make_backend(cfg.train.device, backend_options(cfg))),
+      tokenizer_(cfg.data.tokenizer),
+      train_set_(open_train_set(cfg, tokenizer_)),
+      val_set_(cfg.data.val.empty() ? nullptr
+                                    : open_dataset(cfg.data.val, cfg.data, tokenizer_, cfg.model)),
+      model_(cfg.model, *backend_),
+      opt_(model_.table(), cfg.optim, *backend_),
+      planner_(std::make_shared<const Planner>(cfg.model, cfg.parallel, comm.size())),
+      exec_(model_, *train_set_, cfg.data.workers, comm),
+      bar_(cfg.train.steps, rank0_ && cfg.log.progress) {
+  comm.set_timeout(cfg.parallel.timeout_s);
+  model_.initialise(cfg.train.seed);
   std::optional<SamplerState> resumed_sampler;
   if (!topt.resume.empty()) {
     const std::string path = resolve_checkpoint(topt.resume, cfg.checkpoint.dir);
     check_same_model(checkpoint_config(path), cfg, path);
-    TrainState st = load_checkpoint(path, model, &opt);
+    TrainState st = load_checkpoint(path, model_, &opt_);
     DHP_CHECK(st.seed == cfg.train.seed,
               "cannot resume from '{}': it was trained with train.seed = {}, this run has {}; "
               "the weights and the sample order come from the seed",
               path, st.seed, cfg.train.seed);
-    DHP_CHECK(st.dataset_size == train_set.size(),
+    DHP_CHECK(st.dataset_size == train_set_->size(),
               "cannot resume from '{}': its run sampled from {} training samples, data.train "
               "'{}' now holds {}; the sample order would not continue",
-              path, st.dataset_size, cfg.data.train, train_set.size());
+              path, st.dataset_size, cfg.data.train, train_set_->size());
     resumed_sampler = st.sampler;
-    if (st.batch_size != cfg.train.batch_size && rank0)
+    if (st.batch_size != cfg.train.batch_size && rank0_)
       spdlog::info("train.batch_size changes from {} to {}; the sample stream continues where "
                    "it stopped", st.batch_size, cfg.train.batch_size);
-    first_step = st.step;
-    if (rank0) spdlog::info("resumed from {} at step {}", path, first_step);
+    first_step_ = st.step;
+    if (rank0_) spdlog::info("resumed from {} at step {}", path, first_step_);
   } else {
     const auto existing = list_checkpoints(cfg.checkpoint.dir);
     DHP_CHECK(existing.empty(),
@@ -165,162 +140,229 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
               cfg.checkpoint.dir, existing.back());
   }
   if (topt.resume.empty() && !topt.init.empty()) {
-    load_weights(topt.init, model);
-    if (rank0) spdlog::info("initialised weights from {}", topt.init);
+    load_weights(topt.init, model_);
+    if (rank0_) spdlog::info("initialised weights from {}", topt.init);
   }
-  Sampler sampler(train_set.size(), cfg.train.seed);
-  // Stream position of the first sample of step `first_step`; later steps follow on.
-  const int64_t first_position = resumed_sampler ? sampler.resume(*resumed_sampler) : 0;
-  auto position_of = [&](int64_t step) {
-    return first_position + (step - first_step) * cfg.train.batch_size;
-  };
-  BatchLoader loader(train_set, cfg.data.workers);
-  if (rank0)
-    spdlog::info("model: {:.3f} M parameters; train: {} samples; val: {} samples; {} rank(s)",
-                 double(model.n_params()) / 1e6, train_set.size(), val_set ? val_set->size() : 0,
-                 comm.size());
+  // The metrics file keeps what the interrupted run wrote up to the resumed step.
+  metrics_.emplace(cfg.log.metrics, rank0_, first_step_);
+  sampler_.emplace(train_set_->size(), cfg.train.seed);
+  first_position_ = resumed_sampler ? sampler_->resume(*resumed_sampler) : 0;
+  if (rank0_)
+    spdlog::info("model: {:.3f} M parameters; train: {} samples; val: {} samples; {} rank(s); "
+                 "{} backend, {} compute thread(s)",
+                 double(model_.n_params()) / 1e6, train_set_->size(),
+                 val_set_ ? val_set_->size() : 0, comm.size(), backend_->name(),
+                 backend_->threads());
+  t_train_ = Clock::now();
+}
 
-  // Packs of a step are a function of the sampled lengths only, so every rank computes the
-  // same split without communication and loads just its own packs.
-  struct StepPlan {
-    std::vector<std::vector<int64_t>> packs;  // dataset indices per pack
-    std::vector<int64_t> my_ids;              // samples this rank loads, pack after pack
-    int64_t loss_tokens = 0, tokens = 0, samples = 0;
-  };
-  auto plan_step = [&](int64_t step) {
-    StepPlan p;
-    const std::vector<int64_t> ids = sampler.batch_at(position_of(step), cfg.train.batch_size);
-    std::vector<int64_t> lengths;
-    for (int64_t id : ids) {
-      lengths.push_back(train_set.length(id));
-      p.loss_tokens += train_set.loss_tokens(id);
-      p.tokens += lengths.back();
-    }
-    p.samples = int64_t(ids.size());
-    for (const auto& positions : split_micro_batches(lengths, cfg.train.micro_tokens)) {
-      std::vector<int64_t> pk;
-      for (int64_t pos : positions) pk.push_back(ids[pos]);
-      if (int(p.packs.size() % comm.size()) == comm.rank())
-        p.my_ids.insert(p.my_ids.end(), pk.begin(), pk.end());
-      p.packs.push_back(std::move(pk));
-    }
-    return p;
-  };
+StepWork Run::plan(int64_t step, const Planner& planner) const {
+  const std::vector<int64_t> ids = sampler_->batch_at(position_of(step), cfg_.train.batch_size);
+  return plan_step(planner, *train_set_, ids, comm_.rank());
+}
 
-  MetricsFile metrics(cfg.log.metrics, rank0, first_step);
-  ProgressBar bar(cfg.train.steps, rank0 && cfg.log.progress);
-  EvalOptions eval_opt{cfg.train.micro_tokens, cfg.eval.max_samples, false, cfg.data.workers};
-  auto run_eval = [&](int64_t step, TrainResult* out) {
-    if (!val_set || val_set->size() == 0) return;
-    EvalOptions o = eval_opt;
-    o.exact_match = out && cfg.eval.exact_match;  // generation only at the final evaluation
-    EvalResult r = evaluate(model, *val_set, o, comm);
-    EvalResult b;
-    if (cfg.eval.blank_images) {
-      EvalOptions ob = o;
-      ob.blank_images = true;
-      b = evaluate(model, *val_set, ob, comm);
-    }
-    bar.clear();
-    if (rank0) log_eval("val", step, r, cfg.eval.blank_images ? &b : nullptr, metrics);
-    if (out) {
-      out->final_loss = r.loss;
-      out->final_accuracy = r.accuracy;
-      out->final_blank_accuracy = cfg.eval.blank_images ? b.accuracy : -1.0;
-      out->final_exact_match = r.exact_match;
-      out->final_blank_exact_match = cfg.eval.blank_images ? b.exact_match : -1.0;
-    }
-  };
+// The plan's schedule replayed with measured group times: each rank runs its groups in start
+// order and a group starts when the last of its ranks is free.
+double rebuilt_makespan(const Plan& plan, const std::vector<double>& seconds) {
+  std::vector<double> free_at(size_t(plan.world()), 0.0);
+  std::vector<int> order(plan.groups().size());
+  for (size_t g = 0; g < order.size(); ++g) order[g] = int(g);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return plan.groups()[size_t(a)].start_ns < plan.groups()[size_t(b)].start_ns;
+  });
+  double makespan = 0.0;
+  for (int g : order) {
+    const PlanGroup& grp = plan.groups()[size_t(g)];
+    double start = 0.0;
+    for (int r = grp.first_rank; r < grp.first_rank + grp.degree; ++r)
+      start = std::max(start, free_at[size_t(r)]);
+    const double end = start + seconds[size_t(g)];
+    for (int r = grp.first_rank; r < grp.first_rank + grp.degree; ++r) free_at[size_t(r)] = end;
+    makespan = std::max(makespan, end);
+  }
+  return makespan;
+}
 
+void Run::learn_costs(const StepWork& work, StepRecord& rec) {
+  // Every group's time is its slowest member's busy time; the same numbers reach every rank,
+  // so every rank refits to the same coefficients and keeps planning identically.
+  const auto& groups = work.plan.groups();
+  std::vector<double> measured(groups.size(), 0.0);
+  for (const GroupTiming& t : exec_.last_timings()) measured[size_t(t.group)] = t.busy_seconds;
+  comm_.all_reduce_max(measured.data(), int64_t(measured.size()));
+  double err = 0.0;
+  int counted = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (measured[g] <= 0.0) continue;
+    err += std::abs(double(groups[g].time_ns) * 1e-9 - measured[g]) / measured[g];
+    ++counted;
+    TimingObservation o;
+    for (int32_t s : groups[g].seqs) o.seqs.push_back(work.plan.seqs()[size_t(s)]);
+    o.degree = groups[g].cp;
+    o.seconds = measured[g];
+    observed_.push_back(std::move(o));
+  }
+  rec.cost_error = counted ? err / counted : 0.0;
+  rec.measured_s = rebuilt_makespan(work.plan, measured);
+  while (int(observed_.size()) > cfg_.parallel.refit_window) observed_.pop_front();
+  if (!cfg_.parallel.refit || observed_.empty()) return;
+  const std::shared_ptr<const Planner> cur = planner();
+  CostModel cost = cur->cost();
+  cost.set_coeffs(refit(cost, {observed_.begin(), observed_.end()}));
+  auto next = std::make_shared<const Planner>(cost, cfg_.parallel, comm_.size());
+  std::lock_guard lk(planner_mu_);
+  planner_ = std::move(next);
+}
+
+StepRecord Run::step(int64_t step, const StepWork& work) {
+  const auto t_step = Clock::now();
+  model_.zero_grads();
+  const float scale = 1.0f / float(std::max<int64_t>(1, work.loss_tokens));
+  const StepStats local = exec_.run(work, scale, true);
+  // Every rank's busy time, to show how unevenly the step's work was spread.
+  double mine = 0.0, waited = 0.0;
+  for (const GroupTiming& t : exec_.last_timings()) mine += t.busy_seconds, waited += t.wait_seconds;
+  std::vector<double> rank_time(size_t(comm_.size()), 0.0);
+  comm_.all_gather(&mine, rank_time.data(), 1, DataType::F64);
+  comm_.all_reduce_sum(model_.grads(), model_.n_params());
+  double loss_sum = local.loss_sum;
+  comm_.all_reduce_sum(&loss_sum, 1);
+
+  const double norm = opt_.grad_norm(model_.grads());
+  DHP_CHECK(std::isfinite(norm), "step {}: the gradient norm is not finite ({}); lower optim.lr",
+            step, norm);
+  opt_.clip(model_.grads(), norm);
+  const double lr = learning_rate(cfg_.optim, step, cfg_.train.steps);
+  opt_.update(model_.params(), model_.grads(), lr);
+  const int threads = backend_->threads();
+  backend_->adapt_to_load();
+
+  const double dt = seconds_since(t_step);
+  const double slowest = *std::max_element(rank_time.begin(), rank_time.end());
+  double mean = 0.0;
+  for (double t : rank_time) mean += t / double(rank_time.size());
+  StepRecord rec;
+  rec.step = step + 1;
+  rec.loss = loss_sum * scale;
+  rec.lr = lr;
+  rec.grad_norm = norm;
+  rec.tokens_per_s = double(work.tokens) / dt;
+  rec.samples_per_s = double(work.samples) / dt;
+  rec.elapsed_s = seconds_since(t_start_);
+  rec.loader_wait_s = exec_.last_wait_seconds();
+  rec.groups = int64_t(work.plan.groups().size());
+  for (const auto& g : work.plan.groups()) rec.degrees.push_back(g.cp);
+  std::sort(rec.degrees.begin(), rec.degrees.end(), std::greater<>());
+  rec.max_degree = rec.degrees.empty() ? 1 : rec.degrees.front();
+  rec.plan_s = work.plan_seconds;
+  rec.predicted_s = double(work.plan.makespan_ns()) * 1e-9;
+  rec.busy_s = mine;
+  rec.rank_busy_s = rank_time;
+  rec.ring_wait_s = waited;
+  learn_costs(work, rec);
+  rec.step_s = dt;
+  rec.imbalance = mean > 0.0 ? slowest / mean : 1.0;
+  rec.threads = threads;
+  return rec;
+}
+
+void Run::record(const StepRecord& rec) {
+  if (!rank0_) return;
+  metrics_->write({{"step", rec.step}, {"loss", rec.loss}, {"lr", rec.lr},
+                  {"grad_norm", rec.grad_norm}, {"tokens_per_s", rec.tokens_per_s},
+                  {"samples_per_s", rec.samples_per_s}, {"elapsed_s", rec.elapsed_s},
+                  {"loader_wait_s", rec.loader_wait_s}, {"groups", rec.groups},
+                  {"max_degree", rec.max_degree}, {"degrees", rec.degrees},
+                  {"plan_s", rec.plan_s},
+                  {"predicted_s", rec.predicted_s}, {"measured_s", rec.measured_s},
+                  {"cost_error", rec.cost_error}, {"rank_busy_s", rec.rank_busy_s},
+                  {"ring_wait_s", rec.ring_wait_s},
+                  {"step_s", rec.step_s}, {"imbalance", rec.imbalance},
+                  {"threads", rec.threads}});
+  if (rec.step % cfg_.log.every == 0 || rec.step == cfg_.train.steps || rec.step == 1) {
+    bar_.clear();
+    spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
+                 "{:.1f} samples/s | wait {:.0f} ms | {} groups, degrees {} | plan {:.1f} ms, "
+                 "predicted {:.3f}s, measured {:.3f}s (cost model error {:.0f}%) | {:.1f}s",
+                 rec.step, cfg_.train.steps, rec.loss, rec.lr, rec.grad_norm, rec.tokens_per_s,
+                 rec.samples_per_s, 1e3 * rec.loader_wait_s, rec.groups, fmt::join(rec.degrees, ","),
+                 1e3 * rec.plan_s, rec.predicted_s, rec.measured_s, 100 * rec.cost_error,
+                 rec.elapsed_s);
+  }
+  bar_.draw(rec.step, seconds_since(t_train_), rec.loss);
+}
+
+void Run::evaluate(int64_t step, TrainResult* out) {
+  if (!val_set_ || val_set_->size() == 0) return;
+  EvalOptions o{cfg_.train.batch_size, cfg_.eval.max_samples, false, cfg_.data.workers};
+  o.exact_match = out && cfg_.eval.exact_match;  // generation only at the final evaluation
+  const std::shared_ptr<const Planner> planner = this->planner();
+  const EvalResult r = dhp::evaluate(model_, *val_set_, o, comm_, *planner);
+  EvalResult b;
+  if (cfg_.eval.blank_images) {
+    EvalOptions ob = o;
+    ob.blank_images = true;
+    b = dhp::evaluate(model_, *val_set_, ob, comm_, *planner);
+  }
+  bar_.clear();
+  if (rank0_) log_eval("val", step, r, cfg_.eval.blank_images ? &b : nullptr, *metrics_);
+  if (!out) return;
+  out->final_loss = r.loss;
+  out->final_accuracy = r.accuracy;
+  out->final_blank_accuracy = cfg_.eval.blank_images ? b.accuracy : -1.0;
+  out->final_exact_match = r.exact_match;
+  out->final_blank_exact_match = cfg_.eval.blank_images ? b.exact_match : -1.0;
+}
+
+std::string Run::save(int64_t step) {
+  TrainState st{step, cfg_.train.seed, cfg_.train.batch_size,
+                sampler_->state_at(position_of(step)), train_set_->size()};
+  std::string path;
+  if (rank0_) {
+    path = save_checkpoint(cfg_, model_, &opt_, st);
+    bar_.clear();
+    spdlog::info("checkpoint saved: {}", path);
+  }
+  comm_.barrier();
+  return path;
+}
+
+}  // namespace
+
+TrainResult train(const Config& cfg, Communicator& comm, const TrainOptions& topt) {
+  const auto t_start = Clock::now();
+  const bool rank0 = comm.rank() == 0;
+  Run run(cfg, comm, topt);
+  const int64_t first = run.first_step();
   TrainResult result;
-  result.last_step = first_step;
-  auto save = [&](int64_t step) {
-    TrainState st{step, cfg.train.seed, cfg.train.batch_size, sampler.state_at(position_of(step)),
-                  train_set.size()};
-    if (rank0) {
-      result.checkpoint = save_checkpoint(cfg, model, &opt, st);
-      bar.clear();
-      spdlog::info("checkpoint saved: {}", result.checkpoint);
-    }
-    comm.barrier();
+  result.last_step = first;
+
+  // The plan of step s+1 is made, and its samples start decoding, on a background thread
+  // while step s computes.
+  auto plan_ahead = [&](int64_t step) {
+    // The planner is taken here, on the training thread, between the same two steps on every
+    // rank: a refit that lands while the plan is being made does not change this plan.
+    return std::async(std::launch::async, [&run, step, planner = run.planner()] {
+      StepWork w = run.plan(step, *planner);
+      run.submit(w);
+      return w;
+    });
   };
-
-  StepPlan next = plan_step(first_step);
-  if (first_step < cfg.train.steps) loader.submit(next.my_ids, false);
-  const auto t_train = Clock::now();
-  for (int64_t step = first_step; step < cfg.train.steps; ++step) {
-    const auto t_step = Clock::now();
-    StepPlan cur = std::move(next);
-    std::vector<Sample> samples = loader.next();
-    double wait = loader.last_wait_seconds();
-    // Decode the next step's samples in the background while this one computes.
-    if (step + 1 < cfg.train.steps) {
-      next = plan_step(step + 1);
-      loader.submit(next.my_ids, false);
-    }
-
-    model.zero_grads();
-    const float scale = 1.0f / float(std::max<int64_t>(1, cur.loss_tokens));
-    double loss_sum = 0.0;
-    size_t at = 0;
-    const auto t_compute = Clock::now();
-    for (size_t p = 0; p < cur.packs.size(); ++p) {
-      if (int(p % comm.size()) != comm.rank()) continue;
-      std::vector<const Sample*> ptrs;
-      for (size_t k = 0; k < cur.packs[p].size(); ++k) ptrs.push_back(&samples[at++]);
-      loss_sum += model.step(pack(ptrs, cfg.model.vision), scale, true).loss_sum;
-    }
-    // Every rank's compute time, to show how unevenly the step's work was spread.
-    std::vector<double> rank_time(comm.size(), 0.0);
-    rank_time[comm.rank()] = seconds_since(t_compute);
-    comm.allreduce_sum(rank_time.data(), int64_t(rank_time.size()));
-    comm.allreduce_sum(model.grads(), model.n_params());
-    comm.allreduce_sum(&loss_sum, 1);
-
-    const double norm = opt.grad_norm(model.grads());
-    DHP_CHECK(std::isfinite(norm), "step {}: the gradient norm is not finite ({}); lower optim.lr",
-              step, norm);
-    opt.clip(model.grads(), norm);
-    const double lr = learning_rate(cfg.optim, step, cfg.train.steps);
-    opt.update(model.params(), model.grads(), lr);
-
-    const double dt = seconds_since(t_step);
-    const double slowest = *std::max_element(rank_time.begin(), rank_time.end());
-    double mean = 0.0;
-    for (double t : rank_time) mean += t / double(rank_time.size());
-    StepRecord rec{step + 1,
-                   loss_sum * scale,
-                   lr,
-                   norm,
-                   double(cur.tokens) / dt,
-                   double(cur.samples) / dt,
-                   seconds_since(t_start),
-                   wait,
-                   int64_t(cur.packs.size()),
-                   dt,
-                   mean > 0.0 ? slowest / mean : 1.0};
+  std::future<StepWork> next;
+  if (first < cfg.train.steps) next = plan_ahead(first);
+  for (int64_t step = first; step < cfg.train.steps; ++step) {
+    const StepWork cur = next.get();
+    if (step + 1 < cfg.train.steps) next = plan_ahead(step + 1);
+    const StepRecord rec = run.step(step, cur);
     result.steps.push_back(rec);
-    if (rank0) {
-      metrics.write({{"step", rec.step}, {"loss", rec.loss}, {"lr", rec.lr},
-                     {"grad_norm", rec.grad_norm}, {"tokens_per_s", rec.tokens_per_s},
-                     {"samples_per_s", rec.samples_per_s}, {"elapsed_s", rec.elapsed_s},
-                     {"loader_wait_s", rec.loader_wait_s}, {"packs", rec.packs},
-                     {"step_s", rec.step_s}, {"imbalance", rec.imbalance}});
-      if (rec.step % cfg.log.every == 0 || rec.step == cfg.train.steps || rec.step == 1) {
-        bar.clear();
-        spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
-                     "{:.1f} samples/s | wait {:.0f} ms | {:.1f}s",
-                     rec.step, cfg.train.steps, rec.loss, rec.lr, rec.grad_norm, rec.tokens_per_s,
-                     rec.samples_per_s, 1e3 * rec.loader_wait_s, rec.elapsed_s);
-      }
-      bar.draw(rec.step, seconds_since(t_train), rec.loss);
-    }
     result.last_step = rec.step;
+    run.record(rec);
+
     if (cfg.eval.every > 0 && rec.step % cfg.eval.every == 0 && rec.step < cfg.train.steps)
-      run_eval(rec.step, nullptr);
+      run.evaluate(rec.step, nullptr);
     const bool interrupted = topt.stop_flag && *topt.stop_flag;
     if (interrupted || rec.step == topt.stop_after) {
-      save(rec.step);
+      result.checkpoint = run.save(rec.step);
       if (rank0)
         spdlog::info("stopping after step {}{}; resume with --resume auto", rec.step,
                      interrupted ? " (signal)" : "");
@@ -328,11 +370,11 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
     }
     if (cfg.checkpoint.every > 0 && rec.step % cfg.checkpoint.every == 0 &&
         rec.step < cfg.train.steps)
-      save(rec.step);
+      result.checkpoint = run.save(rec.step);
   }
-  bar.clear();
-  if (result.last_step > first_step || first_step == 0) save(result.last_step);
-  run_eval(result.last_step, &result);
+  run.clear_bar();
+  if (result.last_step > first || first == 0) result.checkpoint = run.save(result.last_step);
+  run.evaluate(result.last_step, &result);
   if (rank0) spdlog::info("done in {:.1f}s", seconds_since(t_start));
   return result;
 }

@@ -1,6 +1,6 @@
-// The training loop: global batches from the seeded sampler, split into packs (micro-batches)
-// under a token budget, packs spread over the ranks, gradients accumulated and summed, then
-// clipping, the schedule and one AdamW update. The loss of a step is normalised by the global
+// The training loop: global batches from the seeded sampler, planned into groups of ranks
+// (parallel.strategy) and run by every rank's executor (trainer/executor.h), gradients
+// accumulated and summed, then clipping, the schedule and one AdamW update. The loss of a step is normalised by the global
 // count of loss targets, so the result does not depend on how the batch was split.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/comm.h"
+#include "parallel/communicator.h"
 #include "trainer/config.h"
 
 namespace dhp {
@@ -22,9 +22,19 @@ struct StepRecord {
   double samples_per_s = 0.0;
   double elapsed_s = 0.0;
   double loader_wait_s = 0.0;
-  int64_t packs = 0;
+  int64_t groups = 0;        // groups of the step's plan (all ranks)
+  int max_degree = 1;        // the widest ring of the plan
+  std::vector<int> degrees;  // ring degree of every group of the plan, widest first
+  double plan_s = 0.0;       // planner wall time
+  double predicted_s = 0.0;  // the plan's predicted makespan
+  double measured_s = 0.0;   // the plan's schedule replayed with the measured group times
+  double cost_error = 0.0;   // mean |predicted - measured| / measured over the step's groups
+  double busy_s = 0.0;       // this rank's compute time (thread CPU time, waits left out)
+  std::vector<double> rank_busy_s;  // every rank's busy_s
+  double ring_wait_s = 0.0;  // this rank's time waiting for ring neighbours
   double step_s = 0.0;
   double imbalance = 1.0;  // slowest rank's compute time over the mean of all ranks
+  int threads = 0;         // compute threads this rank used for the step
 };
 
 struct TrainResult {
@@ -45,6 +55,6 @@ struct TrainOptions {
   const volatile int* stop_flag = nullptr;  // set by a signal handler: save and return
 };
 
-TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& opt = {});
+TrainResult train(const Config& cfg, Communicator& comm, const TrainOptions& opt = {});
 
 }  // namespace dhp

@@ -9,7 +9,8 @@
 #include "data/tokenizer.h"
 #include "kernels/check.h"
 #include "kernels/log.h"
-#include "parallel/comm.h"
+#include "kernels/backend.h"
+#include "parallel/mpi_comm.h"
 #include "trainer/checkpoint.h"
 #include "trainer/cli.h"
 #include "trainer/config.h"
@@ -37,7 +38,7 @@ void install_stop_handlers() {
 // A model configured from the checkpoint itself, so eval and export need no config file.
 struct LoadedModel {
   Config cfg;
-  std::unique_ptr<Ops> ops;
+  std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
 };
 
@@ -45,8 +46,8 @@ LoadedModel load_for_inference(const std::string& checkpoint, const std::vector<
   LoadedModel m;
   m.cfg = checkpoint_config(checkpoint);
   if (!overrides.empty()) m.cfg = parse_config(to_toml(m.cfg), checkpoint + ":/config", overrides);
-  m.ops = make_cpu_ops(compute_threads(m.cfg));
-  m.model = std::make_unique<Model>(m.cfg.model, *m.ops);
+  m.backend = make_backend(m.cfg.train.device, backend_options(m.cfg));
+  m.model = std::make_unique<Model>(m.cfg.model, *m.backend);
   load_checkpoint(checkpoint, *m.model, nullptr);
   return m;
 }
@@ -68,7 +69,8 @@ void add_train_command(CLI::App& app) {
                   "Save a checkpoint and stop after this step (for time-limited allocations)");
   sub->allow_extras();
   sub->callback([sub, config, opt] {
-    Comm comm(nullptr, nullptr);
+    auto world = start_world(nullptr, nullptr);
+    Communicator& comm = *world;
     Config cfg = load_config(*config, sub->remaining());
     set_up_logging(comm.rank(), comm.size(), cfg.log.level);
     if (comm.rank() == 0) spdlog::info("resolved configuration ({}):\n{}", cfg.source, format_config(cfg));
@@ -95,7 +97,8 @@ void add_eval_command(CLI::App& app) {
   sub->add_option("--json", *out, "Also write the results to this JSON file");
   sub->allow_extras();
   sub->callback([sub, checkpoint, dir, data, out] {
-    Comm comm(nullptr, nullptr);
+    auto world = start_world(nullptr, nullptr);
+    Communicator& comm = *world;
     set_up_logging(comm.rank(), comm.size(), "info");
     const std::string path = resolve_checkpoint(*checkpoint, *dir);
     LoadedModel m = load_for_inference(path, sub->remaining());
@@ -104,11 +107,12 @@ void add_eval_command(CLI::App& app) {
     Tokenizer tok(m.cfg.data.tokenizer);
     const std::unique_ptr<Dataset> data = open_dataset(manifest, m.cfg.data, tok, m.cfg.model);
     const Dataset& ds = *data;
-    EvalOptions eo{m.cfg.train.micro_tokens, m.cfg.eval.max_samples, false, m.cfg.data.workers,
+    EvalOptions eo{m.cfg.train.batch_size, m.cfg.eval.max_samples, false, m.cfg.data.workers,
                    m.cfg.eval.exact_match};
-    EvalResult real = evaluate(*m.model, ds, eo, comm);
+    const Planner planner(m.cfg.model, m.cfg.parallel, comm.size());
+    EvalResult real = evaluate(*m.model, ds, eo, comm, planner);
     eo.blank_images = true;
-    EvalResult blank = evaluate(*m.model, ds, eo, comm);
+    EvalResult blank = evaluate(*m.model, ds, eo, comm, planner);
     if (comm.rank() != 0) return;
     fmt::print("checkpoint   {}\ndata         {} ({} samples, {} caption tokens)\n", path, manifest,
                real.samples, real.targets);

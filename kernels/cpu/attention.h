@@ -17,19 +17,9 @@
 
 #include <cstdint>
 
+#include "kernels/op_types.h"
+
 namespace dhp::cpu {
-
-struct AttnMeta {
-  const int32_t* doc;  // (T)
-  const int32_t* idx;  // (T)
-  const int32_t* blk;  // (T), -1 = not in a bidirectional block
-};
-
-struct AttnShape {
-  int64_t Tq, Tk;
-  int Hq, Hkv, hd;
-  float scale;  // usually 1 / sqrt(hd)
-};
 
 // q (Tq, Hq, hd), k and v (Tk, Hkv, hd) -> out (Tq, Hq, hd), lse (Hq, Tq).
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,

@@ -3,15 +3,12 @@
 
 #include <cstdint>
 
+#include "kernels/op_types.h"
+
 namespace dhp::cpu {
 
-struct CrossEntropyStats {
-  double loss_sum = 0.0;   // sum of -log p(target) over rows with a target
-  int64_t count = 0;       // rows with a target
-  int64_t correct = 0;     // rows whose argmax equals the target
-};
-
-// logits (T, V); targets (T); lse (T) saved for the backward pass.
+// logits (T, V); targets (T); lse (T) saved for the backward pass. Returns the rows'
+// statistics, summed in row order (independent of the thread count).
 CrossEntropyStats cross_entropy_forward(float* lse, const float* logits, const int32_t* targets,
                                         int64_t T, int64_t V);
 

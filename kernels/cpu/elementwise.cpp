@@ -49,3 +49,24 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
 }
 
 }  // namespace dhp::cpu
+
+namespace dhp::cpu {
+
+void fill(float* y, float value, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = value;
+}
+
+void scatter_rows(float* y, const float* src, const int32_t* slot, int64_t T, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t)
+    if (slot[t] >= 0) std::copy_n(src + int64_t(slot[t]) * C, C, y + t * C);
+}
+
+void gather_rows(float* dsrc, const float* dy, const int32_t* slot, int64_t T, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t)
+    if (slot[t] >= 0) std::copy_n(dy + t * C, C, dsrc + int64_t(slot[t]) * C);
+}
+
+}  // namespace dhp::cpu

@@ -6,12 +6,9 @@
 
 #include <cstdint>
 
-namespace dhp::cpu {
+#include "kernels/op_types.h"
 
-struct MergeImage {
-  int64_t patch_offset;  // first patch row of the image in the input
-  int grid_h, grid_w;    // patch grid; both multiples of m
-};
+namespace dhp::cpu {
 
 // in (P, C) -> out (P / m², m²·C).
 void patch_merge_forward(float* out, const float* in, const MergeImage* images, int n_images,

@@ -1,0 +1,153 @@
+// A device as the rest of dhp sees it: memory (raw allocations, which only arenas and
+// long-lived buffers take), transfers between host and device, a stream to synchronise, and
+// the ops that run there. The model, the optimizer and the communicators talk to a Backend,
+// never to a concrete device, so adding a device means adding files under kernels/.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace dhp {
+
+enum class Device { CPU, CUDA };
+
+struct BackendOptions {
+  int threads = 1;            // CPU compute threads (>= 1)
+  bool adapt_threads = false;  // CPU: follow the cores other processes leave free
+  int device = 0;   // device ordinal, for backends with several devices
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+  virtual const Ops& ops() const = 0;
+
+  // Device memory. Callers hold it through DeviceBuffer and Arena, which keeps the steady
+  // state of a step free of allocations (allocations() counts them, for tests and benches).
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* p) = 0;
+
+  // Transfers are ordered on the backend's stream; download() returns once the data is on the
+  // host, so it is the one point where the host waits for the device.
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
+  virtual void zero(void* dst, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+
+  // Called between training steps; the CPU backend matches its compute threads to the cores
+  // that other processes leave free (results do not depend on the thread count).
+  virtual void adapt_to_load() {}
+  // Compute threads (CPU) or 1.
+  virtual int threads() const { return 1; }
+
+  int64_t allocations() const { return allocations_; }
+
+ protected:
+  int64_t allocations_ = 0;
+};
+
+// Move-only ownership of one device allocation.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend& backend, size_t bytes);
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return data_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  size_t bytes() const { return bytes_; }
+  void reset();
+
+ private:
+  Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Hands out aligned, typed slices of one buffer. Used in two passes by Arena::carve: a first
+// pass with no memory measures the layout, the second hands out real pointers.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  template <class T>
+  T* take(int64_t n) {
+    offset_ = (offset_ + kAlign - 1) / kAlign * kAlign;
+    T* p = base_ ? reinterpret_cast<T*>(base_ + offset_) : nullptr;
+    offset_ += size_t(n) * sizeof(T);
+    return p;
+  }
+  size_t size() const { return offset_; }
+
+ private:
+  static constexpr size_t kAlign = 64;  // a cache line, and enough for vector loads on GPUs
+  char* base_;
+  size_t offset_ = 0;
+};
+
+// One device buffer carved into the buffers of a shape (llm.c's ActivationTensors): `layout`
+// is a function that takes every slice it needs from a Carver. The buffer grows only when a
+// layout is larger than every earlier one, so after the largest shape has been seen a carve
+// allocates nothing. Carving invalidates the pointers of the previous carve.
+class Arena {
+ public:
+  explicit Arena(Backend& backend) : backend_(backend) {}
+  template <class Layout>
+  void carve(Layout&& layout) {
+    Carver measure(nullptr);
+    layout(measure);
+    reserve(measure.size());
+    Carver real(buffer_.as<char>());
+    layout(real);
+  }
+  size_t capacity() const { return buffer_.bytes(); }
+
+ private:
+  void reserve(size_t bytes);
+  Backend& backend_;
+  DeviceBuffer buffer_;
+};
+
+// Backends by name ("cpu", and "cuda" where a build registers it). The registry is filled
+// once at start-up, before any backend is made.
+class BackendRegistry {
+ public:
+  using Factory = std::function<std::unique_ptr<Backend>(const BackendOptions&)>;
+  void add(const std::string& name, Factory make);
+  // Throws dhp::Error naming the backends this build has when `name` is not one of them.
+  std::unique_ptr<Backend> make(const std::string& name, const BackendOptions& opt) const;
+  std::vector<std::string> names() const;
+
+ private:
+  std::map<std::string, Factory> factories_;
+};
+
+// The process's registry, with the CPU backend already in it.
+BackendRegistry& backend_registry();
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& opt);
+
+// The fp32 CPU reference backend (OpenBLAS + OpenMP).
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opt);
+
+// The compute threads to use when the configuration says 0: every core. Data workers mostly
+// wait on a loaded machine's compute, so leaving them a core of their own halves the speed
+// (measured: 2 threads + 1 worker run the demo 1.8x faster than 1 + 1 on 2 cores).
+int default_compute_threads();
+
+}  // namespace dhp

@@ -1,0 +1,46 @@
+#include "model/attention.h"
+
+#include "kernels/check.h"
+
+namespace dhp {
+
+KvCacheAttention::KvCacheAttention(Backend& backend, int layers, const AttnDims& d,
+                                   int64_t capacity)
+    : backend_(backend),
+      capacity_(capacity),
+      kv_width_(int64_t(d.Hkv) * d.hd),
+      k_(backend, sizeof(float) * size_t(layers) * capacity * kv_width_),
+      v_(backend, sizeof(float) * size_t(layers) * capacity * kv_width_),
+      doc_(backend, sizeof(int32_t) * capacity),
+      idx_(backend, sizeof(int32_t) * capacity),
+      blk_(backend, sizeof(int32_t) * capacity) {}
+
+void KvCacheAttention::prepare(AttnMeta meta, int64_t T) {
+  const int64_t at = len_;
+  DHP_CHECK(at + T <= capacity_, "the KV cache holds {} tokens; {} more do not fit", capacity_, T);
+  backend_.copy(doc_.as<int32_t>() + at, meta.doc, sizeof(int32_t) * T);
+  backend_.copy(idx_.as<int32_t>() + at, meta.idx, sizeof(int32_t) * T);
+  backend_.copy(blk_.as<int32_t>() + at, meta.blk, sizeof(int32_t) * T);
+  meta_ = meta;
+  T_ = T;
+  len_ = at + T;
+}
+
+void KvCacheAttention::forward(int layer, float* out, float* lse, const float* q, const float* k,
+                               const float* v, const AttnDims& d) {
+  const int64_t at = len_ - T_, bytes = sizeof(float) * T_ * kv_width_;
+  float* kc = k_.as<float>() + int64_t(layer) * capacity_ * kv_width_;
+  float* vc = v_.as<float>() + int64_t(layer) * capacity_ * kv_width_;
+  backend_.copy(kc + at * kv_width_, k, bytes);
+  backend_.copy(vc + at * kv_width_, v, bytes);
+  const AttnMeta keys{doc_.as<int32_t>(), idx_.as<int32_t>(), blk_.as<int32_t>()};
+  backend_.ops().attention_forward(out, lse, q, kc, vc, meta_, keys, attn_shape(d, T_, len_));
+}
+
+void KvCacheAttention::backward(int, float*, float*, float*, const float*, const float*,
+                                const float*, const float*, const float*, const float*,
+                                const AttnDims&) {
+  DHP_ASSERT(!"KvCacheAttention is for decoding only: it has no backward pass");
+}
+
+}  // namespace dhp

@@ -1,0 +1,91 @@
+#include "model/device_batch.h"
+
+#include <algorithm>
+
+#include "kernels/check.h"
+
+namespace dhp {
+
+BatchUploader::BatchUploader(Backend& backend, const ModelConfig& cfg)
+    : backend_(backend), cfg_(cfg), arena_(backend) {}
+
+const DeviceBatch& BatchUploader::upload(const Batch& b) {
+  const int64_t T = b.T, V = cfg_.vocab_size, m = cfg_.vision.merge;
+  const int64_t pn = cfg_.vision.patch_numel(), P = b.n_patches(), N = P / (m * m);
+  DHP_ASSERT(int64_t(b.tokens.size()) == T && int64_t(b.targets.size()) == T &&
+             int64_t(b.doc.size()) == T && int64_t(b.pos.size()) == T &&
+             int64_t(b.image_slot.size()) == T && int64_t(b.patches.size()) == P * pn);
+
+  ids_.resize(T);
+  blk_.assign(T, -1);
+  slot_seen_.assign(N, 0);
+  for (int64_t t = 0; t < T; ++t) {
+    DHP_CHECK(b.tokens[t] < V && b.targets[t] < V,
+              "token id {} at position {} is outside the model's vocabulary ({}): does "
+              "model.vocab_size match the tokenizer?",
+              std::max(b.tokens[t], b.targets[t]), t, V);
+    const int32_t s = b.image_slot[t];
+    DHP_ASSERT(s < N && (s < 0 || !slot_seen_[s]));
+    if (s >= 0) slot_seen_[s] = 1;
+    ids_[t] = s >= 0 ? -1 : b.tokens[t];
+  }
+
+  // Every image is its own document and one bidirectional block: it sees all of itself and
+  // nothing else. The causal index is irrelevant under a full block; 0 keeps tiles tight.
+  patch_image_.resize(P);
+  patch_zero_.assign(P, 0);
+  patch_row_.resize(P);
+  patch_col_.resize(P);
+  merge_.clear();
+  for (size_t i = 0; i < b.images.size(); ++i) {
+    const auto& im = b.images[i];
+    DHP_ASSERT(im.grid_h % m == 0 && im.grid_w % m == 0);
+    for (int r = 0; r < im.grid_h; ++r)
+      for (int c = 0; c < im.grid_w; ++c) {
+        const int64_t k = im.patch_offset + int64_t(r) * im.grid_w + c;
+        patch_image_[k] = int32_t(i);
+        patch_row_[k] = r;
+        patch_col_[k] = c;
+      }
+    merge_.push_back(MergeImage{im.patch_offset, im.grid_h, im.grid_w});
+  }
+
+  DeviceBatch& d = db_;
+  int32_t *ids, *targets, *doc, *pos, *blk, *slot, *pimg, *pzero, *prow, *pcol;
+  float* patches;
+  MergeImage* merge;
+  arena_.carve([&](Carver& c) {
+    ids = c.take<int32_t>(T);        // (T)
+    targets = c.take<int32_t>(T);    // (T)
+    doc = c.take<int32_t>(T);        // (T)
+    pos = c.take<int32_t>(T);        // (T)
+    blk = c.take<int32_t>(T);        // (T)
+    slot = c.take<int32_t>(T);       // (T)
+    patches = c.take<float>(P * pn); // (P, pn)
+    pimg = c.take<int32_t>(P);       // (P)
+    pzero = c.take<int32_t>(P);      // (P)
+    prow = c.take<int32_t>(P);       // (P)
+    pcol = c.take<int32_t>(P);       // (P)
+    merge = c.take<MergeImage>(int64_t(merge_.size()));
+  });
+  auto up = [&](auto* dst, const auto& src) {
+    backend_.upload(dst, src.data(), sizeof(src[0]) * src.size());
+  };
+  up(ids, ids_);
+  up(targets, b.targets);
+  up(doc, b.doc);
+  up(pos, b.pos);
+  up(blk, blk_);
+  up(slot, b.image_slot);
+  up(patches, b.patches);
+  up(pimg, patch_image_);
+  up(pzero, patch_zero_);
+  up(prow, patch_row_);
+  up(pcol, patch_col_);
+  up(merge, merge_);
+  d = DeviceBatch{T, P, N, int(merge_.size()), b.loss_tokens(), ids, targets, doc, pos, blk,
+                  slot, patches, pimg, pzero, prow, pcol, merge};
+  return d;
+}
+
+}  // namespace dhp

@@ -1,0 +1,59 @@
+// A packed micro-batch in device memory (data/batch.h is its host layout), uploaded once per
+// micro-step together with the attention, RoPE and merge metadata the model needs, so the
+// model itself runs no host loop over tokens or patches.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "data/batch.h"
+#include "kernels/backend.h"
+#include "model/config.h"
+
+namespace dhp {
+
+struct DeviceBatch {
+  int64_t T = 0;            // decoder tokens
+  int64_t P = 0;            // patches
+  int64_t N = 0;            // merged image tokens (P / m²)
+  int n_images = 0;
+  int64_t loss_tokens = 0;  // targets >= 0 (host count)
+  // Decoder, (T) each.
+  const int32_t* ids = nullptr;         // token ids, -1 where an image token sits
+  const int32_t* targets = nullptr;     // next token to predict, -1 = no loss
+  const int32_t* doc = nullptr;         // document within the pack
+  const int32_t* pos = nullptr;         // position in its document: RoPE and causal order
+  const int32_t* blk = nullptr;         // -1 (no bidirectional block in the decoder)
+  const int32_t* image_slot = nullptr;  // row of the merged image tokens, or -1
+  // Vision encoder.
+  const float* patches = nullptr;       // (P, p·p·3)
+  const int32_t* patch_image = nullptr; // (P) image index: the encoder's doc and block
+  const int32_t* patch_zero = nullptr;  // (P) zeros: the causal index, unused under a block
+  const int32_t* patch_row = nullptr;   // (P) grid row, for 2-D RoPE
+  const int32_t* patch_col = nullptr;   // (P) grid column
+  const MergeImage* merge = nullptr;    // (n_images)
+
+  AttnMeta decoder_meta() const { return {doc, pos, blk}; }
+  AttnMeta vision_meta() const { return {patch_image, patch_zero, patch_image}; }
+};
+
+// Owns the device memory of uploaded batches (one arena, reused: no allocation once the
+// largest batch has been seen) and checks each batch against the model on the way.
+class BatchUploader {
+ public:
+  BatchUploader(Backend& backend, const ModelConfig& cfg);
+  // Pointers of the previous upload become invalid.
+  const DeviceBatch& upload(const Batch& b);
+
+ private:
+  Backend& backend_;
+  const ModelConfig cfg_;
+  Arena arena_;
+  DeviceBatch db_;
+  // Host staging of the derived metadata, kept between uploads so it stops reallocating.
+  std::vector<int32_t> ids_, blk_, patch_image_, patch_zero_, patch_row_, patch_col_;
+  std::vector<MergeImage> merge_;
+  std::vector<uint8_t> slot_seen_;
+};
+
+}  // namespace dhp

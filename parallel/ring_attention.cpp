@@ -1,0 +1,263 @@
+#include "parallel/ring_attention.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "kernels/check.h"
+
+namespace dhp {
+namespace {
+
+// Tags of the pass set-up, above every per-layer tag.
+constexpr int kPrepareTag = 30000;
+// Per-layer tags: four streams (K, V, dK, dV) per layer, wrapped well below kPrepareTag (the
+// MPI standard guarantees tags up to 32767). Messages between two ranks under one tag arrive
+// in order, so wrapping only needs distinct tags among layers in flight at once.
+constexpr int kLayerTags = 7000;
+enum Stream { kK = 0, kV = 1, kDK = 2, kDV = 3 };
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+}  // namespace
+
+void RingAttention::wait(PendingExchange& ex) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = thread_cpu_seconds();
+  ex.wait();
+  wait_cpu_ += thread_cpu_seconds() - c0;
+  wait_wall_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+RingAttention::RingAttention(Communicator& comm, Backend& backend, std::vector<int> group)
+    : comm_(comm),
+      backend_(backend),
+      ops_(backend.ops()),
+      meta_arena_(backend),
+      work_(backend) {
+  regroup(std::move(group));
+}
+
+void RingAttention::regroup(std::vector<int> group) {
+  group_ = std::move(group);
+  d_ = int(group_.size());
+  const auto it = std::find(group_.begin(), group_.end(), comm_.rank());
+  DHP_ASSERT(d_ >= 1 && it != group_.end());
+  DHP_ASSERT(std::set<int>(group_.begin(), group_.end()).size() == group_.size());
+  me_ = int(it - group_.begin());
+  next_ = group_[size_t((me_ + 1) % d_)];
+  prev_ = group_[size_t((me_ + d_ - 1) % d_)];
+}
+
+int RingAttention::tag(int layer, int what) const { return (layer % kLayerTags) * 4 + what; }
+
+AttnMeta RingAttention::member_meta(int j) const {
+  return j == me_ ? meta_ : AttnMeta{doc_[size_t(j)], idx_[size_t(j)], blk_[size_t(j)]};
+}
+
+void RingAttention::prepare(AttnMeta meta, int64_t T) {
+  wait_wall_ = wait_cpu_ = 0.0;
+  meta_ = meta;
+  T_.assign(size_t(d_), 0);
+  T_[size_t(me_)] = T;
+  if (d_ > 1) {
+    std::vector<Transfer> t;
+    for (int j = 0; j < d_; ++j)
+      if (j != me_) {
+        t.push_back(Transfer::send(group_[size_t(j)], &T, 1, kPrepareTag));
+        t.push_back(Transfer::recv(group_[size_t(j)], &T_[size_t(j)], 1, kPrepareTag));
+      }
+    wait(*comm_.exchange(t));
+  }
+  doc_.assign(size_t(d_), nullptr);
+  idx_.assign(size_t(d_), nullptr);
+  blk_.assign(size_t(d_), nullptr);
+  meta_arena_.carve([&](Carver& c) {
+    for (int j = 0; j < d_; ++j) {
+      if (j == me_) continue;
+      doc_[size_t(j)] = c.take<int32_t>(T_[size_t(j)]);  // (T_j)
+      idx_[size_t(j)] = c.take<int32_t>(T_[size_t(j)]);  // (T_j)
+      blk_[size_t(j)] = c.take<int32_t>(T_[size_t(j)]);  // (T_j)
+    }
+  });
+  if (d_ > 1) {
+    std::vector<Transfer> t;
+    for (int j = 0; j < d_; ++j) {
+      if (j == me_) continue;
+      const int peer = group_[size_t(j)];
+      t.push_back(Transfer::send(peer, meta.doc, T, kPrepareTag + 1));
+      t.push_back(Transfer::send(peer, meta.idx, T, kPrepareTag + 2));
+      t.push_back(Transfer::send(peer, meta.blk, T, kPrepareTag + 3));
+      t.push_back(Transfer::recv(peer, doc_[size_t(j)], T_[size_t(j)], kPrepareTag + 1));
+      t.push_back(Transfer::recv(peer, idx_[size_t(j)], T_[size_t(j)], kPrepareTag + 2));
+      t.push_back(Transfer::recv(peer, blk_[size_t(j)], T_[size_t(j)], kPrepareTag + 3));
+    }
+    wait(*comm_.exchange(t));
+  }
+
+  // Which members hold a key that one of my queries may see: per document, the latest query
+  // position and the image blocks my queries are in. Read once per pass, on the host.
+  auto host = [&](const int32_t* p, int64_t n) {
+    std::vector<int32_t> h(static_cast<size_t>(n));
+    if (n) backend_.download(h.data(), p, sizeof(int32_t) * size_t(n));
+    return h;
+  };
+  const auto qdoc = host(meta.doc, T), qidx = host(meta.idx, T), qblk = host(meta.blk, T);
+  std::map<int32_t, int32_t> latest;  // doc -> latest query position
+  std::set<std::pair<int32_t, int32_t>> blocks;  // (doc, blk) of my queries in a block
+  for (int64_t t = 0; t < T; ++t) {
+    auto [it, fresh] = latest.emplace(qdoc[t], qidx[t]);
+    if (!fresh) it->second = std::max(it->second, qidx[t]);
+    if (qblk[t] >= 0) blocks.emplace(qdoc[t], qblk[t]);
+  }
+  visible_.assign(size_t(d_), 0);
+  for (int j = 0; j < d_; ++j) {
+    const AttnMeta m = member_meta(j);
+    const auto kdoc = host(m.doc, T_[size_t(j)]), kidx = host(m.idx, T_[size_t(j)]),
+               kblk = host(m.blk, T_[size_t(j)]);
+    for (size_t t = 0; t < kdoc.size() && !visible_[size_t(j)]; ++t) {
+      const auto it = latest.find(kdoc[t]);
+      if (it == latest.end()) continue;
+      visible_[size_t(j)] = kidx[t] <= it->second || (kblk[t] >= 0 && blocks.count({kdoc[t], kblk[t]}));
+    }
+  }
+}
+
+void RingAttention::forward(int layer, float* out, float* lse, const float* q, const float* k,
+                            const float* v, const AttnDims& d) {
+  const int64_t T = T_[size_t(me_)], kvd = int64_t(d.Hkv) * d.hd, qd = int64_t(d.Hq) * d.hd;
+  const int64_t maxT = *std::max_element(T_.begin(), T_.end());
+  float *kbuf[2], *vbuf[2], *part_out, *part_lse;
+  work_.carve([&](Carver& c) {
+    for (int b = 0; b < 2; ++b) {
+      kbuf[b] = c.take<float>(maxT * kvd);  // (maxT, Hkv·hd) blocks arriving from prev
+      vbuf[b] = c.take<float>(maxT * kvd);
+    }
+    part_out = c.take<float>(T * qd);                // (T, Hq·hd)
+    part_lse = c.take<float>(int64_t(d.Hq) * T);     // (Hq, T)
+  });
+
+  const float* cur_k = k;
+  const float* cur_v = v;
+  blocks_computed_ = 0;
+  for (int s = 0; s < d_; ++s) {
+    const int from = source(s);
+    const int64_t Tf = T_[size_t(from)];
+    // The next block travels while this one computes.
+    std::unique_ptr<PendingExchange> next_block;
+    if (s + 1 < d_) {
+      const int64_t n_recv = T_[size_t(source(s + 1))] * kvd;
+      next_block = comm_.exchange({Transfer::send(next_, cur_k, Tf * kvd, tag(layer, kK)),
+                                   Transfer::send(next_, cur_v, Tf * kvd, tag(layer, kV)),
+                                   Transfer::recv(prev_, kbuf[(s + 1) % 2], n_recv, tag(layer, kK)),
+                                   Transfer::recv(prev_, vbuf[(s + 1) % 2], n_recv, tag(layer, kV))});
+    }
+    if (s == 0) {
+      // The local block always runs: it writes out and lse, the base of every later merge.
+      ops_.attention_forward(out, lse, q, k, v, meta_, meta_, attn_shape(d, T, T));
+      ++blocks_computed_;
+    } else if (visible_[size_t(from)] && T > 0 && Tf > 0) {
+      ops_.attention_forward(part_out, part_lse, q, cur_k, cur_v, meta_, member_meta(from),
+                             attn_shape(d, T, Tf));
+      ops_.attention_merge(out, lse, part_out, part_lse, T, d.Hq, d.hd);
+      ++blocks_computed_;
+    }
+    if (next_block) {
+      wait(*next_block);
+      cur_k = kbuf[(s + 1) % 2];
+      cur_v = vbuf[(s + 1) % 2];
+    }
+  }
+}
+
+void RingAttention::backward(int layer, float* dq, float* dk, float* dv, const float* dout,
+                             const float* out, const float* lse, const float* q, const float* k,
+                             const float* v, const AttnDims& d) {
+  const int64_t T = T_[size_t(me_)], kvd = int64_t(d.Hkv) * d.hd, qd = int64_t(d.Hq) * d.hd;
+  if (d_ == 1) {
+    ops_.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, meta_, meta_,
+                            attn_shape(d, T, T));
+    return;
+  }
+  const int64_t maxT = *std::max_element(T_.begin(), T_.end());
+  float *kbuf[2], *vbuf[2], *dkbuf[2], *dvbuf[2], *dq_part, *dk_part, *dv_part;
+  work_.carve([&](Carver& c) {
+    for (int b = 0; b < 2; ++b) {
+      kbuf[b] = c.take<float>(maxT * kvd);   // (maxT, Hkv·hd) K/V blocks from prev
+      vbuf[b] = c.take<float>(maxT * kvd);
+      dkbuf[b] = c.take<float>(maxT * kvd);  // (maxT, Hkv·hd) dK/dV accumulators from prev
+      dvbuf[b] = c.take<float>(maxT * kvd);
+    }
+    dq_part = c.take<float>(T * qd);         // (T, Hq·hd)
+    dk_part = c.take<float>(maxT * kvd);     // (maxT, Hkv·hd)
+    dv_part = c.take<float>(maxT * kvd);
+  });
+
+  const float* cur_k = k;
+  const float* cur_v = v;
+  std::unique_ptr<PendingExchange> kv_next, acc_next;
+  bool dq_written = false;
+  for (int s = 0; s < d_; ++s) {
+    const int from = source(s);
+    const int64_t Tf = T_[size_t(from)];
+    // The next K/V block travels while this one computes.
+    if (s + 1 < d_) {
+      const int64_t n_recv = T_[size_t(source(s + 1))] * kvd;
+      kv_next = comm_.exchange({Transfer::send(next_, cur_k, Tf * kvd, tag(layer, kK)),
+                                Transfer::send(next_, cur_v, Tf * kvd, tag(layer, kV)),
+                                Transfer::recv(prev_, kbuf[(s + 1) % 2], n_recv, tag(layer, kK)),
+                                Transfer::recv(prev_, vbuf[(s + 1) % 2], n_recv, tag(layer, kV))});
+    }
+    // This rank's queries' part of dQ, and of the block's dK/dV.
+    const bool compute = visible_[size_t(from)] && T > 0 && Tf > 0;
+    float* acc_k = dkbuf[s % 2];
+    float* acc_v = dvbuf[s % 2];
+    if (compute) {
+      float* dq_out = dq_written ? dq_part : dq;
+      float* dk_out = s == 0 ? acc_k : dk_part;
+      float* dv_out = s == 0 ? acc_v : dv_part;
+      ops_.attention_backward(dq_out, dk_out, dv_out, dout, out, lse, q, cur_k, cur_v, meta_,
+                              member_meta(from), attn_shape(d, T, Tf));
+      if (dq_written) ops_.add_inplace(dq, dq_part, T * qd);
+      dq_written = true;
+    }
+    if (s == 0) {
+      if (!compute) {
+        ops_.fill(acc_k, 0.0f, Tf * kvd);
+        ops_.fill(acc_v, 0.0f, Tf * kvd);
+      }
+    } else {
+      wait(*acc_next);  // the block's accumulator, with every earlier rank's part
+      if (compute) {
+        ops_.add_inplace(acc_k, dk_part, Tf * kvd);
+        ops_.add_inplace(acc_v, dv_part, Tf * kvd);
+      }
+    }
+    // Pass the accumulator on; after the last step, the one arriving is this rank's own.
+    const bool last = s + 1 == d_;
+    const int64_t n_recv = T_[size_t(source(s + 1))] * kvd;
+    acc_next = comm_.exchange(
+        {Transfer::send(next_, acc_k, Tf * kvd, tag(layer, kDK)),
+         Transfer::send(next_, acc_v, Tf * kvd, tag(layer, kDV)),
+         Transfer::recv(prev_, last ? dk : dkbuf[(s + 1) % 2], n_recv, tag(layer, kDK)),
+         Transfer::recv(prev_, last ? dv : dvbuf[(s + 1) % 2], n_recv, tag(layer, kDV))});
+    if (kv_next) {
+      wait(*kv_next);
+      kv_next.reset();
+      cur_k = kbuf[(s + 1) % 2];
+      cur_v = vbuf[(s + 1) % 2];
+    }
+  }
+  wait(*acc_next);
+  if (!dq_written) ops_.fill(dq, 0.0f, T * qd);
+}
+
+}  // namespace dhp

@@ -1,0 +1,130 @@
+// The threaded communicator (N ranks as N threads) against plain serial computations for
+// N = 1..8, and its failure behaviour: mismatched calls, a rank that throws, a rank that never
+// arrives and a receive nobody sends to all end in errors on every rank, never in a hang.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+
+#include "parallel/threaded_comm.h"
+#include "tests/comm_checks.h"
+#include "tests/error_of.h"
+
+namespace dhp {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::error_of;
+
+class ThreadedComm : public ::testing::TestWithParam<int> {};
+
+TEST_P(ThreadedComm, CollectivesMatchSerialResults) {
+  for (int64_t count : {int64_t(1), int64_t(7), int64_t(1000)})
+    EXPECT_NO_THROW(run_threaded(GetParam(), [&](Communicator& c) {
+      testing::check_collectives(c, count);
+    })) << "count " << count;
+}
+
+TEST_P(ThreadedComm, GroupedSendsAndReceivesMatchSerialResults) {
+  EXPECT_NO_THROW(run_threaded(GetParam(), [](Communicator& c) { testing::check_exchanges(c); }));
+}
+
+TEST_P(ThreadedComm, ManyBackToBackCollectivesStayInStep) {
+  // Fast ranks start the next collective while slow ones still read the previous one's
+  // buffers; the results must not mix.
+  const int N = GetParam();
+  EXPECT_NO_THROW(run_threaded(N, [&](Communicator& c) {
+    for (int it = 0; it < 200; ++it) {
+      std::vector<int64_t> v{int64_t(c.rank()) + it, 1};
+      c.all_reduce_sum(v.data(), 2);
+      DHP_CHECK(v[0] == int64_t(N) * (N - 1) / 2 + int64_t(N) * it && v[1] == N,
+                "iteration {}: got {} {}", it, v[0], v[1]);
+      std::vector<int32_t> g(N);
+      const int32_t mine = c.rank() * it;
+      c.all_gather(&mine, g.data(), 1, DataType::I32);
+      for (int q = 0; q < N; ++q) DHP_CHECK(g[q] == q * it, "all_gather iteration {}", it);
+    }
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ThreadedComm, ::testing::Range(1, 9));
+
+TEST(ThreadedCommFailures, MismatchedCollectiveSizesAreAnErrorOnEveryRank) {
+  std::atomic<int> errors{0};
+  const std::string msg = error_of([&] {
+    run_threaded(4, [&](Communicator& c) {
+      std::vector<float> v(c.rank() == 2 ? 5 : 4, 1.0f);
+      try {
+        c.all_reduce_sum(v.data(), int64_t(v.size()));
+      } catch (const Error&) {
+        ++errors;
+        throw;
+      }
+    });
+  });
+  EXPECT_NE(msg.find("disagree"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("all_reduce(5 x f32"), std::string::npos) << msg;
+  EXPECT_EQ(errors.load(), 4);
+}
+
+TEST(ThreadedCommFailures, MismatchedReceiveSizeIsAnError) {
+  const std::string msg = error_of([&] {
+    run_threaded(2, [](Communicator& c) {
+      std::vector<float> buf(8, 0.0f);
+      const int peer = 1 - c.rank();
+      c.exchange({Transfer::send(peer, buf.data(), c.rank() == 0 ? 8 : 4),
+                  Transfer::recv(peer, buf.data(), c.rank() == 0 ? 4 : 4)})->wait();
+      c.barrier();
+    });
+  });
+  EXPECT_NE(msg.find("expected 4 x f32 from rank 0"), std::string::npos) << msg;
+}
+
+TEST(ThreadedCommFailures, ARankThatThrowsTakesTheOthersDownWithItsMessage) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::atomic<int> others_failed{0};
+  const std::string msg = error_of([&] {
+    run_threaded(5, [&](Communicator& c) {
+      if (c.rank() == 3) throw Error("bad sample 42");
+      try {
+        c.barrier();  // rank 3 never comes: the others must not wait for the timeout
+        std::vector<float> v(3, 1.0f);
+        c.all_reduce_sum(v.data(), 3);
+      } catch (const Error& e) {
+        if (std::string(e.what()).find("rank 3 failed: bad sample 42") != std::string::npos)
+          ++others_failed;
+        throw;
+      }
+    }, 60s);
+  });
+  EXPECT_NE(msg.find("rank 3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("bad sample 42"), std::string::npos) << msg;
+  EXPECT_EQ(others_failed.load(), 4);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+}
+
+TEST(ThreadedCommFailures, ARankThatNeverArrivesIsNamedAfterTheTimeout) {
+  const std::string msg = error_of([&] {
+    run_threaded(3, [](Communicator& c) {
+      if (c.rank() == 1) {
+        std::this_thread::sleep_for(600ms);  // stuck elsewhere, then gone
+        return;
+      }
+      c.barrier();
+    }, 200ms);
+  });
+  EXPECT_NE(msg.find("rank(s) 1 did not reach barrier"), std::string::npos) << msg;
+}
+
+TEST(ThreadedCommFailures, AReceiveNobodySendsTimesOut) {
+  const std::string msg = error_of([&] {
+    run_threaded(2, [](Communicator& c) {
+      float x = 0.0f;
+      if (c.rank() == 0) c.exchange({Transfer::recv(1, &x, 1, 9)})->wait();
+    }, 200ms);
+  });
+  EXPECT_NE(msg.find("no message from rank 1"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace dhp

@@ -1,0 +1,81 @@
+#include "trainer/metrics.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "kernels/check.h"
+#include "kernels/log.h"
+
+namespace dhp {
+
+ProgressBar::ProgressBar(int64_t total, bool enabled)
+    : total_(total), on_(enabled && isatty(STDERR_FILENO)) {}
+
+void ProgressBar::draw(int64_t done, double elapsed, double loss) {
+  if (!on_) return;
+  const int width = 30;
+  const int fill = int(width * done / std::max<int64_t>(1, total_));
+  const double eta = done > 0 ? elapsed / double(done) * double(total_ - done) : 0.0;
+  fmt::print(stderr, "\r[{:=<{}}{:<{}}] {}/{} loss {:.3f} eta {:.0f}s\033[K", "", fill, "",
+             width - fill, done, total_, loss, eta);
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void ProgressBar::clear() {
+  if (on_ && drawn_) fmt::print(stderr, "\r\033[K");
+  drawn_ = false;
+}
+
+MetricsFile::MetricsFile(const std::string& path, bool enabled, int64_t resumed_step) {
+  if (!enabled || path.empty()) return;
+  auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  std::string kept;
+  if (resumed_step > 0) {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("step", int64_t(0)) <= resumed_step) kept += line + "\n";
+    }
+  }
+  out_.open(path, std::ios::trunc);
+  DHP_CHECK(out_.good(), "log.metrics: cannot write '{}'", path);
+  out_ << kept;
+}
+
+void MetricsFile::write(const nlohmann::json& j) {
+  if (!out_.is_open()) return;
+  out_ << j.dump() << '\n';
+  out_.flush();
+}
+
+void log_eval(const char* what, int64_t step, const EvalResult& r, const EvalResult* blank,
+              MetricsFile& metrics) {
+  std::string line = fmt::format("eval {} step {}: loss {:.4f} ppl {:.2f} caption token accuracy "
+                                 "{:.2f}%", what, step, r.loss, r.perplexity, 100 * r.accuracy);
+  if (r.exact_match >= 0) line += fmt::format(", exact match {:.1f}%", 100 * r.exact_match);
+  if (blank) {
+    line += fmt::format(" | images blanked: loss {:.4f} accuracy {:.2f}%", blank->loss,
+                        100 * blank->accuracy);
+    if (blank->exact_match >= 0) line += fmt::format(", exact match {:.1f}%", 100 * blank->exact_match);
+  }
+  spdlog::info("{} ({} samples, {} caption tokens)", line, r.samples, r.targets);
+  nlohmann::json j = {{"eval", what}, {"step", step}, {"loss", r.loss},
+                      {"perplexity", r.perplexity}, {"accuracy", r.accuracy},
+                      {"samples", r.samples}, {"targets", r.targets}};
+  if (r.exact_match >= 0) j["exact_match"] = r.exact_match;
+  if (blank) {
+    j["blank_loss"] = blank->loss;
+    j["blank_accuracy"] = blank->accuracy;
+    if (blank->exact_match >= 0) j["blank_exact_match"] = blank->exact_match;
+  }
+  metrics.write(j);
+}
+
+
+}  // namespace dhp
