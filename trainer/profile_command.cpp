@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/check.h"
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "model/model.h"
 #include "parallel/cost_model.h"
 #include "trainer/cli.h"
@@ -95,8 +95,10 @@ void run_profile(const ProfileOptions& o) {
   DHP_CHECK(o.repeats >= 1 && o.repeats <= 100, "--repeats must be between 1 and 100, got {}", o.repeats);
   ModelConfig cfg;
   if (!o.config.empty()) cfg = load_config(o.config).model;
-  auto ops = make_cpu_ops(o.threads);
-  Model model(cfg, *ops);
+  BackendOptions bo;
+  bo.threads = o.threads;
+  auto backend = make_cpu_backend(bo);
+  Model model(cfg, *backend);
   model.initialise(1);
   const CostModel prior(cfg, device_profile("cpu"), 1, false);
   std::vector<TimingObservation> obs;
