@@ -3,8 +3,9 @@
 //   dhp     a portfolio of searches, the best schedule wins (ties: the simpler one):
 //           1. the pow2 planner below, exactly (so dhp is never slower than pow2);
 //           2. the static layout at the other CP degrees that divide the world and hold the
-//              batch (so dhp is never slower than static at its best degree), each skipped
-//              when a lower bound shows it cannot win;
+//              batch (so dhp is never slower than static at its best degree while the budget
+//              lets it try them: a fifth of what is left), each skipped when a lower bound
+//              shows it cannot win;
 //           3. the same search with any integer degree: packed waves (stage 1 memory-aware
 //              best-fit-decreasing packing into atomic groups, waves when groups outnumber
 //              ranks, stage 2 exact degree assignment per wave (solver.h), improved by
