@@ -1,4 +1,5 @@
-// The baselines of design.md §2.4, planned from the same cost and memory models as dhp.
+// The static baseline of design.md §2.4, planned from the same cost and memory models as dhp
+// (pow2 is dhp's own search with power-of-two degrees: dhp.cpp).
 #include <algorithm>
 #include <queue>
 
@@ -7,6 +8,116 @@
 #include "parallel/planner_detail.h"
 
 namespace dhp {
+namespace detail {
+
+Candidate static_layout(const BatchCosts& b, int c) {
+  const int n = b.world();
+  DHP_ASSERT(c >= 1 && n % c == 0);
+  const MemoryModel& mem = b.memory();
+  std::vector<int64_t> t(size_t(b.size()));
+  std::vector<int32_t> order(size_t(b.size()));
+  for (int s = 0; s < b.size(); ++s) {
+    t[s] = c == 1 ? b.work(s) : b.time(s, c);
+    order[s] = s;
+  }
+  // Longest first onto the least loaded replica (ties: lowest replica).
+  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return t[x] > t[y]; });
+  const int replicas = n / c;
+  std::vector<std::vector<int32_t>> assigned(static_cast<size_t>(replicas));
+  using Load = std::pair<int64_t, int>;
+  std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap;
+  for (int r = 0; r < replicas; ++r) heap.push({0, r});
+  for (int32_t s : order) {
+    auto [load, r] = heap.top();
+    heap.pop();
+    assigned[size_t(r)].push_back(s);
+    heap.push({load + t[s], r});
+  }
+  b.charge(int64_t(b.size()) / 4 + 1);
+  // Each replica runs memory-sized micro-batches back to back; a replica that does not sit
+  // inside one node runs its ring across nodes and is priced so.
+  Candidate out;
+  out.name = "static cp=" + std::to_string(c);
+  out.makespan = 0;
+  for (int r = 0; r < replicas; ++r) {
+    const bool inter = b.cost().inter(c) || b.spans_nodes(r * c, c);
+    const std::vector<int32_t>& list = assigned[size_t(r)];
+    const int m = int(list.size());
+    // Per sequence: decoder tokens a rank holds, its patches, its largest image.
+    std::vector<int64_t> tok(list.size()), pat(list.size()), big(list.size());
+    for (int i = 0; i < m; ++i) {
+      const SeqShape& q = b.seq(list[i]);
+      tok[i] = (q.tokens() + c - 1) / c;
+      pat[i] = q.vision_tokens * mem.merge2();
+      ImageClass im[2];
+      image_classes(q, mem.merge2(), im);
+      big[i] = im[0].patches;
+    }
+    // Does [i, e) fit as one micro-batch? Exactly: its images balanced over the c ranks.
+    auto exact = [&](int i, int e) {
+      thread_local std::vector<ImageClass> cls;
+      cls.clear();
+      int64_t t = 0;
+      for (int x = i; x < e; ++x) {
+        t += tok[x];
+        ImageClass im[2];
+        const int k = image_classes(b.seq(list[x]), mem.merge2(), im);
+        for (int y = 0; y < k; ++y) cls.push_back(im[y]);
+      }
+      std::sort(cls.begin(), cls.end(), [](const ImageClass& a, const ImageClass& z) { return a.patches > z.patches; });
+      size_t w = 0;
+      for (size_t y = 1; y < cls.size(); ++y) {
+        if (cls[y].patches == cls[w].patches) cls[w].count += cls[y].count;
+        else cls[++w] = cls[y];
+      }
+      if (!cls.empty()) cls.resize(w + 1);
+      b.charge(1 + int64_t(e - i) / 4);
+      return mem.bytes_for(t, MemoryModel::max_rank_patches(cls, c)) <= mem.capacity();
+    };
+    // Micro-batches: the longest run of the replica's sequences, in order, that fits. A
+    // bound on the busiest rank (within one image of the average) extends it cheaply; the
+    // exact balance then gallops and bisects (fitting only grows harder as it grows).
+    int64_t clock = 0;
+    for (int i = 0; i < m;) {
+      int e = i + 1;
+      int64_t t = tok[i], p = pat[i], bg = big[i];
+      while (e < m) {
+        const int64_t t2 = t + tok[e], p2 = p + pat[e], bg2 = std::max(bg, big[e]);
+        const int64_t vis = c == 1 ? p2 : (p2 + c - 1) / c + bg2;
+        if (mem.bytes_for(t2, vis) > mem.capacity()) break;
+        t = t2, p = p2, bg = bg2, ++e;
+      }
+      if (c > 1 && e < m) {
+        int ok = e, step = 1, fail = m + 1;
+        while (ok + step <= m) {
+          if (exact(i, ok + step)) ok += step, step *= 2;
+          else {
+            fail = ok + step;
+            break;
+          }
+        }
+        while (fail - ok > 1 && ok < m) {
+          const int mid = ok + (std::min(fail, m + 1) - ok) / 2;
+          if (mid > m) break;
+          if (exact(i, mid)) ok = mid;
+          else fail = mid;
+        }
+        e = ok;
+      }
+      PlanGroup g;
+      g.seqs.assign(list.begin() + i, list.begin() + e);
+      g.first_rank = r * c, g.degree = c, g.cp = c, g.start_ns = clock;
+      g.time_ns = b.group_time(g.seqs, c, inter);
+      clock += g.time_ns;
+      out.groups.push_back(std::move(g));
+      i = e;
+    }
+    out.makespan = std::max(out.makespan, clock);
+  }
+  return out;
+}
+
+}  // namespace detail
 
 Plan Planner::plan_static(const std::vector<SeqShape>& batch, int cp, PlanStats* stats) const {
   const int n = world_;
@@ -14,99 +125,15 @@ Plan Planner::plan_static(const std::vector<SeqShape>& batch, int cp, PlanStats*
   DHP_CHECK(c <= n && n % c == 0, "static layout: CP degree {} must divide the world size {}", c, n);
   if (batch.empty()) return Plan("static", n, {}, {}, 0);
   detail::BatchCosts b(*this, batch);
-  std::vector<int64_t> t(b.size());
-  std::vector<int32_t> order(b.size());
-  for (int s = 0; s < b.size(); ++s) {
+  for (int s = 0; s < b.size(); ++s)
     DHP_CHECK(b.min_degree(s) <= c,
               "static layout with CP degree {}: sample {} ({} tokens) needs at least {} ranks; use a "
               "larger parallel.static_cp or 0 to size it for the longest sample",
               c, b.seq(s).id, b.seq(s).tokens(), b.min_degree(s));
-    t[s] = b.time(s, c);
-    order[s] = s;
-  }
-  // Longest first onto the least loaded replica (ties: lowest replica).
-  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return t[x] > t[y]; });
-  const int replicas = n / c;
-  std::vector<std::vector<int32_t>> assigned(replicas);
-  using Load = std::pair<int64_t, int>;
-  std::priority_queue<Load, std::vector<Load>, std::greater<Load>> heap;
-  for (int r = 0; r < replicas; ++r) heap.push({0, r});
-  for (int32_t s : order) {
-    auto [load, r] = heap.top();
-    heap.pop();
-    assigned[r].push_back(s);
-    heap.push({load + t[s], r});
-  }
-  // Each replica runs memory-sized micro-batches back to back; micro-batch i is wave i.
-  std::vector<PlanGroup> out;
-  for (int r = 0; r < replicas; ++r) {
-    int64_t clock = 0;
-    int wave = 0;
-    PlanGroup cur;
-    auto flush = [&] {
-      if (cur.seqs.empty()) return;
-      cur.wave = wave++, cur.first_rank = r * c, cur.degree = c, cur.cp = c, cur.start_ns = clock;
-      cur.peak_bytes = b.group_bytes(cur.seqs, c);
-      clock += cur.time_ns;
-      out.push_back(std::move(cur));
-      cur = PlanGroup{};
-    };
-    for (int32_t s : assigned[r]) {
-      std::vector<int32_t> grown = cur.seqs;
-      grown.push_back(s);
-      if (!cur.seqs.empty() && b.group_bytes(grown, c) > memory_.capacity()) flush();
-      cur.seqs.push_back(s);
-      cur.time_ns += t[s];
-    }
-    flush();
-  }
-  if (stats) *stats = PlanStats{b.evaluations(), 1, 0};
-  return Plan("static", n, batch, std::move(out), detail::lower_bound(b, n));
-}
-
-Plan Planner::plan_pow2(const std::vector<SeqShape>& batch, PlanStats* stats) const {
-  const int n = world_;
-  if (batch.empty()) return Plan("pow2", n, {}, {}, 0);
-  detail::BatchCosts b(*this, batch);
-  int top = 1;
-  while (top * 2 <= n) top *= 2;
-  const int64_t fair = (b.total_work() + n - 1) / n;
-  std::vector<int> deg(b.size());
-  std::vector<int64_t> t(b.size());
-  std::vector<int32_t> order(b.size());
-  for (int s = 0; s < b.size(); ++s) {
-    int p = 1;
-    while (p < b.min_degree(s)) p *= 2;
-    DHP_CHECK(p <= top,
-              "pow2 strategy: sample {} ({} tokens) needs {} ranks, more than the largest power of two "
-              "({}) in a world of {}",
-              b.seq(s).id, b.seq(s).tokens(), b.min_degree(s), top, n);
-    int64_t ts = b.time(s, p);
-    // Greedy balancing: double while the sequence alone exceeds a rank's fair share and
-    // doubling still helps.
-    while (ts > fair && 2 * p <= top) {
-      const int64_t t2 = b.time(s, 2 * p);
-      if (t2 >= ts) break;
-      p *= 2, ts = t2;
-    }
-    deg[s] = p, t[s] = ts, order[s] = s;
-  }
-  // Longest first (ties: wider ring, then index), each sequence on the contiguous block
-  // that frees first — the same barrier-free list scheduler and placement dhp uses, so the
-  // two differ only in the degrees they choose. Back-to-back sequences on the same ranks
-  // then become one micro-batch where memory allows (Megatron packs sub-samples per CP
-  // group up to its per-rank token budget).
-  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
-    return t[x] != t[y] ? t[x] > t[y] : deg[x] > deg[y];
-  });
-  std::vector<detail::Job> jobs;
-  jobs.reserve(order.size());
-  for (int32_t s : order) jobs.push_back({{s}, deg[s], deg[s], t[s]});
-  int64_t makespan = 0;
-  auto groups = detail::list_schedule(b, jobs, n, par_.ranks_per_node, &makespan);
-  std::vector<PlanGroup> out = detail::finish_groups(b, detail::merge_runs(b, memory_, std::move(groups), n), n);
-  if (stats) *stats = PlanStats{b.evaluations(), 1, 0};
-  return Plan("pow2", n, batch, std::move(out), detail::lower_bound(b, n));
+  detail::Candidate cand = detail::static_layout(b, c);
+  auto groups = detail::finish_groups(b, std::move(cand.groups), n);
+  if (stats) *stats = PlanStats{b.evaluations(), 0, b.evaluations(), 1, 0, cand.name};
+  return Plan("static", n, batch, std::move(groups), b.lower_bound(), cand.name);
 }
 
 }  // namespace dhp

@@ -2,38 +2,123 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "kernels/check.h"
 
 namespace dhp {
+
+void validate_shape(const SeqShape& s) {
+  DHP_CHECK(s.text_tokens >= 0 && s.vision_tokens >= 0,
+            "sample {} has {} text and {} vision tokens: counts cannot be negative", s.id, s.text_tokens,
+            s.vision_tokens);
+  DHP_CHECK(s.text_tokens <= kMaxSampleTokens && s.vision_tokens <= kMaxSampleTokens &&
+                s.text_tokens + s.vision_tokens <= kMaxSampleTokens,
+            "sample {} has {} text + {} vision tokens: the planner accepts at most {} tokens per sample", s.id,
+            s.text_tokens, s.vision_tokens, kMaxSampleTokens);
+  DHP_CHECK(s.tokens() > 0, "sample {} has no tokens: a sequence needs at least one", s.id);
+  DHP_CHECK(s.images >= 0 && s.images <= s.vision_tokens && (s.vision_tokens == 0) == (s.images == 0),
+            "sample {} has {} images for {} vision tokens: a sample with vision tokens needs at least one "
+            "image and no more images than vision tokens, one without vision tokens none",
+            s.id, s.images, s.vision_tokens);
+}
+
+double& CostCoeffs::operator[](int i) {
+  double* f[kCount] = {&sec_per_flop,       &sec_per_att_flop, &sec_per_byte_intra,  &sec_per_byte_inter,
+                       &sec_per_step,       &sec_per_seq,      &sec_per_weight_byte};
+  DHP_ASSERT(i >= 0 && i < kCount);
+  return *f[i];
+}
+
+double CostCoeffs::operator[](int i) const { return const_cast<CostCoeffs&>(*this)[i]; }
+
+const char* CostCoeffs::name(int i) {
+  static const char* names[kCount] = {"sec_per_flop", "sec_per_att_flop", "sec_per_byte_intra",
+                                      "sec_per_byte_inter", "sec_per_step", "sec_per_seq",
+                                      "sec_per_weight_byte"};
+  DHP_ASSERT(i >= 0 && i < kCount);
+  return names[i];
+}
+
+nlohmann::json CostCoeffs::to_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (int i = 0; i < kCount; ++i) j[name(i)] = (*this)[i];
+  return j;
+}
+
+CostCoeffs CostCoeffs::from_json(const nlohmann::json& j) {
+  DHP_CHECK(j.is_object(), "cost coefficients: expected a JSON object with {} and the other rates", name(0));
+  CostCoeffs c;
+  for (int i = 0; i < kCount; ++i) {
+    DHP_CHECK(j.contains(name(i)) && j[name(i)].is_number(), "cost coefficients: '{}' is missing or not a number",
+              name(i));
+    const double v = j[name(i)].get<double>();
+    DHP_CHECK(std::isfinite(v) && v > 0 && v < 1, "cost coefficients: '{}' = {} must be a positive number of "
+              "seconds below 1", name(i), v);
+    c[i] = v;
+  }
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    bool known = false;
+    for (int i = 0; i < kCount; ++i) known |= it.key() == name(i);
+    DHP_CHECK(known, "cost coefficients: unknown key '{}'", it.key());
+  }
+  return c;
+}
 
 DeviceProfile device_profile(const std::string& name) {
   DeviceProfile p;
   p.name = name;
   CostCoeffs& c = p.coeffs;
   if (name == "cpu") {
-    // Placeholders of the order of an OpenBLAS core pair and shared-memory MPI; a measured
-    // profiling pass replaces them through refit().
-    c = CostCoeffs{1.0 / 20e9, 1.0 / 5e9, 1.0 / 5e9, 1.0 / 1e9, 20e-6, 100e-6};
+    // Measured on the development machine (one core of a 2-core AVX-512 VM, OpenBLAS, fp32)
+    // with the profiling pass:
+    //   OPENBLAS_NUM_THREADS=1 dhp profile --config configs/demo.toml --threads 1
+    // which times forward + backward of the demo model (thread CPU time, median of 3) on 27
+    // micro-batches: 64..4096 text tokens, 4 and 16 packed documents, 1..8 images of 64..1024
+    // patches; the fit reproduces them within 3.9% on average (docs/planner.md, "CPU
+    // profile"). GEMMs run at 63 GFLOP/s, attention at 12 GFLOP/s; a model this small sits in
+    // cache and its steps allocate nothing, so the weight-streaming term is negligible. Ring
+    // transfer and latency cannot be measured on one rank: they are shared-memory estimates
+    // (a copy at ~5 GB/s, ~20 µs per exchange) until the online refit replaces them.
+    c.sec_per_flop = 1.0 / 62.8e9;
+    c.sec_per_att_flop = 1.0 / 11.82e9;
+    c.sec_per_byte_intra = 1.0 / 5e9;
+    c.sec_per_byte_inter = 1.0 / 1e9;
+    c.sec_per_step = 20e-6;
+    c.sec_per_seq = 30.2e-6;
+    c.sec_per_weight_byte = 1.0 / 23.9e12;
     p.act_bytes = 4, p.weight_bytes = 4, p.grad_bytes = 4, p.optim_bytes = 8;
     p.workspace_bytes = int64_t(256) << 20, p.logits_chunk = 1024;
     return p;
   }
-  // GPUs: bf16 compute and gradients, fp32 master weights and Adam moments (ZeRO-1 shards). Rates are
-  // dense bf16 peak times a typical model FLOPs utilisation (~50% GEMM, ~40% attention);
-  // NVLink ring send/recv at ~200 GB/s per direction, InfiniBand at ~25 GB/s per GPU.
-  double peak = 0, mfu = 0.5;
-  if (name == "a100") peak = 312e12;
-  else if (name == "h100") peak = 989e12;
-  else if (name == "h200") peak = 989e12, mfu = 0.55;  // same SMs, more HBM bandwidth
+  // GPUs: bf16 compute and gradients, fp32 master weights and Adam moments (ZeRO-1 shards).
+  //  - peak: dense BF16 tensor-core FLOP/s from NVIDIA's datasheets (A100 SXM 312 T; H100
+  //    SXM5 and H200 SXM 989.4 T — the same GH100 SMs).
+  //  - GEMM efficiency 0.5 of peak: the end-to-end MFU Megatron-LM reports for large dense
+  //    transformers (Narayanan et al., SC'21: 52% of A100 peak).
+  //  - attention efficiency 0.4: FlashAttention-2 (Dao 2023) reaches 50-73% of A100 peak
+  //    forward and less backward on long blocks; ring blocks are shorter. An assumption.
+  //  - sec_per_weight_byte = 1 / HBM bandwidth (datasheets: A100 80 GB SXM 2.039 TB/s,
+  //    H100 SXM 3.35 TB/s, H200 4.8 TB/s): every GEMM streams its weights once per pass.
+  //  - intra-node: NVLink per direction (A100 NVLink3 600 GB/s total = 300 each way; H100 /
+  //    H200 NVLink4 900 GB/s = 450), of which point-to-point send/recv gets an assumed 70%.
+  //  - inter-node: one InfiniBand NIC per GPU as in DGX systems (A100: HDR 200 Gb/s = 25 GB/s;
+  //    H100/H200: NDR 400 Gb/s = 50 GB/s), an assumed 80% achieved.
+  //  - ring step latency 15 µs and 20 µs per sequence: assumptions of the order of NCCL's
+  //    small-message latency and of per-document bookkeeping.
+  double peak = 0, hbm = 0, nvlink = 0, ib = 0;
+  if (name == "a100") peak = 312e12, hbm = 2.039e12, nvlink = 300e9, ib = 25e9;
+  else if (name == "h100") peak = 989.4e12, hbm = 3.35e12, nvlink = 450e9, ib = 50e9;
+  else if (name == "h200") peak = 989.4e12, hbm = 4.8e12, nvlink = 450e9, ib = 50e9;
   DHP_CHECK(peak > 0, "unknown device profile '{}' (parallel.device): use one of cpu, a100, h100, h200",
             name);
-  c.sec_per_flop = 1.0 / (peak * mfu);
-  c.sec_per_att_flop = 1.0 / (peak * (mfu - 0.1));
-  c.sec_per_byte_intra = 1.0 / (name == "a100" ? 150e9 : 200e9);
-  c.sec_per_byte_inter = 1.0 / 25e9;
+  c.sec_per_flop = 1.0 / (peak * 0.5);
+  c.sec_per_att_flop = 1.0 / (peak * 0.4);
+  c.sec_per_byte_intra = 1.0 / (nvlink * 0.7);
+  c.sec_per_byte_inter = 1.0 / (ib * 0.8);
   c.sec_per_step = 15e-6;
-  c.sec_per_seq = 1e-3;
+  c.sec_per_seq = 20e-6;
+  c.sec_per_weight_byte = 1.0 / hbm;
   p.act_bytes = 2, p.weight_bytes = 2, p.grad_bytes = 2, p.optim_bytes = 12;
   p.workspace_bytes = int64_t(3) << 30, p.logits_chunk = 4096;
   return p;
@@ -53,28 +138,88 @@ ModelConfig model_profile(const std::string& name) {
   return m;
 }
 
+void balance_images(std::span<const ImageClass> classes, int d, std::vector<ImageLevel>& levels, int64_t* work) {
+  DHP_ASSERT(d >= 1);
+  levels.clear();
+  levels.push_back({0, 0.0, 0, d});
+  int64_t steps = 0;
+  auto insert = [&](const ImageLevel& x) {
+    if (x.ranks <= 0) return;
+    auto it = std::lower_bound(levels.begin(), levels.end(), x, [](const ImageLevel& a, const ImageLevel& b) {
+      return a.patches != b.patches ? a.patches < b.patches : a.squares < b.squares;
+    });
+    if (it != levels.end() && it->patches == x.patches && it->squares == x.squares && it->images == x.images)
+      it->ranks += x.ranks;
+    else
+      levels.insert(it, x);
+  };
+  for (const ImageClass& cls : classes) {
+    DHP_ASSERT(cls.patches > 0);
+    const int64_t p = cls.patches;
+    const double p2 = double(p) * double(p);
+    int64_t c = cls.count;
+    while (c > 0) {
+      ++steps;
+      const ImageLevel low = levels.front();
+      const int64_t m = low.ranks;
+      int64_t take = c;
+      if (levels.size() > 1) {
+        // The least loaded ranks take one image each per round until they pass the next
+        // level (LPT: each image goes to a least loaded rank).
+        const int64_t gap = levels[1].patches - low.patches;
+        const int64_t rounds = std::max<int64_t>(1, (gap + p - 1) / p);
+        if (rounds < (c + m - 1) / m) take = m * rounds;
+      }
+      const int64_t full = take / m, rem = take % m;
+      levels.erase(levels.begin());
+      insert({low.patches + full * p, low.squares + double(full) * p2, low.images + full, m - rem});
+      insert({low.patches + (full + 1) * p, low.squares + double(full + 1) * p2, low.images + full + 1, rem});
+      c -= take;
+    }
+  }
+  if (work) *work += steps;
+}
+
 CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_per_node, bool recompute)
     : model_(m), device_(dev), coeffs_(dev.coeffs), ranks_per_node_(std::max(1, ranks_per_node)),
       recompute_(recompute) {
   const double d = m.dim, q = m.q_dim(), kv = m.kv_dim(), L = m.layers;
   const auto& v = m.vision;
-  const double dv = v.dim, m2 = double(v.merge) * v.merge;
-  // A GEMM costs 2 FLOPs per multiply-add forward and twice that backward; recompute adds a
-  // second forward.
-  const double passes = recompute ? 4.0 : 3.0;
-  dec_flops_per_token_ = passes * 2.0 * (L * (d * q + 2 * d * kv + q * d + 3 * d * m.ffn) + d * m.vocab_size);
-  vis_flops_per_patch_ = passes * 2.0 * (v.layers * (4 * dv * dv + 3 * dv * v.ffn) + double(v.patch_numel()) * dv);
-  proj_flops_per_token_ = passes * 2.0 * (m2 * dv * d + d * d);
+  const double dv = v.dim;
+  m2_ = v.merge * v.merge;
+  // A GEMM costs 2 FLOPs per multiply-add forward and twice that backward (dX and dW);
+  // recompute adds a second forward. Each of those passes streams the weights once.
+  passes_ = recompute ? 4 : 3;
+  const double layer_params = d * q + 2 * d * kv + q * d + 3 * d * m.ffn;
+  const double vis_layer_params = 4 * dv * dv + 3 * dv * v.ffn;
+  const double proj_params = m2_ * dv * d + d * d;
+  dec_flops_per_token_ = passes_ * 2.0 * (L * layer_params + d * m.vocab_size);
+  vis_flops_per_patch_ = passes_ * 2.0 * (v.layers * vis_layer_params + double(v.patch_numel()) * dv);
+  proj_flops_per_token_ = passes_ * 2.0 * proj_params;
+  dec_weight_bytes_ = passes_ * double(dev.weight_bytes) * (L * layer_params + d * m.vocab_size);
+  vis_weight_bytes_ =
+      passes_ * double(dev.weight_bytes) * (v.layers * vis_layer_params + double(v.patch_numel()) * dv + proj_params);
   // Flash-style attention: 2 matmuls forward, 5 backward (scores recomputed), 2 more under
   // recompute; each 2·heads·head_dim FLOPs per kept pair.
   const double att_mm = recompute ? 9.0 : 7.0;
   dec_att_per_pair_ = att_mm * 2.0 * q;
-  vis_att_per_pair_ = att_mm * 2.0 * dv;
+  vis_att_per_pair_ = att_mm * 2.0 * dv * v.layers;  // every encoder layer, per (query, key) pair
   // The ring moves K and V forward and K, V, dK, dV backward (and K, V again on recompute).
-  const double ring_blocks = recompute ? 8.0 : 6.0;
-  dec_bytes_per_token_ = ring_blocks * kv * dev.act_bytes;
-  vis_bytes_per_patch_ = ring_blocks * dv * dev.act_bytes;
+  dec_bytes_per_token_ = (recompute ? 8.0 : 6.0) * kv * dev.act_bytes;
+  // Merged image tokens go to their decoder ranks; their gradients come back.
+  xfer_bytes_per_token_ = 2.0 * d * dev.act_bytes;
   ring_passes_ = recompute ? 3 : 2;
+}
+
+int image_classes(const SeqShape& s, int m2, ImageClass out[2]) {
+  out[0] = out[1] = ImageClass{};
+  if (s.vision_tokens <= 0) return 0;
+  const int64_t n = std::max<int64_t>(1, s.images);
+  const int64_t q = s.vision_tokens / n, r = s.vision_tokens % n;
+  int k = 0;
+  if (r > 0) out[k++] = {(q + 1) * m2, r};
+  if (q > 0) out[k++] = {q * m2, n - r};
+  return k;
 }
 
 double CostModel::decoder_pairs(const SeqShape& s) {
@@ -84,71 +229,224 @@ double CostModel::decoder_pairs(const SeqShape& s) {
 
 double CostModel::vision_pairs(const SeqShape& s) const {
   if (s.vision_tokens <= 0) return 0;
-  const int64_t m2 = int64_t(model_.vision.merge) * model_.vision.merge;
-  const int64_t n = std::max<int32_t>(1, s.images);
-  const int64_t q = s.vision_tokens / n, r = s.vision_tokens % n;
-  const double big = double(m2 * (q + 1)), small = double(m2 * q);
-  return double(r) * big * big + double(n - r) * small * small;
+  const SeqCost c = prepare(s);
+  double pairs = 0;
+  for (const auto& im : c.img) pairs += double(im.count) * double(im.patches) * double(im.patches);
+  return pairs;
 }
 
 SeqCost CostModel::prepare(const SeqShape& s) const {
   SeqCost c;
-  const double m2 = double(model_.vision.merge) * model_.vision.merge;
-  const double patches = m2 * double(s.vision_tokens);
-  c.linear_flops = dec_flops_per_token_ * double(s.tokens()) + vis_flops_per_patch_ * patches +
-                   proj_flops_per_token_ * double(s.vision_tokens);
-  c.att_flops[0] = dec_att_per_pair_ * decoder_pairs(s);
-  c.ring_bytes[0] = dec_bytes_per_token_ * double(s.tokens());
-  c.layers[0] = model_.layers;
-  if (s.vision_tokens > 0 && model_.vision.layers > 0) {
-    c.att_flops[1] = vis_att_per_pair_ * vision_pairs(s);
-    c.ring_bytes[1] = vis_bytes_per_patch_ * patches;
-    c.layers[1] = model_.vision.layers;
-  }
+  c.tokens = s.tokens();
+  c.pairs = c.tokens * (c.tokens + 1) / 2;
+  c.vision_tokens = s.vision_tokens;
+  image_classes(s, m2_, c.img);
   return c;
 }
 
-std::vector<double> CostModel::features(const SeqCost& c, int d) const {
-  const double dd = d;
-  std::vector<double> f(6, 0.0);
-  f[0] = c.linear_flops / dd;
-  f[1] = (c.att_flops[0] * c.layers[0] + c.att_flops[1] * c.layers[1]) / dd;
-  f[5] = 1.0;
-  if (d <= 1) return f;
-  const bool inter = d > ranks_per_node_;
-  const double byte_rate = inter ? coeffs_.sec_per_byte_inter : coeffs_.sec_per_byte_intra;
-  for (int x = 0; x < 2; ++x) {
-    if (c.layers[x] == 0) continue;
-    const double step_compute = coeffs_.sec_per_att_flop * c.att_flops[x] / (dd * dd);
-    const double step_xfer = ring_passes_ * coeffs_.sec_per_step + byte_rate * c.ring_bytes[x] / dd;
-    if (step_xfer <= step_compute) continue;
-    // An exposed step costs the transfer instead of the compute it hides.
-    const double steps = double(c.layers[x]) * (dd - 1);
-    f[1] -= steps * c.att_flops[x] / (dd * dd);
-    f[inter ? 3 : 2] += steps * c.ring_bytes[x] / dd;
-    f[4] += steps * ring_passes_;
-  }
-  return f;
+void GroupCost::add(const SeqCost& c) {
+  tokens_ += c.tokens, pairs_ += c.pairs, vision_tokens_ += c.vision_tokens, ++seqs_;
+  for (const auto& im : c.img)
+    if (im.count > 0) {
+      patches_ += im.patches * im.count;
+      squares_ += double(im.count) * double(im.patches) * double(im.patches);
+      classes_.push_back(im);
+    }
 }
 
-double CostModel::seconds(const SeqCost& c, int d) const {
-  const double dd = d;
-  double t = (coeffs_.sec_per_flop * c.linear_flops +
-              coeffs_.sec_per_att_flop * (c.att_flops[0] * c.layers[0] + c.att_flops[1] * c.layers[1])) / dd +
-             coeffs_.sec_per_seq;
-  if (d <= 1) return t;
-  const double byte_rate = d > ranks_per_node_ ? coeffs_.sec_per_byte_inter : coeffs_.sec_per_byte_intra;
-  for (int x = 0; x < 2; ++x) {
-    if (c.layers[x] == 0) continue;
-    const double exposed = ring_passes_ * coeffs_.sec_per_step + byte_rate * c.ring_bytes[x] / dd -
-                           coeffs_.sec_per_att_flop * c.att_flops[x] / (dd * dd);
-    if (exposed > 0) t += double(c.layers[x]) * (dd - 1) * exposed;
+void GroupCost::clear() {
+  tokens_ = pairs_ = vision_tokens_ = seqs_ = patches_ = 0;
+  squares_ = 0;
+  classes_.clear();
+}
+
+double CostModel::image_lin(int64_t patches) const {
+  return (vis_flops_per_patch_ + proj_flops_per_token_ / m2_) * double(patches);
+}
+
+double CostModel::image_att(int64_t patches) const { return vis_att_per_pair_ * double(patches) * double(patches); }
+
+CostModel::Vision CostModel::vision(const GroupCost& g, int d, int64_t* work) const {
+  Vision v;
+  v.images = g.patches_ > 0;
+  if (!v.images) return v;
+  if (d == 1 || (g.classes_.size() == 1 && g.classes_[0].count == 1)) {
+    v.patches = g.patches_, v.squares = g.squares_;  // one rank encodes everything
+    return v;
+  }
+  // Image classes of the group, largest first, equal patch counts merged.
+  thread_local std::vector<ImageClass> classes;
+  classes.assign(g.classes_.begin(), g.classes_.end());
+  if (classes.size() > 1) {
+    std::sort(classes.begin(), classes.end(),
+              [](const ImageClass& a, const ImageClass& b) { return a.patches > b.patches; });
+    size_t w = 0;
+    for (size_t i = 1; i < classes.size(); ++i) {
+      if (classes[i].patches == classes[w].patches) classes[w].count += classes[i].count;
+      else classes[++w] = classes[i];
+    }
+    classes.resize(w + 1);
+    if (work) *work += int64_t(classes.size());
+  }
+  thread_local std::vector<ImageLevel> levels;
+  balance_images(classes, d, levels, work);
+  // The slowest rank under the current coefficients (levels hold ascending patch counts,
+  // but attention grows with the square of an image's size, so every level is looked at).
+  const double a = coeffs_.sec_per_flop * (vis_flops_per_patch_ + proj_flops_per_token_ / m2_);
+  const double k = coeffs_.sec_per_att_flop * vis_att_per_pair_;
+  double best = -1;
+  for (const ImageLevel& l : levels) {
+    const double t = a * double(l.patches) + k * l.squares;
+    if (t > best) best = t, v.patches = l.patches, v.squares = l.squares;
+  }
+  return v;
+}
+
+double CostModel::evaluate(const GroupCost& g, const Vision& v, int d, bool inter, double* f) const {
+  const CostCoeffs& k = coeffs_;
+  const double dd = d, layers = model_.layers;
+  const double dec_att = dec_att_per_pair_ * double(g.pairs_), dec_bytes = dec_bytes_per_token_ * double(g.tokens_);
+  double fl[CostCoeffs::kCount] = {0, 0, 0, 0, 0, 0, 0};
+  const int byte_slot = inter ? 3 : 2;
+  const double byte_rate = inter ? k.sec_per_byte_inter : k.sec_per_byte_intra;
+  // Vision stage: its slowest rank, then the exchange of merged image tokens.
+  fl[0] += (vis_flops_per_patch_ + proj_flops_per_token_ / m2_) * double(v.patches);
+  fl[1] += vis_att_per_pair_ * v.squares;
+  if (v.images) fl[6] += vis_weight_bytes_;
+  if (v.images && d > 1) {
+    fl[byte_slot] += xfer_bytes_per_token_ * double(g.vision_tokens_) * (dd - 1) / (dd * dd);
+    fl[4] += 2;
+  }
+  // Decoder: token-linear work split evenly (zigzag), weights streamed once per pass.
+  fl[0] += dec_flops_per_token_ * double(g.tokens_) / dd;
+  fl[6] += dec_weight_bytes_;
+  fl[5] += double(g.seqs_);
+  if (d == 1) {
+    fl[1] += layers * dec_att;
+  } else {
+    // Per layer: the local block, then d-1 ring steps of max(compute, transfer).
+    const double step_compute = k.sec_per_att_flop * dec_att / (dd * dd);
+    const double step_xfer = ring_passes_ * k.sec_per_step + byte_rate * dec_bytes / dd;
+    fl[1] += layers * dec_att / (dd * dd);
+    if (step_xfer > step_compute) {
+      fl[byte_slot] += layers * (dd - 1) * dec_bytes / dd;
+      fl[4] += layers * (dd - 1) * ring_passes_;
+    } else {
+      fl[1] += layers * (dd - 1) * dec_att / (dd * dd);
+    }
+  }
+  double t = 0;
+  for (int i = 0; i < CostCoeffs::kCount; ++i) {
+    t += fl[i] * k[i];
+    if (f) f[i] = fl[i];
   }
   return t;
 }
 
+double CostModel::seconds(const GroupCost& g, int d, bool inter, int64_t* work) const {
+  DHP_ASSERT(d >= 1);
+  return evaluate(g, vision(g, d, work), d, inter, nullptr);
+}
+
+int64_t CostModel::ticks(const GroupCost& g, int d, bool inter, int64_t* work) const {
+  return std::max<int64_t>(1, std::llround(seconds(g, d, inter, work) * 1e9));
+}
+
+double CostModel::group_seconds(std::span<const SeqCost* const> g, int d, bool inter, int64_t* work) const {
+  thread_local GroupCost acc;
+  acc.clear();
+  for (const SeqCost* c : g) acc.add(*c);
+  return seconds(acc, d, inter, work);
+}
+
+int64_t CostModel::group_ticks(std::span<const SeqCost* const> g, int d, bool inter, int64_t* work) const {
+  return std::max<int64_t>(1, std::llround(group_seconds(g, d, inter, work) * 1e9));
+}
+
+double CostModel::seconds(const SeqCost& c, int d) const {
+  const SeqCost* p = &c;
+  return group_seconds({&p, 1}, d, inter(d));
+}
+
 int64_t CostModel::ticks(const SeqCost& c, int d) const {
-  return std::max<int64_t>(1, std::llround(seconds(c, d) * 1e9));
+  const SeqCost* p = &c;
+  return group_ticks({&p, 1}, d, inter(d));
+}
+
+std::vector<double> CostModel::features(const GroupCost& g, int d, bool inter) const {
+  std::vector<double> f(CostCoeffs::kCount, 0.0);
+  evaluate(g, vision(g, d, nullptr), d, inter, f.data());
+  return f;
+}
+
+std::vector<double> CostModel::features(const SeqCost& c, int d) const {
+  GroupCost g;
+  g.add(c);
+  return features(g, d, inter(d));
+}
+
+double CostModel::area_lower_bound(const SeqCost& c, int d, double lambda) const {
+  const CostCoeffs& k = coeffs_;
+  const double dd = d, layers = model_.layers;
+  const double byte_rate = inter(d) ? k.sec_per_byte_inter : k.sec_per_byte_intra;
+  double t = k.sec_per_flop * dec_flops_per_token_ * double(c.tokens) + k.sec_per_seq * dd;
+  for (const auto& im : c.img)
+    t += double(im.count) * (k.sec_per_flop * image_lin(im.patches) + k.sec_per_att_flop * image_att(im.patches));
+  // d x [A/d² + (d-1)·max(A/d², x)] >= A/d + (d-1)·(lambda·A/d + (1-lambda)·bytes·rate)
+  const double A = k.sec_per_att_flop * dec_att_per_pair_ * double(c.pairs);
+  const double B = dec_bytes_per_token_ * double(c.tokens);
+  t += layers * (A / dd + (dd - 1) * (lambda * A / dd + (1 - lambda) * byte_rate * B));
+  t += byte_rate * xfer_bytes_per_token_ * double(c.vision_tokens) * (dd - 1) / dd;
+  return t;
+}
+
+double CostModel::min_area_lower_bound(const SeqCost& c, int lo, int hi, double lambda) const {
+  DHP_ASSERT(lo >= 1 && lo <= hi);
+  const CostCoeffs& k = coeffs_;
+  const double layers = model_.layers;
+  const double A = k.sec_per_att_flop * dec_att_per_pair_ * double(c.pairs);
+  const double B = dec_bytes_per_token_ * double(c.tokens);
+  const double X = xfer_bytes_per_token_ * double(c.vision_tokens);
+  double best = std::numeric_limits<double>::infinity();
+  auto segment = [&](int a, int b, double rate) {
+    if (a > b) return;
+    best = std::min({best, area_lower_bound(c, a, lambda), area_lower_bound(c, b, lambda)});
+    const double alpha = layers * A * (1 - lambda) - rate * X, beta = layers * (1 - lambda) * rate * B + k.sec_per_seq;
+    if (alpha <= 0 || beta <= 0) return;
+    const double x = std::sqrt(alpha / beta);
+    for (double y : {std::floor(x), std::ceil(x)}) {
+      if (y <= a || y >= b) continue;
+      best = std::min(best, area_lower_bound(c, int(y), lambda));
+    }
+  };
+  segment(lo, std::min(hi, ranks_per_node_), k.sec_per_byte_intra);
+  segment(std::max(lo, ranks_per_node_ + 1), hi, k.sec_per_byte_inter);
+  return best;
+}
+
+double CostModel::time_lower_bound(const SeqCost& c, int d) const {
+  const CostCoeffs& k = coeffs_;
+  const double dd = d;
+  GroupCost g;
+  SeqCost text = c;
+  text.img[0] = text.img[1] = ImageClass{};
+  text.vision_tokens = 0;
+  g.add(text);
+  double t = evaluate(g, Vision{}, d, inter(d), nullptr);
+  double total = 0, largest = 0;
+  for (const auto& im : c.img) {
+    if (im.count == 0) continue;
+    const double w = k.sec_per_flop * image_lin(im.patches) + k.sec_per_att_flop * image_att(im.patches);
+    total += double(im.count) * w, largest = std::max(largest, w);
+  }
+  if (total > 0) {
+    t += std::max(largest, total / dd) + k.sec_per_weight_byte * vis_weight_bytes_;
+    if (d > 1)
+      t += (inter(d) ? k.sec_per_byte_inter : k.sec_per_byte_intra) * xfer_bytes_per_token_ *
+               double(c.vision_tokens) * (dd - 1) / (dd * dd) +
+           2 * k.sec_per_step;
+  }
+  return t;
 }
 
 namespace {
@@ -174,37 +472,47 @@ std::vector<double> solve_linear(std::vector<double> a, std::vector<double> b, i
   return b;
 }
 
-double& coeff(CostCoeffs& c, int i) {
-  double* f[6] = {&c.sec_per_flop, &c.sec_per_att_flop, &c.sec_per_byte_intra,
-                  &c.sec_per_byte_inter, &c.sec_per_step, &c.sec_per_seq};
-  return *f[i];
+std::vector<std::vector<SeqCost>> prepare_all(const CostModel& model, const std::vector<TimingObservation>& obs) {
+  std::vector<std::vector<SeqCost>> costs;
+  for (const auto& o : obs) {
+    DHP_CHECK(std::isfinite(o.seconds) && o.seconds > 0 && o.degree >= 1 && !o.seqs.empty(),
+              "refit: an observation needs sequences, seconds > 0 and degree >= 1");
+    costs.emplace_back();
+    for (const auto& s : o.seqs) {
+      validate_shape(s);
+      costs.back().push_back(model.prepare(s));
+    }
+  }
+  return costs;
+}
+
+GroupCost group_of(const std::vector<SeqCost>& v) {
+  GroupCost g;
+  for (const auto& c : v) g.add(c);
+  return g;
 }
 
 }  // namespace
 
 CostCoeffs refit(const CostModel& model, const std::vector<TimingObservation>& obs, double prior_weight) {
-  constexpr int n = 6;
-  CostCoeffs prior = model.coeffs();
+  constexpr int n = CostCoeffs::kCount;
+  const CostCoeffs prior = model.coeffs();
   for (int i = 0; i < n; ++i)
-    DHP_CHECK(coeff(prior, i) > 0, "refit: the prior cost coefficients must be positive");
-  std::vector<std::vector<SeqCost>> costs;
-  for (const auto& o : obs) {
-    DHP_CHECK(o.seconds > 0 && o.degree >= 1, "refit: an observation needs seconds > 0 and degree >= 1");
-    costs.emplace_back();
-    for (const auto& s : o.seqs) costs.back().push_back(model.prepare(s));
-  }
+    DHP_CHECK(prior[i] > 0, "refit: the prior cost coefficients must be positive ({} = {})", CostCoeffs::name(i),
+              prior[i]);
+  const auto costs = prepare_all(model, obs);
+  std::vector<GroupCost> groups;
+  for (const auto& c : costs) groups.push_back(group_of(c));
   CostModel work = model;
   CostCoeffs cur = prior;
   // Unknowns are x_i = c_i / prior_i so every column has the scale of the prior's prediction.
-  for (int iter = 0; iter < 8; ++iter) {
+  for (int iter = 0; iter < 12; ++iter) {
     work.set_coeffs(cur);
     std::vector<double> ata(n * n, 0.0), atb(n, 0.0);
     for (size_t o = 0; o < obs.size(); ++o) {
+      auto f = work.features(groups[o], obs[o].degree, obs[o].inter);
       std::vector<double> row(n, 0.0);
-      for (const auto& c : costs[o]) {
-        auto f = work.features(c, obs[o].degree);
-        for (int i = 0; i < n; ++i) row[i] += f[i] * coeff(prior, i) / obs[o].seconds;
-      }
+      for (int i = 0; i < n; ++i) row[i] = f[i] * prior[i] / obs[o].seconds;
       for (int i = 0; i < n; ++i) {
         for (int j = 0; j < n; ++j) ata[i * n + j] += row[i] * row[j];
         atb[i] += row[i];
@@ -216,14 +524,25 @@ CostCoeffs refit(const CostModel& model, const std::vector<TimingObservation>& o
     bool moved = false;
     for (int i = 0; i < n; ++i) {
       // Negative rates are meaningless; keep a small positive floor instead.
-      double v = coeff(prior, i) * std::max(x[i], 1e-3);
-      moved |= std::fabs(v - coeff(cur, i)) > 1e-9 * std::fabs(coeff(cur, i));
-      coeff(next, i) = v;
+      const double v = prior[i] * std::max(x[i], 1e-3);
+      moved |= std::fabs(v - cur[i]) > 1e-9 * std::fabs(cur[i]);
+      next[i] = v;
     }
     cur = next;
     if (!moved) break;
   }
   return cur;
+}
+
+double mean_relative_error(const CostModel& model, const std::vector<TimingObservation>& obs) {
+  if (obs.empty()) return 0;
+  const auto costs = prepare_all(model, obs);
+  double sum = 0;
+  for (size_t o = 0; o < obs.size(); ++o) {
+    const double t = model.seconds(group_of(costs[o]), obs[o].degree, obs[o].inter);
+    sum += std::fabs(t - obs[o].seconds) / obs[o].seconds;
+  }
+  return sum / double(obs.size());
 }
 
 }  // namespace dhp

@@ -1,17 +1,36 @@
-// Cost model of design.md §2.1: the time of one sequence on a group of d ranks.
+// Cost model of design.md §2.1: the time of one micro-batch (a group of sequences) run
+// together on a ring of d ranks, priced as the execution engine runs it (design.md §4).
 //
-//   T(s, d) = (c_flop·F(s) + c_att·A(s)) / d  +  exposed ring time  +  c_seq
+//   T(G, d) = vision + exchange + decoder + c_seq·|G|
 //
-// F(s) is the token-linear work (decoder GEMMs, lm_head, vision encoder, projector), A(s) the
-// attention work over the (query, key) pairs the masks keep: causal over the decoder sequence
-// and bidirectional inside each image in the vision encoder, whose tokens are m² per decoder
-// image token before the merge. Per layer a ring does d-1 steps; a step moves a K/V block of
-// L/d tokens while computing the attention of the previous block (A/d² per rank), so only
-// max(0, transfer - compute) per step is added. Times are returned as integer nanoseconds
-// ("ticks") so every rank compares the same integers.
+//   vision    images are never split: the group's images are dealt longest-first to the
+//             least loaded rank by patch count (balance_images); the vision stage lasts as
+//             long as its busiest rank: c_flop·(encoder + projector FLOPs of its images)
+//             + c_att·(their bidirectional attention pairs) + c_wbyte·(vision weights
+//             streamed once per pass). No ring in the vision encoder.
+//   exchange  (d > 1) each rank sends the merged tokens of its images to the ranks whose
+//             zigzag ranges hold their positions, and the gradients come back:
+//             c_byte·bytes·(d-1)/d² + 2·c_step.
+//   decoder   c_flop·F/d + c_wbyte·(decoder weights streamed once per pass)
+//             + per layer: the local block (A/d²) and d-1 ring steps, each costing
+//             max(compute A/d², transfer) where transfer = passes·c_step + c_byte·B/d:
+//             the ring moves one K/V block of the whole micro-batch per step, so its
+//             latency is paid once per ring step of the micro-batch, not per sequence.
+//
+// F: decoder token-linear FLOPs (GEMMs, lm_head) of every sequence, A: attention FLOPs of one
+// layer over the (query, key) pairs the causal mask keeps (packed documents never see each
+// other), B: K/V bytes (and dK/dV in backward) one layer's ring moves. The c_wbyte term is the
+// efficiency loss of small per-rank chunks: a GEMM over t tokens streams its weights once
+// whatever t is, so at small t it is bound by memory bandwidth, not FLOPs; equivalently GEMM
+// efficiency t/(t + t_half) with t_half = c_wbyte·weight bytes / (c_flop·FLOPs per token).
+//
+// Times are returned as integer nanoseconds ("ticks") so every rank compares the same
+// integers. A ring is priced at inter-node bandwidth when its ranks span more than one node.
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,14 +47,30 @@ struct SeqShape {
   int64_t tokens() const { return text_tokens + vision_tokens; }
 };
 
+// The largest token count of one sample the planner accepts (and the largest image count):
+// beyond it sums of tokens, pairs and bytes would lose precision or overflow.
+inline constexpr int64_t kMaxSampleTokens = int64_t(1) << 26;
+
+// Throws dhp::Error naming the sample when its counts are negative, empty, absurdly large,
+// or when its images do not match its vision tokens (images >= 1 iff vision tokens > 0, and
+// no more images than vision tokens).
+void validate_shape(const SeqShape& s);
+
 // Seconds per unit of each term of the model; refit() estimates them from measured times.
 struct CostCoeffs {
-  double sec_per_flop = 0;        // token-linear FLOPs
+  double sec_per_flop = 0;        // token-linear FLOPs (GEMMs)
   double sec_per_att_flop = 0;    // attention FLOPs
-  double sec_per_byte_intra = 0;  // ring transfer, group inside one node
-  double sec_per_byte_inter = 0;  // ring transfer, group larger than a node
-  double sec_per_step = 0;        // latency of one ring step of one layer
-  double sec_per_seq = 0;         // fixed cost of a sequence (launches, bookkeeping)
+  double sec_per_byte_intra = 0;  // ring / image-token transfer, ring inside one node
+  double sec_per_byte_inter = 0;  // the same across nodes
+  double sec_per_step = 0;        // latency of one ring step (one pass of one layer)
+  double sec_per_seq = 0;         // fixed cost of a sequence in a micro-batch
+  double sec_per_weight_byte = 0; // weights streamed from memory, once per pass per micro-batch
+  static constexpr int kCount = 7;
+  double& operator[](int i);
+  double operator[](int i) const;
+  static const char* name(int i);
+  nlohmann::json to_json() const;
+  static CostCoeffs from_json(const nlohmann::json& j);  // every field required, each > 0
 };
 
 // A device: cost coefficients plus what the memory model needs to know about precision.
@@ -50,19 +85,61 @@ struct DeviceProfile {
   int64_t logits_chunk = 1024;    // tokens whose logits exist at once (chunked loss)
 };
 
-// "cpu" (defaults meant to be replaced by a measured profiling pass), "a100", "h100", "h200".
+// "cpu" (measured with `dhp profile`, see cost_model.cpp), "a100", "h100", "h200" (sourced
+// hardware figures and stated assumptions; the profiling pass and the online refit replace
+// them).
 DeviceProfile device_profile(const std::string& name);
 std::vector<std::string> device_profile_names();
 
 // "tiny" (the built-in defaults of model/config.h) and "7b" (a Qwen2-VL-7B-like shape).
 ModelConfig model_profile(const std::string& name);
 
-// Per-sample terms, computed once; index 0 is the decoder, 1 the vision encoder.
+// Images of a group with the same patch count, dealt as one class.
+struct ImageClass {
+  int64_t patches = 0;
+  int64_t count = 0;
+};
+
+// The vision encoder's assignment: images dealt longest-first (by patch count) to the least
+// loaded rank of d. Ranks that received the same images form one level.
+struct ImageLevel {
+  int64_t patches = 0;   // patches each rank of the level encodes
+  double squares = 0;    // sum of its images' patches squared (attention pairs per layer)
+  int64_t images = 0;    // images each rank of the level encodes
+  int64_t ranks = 0;
+};
+// `classes` sorted by patches, largest first, patch counts distinct. Levels ascending by
+// patches. `work` counts the steps taken (for the planner's budget).
+void balance_images(std::span<const ImageClass> classes, int d, std::vector<ImageLevel>& levels,
+                    int64_t* work = nullptr);
+
+// The images of a sample as classes, larger first: its vision tokens split evenly over its
+// images (the first vision_tokens mod images one token larger), m2 patches per token.
+// Returns how many of out[0..1] are used.
+int image_classes(const SeqShape& s, int m2, ImageClass out[2]);
+
+// Per-sample terms, computed once. Integer counts, so that a group's sums, and with them its
+// time, do not depend on the order its sequences are added in.
 struct SeqCost {
-  double linear_flops = 0;     // forward + backward (+ recompute) token-linear FLOPs
-  double att_flops[2] = {0, 0};   // attention FLOPs of one layer over the whole sequence
-  double ring_bytes[2] = {0, 0};  // bytes one layer's rings move for the whole sequence
-  int layers[2] = {0, 0};
+  int64_t tokens = 0;          // decoder tokens
+  int64_t pairs = 0;           // decoder (query, key) pairs under the causal mask
+  int64_t vision_tokens = 0;   // merged image tokens (exchanged between ranks)
+  ImageClass img[2];           // its images: the larger ones first (equal split of the tokens)
+};
+
+// A micro-batch being assembled, sequence by sequence (CostModel prices it).
+class GroupCost {
+ public:
+  void add(const SeqCost& c);
+  void clear();
+  int64_t seqs() const { return seqs_; }
+
+ private:
+  friend class CostModel;
+  int64_t tokens_ = 0, pairs_ = 0, vision_tokens_ = 0, seqs_ = 0;
+  int64_t patches_ = 0;          // all images on one rank
+  double squares_ = 0;
+  std::vector<ImageClass> classes_;
 };
 
 class CostModel {
@@ -71,16 +148,46 @@ class CostModel {
             bool recompute = false);
 
   SeqCost prepare(const SeqShape& s) const;
-  double seconds(const SeqCost& c, int d) const;
-  int64_t ticks(const SeqCost& c, int d) const;  // nanoseconds, rounded
 
-  // Mask-aware (query, key) pair counts of the decoder and of the vision encoder.
+  // A micro-batch of sequences on a ring of d ranks; inter: the ring spans several nodes.
+  // `work` (optional) receives the bookkeeping steps of the image balancing.
+  double seconds(const GroupCost& g, int d, bool inter, int64_t* work = nullptr) const;
+  int64_t ticks(const GroupCost& g, int d, bool inter, int64_t* work = nullptr) const;
+  double group_seconds(std::span<const SeqCost* const> g, int d, bool inter, int64_t* work = nullptr) const;
+  int64_t group_ticks(std::span<const SeqCost* const> g, int d, bool inter, int64_t* work = nullptr) const;
+  // One sequence alone, on a ring placed as the planners place it (inside a node if it fits).
+  double seconds(const SeqCost& c, int d) const;
+  int64_t ticks(const SeqCost& c, int d) const;
+  bool inter(int d) const { return d > ranks_per_node_; }
+
+  // Mask-aware (query, key) pair counts of the decoder and of the vision encoder (per layer).
   static double decoder_pairs(const SeqShape& s);
   double vision_pairs(const SeqShape& s) const;
 
-  // The model is linear in the coefficients once it is known which ring steps are exposed;
-  // these are the features (one per CostCoeffs field, in order) under the current coeffs.
+  // The time is linear in the coefficients once it is known which ring steps are exposed and
+  // which rank is the vision stage's slowest; these are the features (one per CostCoeffs
+  // field, in order) under the current coefficients: time = sum of features[i] · coeffs[i].
+  std::vector<double> features(const GroupCost& g, int d, bool inter) const;
   std::vector<double> features(const SeqCost& c, int d) const;
+
+  // A lower bound on what sequence s adds to the rank-time (d x time) of any micro-batch
+  // with ring degree d that holds it, for any lambda in [0, 1]: the ring steps' max(compute,
+  // transfer) is bounded below by lambda·compute + (1-lambda)·transfer (latency left out),
+  // which splits over the sequences of the group; the vision stage by its average load.
+  double area_lower_bound(const SeqCost& c, int d, double lambda) const;
+  // A lower bound on any micro-batch holding s with ring degree d: s's own vision, decoder,
+  // ring (with its latency) and weight streaming, with the vision stage at
+  // max(largest image, average load).
+  double time_lower_bound(const SeqCost& c, int d) const;
+  // min over d in [lo, hi] of area_lower_bound(c, d, lambda), exactly: on each side of the
+  // node size the bound is K + alpha/d + beta·d, so only the ends and the integers next to
+  // sqrt(alpha/beta) need evaluating.
+  double min_area_lower_bound(const SeqCost& c, int lo, int hi, double lambda) const;
+  // What any micro-batch pays on each of its ranks whatever it holds: the decoder's weights
+  // streamed once per pass (used to stop scans early).
+  double fixed_seconds() const { return coeffs_.sec_per_weight_byte * dec_weight_bytes_; }
+  // The ring-step latency of one layer pass set (what each of the d-1 steps costs at least).
+  double step_latency() const { return model_.layers * ring_passes_ * coeffs_.sec_per_step; }
 
   const CostCoeffs& coeffs() const { return coeffs_; }
   void set_coeffs(const CostCoeffs& c) { coeffs_ = c; }
@@ -88,30 +195,50 @@ class CostModel {
   const DeviceProfile& device() const { return device_; }
   int ranks_per_node() const { return ranks_per_node_; }
   bool recompute() const { return recompute_; }
+  double decoder_weight_bytes() const { return dec_weight_bytes_; }
+  double vision_weight_bytes() const { return vis_weight_bytes_; }
 
  private:
+  struct Vision {
+    bool images = false;
+    int64_t patches = 0;  // the slowest vision rank's patches and squared patches
+    double squares = 0;
+  };
+  Vision vision(const GroupCost& g, int d, int64_t* work) const;
+  double evaluate(const GroupCost& g, const Vision& v, int d, bool inter, double* f) const;
+  double image_lin(int64_t patches) const;
+  double image_att(int64_t patches) const;
+
   ModelConfig model_;
   DeviceProfile device_;
   CostCoeffs coeffs_;
   int ranks_per_node_;
   bool recompute_;
+  int m2_;
   double dec_flops_per_token_, vis_flops_per_patch_, proj_flops_per_token_;
-  double dec_att_per_pair_, vis_att_per_pair_, dec_bytes_per_token_, vis_bytes_per_patch_;
+  double dec_att_per_pair_, vis_att_per_pair_, dec_bytes_per_token_, xfer_bytes_per_token_;
+  double dec_weight_bytes_, vis_weight_bytes_;
+  int passes_;       // GEMM passes: forward, backward dX, backward dW (+ recompute forward)
   int ring_passes_;  // forward, backward (and the recompute forward) each run the ring
 };
 
-// One measured group: its sequences ran on `degree` ranks in `seconds`.
+// One measured group: its sequences ran together on a ring of `degree` ranks in `seconds`.
 struct TimingObservation {
   std::vector<SeqShape> seqs;
   int degree = 1;
   double seconds = 0;
+  bool inter = false;  // the ring spanned several nodes
 };
 
 // Least squares on relative error, with a pull of weight `prior_weight` towards the model's
 // current coefficients so that terms the observations do not exercise (e.g. ring transfer
 // when every observation ran on one rank) keep their prior values. Iterates the choice of
-// exposed ring steps until it settles. Coefficients stay positive.
+// exposed ring steps and of the slowest vision rank until it settles. Coefficients stay
+// positive.
 CostCoeffs refit(const CostModel& model, const std::vector<TimingObservation>& obs,
                  double prior_weight = 1e-3);
+
+// Mean |predicted - measured| / measured of the model over the observations.
+double mean_relative_error(const CostModel& model, const std::vector<TimingObservation>& obs);
 
 }  // namespace dhp

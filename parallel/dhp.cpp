@@ -1,4 +1,4 @@
-// The dhp strategy: packing, waves, exact degrees, improvement, placement (planner.h).
+// The search dhp and pow2 share, and the dhp portfolio (planner.h).
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -9,73 +9,41 @@
 #include "parallel/solver.h"
 
 namespace dhp {
+namespace detail {
 namespace {
-
-using detail::BatchCosts;
 
 struct Group {
   std::vector<int32_t> seqs;
   int dmin = 1;       // memory alone
-  int64_t work = 0;   // time on one rank
+  int64_t work = 0;   // time on one rank (a packed bin: its sequences' marginal times + fixed)
 };
 
-// The degree problem of one wave.
-class WaveTimes : public GroupTimes {
- public:
-  WaveTimes(const BatchCosts& b, const std::vector<Group>& g, const std::vector<int>& members)
-      : b_(b), g_(g), m_(members) {}
-  int groups() const override { return int(m_.size()); }
-  int64_t time(int k, int d) const override {
-    const Group& g = g_[m_[k]];
-    return d < g.dmin ? kNever : b_.group_time(g.seqs, d);
-  }
-  int min_degree(int k) const override { return g_[m_[k]].dmin; }
+// What a micro-batch pays once on every rank whatever it holds (the decoder's weights
+// streamed), in ticks; a sequence's marginal time on one rank is its time alone minus that.
+int64_t fixed_ticks(const BatchCosts& b) { return std::llround(b.cost().fixed_seconds() * 1e9); }
+int64_t marginal(const BatchCosts& b, int32_t s, int64_t fixed) { return std::max<int64_t>(1, b.work(s) - fixed); }
 
- private:
-  const BatchCosts& b_;
-  const std::vector<Group>& g_;
-  const std::vector<int>& m_;
-};
-
-struct Solution {
-  std::vector<Group> groups;
-  std::vector<std::vector<int>> waves;   // group indices of each wave
-  std::vector<DegreeSolution> degrees;   // per wave, aligned with waves[w]
-  int64_t makespan = kNever;             // sum over waves
-  int moves = 0;
-};
-
-// Stage 1: sequences that need several ranks (memory) or more than `target` alone stay
-// alone; the rest go best-fit-decreasing into bins of at most `target` time that fit one
-// rank's memory.
-std::vector<Group> pack(const BatchCosts& b, const MemoryModel& mem, int n, const std::vector<int32_t>& seqs,
-                        int64_t target) {
-  std::vector<Group> groups;
-  std::vector<int32_t> small;
-  int64_t large_ranks = 0;
-  for (int32_t s : seqs) {
-    if (b.min_degree(s) > 1 || b.work(s) > target) {
-      groups.push_back({{s}, b.min_degree(s), b.work(s)});
-      large_ranks += b.min_degree(s);
-    } else {
-      small.push_back(s);
-    }
-  }
-  // More bins than the ranks left would force a second wave for a few overflowing bins;
-  // past that count, bins grow beyond the target instead (least loaded first).
-  const int64_t max_bins = std::max<int64_t>(1, n - large_ranks);
-  std::stable_sort(small.begin(), small.end(), [&](int32_t x, int32_t y) { return b.work(x) > b.work(y); });
+// Best-fit-decreasing of `small` (longest first) into one-rank bins of at most `target` time
+// that fit one rank's memory. Past max_bins bins, what fits in no bin goes to the roomiest
+// bin it fits in (bins then grow beyond the target) instead of opening another.
+std::vector<Group> pack_bins(const BatchCosts& b, const std::vector<int32_t>& small, int64_t target,
+                             int64_t max_bins) {
+  const MemoryModel& mem = b.memory();
+  const int64_t fixed = fixed_ticks(b);
   struct Bin {
     Group g;
     int64_t act = 0, tokens = 0;
   };
   std::vector<Bin> bins;
-  std::set<std::pair<int64_t, int>> by_room;  // (target - load, bin): best fit = least room
+  // (target - load, bin), ascending: best fit = the least room that still holds the item.
+  thread_local std::vector<std::pair<int64_t, int>> by_room;
+  by_room.clear();
   for (int32_t s : small) {
-    const int64_t L = b.seq(s).tokens(), a = mem.activation_bytes(b.seq(s), L), w = b.work(s);
+    const int64_t L = b.seq(s).tokens(), a = b.one_rank_bytes(s), w = marginal(b, s, fixed);
     int chosen = -1, tries = 0;
     // Memory rarely binds before time does; a few roomier bins are tried before a new one.
-    for (auto it = by_room.lower_bound({w, -1}); it != by_room.end() && tries < 8; ++it, ++tries) {
+    for (auto it = std::lower_bound(by_room.begin(), by_room.end(), std::pair<int64_t, int>(w, -1));
+         it != by_room.end() && tries < 8; ++it, ++tries) {
       const Bin& bin = bins[it->second];
       if (mem.rank_bytes(bin.act + a, bin.tokens + L) <= mem.capacity()) {
         chosen = it->second;
@@ -97,15 +65,72 @@ std::vector<Group> pack(const BatchCosts& b, const MemoryModel& mem, int n, cons
     if (chosen < 0) {
       chosen = int(bins.size());
       bins.emplace_back();
+      bins.back().g.work = fixed;
     }
     Bin& bin = bins[chosen];
     bin.g.seqs.push_back(s);
     bin.g.work += w;
     bin.act += a;
     bin.tokens += L;
-    by_room.insert({target - bin.g.work, chosen});
+    const std::pair<int64_t, int> key(target - bin.g.work, chosen);
+    by_room.insert(std::lower_bound(by_room.begin(), by_room.end(), key), key);
   }
-  for (auto& bin : bins) groups.push_back(std::move(bin.g));
+  b.charge(int64_t(small.size()) / 2 + 1);
+  std::vector<Group> out;
+  out.reserve(bins.size());
+  for (auto& bin : bins) out.push_back(std::move(bin.g));
+  return out;
+}
+
+// The degree problem of one wave. Degrees outside the set, below the memory minimum, or
+// asked for after the budget ran out are "never" (the solver then does without them).
+class WaveTimes : public GroupTimes {
+ public:
+  WaveTimes(const BatchCosts& b, const std::vector<Group>& g, const std::vector<int>& members, Degrees ds,
+            int64_t stop_at)
+      : b_(b), g_(g), m_(members), ds_(ds), stop_at_(stop_at) {}
+  int groups() const override { return int(m_.size()); }
+  int64_t time(int k, int d) const override {
+    const Group& g = g_[m_[k]];
+    if (d < g.dmin || !allowed(ds_, d) || b_.evaluations() >= stop_at_) return kNever;
+    return g.seqs.size() == 1 ? b_.time(g.seqs[0], d) : b_.group_time(g.seqs, d);
+  }
+  int min_degree(int k) const override { return g_[m_[k]].dmin; }
+
+ private:
+  const BatchCosts& b_;
+  const std::vector<Group>& g_;
+  const std::vector<int>& m_;
+  Degrees ds_;
+  int64_t stop_at_;
+};
+
+struct Solution {
+  std::vector<Group> groups;
+  std::vector<std::vector<int>> waves;   // group indices of each wave
+  std::vector<DegreeSolution> degrees;   // per wave, aligned with waves[w]
+  int64_t makespan = kNever;             // sum over waves
+  int moves = 0;
+};
+
+// Stage 1: sequences that need several ranks (memory) or more than `target` alone stay
+// alone; the rest are packed into one-rank bins of at most `target` time.
+std::vector<Group> pack(const BatchCosts& b, int n, const std::vector<int32_t>& seqs, int64_t target) {
+  std::vector<Group> groups;
+  std::vector<int32_t> small;
+  int64_t large_ranks = 0;
+  for (int32_t s : seqs) {
+    if (b.min_degree(s) > 1 || b.work(s) > target) {
+      groups.push_back({{s}, b.min_degree(s), b.work(s)});
+      large_ranks += b.min_degree(s);
+    } else {
+      small.push_back(s);
+    }
+  }
+  // More bins than the ranks left would force a second wave for a few overflowing bins;
+  // past that count, bins grow beyond the target instead (least loaded first).
+  std::stable_sort(small.begin(), small.end(), [&](int32_t x, int32_t y) { return b.work(x) > b.work(y); });
+  for (auto& g : pack_bins(b, small, target, std::max<int64_t>(1, n - large_ranks))) groups.push_back(std::move(g));
   return groups;
 }
 
@@ -141,39 +166,48 @@ std::vector<std::vector<int>> split_waves(const std::vector<Group>& groups, int 
   }
 }
 
-void solve_waves(const BatchCosts& b, Solution& sol, int n) {
+// Exact degrees per wave; false (and makespan kNever) when a wave has no solution, which
+// happens when the budget runs out inside the solver.
+bool solve_waves(const BatchCosts& b, Solution& sol, int n, Degrees ds, int64_t stop_at) {
   sol.waves = split_waves(sol.groups, n);
   sol.degrees.clear();
   sol.makespan = 0;
+  b.charge(int64_t(sol.groups.size()));
   for (const auto& members : sol.waves) {
-    WaveTimes t(b, sol.groups, members);
+    WaveTimes t(b, sol.groups, members, ds, stop_at);
     sol.degrees.push_back(solve_degrees(t, n));
-    DHP_ASSERT(sol.degrees.back().feasible);
+    if (!sol.degrees.back().feasible || sol.degrees.back().makespan >= kNever) {
+      sol.makespan = kNever;
+      return false;
+    }
     sol.makespan += sol.degrees.back().makespan;
   }
+  return true;
 }
 
 // Moves short sequences out of the slowest group of a wave into groups that finish early,
-// degrees fixed, while the wave's makespan drops and the budget lasts.
-int improve_wave(const BatchCosts& b, const MemoryModel& mem, Solution& sol, int w, int64_t stop_at) {
+// degrees fixed, while the wave's makespan drops and the budget lasts. A move is judged by
+// the sequences' times alone; the groups it touched are priced exactly at the end.
+int improve_wave(const BatchCosts& b, Solution& sol, int w, int64_t stop_at) {
+  const MemoryModel& mem = b.memory();
   const auto& members = sol.waves[w];
   DegreeSolution& deg = sol.degrees[w];
   std::set<std::pair<int64_t, int>> order;  // (time, k)
-  // Activation bytes and tokens of each group's fullest rank at its ring degree, kept up to
-  // date so that a move's memory check costs O(1).
+  // Activation bytes and tokens of one-rank groups, kept up to date so that a move's memory
+  // check costs O(1); wider rings are checked exactly.
   std::vector<int64_t> act(members.size(), 0), tokens(members.size(), 0);
-  auto share = [&](int32_t s, int c, int64_t& a, int64_t& t) {
-    t = (b.seq(s).tokens() + c - 1) / c;
-    a = mem.activation_bytes(b.seq(s), t);
-  };
+  std::vector<char> dirty(members.size(), 0);
   for (int k = 0; k < int(members.size()); ++k) {
     order.insert({deg.time[k], k});
-    for (int32_t s : sol.groups[members[k]].seqs) {
-      int64_t a, t;
-      share(s, deg.cp[k], a, t);
-      act[k] += a, tokens[k] += t;
-    }
+    for (int32_t s : sol.groups[members[k]].seqs) act[k] += b.one_rank_bytes(s), tokens[k] += b.seq(s).tokens();
   }
+  auto fits = [&](int j, int32_t s) {
+    const Group& gj = sol.groups[members[j]];
+    if (deg.cp[j] == 1) return mem.rank_bytes(act[j] + b.one_rank_bytes(s), tokens[j] + b.seq(s).tokens()) <= mem.capacity();
+    std::vector<int32_t> grown = gj.seqs;
+    grown.push_back(s);
+    return b.group_bytes(grown, deg.cp[j]) <= mem.capacity();
+  };
   int moves = 0;
   // A move lowers the time of the slowest group but the wave's makespan only when no other
   // group ties with it; when a whole round of moves (one per group) has not lowered it,
@@ -196,10 +230,7 @@ int improve_wave(const BatchCosts& b, const MemoryModel& mem, Solution& sol, int
         ++tried;
         const int64_t bb = it->first + b.time(s, deg.cp[j]);
         const int64_t score = std::max(a, bb);
-        if (score >= best_score) continue;
-        int64_t a2, t2;
-        share(s, deg.cp[j], a2, t2);
-        if (mem.rank_bytes(act[j] + a2, tokens[j] + t2) > mem.capacity()) continue;
+        if (score >= best_score || !fits(j, s)) continue;
         best_score = score, best_s = int(i), best_j = j, best_a = a, best_b = bb;
       }
     }
@@ -212,11 +243,9 @@ int improve_wave(const BatchCosts& b, const MemoryModel& mem, Solution& sol, int
     gj.work += b.work(s);
     gj.dmin = b.group_min_degree(gj.seqs);
     gk.dmin = b.group_min_degree(gk.seqs);
-    int64_t a, t;
-    share(s, deg.cp[k], a, t);
-    act[k] -= a, tokens[k] -= t;
-    share(s, deg.cp[best_j], a, t);
-    act[best_j] += a, tokens[best_j] += t;
+    act[k] -= b.one_rank_bytes(s), tokens[k] -= b.seq(s).tokens();
+    act[best_j] += b.one_rank_bytes(s), tokens[best_j] += b.seq(s).tokens();
+    dirty[k] = dirty[best_j] = 1;
     order.erase({M, k});
     order.erase({deg.time[best_j], best_j});
     deg.time[k] = best_a, deg.time[best_j] = best_b;
@@ -226,43 +255,47 @@ int improve_wave(const BatchCosts& b, const MemoryModel& mem, Solution& sol, int
     if (order.rbegin()->first < best_makespan) best_makespan = order.rbegin()->first, since_better = 0;
     else ++since_better;
   }
-  const int64_t before = deg.makespan;
-  deg.makespan = order.rbegin()->first;
-  sol.makespan += deg.makespan - before;
+  // Exact prices of the groups that changed.
+  int64_t span = 0;
+  for (int k = 0; k < int(members.size()); ++k) {
+    if (dirty[k]) deg.time[k] = b.group_time(sol.groups[members[k]].seqs, deg.cp[k]);
+    span = std::max(span, deg.time[k]);
+  }
+  sol.makespan += span - deg.makespan;
+  deg.makespan = span;
   return moves;
 }
 
 // One candidate: pack at `target`, solve, move sequences, re-solve; the better of the two.
-Solution attempt(const BatchCosts& b, const MemoryModel& mem, int n, const std::vector<int32_t>& seqs,
-                 int64_t target, int64_t stop_at) {
+Solution attempt(const BatchCosts& b, int n, const std::vector<int32_t>& seqs, int64_t target, Degrees ds,
+                 int64_t stop_at) {
   Solution sol;
-  sol.groups = pack(b, mem, n, seqs, target);
-  solve_waves(b, sol, n);
-  if (b.evaluations() >= stop_at) return sol;
-  for (int w = 0; w < int(sol.waves.size()); ++w) sol.moves += improve_wave(b, mem, sol, w, stop_at);
+  sol.groups = pack(b, n, seqs, target);
+  if (!solve_waves(b, sol, n, ds, stop_at) || b.evaluations() >= stop_at) return sol;
+  for (int w = 0; w < int(sol.waves.size()); ++w) sol.moves += improve_wave(b, sol, w, stop_at);
   if (sol.moves == 0) return sol;
   Solution again;
   again.groups = sol.groups;
   again.moves = sol.moves;
-  solve_waves(b, again, n);
+  if (!solve_waves(b, again, n, ds, stop_at)) return sol;
   return again.makespan < sol.makespan ? again : sol;
 }
 
 // The best plan of one set of sequences: pack at a rank's fair share, then re-pack at the
 // makespan reached (short sequences then fill the time the long groups need anyway and free
 // ranks for them) and at a few other bin sizes, while the budget lasts.
-Solution optimise(const BatchCosts& b, const MemoryModel& mem, int n, const std::vector<int32_t>& seqs,
-                  int64_t stop_at, PlanStats& stats) {
+Solution optimise(const BatchCosts& b, int n, const std::vector<int32_t>& seqs, Degrees ds, int64_t stop_at,
+                  PlanStats& stats) {
   int64_t work = 0;
   for (int32_t s : seqs) work += b.work(s);
   const int64_t fair = std::max<int64_t>(1, (work + n - 1) / n);
   std::set<int64_t> tried = {fair};
-  Solution best = attempt(b, mem, n, seqs, fair, stop_at);
+  Solution best = attempt(b, n, seqs, fair, ds, stop_at);
   ++stats.packings, stats.moves += best.moves;
   const double scales[] = {0.75, 1.25, 0.5, 1.5};
   size_t next_scale = 0;
   int failures = 0;  // consecutive packings that did not improve: two end the search
-  while (b.evaluations() < stop_at && failures < 2) {
+  while (b.evaluations() < stop_at && failures < 2 && best.makespan < kNever) {
     int64_t target = best.makespan / int64_t(best.waves.size());
     if (tried.count(target)) {
       if (next_scale == std::size(scales)) break;
@@ -270,7 +303,7 @@ Solution optimise(const BatchCosts& b, const MemoryModel& mem, int n, const std:
       if (tried.count(target)) continue;
     }
     tried.insert(target);
-    Solution cand = attempt(b, mem, n, seqs, target, stop_at);
+    Solution cand = attempt(b, n, seqs, target, ds, stop_at);
     ++stats.packings, stats.moves += cand.moves;
     if (cand.makespan < best.makespan) best = std::move(cand), failures = 0;
     else ++failures;
@@ -280,7 +313,8 @@ Solution optimise(const BatchCosts& b, const MemoryModel& mem, int n, const std:
 
 // Splits the batch into w waves of balanced work (longest first to the lightest wave) whose
 // activations, at 90% to leave room for packing, fit the ranks' free memory.
-std::vector<std::vector<int32_t>> split_batch(const BatchCosts& b, const MemoryModel& mem, int n, int w) {
+std::vector<std::vector<int32_t>> split_batch(const BatchCosts& b, int n, int w) {
+  const MemoryModel& mem = b.memory();
   std::vector<int32_t> order(b.size());
   for (int s = 0; s < b.size(); ++s) order[s] = s;
   std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return b.work(x) > b.work(y); });
@@ -289,7 +323,7 @@ std::vector<std::vector<int32_t>> split_batch(const BatchCosts& b, const MemoryM
   std::vector<int64_t> load(w, 0);
   std::vector<double> bytes(w, 0);
   for (int32_t s : order) {
-    const double need = double(mem.activation_bytes(b.seq(s), b.seq(s).tokens()));
+    const double need = double(b.one_rank_bytes(s));
     int pick = -1;
     for (int i = 0; i < w; ++i)
       if (bytes[i] + need <= room && (pick < 0 || load[i] < load[pick])) pick = i;
@@ -298,6 +332,7 @@ std::vector<std::vector<int32_t>> split_batch(const BatchCosts& b, const MemoryM
     parts[pick].push_back(s);
     load[pick] += b.work(s), bytes[pick] += need;
   }
+  b.charge(int64_t(b.size()) * w / 8 + 1);
   for (auto& p : parts) std::sort(p.begin(), p.end());
   parts.erase(std::remove_if(parts.begin(), parts.end(), [](const auto& p) { return p.empty(); }), parts.end());
   return parts;
@@ -311,41 +346,49 @@ void append(Solution& into, Solution&& part) {
     into.waves.push_back(std::move(w));
   }
   for (auto& d : part.degrees) into.degrees.push_back(std::move(d));
-  into.makespan += part.makespan;
+  into.makespan = into.makespan >= kNever || part.makespan >= kNever ? kNever : into.makespan + part.makespan;
 }
 
 // The barrier-wave solution (design.md §2.3 as first written): waves of groups whose
-// degrees sum to N, each wave solved exactly. The budget counts from the start of planning.
-Solution wave_solution(const BatchCosts& b, const MemoryModel& mem, int n, int64_t stop_at, PlanStats& st) {
+// degrees sum to N, each wave solved exactly. makespan kNever when the budget ran out.
+Solution wave_solution(const BatchCosts& b, int n, Degrees ds, int64_t stop_at, PlanStats& st) {
+  const MemoryModel& mem = b.memory();
   // Waves: at least as many as the activations need, and one more: a long sequence on every
   // rank followed by the short ones can beat running them side by side.
   double need = 0;
-  for (int s = 0; s < b.size(); ++s) need += double(mem.activation_bytes(b.seq(s), b.seq(s).tokens()));
+  for (int s = 0; s < b.size(); ++s) need += double(b.one_rank_bytes(s));
   const double room = 0.9 * double(n) * double(mem.capacity() - mem.rank_bytes(0, 1 << 30));
   // No more waves than sequences: a wave without a sequence would leave the solution empty
   // (a few sequences that nearly fill all N ranks can ask for more waves than they are).
-  const int w0 = std::min(b.size(), std::max(1, int(std::ceil(need / std::max(1.0, room)))));
+  const int w0 = std::min(b.size(), std::max(1, int(std::min(1e6, std::ceil(need / std::max(1.0, room))))));
   Solution best;
   for (int w = w0; w <= w0 + 1 && w <= b.size(); ++w) {
-    if (w > w0 && b.evaluations() >= stop_at) break;
+    if (b.evaluations() >= stop_at) break;
     // The first split gets half of what is left, so that the second is tried too.
     const int64_t part_stop = w == w0 ? (b.evaluations() + stop_at) / 2 : stop_at;
     Solution total;
     total.makespan = 0;
-    for (const auto& part : split_batch(b, mem, n, w)) append(total, optimise(b, mem, n, part, part_stop, st));
-    if (best.waves.empty() || total.makespan < best.makespan) best = std::move(total);
+    for (const auto& part : split_batch(b, n, w)) {
+      append(total, optimise(b, n, part, ds, part_stop, st));
+      if (total.makespan >= kNever) break;
+    }
+    if (total.makespan < best.makespan) best = std::move(total);
   }
   return best;
 }
 
 // The groups of a wave solution with barrier start times: wave w starts when the slowest
-// group of wave w-1 ends. Groups keep the ranks they own (degree), surplus included.
-std::vector<PlanGroup> barrier_groups(const BatchCosts& b, const Solution& sol, int n, int ranks_per_node) {
+// group of wave w-1 ends. Groups keep the ranks they own (degree), surplus included. A ring
+// that place_wave had to lay across two nodes is priced at inter-node bandwidth.
+std::vector<PlanGroup> barrier_groups(const BatchCosts& b, const Solution& sol, int n, int ranks_per_node,
+                                      bool* node_local) {
   std::vector<PlanGroup> out;
   int64_t start = 0;
+  *node_local = true;
   for (int w = 0; w < int(sol.waves.size()); ++w) {
     const DegreeSolution& deg = sol.degrees[w];
     const std::vector<int> first = place_wave(deg.degree, n, ranks_per_node);
+    int64_t end = start;
     for (int k = 0; k < int(sol.waves[w].size()); ++k) {
       PlanGroup g;
       g.wave = w;
@@ -356,10 +399,14 @@ std::vector<PlanGroup> barrier_groups(const BatchCosts& b, const Solution& sol, 
       std::sort(g.seqs.begin(), g.seqs.end());
       g.start_ns = start;
       g.time_ns = deg.time[k];
-      g.peak_bytes = b.group_bytes(g.seqs, g.cp);
+      if (!b.cost().inter(g.cp) && b.spans_nodes(g.first_rank, g.cp)) {
+        g.time_ns = b.group_time(g.seqs, g.cp, true);
+        *node_local = false;
+      }
+      end = std::max(end, start + g.time_ns);
       out.push_back(std::move(g));
     }
-    start += deg.makespan;
+    start = end;
   }
   std::stable_sort(out.begin(), out.end(), [](const PlanGroup& x, const PlanGroup& y) {
     return std::pair(x.wave, x.first_rank) < std::pair(y.wave, y.first_rank);
@@ -371,188 +418,370 @@ std::vector<PlanGroup> barrier_groups(const BatchCosts& b, const Solution& sol, 
 // group starts when the last of its ring's ranks is free, and the surplus ranks a wave gave
 // it (degree > cp) are released. By induction over the waves every start is no later than
 // its barrier start, so the makespan never exceeds the barrier schedule's.
-std::vector<PlanGroup> compact(std::vector<PlanGroup> groups, int n, int64_t* makespan) {
+std::vector<PlanGroup> compact(std::vector<PlanGroup> groups, int n) {
   std::vector<int64_t> free_at(size_t(n), 0);
-  *makespan = 0;
   for (PlanGroup& g : groups) {  // in wave order
     g.degree = g.cp;
     int64_t start = 0;
     for (int r = g.first_rank; r < g.first_rank + g.cp; ++r) start = std::max(start, free_at[r]);
     g.start_ns = start;
     for (int r = g.first_rank; r < g.first_rank + g.cp; ++r) free_at[r] = start + g.time_ns;
-    *makespan = std::max(*makespan, start + g.time_ns);
   }
   return groups;
 }
 
-// Moldable list scheduling. For a target M each sequence gets the fewest ranks that bring
-// it under M (the memory minimum at least; the fastest degree if none does), which keeps
-// the rank-time sum_k d_k·T_k(d_k) small while no single ring exceeds M; then the rings are
-// list-scheduled longest first on rank timelines (Timelines). The makespan is at least
-// max(rank-time / N, M-ish), so small M trades area for a short critical path; the search
-// tries a grid of M from the lower bound up and refines around the best.
+// Moldable list scheduling. For a target M each long sequence gets the fewest allowed
+// degrees (at least its memory minimum) that bring it under M (the fastest degree if none
+// does), which keeps the rank-time sum d·T(d) small while no ring exceeds M; short ones are
+// packed into one-rank micro-batches of at most M/4; then everything is list-scheduled
+// longest first on rank timelines (Timelines). The makespan is at least max(rank-time / N,
+// M-ish), so small M trades area for a short critical path; the search tries a grid of M
+// from the lower bound up and refines around the best.
 class Moldable {
  public:
-  Moldable(const BatchCosts& b, int n, int ranks_per_node) : b_(b), n_(n), rpn_(ranks_per_node), table_(size_t(b.size())) {}
+  static constexpr int64_t kBinFraction = 4;
+  Moldable(const BatchCosts& b, Degrees ds) : b_(b), ds_(ds), n_(b.world()), table_(size_t(b.size())) {
+    order_.resize(size_t(b.size()));
+    for (int s = 0; s < b.size(); ++s) order_[s] = s;
+    std::stable_sort(order_.begin(), order_.end(), [&](int32_t x, int32_t y) { return b.work(x) > b.work(y); });
+  }
 
   // Time of sequence s on d ranks (d >= its memory minimum), each evaluated once.
   int64_t time(int s, int d) {
     if (d == 1) return b_.work(s);
     auto& t = table_[size_t(s)];
-    if (int(t.size()) < d) t.resize(size_t(d), -1);
-    if (t[size_t(d - 1)] < 0) t[size_t(d - 1)] = b_.time(s, d);
-    return t[size_t(d - 1)];
+    for (const auto& [e, v] : t)
+      if (e == d) return v;
+    const int64_t v = b_.time(s, d);
+    t.push_back({d, v});
+    return v;
   }
 
-  // The smallest degree >= the memory minimum whose time is <= M; the fastest if none.
+  // The smallest allowed degree >= the memory minimum whose time is <= M; the fastest if
+  // none. Degrees are probed geometrically (doubling), then the crossing is found by
+  // bisection (any integer) or the fastest by a ternary search around the best probe.
   std::pair<int, int64_t> degree_for(int s, int64_t M) {
-    int best = b_.min_degree(s);
-    int64_t tb = time(s, best);
-    for (int d = best + 1; tb > M && d <= n_; ++d) {
-      const int64_t t = time(s, d);
-      if (t < tb) best = d, tb = t;
+    const int lo = int(round_up(ds_, b_.min_degree(s)));
+    DHP_ASSERT(lo <= n_);
+    int64_t t_lo = time(s, lo);
+    if (t_lo <= M) return {lo, t_lo};
+    int best = lo, prev = lo;
+    int64_t tb = t_lo;
+    for (int64_t d = int64_t(lo) * 2;; d *= 2) {
+      if (ds_ == Degrees::Pow2 && d > n_) break;
+      const int dd = int(std::min<int64_t>(d, n_));
+      if (dd <= prev) break;
+      const int64_t t = time(s, dd);
+      if (t <= M) {
+        if (ds_ == Degrees::Pow2 || dd == prev + 1) return {dd, t};
+        // Any integer: the smallest degree in (prev, dd] under M, assuming the time falls
+        // monotonically between the two probes (it does until the ring dominates).
+        int a = prev, c = dd;
+        int64_t tc = t;
+        while (c - a > 1) {
+          const int mid = a + (c - a) / 2;
+          const int64_t tm = time(s, mid);
+          if (tm <= M) c = mid, tc = tm;
+          else a = mid;
+        }
+        return {c, tc};
+      }
+      if (t < tb) best = dd, tb = t;
+      else if (ds_ == Degrees::Pow2 || t > tb) break;  // past the fastest degree
+      prev = dd;
+    }
+    if (ds_ == Degrees::Any) {
+      // None reaches M: the fastest degree, by a ternary search between the best probe's
+      // neighbours (the time is unimodal there: compute falls as 1/d, the ring grows).
+      int a = std::max(lo, best / 2), c = std::min(n_, best * 2);
+      while (c - a > 2) {
+        const int m1 = a + (c - a) / 3, m2 = c - (c - a) / 3;
+        if (time(s, m1) <= time(s, m2)) c = m2;
+        else a = m1;
+      }
+      for (int d = a; d <= c; ++d) {
+        const int64_t t = time(s, d);
+        if (t < tb) best = d, tb = t;
+      }
     }
     return {best, tb};
   }
 
-  struct Result {
-    std::vector<PlanGroup> groups;
-    int64_t makespan = kNever;
-  };
-
-  Result run(int64_t M) {
-    std::vector<int> deg(size_t(b_.size()));
-    std::vector<int64_t> t(size_t(b_.size()));
-    std::vector<int32_t> order(size_t(b_.size()));
-    for (int s = 0; s < b_.size(); ++s) {
-      std::tie(deg[s], t[s]) = degree_for(s, M);
-      order[s] = s;
+  // The jobs for a target M, list-scheduled; groups before merging. Short sequences (one
+  // rank, at most a quarter of the lower bound alone) are packed once into one-rank
+  // micro-batches of at most that size; the others get degree_for(M).
+  std::vector<PlanGroup> run(int64_t M, int64_t* makespan) {
+    const int64_t bin = std::max<int64_t>(1, M / kBinFraction);
+    if (bin != bin_) {
+      bin_ = bin;
+      long_.clear(), bins_.clear();
+      std::vector<int32_t> small;
+      for (int32_t s : order_) {
+        if (b_.min_degree(s) == 1 && b_.work(s) <= bin) small.push_back(s);
+        else long_.push_back(s);
+      }
+      for (auto& g : pack_bins(b_, small, bin, int64_t(1) << 40)) {
+        const int64_t t = g.seqs.size() == 1 ? b_.work(g.seqs[0]) : b_.group_time(g.seqs, 1);
+        bins_.push_back({std::move(g.seqs), 1, 1, t});
+      }
     }
-    // Longest first; ties: the wider ring first (it needs a whole free block), then index.
-    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
-      return t[x] != t[y] ? t[x] > t[y] : deg[x] > deg[y];
+    std::vector<Job> jobs;
+    jobs.reserve(long_.size() + bins_.size());
+    for (int32_t s : long_) {
+      auto [d, t] = degree_for(s, M);
+      jobs.push_back({{s}, d, d, t});
+    }
+    jobs.insert(jobs.end(), bins_.begin(), bins_.end());
+    // Longest first; ties: the wider ring first (it needs a whole free block), then the
+    // first sequence's index.
+    std::stable_sort(jobs.begin(), jobs.end(), [&](const Job& x, const Job& y) {
+      if (x.time != y.time) return x.time > y.time;
+      if (x.degree != y.degree) return x.degree > y.degree;
+      return x.seqs[0] < y.seqs[0];
     });
-    b_.charge(b_.size());
-    std::vector<detail::Job> jobs;
-    jobs.reserve(order.size());
-    for (int32_t s : order) jobs.push_back({{s}, deg[s], deg[s], t[s]});
-    Result r;
-    r.groups = detail::list_schedule(b_, jobs, n_, rpn_, &r.makespan);
-    return r;
+    b_.charge(int64_t(jobs.size()) / 4 + 1);
+    return list_schedule(b_, jobs, n_, b_.ranks_per_node(), makespan);
   }
 
  private:
   const BatchCosts& b_;
-  int n_, rpn_;
-  std::vector<std::vector<int64_t>> table_;
+  Degrees ds_;
+  int n_;
+  std::vector<int32_t> order_, long_;
+  std::vector<Job> bins_;
+  int64_t bin_ = -1;
+  std::vector<std::vector<std::pair<int, int64_t>>> table_;
 };
 
 }  // namespace
+
+Candidate search(const BatchCosts& b, const ParallelConfig& par, Degrees ds, int64_t stop_at, PlanStats& st,
+                 int64_t wave_units) {
+  const int n = b.world();
+  for (int s = 0; s < b.size(); ++s)
+    if (round_up(ds, b.min_degree(s)) > n) return Candidate{};  // this degree set cannot hold s
+  Candidate best;
+  auto consider = [&](std::vector<PlanGroup> groups, const char* name) {
+    int64_t span = 0;
+    auto merged = merge_runs(b, std::move(groups), n, &span);
+    ++st.packings;
+    if (span < best.makespan) best = Candidate{std::move(merged), span, name};
+    return span;
+  };
+  Moldable mold(b, ds);
+  const int64_t lb = std::max<int64_t>(1, b.lower_bound());
+  auto target = [&](double f) { return int64_t(std::min(double(kNever / 2), f * double(lb))); };
+  // The first schedule is made whatever the budget: a complete plan always exists.
+  int64_t last_cost = 0;
+  auto run_mold = [&](double f) {
+    const int64_t before = b.evaluations();
+    int64_t raw = 0;
+    auto groups = mold.run(target(f), &raw);
+    const int64_t span = consider(std::move(groups), "moldable");
+    last_cost = b.evaluations() - before;
+    return span;
+  };
+  // Optional work starts only when a conservative estimate of it still fits.
+  auto affordable = [&] { return b.evaluations() + last_cost * 3 / 2 <= stop_at; };
+  std::vector<double> grid = {1.0, 1.03, 1.1, 1.25, 1.5, 2.0, 3.0};
+  std::vector<int64_t> spans(grid.size(), kNever);
+  spans[0] = run_mold(grid[0]);
+  st.floor += last_cost;
+
+  // The packed wave solution (exact degrees per wave), up to 40% of what is left, run
+  // without barriers and also list-scheduled wave by wave (slowest first).
+  if (b.evaluations() + 3 * last_cost <= stop_at) {
+    // Its solver stops hard at wave_stop; turning its solution into schedules costs about
+    // two moldable schedules more.
+    int64_t wave_stop = b.evaluations() + int64_t(0.4 * double(stop_at - b.evaluations() - 2 * last_cost));
+    if (wave_units >= 0 && b.evaluations() + wave_units + 2 * last_cost <= stop_at)
+      wave_stop = b.evaluations() + wave_units;
+    Solution sol = wave_solution(b, n, ds, wave_stop, st);
+    if (sol.makespan < kNever) {
+      bool node_local = true;
+      std::vector<PlanGroup> waves = barrier_groups(b, sol, n, par.ranks_per_node, &node_local);
+      // place_wave may lay a ring across two nodes when a wave's degrees do not bin-pack
+      // into nodes; such a ring is slower (priced at inter-node bandwidth), and dhp and
+      // pow2 keep rings of at most a node's ranks inside a node, so that form is not used.
+      if (node_local) consider(compact(waves, n), "waves");
+      std::vector<int> order(waves.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = int(i);
+      std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+        return waves[x].wave != waves[y].wave ? waves[x].wave < waves[y].wave : waves[x].time_ns > waves[y].time_ns;
+      });
+      std::vector<Job> jobs;
+      for (int i : order) {
+        const PlanGroup& g = waves[i];
+        // A ring re-priced across nodes goes back to its node-local price: the list
+        // scheduler keeps it inside a node.
+        const int64_t t = b.cost().inter(g.cp) || !b.spans_nodes(g.first_rank, g.cp) ? g.time_ns : b.group_time(g.seqs, g.cp);
+        jobs.push_back({g.seqs, g.cp, g.cp, t});
+      }
+      int64_t span = 0;
+      consider(list_schedule(b, jobs, n, par.ranks_per_node, &span), "waves-list");
+    }
+  }
+
+  // The moldable grid of targets M = f · lower bound, then a geometric refinement around the
+  // best f. Stops when the budget is spent or when a refinement round improves nothing.
+  int best_i = 0;
+  for (size_t i = 1; i < grid.size() && affordable(); ++i) {
+    spans[i] = run_mold(grid[i]);
+    if (spans[i] < spans[size_t(best_i)]) best_i = int(i);
+  }
+  // Refine between the best grid point's neighbours (the grid holds distinct factors; the
+  // first one is tried first because it is the one made whatever the budget).
+  double at = grid[size_t(best_i)], lo = 0, hi = 1e300;
+  for (size_t i = 0; i < grid.size(); ++i) {
+    if (spans[i] >= kNever) continue;
+    if (grid[i] < at) lo = std::max(lo, grid[i]);
+    if (grid[i] > at) hi = std::min(hi, grid[i]);
+  }
+  if (lo == 0) lo = at;
+  if (hi == 1e300) hi = at;
+  int64_t at_span = spans[size_t(best_i)];
+  for (int round = 0; round < 6 && affordable(); ++round) {
+    bool improved = false;
+    for (double f : {std::sqrt(lo * at), std::sqrt(at * hi)}) {
+      if (f == at || !affordable()) continue;
+      const int64_t span = run_mold(f);
+      if (span < at_span) {
+        (f < at ? hi : lo) = at;
+        at = f, at_span = span, improved = true;
+        break;
+      }
+      (f < at ? lo : hi) = f;
+    }
+    if (!improved && round > 0) break;
+  }
+  return best;
+}
+
+}  // namespace detail
+
+using detail::BatchCosts;
+using detail::Degrees;
+
+namespace {
+
+// Static layouts (static_layout) at the CP degrees that divide the world, hold every
+// sequence, and are (pow2_only) or are not powers of two, each unless a lower bound shows it
+// cannot beat `best`, while a conservative estimate of its cost fits before stop_at.
+void try_static(const BatchCosts& b, detail::Candidate& best, bool pow2_only, int64_t stop_at, PlanStats& st) {
+  const int n = b.world();
+  int need = 1;
+  for (int s = 0; s < b.size(); ++s) need = std::max(need, b.min_degree(s));
+  const int64_t estimate = int64_t(b.size()) * 4;  // more than one layout costs
+  for (int c = need; c <= n; ++c) {
+    if (n % c || std::has_single_bit(unsigned(c)) != pow2_only) continue;
+    if (b.evaluations() + b.size() / 2 + 1 > stop_at) break;
+    // Every sequence on exactly c ranks.
+    double area[2] = {0, 0}, crit = 0;
+    for (int s = 0; s < b.size(); ++s) {
+      const SeqCost& sc = b.cost_of(s);
+      area[0] += b.cost().area_lower_bound(sc, c, 0.0), area[1] += b.cost().area_lower_bound(sc, c, 1.0);
+      crit = std::max(crit, b.cost().time_lower_bound(sc, c));
+    }
+    b.charge(b.size() / 2 + 1);
+    const double bound = std::max({area[0] / n, area[1] / n, crit}) * 1e9;
+    if (bound >= double(best.makespan)) continue;
+    if (b.evaluations() + estimate > stop_at) break;
+    detail::Candidate cand = detail::static_layout(b, c);
+    ++st.packings;
+    if (cand.makespan < best.makespan) best = std::move(cand);
+  }
+}
+
+// pow2: dhp's search with power-of-two degrees, and the static layouts at power-of-two CP
+// degrees (they are power-of-two plans too), within the pow2 share of the budget counted
+// from the point the batch was prepared. plan_pow2 and plan_dhp run exactly this.
+detail::Candidate pow2_portfolio(const BatchCosts& b, const ParallelConfig& par, int64_t budget, PlanStats& st) {
+  const int64_t base = b.evaluations();
+  const int64_t share = int64_t(Planner::kPow2Share * double(std::max<int64_t>(0, budget - base)));
+  detail::Candidate best = detail::search(b, par, Degrees::Pow2, base + share * 17 / 20, st);
+  try_static(b, best, true, base + share, st);
+  return best;
+}
+
+void require_pow2(const BatchCosts& b) {
+  const int n = b.world();
+  const int top = int(std::bit_floor(unsigned(n)));
+  for (int s = 0; s < b.size(); ++s)
+    DHP_CHECK(b.min_degree(s) <= top,
+              "pow2 strategy: sample {} ({} tokens) needs {} ranks, more than the largest power of two ({}) in a "
+              "world of {}",
+              b.seq(s).id, b.seq(s).tokens(), b.min_degree(s), top, n);
+}
+
+}  // namespace
+
+// The evaluations the wave solution gets, in plan_dhp_waves and inside plan_dhp alike.
+int64_t wave_units(const BatchCosts& b, int64_t budget) {
+  return std::max<int64_t>(0, budget - b.evaluations()) / 5;
+}
 
 Plan Planner::plan_dhp_waves(const std::vector<SeqShape>& batch, PlanStats* stats) const {
   if (batch.empty()) return Plan("dhp-waves", world_, {}, {}, 0);
   BatchCosts b(*this, batch);
   PlanStats st;
-  Solution sol = wave_solution(b, memory_, world_, wave_budget(), st);
-  auto groups = barrier_groups(b, sol, world_, par_.ranks_per_node);
-  if (stats) *stats = PlanStats{b.evaluations(), st.packings, st.moves};
-  return Plan("dhp-waves", world_, batch, std::move(groups), detail::lower_bound(b, world_));
+  st.budget = budget();
+  st.floor = b.evaluations();
+  // The reference always completes: when the budget runs out before the first solution,
+  // it gets more (this is a reference, not a strategy the trainer runs).
+  detail::Solution sol;
+  for (int64_t units = wave_units(b, budget());; units = std::max<int64_t>(2 * units, 1024)) {
+    sol = detail::wave_solution(b, world_, Degrees::Any, b.evaluations() + units, st);
+    if (sol.makespan < kNever) break;
+  }
+  bool node_local = true;
+  auto groups = detail::barrier_groups(b, sol, world_, par_.ranks_per_node, &node_local);
+  for (auto& g : groups) g.peak_bytes = b.group_bytes(g.seqs, g.cp);
+  st.evaluations = b.evaluations();
+  if (stats) *stats = st;
+  return Plan("dhp-waves", world_, batch, std::move(groups), b.lower_bound(), "waves");
 }
 
-int64_t Planner::wave_budget() const {
-  // The wave solver gets the first 40% of the budget; the barrier-free search the rest.
-  return int64_t(0.4 * par_.planner_budget_ms * double(kEvaluationsPerMs));
+Plan Planner::plan_pow2(const std::vector<SeqShape>& batch, PlanStats* stats) const {
+  if (batch.empty()) return Plan("pow2", world_, {}, {}, 0);
+  BatchCosts b(*this, batch);
+  require_pow2(b);
+  PlanStats st;
+  st.budget = budget();
+  st.floor = b.evaluations();
+  detail::Candidate c = pow2_portfolio(b, par_, budget(), st);
+  DHP_ASSERT(c.makespan < kNever);
+  const int64_t before = b.evaluations();
+  auto groups = detail::finish_groups(b, std::move(c.groups), world_);
+  st.floor += b.evaluations() - before;
+  st.evaluations = b.evaluations();
+  st.candidate = c.name;
+  if (stats) *stats = st;
+  return Plan("pow2", world_, batch, std::move(groups), b.lower_bound(), c.name);
 }
 
 Plan Planner::plan_dhp(const std::vector<SeqShape>& batch, PlanStats* stats) const {
   if (batch.empty()) return Plan("dhp", world_, {}, {}, 0);
   BatchCosts b(*this, batch);
   const int n = world_;
-  // The budget counts from the start, so it bounds the whole planning time; the first
-  // complete plan of each kind is always made.
-  const int64_t stop_at = int64_t(par_.planner_budget_ms * double(kEvaluationsPerMs));
   PlanStats st;
-
-  // Candidate 1: the packed wave solution (exact degrees per wave), run without barriers.
-  // It is the same computation plan_dhp_waves() makes (same inputs, same budget point), so
-  // the final makespan is never above the barrier schedule's when that one is node-local.
-  Solution sol = wave_solution(b, memory_, n, wave_budget(), st);
-  const int rpn = std::clamp(par_.ranks_per_node, 1, n);
-  std::vector<PlanGroup> waves = barrier_groups(b, sol, n, par_.ranks_per_node);
-  int64_t best_makespan = kNever;
-  std::vector<PlanGroup> best;
-  // place_wave must let a ring straddle two nodes when a wave's degrees do not bin-pack into
-  // nodes; the cost model prices rings of <= a node's ranks at intra-node bandwidth, so such
-  // a placement's predicted time is optimistic and it is not used (the barrier reference
-  // plan_dhp_waves() keeps it, and its makespan is then not a valid bound for this one).
-  const bool node_local = std::none_of(waves.begin(), waves.end(), [&](const PlanGroup& g) {
-    return g.cp <= rpn && g.first_rank / rpn != (g.first_rank + g.cp - 1) / rpn;
-  });
-  if (node_local) best = compact(waves, n, &best_makespan);
-  // The same groups list-scheduled wave by wave (slowest first) with node-aware placement.
-  {
-    std::vector<int> order(waves.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = int(i);
-    std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
-      return waves[x].wave != waves[y].wave ? waves[x].wave < waves[y].wave : waves[x].time_ns > waves[y].time_ns;
-    });
-    std::vector<detail::Job> jobs;
-    for (int i : order) jobs.push_back({waves[i].seqs, waves[i].cp, waves[i].cp, waves[i].time_ns});
-    int64_t span = 0;
-    auto groups = detail::list_schedule(b, jobs, n, par_.ranks_per_node, &span);
-    if (span < best_makespan) best_makespan = span, best = std::move(groups);
-  }
-
-  // Candidate 2..: moldable list schedules over a grid of targets M = f · lower bound, then
-  // a geometric refinement around the best f. Stops when the budget is spent or when a
-  // refinement round improves nothing.
-  const int64_t lb = std::max<int64_t>(1, detail::lower_bound(b, n));
-  Moldable mold(b, n, par_.ranks_per_node);
-  std::vector<double> grid = {1.0, 1.03, 1.1, 1.25, 1.5, 2.0, 3.0};
-  std::vector<int64_t> spans(grid.size(), kNever);
-  int best_i = -1;
-  auto target = [&](double f) { return int64_t(std::min(double(kNever), f * double(lb))); };
-  auto consider = [&](Moldable::Result&& r) {
-    ++st.packings;
-    if (r.makespan < best_makespan) {
-      best_makespan = r.makespan;
-      best = std::move(r.groups);
-      return true;
-    }
-    return false;
-  };
-  for (size_t i = 0; i < grid.size() && (i == 0 || b.evaluations() < stop_at); ++i) {
-    Moldable::Result r = mold.run(target(grid[i]));
-    spans[i] = r.makespan;
-    if (best_i < 0 || spans[i] < spans[size_t(best_i)]) best_i = int(i);
-    consider(std::move(r));
-  }
-  // Refine: halve the (log) step around the best grid point while it keeps improving.
-  if (best_i >= 0) {
-    double lo = best_i > 0 ? grid[size_t(best_i - 1)] : grid[0], hi = best_i + 1 < int(grid.size()) ? grid[size_t(best_i + 1)] : grid.back();
-    double at = grid[size_t(best_i)];
-    int64_t at_span = spans[size_t(best_i)];
-    for (int round = 0; round < 6 && b.evaluations() < stop_at; ++round) {
-      bool improved = false;
-      for (double f : {std::sqrt(lo * at), std::sqrt(at * hi)}) {
-        if (f == at || b.evaluations() >= stop_at) continue;
-        Moldable::Result r = mold.run(target(f));
-        const int64_t span = r.makespan;
-        consider(std::move(r));
-        if (span < at_span) {
-          (f < at ? hi : lo) = at;
-          at = f, at_span = span, improved = true;
-          break;
-        }
-        (f < at ? lo : hi) = f;
-      }
-      if (!improved && round > 0) break;
-    }
-  }
-
-  std::vector<PlanGroup> out = detail::finish_groups(b, detail::merge_runs(b, memory_, std::move(best), n), n);
-  if (stats) *stats = PlanStats{b.evaluations(), st.packings, st.moves};
-  return Plan("dhp", n, batch, std::move(out), detail::lower_bound(b, n));
+  st.budget = budget();
+  st.floor = b.evaluations();
+  const int64_t waves = wave_units(b, budget());
+  // 1. pow2, exactly as plan_pow2 plans it.
+  detail::Candidate best = pow2_portfolio(b, par_, budget(), st);
+  best.name = "pow2/" + best.name;
+  // 2. The static layout at the other CP degrees that divide the world and hold the batch.
+  try_static(b, best, false, b.evaluations() + std::max<int64_t>(0, budget() - b.evaluations()) / 5, st);
+  // 3. Any integer degree: replaces the others only when strictly faster.
+  detail::Candidate any = detail::search(b, par_, Degrees::Any, budget(), st, waves);
+  if (any.makespan < best.makespan) best = std::move(any), best.name = "any/" + best.name;
+  const int64_t before = b.evaluations();
+  auto groups = detail::finish_groups(b, std::move(best.groups), n);
+  st.floor += b.evaluations() - before;
+  st.evaluations = b.evaluations();
+  st.candidate = best.name;
+  if (stats) *stats = st;
+  return Plan("dhp", n, batch, std::move(groups), b.lower_bound(), best.name);
 }
 
 }  // namespace dhp

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/check.h"
 
@@ -10,6 +11,9 @@ namespace dhp {
 MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int world, double memory_gb,
                          bool zero1, bool recompute) {
   DHP_CHECK(world >= 1, "the world size must be at least 1, got {}", world);
+  DHP_CHECK(std::isfinite(memory_gb) && memory_gb > 0 && memory_gb <= kMaxMemoryGb,
+            "memory per device (parallel.memory_gb) = {} GiB: it must be a positive number of GiB, at most {}",
+            memory_gb, kMaxMemoryGb);
   capacity_ = int64_t(memory_gb * double(int64_t(1) << 30));
   const auto& v = m.vision;
   const int64_t d = m.dim, q = m.q_dim(), kv = m.kv_dim(), dv = v.dim;
@@ -39,27 +43,68 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   fixed_ = dev.workspace_bytes;
 }
 
-int64_t MemoryModel::activation_bytes(const SeqShape& s, int64_t t) const {
-  const int64_t L = std::max<int64_t>(1, s.tokens());
-  const int64_t patches = (t * m2_ * s.vision_tokens + L - 1) / L;
-  return t * per_token_ + patches * per_patch_;
+namespace {
+// a·b + c·d, saturated far below overflow (a group that large never fits anyway).
+int64_t sat(int64_t a, int64_t b, int64_t c, int64_t d) {
+  constexpr int64_t kHuge = int64_t(1) << 61;
+  const double x = double(a) * double(b) + double(c) * double(d);
+  return x >= double(kHuge) ? kHuge : a * b + c * d;
+}
+}  // namespace
+
+int64_t MemoryModel::one_rank_bytes(const SeqShape& s) const {
+  return sat(s.tokens(), per_token_, s.vision_tokens * m2_, per_patch_);
 }
 
 int64_t MemoryModel::rank_bytes(int64_t activations, int64_t tokens) const {
   return static_ + activations + std::min(tokens, logits_chunk_) * logits_per_token_ + fixed_;
 }
 
-int64_t MemoryModel::group_bytes(const std::vector<const SeqShape*>& seqs, int c) const {
-  int64_t act = 0, tokens = 0;
-  for (const SeqShape* s : seqs) {
-    const int64_t t = (s->tokens() + c - 1) / c;
-    act += activation_bytes(*s, t);
-    tokens += t;
+int64_t MemoryModel::max_rank_patches(std::span<const ImageClass> sorted, int c) {
+  if (sorted.empty()) return 0;
+  if (c == 1 || (sorted.size() == 1 && sorted[0].count == 1)) {
+    int64_t total = 0;
+    for (const auto& im : sorted) total += im.patches * im.count;
+    return total;
   }
-  return rank_bytes(act, tokens);
+  if (sorted.size() == 1) return (sorted[0].count + c - 1) / c * sorted[0].patches;
+  thread_local std::vector<ImageLevel> levels;
+  balance_images(sorted, c, levels);
+  return levels.back().patches;
 }
 
-int MemoryModel::min_degree(const std::vector<const SeqShape*>& seqs, int max_degree) const {
+int64_t MemoryModel::max_rank_patches(std::span<const SeqShape* const> seqs, int c) const {
+  thread_local std::vector<ImageClass> classes;
+  classes.clear();
+  for (const SeqShape* s : seqs) {
+    ImageClass im[2];
+    const int k = image_classes(*s, m2_, im);
+    for (int i = 0; i < k; ++i) classes.push_back(im[i]);
+  }
+  if (classes.size() > 1) {
+    std::sort(classes.begin(), classes.end(),
+              [](const ImageClass& a, const ImageClass& b) { return a.patches > b.patches; });
+    size_t w = 0;
+    for (size_t i = 1; i < classes.size(); ++i) {
+      if (classes[i].patches == classes[w].patches) classes[w].count += classes[i].count;
+      else classes[++w] = classes[i];
+    }
+    classes.resize(w + 1);
+  }
+  return max_rank_patches(std::span<const ImageClass>(classes), c);
+}
+
+int64_t MemoryModel::bytes_for(int64_t tokens, int64_t patches) const {
+  return rank_bytes(sat(tokens, per_token_, patches, per_patch_), tokens);
+}
+
+int64_t MemoryModel::group_bytes(std::span<const SeqShape* const> seqs, int c) const {
+  int64_t tokens = 0;
+  for (const SeqShape* s : seqs) tokens += (s->tokens() + c - 1) / c;
+  return bytes_for(tokens, max_rank_patches(seqs, c));
+}
+
+int MemoryModel::min_degree(std::span<const SeqShape* const> seqs, int max_degree) const {
   if (group_bytes(seqs, max_degree) > capacity_) return max_degree + 1;
   int lo = 1, hi = max_degree;  // bytes never grow with the degree: binary search
   while (lo < hi) {

@@ -1,22 +1,27 @@
 // Memory model of design.md §2.2: bytes one rank needs to run its share of a group.
 //
 //   static (weights + gradients + optimizer state, the latter / N under ZeRO-1)
-//   + activations: per decoder token, and per vision patch (m² per image token)
+//   + decoder activations per token held (a rank of a ring of degree c holds at most
+//     ceil(L/c) tokens of a sequence of L: zigzag split, plan.h)
+//   + vision activations per patch of the images the rank encodes: images are never split,
+//     they are dealt longest-first to the least loaded rank by patch count (balance_images),
+//     and the rank with the most patches is the one that counts
 //   + logits buffer: min(tokens, chunk) x vocab in fp32, with its gradient
 //   + ring buffers (double-buffered K/V and dK/dV blocks, per decoder token) + workspace.
-//
-// A rank of a group with ring degree c holds ceil(L/c) tokens of a sequence of L at most
-// (zigzag split, plan.h); image tokens are assumed spread in proportion, so a rank holding
-// t tokens of sequence s holds ceil(t · m² · V_s / L_s) patches.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "model/config.h"
 #include "parallel/cost_model.h"
 
 namespace dhp {
+
+// The most memory per device the planner accepts, in GiB (a PiB): beyond it byte counts
+// would overflow.
+inline constexpr double kMaxMemoryGb = double(int64_t(1) << 20);
 
 class MemoryModel {
  public:
@@ -29,14 +34,30 @@ class MemoryModel {
   int64_t bytes_per_token() const { return per_token_; }   // decoder token
   int64_t bytes_per_patch() const { return per_patch_; }   // vision patch before the merge
 
-  // Activation bytes (no static, logits or workspace) of t tokens of sequence s.
-  int64_t activation_bytes(const SeqShape& s, int64_t t) const;
-  // A whole rank: activations already summed over its sequences, `tokens` in total.
+  // Activation bytes of the whole of s on one rank (decoder tokens and all its images).
+  int64_t one_rank_bytes(const SeqShape& s) const;
+  // A whole rank: activations already summed over its sequences, `tokens` decoder tokens.
   int64_t rank_bytes(int64_t activations, int64_t tokens) const;
-  // The most any rank of a ring of degree c needs for these sequences.
-  int64_t group_bytes(const std::vector<const SeqShape*>& seqs, int c) const;
+  // The most any rank of a ring of degree c needs for these sequences run together.
+  int64_t group_bytes(std::span<const SeqShape* const> seqs, int c) const;
+  // The most patches one rank of c encodes for these sequences.
+  int64_t max_rank_patches(std::span<const SeqShape* const> seqs, int c) const;
+  // The same for image classes already sorted largest first with distinct patch counts.
+  static int64_t max_rank_patches(std::span<const ImageClass> sorted, int c);
+  // The bytes of a rank holding `tokens` decoder tokens and encoding `patches` patches.
+  int64_t bytes_for(int64_t tokens, int64_t patches) const;
   // The smallest ring degree <= max_degree at which the sequences fit; max_degree + 1 if none.
-  int min_degree(const std::vector<const SeqShape*>& seqs, int max_degree) const;
+  int min_degree(std::span<const SeqShape* const> seqs, int max_degree) const;
+  // One sequence alone.
+  int64_t group_bytes(const SeqShape& s, int c) const {
+    const SeqShape* p = &s;
+    return group_bytes(std::span<const SeqShape* const>(&p, 1), c);
+  }
+  int min_degree(const SeqShape& s, int max_degree) const {
+    const SeqShape* p = &s;
+    return min_degree(std::span<const SeqShape* const>(&p, 1), max_degree);
+  }
+  int merge2() const { return m2_; }
 
  private:
   int64_t capacity_, params_, static_, per_token_, per_patch_, logits_per_token_, fixed_;

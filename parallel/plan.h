@@ -55,9 +55,11 @@ class Plan {
  public:
   Plan() = default;
   Plan(std::string strategy, int world, std::vector<SeqShape> seqs, std::vector<PlanGroup> groups,
-       int64_t lower_bound_ns);
+       int64_t lower_bound_ns, std::string candidate = "");
 
   const std::string& strategy() const { return strategy_; }
+  // Which of the strategy's searches produced the plan (dhp's portfolio), or empty.
+  const std::string& candidate() const { return candidate_; }
   int world() const { return world_; }
   const std::vector<SeqShape>& seqs() const { return seqs_; }
   const std::vector<PlanGroup>& groups() const { return groups_; }
@@ -77,7 +79,7 @@ class Plan {
   }
 
  private:
-  std::string strategy_;
+  std::string strategy_, candidate_;
   int world_ = 0;
   std::vector<SeqShape> seqs_;
   std::vector<PlanGroup> groups_;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <climits>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <set>
@@ -17,38 +18,120 @@ namespace dhp {
 namespace detail {
 
 BatchCosts::BatchCosts(const Planner& p, const std::vector<SeqShape>& batch)
-    : cost_(p.cost()), memory_(p.memory()), world_(p.world()), seqs_(batch) {
+    : cost_(p.cost()), memory_(p.memory()), world_(p.world()),
+      rpn_(std::clamp(p.config().ranks_per_node, 1, p.world())), seqs_(batch) {
   costs_.reserve(seqs_.size());
   for (const auto& s : seqs_) {
-    DHP_CHECK(s.text_tokens >= 0 && s.vision_tokens >= 0 && s.tokens() > 0,
-              "sample {} has {} text and {} vision tokens: a sequence needs at least one token", s.id,
-              s.text_tokens, s.vision_tokens);
+    validate_shape(s);
     costs_.push_back(cost_.prepare(s));
     dmin_.push_back(p.min_degree(s));
+    bytes1_.push_back(memory_.one_rank_bytes(s));
     t1_.push_back(time(int(t1_.size()), 1));
     total_ += t1_.back();
   }
+  lower_bound_ = compute_lower_bound();
+}
+
+int64_t BatchCosts::group_time(const std::vector<int32_t>& g, int d, bool inter) const {
+  thread_local GroupCost acc;
+  acc.clear();
+  for (int32_t s : g) acc.add(costs_[s]);
+  evaluations_ += int64_t(g.size());
+  return cost_.ticks(acc, d, inter, &evaluations_);
 }
 
 int64_t BatchCosts::group_bytes(const std::vector<int32_t>& g, int c) const {
-  std::vector<const SeqShape*> ptrs;
-  ptrs.reserve(g.size());
+  thread_local std::vector<const SeqShape*> ptrs;
+  ptrs.clear();
+  charge(1 + int64_t(g.size()) / 4);
   for (int32_t s : g) ptrs.push_back(&seqs_[s]);
   return memory_.group_bytes(ptrs, c);
 }
 
 int BatchCosts::group_min_degree(const std::vector<int32_t>& g) const {
-  std::vector<const SeqShape*> ptrs;
-  ptrs.reserve(g.size());
+  thread_local std::vector<const SeqShape*> ptrs;
+  ptrs.clear();
+  charge(4 + int64_t(g.size()));
   for (int32_t s : g) ptrs.push_back(&seqs_[s]);
   return memory_.min_degree(ptrs, world_);
 }
 
+int64_t BatchCosts::compute_lower_bound() {
+  if (seqs_.empty()) return 0;
+  const int n = world_;
+  // (a) Rank-time: sum over the sequences of the least d x time they add to any micro-batch
+  // at an allowed degree, for a few lambdas; every group's ranks are busy that long.
+  double area = 0;
+  for (double lambda : {1.0, 0.0}) {
+    double sum = 0;
+    for (int s = 0; s < size(); ++s) sum += cost_.min_area_lower_bound(costs_[s], dmin_[s], n, lambda);
+    charge(size() / 2);
+    area = std::max(area, sum / n);
+  }
+  // (b) The slowest sequence alone on its best ring. Only sequences whose time at their
+  // minimum degree exceeds the bound so far can raise it; the scan over d stops when the
+  // fixed costs and the ring latency alone (which grow with d) pass the best time found.
+  double bound = area;
+  std::vector<std::pair<double, int>> order;
+  for (int s = 0; s < size(); ++s) order.push_back({cost_.time_lower_bound(costs_[s], dmin_[s]), s});
+  charge(size() / 4);
+  std::sort(order.begin(), order.end(), std::greater<>());
+  const double fixed = cost_.fixed_seconds(), latency = cost_.step_latency();
+  for (auto [at_min, s] : order) {
+    if (at_min <= bound) break;
+    double best = at_min;
+    for (int d = dmin_[s] + 1; d <= n && best > bound && fixed + latency * (d - 1) < best; ++d) {
+      best = std::min(best, cost_.time_lower_bound(costs_[s], d));
+      charge(1);
+    }
+    bound = std::max(bound, best);
+  }
+  return int64_t(std::floor(bound * 1e9));
+}
+
 Timelines::Timelines(int world, int ranks_per_node)
-    : n_(world), node_(std::clamp(ranks_per_node, 1, world)), size_(int(std::bit_ceil(unsigned(world)))),
-      free_(size_t(world), 0), tree_(size_t(2 * size_), {kNever, INT_MAX}) {
+    : n_(world), node_(std::clamp(ranks_per_node, 1, world)), nodes_((world + node_ - 1) / node_),
+      size_(int(std::bit_ceil(unsigned(world)))), nsize_(int(std::bit_ceil(unsigned(nodes_)))),
+      free_(size_t(world), 0), tree_(size_t(2 * size_), {kNever, INT_MAX}),
+      kth_(size_t(node_), std::vector<int64_t>(size_t(2 * nsize_), kNever)), node_max_(size_t(nodes_), 0),
+      node_sum_(size_t(nodes_), 0), pmax_(size_t(world), 0), psum_(size_t(world), 0) {
   for (int r = 0; r < n_; ++r) tree_[size_t(size_ + r)] = {0, r};
   for (int i = size_ - 1; i >= 1; --i) tree_[i] = std::min(tree_[2 * i], tree_[2 * i + 1]);
+  for (int v = 0; v < nodes_; ++v) refresh_node(v);
+}
+
+void Timelines::refresh_node(int v) {
+  const int a = v * node_, e = std::min(n_, a + node_);
+  thread_local std::vector<int64_t> sorted;
+  sorted.assign(free_.begin() + a, free_.begin() + e);
+  std::sort(sorted.begin(), sorted.end());
+  int64_t mx = 0, sum = 0;
+  for (int r = a; r < e; ++r) mx = std::max(mx, free_[r]), sum += free_[r], pmax_[r] = mx, psum_[r] = sum;
+  node_max_[v] = mx, node_sum_[v] = sum;
+  for (int k = 0; k < node_; ++k) {
+    auto& t = kth_[size_t(k)];
+    int i = nsize_ + v;
+    t[i] = k < int(sorted.size()) ? sorted[size_t(k)] : kNever;
+    for (i /= 2; i >= 1; i /= 2) t[i] = std::min(t[2 * i], t[2 * i + 1]);
+  }
+}
+
+int Timelines::leftmost(const std::vector<int64_t>& t, int pos, int64_t x) const {
+  // Walk up from pos collecting the right siblings, then down into the first that holds
+  // a value <= x.
+  if (pos >= nodes_) return -1;
+  int i = nsize_ + pos;
+  if (t[i] <= x) return pos;
+  while (i > 1) {
+    if ((i & 1) == 0 && t[i + 1] <= x) {
+      i = i + 1;
+      while (i < nsize_) i = t[2 * i] <= x ? 2 * i : 2 * i + 1;
+      const int v = i - nsize_;
+      return v < nodes_ ? v : -1;
+    }
+    i /= 2;
+  }
+  return -1;
 }
 
 Timelines::Slot Timelines::best_block(int d, int64_t* cost) const {
@@ -59,20 +142,59 @@ Timelines::Slot Timelines::best_block(int d, int64_t* cost) const {
   }
   Slot best{-1, 0};
   int64_t best_waste = 0;
-  auto consider = [&](int f) {
-    int64_t start = 0, sum = 0;
-    for (int r = f; r < f + d; ++r) start = std::max(start, free_[r]), sum += free_[r];
-    *cost += d;
+  auto consider = [&](int f, int64_t start, int64_t sum) {
     const int64_t waste = start * d - sum;
     if (best.first < 0 || start < best.start || (start == best.start && waste < best_waste))
       best = {f, start}, best_waste = waste;
   };
   if (d <= node_) {
-    // Inside one node: the ring runs at intra-node bandwidth, as the cost model assumes.
-    for (int ns = 0; ns < n_; ns += node_)
-      for (int f = ns, ne = std::min(n_, ns + node_); f + d <= ne; ++f) consider(f);
+    // Inside one node: the ring runs at intra-node bandwidth, as the cost model assumes. No
+    // window of a node starts before the node's d-th smallest free time, so only nodes whose
+    // d-th smallest is at most the best start so far are looked at, in rank order (and at
+    // most 8 that can only tie on the start).
+    const auto& t = kth_[size_t(d - 1)];
+    int ties = 0;
+    for (int pos = 0;;) {
+      const int64_t x = best.first < 0 ? kNever - 1 : best_waste == 0 ? best.start - 1 : best.start;
+      const int v = leftmost(t, pos, x);
+      *cost += std::bit_width(unsigned(nsize_));
+      if (v < 0) break;
+      if (best.first >= 0 && t[size_t(nsize_ + v)] == best.start && ++ties > 8) break;
+      const int a = v * node_, e = std::min(n_, a + node_);
+      for (int f = a; f + d <= e; ++f) {
+        int64_t start = 0, sum = 0;
+        for (int r = f; r < f + d; ++r) start = std::max(start, free_[r]), sum += free_[r];
+        consider(f, start, sum);
+      }
+      *cost += int64_t(e - a) * d;
+      pos = v + 1;
+    }
   } else {
-    for (int f = 0; f + d <= n_; f += node_) consider(f);  // node-aligned; f = 0 always fits
+    // Node-aligned blocks: q whole nodes and the first `rem` ranks of the next. The largest
+    // free time over the whole nodes slides along with a monotone deque.
+    const int q = d / node_, rem = d % node_;
+    thread_local std::vector<int> dq;
+    dq.assign(size_t(nodes_) + 1, 0);
+    int head = 0, tail = 0;
+    int64_t window_sum = 0;
+    for (int v = 0; v < nodes_; ++v) {
+      while (tail > head && node_max_[dq[tail - 1]] <= node_max_[v]) --tail;
+      dq[tail++] = v;
+      window_sum += node_sum_[v];
+      const int k = v - q + 1;  // first node of the window
+      if (k < 0) continue;
+      if (dq[head] < k) ++head;
+      if (k > 0) window_sum -= node_sum_[k - 1];
+      const int f = k * node_;
+      if (f + d > n_) break;
+      int64_t start = node_max_[dq[head]], sum = window_sum;
+      if (rem > 0) {
+        const int last = f + q * node_ + rem - 1;
+        start = std::max(start, pmax_[last]), sum += psum_[last];
+      }
+      consider(f, start, sum);
+    }
+    *cost += nodes_;
   }
   DHP_ASSERT(best.first >= 0);
   return best;
@@ -85,6 +207,7 @@ void Timelines::occupy(int first, int d, int64_t end) {
     tree_[i] = {end, r};
     for (i /= 2; i >= 1; i /= 2) tree_[i] = std::min(tree_[2 * i], tree_[2 * i + 1]);
   }
+  for (int v = first / node_; v <= (first + d - 1) / node_; ++v) refresh_node(v);
 }
 
 int64_t Timelines::makespan() const { return free_.empty() ? 0 : *std::max_element(free_.begin(), free_.end()); }
@@ -97,7 +220,7 @@ std::vector<PlanGroup> list_schedule(const BatchCosts& b, const std::vector<Job>
   for (const Job& job : jobs) {
     int64_t cost = 0;
     const auto slot = tl.best_block(job.degree, &cost);
-    b.charge(1 + cost / 16);
+    b.charge(1 + cost / 64);
     tl.occupy(slot.first, job.degree, slot.start + job.time);
     PlanGroup g;
     g.first_rank = slot.first, g.degree = job.degree, g.cp = job.cp, g.seqs = job.seqs;
@@ -117,10 +240,11 @@ void sort_by_start(std::vector<PlanGroup>& groups) {
 }
 }  // namespace
 
-std::vector<PlanGroup> merge_runs(const BatchCosts& b, const MemoryModel& mem, std::vector<PlanGroup> groups,
-                                  int world) {
+std::vector<PlanGroup> merge_runs(const BatchCosts& b, std::vector<PlanGroup> groups, int world,
+                                  int64_t* makespan) {
   sort_by_start(groups);
   const int G = int(groups.size());
+  const MemoryModel& mem = b.memory();
   // The next group on each group's first rank. Two groups on the same ranks with one
   // starting as the other ends have nothing between them on any of those ranks (every
   // group takes time), so this one pointer is enough to find mergeable neighbours.
@@ -131,35 +255,53 @@ std::vector<PlanGroup> merge_runs(const BatchCosts& b, const MemoryModel& mem, s
     last[r] = g;
   }
   std::vector<char> dead(size_t(G), 0);
+  b.charge(G);
   for (int g = 0; g < G; ++g) {
     if (dead[g]) continue;
     PlanGroup& a = groups[g];
+    // One rank holds everything: bytes add up exactly. Wider rings: the exact group bytes.
     int64_t act = 0, tokens = 0;
-    auto add = [&](const std::vector<int32_t>& seqs, int64_t& act2, int64_t& tok2) {
-      for (int32_t s : seqs) {
-        const int64_t t = (b.seq(s).tokens() + a.cp - 1) / a.cp;
-        act2 += mem.activation_bytes(b.seq(s), t), tok2 += t;
-      }
-    };
-    add(a.seqs, act, tokens);
+    if (a.cp == 1)
+      for (int32_t s : a.seqs) act += b.one_rank_bytes(s), tokens += b.seq(s).tokens();
+    bool merged = false;
+    int64_t end = a.start_ns + a.time_ns;
     for (int h = next[g]; h >= 0; h = next[h]) {
       const PlanGroup& c = groups[h];
-      if (c.first_rank != a.first_rank || c.degree != a.degree || c.cp != a.cp || a.time_ns <= 0 ||
-          c.time_ns <= 0 || c.start_ns != a.start_ns + a.time_ns)
-        break;
-      int64_t act2 = act, tok2 = tokens;
-      add(c.seqs, act2, tok2);
-      if (mem.rank_bytes(act2, tok2) > mem.capacity()) break;
-      act = act2, tokens = tok2;
-      a.seqs.insert(a.seqs.end(), c.seqs.begin(), c.seqs.end());
-      a.time_ns += c.time_ns;
+      if (c.first_rank != a.first_rank || c.degree != a.degree || c.cp != a.cp || c.start_ns != end) break;
+      if (a.cp == 1) {
+        int64_t act2 = act, tok2 = tokens;
+        for (int32_t s : c.seqs) act2 += b.one_rank_bytes(s), tok2 += b.seq(s).tokens();
+        if (mem.rank_bytes(act2, tok2) > mem.capacity()) break;
+        act = act2, tokens = tok2;
+        a.seqs.insert(a.seqs.end(), c.seqs.begin(), c.seqs.end());
+      } else {
+        std::vector<int32_t> both = a.seqs;
+        both.insert(both.end(), c.seqs.begin(), c.seqs.end());
+        if (b.group_bytes(both, a.cp) > mem.capacity()) break;
+        a.seqs = std::move(both);
+      }
+      end = c.start_ns + c.time_ns;
       dead[h] = 1;
+      merged = true;
     }
+    if (merged) a.time_ns = b.group_time(a.seqs, a.cp, b.spans_nodes(a.first_rank, a.cp) || b.cost().inter(a.cp));
   }
   std::vector<PlanGroup> out;
   out.reserve(size_t(G));
   for (int g = 0; g < G; ++g)
     if (!dead[g]) out.push_back(std::move(groups[g]));
+  // Re-time as soon as possible in the same order per rank: times only went down, so by
+  // induction no start moves later.
+  std::vector<int64_t> free_at(size_t(world), 0);
+  *makespan = 0;
+  for (PlanGroup& g : out) {
+    int64_t start = 0;
+    for (int r = g.first_rank; r < g.first_rank + g.degree; ++r) start = std::max(start, free_at[r]);
+    g.start_ns = start;
+    for (int r = g.first_rank; r < g.first_rank + g.degree; ++r) free_at[r] = start + g.time_ns;
+    *makespan = std::max(*makespan, start + g.time_ns);
+  }
+  sort_by_start(out);
   return out;
 }
 
@@ -184,7 +326,11 @@ Planner::Planner(const ModelConfig& model, const ParallelConfig& par, int world)
 Planner::Planner(const CostModel& cost, const ParallelConfig& par, int world)
     : cost_(cost), memory_(cost.model(), cost.device(), world, par.memory_gb, par.zero1, par.recompute),
       par_(par), world_(world) {
-  DHP_CHECK(world >= 1, "the world size must be at least 1, got {}", world);
+  DHP_CHECK(world >= 1 && world <= kMaxWorld, "the world size must be between 1 and {} ranks, got {}", kMaxWorld,
+            world);
+  DHP_CHECK(par.ranks_per_node >= 1, "parallel.ranks_per_node must be at least 1, got {}", par.ranks_per_node);
+  DHP_CHECK(std::isfinite(par.planner_budget_ms) && par.planner_budget_ms >= 0 && par.planner_budget_ms <= 1e6,
+            "parallel.planner_budget_ms must be between 0 and 1e6, got {}", par.planner_budget_ms);
   DHP_CHECK(memory_.rank_bytes(0, 0) < memory_.capacity(),
             "the model alone needs {:.2f} GiB per rank ({} parameters), more than parallel.memory_gb = {}: "
             "raise memory_gb, enable parallel.zero1 or use more ranks",
@@ -199,29 +345,22 @@ Plan Planner::plan(const std::vector<SeqShape>& batch, PlanStats* stats) const {
 }
 
 int Planner::min_degree(const SeqShape& s) const {
-  const int d = memory_.min_degree({&s}, world_);
+  validate_shape(s);
+  const int d = memory_.min_degree(s, world_);
   DHP_CHECK(d <= world_,
             "sample {} ({} tokens: {} text + {} vision) does not fit in {} GiB per rank even split over all "
             "{} ranks (it needs {:.2f} GiB on each): raise parallel.memory_gb, use more ranks, or drop "
             "samples this long (data.max_tokens)",
             s.id, s.tokens(), s.text_tokens, s.vision_tokens, par_.memory_gb, world_,
-            memory_.group_bytes({&s}, world_) / double(int64_t(1) << 30));
+            memory_.group_bytes(s, world_) / double(int64_t(1) << 30));
   return d;
 }
 
-int64_t detail::lower_bound(const BatchCosts& b, int world) {
-  if (b.size() == 0) return 0;
-  int big = 0;
-  for (int s = 1; s < b.size(); ++s)
-    if (b.work(s) > b.work(big)) big = s;
-  int64_t best = kNever;
-  for (int d = b.min_degree(big); d <= world; ++d) best = std::min(best, b.time(big, d));
-  return std::max((b.total_work() + world - 1) / world, best);
+int64_t Planner::lower_bound(const std::vector<SeqShape>& batch) const {
+  return detail::BatchCosts(*this, batch).lower_bound();
 }
 
-int64_t Planner::lower_bound(const std::vector<SeqShape>& batch) const {
-  return detail::lower_bound(detail::BatchCosts(*this, batch), world_);
-}
+int64_t Planner::budget() const { return int64_t(par_.planner_budget_ms * double(kEvaluationsPerMs)); }
 
 int Planner::static_min_cp(const std::vector<SeqShape>& seqs) const {
   int need = 1;
@@ -286,22 +425,52 @@ std::vector<std::string> Planner::check(const Plan& plan) const {
     if (grp.first_rank < 0 || grp.first_rank + grp.degree > world_ || grp.cp < 1 || grp.cp > grp.degree)
       bad.push_back(fmt::format("group {}: ranks {}+{} (cp {}) outside the world of {}", g, grp.first_rank,
                                 grp.degree, grp.cp, world_));
-    for (int32_t s : grp.seqs) ++seen[size_t(s)];
+    for (int32_t s : grp.seqs)
+      if (s >= 0 && s < int32_t(seqs.size())) ++seen[size_t(s)];
+    if (grp.cp < 1 || grp.cp > grp.degree || grp.first_rank < 0 || grp.first_rank + grp.cp > world_) continue;
+    bool seqs_ok = true;
+    for (int32_t s : grp.seqs) seqs_ok &= s >= 0 && s < int32_t(seqs.size());
+    if (!seqs_ok) {
+      bad.push_back(fmt::format("group {}: a sequence index outside the batch", g));
+      continue;
+    }
+    std::vector<const SeqShape*> members;
+    for (int32_t s : grp.seqs) members.push_back(&seqs[size_t(s)]);
+    // Time: the cost model's price of this micro-batch on this ring where it is placed.
+    const int rpn = std::clamp(par_.ranks_per_node, 1, world_);
+    const bool spans = grp.first_rank / rpn != (grp.first_rank + grp.cp - 1) / rpn;
+    // dhp's and pow2's own placement keeps rings of at most a node's ranks inside a node; a
+    // static layout (the static strategy, or dhp adopting it) and the barrier reference may
+    // lay one across two nodes, priced at inter-node bandwidth (checked below).
+    const bool static_like = plan.strategy() == "static" || plan.strategy() == "dhp-waves" ||
+                             plan.candidate().find("static") != std::string::npos;
+    if (spans && grp.cp <= rpn && !static_like)
+      bad.push_back(fmt::format("group {}: its ring of {} ranks from rank {} spans two nodes of {} ranks", g, grp.cp,
+                                grp.first_rank, rpn));
+    {
+      GroupCost acc;
+      for (const SeqShape* s : members) acc.add(cost_.prepare(*s));
+      const int64_t want = cost_.ticks(acc, grp.cp, spans || cost_.inter(grp.cp));
+      if (!grp.seqs.empty() && grp.time_ns != want)
+        bad.push_back(fmt::format("group {}: time {} ns, but the cost model prices its {} sequences on {} ranks{} "
+                                  "at {} ns", g, grp.time_ns, grp.seqs.size(), grp.cp,
+                                  spans ? " across nodes" : "", want));
+    }
     // Token ranges: the union over the ring's ranks covers each sequence exactly once.
+    // Memory: each rank's decoder tokens from its ranges, plus the most patches any rank of
+    // the ring encodes (images are whole on a rank).
+    const int64_t patch_bytes = memory_.max_rank_patches(members, grp.cp) * memory_.bytes_per_patch();
     std::map<int32_t, std::vector<std::pair<int64_t, int64_t>>> cover;
     for (int i = 0; i < grp.cp; ++i) {
-      int64_t act = 0, tokens = 0;
-      std::map<int32_t, int64_t> held;
+      int64_t tokens = 0;
       for (const auto& r : plan.ranges(g, grp.first_rank + i)) {
         cover[r.seq].push_back({r.begin, r.end});
-        held[r.seq] += r.end - r.begin;
         tokens += r.end - r.begin;
       }
-      for (auto [s, t] : held) act += memory_.activation_bytes(seqs[s], t);
-      const int64_t bytes = memory_.rank_bytes(act, tokens);
+      const int64_t bytes = memory_.rank_bytes(tokens * memory_.bytes_per_token() + patch_bytes, tokens);
       if (bytes > memory_.capacity())
-        bad.push_back(fmt::format("group {} rank {}: {} bytes exceed the capacity {}", g, grp.first_rank + i,
-                                  bytes, memory_.capacity()));
+        bad.push_back(fmt::format("group {} rank {}: {} bytes exceed the capacity {}", g, grp.first_rank + i, bytes,
+                                  memory_.capacity()));
       if (bytes > grp.peak_bytes)
         bad.push_back(fmt::format("group {} rank {}: {} bytes above its reported peak {}", g,
                                   grp.first_rank + i, bytes, grp.peak_bytes));

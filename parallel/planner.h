@@ -1,25 +1,31 @@
 // The per-step planner (design.md §2): from the lengths of one global batch to a Plan.
 //
-//   dhp     Stage 1 memory-aware best-fit-decreasing packing of short sequences into atomic
-//           groups of about one rank's share of the work; long ones alone. Waves when the
-//           groups (or their minimum degrees) outnumber the ranks. Stage 2 exact degree
-//           assignment per wave (solver.h), improved by moving short sequences out of the
-//           slowest groups and re-packing at other targets. That wave solution is then run
-//           without barriers (a group starts when its ranks are free), and competes with
-//           moldable list schedules: for a target M every sequence gets the fewest ranks
-//           (any integer) that bring it under M, and the rings are list-scheduled longest
-//           first on rank timelines with node-aware contiguous placement; M is searched
-//           from the lower bound up. The best schedule wins; back-to-back groups on the same
-//           ranks merge into one micro-step where memory allows. Everything inside a budget
-//           counted in cost evaluations (never wall time, so every rank stops at the same
-//           point), with early stops when a search stops improving.
-//   static  fixed DP x CP mesh; CP large enough for the longest sequence; sequences spread
-//           over the DP replicas longest-first to the least loaded (greedy), each replica
-//           running memory-sized micro-batches one after another.
-//   pow2    per-step CP degrees restricted to powers of two (Megatron-Core dynamic CP):
-//           each sequence gets the smallest power of two that holds it, doubled while it is
-//           still longer than a rank's fair share, then list-scheduled longest first with
-//           the same barrier-free scheduler and placement as dhp.
+//   dhp     a portfolio of searches, the best schedule wins (ties: the simpler one):
+//           1. the pow2 planner below, exactly (so dhp is never slower than pow2);
+//           2. the static layout at the other CP degrees that divide the world and hold the
+//              batch (so dhp is never slower than static at its best degree while the budget
+//              lets it try them: a fifth of what is left), each skipped when a lower bound
+//              shows it cannot win;
+//           3. the same search with any integer degree: packed waves (stage 1 memory-aware
+//              best-fit-decreasing packing into atomic groups, waves when groups outnumber
+//              ranks, stage 2 exact degree assignment per wave (solver.h), improved by
+//              moving short sequences out of the slowest groups) run without barriers, and
+//              moldable list schedules: for a target M each long sequence gets the fewest
+//              ranks that bring it under M, short ones are packed into one-rank
+//              micro-batches, and everything is list-scheduled longest first on rank
+//              timelines with node-aware contiguous placement; M is searched from the lower
+//              bound up.
+//           Back-to-back groups on the same ranks merge into one micro-batch where memory
+//           allows (it is then priced as one micro-batch). Everything inside a budget of
+//           cost evaluations (never wall time, so every rank stops at the same point), with
+//           early stops when a search stops improving.
+//   static  fixed DP x CP mesh; sequences spread over the DP replicas longest-first to the
+//           least loaded, each replica running memory-sized micro-batches one after another.
+//           A replica that cannot sit inside one node is priced at inter-node bandwidth.
+//   pow2    per-step CP degrees restricted to powers of two (Megatron-Core dynamic CP),
+//           planned with dhp's own search, scheduler, placement, merging and memory model,
+//           plus the static layouts at power-of-two CP degrees (they are power-of-two plans
+//           too): only the degree set differs.
 //
 // Every strategy's plan is an as-soon-as-possible schedule: each rank runs its groups one
 // after another (gradient accumulation) and a group starts exactly when the last of its
@@ -38,14 +44,25 @@
 
 namespace dhp {
 
-// Cost evaluations the improvement phase may spend per millisecond of planner_budget_ms;
-// measured on one core of the development machine (bench_planner prints the current rate).
-inline constexpr int64_t kEvaluationsPerMs = 13000;
+// Cost evaluations (and scheduling work charged in the same unit) a plan may spend per
+// millisecond of planner_budget_ms: the slower phases' rate measured on one core of the
+// development machine (bench_planner prints the current rate). A plan spends at most the
+// budget, except that preparing the batch (every sequence's cost, memory minimum and the
+// lower bound) and the first schedule of each search it runs are always made: about 10
+// units per sequence, which only exceeds the default 5 ms above ~4000 sequences.
+inline constexpr int64_t kEvaluationsPerMs = 12000;
+
+// The largest world the planner accepts (a million ranks).
+inline constexpr int kMaxWorld = 1 << 20;
 
 struct PlanStats {
-  int64_t evaluations = 0;  // sequence-cost evaluations spent
-  int packings = 0;         // packings tried (dhp)
-  int moves = 0;            // sequence moves accepted (dhp)
+  int64_t evaluations = 0;  // cost evaluations (and scheduling work in the same unit) spent
+  int64_t budget = 0;       // what the strategy was allowed
+  int64_t floor = 0;        // of the evaluations, those made whatever the budget: preparing
+                            // the batch and the first schedule of each search
+  int packings = 0;         // packings and schedules tried
+  int moves = 0;            // sequence moves accepted (wave improvement)
+  std::string candidate;    // the search whose schedule won (dhp): e.g. "any/moldable"
 };
 
 class Planner {
@@ -64,15 +81,25 @@ class Planner {
   // cp = 0: the smallest divisor of the world that holds every sequence of `batch`.
   Plan plan_static(const std::vector<SeqShape>& batch, int cp, PlanStats* stats = nullptr) const;
   Plan plan_pow2(const std::vector<SeqShape>& batch, PlanStats* stats = nullptr) const;
+  // The share of the budget pow2 gets (inside dhp and alone: the same plan, so dhp is never
+  // slower). docs/planner.md also reports pow2 given the whole budget.
+  static constexpr double kPow2Share = 0.45;
 
-  // max(total work on one rank each / N, the largest sequence on up to N ranks).
+  // A bound no plan can beat: the larger of (a) the rank-time every sequence needs at its
+  // cheapest allowed degree (memory minimum and up), with the ring steps' max(compute,
+  // transfer) bounded below by lambda·compute + (1-lambda)·transfer, over N; and (b) the
+  // slowest sequence on its best ring alone.
   int64_t lower_bound(const std::vector<SeqShape>& batch) const;
   // The smallest divisor of the world on which every sequence fits (error if none).
   int static_min_cp(const std::vector<SeqShape>& seqs) const;
   // The smallest ring degree that holds the sequence alone (error naming it if > world).
   int min_degree(const SeqShape& s) const;
 
-  // Everything a plan must satisfy; returns the violations (empty when valid).
+  // Everything a plan must satisfy; returns the violations (empty when valid): every sample
+  // once, zigzag ranges tiling each sequence, memory, the as-soon-as-possible schedule, each
+  // group's time equal to the cost model's price of its micro-batch at its placement (a ring
+  // spanning nodes at inter-node bandwidth), and, for dhp and pow2, no ring of at most one
+  // node's ranks spanning two nodes.
   std::vector<std::string> check(const Plan& plan) const;
 
   const CostModel& cost() const { return cost_; }
@@ -81,7 +108,7 @@ class Planner {
   int world() const { return world_; }
 
  private:
-  int64_t wave_budget() const;  // evaluations the wave solver may spend
+  int64_t budget() const;  // evaluations one plan may spend
 
   CostModel cost_;
   MemoryModel memory_;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -23,14 +24,24 @@ struct StrategyReport {
   double waves = 0;                // mean waves per step
   int max_waves = 0;
   std::map<int, int64_t> degrees;  // ring degree -> groups, over all steps
+  std::map<std::string, int> candidates;  // winning search -> steps (dhp, pow2)
+  double evaluations = 0;          // mean cost evaluations per plan
+  int64_t max_evaluations = 0, budget = 0;
   double wall_median_ms = 0, wall_p99_ms = 0;
   nlohmann::json to_json() const;
 };
 
+// The batch of step s (0 <= s < steps), made when it is needed: steps are planned one at a
+// time, so a long simulation never holds every batch at once.
+using BatchSource = std::function<std::vector<SeqShape>(int step)>;
+
+StrategyReport simulate(const Planner& planner, const std::string& strategy, const BatchSource& batches, int steps,
+                        int static_cp = 0);
 StrategyReport simulate(const Planner& planner, const std::string& strategy,
                         const std::vector<std::vector<SeqShape>>& batches, int static_cp = 0);
 
 // Every divisor of the world that holds the longest sample, simulated; the fastest wins.
+StrategyReport best_static(const Planner& planner, const BatchSource& batches, int steps);
 StrategyReport best_static(const Planner& planner, const std::vector<std::vector<SeqShape>>& batches);
 
 // The comparison table, speedups relative to the `static` row when there is one.

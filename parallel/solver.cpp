@@ -82,9 +82,9 @@ DegreeSolution solve_degrees(const GroupTimes& t, int n) {
   DHP_ASSERT(n >= 1);
   if (K == 0 || K > n) return s;
   Prefix p(t, n);
-  std::vector<int> dmin(K);
+  std::vector<int64_t> dmin(K);
   int64_t dmin_sum = 0;
-  for (int k = 0; k < K; ++k) dmin_sum += dmin[k] = std::clamp(t.min_degree(k), 1, n + 1);
+  for (int k = 0; k < K; ++k) dmin_sum += dmin[k] = std::clamp<int64_t>(t.min_degree(k), 1, int64_t(n) + 1);
   if (dmin_sum > n) return s;
   // The most ranks group k can own while every other group keeps its minimum.
   auto cap = [&](int k) { return int(n - (dmin_sum - dmin[k])); };
@@ -101,7 +101,7 @@ DegreeSolution solve_degrees(const GroupTimes& t, int n) {
   // Every group at its minimum degree is an assignment, so its makespan bounds the optimum
   // from above unless the hint was loose; then the search starts from "anything finite".
   int64_t hi = 0;
-  for (int k = 0; k < K; ++k) hi = std::max(hi, p.hat(k, dmin[k]));
+  for (int k = 0; k < K; ++k) hi = std::max(hi, p.hat(k, int(dmin[k])));
   if (hi >= kNever) hi = kNever - 1;
   if (!feasible(hi)) return s;
   int64_t lo_m = -1;  // infeasible: times are positive integers

@@ -26,5 +26,6 @@ void add_export_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_profile_command(CLI::App& app);
 
 }  // namespace dhp

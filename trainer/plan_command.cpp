@@ -4,10 +4,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -21,11 +24,17 @@
 namespace dhp {
 namespace {
 
+// Limits of `dhp plan` beyond the planner's own (world size, tokens per sample, memory).
+constexpr int kMaxBatch = 1 << 20;   // samples per global batch
+constexpr int kMaxSteps = 100000;    // steps simulated
+
 struct PlanOptions {
   std::string data, preset = "video-longtail", config, model_profile, device, strategies = "dhp,static,pow2";
   int world = 64, batch = 512, steps = 20, ranks_per_node = 0;
   std::string recompute;  // "", "on" or "off": overrides parallel.recompute
-  double memory_gb = 0;
+  double memory_gb = 0, budget_ms = 0;
+  bool memory_set = false, ranks_set = false, budget_set = false;
+  std::string coeffs;     // JSON file of cost coefficients (dhp profile)
   uint64_t seed = 1;
   bool json = false, show_plan = false;
 };
@@ -35,56 +44,71 @@ std::vector<SeqShape> read_lengths(const std::string& path) {
   std::ifstream in(path);
   DHP_CHECK(in.good(), "--data: cannot read '{}'", path);
   std::vector<SeqShape> out;
+  std::set<int64_t> ids;
   std::string line;
   for (int64_t no = 1; std::getline(in, line); ++no) {
     if (line.find_first_not_of(" \t\r") == std::string::npos || line[0] == '#') continue;
+    DHP_CHECK(int64_t(out.size()) < int64_t(kMaxBatch) * 64, "{}: more than {} samples", path,
+              int64_t(kMaxBatch) * 64);
     SeqShape s;
     s.id = int64_t(out.size());
+    int64_t images = -1;
     if (line.find('{') != std::string::npos) {
-      nlohmann::json j;
       try {
-        j = nlohmann::json::parse(line);
+        const nlohmann::json j = nlohmann::json::parse(line);
+        DHP_CHECK(j.is_object(), "{}:{}: expected a JSON object", path, no);
         s.vision_tokens = j.value("vision_tokens", int64_t(0));
         s.text_tokens = j.value("text_tokens", int64_t(0));
-        s.images = j.value("images", s.vision_tokens > 0 ? 1 : 0);
+        images = j.value("images", int64_t(-1));
         s.id = j.value("id", s.id);
       } catch (const nlohmann::json::exception& e) {
         throw Error(fmt::format("{}:{}: {}", path, no, e.what()));
       }
     } else {
       std::istringstream ls(line);
-      int64_t images = -1;
-      DHP_CHECK(bool(ls >> s.vision_tokens >> s.text_tokens), "{}:{}: expected 'vision_tokens text_tokens', got '{}'",
-                path, no, line);
-      if (ls >> images) s.images = int32_t(images);
-      else s.images = s.vision_tokens > 0 ? 1 : 0;
+      DHP_CHECK(bool(ls >> s.vision_tokens >> s.text_tokens), "{}:{}: expected 'vision_tokens text_tokens [images]', "
+                "got '{}'", path, no, line);
+      if (!(ls >> images)) images = -1;
+      std::string rest;
+      DHP_CHECK(!(ls >> rest), "{}:{}: unexpected '{}' after the counts", path, no, rest);
     }
-    DHP_CHECK(s.vision_tokens >= 0 && s.text_tokens >= 0 && s.tokens() > 0, "{}:{}: a sample needs tokens", path, no);
+    if (images < 0) images = s.vision_tokens > 0 ? 1 : 0;
+    DHP_CHECK(images <= INT32_MAX, "{}:{}: {} images is too many", path, no, images);
+    s.images = int32_t(images);
+    try {
+      validate_shape(s);
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}:{}: {}", path, no, e.what()));
+    }
+    DHP_CHECK(ids.insert(s.id).second, "{}:{}: sample id {} appears twice", path, no, s.id);
     out.push_back(s);
   }
   DHP_CHECK(!out.empty(), "--data: '{}' holds no samples", path);
   return out;
 }
 
-// The same batches for every strategy: consecutive samples of a seeded permutation (file)
-// or of the preset's deterministic stream.
-std::vector<std::vector<SeqShape>> make_batches(const PlanOptions& o, int factor) {
-  std::vector<std::vector<SeqShape>> out;
+// The same batches for every strategy, made one step at a time: consecutive samples of a
+// seeded permutation (file) or of the preset's deterministic stream.
+BatchSource make_batches(const PlanOptions& o, int factor) {
   if (!o.data.empty()) {
-    auto all = read_lengths(o.data);
-    std::vector<size_t> perm(all.size());
-    std::iota(perm.begin(), perm.end(), 0);
+    auto all = std::make_shared<std::vector<SeqShape>>(read_lengths(o.data));
+    DHP_CHECK(int64_t(all->size()) >= o.batch,
+              "--data: '{}' holds {} samples, fewer than --batch {}: a batch would hold a sample twice", o.data,
+              all->size(), o.batch);
+    auto perm = std::make_shared<std::vector<size_t>>(all->size());
+    std::iota(perm->begin(), perm->end(), 0);
     uint64_t x = o.seed * 0x9e3779b97f4a7c15ULL + 1;
-    for (size_t i = perm.size(); i > 1; --i) {
+    for (size_t i = perm->size(); i > 1; --i) {
       x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      std::swap(perm[i - 1], perm[x % i]);
+      std::swap((*perm)[i - 1], (*perm)[x % i]);
     }
-    for (int s = 0; s < o.steps; ++s) {
+    const int batch = o.batch;
+    return [all, perm, batch](int s) {
       std::vector<SeqShape> b;
-      for (int i = 0; i < o.batch; ++i) b.push_back(all[perm[(size_t(s) * o.batch + i) % perm.size()]]);
-      out.push_back(std::move(b));
-    }
-    return out;
+      b.reserve(size_t(batch));
+      for (int i = 0; i < batch; ++i) b.push_back((*all)[(*perm)[(size_t(s) * size_t(batch) + size_t(i)) % perm->size()]]);
+      return b;
+    };
   }
   PresetParams p;
   try {
@@ -92,17 +116,45 @@ std::vector<std::vector<SeqShape>> make_batches(const PlanOptions& o, int factor
   } catch (const std::invalid_argument& e) {
     throw Error(e.what());
   }
-  for (int s = 0; s < o.steps; ++s) {
+  const int batch = o.batch;
+  const uint64_t seed = o.seed;
+  return [p, batch, seed, factor](int s) {
     std::vector<SeqShape> b;
-    for (const auto& x : preset_samples(p, int64_t(s) * o.batch, o.batch, o.seed, factor))
+    b.reserve(size_t(batch));
+    for (const auto& x : preset_samples(p, int64_t(s) * batch, batch, seed, factor))
       b.push_back({x.id, x.text_tokens, x.vision_tokens, int32_t(x.images.size())});
-    out.push_back(std::move(b));
+    return b;
+  };
+}
+
+std::vector<std::string> parse_strategies(const std::string& list) {
+  std::vector<std::string> names;
+  std::stringstream ss(list);
+  for (std::string s; std::getline(ss, s, ',');) {
+    DHP_CHECK(!s.empty(), "--strategies: empty name in '{}' (comma-separated: dhp, dhp-waves, static, pow2)", list);
+    DHP_CHECK(s == "dhp" || s == "dhp-waves" || s == "static" || s == "pow2",
+              "--strategies: unknown '{}' (dhp, dhp-waves, static, pow2)", s);
+    DHP_CHECK(std::find(names.begin(), names.end(), s) == names.end(), "--strategies: '{}' given twice", s);
+    names.push_back(s);
   }
-  return out;
+  DHP_CHECK(!names.empty(), "--strategies: name at least one of dhp, dhp-waves, static, pow2");
+  return names;
 }
 
 void run_plan(const PlanOptions& o) {
-  DHP_CHECK(o.world >= 1 && o.batch >= 1 && o.steps >= 1, "--world, --batch and --steps must be positive");
+  DHP_CHECK(o.world >= 1 && o.world <= kMaxWorld, "--world must be between 1 and {} ranks, got {}", kMaxWorld,
+            o.world);
+  DHP_CHECK(o.batch >= 1 && o.batch <= kMaxBatch, "--batch must be between 1 and {} samples, got {}", kMaxBatch,
+            o.batch);
+  DHP_CHECK(o.steps >= 1 && o.steps <= kMaxSteps, "--steps must be between 1 and {}, got {}", kMaxSteps, o.steps);
+  DHP_CHECK(!o.memory_set || (std::isfinite(o.memory_gb) && o.memory_gb > 0 && o.memory_gb <= kMaxMemoryGb),
+            "--memory-gb must be a positive number of GiB, at most {}, got {}", kMaxMemoryGb, o.memory_gb);
+  DHP_CHECK(!o.ranks_set || o.ranks_per_node >= 1, "--ranks-per-node must be at least 1, got {}", o.ranks_per_node);
+  DHP_CHECK(!o.budget_set || (std::isfinite(o.budget_ms) && o.budget_ms >= 0 && o.budget_ms <= 1e6),
+            "--budget-ms must be between 0 and 1e6, got {}", o.budget_ms);
+  DHP_CHECK(o.recompute.empty() || o.recompute == "on" || o.recompute == "off", "--recompute: on or off, got '{}'",
+            o.recompute);
+  const std::vector<std::string> names = parse_strategies(o.strategies);
   ModelConfig model;
   ParallelConfig par;
   if (!o.config.empty()) {
@@ -111,30 +163,35 @@ void run_plan(const PlanOptions& o) {
   }
   if (!o.model_profile.empty()) model = model_profile(o.model_profile);
   if (!o.device.empty()) par.device = o.device;
-  if (o.memory_gb > 0) par.memory_gb = o.memory_gb;
-  if (o.ranks_per_node > 0) par.ranks_per_node = o.ranks_per_node;
-  DHP_CHECK(o.recompute.empty() || o.recompute == "on" || o.recompute == "off", "--recompute: on or off, got '{}'",
-            o.recompute);
+  if (o.memory_set) par.memory_gb = o.memory_gb;
+  if (o.ranks_set) par.ranks_per_node = o.ranks_per_node;
+  if (o.budget_set) par.planner_budget_ms = o.budget_ms;
   if (!o.recompute.empty()) par.recompute = o.recompute == "on";
-  Planner planner(model, par, o.world);
-  auto batches = make_batches(o, model.vision.factor());
+  CostModel cost(model, device_profile(par.device), par.ranks_per_node, par.recompute);
+  if (!o.coeffs.empty()) {
+    std::ifstream in(o.coeffs);
+    DHP_CHECK(in.good(), "--coeffs: cannot read '{}'", o.coeffs);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("--coeffs: '{}': {}", o.coeffs, e.what()));
+    }
+    cost.set_coeffs(CostCoeffs::from_json(j.contains("coeffs") ? j["coeffs"] : j));
+  }
+  Planner planner(cost, par, o.world);
+  const BatchSource batches = make_batches(o, model.vision.factor());
 
-  std::vector<std::string> names;
-  std::stringstream ss(o.strategies);
-  for (std::string s; std::getline(ss, s, ',');)
-    if (!s.empty()) names.push_back(s);
   std::vector<StrategyReport> rows;
   nlohmann::json failures = nlohmann::json::object();
   for (const auto& name : names) {
-    DHP_CHECK(name == "dhp" || name == "dhp-waves" || name == "static" || name == "pow2",
-              "--strategies: unknown '{}' (dhp, dhp-waves, static, pow2)", name);
     try {
-      if (name == "static" && par.static_cp == 0) rows.push_back(best_static(planner, batches));
-      else rows.push_back(simulate(planner, name, batches, par.static_cp));
+      if (name == "static" && par.static_cp == 0) rows.push_back(best_static(planner, batches, o.steps));
+      else rows.push_back(simulate(planner, name, batches, o.steps, par.static_cp));
     } catch (const Error& e) {
       // A baseline that cannot hold the data (pow2 on a world whose largest power of two is
       // too small, static with a fixed CP) is reported, not fatal.
-      if (name == "dhp") throw;
+      if (name == "dhp" || name == "dhp-waves") throw;
       failures[name] = e.what();
     }
   }
@@ -146,10 +203,12 @@ void run_plan(const PlanOptions& o) {
   if (o.json) {
     nlohmann::json j = {{"world", o.world}, {"batch", o.batch}, {"steps", o.steps}, {"seed", o.seed},
                         {"source", o.data.empty() ? "preset:" + o.preset : o.data},
-                        {"device", par.device}, {"memory_gb", par.memory_gb}, {"recompute", par.recompute}};
+                        {"device", par.device}, {"memory_gb", par.memory_gb}, {"recompute", par.recompute},
+                        {"ranks_per_node", par.ranks_per_node}, {"budget_ms", par.planner_budget_ms},
+                        {"coeffs", planner.cost().coeffs().to_json()}};
     for (const auto& r : rows) j["strategies"].push_back(r.to_json());
     if (!failures.empty()) j["failed"] = failures;
-    if (o.show_plan) j["first_plan"] = planner.plan_dhp(batches[0]).to_json();
+    if (o.show_plan) j["first_plan"] = planner.plan_dhp(batches(0)).to_json();
     fmt::print("{}\n", j.dump(2));
     return;
   }
@@ -161,7 +220,7 @@ void run_plan(const PlanOptions& o) {
              par.recompute ? "on" : "off");
   fmt::print("{}", format_reports(rows));
   for (auto& [k, v] : failures.items()) fmt::print("{}: not possible: {}\n", k, v.get<std::string>());
-  if (o.show_plan) fmt::print("\nfirst step's dhp plan:\n{}", planner.plan_dhp(batches[0]).to_string());
+  if (o.show_plan) fmt::print("\nfirst step's dhp plan:\n{}", planner.plan_dhp(batches(0)).to_string());
 }
 
 }  // namespace
@@ -169,21 +228,28 @@ void run_plan(const PlanOptions& o) {
 void add_plan_command(CLI::App& app) {
   auto opts = std::make_shared<PlanOptions>();
   auto* cmd = app.add_subcommand("plan", "Simulate the planner strategies on batches of sample lengths");
-  cmd->add_option("--data", opts->data, "File of lengths: 'vision_tokens text_tokens' per line, or JSON lines");
+  cmd->add_option("--data", opts->data, "File of lengths: 'vision_tokens text_tokens [images]' per line, or JSON lines");
   cmd->add_option("--preset", opts->preset, "Synthetic lengths: captions, mixed, video-longtail")->capture_default_str();
   cmd->add_option("--config", opts->config, "TOML config whose [model] and [parallel] are used");
   cmd->add_option("--model-profile", opts->model_profile, "Model shape instead of the config's: tiny, 7b");
   cmd->add_option("--device", opts->device, "Cost profile: cpu, a100, h100, h200 (default: parallel.device)");
+  cmd->add_option("--coeffs", opts->coeffs, "JSON cost coefficients (e.g. written by dhp profile) instead of the "
+                                            "device profile's");
   cmd->add_option("--world", opts->world, "Number of ranks")->capture_default_str();
   cmd->add_option("--batch", opts->batch, "Samples per global batch")->capture_default_str();
-  cmd->add_option("--memory-gb", opts->memory_gb, "Usable memory per device (default: parallel.memory_gb)");
+  cmd->add_option("--memory-gb", opts->memory_gb, "Usable memory per device (default: parallel.memory_gb)")
+      ->each([opts](const std::string&) { opts->memory_set = true; });
   cmd->add_option("--steps", opts->steps, "Steps to simulate")->capture_default_str();
   cmd->add_option("--strategies", opts->strategies,
                   "Comma-separated: dhp,static,pow2 and dhp-waves (dhp's waves as global barriers, for reference)")
       ->capture_default_str();
   cmd->add_option("--recompute", opts->recompute, "Planner models with activation recompute: on or off "
                                                   "(default: parallel.recompute)");
-  cmd->add_option("--ranks-per-node", opts->ranks_per_node, "Ranks per node (default: parallel.ranks_per_node)");
+  cmd->add_option("--ranks-per-node", opts->ranks_per_node, "Ranks per node (default: parallel.ranks_per_node)")
+      ->each([opts](const std::string&) { opts->ranks_set = true; });
+  cmd->add_option("--budget-ms", opts->budget_ms, "Planner budget, ms of cost evaluations (default: "
+                                                  "parallel.planner_budget_ms)")
+      ->each([opts](const std::string&) { opts->budget_set = true; });
   cmd->add_option("--seed", opts->seed, "Seed of the preset / the sample order")->capture_default_str();
   cmd->add_flag("--json", opts->json, "Print JSON for scripts");
   cmd->add_flag("--show-plan", opts->show_plan, "Also print the first step's dhp plan");

@@ -199,6 +199,9 @@ void Run::learn_costs(const StepWork& work, StepRecord& rec) {
     TimingObservation o;
     for (int32_t s : groups[g].seqs) o.seqs.push_back(work.plan.seqs()[size_t(s)]);
     o.degree = groups[g].cp;
+    // Priced at inter-node bandwidth when its ring spans nodes, as the plan priced it.
+    const int rpn = std::max(1, cfg_.parallel.ranks_per_node);
+    o.inter = groups[g].cp > rpn || groups[g].first_rank / rpn != (groups[g].first_rank + groups[g].cp - 1) / rpn;
     o.seconds = measured[g];
     observed_.push_back(std::move(o));
   }

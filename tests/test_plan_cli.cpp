@@ -1,0 +1,143 @@
+// `dhp plan` from the command line: every bad input is a clear error with exit status 1,
+// never a hang, an abort, an allocation failure or a silently replaced value.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int status = -1;  // exit status; 124 when the 60 s timeout killed it
+  std::string output;
+};
+
+// Runs `dhp plan ARGS` (ARGS already shell-quoted) with stdout and stderr together.
+Result plan(const std::string& args) {
+  const std::string cmd = std::string("timeout 60 ") + DHP_BINARY + " plan " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n = 0;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+fs::path scratch(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("dhp_plan_cli_" + std::to_string(getpid()));
+  fs::create_directories(d);
+  return d / name;
+}
+
+void expect_error(const std::string& args, const std::string& says) {
+  const Result r = plan(args);
+  EXPECT_EQ(r.status, 1) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find("dhp: error:"), std::string::npos) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(says), std::string::npos) << args << ": expected '" << says << "' in\n" << r.output;
+}
+
+// Small, fast settings for the runs that are meant to succeed.
+const std::string kQuick = "--model-profile tiny --device cpu --steps 1 --world 4 --preset captions ";
+
+TEST(PlanCli, ValidRunSucceeds) {
+  const Result r = plan(kQuick + "--batch 16 --strategies dhp,pow2,static");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("dhp plans won by"), std::string::npos) << r.output;
+}
+
+TEST(PlanCli, HugeWorldsAreRefusedNotHungOrAborted) {
+  // Used to hang (top * 2 overflowed in pow2) and to abort on an assertion in the solver.
+  expect_error("--steps 1 --world 1073741824 --strategies pow2", "--world must be between 1 and");
+  expect_error("--steps 1 --world 2147483647", "--world must be between 1 and");
+  expect_error("--steps 1 --world 0", "--world must be between 1 and");
+}
+
+TEST(PlanCli, HugeBatchesAndStepCountsAreRefused) {
+  expect_error("--steps 1 --batch 2000000000", "--batch must be between 1 and");
+  expect_error("--steps 2000000000", "--steps must be between 1 and");
+  expect_error("--steps 0", "--steps must be between 1 and");
+}
+
+TEST(PlanCli, MemoryAndNodeSizeAreCheckedNotReplacedByDefaults) {
+  for (const char* gb : {"-5", "0", "nan", "inf", "1e300"})
+    expect_error(kQuick + "--memory-gb " + gb, "--memory-gb must be a positive number of GiB");
+  for (const char* rpn : {"0", "-3"}) expect_error(kQuick + "--ranks-per-node " + rpn, "--ranks-per-node must be at least 1");
+  expect_error(kQuick + "--budget-ms -1", "--budget-ms must be between");
+}
+
+TEST(PlanCli, StrategiesMustNameSomething) {
+  expect_error(kQuick + "--strategies ''", "--strategies: name at least one");
+  expect_error(kQuick + "--strategies dhp,,pow2", "--strategies: empty name");
+  expect_error(kQuick + "--strategies dhp,dhp", "given twice");
+  expect_error(kQuick + "--strategies fast", "--strategies: unknown 'fast'");
+}
+
+TEST(PlanCli, DataFilesAreValidated) {
+  const fs::path huge = scratch("huge.txt");
+  std::ofstream(huge) << "9223372036854775807 1\n";
+  expect_error(kQuick + "--batch 1 --data " + huge.string(), "tokens per sample");
+  const fs::path neg = scratch("neg.txt");
+  std::ofstream(neg) << "5 10\n-1 3\n";
+  expect_error(kQuick + "--batch 1 --data " + neg.string(), "cannot be negative");
+  const fs::path images = scratch("images.txt");
+  std::ofstream(images) << "4 10 9\n";
+  expect_error(kQuick + "--batch 1 --data " + images.string(), "images for 4 vision tokens");
+  const fs::path junk = scratch("junk.txt");
+  std::ofstream(junk) << "4 10 1 extra\n";
+  expect_error(kQuick + "--batch 1 --data " + junk.string(), "unexpected 'extra'");
+  const fs::path dup = scratch("dup.jsonl");
+  std::ofstream(dup) << "{\"id\": 3, \"text_tokens\": 10}\n{\"id\": 3, \"text_tokens\": 12}\n";
+  expect_error(kQuick + "--batch 1 --data " + dup.string(), "sample id 3 appears twice");
+  // Fewer samples than the batch: every batch would plan a sample twice.
+  const fs::path few = scratch("few.txt");
+  std::ofstream(few) << "0 100\n16 50\n0 70\n";
+  expect_error(kQuick + "--batch 4 --data " + few.string(), "fewer than --batch 4");
+  const Result ok = plan(kQuick + "--batch 3 --data " + few.string());
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  expect_error(kQuick + "--data " + scratch("missing.txt").string(), "cannot read");
+}
+
+TEST(PlanCli, CostCoefficientsFile) {
+  const fs::path good = scratch("coeffs.json");
+  std::ofstream(good) << R"({"sec_per_flop": 1e-10, "sec_per_att_flop": 3e-10, "sec_per_byte_intra": 2e-10,
+    "sec_per_byte_inter": 1e-9, "sec_per_step": 2e-5, "sec_per_seq": 2e-5, "sec_per_weight_byte": 2e-10})";
+  const Result r = plan(kQuick + "--json --coeffs " + good.string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("\"sec_per_att_flop\": 3e-10"), std::string::npos) << r.output;
+  const fs::path bad = scratch("bad.json");
+  std::ofstream(bad) << R"({"sec_per_flop": -1})";
+  expect_error(kQuick + "--coeffs " + bad.string(), "sec_per_flop");
+}
+
+// The profiling pass measures the model, fits the coefficients and writes them where
+// `dhp plan --coeffs` reads them.
+TEST(PlanCli, ProfilingPassFitsCoefficientsThePlannerUses) {
+  const fs::path out = scratch("profile.json");
+  const std::string cmd = std::string("timeout 300 ") + DHP_BINARY + " profile --quick --repeats 1 --out " +
+                          out.string() + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string text;
+  std::array<char, 4096> buf{};
+  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) text.append(buf.data(), n);
+  const int st = pclose(p);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << text;
+  EXPECT_NE(text.find("mean relative error"), std::string::npos) << text;
+  std::ifstream in(out);
+  const std::string json((std::istreambuf_iterator<char>(in)), {});
+  for (const char* key : {"sec_per_flop", "sec_per_att_flop", "sec_per_weight_byte", "error_fit"})
+    EXPECT_NE(json.find(key), std::string::npos) << key;
+  const Result r = plan(kQuick + "--batch 16 --coeffs " + out.string());
+  EXPECT_EQ(r.status, 0) << r.output;
+}
+
+}  // namespace
