@@ -2,14 +2,20 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <hdf5.h>
 
 #include <cstdio>
+#include <exception>
 
 #include "kernels/check.h"
 
 namespace dhp {
 
 int run_cli(int argc, char** argv, const CliHooks& hooks) {
+  // HDF5's exit-time cleanup retries closing a file whose write failed (a full disk) and
+  // crashes doing it. Every file we open is closed by its owner before exit, so there is
+  // nothing for that cleanup to do; it must be switched off before the library starts.
+  H5dont_atexit();
   CLI::App app{"dhp: a trainer for vision-language models with dynamic hybrid parallelism"};
   app.require_subcommand(1);
   app.set_version_flag("--version", DHP_VERSION);
@@ -36,6 +42,11 @@ int run_cli(int argc, char** argv, const CliHooks& hooks) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const Error& e) {
+    std::fprintf(stderr, "dhp: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    // Anything else (a filesystem or library exception) is still the user's to read, never
+    // an abort.
     std::fprintf(stderr, "dhp: error: %s\n", e.what());
     return 1;
   }

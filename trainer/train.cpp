@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -21,6 +23,8 @@
 #include "kernels/log.h"
 #include "model/model.h"
 #include "trainer/checkpoint.h"
+#include "trainer/limits.h"
+#include "trainer/run_lock.h"
 #include "trainer/evaluate.h"
 #include "trainer/weights.h"
 #include "trainer/optimizer.h"
@@ -66,7 +70,9 @@ class MetricsFile {
   MetricsFile(const std::string& path, bool enabled, int64_t resumed_step) {
     if (!enabled || path.empty()) return;
     auto parent = std::filesystem::path(path).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent);
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    DHP_CHECK(!ec, "log.metrics: cannot create the folder of '{}': {}", path, ec.message());
     std::string kept;
     if (resumed_step > 0) {
       std::ifstream in(path);
@@ -76,17 +82,24 @@ class MetricsFile {
       }
     }
     out_.open(path, std::ios::trunc);
-    DHP_CHECK(out_.good(), "log.metrics: cannot write '{}'", path);
+    DHP_CHECK(out_.good(), "log.metrics: cannot write '{}': {}", path, std::strerror(errno));
     out_ << kept;
+    path_ = path;
   }
+  // A failed write is reported once and ends the file; training goes on without it.
   void write(const nlohmann::json& j) {
     if (!out_.is_open()) return;
     out_ << j.dump() << '\n';
     out_.flush();
+    if (out_.good()) return;
+    spdlog::warn("log.metrics: writing '{}' failed ({}); no more metrics are recorded in it",
+                 path_, std::strerror(errno));
+    out_.close();
   }
 
  private:
   std::ofstream out_;
+  std::string path_;
 };
 
 void log_eval(const char* what, int64_t step, const EvalResult& r, const EvalResult* blank,
@@ -122,6 +135,8 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
             "train.device = \"{}\": this build trains on the CPU backend only; set train.device "
             "= \"cpu\"",
             cfg.train.device);
+  std::optional<RunLock> lock;  // the checkpoint folder is this run's until it returns
+  if (rank0) lock.emplace(cfg.checkpoint.dir);
 
   Tokenizer tokenizer(cfg.data.tokenizer);
   DHP_CHECK(tokenizer.vocab_size() <= cfg.model.vocab_size,
@@ -130,6 +145,7 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
   const std::unique_ptr<Dataset> train_data = open_dataset(cfg.data.train, cfg.data, tokenizer, cfg.model);
   const Dataset& train_set = *train_data;
   DHP_CHECK(train_set.size() > 0, "data.train '{}' holds no usable sample", cfg.data.train);
+  check_batch_fits(cfg, train_set, available_memory_bytes());
   std::unique_ptr<Dataset> val_set;
   if (!cfg.data.val.empty())
     val_set = open_dataset(cfg.data.val, cfg.data, tokenizer, cfg.model);
@@ -143,6 +159,7 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
     const std::string path = resolve_checkpoint(topt.resume, cfg.checkpoint.dir);
     check_same_model(checkpoint_config(path), cfg, path);
     TrainState st = load_checkpoint(path, model, &opt);
+    check_tokenizer(path, st.tokenizer_hash, tokenizer);
     DHP_CHECK(st.seed == cfg.train.seed,
               "cannot resume from '{}': it was trained with train.seed = {}, this run has {}; "
               "the weights and the sample order come from the seed",
@@ -156,6 +173,9 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
       spdlog::info("train.batch_size changes from {} to {}; the sample stream continues where "
                    "it stopped", st.batch_size, cfg.train.batch_size);
     first_step = st.step;
+    DHP_CHECK(topt.stop_after < 0 || topt.stop_after > first_step,
+              "--stop-after {} is not after step {}, where this run resumes", topt.stop_after,
+              first_step);
     if (rank0) spdlog::info("resumed from {} at step {}", path, first_step);
   } else {
     const auto existing = list_checkpoints(cfg.checkpoint.dir);
@@ -234,13 +254,20 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
 
   TrainResult result;
   result.last_step = first_step;
-  auto save = [&](int64_t step) {
+  // A periodic save that fails (a full disk) warns and training goes on to try again at the
+  // next interval; the save a run ends with must succeed.
+  auto save = [&](int64_t step, bool last) {
     TrainState st{step, cfg.train.seed, cfg.train.batch_size, sampler.state_at(position_of(step)),
-                  train_set.size()};
+                  train_set.size(), tokenizer.hash()};
     if (rank0) {
-      result.checkpoint = save_checkpoint(cfg, model, &opt, st);
       bar.clear();
-      spdlog::info("checkpoint saved: {}", result.checkpoint);
+      try {
+        result.checkpoint = save_checkpoint(cfg, model, &opt, st);
+        spdlog::info("checkpoint saved: {}", result.checkpoint);
+      } catch (const Error& e) {
+        if (last) throw;
+        spdlog::warn("{}; training goes on and saves again at the next interval", e.what());
+      }
     }
     comm.barrier();
   };
@@ -261,14 +288,16 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
 
     model.zero_grads();
     const float scale = 1.0f / float(std::max<int64_t>(1, cur.loss_tokens));
-    double loss_sum = 0.0;
+    double loss_sum = 0.0, targets = 0.0;
     size_t at = 0;
     const auto t_compute = Clock::now();
     for (size_t p = 0; p < cur.packs.size(); ++p) {
       if (int(p % comm.size()) != comm.rank()) continue;
       std::vector<const Sample*> ptrs;
       for (size_t k = 0; k < cur.packs[p].size(); ++k) ptrs.push_back(&samples[at++]);
-      loss_sum += model.step(pack(ptrs, cfg.model.vision), scale, true).loss_sum;
+      const StepStats st = model.step(pack(ptrs, cfg.model.vision), scale, true);
+      loss_sum += st.loss_sum;
+      targets += double(st.targets);
     }
     // Every rank's compute time, to show how unevenly the step's work was spread.
     std::vector<double> rank_time(comm.size(), 0.0);
@@ -276,6 +305,10 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
     comm.allreduce_sum(rank_time.data(), int64_t(rank_time.size()));
     comm.allreduce_sum(model.grads(), model.n_params());
     comm.allreduce_sum(&loss_sum, 1);
+    comm.allreduce_sum(&targets, 1);
+    DHP_CHECK(targets > 0, "step {}: none of its {} samples could be used (all were skipped as "
+              "bad data: see the warnings above); fix the data or set data.on_error = \"fail\" "
+              "to stop at the first bad sample", step + 1, cur.samples);
 
     const double norm = opt.grad_norm(model.grads());
     DHP_CHECK(std::isfinite(norm), "step {}: the gradient norm is not finite ({}); lower optim.lr",
@@ -320,7 +353,7 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
       run_eval(rec.step, nullptr);
     const bool interrupted = topt.stop_flag && *topt.stop_flag;
     if (interrupted || rec.step == topt.stop_after) {
-      save(rec.step);
+      save(rec.step, true);
       if (rank0)
         spdlog::info("stopping after step {}{}; resume with --resume auto", rec.step,
                      interrupted ? " (signal)" : "");
@@ -328,10 +361,10 @@ TrainResult train(const Config& cfg, const Comm& comm, const TrainOptions& topt)
     }
     if (cfg.checkpoint.every > 0 && rec.step % cfg.checkpoint.every == 0 &&
         rec.step < cfg.train.steps)
-      save(rec.step);
+      save(rec.step, false);
   }
   bar.clear();
-  if (result.last_step > first_step || first_step == 0) save(result.last_step);
+  if (result.last_step > first_step || first_step == 0) save(result.last_step, true);
   run_eval(result.last_step, &result);
   if (rank0) spdlog::info("done in {:.1f}s", seconds_since(t_start));
   return result;
