@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <hdf5.h>
 
+#include <csignal>
 #include <cstdio>
 #include <exception>
 
@@ -16,6 +17,9 @@ int run_cli(int argc, char** argv, const CliHooks& hooks) {
   // crashes doing it. Every file we open is closed by its owner before exit, so there is
   // nothing for that cleanup to do; it must be switched off before the library starts.
   H5dont_atexit();
+  // A write past the file size limit (ulimit -f) then fails with EFBIG, which is reported
+  // like any failed write, instead of killing the process without a word.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"dhp: a trainer for vision-language models with dynamic hybrid parallelism"};
   app.require_subcommand(1);
   app.set_version_flag("--version", DHP_VERSION);
