@@ -110,8 +110,9 @@ void load_safetensors(const std::string& path, Model& model) {
     const int64_t width = dtype == "F32" ? 4 : (dtype == "F16" || dtype == "BF16") ? 2 : 0;
     DHP_CHECK(width > 0, "'{}': tensor '{}' has dtype {}; F32, F16 and BF16 are supported", path,
               spec.name, dtype);
-    DHP_CHECK(off.size() == 2 && off[0] >= 0 && off[1] - off[0] == spec.numel() * width &&
-                  off[1] <= data_size,
+    // Ordered so that no subtraction can overflow on hostile values.
+    DHP_CHECK(off.size() == 2 && off[0] >= 0 && off[1] >= off[0] && off[1] <= data_size &&
+                  off[1] - off[0] == spec.numel() * width,
               "'{}': tensor '{}' has data offsets outside the file or of the wrong size "
               "(truncated file?)",
               path, spec.name);
