@@ -231,6 +231,18 @@ int64_t named_step(const fs::path& p) {
   return std::stoll(stem.substr(5));
 }
 
+// Keeps the newest `keep` complete checkpoints; the marker goes first so a crash in between
+// never leaves a marker that points at a missing file.
+void prune(const fs::path& dir, int keep) {
+  std::error_code ec;
+  const auto all = list_checkpoints(dir.string());
+  for (size_t i = 0; i + size_t(keep) < all.size(); ++i) {
+    fs::remove(marker_of(all[i]), ec);
+    if (!ec) fs::remove(all[i], ec);
+    if (ec) spdlog::warn("could not delete old checkpoint '{}': {}", all[i], ec.message());
+  }
+}
+
 }  // namespace
 
 std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* opt,
@@ -240,6 +252,9 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
   std::error_code ec;
   fs::create_directories(dir, ec);
   DHP_CHECK(!ec, "cannot create checkpoint.dir '{}': {}", dir.string(), ec.message());
+  // A run killed between its last save and that save's pruning left one checkpoint too many;
+  // pruning first too keeps the folder at most one over `keep` at any moment.
+  prune(dir, cfg.checkpoint.keep);
   const fs::path final_path = dir / fmt::format("step-{:08d}.h5", st.step);
   const fs::path tmp = fs::path(final_path.string() + ".tmp");
   // An older save of the same step is no longer complete once we start overwriting it.
@@ -271,14 +286,7 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
   fsync_path(marker_of(final_path), false);
   fsync_path(dir, true);
 
-  // Keep the newest `keep` complete checkpoints; the marker goes first so a crash in between
-  // never leaves a marker that points at a missing file.
-  auto all = list_checkpoints(dir.string());
-  for (size_t i = 0; i + size_t(cfg.checkpoint.keep) < all.size(); ++i) {
-    fs::remove(marker_of(all[i]), ec);
-    if (!ec) fs::remove(all[i], ec);
-    if (ec) spdlog::warn("could not delete old checkpoint '{}': {}", all[i], ec.message());
-  }
+  prune(dir, cfg.checkpoint.keep);
   return final_path.string();
 }
 
