@@ -123,6 +123,20 @@ TEST(Faults, DiskFullDuringASaveReportsTheReasonAndCleansUp) {
     EXPECT_NE(e.path().extension(), ".tmp") << "a partial checkpoint was left behind: " << e.path();
 }
 
+TEST(Faults, TemporariesOfInterruptedSavesAreRemoved) {
+  Comm comm(nullptr, nullptr);
+  const auto dir = run_dir("stale_tmp");
+  const Config cfg = small_config(1, dir, {"--eval.exact_match=false"});
+  fs::create_directories(cfg.checkpoint.dir);
+  // What a save killed half-way leaves behind; on a nearly full disk it blocks the next one.
+  const fs::path stale = fs::path(cfg.checkpoint.dir) / "step-00000007.h5.tmp";
+  write_text(stale, std::string(1 << 20, 'x'));
+  write_text(fs::path(cfg.checkpoint.dir) / "notes.tmp", "mine");
+  train(cfg, comm);
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(fs::path(cfg.checkpoint.dir) / "notes.tmp"));  // not a checkpoint's
+}
+
 TEST(Faults, SecondRunOnTheSameFolderIsRefusedNamingTheHolder) {
   Comm comm(nullptr, nullptr);
   const auto dir = run_dir("lock");

@@ -232,9 +232,17 @@ int64_t named_step(const fs::path& p) {
 }
 
 // Keeps the newest `keep` complete checkpoints; the marker goes first so a crash in between
-// never leaves a marker that points at a missing file.
+// never leaves a marker that points at a missing file. Also removes the temporaries of saves
+// that a kill interrupted: the run saving is the folder's only writer (RunLock), so none of
+// them is in progress, and each may be as large as a whole checkpoint.
 void prune(const fs::path& dir, int keep) {
   std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const fs::path p = e.path();
+    if (p.extension() == ".tmp" && named_step(p.parent_path() / p.stem()) >= 0) stale.push_back(p);
+  }
+  for (const auto& p : stale) fs::remove(p, ec);
   const auto all = list_checkpoints(dir.string());
   for (size_t i = 0; i + size_t(keep) < all.size(); ++i) {
     fs::remove(marker_of(all[i]), ec);
