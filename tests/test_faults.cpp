@@ -194,6 +194,11 @@ TEST(Faults, FailedWritesOfResultsAreNeverSilent) {
   r = run_dhp("eval " + ck + " --json " + (dir / "no" / "such" / "r.json").string(), dir);
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "--json")) << r.output;
+  // data stats --csv: the last buffered bytes fail only when the file is closed.
+  r = run_dhp("data stats --data " + (synth_dir() / "val.jsonl").string() + " --csv /dev/full "
+              "--data.tokenizer=" + (synth_dir() / "tokenizer.model").string(), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "No space left on device")) << r.output;
   // Metrics on a full device: a warning, once, and training goes on.
   const Config m = small_config(3, run_dir("silent_metrics"), {"--log.metrics=/dev/full",
                                                               "--log.level=info",
