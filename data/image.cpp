@@ -99,13 +99,19 @@ int64_t image_tokens(int H, int W, const VisionConfig& v) {
   return int64_t(s.h / v.patch / v.merge) * (s.w / v.patch / v.merge);
 }
 
-static void require_regular_file(const std::string& path) {
+namespace {
+
+// Checked before opening: opening a FIFO blocks until a writer comes, a device never ends.
+void require_regular_file(const std::string& path) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
   DHP_CHECK(std::filesystem::exists(st), "image '{}' not found", path);
   DHP_CHECK(std::filesystem::is_regular_file(st),
-            "image '{}' is not a regular file (a folder, FIFO or device); refusing to read it", path);
+            "image '{}' is not a regular file (a folder, FIFO or device); refusing to read it",
+            path);
 }
+
+}  // namespace
 
 ImageSize read_image_size(const std::string& path) {
   require_regular_file(path);

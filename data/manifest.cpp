@@ -37,7 +37,8 @@ std::vector<std::string> image_list(const json& j) {
     if (!j[key].is_array())
       throw LineError{"bad format", fmt::format("\"{}\" is neither a string nor an array", key)};
     for (const auto& x : j[key]) {
-      if (!x.is_string()) throw LineError{"bad format", fmt::format("\"{}\" holds a non-string", key)};
+      if (!x.is_string())
+        throw LineError{"bad format", fmt::format("\"{}\" holds a non-string", key)};
       out.push_back(x.get<std::string>());
     }
   }
@@ -63,9 +64,13 @@ fs::path resolve_image(const std::string& rel, const LineRules& rules) {
   }
   std::error_code ec;
   const fs::path root = fs::weakly_canonical(fs::absolute(rules.image_root, ec), ec);
-  if (ec) throw LineError{"unreadable image", fmt::format("image root '{}': {}", rules.image_root.string(), ec.message())};
+  if (ec)
+    throw LineError{"unreadable image",
+                    fmt::format("image root '{}': {}", rules.image_root.string(), ec.message())};
   const fs::path p = fs::weakly_canonical(root / given, ec);
-  if (ec) throw LineError{"unreadable image", fmt::format("'{}': {}", (root / given).string(), ec.message())};
+  if (ec)
+    throw LineError{"unreadable image",
+                    fmt::format("'{}': {}", (root / given).string(), ec.message())};
   const auto diverge = std::mismatch(root.begin(), root.end(), p.begin(), p.end()).first;
   if (diverge != root.end())
     throw LineError{"bad image path", fmt::format("'{}' leads outside the image root '{}' (to "

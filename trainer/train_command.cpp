@@ -70,10 +70,10 @@ void write_text_file(const std::string& path, const std::string& text, const std
   check_output_file(path, option);
   std::FILE* f = std::fopen(path.c_str(), "w");
   DHP_CHECK(f != nullptr, "{}: cannot write '{}': {}", option, path, std::strerror(errno));
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
-  const int err = errno;
-  const bool closed = std::fclose(f) == 0;
-  DHP_CHECK(ok && closed, "{}: writing '{}' failed: {}", option, path, std::strerror(ok ? errno : err));
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
+  int err = ok ? 0 : errno;
+  if (std::fclose(f) != 0 && ok) ok = false, err = errno;
+  DHP_CHECK(ok, "{}: writing '{}' failed: {}", option, path, std::strerror(err));
 }
 
 }  // namespace
