@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <hdf5.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <fmt/ranges.h>
@@ -265,6 +266,17 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
   prune(dir, cfg.checkpoint.keep);
   const fs::path final_path = dir / fmt::format("step-{:08d}.h5", st.step);
   const fs::path tmp = fs::path(final_path.string() + ".tmp");
+  // A save that cannot fit fails before it writes anything: a disk that fills mid-write is
+  // handled below, but a full disk known in advance needs no partial file at all.
+  struct statvfs fs_info {};
+  if (::statvfs(dir.c_str(), &fs_info) == 0) {
+    const double need = double(model.n_params()) * sizeof(float) * (opt ? 3 : 1) + (1 << 20);
+    const double free = double(fs_info.f_bavail) * double(fs_info.f_frsize);
+    DHP_CHECK(need <= free,
+              "checkpoint of step {} not saved: it needs about {:.1f} MB and '{}' has {:.1f} MB "
+              "free: {}",
+              st.step, need / 1e6, dir.string(), free / 1e6, std::strerror(ENOSPC));
+  }
   // An older save of the same step is no longer complete once we start overwriting it.
   fs::remove(marker_of(final_path), ec);
   DHP_CHECK(!ec, "cannot remove '{}': {}", marker_of(final_path).string(), ec.message());

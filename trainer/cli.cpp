@@ -15,7 +15,8 @@ namespace dhp {
 int run_cli(int argc, char** argv, const CliHooks& hooks) {
   // HDF5's exit-time cleanup retries closing a file whose write failed (a full disk) and
   // crashes doing it. Every file we open is closed by its owner before exit, so there is
-  // nothing for that cleanup to do; it must be switched off before the library starts.
+  // nothing for that cleanup to do; it must be switched off before the library starts. (Only
+  // the C library is linked: the C++ one would register the same cleanup on its own.)
   H5dont_atexit();
   // A write past the file size limit (ulimit -f) then fails with EFBIG, which is reported
   // like any failed write, instead of killing the process without a word.
