@@ -123,6 +123,23 @@ TEST(Faults, DiskFullDuringASaveReportsTheReasonAndCleansUp) {
     EXPECT_NE(e.path().extension(), ".tmp") << "a partial checkpoint was left behind: " << e.path();
 }
 
+TEST(Faults, ARealFullDiskIsFoundBeforeWriting) {
+  // A real full file system needs a mount: done as root (a 2 MiB tmpfs), skipped otherwise.
+  const auto dir = run_dir("realfull");
+  const fs::path mnt = dir / "mnt";
+  fs::create_directories(mnt);
+  if (::geteuid() != 0 || std::system(("mount -t tmpfs -o size=2m tmpfs " + mnt.string() + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "needs root to mount a small tmpfs";
+  const Config cfg = small_config(4, dir, {"--checkpoint.every=2", "--eval.exact_match=false",
+                                           "--checkpoint.dir=" + (mnt / "ck").string()});
+  write_text(mnt / "fill", std::string(1500 * 1024, 'x'));  // about 0.5 MiB stays free
+  const Outcome r = run_dhp("train -c " + config_file(cfg, dir), dir);
+  std::system(("umount " + mnt.string()).c_str());
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "No space left on device")) << r.output;
+  EXPECT_TRUE(contains(r.output, "dhp: error: checkpoint of step 4 not saved")) << r.output;
+}
+
 TEST(Faults, TemporariesOfInterruptedSavesAreRemoved) {
   Comm comm(nullptr, nullptr);
   const auto dir = run_dir("stale_tmp");
