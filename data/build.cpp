@@ -152,12 +152,6 @@ struct LineResult {
   std::exception_ptr fatal;  // not a bad line but a failure of the build itself
 };
 
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in.good()) throw LineError{"missing image", path};
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
 LineResult process_line(const std::string& text, int64_t line_no, const Tokenizer& tok,
                         const LineRules& rules, const std::string& reencode) {
   LineResult r;
@@ -171,20 +165,11 @@ LineResult process_line(const std::string& text, int64_t line_no, const Tokenize
     r.parsed = parse_line(text, line_no, tok, rules);
     for (size_t k = 0; k < r.parsed.paths.size(); ++k) {
       const std::string& path = r.parsed.paths[k];
-      std::vector<uint8_t> bytes = read_bytes(path);
-      r.bytes_read += int64_t(bytes.size());
       // Every image is decoded once here, so corrupt and truncated files are caught at build
       // time rather than in the middle of a training run.
       cv::Mat bgr;
-      try {
-        bgr = decode_image(bytes.data(), bytes.size(), path);
-      } catch (const Error& e) {
-        throw LineError{"corrupt image", e.what()};
-      }
-      const ImageSize hdr = r.parsed.sizes[k];
-      if (bgr.rows != hdr.h || bgr.cols != hdr.w)
-        throw LineError{"corrupt image", fmt::format("{}: decodes to {}x{}, header says {}x{}",
-                                                     path, bgr.rows, bgr.cols, hdr.h, hdr.w)};
+      std::vector<uint8_t> bytes = read_line_image(r.parsed, k, &bgr);
+      r.bytes_read += int64_t(bytes.size());
       if (reencode != "none") {
         const std::vector<int> params =
             reencode == "jpeg" ? std::vector<int>{cv::IMWRITE_JPEG_QUALITY, kJpegQuality}
@@ -256,6 +241,8 @@ std::string build_key(const BuildOptions& o, const std::string& image_root, int6
             "--reencode must be none, png or jpeg, not '{}'", o.reencode);
   DHP_CHECK(o.workers >= 1 && o.shard_bytes > 0, "need --workers >= 1 and a positive shard size");
   DHP_CHECK(!o.out_dir.empty(), "--out is required");
+  DHP_CHECK(!fs::is_directory(o.manifest), "manifest '{}' is a folder, not a JSONL file",
+            o.manifest);
   std::ifstream in(o.manifest, std::ios::binary);
   DHP_CHECK(in.good(), "manifest '{}' not found or not readable", o.manifest);
   // One pass over the manifest: its hash ties committed shards to these exact bytes.
@@ -283,6 +270,8 @@ std::string build_key(const BuildOptions& o, const std::string& image_root, int6
   j["max_image_pixels"] = o.max_image_pixels;
   j["shard_bytes"] = o.shard_bytes;
   j["reencode"] = o.reencode;
+  // Only when set, so that the keys of builds made before the option existed still match.
+  if (o.allow_absolute_paths) j["allow_absolute_paths"] = true;
   return j.dump(2) + "\n";
 }
 
@@ -357,7 +346,7 @@ void finish(const BuildOptions& o, const fs::path& dir, int64_t n_shards, const 
 BuildSummary build_dataset(const BuildOptions& o) {
   const auto t0 = Clock::now();
   const std::string image_root =
-      o.image_root.empty() ? fs::path(o.manifest).parent_path().string() : o.image_root;
+      o.image_root.empty() ? manifest_folder(o.manifest).string() : o.image_root;
   int64_t total_lines = 0;
   const std::string key = build_key(o, image_root, &total_lines);
   const fs::path dir(o.out_dir);
@@ -394,6 +383,7 @@ BuildSummary build_dataset(const BuildOptions& o) {
   Tokenizer tok(o.tokenizer);
   LineRules rules;
   rules.image_root = image_root;
+  rules.allow_absolute_paths = o.allow_absolute_paths;
   rules.vision = o.vision;
   rules.max_tokens = o.max_tokens;
   rules.max_image_pixels = o.max_image_pixels;

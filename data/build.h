@@ -19,6 +19,7 @@ namespace dhp {
 struct BuildOptions {
   std::string manifest;
   std::string image_root;          // "" = the manifest's folder
+  bool allow_absolute_paths = false;  // absolute image paths (else confined to image_root)
   std::string out_dir;
   std::string tokenizer;           // SentencePiece model file
   VisionConfig vision;             // the resize rule behind the vision-token counts

@@ -17,6 +17,7 @@ struct DataConfig {
   int64_t max_image_pixels = kDefaultMaxImagePixels;  // an image with more (H*W) is skipped
   int workers = 1;                 // background decode threads
   std::string on_error = "skip";   // "skip" | "fail"
+  bool allow_absolute_paths = false;  // image paths may be absolute (else confined to the root)
 };
 
 }  // namespace dhp

@@ -45,15 +45,20 @@ Sample Dataset::guarded_load(int64_t i, int64_t begin, int64_t end, bool skip,
 
 JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image_root,
                            const Tokenizer& tok, const ModelConfig& model, int64_t max_tokens,
-                           const std::string& on_error, int64_t max_image_pixels)
+                           const std::string& on_error, int64_t max_image_pixels,
+                           bool allow_absolute_paths)
     : model_(model), skip_(on_error == "skip") {
   DHP_CHECK(on_error == "skip" || on_error == "fail",
             "data.on_error must be \"skip\" or \"fail\", not \"{}\"", on_error);
+  DHP_CHECK(!fs::is_directory(manifest),
+            "manifest '{}' is a folder, not a JSONL file (nor a folder built by `dhp data build`)",
+            manifest);
   std::ifstream in(manifest);
   DHP_CHECK(in.good(), "manifest '{}' not found or not readable (set data.train / data.val)",
             manifest);
   LineRules rules;
-  rules.image_root = image_root.empty() ? fs::path(manifest).parent_path() : fs::path(image_root);
+  rules.image_root = image_root.empty() ? manifest_folder(manifest) : fs::path(image_root);
+  rules.allow_absolute_paths = allow_absolute_paths;
   rules.vision = model.vision;
   rules.max_tokens = max_tokens;
   rules.max_image_pixels = max_image_pixels;
@@ -65,6 +70,8 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
     ParsedLine p;
     try {
       p = parse_line(line, line_no, tok, rules);
+      // Decoded once here, as `dhp data build` does, so both paths accept the same lines.
+      for (size_t k = 0; k < p.paths.size(); ++k) read_line_image(p, k, nullptr);
     } catch (const LineError& err) {
       DHP_CHECK(on_error == "skip",
                 "{}:{}: {}: {} (set data.on_error = \"skip\" to skip such lines)", manifest,
@@ -137,9 +144,7 @@ Sample JsonlDataset::load_range(int64_t i, int64_t begin, int64_t end, bool blan
                           image_tokens_.begin() + e.image_end);
     auto decode = [&](int64_t k) {
       const std::string& path = image_paths_[size_t(e.image_begin + k)];
-      std::ifstream f(path, std::ios::binary);
-      DHP_CHECK(f.good(), "image '{}' is missing or unreadable", path);
-      const std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(f), {}};
+      const std::vector<uint8_t> bytes = read_image_file(path);
       const cv::Mat bgr = decode_image(bytes.data(), bytes.size(), path);
       return prepare_checked(bgr, image_sizes_[size_t(e.image_begin + k)], path, model_.vision);
     };

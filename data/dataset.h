@@ -79,9 +79,12 @@ class JsonlDataset final : public Dataset {
   // Parses the whole manifest and predicts every sample's length from image headers alone.
   // image_root "" = the manifest's folder. on_error: "skip" (warn, count, go on) | "fail".
   // max_image_pixels: an image with more pixels (by its header) is skipped; 0 = no limit.
+  // Every image is decoded once here, so a line is usable exactly when `dhp data build` would
+  // store it. allow_absolute_paths: accept absolute image paths (else "bad image path").
   JsonlDataset(const std::string& manifest, const std::string& image_root,
                const Tokenizer& tokenizer, const ModelConfig& model, int64_t max_tokens,
-               const std::string& on_error, int64_t max_image_pixels = kDefaultMaxImagePixels);
+               const std::string& on_error, int64_t max_image_pixels = kDefaultMaxImagePixels,
+               bool allow_absolute_paths = false);
 
   int64_t size() const override { return int64_t(entries_.size()); }
   int64_t length(int64_t i) const override;

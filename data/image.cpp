@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include "kernels/check.h"
@@ -109,7 +110,22 @@ int64_t image_tokens(int H, int W, const VisionConfig& v) {
   return int64_t(s.h / v.patch / v.merge) * (s.w / v.patch / v.merge);
 }
 
+namespace {
+
+// Checked before opening: opening a FIFO blocks until a writer comes, a device never ends.
+void require_regular_file(const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  DHP_CHECK(std::filesystem::exists(st), "image '{}' not found", path);
+  DHP_CHECK(std::filesystem::is_regular_file(st),
+            "image '{}' is not a regular file (a folder, FIFO or device); refusing to read it",
+            path);
+}
+
+}  // namespace
+
 ImageSize read_image_size(const std::string& path) {
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   DHP_CHECK(in.good(), "image '{}' not found or not readable", path);
   unsigned char sig[8];
@@ -161,10 +177,30 @@ PreparedImage prepare_image(const cv::Mat& bgr, const VisionConfig& v) {
   return out;
 }
 
-PreparedImage load_image(const std::string& path, const VisionConfig& v) {
-  cv::Mat bgr = cv::imread(path, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
-  DHP_CHECK(!bgr.empty(), "image '{}' is missing or cannot be decoded", path);
-  return prepare_image(bgr, v);
+std::vector<uint8_t> read_image_file(const std::string& path) {
+  require_regular_file(path);
+  std::ifstream in(path, std::ios::binary);
+  DHP_CHECK(in.good(), "image '{}' is not readable", path);
+  in.seekg(0, std::ios::end);
+  const auto size = int64_t(in.tellg());
+  DHP_CHECK(size >= 0 && size <= kMaxImageFileBytes,
+            "image '{}' is {} bytes, more than the {} an image file may have", path, size,
+            kMaxImageFileBytes);
+  in.seekg(0);
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  in.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(size));
+  DHP_CHECK(in.gcount() == size, "image '{}' could not be read whole", path);
+  return bytes;
+}
+
+PreparedImage load_image(const std::string& path, const VisionConfig& v, int64_t max_pixels) {
+  const ImageSize s = read_image_size(path);
+  DHP_CHECK(max_pixels <= 0 || int64_t(s.h) * s.w <= max_pixels,
+            "image '{}' is {}x{} pixels, more than the {} allowed (data.max_image_pixels); "
+            "scale it down first",
+            path, s.w, s.h, max_pixels);
+  const std::vector<uint8_t> bytes = read_image_file(path);
+  return prepare_checked(decode_image(bytes.data(), bytes.size(), path), s, path, v);
 }
 
 cv::Mat decode_image(const uint8_t* data, size_t n, const std::string& what) {

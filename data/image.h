@@ -24,8 +24,17 @@ ImageSize resized_size(int H, int W, const VisionConfig& v);
 int64_t image_tokens(int H, int W, const VisionConfig& v);
 
 // Reads only the PNG IHDR or JPEG SOFn header (no pixel decode). Throws dhp::Error naming the
-// file for a missing file, another format, or a truncated or malformed header.
+// file for a missing file, one that is not a regular file (a FIFO would block the open
+// forever, a device would never end), another format, or a truncated or malformed header.
 ImageSize read_image_size(const std::string& path);
+
+// Largest image file read whole: far beyond any photo, small enough that a wrong path cannot
+// make a reader allocate without bound.
+inline constexpr int64_t kMaxImageFileBytes = int64_t(1) << 30;
+
+// The bytes of an image file: regular files only, at most kMaxImageFileBytes. Throws
+// dhp::Error naming the file otherwise.
+std::vector<uint8_t> read_image_file(const std::string& path);
 
 struct PreparedImage {
   int grid_h = 0, grid_w = 0;  // patches per column / per row
@@ -38,8 +47,10 @@ struct PreparedImage {
 // when the size changes, normalises with the spec's mean and std, and patchifies.
 PreparedImage prepare_image(const cv::Mat& bgr, const VisionConfig& v);
 // Decodes the file (ignoring EXIF orientation, so the size matches read_image_size) and
-// prepares it. Throws dhp::Error naming the file when it is missing or cannot be decoded.
-PreparedImage load_image(const std::string& path, const VisionConfig& v);
+// prepares it. The header is read first and an image of more than max_pixels (H*W) pixels is
+// refused before the decoder allocates anything. Throws dhp::Error naming the file when it is
+// missing, too large or cannot be decoded.
+PreparedImage load_image(const std::string& path, const VisionConfig& v, int64_t max_pixels);
 // Decodes encoded PNG / JPEG bytes to BGR (EXIF orientation ignored, so the size matches the
 // header). Throws dhp::Error naming `what` for another format, a file cut short (no JPEG
 // end-of-image marker or PNG IEND chunk: decoders would silently fill the missing rows with

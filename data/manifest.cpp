@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <opencv2/core.hpp>
+
+#include <algorithm>
 
 #include "data/tokenizer.h"
 #include "kernels/check.h"
@@ -26,13 +29,16 @@ std::vector<std::string> image_list(const json& j) {
   const bool one = j.contains("image"), many = j.contains("images");
   if (one && many) throw LineError{"bad format", "has both \"image\" and \"images\""};
   std::vector<std::string> out;
-  if (one) {
-    if (!j["image"].is_string()) throw LineError{"bad format", "\"image\" is not a string"};
-    out.push_back(j["image"].get<std::string>());
-  } else if (many) {
-    if (!j["images"].is_array()) throw LineError{"bad format", "\"images\" is not an array"};
-    for (const auto& x : j["images"]) {
-      if (!x.is_string()) throw LineError{"bad format", "\"images\" holds a non-string"};
+  // LLaVA-style manifests put a list under "image" too, so both keys take either spelling.
+  const char* key = one ? "image" : "images";
+  if (one && j[key].is_string()) {
+    out.push_back(j[key].get<std::string>());
+  } else if (one || many) {
+    if (!j[key].is_array())
+      throw LineError{"bad format", fmt::format("\"{}\" is neither a string nor an array", key)};
+    for (const auto& x : j[key]) {
+      if (!x.is_string())
+        throw LineError{"bad format", fmt::format("\"{}\" holds a non-string", key)};
       out.push_back(x.get<std::string>());
     }
   }
@@ -41,7 +47,66 @@ std::vector<std::string> image_list(const json& j) {
   return out;
 }
 
+// Where image `rel` lives. A relative path must stay inside the image root once "..", "." and
+// symlinks are resolved: a manifest from elsewhere must not be able to read (and a build to
+// embed) arbitrary files. Absolute paths only when the configuration allows them.
+fs::path resolve_image(const std::string& rel, const LineRules& rules) {
+  if (rel.find('\0') != std::string::npos)
+    throw LineError{"bad image path", "the image path holds a NUL character"};
+  const fs::path given(rel);
+  if (given.is_absolute()) {
+    if (!rules.allow_absolute_paths)
+      throw LineError{"bad image path",
+                      fmt::format("'{}' is absolute; image paths are relative to the image root "
+                                  "(set data.allow_absolute_paths = true to allow them)",
+                                  rel)};
+    return given;
+  }
+  std::error_code ec;
+  const fs::path root = fs::weakly_canonical(fs::absolute(rules.image_root, ec), ec);
+  if (ec)
+    throw LineError{"unreadable image",
+                    fmt::format("image root '{}': {}", rules.image_root.string(), ec.message())};
+  const fs::path p = fs::weakly_canonical(root / given, ec);
+  if (ec)
+    throw LineError{"unreadable image",
+                    fmt::format("'{}': {}", (root / given).string(), ec.message())};
+  const auto diverge = std::mismatch(root.begin(), root.end(), p.begin(), p.end()).first;
+  if (diverge != root.end())
+    throw LineError{"bad image path", fmt::format("'{}' leads outside the image root '{}' (to "
+                                                  "'{}')",
+                                                  rel, root.string(), p.string())};
+  return p;
+}
+
 }  // namespace
+
+fs::path manifest_folder(const std::string& manifest) {
+  const fs::path parent = fs::path(manifest).parent_path();
+  return parent.empty() ? fs::path(".") : parent;
+}
+
+std::vector<uint8_t> read_line_image(const ParsedLine& line, size_t k, cv::Mat* bgr) {
+  const std::string& path = line.paths[k];
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = read_image_file(path);
+  } catch (const Error& e) {
+    throw LineError{"missing image", e.what()};
+  }
+  cv::Mat decoded;
+  try {
+    decoded = decode_image(bytes.data(), bytes.size(), path);
+  } catch (const Error& e) {
+    throw LineError{"corrupt image", e.what()};
+  }
+  const ImageSize hdr = line.sizes[k];
+  if (decoded.rows != hdr.h || decoded.cols != hdr.w)
+    throw LineError{"corrupt image", fmt::format("{}: decodes to {}x{}, header says {}x{}", path,
+                                                 decoded.rows, decoded.cols, hdr.h, hdr.w)};
+  if (bgr) *bgr = std::move(decoded);
+  return bytes;
+}
 
 bool valid_utf8(std::string_view s) {
   size_t i = 0;
@@ -120,8 +185,9 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
     out.name = "line " + std::to_string(line_no);
 
   for (const auto& rel : image_list(j)) {
-    const fs::path p = fs::path(rel).is_absolute() ? fs::path(rel) : rules.image_root / rel;
-    if (!fs::exists(p)) throw LineError{"missing image", p.string()};
+    const fs::path p = resolve_image(rel, rules);
+    std::error_code ec;
+    if (!fs::exists(p, ec)) throw LineError{"missing image", p.string()};
     ImageSize s;
     try {
       s = read_image_size(p.string());

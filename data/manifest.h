@@ -19,15 +19,18 @@ class Tokenizer;
 
 // A sample that cannot be used. `reason` is the counting key of the build report and of
 // Dataset::skipped(); `detail` says what exactly is wrong. Reasons, all stable strings:
-//   "invalid json", "bad utf-8", "bad format", "missing image", "unreadable image",
-//   "corrupt image", "image too large", "empty text", "image count mismatch", "too long".
+//   "invalid json", "bad utf-8", "bad format", "bad image path", "missing image",
+//   "unreadable image", "corrupt image", "image too large", "empty text",
+//   "image count mismatch", "too long".
 struct LineError {
   std::string reason, detail;
 };
 
 // What decides whether a line is usable and how long it is.
 struct LineRules {
-  std::filesystem::path image_root;  // relative image paths are resolved against it
+  std::filesystem::path image_root;  // relative image paths are resolved against it and must
+                                     // stay inside it (no "..", no symlink out of it)
+  bool allow_absolute_paths = false; // accept absolute image paths as they are
   VisionConfig vision;               // the resize rule that gives vision tokens
   int64_t max_tokens = 4096;         // longer samples are "too long"
   int64_t max_image_pixels = 0;      // H*W above it is "image too large"; 0 = no limit
@@ -47,10 +50,20 @@ struct ParsedLine {
   int64_t length() const { return vision_tokens + text_tokens; }
 };
 
-// Parses, validates (UTF-8, JSON shape, image headers and pixel limit, markers, token
+// Parses, validates (UTF-8, JSON shape, image paths, headers and pixel limit, markers, token
 // budget) and tokenizes one line. Throws LineError. Reads image headers, never pixels.
 ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer& tok,
                       const LineRules& rules);
+
+// Reads and decodes image k of a parsed line and checks the pixels against its header. Both
+// data paths (JsonlDataset when it opens a manifest, `dhp data build` before it stores a
+// line) call it, so they accept exactly the same lines. Returns the file's bytes; `bgr`, when
+// given, receives the decoded pixels. Throws LineError ("missing image", "corrupt image").
+std::vector<uint8_t> read_line_image(const ParsedLine& line, size_t k, cv::Mat* bgr);
+
+// The folder a manifest's relative image paths start from when no image root is given: the
+// manifest's own folder ("." for a bare file name).
+std::filesystem::path manifest_folder(const std::string& manifest);
 
 // Appends one conversation turn in the training layout: the trimmed text between <image>
 // markers tokenized, each marker as the next image placeholder -(markers_before + k + 1).

@@ -204,7 +204,7 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataConfig&
                                           d.max_image_pixels);
   }
   return std::make_unique<JsonlDataset>(path, d.image_root, tokenizer, model, d.max_tokens,
-                                        d.on_error, d.max_image_pixels);
+                                        d.on_error, d.max_image_pixels, d.allow_absolute_paths);
 }
 
 }  // namespace dhp

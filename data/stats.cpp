@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 
 #include "data/dataset.h"
@@ -119,7 +121,8 @@ void write_lengths_csv(const LengthTable& t, const std::string& path) {
     out << i << ',' << csv_field(t.names[k]) << ',' << t.vision[k] << ',' << t.text[k] << ','
         << t.vision[k] + t.text[k] << ',' << t.loss[k] << '\n';
   }
-  DHP_CHECK(out.good(), "cannot write '{}' (disk full?)", path);
+  out.close();  // the last buffered bytes are written here, and may fail here
+  DHP_CHECK(out.good(), "cannot write '{}': {}", path, std::strerror(errno));
 }
 
 std::string describe_lengths(const LengthTable& t) {

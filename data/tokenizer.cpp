@@ -5,8 +5,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <unordered_map>
 
+#include "data/hash.h"
 #include "kernels/check.h"
 
 namespace dhp {
@@ -35,7 +37,11 @@ Tokenizer::Tokenizer(const std::string& model_path)
   DHP_CHECK(std::filesystem::is_regular_file(model_path),
             "tokenizer '{}' not found (set data.tokenizer, or create one with `dhp data synth`)",
             model_path);
-  const auto st = sp_->Load(model_path);
+  // Loaded from the bytes it hashes, so the hash describes exactly the model in use.
+  std::ifstream in(model_path, std::ios::binary);
+  const std::string bytes{std::istreambuf_iterator<char>(in), {}};
+  hash_ = fnv1a(bytes.data(), bytes.size());
+  const auto st = sp_->LoadFromSerializedProto(bytes);
   DHP_CHECK(st.ok(), "tokenizer '{}' is not a valid SentencePiece model: {}", model_path,
             st.ToString());
   DHP_CHECK(sp_->pad_id() == kPad && sp_->unk_id() == kUnk && sp_->bos_id() == kBos &&

@@ -29,10 +29,13 @@ class Tokenizer {
   std::string decode(const std::vector<int32_t>& ids) const;
   int vocab_size() const;
   const std::string& path() const { return path_; }
+  // FNV-1a of the model file's bytes: checkpoints record it to detect a replaced tokenizer.
+  uint64_t hash() const { return hash_; }
 
  private:
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
   std::string path_;
+  uint64_t hash_ = 0;
 };
 
 // Trains a BPE model on `texts` and writes it to model_path, reserving the ids above (a

@@ -2,17 +2,21 @@
 
 #include <fcntl.h>
 #include <hdf5.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "data/h5.h"
+#include "data/tokenizer.h"
 #include "kernels/check.h"
 #include "kernels/log.h"
 
@@ -26,6 +30,32 @@ constexpr const char* kFormat = "dhp-checkpoint";
 // HDF5 prints its own error stack on every failure; we report errors ourselves.
 void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
+// The operating system's reason for the HDF5 call that just failed ("No space left on
+// device"), which HDF5's file driver records in its error stack. Read at once: the next HDF5
+// call, a handle's close included, clears the stack.
+std::string hdf5_reason() {
+  std::string reason;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_DOWNWARD,
+      [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
+        auto& r = *static_cast<std::string*>(out);
+        const std::string desc = e->desc ? e->desc : "";
+        const std::string key = "error message = '";
+        const auto at = desc.find(key);
+        if (r.empty() && at != std::string::npos)
+          r = desc.substr(at + key.size(), desc.find('\'', at + key.size()) - at - key.size());
+        return 0;
+      },
+      &reason);
+  if (reason.empty() && errno != 0) reason = std::strerror(errno);
+  return reason.empty() ? "unknown HDF5 error" : reason;
+}
+
+// A failed write names what was being written and why it failed.
+void h5_check(bool ok, const std::string& what) {
+  if (!ok) throw Error(fmt::format("{}: {}", what, hdf5_reason()));
+}
+
 uint64_t checksum(const float* x, int64_t n) {
   // FNV-1a over the bytes: cheap, and any flipped or truncated byte changes it.
   uint64_t h = 0xcbf29ce484222325ull;
@@ -37,13 +67,13 @@ uint64_t checksum(const float* x, int64_t n) {
 void write_attr_i64(hid_t obj, const char* name, int64_t v) {
   H5 space(H5Screate(H5S_SCALAR), H5Sclose);
   H5 a(H5Acreate2(obj, name, H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  DHP_CHECK(a.ok() && H5Awrite(a, H5T_NATIVE_INT64, &v) >= 0, "writing attribute {}", name);
+  h5_check(a.ok() && H5Awrite(a, H5T_NATIVE_INT64, &v) >= 0, fmt::format("writing attribute {}", name));
 }
 
 void write_attr_u64(hid_t obj, const char* name, uint64_t v) {
   H5 space(H5Screate(H5S_SCALAR), H5Sclose);
   H5 a(H5Acreate2(obj, name, H5T_NATIVE_UINT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  DHP_CHECK(a.ok() && H5Awrite(a, H5T_NATIVE_UINT64, &v) >= 0, "writing attribute {}", name);
+  h5_check(a.ok() && H5Awrite(a, H5T_NATIVE_UINT64, &v) >= 0, fmt::format("writing attribute {}", name));
 }
 
 bool read_attr(hid_t obj, const char* name, hid_t type, void* out) {
@@ -74,8 +104,8 @@ void write_string(hid_t loc, const char* name, const std::string& s) {
   H5 type(string_type(s.size()), H5Tclose);
   H5 space(H5Screate(H5S_SCALAR), H5Sclose);
   H5 d(H5Dcreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
-  DHP_CHECK(d.ok() && H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.c_str()) >= 0,
-            "writing {}", name);
+  h5_check(d.ok() && H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.c_str()) >= 0,
+           fmt::format("writing {}", name));
 }
 
 std::string read_string(hid_t loc, const char* name, const std::string& path) {
@@ -96,8 +126,8 @@ void write_tensor(hid_t group, const ParamSpec& spec, const float* x) {
   H5 d(H5Dcreate2(group, spec.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
                   H5P_DEFAULT),
        H5Dclose);
-  DHP_CHECK(d.ok() && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x) >= 0,
-            "writing tensor {}", spec.name);
+  h5_check(d.ok() && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x) >= 0,
+           fmt::format("writing tensor {}", spec.name));
   write_attr_u64(d, "checksum", checksum(x, spec.numel()));
 }
 
@@ -121,6 +151,10 @@ void read_tensor(hid_t group, const std::string& gname, const ParamSpec& spec, f
   DHP_CHECK(read_attr(d, "checksum", H5T_NATIVE_UINT64, &want), "{} has no checksum", where);
   DHP_CHECK(checksum(x, spec.numel()) == want,
             "{} does not match its checksum: the file is damaged; refusing to load it", where);
+  DHP_CHECK(std::all_of(x, x + spec.numel(), [](float f) { return std::isfinite(f); }),
+            "{} holds non-finite values (NaN or infinity): the run that saved it had diverged; "
+            "refusing to load it",
+            where);
 }
 
 void fsync_path(const fs::path& p, bool directory) {
@@ -138,41 +172,36 @@ fs::path marker_of(const fs::path& h5) {
 
 }  // namespace
 
-std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* opt,
-                            const TrainState& st) {
-  quiet_hdf5();
-  const fs::path dir = cfg.checkpoint.dir;
-  fs::create_directories(dir);
-  const fs::path final_path = dir / fmt::format("step-{:08d}.h5", st.step);
-  const fs::path tmp = fs::path(final_path.string() + ".tmp");
-  std::error_code ec;
-  // An older save of the same step is no longer complete once we start overwriting it.
-  fs::remove(marker_of(final_path), ec);
-  DHP_CHECK(!ec, "cannot remove '{}': {}", marker_of(final_path).string(), ec.message());
+namespace {
+
+void write_checkpoint_file(const fs::path& tmp, const Config& cfg, const Model& model,
+                           const AdamW* opt, const TrainState& st) {
+  H5 file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  h5_check(file.ok(), fmt::format("cannot create checkpoint file '{}'", tmp.string()));
   {
-    H5 file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-    DHP_CHECK(file.ok(), "cannot create checkpoint file '{}'", tmp.string());
     H5 root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose);
-    {
-      H5 type(string_type(std::strlen(kFormat)), H5Tclose);
-      H5 space(H5Screate(H5S_SCALAR), H5Sclose);
-      H5 a(H5Acreate2(root, "format", type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-      H5Awrite(a, type, kFormat);
-    }
+    H5 type(string_type(std::strlen(kFormat)), H5Tclose);
+    H5 space(H5Screate(H5S_SCALAR), H5Sclose);
+    H5 a(H5Acreate2(root, "format", type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    h5_check(a.ok() && H5Awrite(a, type, kFormat) >= 0, "writing attribute format");
     write_attr_i64(root, "format_version", kFormatVersion);
-    write_string(file, "config", to_toml(cfg));
+  }
+  write_string(file, "config", to_toml(cfg));
+  {
     H5 params(H5Gcreate2(file, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     for (const auto& s : model.table().specs()) write_tensor(params, s, model.params() + s.offset);
-    if (opt) {
-      H5 optim(H5Gcreate2(file, "optim", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      write_attr_i64(optim, "step", opt->steps_taken());
-      H5 m(H5Gcreate2(optim, "m", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      H5 v(H5Gcreate2(optim, "v", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      for (const auto& s : model.table().specs()) {
-        write_tensor(m, s, opt->m() + s.offset);
-        write_tensor(v, s, opt->v() + s.offset);
-      }
+  }
+  if (opt) {
+    H5 optim(H5Gcreate2(file, "optim", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    write_attr_i64(optim, "step", opt->steps_taken());
+    H5 m(H5Gcreate2(optim, "m", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    H5 v(H5Gcreate2(optim, "v", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    for (const auto& s : model.table().specs()) {
+      write_tensor(m, s, opt->m() + s.offset);
+      write_tensor(v, s, opt->v() + s.offset);
     }
+  }
+  {
     H5 state(H5Gcreate2(file, "state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     write_attr_i64(state, "step", st.step);
     write_attr_u64(state, "seed", st.seed);
@@ -180,10 +209,90 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
     write_attr_i64(state, "sampler_epoch", st.sampler.epoch);
     write_attr_i64(state, "sampler_position", st.sampler.position);
     write_attr_i64(state, "dataset_size", st.dataset_size);
-    DHP_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, "flushing '{}'", tmp.string());
+    if (st.tokenizer_hash != 0) write_attr_u64(state, "tokenizer_hash", st.tokenizer_hash);
   }
-  // Durable before visible: data on disk, then the name, then the marker that says complete.
-  fsync_path(tmp, false);
+  h5_check(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, fmt::format("flushing '{}'", tmp.string()));
+}
+
+// The step a checkpoint file records in /state, or -1 when it cannot be read.
+int64_t recorded_step(const std::string& path) {
+  quiet_hdf5();
+  H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (!file.ok() || H5Lexists(file, "state", H5P_DEFAULT) <= 0) return -1;
+  H5 state(H5Gopen2(file, "state", H5P_DEFAULT), H5Gclose);
+  int64_t step = -1;
+  return state.ok() && read_attr(state, "step", H5T_NATIVE_INT64, &step) ? step : -1;
+}
+
+// The step a file name step-NNNNNNNN.h5 claims, or -1 for another name.
+int64_t named_step(const fs::path& p) {
+  const std::string stem = p.stem().string();
+  if (p.extension() != ".h5" || stem.size() != 13 || stem.rfind("step-", 0) != 0) return -1;
+  if (stem.find_first_not_of("0123456789", 5) != std::string::npos) return -1;
+  return std::stoll(stem.substr(5));
+}
+
+// Keeps the newest `keep` complete checkpoints; the marker goes first so a crash in between
+// never leaves a marker that points at a missing file. Also removes the temporaries of saves
+// that a kill interrupted: the run saving is the folder's only writer (RunLock), so none of
+// them is in progress, and each may be as large as a whole checkpoint.
+void prune(const fs::path& dir, int keep) {
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const fs::path p = e.path();
+    if (p.extension() == ".tmp" && named_step(p.parent_path() / p.stem()) >= 0) stale.push_back(p);
+  }
+  for (const auto& p : stale) fs::remove(p, ec);
+  const auto all = list_checkpoints(dir.string());
+  for (size_t i = 0; i + size_t(keep) < all.size(); ++i) {
+    fs::remove(marker_of(all[i]), ec);
+    if (!ec) fs::remove(all[i], ec);
+    if (ec) spdlog::warn("could not delete old checkpoint '{}': {}", all[i], ec.message());
+  }
+}
+
+}  // namespace
+
+std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* opt,
+                            const TrainState& st) {
+  quiet_hdf5();
+  const fs::path dir = cfg.checkpoint.dir;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  DHP_CHECK(!ec, "cannot create checkpoint.dir '{}': {}", dir.string(), ec.message());
+  // A run killed between its last save and that save's pruning left one checkpoint too many;
+  // pruning first too keeps the folder at most one over `keep` at any moment.
+  prune(dir, cfg.checkpoint.keep);
+  const fs::path final_path = dir / fmt::format("step-{:08d}.h5", st.step);
+  const fs::path tmp = fs::path(final_path.string() + ".tmp");
+  // A save that cannot fit fails before it writes anything: a disk that fills mid-write is
+  // handled below, but a full disk known in advance needs no partial file at all.
+  struct statvfs fs_info {};
+  if (::statvfs(dir.c_str(), &fs_info) == 0) {
+    const double need = double(model.n_params()) * sizeof(float) * (opt ? 3 : 1) + (1 << 20);
+    const double free = double(fs_info.f_bavail) * double(fs_info.f_frsize);
+    DHP_CHECK(need <= free,
+              "checkpoint of step {} not saved: it needs about {:.1f} MB and '{}' has {:.1f} MB "
+              "free: {}",
+              st.step, need / 1e6, dir.string(), free / 1e6, std::strerror(ENOSPC));
+  }
+  // An older save of the same step is no longer complete once we start overwriting it.
+  fs::remove(marker_of(final_path), ec);
+  DHP_CHECK(!ec, "cannot remove '{}': {}", marker_of(final_path).string(), ec.message());
+  try {
+    write_checkpoint_file(tmp, cfg, model, opt, st);
+    // Durable before visible: data on disk, then the name, then the marker that says complete.
+    fsync_path(tmp, false);
+  } catch (const Error& e) {
+    // A partial file is useless and, on a full disk, takes the space the next save needs.
+    // Emptied before it is unlinked: HDF5 may still hold it open after a failed close, and
+    // an open file's blocks are not freed by unlinking it.
+    fs::resize_file(tmp, 0, ec);
+    fs::remove(tmp, ec);
+    throw Error(fmt::format("checkpoint of step {} not saved ({}): {}", st.step, tmp.string(),
+                            e.what()));
+  }
   fs::rename(tmp, final_path, ec);
   DHP_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp.string(), final_path.string(), ec.message());
   fsync_path(dir, true);
@@ -191,32 +300,41 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
     std::ofstream marker(marker_of(final_path));
     marker << st.step << "\n";
     marker.close();
-    DHP_CHECK(marker.good(), "cannot write '{}' (disk full?)", marker_of(final_path).string());
+    DHP_CHECK(marker.good(), "cannot write '{}': {}", marker_of(final_path).string(),
+              std::strerror(errno));
   }
   fsync_path(marker_of(final_path), false);
   fsync_path(dir, true);
 
-  // Keep the newest `keep` complete checkpoints; the marker goes first so a crash in between
-  // never leaves a marker that points at a missing file.
-  auto all = list_checkpoints(dir.string());
-  for (size_t i = 0; i + size_t(cfg.checkpoint.keep) < all.size(); ++i) {
-    fs::remove(marker_of(all[i]), ec);
-    if (!ec) fs::remove(all[i], ec);
-    if (ec) spdlog::warn("could not delete old checkpoint '{}': {}", all[i], ec.message());
-  }
+  prune(dir, cfg.checkpoint.keep);
   return final_path.string();
 }
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {
-  std::vector<std::string> out;
-  if (!fs::is_directory(dir)) return out;
-  for (const auto& e : fs::directory_iterator(dir)) {
+  // Ordered by the step each file records, not by its name: a file renamed to a higher step
+  // must neither be resumed from nor push the real newest checkpoint out of retention.
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return {};
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
     const fs::path p = e.path();
-    if (p.extension() == ".h5" && p.filename().string().rfind("step-", 0) == 0 &&
-        fs::exists(marker_of(p)))
-      out.push_back(p.string());
+    const int64_t named = named_step(p);
+    if (named < 0 || !fs::is_regular_file(p, ec) || !fs::exists(marker_of(p), ec)) continue;
+    std::ifstream marker(marker_of(p));
+    int64_t marked = -1;
+    marker >> marked;
+    const int64_t recorded = recorded_step(p.string());
+    if (recorded != named || marked != named) {
+      spdlog::warn("ignoring checkpoint '{}': its name says step {}, its completion marker {} "
+                   "and its contents {}; it was renamed or damaged",
+                   p.string(), named, marked, recorded);
+      continue;
+    }
+    found.emplace_back(recorded, p.string());
   }
-  std::sort(out.begin(), out.end());  // zero-padded step numbers sort in step order
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
   return out;
 }
 
@@ -263,6 +381,7 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
                 read_attr(state, "sampler_position", H5T_NATIVE_INT64, &st.sampler.position) &&
                 read_attr(state, "dataset_size", H5T_NATIVE_INT64, &st.dataset_size),
             "checkpoint '{}': /state is missing or damaged", path);
+  read_attr(state, "tokenizer_hash", H5T_NATIVE_UINT64, &st.tokenizer_hash);  // 0: not recorded
   st.sampler.seed = st.seed;
   if (opt) {
     DHP_CHECK(H5Lexists(file, "optim", H5P_DEFAULT) > 0,
@@ -286,6 +405,15 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
   }
   std::copy(staged.begin(), staged.end(), model.params());
   return st;
+}
+
+void check_tokenizer(const std::string& path, uint64_t recorded, const Tokenizer& tok) {
+  if (recorded == 0) return;  // saved before checkpoints recorded their tokenizer
+  DHP_CHECK(recorded == tok.hash(),
+            "checkpoint '{}' was trained with another tokenizer than '{}' (the file's contents "
+            "changed since: hash {:016x} recorded, {:016x} now); token ids would mean other "
+            "words: restore the original file or set data.tokenizer to it",
+            path, tok.path(), recorded, tok.hash());
 }
 
 void check_same_model(const Config& saved, const Config& now, const std::string& path) {

@@ -7,12 +7,14 @@
 //   /params/<name>    every parameter under its model-spec name, full (unsharded) shape
 //   /optim/m/<name>   AdamW first moments     /optim/v/<name>  second moments
 //   /state            attributes step, seed, batch_size, sampler_epoch, sampler_position,
-//                     dataset_size
+//                     dataset_size, tokenizer_hash (FNV-1a of the tokenizer file)
 // Every dataset carries a 64-bit checksum attribute verified on load, so a file damaged on
 // disk is refused rather than loaded. Nothing depends on the world size.
 //
 // Saving writes NAME.h5.tmp, fsyncs it, renames it to NAME.h5, then writes the completion
-// marker NAME.done; only checkpoints with a marker are ever loaded.
+// marker NAME.done holding the step; only checkpoints whose marker, name and recorded step
+// agree are ever listed or loaded. A failed save removes its temporary and throws with the
+// operating system's reason.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,7 @@ struct TrainState {
   int64_t batch_size = 0;  // global batch size of the steps so far
   SamplerState sampler;    // where the next global batch starts in the sample stream
   int64_t dataset_size = 0;  // samples the sampler shuffled (a different set changes the stream)
+  uint64_t tokenizer_hash = 0;  // hash of the tokenizer file's bytes; 0 = not recorded
 };
 
 // Saves into cfg.checkpoint.dir and deletes all but the newest cfg.checkpoint.keep complete
@@ -52,6 +55,11 @@ Config checkpoint_config(const std::string& path);
 // Loads weights (and, when opt is given, moments and step) after checking the format, every
 // name and shape, and every checksum. Throws dhp::Error naming the file and the problem.
 TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt);
+
+class Tokenizer;
+// Refuses a tokenizer whose file differs from the one the checkpoint was trained with (a
+// replaced file at the same path would silently change what every token id means).
+void check_tokenizer(const std::string& checkpoint, uint64_t recorded, const Tokenizer& tok);
 
 // Refuses a resume whose configuration changed the model's shape, naming the key.
 void check_same_model(const Config& saved, const Config& now, const std::string& path);

@@ -2,14 +2,25 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <hdf5.h>
 
+#include <csignal>
 #include <cstdio>
+#include <exception>
 
 #include "kernels/check.h"
 
 namespace dhp {
 
 int run_cli(int argc, char** argv, const CliHooks& hooks) {
+  // HDF5's exit-time cleanup retries closing a file whose write failed (a full disk) and
+  // crashes doing it. Every file we open is closed by its owner before exit, so there is
+  // nothing for that cleanup to do; it must be switched off before the library starts. (Only
+  // the C library is linked: the C++ one would register the same cleanup on its own.)
+  H5dont_atexit();
+  // A write past the file size limit (ulimit -f) then fails with EFBIG, which is reported
+  // like any failed write, instead of killing the process without a word.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"dhp: a trainer for vision-language models with dynamic hybrid parallelism"};
   app.require_subcommand(1);
   app.set_version_flag("--version", DHP_VERSION);
@@ -37,6 +48,11 @@ int run_cli(int argc, char** argv, const CliHooks& hooks) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const Error& e) {
+    std::fprintf(stderr, "dhp: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    // Anything else (a filesystem or library exception) is still the user's to read, never
+    // an abort.
     std::fprintf(stderr, "dhp: error: %s\n", e.what());
     return 1;
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -96,6 +97,7 @@ class Schema {
     num("max_image_pixels", d.max_image_pixels, 1, big);
     num("workers", d.workers, 0, 256);
     str("on_error", d.on_error, {"skip", "fail"});
+    flag("allow_absolute_paths", d.allow_absolute_paths);
 
     sec_ = "train";
     auto& t = c.train;
@@ -302,6 +304,10 @@ void validate(const Config& c) {
   DHP_CHECK(int64_t(v.factor()) * v.factor() <= v.max_pixels,
             "{}: model.vision.max_pixels ({}) is below one merged patch ({}x{} pixels)", f,
             v.max_pixels, v.factor(), v.factor());
+  DHP_CHECK(c.optim.eps > 0, "{}: optim.eps must be positive (it keeps AdamW's update from "
+            "dividing by zero), got {}", f, c.optim.eps);
+  DHP_CHECK(!c.checkpoint.dir.empty(), "{}: checkpoint.dir is empty: set the folder checkpoints "
+            "are saved in", f);
   DHP_CHECK(c.optim.min_lr <= c.optim.lr, "{}: optim.min_lr ({}) exceeds optim.lr ({})", f,
             c.optim.min_lr, c.optim.lr);
 }
@@ -361,6 +367,9 @@ Config parse_config(const std::string& text, const std::string& name,
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  // A folder opens as an empty stream, which would silently mean "all defaults".
+  DHP_CHECK(!std::filesystem::is_directory(path), "config file '{}' is a folder, not a TOML file",
+            path);
   std::ifstream in(path);
   DHP_CHECK(in.good(), "config file '{}' not found or not readable", path);
   std::stringstream ss;

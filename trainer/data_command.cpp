@@ -87,6 +87,7 @@ void add_build(CLI::App* data) {
     o.max_tokens = cfg.data.max_tokens;
     o.max_image_pixels = cfg.data.max_image_pixels;
     o.on_error = cfg.data.on_error;
+    o.allow_absolute_paths = cfg.data.allow_absolute_paths;
     DHP_CHECK(*shard_mb > 0, "--shard-mb must be positive");
     o.shard_bytes = std::max<int64_t>(1, int64_t(*shard_mb * 1024 * 1024));
     const BuildSummary s = build_dataset(o);

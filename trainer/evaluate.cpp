@@ -5,8 +5,8 @@
 #include <functional>
 
 #include "data/pack.h"
-#include "kernels/check.h"
 #include "data/tokenizer.h"
+#include "kernels/check.h"
 #include "trainer/executor.h"
 
 namespace dhp {
@@ -75,6 +75,8 @@ EvalResult evaluate(Model& model, const Dataset& data, const EvalOptions& opt,
   EvalResult r;
   r.samples = n;
   r.targets = int64_t(stats[1]);
+  DHP_CHECK(r.targets > 0, "evaluation: none of the {} samples could be used (all were "
+            "skipped as bad data: see the warnings above); a loss over no tokens means nothing", n);
   if (r.targets > 0) {
     r.loss = stats[0] / stats[1];
     r.perplexity = std::exp(r.loss);

@@ -60,8 +60,15 @@ StepWork plan_step(const Planner& planner, const Dataset& data, const std::vecto
     for (const TokenRange& r : ranges) {
       const auto at = std::find(grp.seqs.begin(), grp.seqs.end(), r.seq);
       DHP_ASSERT(at != grp.seqs.end());
+      const int32_t doc = int32_t(at - grp.seqs.begin());
+      // The last rank of a ring (and the only one of a group of one) holds two adjacent
+      // chunks: one piece, so that a sample is never cut where no other rank takes over.
+      if (!gw.pieces.empty() && gw.docs.back() == doc && gw.pieces.back().end == r.begin) {
+        gw.pieces.back().end = r.end;
+        continue;
+      }
       gw.pieces.push_back(Piece{w.plan.seqs()[size_t(r.seq)].id, r.begin, r.end});
-      gw.docs.push_back(int32_t(at - grp.seqs.begin()));
+      gw.docs.push_back(doc);
     }
     w.mine.push_back(std::move(gw));
   }

@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "data/image.h"
 #include "data/layout.h"
 #include "data/manifest.h"
@@ -33,7 +35,8 @@ struct GenerateOptions {
 // The prompt in the training layout (the manifest's own turn rule): <bos>, text pieces, an
 // <img> ... </img> block wherever the text says <image> (or all images first when it never
 // does, as LLaVA prompts read).
-Batch build_prompt(const GenerateOptions& o, const Tokenizer& tok, const VisionConfig& v) {
+Batch build_prompt(const GenerateOptions& o, const Tokenizer& tok, const VisionConfig& v,
+                   int64_t max_image_pixels) {
   std::string text = o.prompt;
   if (text.find(kMarker) == std::string::npos)
     for (size_t i = 0; i < o.images.size(); ++i) text = kMarker + "\n" + text;
@@ -45,7 +48,7 @@ Batch build_prompt(const GenerateOptions& o, const Tokenizer& tok, const VisionC
   std::vector<PreparedImage> images;
   StoredLayout s;
   for (const auto& path : o.images) {
-    images.push_back(load_image(path, v));
+    images.push_back(load_image(path, v, max_image_pixels));
     s.image_tokens.push_back(int64_t(images.back().grid_h / v.merge) * (images.back().grid_w / v.merge));
   }
   s.layout = layout.data();
@@ -70,18 +73,24 @@ void add_generate_command(CLI::App& app) {
   sub->add_option("--max-tokens", o->max_tokens, "Most tokens to generate")->capture_default_str();
   sub->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
   sub->add_option("--top-p", o->top_p, "Nucleus sampling mass (with temperature > 0)")
-      ->check(CLI::Range(1e-9, 1.0))
       ->capture_default_str();
   sub->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
   sub->callback([o] {
     set_up_logging(0, 1, "warn");
+    // NaN passes every comparison, so a range check alone would let it through to sampling.
+    DHP_CHECK(std::isfinite(o->temperature) && o->temperature >= 0,
+              "--temperature {}: must be a finite number >= 0 (0 = greedy)", o->temperature);
+    DHP_CHECK(std::isfinite(o->top_p) && o->top_p > 0 && o->top_p <= 1,
+              "--top-p {}: must be in (0, 1]", o->top_p);
+    DHP_CHECK(o->max_tokens >= 1, "--max-tokens {}: must be 1 or more", o->max_tokens);
     const std::string path = resolve_checkpoint(o->checkpoint, o->dir);
     Config cfg = checkpoint_config(path);
     auto backend = make_backend(cfg.train.device, backend_options(cfg));
     Model model(cfg.model, *backend);
-    load_checkpoint(path, model, nullptr);
+    const TrainState st = load_checkpoint(path, model, nullptr);
     Tokenizer tok(cfg.data.tokenizer);
-    Batch prompt = build_prompt(*o, tok, cfg.model.vision);
+    check_tokenizer(path, st.tokenizer_hash, tok);
+    Batch prompt = build_prompt(*o, tok, cfg.model.vision, cfg.data.max_image_pixels);
     SamplingOptions so;
     so.max_new_tokens = o->max_tokens;
     so.temperature = o->temperature;

@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "kernels/check.h"
@@ -34,7 +36,9 @@ void ProgressBar::clear() {
 MetricsFile::MetricsFile(const std::string& path, bool enabled, int64_t resumed_step) {
   if (!enabled || path.empty()) return;
   auto parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent);
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  DHP_CHECK(!ec, "log.metrics: cannot create the folder of '{}': {}", path, ec.message());
   std::string kept;
   if (resumed_step > 0) {
     std::ifstream in(path);
@@ -44,14 +48,19 @@ MetricsFile::MetricsFile(const std::string& path, bool enabled, int64_t resumed_
     }
   }
   out_.open(path, std::ios::trunc);
-  DHP_CHECK(out_.good(), "log.metrics: cannot write '{}'", path);
+  DHP_CHECK(out_.good(), "log.metrics: cannot write '{}': {}", path, std::strerror(errno));
   out_ << kept;
+  path_ = path;
 }
 
 void MetricsFile::write(const nlohmann::json& j) {
   if (!out_.is_open()) return;
   out_ << j.dump() << '\n';
   out_.flush();
+  if (out_.good()) return;
+  spdlog::warn("log.metrics: writing '{}' failed ({}); no more metrics are recorded in it",
+               path_, std::strerror(errno));
+  out_.close();
 }
 
 void log_eval(const char* what, int64_t step, const EvalResult& r, const EvalResult* blank,

@@ -31,10 +31,12 @@ class MetricsFile {
   // A resumed run keeps the records up to the step it resumes from and drops the ones the
   // interrupted run wrote after its checkpoint, which this run writes again.
   MetricsFile(const std::string& path, bool enabled, int64_t resumed_step);
+  // A failed write is reported once and ends the file; training goes on without it.
   void write(const nlohmann::json& j);
 
  private:
   std::ofstream out_;
+  std::string path_;
 };
 
 // Logs an evaluation (and its blanked-image twin, when given) and records it in the metrics.

@@ -24,8 +24,10 @@
 #include "trainer/checkpoint.h"
 #include "trainer/evaluate.h"
 #include "trainer/executor.h"
+#include "trainer/limits.h"
 #include "trainer/metrics.h"
 #include "trainer/optimizer.h"
+#include "trainer/run_lock.h"
 #include "trainer/weights.h"
 
 namespace dhp {
@@ -57,7 +59,9 @@ class Run {
   // Measured group times against the plan's prediction, and the online refit.
   void learn_costs(const StepWork& work, StepRecord& rec);
   void evaluate(int64_t step, TrainResult* out);
-  std::string save(int64_t step);
+  // The save a run ends with (last) must succeed; a periodic one that fails (a full disk)
+  // warns, and training goes on to try again at the next interval.
+  std::string save(int64_t step, bool last);
   void clear_bar() { bar_.clear(); }
 
  private:
@@ -65,6 +69,7 @@ class Run {
   Communicator& comm_;
   const bool rank0_;
   const Clock::time_point t_start_ = Clock::now();
+  std::optional<RunLock> lock_;  // rank 0 holds the checkpoint folder for the run's lifetime
   std::unique_ptr<Backend> backend_;
   Tokenizer tokenizer_;
   std::unique_ptr<Dataset> train_set_, val_set_;
@@ -94,6 +99,7 @@ std::unique_ptr<Dataset> open_train_set(const Config& cfg, const Tokenizer& tok)
             cfg.source, cfg.model.vocab_size, tok.vocab_size(), cfg.data.tokenizer);
   auto set = open_dataset(cfg.data.train, cfg.data, tok, cfg.model);
   DHP_CHECK(set->size() > 0, "data.train '{}' holds no usable sample", cfg.data.train);
+  check_batch_fits(cfg, *set, available_memory_bytes());
   return set;
 }
 
@@ -101,6 +107,10 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
     : cfg_(cfg),
       comm_(comm),
       rank0_(comm.rank() == 0),
+      lock_([&]() -> std::optional<RunLock> {
+        if (rank0_) return std::optional<RunLock>(std::in_place, cfg.checkpoint.dir);
+        return std::nullopt;
+      }()),
       backend_(make_backend(cfg.train.device, backend_options(cfg))),
       tokenizer_(cfg.data.tokenizer),
       train_set_(open_train_set(cfg, tokenizer_)),
@@ -118,6 +128,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
     const std::string path = resolve_checkpoint(topt.resume, cfg.checkpoint.dir);
     check_same_model(checkpoint_config(path), cfg, path);
     TrainState st = load_checkpoint(path, model_, &opt_);
+    check_tokenizer(path, st.tokenizer_hash, tokenizer_);
     DHP_CHECK(st.seed == cfg.train.seed,
               "cannot resume from '{}': it was trained with train.seed = {}, this run has {}; "
               "the weights and the sample order come from the seed",
@@ -131,6 +142,9 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
       spdlog::info("train.batch_size changes from {} to {}; the sample stream continues where "
                    "it stopped", st.batch_size, cfg.train.batch_size);
     first_step_ = st.step;
+    DHP_CHECK(topt.stop_after < 0 || topt.stop_after > first_step_,
+              "--stop-after {} is not after step {}, where this run resumes", topt.stop_after,
+              first_step_);
     if (rank0_) spdlog::info("resumed from {} at step {}", path, first_step_);
   } else {
     const auto existing = list_checkpoints(cfg.checkpoint.dir);
@@ -228,8 +242,12 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
   std::vector<double> rank_time(size_t(comm_.size()), 0.0);
   comm_.all_gather(&mine, rank_time.data(), 1, DataType::F64);
   comm_.all_reduce_sum(model_.grads(), model_.n_params());
-  double loss_sum = local.loss_sum;
-  comm_.all_reduce_sum(&loss_sum, 1);
+  double sums[2] = {local.loss_sum, double(local.targets)};  // loss, targets
+  comm_.all_reduce_sum(sums, 2);
+  const double loss_sum = sums[0];
+  DHP_CHECK(sums[1] > 0, "step {}: none of its {} samples could be used (all were skipped as "
+            "bad data: see the warnings above); fix the data or set data.on_error = \"fail\" "
+            "to stop at the first bad sample", step + 1, work.samples);
 
   const double norm = opt_.grad_norm(model_.grads());
   DHP_CHECK(std::isfinite(norm), "step {}: the gradient norm is not finite ({}); lower optim.lr",
@@ -317,14 +335,19 @@ void Run::evaluate(int64_t step, TrainResult* out) {
   out->final_blank_exact_match = cfg_.eval.blank_images ? b.exact_match : -1.0;
 }
 
-std::string Run::save(int64_t step) {
+std::string Run::save(int64_t step, bool last) {
   TrainState st{step, cfg_.train.seed, cfg_.train.batch_size,
-                sampler_->state_at(position_of(step)), train_set_->size()};
+                sampler_->state_at(position_of(step)), train_set_->size(), tokenizer_.hash()};
   std::string path;
   if (rank0_) {
-    path = save_checkpoint(cfg_, model_, &opt_, st);
     bar_.clear();
-    spdlog::info("checkpoint saved: {}", path);
+    try {
+      path = save_checkpoint(cfg_, model_, &opt_, st);
+      spdlog::info("checkpoint saved: {}", path);
+    } catch (const Error& e) {
+      if (last) throw;
+      spdlog::warn("{}; training goes on and saves again at the next interval", e.what());
+    }
   }
   comm_.barrier();
   return path;
@@ -365,18 +388,20 @@ TrainResult train(const Config& cfg, Communicator& comm, const TrainOptions& top
       run.evaluate(rec.step, nullptr);
     const bool interrupted = topt.stop_flag && *topt.stop_flag;
     if (interrupted || rec.step == topt.stop_after) {
-      result.checkpoint = run.save(rec.step);
+      result.checkpoint = run.save(rec.step, true);
       if (rank0)
         spdlog::info("stopping after step {}{}; resume with --resume auto", rec.step,
                      interrupted ? " (signal)" : "");
       return result;
     }
     if (cfg.checkpoint.every > 0 && rec.step % cfg.checkpoint.every == 0 &&
-        rec.step < cfg.train.steps)
-      result.checkpoint = run.save(rec.step);
+        rec.step < cfg.train.steps) {
+      const std::string saved = run.save(rec.step, false);
+      if (!saved.empty()) result.checkpoint = saved;
+    }
   }
   run.clear_bar();
-  if (result.last_step > first || first == 0) result.checkpoint = run.save(result.last_step);
+  if (result.last_step > first || first == 0) result.checkpoint = run.save(result.last_step, true);
   run.evaluate(result.last_step, &result);
   if (rank0) spdlog::info("done in {:.1f}s", seconds_since(t_start));
   return result;

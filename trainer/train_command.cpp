@@ -2,8 +2,11 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -41,6 +44,7 @@ struct LoadedModel {
   Config cfg;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
+  TrainState state;
 };
 
 LoadedModel load_for_inference(const std::string& checkpoint, const std::vector<std::string>& overrides) {
@@ -49,8 +53,28 @@ LoadedModel load_for_inference(const std::string& checkpoint, const std::vector<
   if (!overrides.empty()) m.cfg = parse_config(to_toml(m.cfg), checkpoint + ":/config", overrides);
   m.backend = make_backend(m.cfg.train.device, backend_options(m.cfg));
   m.model = std::make_unique<Model>(m.cfg.model, *m.backend);
-  load_checkpoint(checkpoint, *m.model, nullptr);
+  m.state = load_checkpoint(checkpoint, *m.model, nullptr);
   return m;
+}
+
+// A file the user named as an output: refused up front when it cannot be one, so nothing is
+// computed for a result that cannot be written.
+void check_output_file(const std::string& path, const std::string& option) {
+  namespace fs = std::filesystem;
+  DHP_CHECK(!path.empty() && path.back() != '/' && !fs::is_directory(path),
+            "{} '{}' must name a file, not a folder", option, path);
+}
+
+// Writes a small result file; a failure (an unwritable folder, a full disk) is an error
+// carrying the operating system's reason, never a silent exit 0.
+void write_text_file(const std::string& path, const std::string& text, const std::string& option) {
+  check_output_file(path, option);
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  DHP_CHECK(f != nullptr, "{}: cannot write '{}': {}", option, path, std::strerror(errno));
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
+  int err = ok ? 0 : errno;
+  if (std::fclose(f) != 0 && ok) ok = false, err = errno;
+  DHP_CHECK(ok, "{}: writing '{}' failed: {}", option, path, std::strerror(err));
 }
 
 }  // namespace
@@ -76,6 +100,8 @@ void add_train_command(CLI::App& app) {
     set_up_logging(comm.rank(), comm.size(), cfg.log.level);
     if (comm.rank() == 0) spdlog::info("resolved configuration ({}):\n{}", cfg.source, format_config(cfg));
     DHP_CHECK(opt->resume.empty() || opt->init.empty(), "--resume and --init exclude each other");
+    DHP_CHECK(sub->count("--stop-after") == 0 || opt->stop_after >= 1,
+              "--stop-after {}: the step to stop after must be 1 or more", opt->stop_after);
     install_stop_handlers();
     TrainOptions o = *opt;
     o.stop_flag = &g_stop_requested;
@@ -113,11 +139,13 @@ void add_eval_command(CLI::App& app) {
     auto world = start_world(nullptr, nullptr);
     Communicator& comm = *world;
     set_up_logging(comm.rank(), comm.size(), "info");
+    if (!out->empty()) check_output_file(*out, "--json");
     const std::string path = resolve_checkpoint(*checkpoint, *dir);
     LoadedModel m = load_for_inference(path, sub->remaining());
     const std::string manifest = data->empty() ? m.cfg.data.val : *data;
     DHP_CHECK(!manifest.empty(), "no data to evaluate: pass --data or set data.val");
     Tokenizer tok(m.cfg.data.tokenizer);
+    check_tokenizer(path, m.state.tokenizer_hash, tok);
     const std::unique_ptr<Dataset> data = open_dataset(manifest, m.cfg.data, tok, m.cfg.model);
     const Dataset& ds = *data;
     EvalOptions eo{m.cfg.train.batch_size, m.cfg.eval.max_samples, false, m.cfg.data.workers,
@@ -143,7 +171,7 @@ void add_eval_command(CLI::App& app) {
                                     {"accuracy", real.accuracy}, {"exact_match", real.exact_match}}},
                           {"blanked", {{"loss", blank.loss}, {"perplexity", blank.perplexity},
                                        {"accuracy", blank.accuracy}, {"exact_match", blank.exact_match}}}};
-      std::ofstream(*out) << j.dump(2) << "\n";
+      write_text_file(*out, j.dump(2) + "\n", "--json");
     }
   });
 }
@@ -164,6 +192,7 @@ void add_export_command(CLI::App& app) {
       ->capture_default_str();
   sub->callback([checkpoint, dir, out] {
     set_up_logging(0, 1, "info");
+    check_output_file(*out, "-o/--out");
     const std::string path = resolve_checkpoint(*checkpoint, *dir);
     LoadedModel m = load_for_inference(path, {});
     const std::string config_path = (std::filesystem::path(*out).parent_path() / "config.json").string();

@@ -2,6 +2,9 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -62,7 +65,8 @@ void load_safetensors(const std::string& path, Model& model) {
   const auto file_size = int64_t(std::filesystem::file_size(path));
   uint64_t n = 0;
   in.read(reinterpret_cast<char*>(&n), 8);
-  DHP_CHECK(in.good() && n > 1 && int64_t(n) <= file_size - 8,
+  // Compared unsigned: a length near 2^64 must not wrap to a small or negative size.
+  DHP_CHECK(in.good() && file_size >= 8 && n > 1 && n <= uint64_t(file_size - 8),
             "'{}' is not a safetensors file (bad header length)", path);
   std::string text(n, '\0');
   in.read(text.data(), std::streamsize(n));
@@ -87,6 +91,13 @@ void load_safetensors(const std::string& path, Model& model) {
     std::vector<int64_t> shape, off;
     try {  // a wrong JSON type (a string shape, an entry that is not an object) is the file's fault
       DHP_CHECK(t.is_object(), "'{}': tensor '{}' is not described by a JSON object", path, spec.name);
+      // The JSON library would truncate 1.5 to 1; the format says integers.
+      for (const char* key : {"shape", "data_offsets"})
+        DHP_CHECK(!t.contains(key) || (t[key].is_array() &&
+                                       std::all_of(t[key].begin(), t[key].end(),
+                                                   [](const json& x) { return x.is_number_integer(); })),
+                  "'{}': tensor '{}' has a \"{}\" that is not a list of integers", path,
+                  spec.name, key);
       dtype = t.value("dtype", "");
       shape = t.value("shape", std::vector<int64_t>{});
       off = t.value("data_offsets", std::vector<int64_t>{});
@@ -99,8 +110,9 @@ void load_safetensors(const std::string& path, Model& model) {
     const int64_t width = dtype == "F32" ? 4 : (dtype == "F16" || dtype == "BF16") ? 2 : 0;
     DHP_CHECK(width > 0, "'{}': tensor '{}' has dtype {}; F32, F16 and BF16 are supported", path,
               spec.name, dtype);
-    DHP_CHECK(off.size() == 2 && off[0] >= 0 && off[1] - off[0] == spec.numel() * width &&
-                  off[1] <= data_size,
+    // Ordered so that no subtraction can overflow on hostile values.
+    DHP_CHECK(off.size() == 2 && off[0] >= 0 && off[1] >= off[0] && off[1] <= data_size &&
+                  off[1] - off[0] == spec.numel() * width,
               "'{}': tensor '{}' has data offsets outside the file or of the wrong size "
               "(truncated file?)",
               path, spec.name);
@@ -118,6 +130,11 @@ void load_safetensors(const std::string& path, Model& model) {
         dst[i] = dtype == "F16" ? half_to_float(h) : bf16_to_float(h);
       }
     }
+    // Named here, at load: otherwise the first step fails with a misleading "lower optim.lr".
+    DHP_CHECK(std::all_of(dst, dst + spec.numel(), [](float f) { return std::isfinite(f); }),
+              "'{}': tensor '{}' holds non-finite values (NaN or infinity); these weights are "
+              "unusable",
+              path, spec.name);
   }
   std::copy(staged.begin(), staged.end(), model.params());
 }
@@ -135,29 +152,40 @@ void export_safetensors(const Model& model, const Config& cfg, const std::string
   header["__metadata__"] = {{"format", "pt"}, {"producer", "dhp"}};
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the tensor data 8-byte aligned
+  DHP_CHECK(!path.empty() && path.back() != '/' && !std::filesystem::is_directory(path),
+            "export: '{}' must name a file, not a folder", path);
   const auto parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent);
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  DHP_CHECK(!ec, "export: cannot create the folder of '{}': {}", path, ec.message());
   // Written under a temporary name and renamed, so an interrupted export never leaves a
   // truncated file where a reader expects a complete one.
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    DHP_CHECK(out.good(), "cannot write '{}'", tmp);
+    DHP_CHECK(out.good(), "cannot write '{}': {}", tmp, std::strerror(errno));
     const uint64_t n = text.size();
     out.write(reinterpret_cast<const char*>(&n), 8);
     out.write(text.data(), std::streamsize(n));
     for (const auto& s : model.table().specs())
       out.write(reinterpret_cast<const char*>(model.params() + s.offset), std::streamsize(4 * s.numel()));
     out.close();
-    DHP_CHECK(out.good(), "writing '{}' failed (disk full?)", tmp);
+    if (!out.good()) {
+      const int err = errno;
+      std::filesystem::remove(tmp, ec);
+      throw Error(fmt::format("writing '{}' failed: {}", tmp, std::strerror(err)));
+    }
   }
-  std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  DHP_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp, path, ec.message());
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw Error(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, ec.message()));
+  }
   std::ofstream cfg_out(config_path);
   cfg_out << model_config_json(cfg).dump(2) << "\n";
   cfg_out.close();
-  DHP_CHECK(cfg_out.good(), "writing '{}' failed (disk full?)", config_path);
+  DHP_CHECK(cfg_out.good(), "writing '{}' failed: {}", config_path, std::strerror(errno));
 }
 
 void load_weights(const std::string& path, Model& model) {

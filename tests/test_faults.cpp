@@ -1,0 +1,585 @@
+// Bad input and faults, tried as a hostile user would: every failure is a clear error that
+// comes early, and no work is lost. Most cases run the real executable (DHP_BINARY) and look
+// at its exit status and message, because "exit 1 with a message" rather than an abort, a
+// segfault or a hang is exactly what is being tested.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "data/build.h"
+#include "data/dataset.h"
+#include "data/image.h"
+#include "data/shard_format.h"
+#include "data/tokenizer.h"
+#include "kernels/check.h"
+#include "parallel/mpi_comm.h"
+#include "tests/error_of.h"
+#include "tests/train_fixture.h"
+#include "trainer/checkpoint.h"
+#include "trainer/config.h"
+#include "trainer/limits.h"
+#include "trainer/run_lock.h"
+#include "trainer/train.h"
+#include "trainer/weights.h"
+
+namespace dhp {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::error_of;
+using testing::run_dir;
+using testing::small_config;
+using testing::synth_dir;
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+}
+
+std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+struct Outcome {
+  int status = -1;  // exit status, or 128 + signal when the process was killed
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `args` (the dhp executable is prepended) through the shell, with `prefix` shell
+// commands before it (a limit, a cd), under a timeout so that a hang fails instead of
+// blocking the suite.
+Outcome run_dhp(const std::string& args, const fs::path& out_dir, const std::string& prefix = "") {
+  const fs::path log = out_dir / "dhp_output.txt";
+  const std::string cmd = "sh -c " + quoted(prefix + " exec timeout 120 " + DHP_BINARY + " " + args) +
+                          " > " + log.string() + " 2>&1";
+  const int raw = std::system(cmd.c_str());
+  Outcome r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  r.output = read_text(log);
+  return r;
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// A run configuration file holding `cfg`, for the executable.
+std::string config_file(const Config& cfg, const fs::path& dir) {
+  write_text(dir / "run.toml", to_toml(cfg));
+  return (dir / "run.toml").string();
+}
+
+// ---- lose no work ------------------------------------------------------------------------
+
+TEST(Faults, UnwritableCheckpointDirFailsBeforeTheFirstStep) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("unwritable");
+  write_text(dir / "a_file", "x");
+  const std::string metrics = (dir / "metrics.jsonl").string();
+  const Config cfg = small_config(3, dir, {"--checkpoint.dir=" + (dir / "a_file" / "ck").string(),
+                                           "--log.metrics=" + metrics});
+  const std::string msg = error_of([&] { train(cfg, comm); });
+  EXPECT_TRUE(contains(msg, "checkpoint.dir") && contains(msg, "a_file")) << msg;
+  EXPECT_FALSE(fs::exists(metrics)) << "the run started training before finding the folder unusable";
+  // The executable: exit 1 with the message, not an abort after training.
+  const Outcome r = run_dhp("train -c " + config_file(cfg, dir), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "dhp: error: checkpoint.dir")) << r.output;
+  EXPECT_FALSE(contains(r.output, "step     1")) << r.output;
+  // An empty folder name is a configuration error.
+  const std::string empty = error_of([&] { small_config(3, dir, {"--checkpoint.dir="}); });
+  EXPECT_TRUE(contains(empty, "checkpoint.dir is empty")) << empty;
+}
+
+TEST(Faults, DiskFullDuringASaveReportsTheReasonAndCleansUp) {
+  const auto dir = run_dir("diskfull");
+  // A file size limit makes every write past it fail (EFBIG) as a full disk does (ENOSPC).
+  // 30000 blocks (15 MB in 512-byte blocks, 30 MB in 1 KiB ones) leave room for MPI's
+  // start-up files but not for a checkpoint of this wider model (about 54 MB). The executable
+  // ignores SIGXFSZ, so the write fails instead of the signal killing the process.
+  const Config cfg = small_config(4, dir, {"--checkpoint.every=2", "--eval.exact_match=false",
+                                           "--model.dim=384", "--model.ffn=1536", "--log.level=info"});
+  const Outcome r = run_dhp("train -c " + config_file(cfg, dir), dir, "ulimit -f 30000;");
+  EXPECT_EQ(r.status, 1) << r.output;  // not 139 (a crash in HDF5 at exit)
+  EXPECT_TRUE(contains(r.output, "File too large")) << r.output;  // the operating system's reason
+  // The save at step 2 failed, training went on, and the final save is the error.
+  EXPECT_TRUE(contains(r.output, "checkpoint of step 2 not saved")) << r.output;
+  EXPECT_TRUE(contains(r.output, "training goes on")) << r.output;
+  EXPECT_TRUE(contains(r.output, "step     4/4")) << r.output;
+  EXPECT_TRUE(contains(r.output, "dhp: error: checkpoint of step 4 not saved")) << r.output;
+  for (const auto& e : fs::directory_iterator(dir / "checkpoints"))
+    EXPECT_NE(e.path().extension(), ".tmp") << "a partial checkpoint was left behind: " << e.path();
+}
+
+TEST(Faults, ARealFullDiskIsFoundBeforeWriting) {
+  // A real full file system needs a mount: done as root (a 2 MiB tmpfs), skipped otherwise.
+  const auto dir = run_dir("realfull");
+  const fs::path mnt = dir / "mnt";
+  fs::create_directories(mnt);
+  if (::geteuid() != 0 || std::system(("mount -t tmpfs -o size=2m tmpfs " + mnt.string() + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "needs root to mount a small tmpfs";
+  const Config cfg = small_config(4, dir, {"--checkpoint.every=2", "--eval.exact_match=false",
+                                           "--checkpoint.dir=" + (mnt / "ck").string()});
+  write_text(mnt / "fill", std::string(1500 * 1024, 'x'));  // about 0.5 MiB stays free
+  const Outcome r = run_dhp("train -c " + config_file(cfg, dir), dir);
+  std::system(("umount " + mnt.string()).c_str());
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "No space left on device")) << r.output;
+  EXPECT_TRUE(contains(r.output, "dhp: error: checkpoint of step 4 not saved")) << r.output;
+}
+
+TEST(Faults, TemporariesOfInterruptedSavesAreRemoved) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("stale_tmp");
+  const Config cfg = small_config(1, dir, {"--eval.exact_match=false"});
+  fs::create_directories(cfg.checkpoint.dir);
+  // What a save killed half-way leaves behind; on a nearly full disk it blocks the next one.
+  const fs::path stale = fs::path(cfg.checkpoint.dir) / "step-00000007.h5.tmp";
+  write_text(stale, std::string(1 << 20, 'x'));
+  write_text(fs::path(cfg.checkpoint.dir) / "notes.tmp", "mine");
+  train(cfg, comm);
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(fs::path(cfg.checkpoint.dir) / "notes.tmp"));  // not a checkpoint's
+}
+
+TEST(Faults, SecondRunOnTheSameFolderIsRefusedNamingTheHolder) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("lock");
+  const Config cfg = small_config(1, dir);
+  {
+    RunLock first(cfg.checkpoint.dir);
+    const std::string msg = error_of([&] { train(cfg, comm); });
+    EXPECT_TRUE(contains(msg, "in use by another run")) << msg;
+    EXPECT_TRUE(contains(msg, "pid " + std::to_string(::getpid()))) << msg;
+    // The executable is refused the same way while this process holds the folder.
+    const Outcome r = run_dhp("train -c " + config_file(cfg, dir), dir);
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_TRUE(contains(r.output, "pid " + std::to_string(::getpid()))) << r.output;
+    EXPECT_TRUE(list_checkpoints(cfg.checkpoint.dir).empty());
+  }
+  // Released when its holder ends: the folder is usable again.
+  EXPECT_NO_THROW(train(cfg, comm));
+}
+
+TEST(Faults, ResumeTrustsTheRecordedStepNotTheFileName) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("renamed");
+  const Config cfg = small_config(2, dir, {"--checkpoint.every=1", "--eval.exact_match=false"});
+  train(cfg, comm);
+  const fs::path ck = cfg.checkpoint.dir;
+  const auto real = list_checkpoints(ck.string());
+  ASSERT_EQ(real.size(), 2u);
+  // Step 1's file under step 9's name, with a marker: it must not win.
+  fs::copy_file(ck / "step-00000001.h5", ck / "step-00000009.h5");
+  write_text(ck / "step-00000009.done", "9\n");
+  EXPECT_EQ(list_checkpoints(ck.string()), real);
+  EXPECT_EQ(resolve_checkpoint("auto", ck.string()), real.back());
+  // A resumed run saves step 3 and its retention keeps the real newest two.
+  TrainOptions o;
+  o.resume = "auto";
+  const TrainResult r = train(small_config(3, dir, {"--checkpoint.every=1", "--eval.exact_match=false"}), comm, o);
+  EXPECT_EQ(r.last_step, 3);
+  const auto after = list_checkpoints(ck.string());
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_EQ(after[0], real.back());
+  EXPECT_EQ(load_checkpoint(after[1], *std::make_unique<Model>(cfg.model, *make_cpu_backend({1})), nullptr).step, 3);
+}
+
+TEST(Faults, FailedWritesOfResultsAreNeverSilent) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("silent");
+  const Config cfg = small_config(2, dir, {"--eval.exact_match=false"});
+  train(cfg, comm);
+  const std::string ck = "--checkpoint auto --dir " + cfg.checkpoint.dir;
+  // A full device: eval --json is an error with the reason.
+  Outcome r = run_dhp("eval " + ck + " --json /dev/full", dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "No space left on device")) << r.output;
+  // A folder that does not exist.
+  r = run_dhp("eval " + ck + " --json " + (dir / "no" / "such" / "r.json").string(), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--json")) << r.output;
+  // data stats --csv: the last buffered bytes fail only when the file is closed.
+  r = run_dhp("data stats --data " + (synth_dir() / "val.jsonl").string() + " --csv /dev/full "
+              "--data.tokenizer=" + (synth_dir() / "tokenizer.model").string(), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "No space left on device")) << r.output;
+  // Metrics on a full device: a warning, once, and training goes on.
+  const Config m = small_config(3, run_dir("silent_metrics"), {"--log.metrics=/dev/full",
+                                                              "--log.level=info",
+                                                              "--eval.exact_match=false"});
+  r = run_dhp("train -c " + config_file(m, dir), dir);
+  EXPECT_EQ(r.status, 0) << r.output;
+  const size_t first = r.output.find("log.metrics: writing '/dev/full' failed");
+  EXPECT_NE(first, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("log.metrics: writing", first + 1), std::string::npos) << r.output;
+}
+
+TEST(Faults, AReplacedTokenizerIsRefused) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("tokenizer");
+  const fs::path tok = dir / "tok.model";
+  fs::copy_file(synth_dir() / "tokenizer.model", tok);
+  const Config cfg = small_config(1, dir, {"--data.tokenizer=" + tok.string(), "--eval.exact_match=false"});
+  train(cfg, comm);
+  // Same path, other contents: a tokenizer trained on other text.
+  train_tokenizer({"completely different words", "nothing about circles or squares here"}, 120,
+                  tok.string());
+  const std::string ck = "--checkpoint auto --dir " + cfg.checkpoint.dir;
+  Outcome r = run_dhp("eval " + ck, dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "another tokenizer")) << r.output;
+  write_text(dir / "img.png", read_text(synth_dir() / "images" / "val-000000.png"));
+  r = run_dhp("generate " + ck + " --image " + (dir / "img.png").string(), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "another tokenizer")) << r.output;
+  TrainOptions o;
+  o.resume = "auto";
+  const std::string msg = error_of([&] { train(small_config(2, dir, {"--data.tokenizer=" + tok.string()}), comm, o); });
+  EXPECT_TRUE(contains(msg, "another tokenizer")) << msg;
+}
+
+// ---- crashes and hangs on bad input ------------------------------------------------------
+
+TEST(Faults, DataBuildTakesABareManifestFileName) {
+  const auto dir = run_dir("bare");
+  const Outcome r = run_dhp("data build --manifest val.jsonl --tokenizer tokenizer.model --out " +
+                            (dir / "out").string(),
+                        dir, "cd " + synth_dir().string() + " &&");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "out" / kIndexFile)) << r.output;
+}
+
+TEST(Faults, SamplingOptionsAndOversizedImagesAreValidated) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("sampling");
+  const Config cfg = small_config(1, dir, {"--eval.exact_match=false"});
+  train(cfg, comm);
+  const std::string img = (synth_dir() / "images" / "val-000000.png").string();
+  const std::string base = "generate --checkpoint auto --dir " + cfg.checkpoint.dir + " --image " + img;
+  for (const std::string bad : {"--temperature nan", "--temperature inf", "--temperature -1",
+                                 "--temperature 0.7 --top-p nan", "--top-p 0", "--max-tokens 0"}) {
+    const Outcome r = run_dhp(base + " " + bad, dir);
+    EXPECT_EQ(r.status, 1) << bad << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "dhp: error: --")) << bad << "\n" << r.output;
+  }
+  EXPECT_EQ(run_dhp(base + " --temperature 0.7 --top-p 0.9 --max-tokens 4", dir).status, 0);
+
+  // A PNG whose header claims 20000 x 20000 pixels is refused from the header alone, before
+  // the decoder allocates gigabytes for it.
+  std::string png = read_text(img);
+  auto be32 = [&](size_t at, uint32_t v) {
+    for (int k = 0; k < 4; ++k) png[at + k] = char((v >> (24 - 8 * k)) & 0xff);
+  };
+  be32(16, 20000);
+  be32(20, 20000);
+  write_text(dir / "huge.png", png);
+  const Outcome r = run_dhp("generate --checkpoint auto --dir " + cfg.checkpoint.dir + " --image " +
+                            (dir / "huge.png").string(), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "20000x20000")) << r.output;
+  const std::string msg = error_of([&] { load_image((dir / "huge.png").string(), cfg.model.vision, kDefaultMaxImagePixels); });
+  EXPECT_TRUE(contains(msg, "huge.png") && contains(msg, "data.max_image_pixels")) << msg;
+}
+
+TEST(Faults, BatchSizesAreCheckedAgainstDataAndMemory) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("batch");
+  const std::string msg = error_of([&] { train(small_config(1, dir, {"--train.batch_size=1000000000"}), comm); });
+  EXPECT_TRUE(contains(msg, "train.batch_size = 1000000000") && contains(msg, "240 samples")) << msg;
+  // The memory bound, with a machine of 1 MB.
+  const Config cfg = small_config(1, dir, {"--train.batch_size=200"});
+  Tokenizer tok(cfg.data.tokenizer);
+  const auto ds = open_dataset(cfg.data.train, cfg.data, tok, cfg.model);
+  const std::string mem = error_of([&] { check_batch_fits(cfg, *ds, 1'000'000); });
+  EXPECT_TRUE(contains(mem, "GB") && contains(mem, "lower train.batch_size")) << mem;
+  EXPECT_NO_THROW(check_batch_fits(cfg, *ds, int64_t(1) << 34));
+}
+
+TEST(Faults, MalformedSafetensorsHeadersAreErrors) {
+  const auto dir = run_dir("safetensors");
+  const Config cfg = small_config(1, dir);
+  auto backend = make_cpu_backend({1});
+  Model m(cfg.model, *backend);
+  // A header length of 2^64 - 1.
+  {
+    std::ofstream out(dir / "len.safetensors", std::ios::binary);
+    const uint64_t n = ~uint64_t(0);
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << "{}";
+  }
+  std::string msg = error_of([&] { load_weights((dir / "len.safetensors").string(), m); });
+  EXPECT_TRUE(contains(msg, "bad header length")) << msg;
+  // data_offsets given as floats: 0.5 must not silently become 0.
+  export_safetensors(m, cfg, (dir / "ok.safetensors").string(), (dir / "config.json").string());
+  std::string bytes = read_text(dir / "ok.safetensors");
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  std::string header = bytes.substr(8, n);
+  const std::string first = "\"data_offsets\":[0,";
+  const auto at = header.find(first);
+  ASSERT_NE(at, std::string::npos) << header;
+  header.replace(at, first.size(), "\"data_offsets\":[0.5,");
+  const std::string padded = header + std::string((8 - header.size() % 8) % 8, ' ');
+  const uint64_t n2 = padded.size();
+  std::string out(reinterpret_cast<const char*>(&n2), 8);
+  write_text(dir / "float.safetensors", out + padded + bytes.substr(8 + n));
+  msg = error_of([&] { load_weights((dir / "float.safetensors").string(), m); });
+  EXPECT_TRUE(contains(msg, "data_offsets") && contains(msg, "integers")) << msg;
+}
+
+TEST(Faults, OutputPathsThatCannotBeWrittenAreErrors) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("outputs");
+  const Config cfg = small_config(1, dir, {"--eval.exact_match=false"});
+  train(cfg, comm);
+  write_text(dir / "file", "x");
+  const std::string ck = "--checkpoint auto --dir " + cfg.checkpoint.dir;
+  Outcome r = run_dhp("export " + ck + " -o " + (dir / "file" / "m.safetensors").string(), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "dhp: error:") && contains(r.output, "file/m.safetensors")) << r.output;
+  fs::create_directories(dir / "exp");
+  r = run_dhp("export " + ck + " -o " + (dir / "exp").string() + "/", dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(fs::is_empty(dir / "exp")) << "export left a file behind in the folder";
+  // log.metrics under a regular file.
+  const Config m = small_config(1, run_dir("outputs_metrics"), {"--log.metrics=" + (dir / "file" / "m.jsonl").string()});
+  r = run_dhp("train -c " + config_file(m, dir), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "dhp: error: log.metrics")) << r.output;
+}
+
+TEST(Faults, AFifoGivenAsAnImageIsRefusedNotWaitedOn) {
+  const auto dir = run_dir("fifo");
+  fs::create_directories(dir / "images");
+  ASSERT_EQ(::mkfifo((dir / "images" / "pipe.png").c_str(), 0644), 0);
+  fs::copy_file(synth_dir() / "images" / "val-000000.png", dir / "images" / "ok.png");
+  write_text(dir / "m.jsonl",
+             "{\"id\": \"pipe\", \"image\": \"images/pipe.png\", \"conversations\": [{\"from\": "
+             "\"human\", \"value\": \"<image>\"}, {\"from\": \"gpt\", \"value\": \"a circle.\"}]}\n"
+             "{\"id\": \"ok\", \"image\": \"images/ok.png\", \"conversations\": [{\"from\": "
+             "\"human\", \"value\": \"<image>\"}, {\"from\": \"gpt\", \"value\": \"a circle.\"}]}\n");
+  const Outcome r = run_dhp("data build --manifest " + (dir / "m.jsonl").string() + " --tokenizer " +
+                            (synth_dir() / "tokenizer.model").string() + " --out " + (dir / "out").string(),
+                        dir);
+  ASSERT_NE(r.status, 124) << "the build hung on the FIFO";
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(read_text(dir / "out" / kReportFile), "not a regular file"));
+  // The JSONL path refuses it too, without blocking.
+  Tokenizer tok((synth_dir() / "tokenizer.model").string());
+  JsonlDataset ds((dir / "m.jsonl").string(), "", tok, ModelConfig{}, 4096, "skip");
+  EXPECT_EQ(ds.size(), 1);
+}
+
+TEST(Faults, FoldersGivenAsFilesAreErrors) {
+  const auto dir = run_dir("folders");
+  std::string msg = error_of([&] { load_config(dir.string()); });
+  EXPECT_TRUE(contains(msg, "is a folder")) << msg;
+  Tokenizer tok((synth_dir() / "tokenizer.model").string());
+  msg = error_of([&] { JsonlDataset(dir.string(), "", tok, ModelConfig{}, 4096, "skip"); });
+  EXPECT_TRUE(contains(msg, "is a folder")) << msg;
+  BuildOptions o;
+  o.manifest = dir.string();
+  o.out_dir = (dir / "out").string();
+  o.tokenizer = (synth_dir() / "tokenizer.model").string();
+  msg = error_of([&] { build_dataset(o); });
+  EXPECT_TRUE(contains(msg, "is a folder")) << msg;
+  const Outcome r = run_dhp("train -c " + dir.string(), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "is a folder")) << r.output;
+}
+
+// Zeroes the stored bytes of every image of a built data set, so that every sample fails its
+// checksum when loaded (after indexing, as data going bad on disk would).
+void damage_every_image(const fs::path& built) {
+  const ShardIndex x = read_index(built.string());
+  for (int64_t shard = 0; shard < x.n_shards(); ++shard) {
+    const fs::path file = built / shard_file_name(shard);
+    std::string bytes = read_text(file);
+    const int64_t base = x.extents[size_t(shard * kExtentCols + kBytesOffset)];
+    for (int64_t i = 0; i < x.size(); ++i) {
+      if (x.shard[size_t(i)] != shard) continue;
+      for (int64_t k = x.at(i, kImageBegin); k < x.at(i, kImageEnd); ++k)
+        std::fill(bytes.begin() + base + x.image(k, kByteBegin), bytes.begin() + base + x.image(k, kByteEnd), '\0');
+    }
+    write_text(file, bytes);
+  }
+}
+
+TEST(Faults, NoUsableSampleInAStepOrAnEvaluationIsAnError) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("allbad");
+  BuildOptions o;
+  o.manifest = (synth_dir() / "val.jsonl").string();
+  o.out_dir = (dir / "built").string();
+  o.tokenizer = (synth_dir() / "tokenizer.model").string();
+  o.vision = small_config(1, dir).model.vision;
+  o.progress = false;
+  ASSERT_TRUE(build_dataset(o).complete);
+  damage_every_image(dir / "built");
+  const std::string built = (dir / "built").string();
+  std::string msg = error_of([&] {
+    train(small_config(2, dir, {"--data.train=" + built, "--data.val=", "--data.on_error=skip"}), comm);
+  });
+  EXPECT_TRUE(contains(msg, "step 1") && contains(msg, "none of its 16 samples")) << msg;
+  EXPECT_TRUE(list_checkpoints((dir / "checkpoints").string()).empty());
+  // Evaluation on the same data: no "ppl 0.00" over zero tokens.
+  const Config good = small_config(1, dir, {"--checkpoint.dir=" + (dir / "good").string(),
+                                            "--eval.exact_match=false"});
+  train(good, comm);
+  const Outcome r = run_dhp("eval --checkpoint auto --dir " + good.checkpoint.dir + " --data " + built, dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "none of the")) << r.output;
+}
+
+TEST(Faults, DivergenceCausesAreNamed) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("nan");
+  std::string msg = error_of([&] { small_config(1, dir, {"--optim.eps=0"}); });
+  EXPECT_TRUE(contains(msg, "optim.eps must be positive")) << msg;
+  const Config cfg = small_config(1, dir);
+  auto backend = make_cpu_backend({1});
+  Model m(cfg.model, *backend);
+  m.initialise(1);
+  const auto& spec = m.table().specs()[2];
+  m.params()[spec.offset + 1] = std::numeric_limits<float>::quiet_NaN();
+  export_safetensors(m, cfg, (dir / "nan.safetensors").string(), (dir / "config.json").string());
+  TrainOptions o;
+  o.init = (dir / "nan.safetensors").string();
+  msg = error_of([&] { train(cfg, comm, o); });
+  EXPECT_TRUE(contains(msg, "non-finite") && contains(msg, spec.name)) << msg;
+  EXPECT_FALSE(contains(msg, "lower optim.lr")) << msg;
+}
+
+TEST(Faults, StopAfterMustBeAStepThisRunReaches) {
+  const auto dir = run_dir("stopafter");
+  const std::string conf = config_file(small_config(2, dir), dir);
+  for (const std::string bad : {"0", "-3"}) {
+    const Outcome r = run_dhp("train -c " + conf + " --stop-after " + bad, dir);
+    EXPECT_EQ(r.status, 1) << bad << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "--stop-after " + bad)) << r.output;
+  }
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  TrainOptions first;
+  first.stop_after = 2;
+  train(small_config(4, dir, {"--eval.exact_match=false"}), comm, first);
+  TrainOptions again;
+  again.resume = "auto";
+  again.stop_after = 1;
+  const std::string msg = error_of([&] { train(small_config(4, dir), comm, again); });
+  EXPECT_TRUE(contains(msg, "--stop-after 1")) << msg;
+}
+
+// ---- data hygiene ------------------------------------------------------------------------
+
+std::string line_with(const std::string& id, const std::string& image_field, int images) {
+  std::string human;
+  for (int i = 0; i < images; ++i) human += "<image> ";
+  return "{\"id\": \"" + id + "\", \"image\": " + image_field +
+         ", \"conversations\": [{\"from\": \"human\", \"value\": \"" + human +
+         "\"}, {\"from\": \"gpt\", \"value\": \"a red circle.\"}]}\n";
+}
+
+TEST(Faults, ImagePathsStayInsideTheImageRoot) {
+  const auto dir = run_dir("confine");
+  const fs::path root = dir / "root", outside = dir / "outside.png";
+  fs::create_directories(root / "images");
+  const std::string png = read_text(synth_dir() / "images" / "val-000000.png");
+  write_text(outside, png);
+  write_text(root / "images" / "ok.png", png);
+  fs::create_symlink(outside, root / "images" / "link.png");
+  fs::create_symlink(root / "images" / "ok.png", root / "images" / "inner.png");
+  std::string m;
+  m += line_with("ok", "\"images/ok.png\"", 1);
+  m += line_with("inner-link", "\"images/inner.png\"", 1);  // a symlink within the root is fine
+  m += line_with("dotdot", "\"../outside.png\"", 1);
+  m += line_with("deep", "\"images/../../outside.png\"", 1);
+  m += line_with("absolute", "\"" + outside.string() + "\"", 1);
+  m += line_with("symlink-out", "\"images/link.png\"", 1);
+  m += line_with("nul", "\"images/ok.png\\u0000.txt\"", 1);
+  write_text(root / "m.jsonl", m);
+  const std::string manifest = (root / "m.jsonl").string();
+  Tokenizer tok((synth_dir() / "tokenizer.model").string());
+  ModelConfig mc;
+  JsonlDataset ds(manifest, "", tok, mc, 4096, "skip");
+  EXPECT_EQ(ds.size(), 2);
+  EXPECT_EQ(ds.skipped(), (std::map<std::string, int64_t>{{"bad image path", 5}}));
+  // Allowed explicitly, absolute paths are read; relative ones stay confined.
+  JsonlDataset abs(manifest, "", tok, mc, 4096, "skip", kDefaultMaxImagePixels, true);
+  EXPECT_EQ(abs.size(), 3);
+  // The build never embeds a file from outside the root.
+  BuildOptions o;
+  o.manifest = manifest;
+  o.out_dir = (dir / "out").string();
+  o.tokenizer = (synth_dir() / "tokenizer.model").string();
+  o.progress = false;
+  const BuildSummary s = build_dataset(o);
+  EXPECT_EQ(s.samples, 2);
+  EXPECT_EQ(s.skipped.at("bad image path"), 5);
+}
+
+TEST(Faults, JsonlAndShardPathsAcceptTheSameLines) {
+  const auto dir = run_dir("samelines");
+  fs::create_directories(dir / "images");
+  std::string jpg;
+  for (const auto& e : fs::directory_iterator(synth_dir() / "images"))
+    if (e.path().extension() == ".jpg" && jpg.empty()) jpg = read_text(e.path());
+  ASSERT_FALSE(jpg.empty());
+  write_text(dir / "images" / "ok.jpg", jpg);
+  write_text(dir / "images" / "cut.jpg", jpg.substr(0, jpg.size() * 6 / 10));
+  write_text(dir / "m.jsonl", line_with("ok", "\"images/ok.jpg\"", 1) + line_with("cut", "\"images/cut.jpg\"", 1));
+  Tokenizer tok((synth_dir() / "tokenizer.model").string());
+  JsonlDataset ds((dir / "m.jsonl").string(), "", tok, ModelConfig{}, 4096, "skip");
+  BuildOptions o;
+  o.manifest = (dir / "m.jsonl").string();
+  o.out_dir = (dir / "out").string();
+  o.tokenizer = (synth_dir() / "tokenizer.model").string();
+  o.progress = false;
+  const BuildSummary s = build_dataset(o);
+  EXPECT_EQ(ds.size(), s.samples);
+  EXPECT_EQ(ds.skipped(), s.skipped);
+  EXPECT_EQ(ds.skipped(), (std::map<std::string, int64_t>{{"corrupt image", 1}}));
+}
+
+TEST(Faults, AListUnderImageIsAccepted) {
+  const auto dir = run_dir("imagelist");
+  fs::create_directories(dir / "images");
+  fs::copy_file(synth_dir() / "images" / "train-000000.png", dir / "images" / "a.png");
+  fs::copy_file(synth_dir() / "images" / "train-000001.png", dir / "images" / "b.png");
+  write_text(dir / "m.jsonl", line_with("two", "[\"images/a.png\", \"images/b.png\"]", 2) +
+                                  line_with("one", "[\"images/a.png\"]", 1) +
+                                  line_with("bad", "[\"images/a.png\", 3]", 2));
+  Tokenizer tok((synth_dir() / "tokenizer.model").string());
+  JsonlDataset ds((dir / "m.jsonl").string(), "", tok, ModelConfig{}, 4096, "skip");
+  ASSERT_EQ(ds.size(), 2);
+  EXPECT_EQ(ds.load(0, false).images.size(), 2u);
+  EXPECT_EQ(ds.load(1, false).images.size(), 1u);
+  EXPECT_EQ(ds.skipped(), (std::map<std::string, int64_t>{{"bad format", 1}}));
+}
+
+}  // namespace
+}  // namespace dhp
