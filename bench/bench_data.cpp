@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   std::string data, out = "/tmp/dhp_bench_data";
   int64_t load_samples = 4000, batch = 32;
   std::vector<int> workers = {1, 2};
-  VisionConfig v;
+  ImageGeometry v;
   app.add_option("--data", data, "Folder written by `dhp data synth` (train.jsonl, tokenizer.model)")
       ->required();
   app.add_option("--out", out, "Scratch folder for the builds (removed first)")->capture_default_str();
@@ -102,10 +102,8 @@ int main(int argc, char** argv) {
     }
 
     Tokenizer tok(tok_path);
-    ModelConfig mc;
-    mc.vision = v;
-    ShardDataset shards(built, tok, mc, int64_t(1) << 20, "fail");
-    JsonlDataset jsonl(manifest, "", tok, mc, int64_t(1) << 20, "fail");
+    ShardDataset shards(built, tok, v, int64_t(1) << 20, "fail");
+    JsonlDataset jsonl(manifest, "", tok, v, int64_t(1) << 20, "fail");
     fmt::print("\nloader: batches of {}, 4 in flight, patch {} merge {} pixels {}..{}\n", batch,
                v.patch, v.merge, v.min_pixels, v.max_pixels);
     fmt::print("{:<8}{:>8}{:>10}{:>12}{:>14}{:>14}\n", "source", "workers", "samples",

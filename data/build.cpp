@@ -18,7 +18,7 @@
 #include <optional>
 #include <thread>
 
-#include "data/hash.h"
+#include "common/hash.h"
 #include "data/image.h"
 #include "data/shard_format.h"
 #include "data/shard_io.h"

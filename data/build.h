@@ -12,7 +12,7 @@
 #include <string>
 
 #include "data/manifest.h"
-#include "model/config.h"
+#include "data/image_geometry.h"
 
 namespace dhp {
 
@@ -22,7 +22,7 @@ struct BuildOptions {
   bool allow_absolute_paths = false;  // absolute image paths (else confined to image_root)
   std::string out_dir;
   std::string tokenizer;           // SentencePiece model file
-  VisionConfig vision;             // the resize rule behind the vision-token counts
+  ImageGeometry vision;             // the resize rule behind the vision-token counts
   int64_t max_tokens = 4096;       // longer samples are skipped ("too long")
   int64_t max_image_pixels = kDefaultMaxImagePixels;
   std::string on_error = "skip";   // "skip": count and report; "fail": stop at the first

@@ -44,10 +44,10 @@ Sample Dataset::guarded_load(int64_t i, int64_t begin, int64_t end, bool skip,
 }
 
 JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image_root,
-                           const Tokenizer& tok, const ModelConfig& model, int64_t max_tokens,
+                           const Tokenizer& tok, const ImageGeometry& geometry, int64_t max_tokens,
                            const std::string& on_error, int64_t max_image_pixels,
                            bool allow_absolute_paths)
-    : model_(model), skip_(on_error == "skip") {
+    : geometry_(geometry), skip_(on_error == "skip") {
   DHP_CHECK(on_error == "skip" || on_error == "fail",
             "data.on_error must be \"skip\" or \"fail\", not \"{}\"", on_error);
   DHP_CHECK(!fs::is_directory(manifest),
@@ -59,7 +59,7 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
   LineRules rules;
   rules.image_root = image_root.empty() ? manifest_folder(manifest) : fs::path(image_root);
   rules.allow_absolute_paths = allow_absolute_paths;
-  rules.vision = model.vision;
+  rules.vision = geometry;
   rules.max_tokens = max_tokens;
   rules.max_image_pixels = max_image_pixels;
   std::string line;
@@ -94,7 +94,7 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
     for (size_t k = 0; k < p.paths.size(); ++k) {
       image_paths_.push_back(p.paths[k]);
       image_sizes_.push_back(p.sizes[k]);
-      image_tokens_.push_back(image_tokens(p.sizes[k].h, p.sizes[k].w, model.vision));
+      image_tokens_.push_back(image_tokens(p.sizes[k].h, p.sizes[k].w, geometry));
     }
     e.image_end = int64_t(image_paths_.size());
     entries_.push_back(std::move(e));
@@ -146,9 +146,9 @@ Sample JsonlDataset::load_range(int64_t i, int64_t begin, int64_t end, bool blan
       const std::string& path = image_paths_[size_t(e.image_begin + k)];
       const std::vector<uint8_t> bytes = read_image_file(path);
       const cv::Mat bgr = decode_image(bytes.data(), bytes.size(), path);
-      return prepare_checked(bgr, image_sizes_[size_t(e.image_begin + k)], path, model_.vision);
+      return prepare_checked(bgr, image_sizes_[size_t(e.image_begin + k)], path, geometry_);
     };
-    return expand_layout(s, begin, end, decode, model_.vision.merge, blank_images);
+    return expand_layout(s, begin, end, decode, geometry_.merge, blank_images);
   });
 }
 

@@ -14,30 +14,13 @@
 #include <vector>
 
 #include "data/image.h"
+#include "data/sample.h"
 #include "data/manifest.h"
-#include "model/config.h"
+#include "data/image_geometry.h"
 
 namespace dhp {
 
 class Tokenizer;
-
-// One document in model-spec.md's layout, or a token range [begin, begin + tokens.size()) of
-// it (a piece: the plan may give a rank only part of a long sequence):
-//   <bos> human text ... <img> [image tokens] </img> ... gpt answer <eos>
-struct Sample {
-  int64_t id = 0;                      // dataset index
-  std::vector<int32_t> tokens;         // (L) token ids; image tokens hold Tokenizer::kPad
-  std::vector<uint8_t> loss_mask;      // (L) 1 on answer tokens and the final <eos>
-  std::vector<int32_t> image_of;       // (L) index into `images` for image tokens, -1 on text
-  std::vector<PreparedImage> images;   // whole images whose tokens the piece holds, in order
-  int64_t begin = 0;                   // position of tokens[0] in the full document
-  int64_t full_length = 0;             // tokens of the full document
-  int32_t first_image = 0;             // index of images[0] among the document's images
-  int64_t first_image_token = 0;       // merged tokens of images[0] that lie before `begin`
-  int32_t next_target = -1;            // the document's token at begin + L when it carries
-                                       // loss (the last token's target), else -1
-  bool skipped = false;                // its data went bad: placeholder_sample() in layout.h
-};
 
 // What training and evaluation need of a data set: every sample's lengths without decoding
 // anything, and the decoded sample, or a token range of it, on demand. JSONL manifests
@@ -82,7 +65,7 @@ class JsonlDataset final : public Dataset {
   // Every image is decoded once here, so a line is usable exactly when `dhp data build` would
   // store it. allow_absolute_paths: accept absolute image paths (else "bad image path").
   JsonlDataset(const std::string& manifest, const std::string& image_root,
-               const Tokenizer& tokenizer, const ModelConfig& model, int64_t max_tokens,
+               const Tokenizer& tokenizer, const ImageGeometry& geometry, int64_t max_tokens,
                const std::string& on_error, int64_t max_image_pixels = kDefaultMaxImagePixels,
                bool allow_absolute_paths = false);
 
@@ -113,7 +96,7 @@ class JsonlDataset final : public Dataset {
   std::vector<int64_t> image_tokens_;   // predicted from the header sizes
   std::vector<Entry> entries_;
   std::map<std::string, int64_t> skipped_;
-  ModelConfig model_;
+  ImageGeometry geometry_;
   bool skip_ = true;
 };
 
@@ -122,6 +105,6 @@ struct DataConfig;
 // Opens `path` by what it is: a folder built by `dhp data build` (it holds index.h5) as a
 // ShardDataset, anything else as a JSONL manifest. Limits and on_error come from `data`.
 std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataConfig& data,
-                                      const Tokenizer& tokenizer, const ModelConfig& model);
+                                      const Tokenizer& tokenizer, const ImageGeometry& geometry);
 
 }  // namespace dhp

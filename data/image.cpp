@@ -75,7 +75,7 @@ ImageSize jpeg_size(std::ifstream& in, const std::string& path) {
 
 }  // namespace
 
-ImageSize resized_size(int H, int W, const VisionConfig& v) {
+ImageSize resized_size(int H, int W, const ImageGeometry& v) {
   DHP_CHECK(H > 0 && W > 0, "image size {}x{} is empty", H, W);
   const double f = v.factor();
   const double Hd = H, Wd = W;
@@ -105,7 +105,7 @@ ImageSize resized_size(int H, int W, const VisionConfig& v) {
   return {int(h), int(w)};
 }
 
-int64_t image_tokens(int H, int W, const VisionConfig& v) {
+int64_t image_tokens(int H, int W, const ImageGeometry& v) {
   const ImageSize s = resized_size(H, W, v);
   return int64_t(s.h / v.patch / v.merge) * (s.w / v.patch / v.merge);
 }
@@ -144,7 +144,7 @@ ImageSize read_image_size(const std::string& path) {
                           path));
 }
 
-PreparedImage prepare_image(const cv::Mat& bgr, const VisionConfig& v) {
+PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v) {
   DHP_CHECK(bgr.type() == CV_8UC3 && !bgr.empty(),
             "prepare_image: expected a non-empty 8-bit 3-channel BGR image");
   cv::Mat rgb;
@@ -193,7 +193,7 @@ std::vector<uint8_t> read_image_file(const std::string& path) {
   return bytes;
 }
 
-PreparedImage load_image(const std::string& path, const VisionConfig& v, int64_t max_pixels) {
+PreparedImage load_image(const std::string& path, const ImageGeometry& v, int64_t max_pixels) {
   const ImageSize s = read_image_size(path);
   DHP_CHECK(max_pixels <= 0 || int64_t(s.h) * s.w <= max_pixels,
             "image '{}' is {}x{} pixels, more than the {} allowed (data.max_image_pixels); "
@@ -226,7 +226,7 @@ cv::Mat decode_image(const uint8_t* data, size_t n, const std::string& what) {
 }
 
 PreparedImage prepare_checked(const cv::Mat& bgr, ImageSize expected, const std::string& what,
-                              const VisionConfig& v) {
+                              const ImageGeometry& v) {
   DHP_CHECK(!bgr.empty(), "image '{}' cannot be decoded (corrupt or truncated data)", what);
   DHP_CHECK(bgr.rows == expected.h && bgr.cols == expected.w,
             "image '{}' decodes to {}x{} but its header says {}x{}", what, bgr.rows, bgr.cols,

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "data/image_geometry.h"
 
 namespace cv {
 class Mat;
@@ -19,9 +19,9 @@ struct ImageSize {
 };
 
 // The spec's resize rule, to the letter: both sides become multiples of f = patch * merge.
-ImageSize resized_size(int H, int W, const VisionConfig& v);
+ImageSize resized_size(int H, int W, const ImageGeometry& v);
 // Decoder tokens contributed by an H x W image: (h/p/m) * (w/p/m) after resized_size.
-int64_t image_tokens(int H, int W, const VisionConfig& v);
+int64_t image_tokens(int H, int W, const ImageGeometry& v);
 
 // Reads only the PNG IHDR or JPEG SOFn header (no pixel decode). Throws dhp::Error naming the
 // file for a missing file, one that is not a regular file (a FIFO would block the open
@@ -45,12 +45,12 @@ struct PreparedImage {
 
 // bgr: CV_8UC3 as OpenCV decodes it. Converts to RGB, resizes (INTER_CUBIC on uint8) only
 // when the size changes, normalises with the spec's mean and std, and patchifies.
-PreparedImage prepare_image(const cv::Mat& bgr, const VisionConfig& v);
+PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v);
 // Decodes the file (ignoring EXIF orientation, so the size matches read_image_size) and
 // prepares it. The header is read first and an image of more than max_pixels (H*W) pixels is
 // refused before the decoder allocates anything. Throws dhp::Error naming the file when it is
 // missing, too large or cannot be decoded.
-PreparedImage load_image(const std::string& path, const VisionConfig& v, int64_t max_pixels);
+PreparedImage load_image(const std::string& path, const ImageGeometry& v, int64_t max_pixels);
 // Decodes encoded PNG / JPEG bytes to BGR (EXIF orientation ignored, so the size matches the
 // header). Throws dhp::Error naming `what` for another format, a file cut short (no JPEG
 // end-of-image marker or PNG IEND chunk: decoders would silently fill the missing rows with
@@ -60,7 +60,7 @@ cv::Mat decode_image(const uint8_t* data, size_t n, const std::string& what);
 // said `expected`: an empty Mat (undecodable data) or a different size throws dhp::Error
 // naming `what`, because the stored length would no longer describe the pixels.
 PreparedImage prepare_checked(const cv::Mat& bgr, ImageSize expected, const std::string& what,
-                              const VisionConfig& v);
+                              const ImageGeometry& v);
 // Replaces every pixel by the mean colour (0 after normalisation), keeping the grid, so a
 // model can be evaluated without seeing the image while the sequence stays the same.
 void blank(PreparedImage& im);

@@ -7,7 +7,7 @@
 #include <functional>
 #include <vector>
 
-#include "data/dataset.h"
+#include "data/sample.h"
 
 namespace dhp {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "data/image.h"
-#include "model/config.h"
+#include "data/image_geometry.h"
 
 namespace dhp {
 
@@ -31,7 +31,7 @@ struct LineRules {
   std::filesystem::path image_root;  // relative image paths are resolved against it and must
                                      // stay inside it (no "..", no symlink out of it)
   bool allow_absolute_paths = false; // accept absolute image paths as they are
-  VisionConfig vision;               // the resize rule that gives vision tokens
+  ImageGeometry vision;               // the resize rule that gives vision tokens
   int64_t max_tokens = 4096;         // longer samples are "too long"
   int64_t max_image_pixels = 0;      // H*W above it is "image too large"; 0 = no limit
 };

@@ -6,7 +6,7 @@
 
 namespace dhp {
 
-Batch pack(const std::vector<const Sample*>& samples, const VisionConfig& v) {
+Batch pack(const std::vector<const Sample*>& samples, const ImageGeometry& v) {
   Batch b;
   int64_t T = 0, P = 0;
   for (const Sample* s : samples) {

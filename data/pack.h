@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "data/batch.h"
-#include "data/dataset.h"
-#include "model/config.h"
+#include "data/sample.h"
+#include "data/image_geometry.h"
 
 namespace dhp {
 
@@ -14,6 +14,6 @@ namespace dhp {
 // when t+1 is in the same document and has loss_mask 1 (else -1); pos restarts per
 // document; image_slot numbers the merged image tokens in the order images x row-major
 // merged grid; patches are concatenated in image order.
-Batch pack(const std::vector<const Sample*>& samples, const VisionConfig& v);
+Batch pack(const std::vector<const Sample*>& samples, const ImageGeometry& v);
 
 }  // namespace dhp

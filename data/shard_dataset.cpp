@@ -10,7 +10,7 @@
 #include <opencv2/core.hpp>
 
 #include "data/config.h"
-#include "data/hash.h"
+#include "common/hash.h"
 #include "data/image.h"
 #include "data/layout.h"
 #include "data/tokenizer.h"
@@ -61,25 +61,25 @@ std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
 
 }  // namespace
 
-ShardDataset::ShardDataset(const std::string& dir, const Tokenizer& tok, const ModelConfig& model,
+ShardDataset::ShardDataset(const std::string& dir, const Tokenizer& tok, const ImageGeometry& geometry,
                            int64_t max_tokens, const std::string& on_error,
                            int64_t max_image_pixels)
-    : dir_(dir), x_(read_index(dir)), model_(model), skip_(on_error == "skip") {
+    : dir_(dir), x_(read_index(dir)), geometry_(geometry), skip_(on_error == "skip") {
   DHP_CHECK(on_error == "skip" || on_error == "fail",
             "data.on_error must be \"skip\" or \"fail\", not \"{}\"", on_error);
   DHP_CHECK(hex(hash_file(tok.path())) == x_.tokenizer_hash,
             "'{}' was built with another tokenizer than '{}': the stored token ids would mean "
             "other words; rebuild it or set data.tokenizer to the model it was built with",
             dir, tok.path());
-  const bool same_rule = x_.vision.patch == model.vision.patch &&
-                         x_.vision.merge == model.vision.merge &&
-                         x_.vision.min_pixels == model.vision.min_pixels &&
-                         x_.vision.max_pixels == model.vision.max_pixels;
+  const bool same_rule = x_.vision.patch == geometry.patch &&
+                         x_.vision.merge == geometry.merge &&
+                         x_.vision.min_pixels == geometry.min_pixels &&
+                         x_.vision.max_pixels == geometry.max_pixels;
   const int64_t n_images = int64_t(x_.images.size()) / kImageCols;
   image_tokens_.resize(size_t(n_images));
   for (int64_t k = 0; k < n_images; ++k)
     image_tokens_[size_t(k)] = image_tokens(int(x_.image(k, kHeight)), int(x_.image(k, kWidth)),
-                                            model.vision);
+                                            geometry);
   for (const auto& r : x_.skipped) ++skipped_[r.reason];
   int64_t filtered = 0;
   for (int64_t row = 0; row < x_.size(); ++row) {
@@ -187,23 +187,23 @@ Sample ShardDataset::load_range(int64_t i, int64_t begin, int64_t end, bool blan
                 "image '{}' fails its checksum (damaged shard)", what);
       const cv::Mat bgr = decode_image(bytes.data(), bytes.size(), what);
       return prepare_checked(bgr, {int(x_.image(g, kHeight)), int(x_.image(g, kWidth))}, what,
-                             model_.vision);
+                             geometry_);
     };
-    return expand_layout(s, begin, end, decode, model_.vision.merge, blank_images);
+    return expand_layout(s, begin, end, decode, geometry_.merge, blank_images);
   });
 }
 
 std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataConfig& d,
-                                      const Tokenizer& tokenizer, const ModelConfig& model) {
+                                      const Tokenizer& tokenizer, const ImageGeometry& geometry) {
   if (fs::is_directory(path)) {
     DHP_CHECK(fs::exists(fs::path(path) / kIndexFile),
               "'{}' is a folder without {}: pass a JSONL manifest, or a folder built by `dhp "
               "data build` (rerunning an interrupted build finishes it)",
               path, kIndexFile);
-    return std::make_unique<ShardDataset>(path, tokenizer, model, d.max_tokens, d.on_error,
+    return std::make_unique<ShardDataset>(path, tokenizer, geometry, d.max_tokens, d.on_error,
                                           d.max_image_pixels);
   }
-  return std::make_unique<JsonlDataset>(path, d.image_root, tokenizer, model, d.max_tokens,
+  return std::make_unique<JsonlDataset>(path, d.image_root, tokenizer, geometry, d.max_tokens,
                                         d.on_error, d.max_image_pixels, d.allow_absolute_paths);
 }
 

@@ -19,9 +19,9 @@ class ShardDataset final : public Dataset {
   // Throws dhp::Error when the folder holds no complete build, or when `tokenizer` is not the
   // model file it was built with (the stored token ids would mean other words). Vision
   // tokens are recomputed from the stored image sizes with `model`'s resize rule, so a
-  // different [model.vision] needs no rebuild. Samples over max_tokens, or with an image
+  // different [geometry] needs no rebuild. Samples over max_tokens, or with an image
   // over max_image_pixels, are skipped and counted.
-  ShardDataset(const std::string& dir, const Tokenizer& tokenizer, const ModelConfig& model,
+  ShardDataset(const std::string& dir, const Tokenizer& tokenizer, const ImageGeometry& geometry,
                int64_t max_tokens, const std::string& on_error,
                int64_t max_image_pixels = kDefaultMaxImagePixels);
 
@@ -41,10 +41,10 @@ class ShardDataset final : public Dataset {
  private:
   std::string dir_;
   ShardIndex x_;
-  ModelConfig model_;
+  ImageGeometry geometry_;
   bool skip_ = true;
   std::vector<int64_t> rows_;          // (size) index row of each usable sample
-  std::vector<int64_t> vision_;        // (size) vision tokens under model_.vision
+  std::vector<int64_t> vision_;        // (size) vision tokens under geometry_
   std::vector<int64_t> image_tokens_;  // (images of the index) merged tokens per image
   std::vector<std::string> names_;     // (size)
   std::map<std::string, int64_t> skipped_;

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "data/image_geometry.h"
 
 namespace dhp {
 
@@ -85,7 +85,7 @@ struct ShardIndex {
   std::vector<int64_t> extents;  // (shards, kExtentCols)
   std::vector<SkipRecord> skipped;
   // Settings the lengths were computed and the lines filtered with.
-  VisionConfig vision;
+  ImageGeometry vision;
   int64_t max_tokens = 0, max_image_pixels = 0;
   std::string tokenizer_hash;    // of the tokenizer model file, hex
   std::string build_key;         // everything the build depended on (build.json)

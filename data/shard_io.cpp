@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "common/files.h"
 #include "kernels/check.h"
 
 namespace dhp {
@@ -14,14 +15,6 @@ namespace {
 
 // HDF5 prints its own error stack on every failure; we report errors ourselves.
 void quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
-
-void fsync_path(const std::string& path, bool dir) {
-  const int fd = ::open(path.c_str(), dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  DHP_CHECK(fd >= 0, "cannot open '{}' to sync it", path);
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  DHP_CHECK(rc == 0, "cannot sync '{}' to disk", path);
-}
 
 }  // namespace
 
@@ -188,27 +181,6 @@ H5Reader::Extent H5Reader::extent(const char* name) const {
     e.offset = int64_t(off);
   }
   return e;
-}
-
-void write_file_atomic(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    DHP_CHECK(f != nullptr, "cannot write '{}'", tmp);
-    const size_t n = std::fwrite(bytes.data(), 1, bytes.size(), f);
-    const bool ok = n == bytes.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
-    std::fclose(f);
-    DHP_CHECK(ok, "cannot write '{}' (disk full?)", tmp);
-  }
-  commit_rename(tmp, path);
-}
-
-void commit_rename(const std::string& from, const std::string& to) {
-  std::error_code ec;
-  std::filesystem::rename(from, to, ec);
-  DHP_CHECK(!ec, "cannot rename '{}' to '{}': {}", from, to, ec.message());
-  const auto dir = std::filesystem::path(to).parent_path();
-  fsync_path(dir.empty() ? "." : dir.string(), true);
 }
 
 }  // namespace dhp

@@ -9,7 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "data/h5.h"
+#include "common/files.h"
+#include "common/h5.h"
 
 namespace dhp {
 
@@ -68,10 +69,5 @@ class H5Reader {
   std::string path_;
   hid_t file_ = -1;
 };
-
-// Writes `bytes` at `path` atomically: a temporary file, fsync, rename.
-void write_file_atomic(const std::string& path, const std::string& bytes);
-// Renames `from` to `to` and fsyncs the folder, so the rename survives a crash.
-void commit_rename(const std::string& from, const std::string& to);
 
 }  // namespace dhp

@@ -8,7 +8,7 @@
 #include <iterator>
 #include <unordered_map>
 
-#include "data/hash.h"
+#include "common/hash.h"
 #include "kernels/check.h"
 
 namespace dhp {

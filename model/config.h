@@ -3,21 +3,18 @@
 
 #include <cstdint>
 
+#include "data/image_geometry.h"
+
 namespace dhp {
 
-struct VisionConfig {
-  int patch = 14;            // p: patch side in pixels
+// The image geometry (patch, merge, min_pixels, max_pixels) plus the encoder's shape.
+struct VisionConfig : ImageGeometry {
   int dim = 64;              // dv
   int layers = 1;            // encoder layers; 0 = patch embedding, norm and projector only
   int heads = 4;             // vheads; head dim = dim / heads
   int ffn = 128;             // vffn: SwiGLU hidden size
-  int merge = 2;             // m in {1, 2}
-  int64_t min_pixels = 16 * 16;
-  int64_t max_pixels = 256 * 256;
 
   int head_dim() const { return dim / heads; }
-  int factor() const { return patch * merge; }  // f = p * m: resized sides are multiples of it
-  int64_t patch_numel() const { return int64_t(patch) * patch * 3; }
 };
 
 struct ModelConfig {

@@ -65,6 +65,17 @@ void Model::initialise(uint64_t seed) {
   backend_.upload(params_.data(), host.data(), params_.bytes());
 }
 
+std::vector<float> Model::download_params() const {
+  std::vector<float> host(size_t(table_.total()));
+  backend_.download(host.data(), params_.data(), params_.bytes());
+  return host;
+}
+
+void Model::upload_params(const std::vector<float>& host) {
+  DHP_ASSERT(int64_t(host.size()) == table_.total());
+  backend_.upload(params_.data(), host.data(), params_.bytes());
+}
+
 void Model::zero_grads() { backend_.zero(grads_.data(), grads_.bytes()); }
 
 void Model::carve(int64_t T, int64_t P, int64_t N, bool backward) {

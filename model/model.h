@@ -51,6 +51,9 @@ class Model {
   const float* grads() const { return grads_.as<float>(); }
 
   void initialise(uint64_t seed);
+  // The weights on the host (checkpoints, exports) and back; each synchronises with the device.
+  std::vector<float> download_params() const;
+  void upload_params(const std::vector<float>& host);
   void zero_grads();
 
   // Uploads a host micro-batch into the model's batch buffers (valid until the next upload).

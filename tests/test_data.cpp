@@ -41,7 +41,7 @@ struct ResizeCase {
 };
 
 TEST(Image, ResizeRuleHandComputed) {
-  VisionConfig v;  // p = 14, m = 2 -> f = 28; pixels in [256, 65536]
+  ImageGeometry v;  // p = 14, m = 2 -> f = 28; pixels in [256, 65536]
   const std::vector<ResizeCase> plain = {
       {28, 28, 28, 28},     // already a multiple
       {100, 50, 112, 56},   // r(3.57) = 4, r(1.79) = 2
@@ -57,14 +57,14 @@ TEST(Image, ResizeRuleHandComputed) {
     EXPECT_EQ(s.h, c.want_h) << c.H << "x" << c.W;
     EXPECT_EQ(s.w, c.want_w) << c.H << "x" << c.W;
   }
-  VisionConfig small = v;
+  ImageGeometry small = v;
   small.min_pixels = 10000;  // min branch: b = sqrt(10000 / 1200) = 2.887
   EXPECT_EQ(resized_size(30, 40, small).h, 112);  // ceil(3.09) * 28
   EXPECT_EQ(resized_size(30, 40, small).w, 140);  // ceil(4.12) * 28
   small.min_pixels = 20000;  // odd aspect: b = sqrt(20), ceil(0.80), ceil(31.9)
   EXPECT_EQ(resized_size(5, 200, small).h, 28);
   EXPECT_EQ(resized_size(5, 200, small).w, 896);
-  VisionConfig p16;
+  ImageGeometry p16;
   p16.patch = 16;
   p16.merge = 1;
   p16.min_pixels = 1024;  // b = 4 exactly: ceil(2.0) must stay 2
@@ -80,7 +80,7 @@ TEST(Image, ResizeRuleHandComputed) {
 // the max branch lift the short side to f and would give 16 x 2160 for 5 x 1426; the final
 // clamp shortens the long side to floor(16384 / (16 * 16)) * 16 = 1024.
 TEST(Image, ResizeClampHoldsTheCapOnExtremeAspectRatios) {
-  VisionConfig demo;
+  ImageGeometry demo;
   demo.patch = 8;
   demo.merge = 2;
   demo.min_pixels = 1024;
@@ -100,7 +100,7 @@ TEST(Image, ResizeClampHoldsTheCapOnExtremeAspectRatios) {
   EXPECT_EQ(image_tokens(5, 1426, demo), 1 * 64);  // the demo config's "at most 64" holds
 
   // The min branch's ceilings can also overshoot when min_pixels is close to max_pixels.
-  VisionConfig tight;  // f = 28
+  ImageGeometry tight;  // f = 28
   tight.min_pixels = tight.max_pixels = 10000;
   EXPECT_EQ(resized_size(30, 40, tight).h, 112);  // 112 x 140 -> shorter 112
   EXPECT_EQ(resized_size(30, 40, tight).w, 84);   // floor(10000 / (112 * 28)) = 3
@@ -108,7 +108,7 @@ TEST(Image, ResizeClampHoldsTheCapOnExtremeAspectRatios) {
   // The guarantee: h·w <= max_pixels whenever f² <= max_pixels, sides multiples of f and >= f.
   std::mt19937 rng(7);
   for (const int64_t cap : {int64_t(256), int64_t(1000), int64_t(16384), int64_t(65536)}) {
-    VisionConfig v = demo;
+    ImageGeometry v = demo;
     v.max_pixels = cap;
     v.min_pixels = std::min<int64_t>(256, cap);
     for (int t = 0; t < 2000; ++t) {
@@ -173,7 +173,7 @@ float normalised(int v, int c) {
 }
 
 TEST(Image, PatchLayoutKnownPixels) {
-  VisionConfig v;  // 28 x 56 needs no resize: a 2 x 4 patch grid
+  ImageGeometry v;  // 28 x 56 needs no resize: a 2 x 4 patch grid
   const int H = 28, W = 56, p = v.patch;
   cv::Mat bgr(H, W, CV_8UC3);
   auto value = [](int y, int x, int c) { return (y * 7 + x * 3 + c * 50) % 256; };  // RGB
@@ -281,8 +281,8 @@ TEST_F(DataTest, SynthIsDeterministicAndVaried) {
 
 TEST_F(DataTest, LoadedLengthEqualsHeaderPrediction) {
   Tokenizer tok(tokenizer());
-  ModelConfig mc;
-  JsonlDataset ds(manifest(), "", tok, mc, 4096, "fail");
+  ImageGeometry geometry;
+  JsonlDataset ds(manifest(), "", tok, geometry, 4096, "fail");
   ASSERT_EQ(ds.size(), 48);
   std::ifstream in(manifest());
   for (int64_t i = 0; i < ds.size(); ++i) {
@@ -301,7 +301,7 @@ TEST_F(DataTest, LoadedLengthEqualsHeaderPrediction) {
     // Image tokens: exactly the merged grid of the decoded image, between <img> and </img>.
     const int64_t n_img = std::count(s.image_of.begin(), s.image_of.end(), 0);
     const ImageSize hdr = read_image_size((dir() / std::string(j["image"])).string());
-    EXPECT_EQ(n_img, image_tokens(hdr.h, hdr.w, mc.vision));
+    EXPECT_EQ(n_img, image_tokens(hdr.h, hdr.w, geometry));
     EXPECT_EQ(n_img, int64_t(s.images[0].grid_h / 2) * (s.images[0].grid_w / 2));
     const auto first = std::find(s.image_of.begin(), s.image_of.end(), 0) - s.image_of.begin();
     EXPECT_EQ(s.tokens[size_t(first - 1)], Tokenizer::kImg);
@@ -344,11 +344,11 @@ TEST_F(DataTest, BadLinesAreSkippedAndCounted) {
   const std::string path = (d / "bad.jsonl").string();
 
   Tokenizer tok(tokenizer());
-  ModelConfig mc;
+  ImageGeometry geometry;
   std::string log;
   {
     LogCapture cap;
-    JsonlDataset ds(path, "", tok, mc, 4096, "skip");
+    JsonlDataset ds(path, "", tok, geometry, 4096, "skip");
     log = cap.text();
     EXPECT_EQ(ds.size(), 3);
     EXPECT_EQ(ds.name(0), "good");
@@ -381,7 +381,7 @@ TEST_F(DataTest, BadLinesAreSkippedAndCounted) {
   EXPECT_EQ(log.find(":8:"), std::string::npos) << "blank lines are not errors";
 
   try {
-    JsonlDataset ds(path, "", tok, mc, 4096, "fail");
+    JsonlDataset ds(path, "", tok, geometry, 4096, "fail");
     ADD_FAILURE() << "fail mode should throw";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(path + ":2: invalid json"), std::string::npos)
@@ -391,12 +391,12 @@ TEST_F(DataTest, BadLinesAreSkippedAndCounted) {
     LogCapture cap;  // a limit one below the longest sample skips exactly the longest
     int64_t longest = 0, n_longest = 0;
     {
-      JsonlDataset ds(path, "", tok, mc, 4096, "skip");
+      JsonlDataset ds(path, "", tok, geometry, 4096, "skip");
       for (int64_t i = 0; i < ds.size(); ++i) longest = std::max(longest, ds.length(i));
       for (int64_t i = 0; i < ds.size(); ++i) n_longest += ds.length(i) == longest;
     }
     ASSERT_LT(n_longest, 3);
-    JsonlDataset ds(path, "", tok, mc, longest - 1, "skip");
+    JsonlDataset ds(path, "", tok, geometry, longest - 1, "skip");
     EXPECT_EQ(ds.size(), 3 - n_longest);
     EXPECT_EQ(ds.skipped().at("too long"), n_longest);
     for (int64_t i = 0; i < ds.size(); ++i) EXPECT_LT(ds.length(i), longest);

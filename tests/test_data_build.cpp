@@ -61,9 +61,9 @@ TEST_F(BuildTest, ShardsLoadExactlyLikeTheJsonlPath) {
   const fs::path out = built();
   EXPECT_GT(read_index(out.string()).n_shards(), 2);
   Tokenizer tok(tokenizer());
-  ModelConfig mc;
-  JsonlDataset direct(manifest(), "", tok, mc, 4096, "fail");
-  ShardDataset shards(out.string(), tok, mc, 4096, "fail");
+  ImageGeometry geometry;
+  JsonlDataset direct(manifest(), "", tok, geometry, 4096, "fail");
+  ShardDataset shards(out.string(), tok, geometry, 4096, "fail");
   ASSERT_EQ(shards.size(), direct.size());
   for (int64_t i = 0; i < shards.size(); ++i) {
     SCOPED_TRACE(testing::Message() << "sample " << i);
@@ -84,15 +84,15 @@ TEST_F(BuildTest, ShardsLoadExactlyLikeTheJsonlPath) {
   // open_dataset tells the two apart by what the path is.
   DataConfig dc;
   dc.on_error = "fail";
-  EXPECT_NE(dynamic_cast<ShardDataset*>(open_dataset(out.string(), dc, tok, mc).get()), nullptr);
-  EXPECT_NE(dynamic_cast<JsonlDataset*>(open_dataset(manifest(), dc, tok, mc).get()), nullptr);
-  EXPECT_THROW(open_dataset(dir().string(), dc, tok, mc), Error);  // a folder without index
+  EXPECT_NE(dynamic_cast<ShardDataset*>(open_dataset(out.string(), dc, tok, geometry).get()), nullptr);
+  EXPECT_NE(dynamic_cast<JsonlDataset*>(open_dataset(manifest(), dc, tok, geometry).get()), nullptr);
+  EXPECT_THROW(open_dataset(dir().string(), dc, tok, geometry), Error);  // a folder without index
 }
 
 TEST_F(BuildTest, ShardRangeLoadEqualsSliceOfFullLoad) {
   Tokenizer tok(tokenizer());
-  ModelConfig mc;
-  ShardDataset ds(built().string(), tok, mc, 4096, "fail");
+  ImageGeometry geometry;
+  ShardDataset ds(built().string(), tok, geometry, 4096, "fail");
   Rng rng(5);
   for (int64_t i = 0; i < ds.size(); i += 2) {
     const Sample full = ds.load(i, false);
@@ -126,7 +126,7 @@ TEST_F(BuildTest, ResumedBuildEqualsStraightBuildByteForByte) {
   EXPECT_EQ(sb.shards, sa.shards / 2);
   EXPECT_FALSE(fs::exists(resumed / kIndexFile));
   Tokenizer tok(tokenizer());
-  EXPECT_THROW(ShardDataset(resumed.string(), tok, ModelConfig{}, 4096, "fail"), Error);
+  EXPECT_THROW(ShardDataset(resumed.string(), tok, ImageGeometry{}, 4096, "fail"), Error);
   // A kill in the middle of writing the next shard leaves a partial temporary file.
   write_file(resumed / (shard_file_name(sb.shards) + ".tmp"), "half a shard");
   b.max_new_shards = -1;
@@ -214,8 +214,8 @@ TEST_F(BuildTest, EveryBadInputIsCountedAndReported) {
         << line << " " << reason << "\n" << report;
   EXPECT_EQ(read_index((d / "out").string()).skipped.size(), bad.lines.size());
   Tokenizer tok(tokenizer());
-  ModelConfig mc;
-  ShardDataset ds((d / "out").string(), tok, mc, 400, "fail", 250 * 250);
+  ImageGeometry geometry;
+  ShardDataset ds((d / "out").string(), tok, geometry, 400, "fail", 250 * 250);
   EXPECT_EQ(ds.size(), 2);
   EXPECT_EQ(ds.name(0), "good");
   EXPECT_EQ(ds.name(1), "two");
@@ -233,7 +233,7 @@ TEST_F(BuildTest, EveryBadInputIsCountedAndReported) {
   }
   // The JSONL path rejects exactly the same lines, cut files included (it decodes every
   // image when it opens the manifest), so no sample it keeps turns into a placeholder later.
-  JsonlDataset jl(bad.manifest, "", tok, mc, 400, "skip", 250 * 250);
+  JsonlDataset jl(bad.manifest, "", tok, geometry, 400, "skip", 250 * 250);
   EXPECT_EQ(jl.skipped(), bad.want);
   ASSERT_EQ(jl.size(), 2);
   for (int64_t i = 0; i < jl.size(); ++i) {
@@ -249,7 +249,7 @@ TEST_F(BuildTest, DamagedShardSkipsOrFailsNeverCrashes) {
   fs::create_directories(out.parent_path());
   build_dataset(options(manifest(), out, tokenizer()));
   Tokenizer tok(tokenizer());
-  ModelConfig mc;
+  ImageGeometry geometry;
   const ShardIndex x = read_index(out.string());
   // Zero the bytes of the first image of sample 3 inside its shard.
   const int64_t victim = 3, k = x.at(victim, kImageBegin), shard = x.shard[victim];
@@ -259,7 +259,7 @@ TEST_F(BuildTest, DamagedShardSkipsOrFailsNeverCrashes) {
   std::fill(bytes.begin() + off, bytes.begin() + off + (x.image(k, kByteEnd) - x.image(k, kByteBegin)), '\0');
   write_file(file, bytes);
 
-  ShardDataset skip(out.string(), tok, mc, 4096, "skip");
+  ShardDataset skip(out.string(), tok, geometry, 4096, "skip");
   {
     LogCapture cap;
     for (int workers : {0, 2}) {
@@ -276,7 +276,7 @@ TEST_F(BuildTest, DamagedShardSkipsOrFailsNeverCrashes) {
     EXPECT_NE(cap.text().find("checksum"), std::string::npos) << cap.text();
   }
   EXPECT_EQ(skip.bad_loads(), 2);
-  ShardDataset fail(out.string(), tok, mc, 4096, "fail");
+  ShardDataset fail(out.string(), tok, geometry, 4096, "fail");
   EXPECT_THROW(fail.load(3, false), Error);
   // Text of another sample in a truncated shard: also an error, not a crash.
   fs::resize_file(file, fs::file_size(file) / 2);
@@ -290,7 +290,7 @@ TEST_F(BuildTest, OtherTokenizerIsRefused) {
   const fs::path other = *root_ / "other.model";
   train_tokenizer({"some other words entirely", "and a few more"}, 64, other.string());
   Tokenizer tok(other.string());
-  EXPECT_THROW(ShardDataset(built().string(), tok, ModelConfig{}, 4096, "fail"), Error);
+  EXPECT_THROW(ShardDataset(built().string(), tok, ImageGeometry{}, 4096, "fail"), Error);
 }
 
 TEST(Stats, PercentilesAndHistogram) {

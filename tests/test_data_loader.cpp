@@ -35,7 +35,7 @@ namespace {
 
 // ---- pack ----------------------------------------------------------------------------------
 
-PreparedImage fake_image(int gh, int gw, const VisionConfig& v, float tag) {
+PreparedImage fake_image(int gh, int gw, const ImageGeometry& v, float tag) {
   PreparedImage im;
   im.grid_h = gh;
   im.grid_w = gw;
@@ -45,7 +45,7 @@ PreparedImage fake_image(int gh, int gw, const VisionConfig& v, float tag) {
 }
 
 TEST(Pack, TwoSamplesWithImages) {
-  VisionConfig v;
+  ImageGeometry v;
   v.patch = 2;  // 12 values per patch keeps the hand-built arrays short
   v.merge = 2;
   Sample a;  // two images: 2 x 4 patches (2 merged tokens) then 2 x 2 (1 merged token)
@@ -133,8 +133,8 @@ TEST(Sampler, DeterministicCoveringAndStraddling) {
 
 TEST_F(DataTest, LoaderMatchesLoadInOrder) {
   Tokenizer tok(tokenizer());
-  ModelConfig mc;
-  JsonlDataset ds(manifest(), "", tok, mc, 4096, "fail");
+  ImageGeometry geometry;
+  JsonlDataset ds(manifest(), "", tok, geometry, 4096, "fail");
   const std::vector<std::vector<int64_t>> subs = {{5, 1, 7, 3, 3, 0}, {40, 2}, {}, {11, 12, 13}};
   for (int workers : {0, 1, 2}) {
     BatchLoader loader(ds, workers, 3);
@@ -167,8 +167,8 @@ TEST_F(DataTest, LoaderSurfacesWorkerErrors) {
   write_file(d / "m.jsonl",
              line_json("a", ", \"image\": \"images/a.png\"", "<image>", "a red circle."));
   Tokenizer tok(tokenizer());
-  ModelConfig mc;
-  JsonlDataset ds((d / "m.jsonl").string(), "", tok, mc, 4096, "fail");
+  ImageGeometry geometry;
+  JsonlDataset ds((d / "m.jsonl").string(), "", tok, geometry, 4096, "fail");
   fs::remove(d / "images" / "a.png");  // gone after indexing: decoding must fail
   for (int workers : {0, 2}) {
     BatchLoader loader(ds, workers);
@@ -230,8 +230,8 @@ std::vector<int64_t> cuts_for(const Sample& s, uint64_t seed) {
 
 TEST_F(DataTest, RangeLoadEqualsSliceOfFullLoad) {
   Tokenizer tok(tokenizer());
-  ModelConfig mc;
-  JsonlDataset ds(manifest(), "", tok, mc, 4096, "fail");
+  ImageGeometry geometry;
+  JsonlDataset ds(manifest(), "", tok, geometry, 4096, "fail");
   for (int64_t i = 0; i < ds.size(); i += 3) {
     const Sample full = ds.load(i, false);
     const auto cuts = cuts_for(full, uint64_t(i));
@@ -250,9 +250,9 @@ TEST_F(DataTest, RangeLoadEqualsSliceOfFullLoad) {
 
 TEST_F(DataTest, PackedPiecesEqualSlicesOfThePackedSample) {
   Tokenizer tok(tokenizer());
-  ModelConfig mc;
-  JsonlDataset ds(manifest(), "", tok, mc, 4096, "fail");
-  const VisionConfig& v = mc.vision;
+  ImageGeometry geometry;
+  JsonlDataset ds(manifest(), "", tok, geometry, 4096, "fail");
+  const ImageGeometry& v = geometry;
   const int64_t m2 = int64_t(v.merge) * v.merge;
   for (int64_t i : {0, 5, 17}) {
     const Sample full = ds.load(i, false);
@@ -278,8 +278,8 @@ TEST_F(DataTest, PackedPiecesEqualSlicesOfThePackedSample) {
 
 TEST_F(DataTest, LoaderServesPieces) {
   Tokenizer tok(tokenizer());
-  ModelConfig mc;
-  JsonlDataset ds(manifest(), "", tok, mc, 4096, "fail");
+  ImageGeometry geometry;
+  JsonlDataset ds(manifest(), "", tok, geometry, 4096, "fail");
   const std::vector<Piece> pieces = {
       {3, 0, 5}, {3, 5, -1}, {9, 2, std::min<int64_t>(40, ds.length(9))}, {0, 0, -1}};
   for (int workers : {0, 2}) {

@@ -65,7 +65,7 @@ StepResult one_step(int n, const std::string& strategy) {
   run_threaded(n, [&](Communicator& comm) {
     auto backend = make_cpu_backend({1});
     Tokenizer tok(cfg.data.tokenizer);
-    auto data = open_dataset(cfg.data.train, cfg.data, tok, cfg.model);
+    auto data = open_dataset(cfg.data.train, cfg.data, tok, cfg.model.vision);
     Model model(cfg.model, *backend);
     model.initialise(cfg.train.seed);
     const Planner planner(cfg.model, cfg.parallel, n);

@@ -310,7 +310,7 @@ TEST(Faults, BatchSizesAreCheckedAgainstDataAndMemory) {
   // The memory bound, with a machine of 1 MB.
   const Config cfg = small_config(1, dir, {"--train.batch_size=200"});
   Tokenizer tok(cfg.data.tokenizer);
-  const auto ds = open_dataset(cfg.data.train, cfg.data, tok, cfg.model);
+  const auto ds = open_dataset(cfg.data.train, cfg.data, tok, cfg.model.vision);
   const std::string mem = error_of([&] { check_batch_fits(cfg, *ds, 1'000'000); });
   EXPECT_TRUE(contains(mem, "GB") && contains(mem, "lower train.batch_size")) << mem;
   EXPECT_NO_THROW(check_batch_fits(cfg, *ds, int64_t(1) << 34));
@@ -388,7 +388,7 @@ TEST(Faults, AFifoGivenAsAnImageIsRefusedNotWaitedOn) {
   EXPECT_TRUE(contains(read_text(dir / "out" / kReportFile), "not a regular file"));
   // The JSONL path refuses it too, without blocking.
   Tokenizer tok((synth_dir() / "tokenizer.model").string());
-  JsonlDataset ds((dir / "m.jsonl").string(), "", tok, ModelConfig{}, 4096, "skip");
+  JsonlDataset ds((dir / "m.jsonl").string(), "", tok, ImageGeometry{}, 4096, "skip");
   EXPECT_EQ(ds.size(), 1);
 }
 
@@ -397,7 +397,7 @@ TEST(Faults, FoldersGivenAsFilesAreErrors) {
   std::string msg = error_of([&] { load_config(dir.string()); });
   EXPECT_TRUE(contains(msg, "is a folder")) << msg;
   Tokenizer tok((synth_dir() / "tokenizer.model").string());
-  msg = error_of([&] { JsonlDataset(dir.string(), "", tok, ModelConfig{}, 4096, "skip"); });
+  msg = error_of([&] { JsonlDataset(dir.string(), "", tok, ImageGeometry{}, 4096, "skip"); });
   EXPECT_TRUE(contains(msg, "is a folder")) << msg;
   BuildOptions o;
   o.manifest = dir.string();
@@ -525,11 +525,11 @@ TEST(Faults, ImagePathsStayInsideTheImageRoot) {
   const std::string manifest = (root / "m.jsonl").string();
   Tokenizer tok((synth_dir() / "tokenizer.model").string());
   ModelConfig mc;
-  JsonlDataset ds(manifest, "", tok, mc, 4096, "skip");
+  JsonlDataset ds(manifest, "", tok, mc.vision, 4096, "skip");
   EXPECT_EQ(ds.size(), 2);
   EXPECT_EQ(ds.skipped(), (std::map<std::string, int64_t>{{"bad image path", 5}}));
   // Allowed explicitly, absolute paths are read; relative ones stay confined.
-  JsonlDataset abs(manifest, "", tok, mc, 4096, "skip", kDefaultMaxImagePixels, true);
+  JsonlDataset abs(manifest, "", tok, mc.vision, 4096, "skip", kDefaultMaxImagePixels, true);
   EXPECT_EQ(abs.size(), 3);
   // The build never embeds a file from outside the root.
   BuildOptions o;
@@ -553,7 +553,7 @@ TEST(Faults, JsonlAndShardPathsAcceptTheSameLines) {
   write_text(dir / "images" / "cut.jpg", jpg.substr(0, jpg.size() * 6 / 10));
   write_text(dir / "m.jsonl", line_with("ok", "\"images/ok.jpg\"", 1) + line_with("cut", "\"images/cut.jpg\"", 1));
   Tokenizer tok((synth_dir() / "tokenizer.model").string());
-  JsonlDataset ds((dir / "m.jsonl").string(), "", tok, ModelConfig{}, 4096, "skip");
+  JsonlDataset ds((dir / "m.jsonl").string(), "", tok, ImageGeometry{}, 4096, "skip");
   BuildOptions o;
   o.manifest = (dir / "m.jsonl").string();
   o.out_dir = (dir / "out").string();
@@ -574,7 +574,7 @@ TEST(Faults, AListUnderImageIsAccepted) {
                                   line_with("one", "[\"images/a.png\"]", 1) +
                                   line_with("bad", "[\"images/a.png\", 3]", 2));
   Tokenizer tok((synth_dir() / "tokenizer.model").string());
-  JsonlDataset ds((dir / "m.jsonl").string(), "", tok, ModelConfig{}, 4096, "skip");
+  JsonlDataset ds((dir / "m.jsonl").string(), "", tok, ImageGeometry{}, 4096, "skip");
   ASSERT_EQ(ds.size(), 2);
   EXPECT_EQ(ds.load(0, false).images.size(), 2u);
   EXPECT_EQ(ds.load(1, false).images.size(), 1u);

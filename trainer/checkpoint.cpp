@@ -15,7 +15,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "data/h5.h"
+#include "common/files.h"
+#include "common/h5.h"
 #include "data/tokenizer.h"
 #include "kernels/check.h"
 #include "kernels/log.h"
@@ -157,14 +158,6 @@ void read_tensor(hid_t group, const std::string& gname, const ParamSpec& spec, f
             where);
 }
 
-void fsync_path(const fs::path& p, bool directory) {
-  int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  DHP_CHECK(fd >= 0, "cannot open '{}' to sync it", p.string());
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  DHP_CHECK(rc == 0, "fsync of '{}' failed", p.string());
-}
-
 fs::path marker_of(const fs::path& h5) {
   fs::path m = h5;
   return m.replace_extension(".done");
@@ -189,16 +182,18 @@ void write_checkpoint_file(const fs::path& tmp, const Config& cfg, const Model& 
   write_string(file, "config", to_toml(cfg));
   {
     H5 params(H5Gcreate2(file, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    for (const auto& s : model.table().specs()) write_tensor(params, s, model.params() + s.offset);
+    const std::vector<float> p = model.download_params();
+    for (const auto& s : model.table().specs()) write_tensor(params, s, p.data() + s.offset);
   }
   if (opt) {
     H5 optim(H5Gcreate2(file, "optim", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     write_attr_i64(optim, "step", opt->steps_taken());
     H5 m(H5Gcreate2(optim, "m", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     H5 v(H5Gcreate2(optim, "v", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    const std::vector<float> hm = opt->download_m(), hv = opt->download_v();
     for (const auto& s : model.table().specs()) {
-      write_tensor(m, s, opt->m() + s.offset);
-      write_tensor(v, s, opt->v() + s.offset);
+      write_tensor(m, s, hm.data() + s.offset);
+      write_tensor(v, s, hv.data() + s.offset);
     }
   }
   {
@@ -283,7 +278,7 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
   try {
     write_checkpoint_file(tmp, cfg, model, opt, st);
     // Durable before visible: data on disk, then the name, then the marker that says complete.
-    fsync_path(tmp, false);
+    fsync_path(tmp.string(), false);
   } catch (const Error& e) {
     // A partial file is useless and, on a full disk, takes the space the next save needs.
     // Emptied before it is unlinked: HDF5 may still hold it open after a failed close, and
@@ -293,9 +288,7 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
     throw Error(fmt::format("checkpoint of step {} not saved ({}): {}", st.step, tmp.string(),
                             e.what()));
   }
-  fs::rename(tmp, final_path, ec);
-  DHP_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp.string(), final_path.string(), ec.message());
-  fsync_path(dir, true);
+  commit_rename(tmp.string(), final_path.string());
   {
     std::ofstream marker(marker_of(final_path));
     marker << st.step << "\n";
@@ -303,8 +296,8 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
     DHP_CHECK(marker.good(), "cannot write '{}': {}", marker_of(final_path).string(),
               std::strerror(errno));
   }
-  fsync_path(marker_of(final_path), false);
-  fsync_path(dir, true);
+  fsync_path(marker_of(final_path).string(), false);
+  fsync_path(dir.string(), true);
 
   prune(dir, cfg.checkpoint.keep);
   return final_path.string();
@@ -399,11 +392,10 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
       read_tensor(m, "optim/m", s, sm.data() + s.offset, path);
       read_tensor(v, "optim/v", s, sv.data() + s.offset, path);
     }
-    std::copy(sm.begin(), sm.end(), opt->m());
-    std::copy(sv.begin(), sv.end(), opt->v());
+    opt->upload_moments(sm, sv);
     opt->set_steps_taken(t);
   }
-  std::copy(staged.begin(), staged.end(), model.params());
+  model.upload_params(staged);
   return st;
 }
 

@@ -130,7 +130,7 @@ void add_stats(CLI::App* data) {
     } else {
       const Config cfg = data_config(*config, stats->remaining());
       Tokenizer tok(cfg.data.tokenizer);
-      t = lengths_of(*open_dataset(*path, cfg.data, tok, cfg.model));
+      t = lengths_of(*open_dataset(*path, cfg.data, tok, cfg.model.vision));
     }
     fmt::print("{}: {} samples\n\n{}", *path, t.size(), describe_lengths(t));
     if (!csv->empty()) {

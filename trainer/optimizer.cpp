@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "kernels/check.h"
+
 namespace dhp {
 
 double learning_rate(const OptimConfig& o, int64_t step, int64_t total_steps) {
@@ -21,6 +23,18 @@ AdamW::AdamW(const ParamTable& table, const OptimConfig& cfg, Backend& backend)
       norm_(backend, sizeof(double)) {
   backend_.zero(m_.data(), m_.bytes());
   backend_.zero(v_.data(), v_.bytes());
+}
+
+std::vector<float> AdamW::download(const DeviceBuffer& b) const {
+  std::vector<float> host(size_t(table_.total()));
+  backend_.download(host.data(), b.data(), b.bytes());
+  return host;
+}
+
+void AdamW::upload_moments(const std::vector<float>& m, const std::vector<float>& v) {
+  DHP_ASSERT(int64_t(m.size()) == table_.total() && int64_t(v.size()) == table_.total());
+  backend_.upload(m_.data(), m.data(), m_.bytes());
+  backend_.upload(v_.data(), v.data(), v_.bytes());
 }
 
 double AdamW::grad_norm(const float* grads) const {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "model/params.h"
@@ -26,6 +27,10 @@ class AdamW {
   void update(float* params, const float* grads, double lr);
 
   int64_t steps_taken() const { return t_; }
+  // The moments on the host (checkpoints) and back; each synchronises with the device.
+  std::vector<float> download_m() const { return download(m_); }
+  std::vector<float> download_v() const { return download(v_); }
+  void upload_moments(const std::vector<float>& m, const std::vector<float>& v);
   float* m() { return m_.as<float>(); }  // first moments, same layout as the parameters
   float* v() { return v_.as<float>(); }  // second moments
   const float* m() const { return m_.as<float>(); }
@@ -33,6 +38,7 @@ class AdamW {
   void set_steps_taken(int64_t t) { t_ = t; }
 
  private:
+  std::vector<float> download(const DeviceBuffer& b) const;
   const ParamTable& table_;
   OptimConfig cfg_;
   Backend& backend_;

@@ -97,7 +97,7 @@ std::unique_ptr<Dataset> open_train_set(const Config& cfg, const Tokenizer& tok)
   DHP_CHECK(tok.vocab_size() <= cfg.model.vocab_size,
             "{}: model.vocab_size ({}) is smaller than the tokenizer's vocabulary ({} in {})",
             cfg.source, cfg.model.vocab_size, tok.vocab_size(), cfg.data.tokenizer);
-  auto set = open_dataset(cfg.data.train, cfg.data, tok, cfg.model);
+  auto set = open_dataset(cfg.data.train, cfg.data, tok, cfg.model.vision);
   DHP_CHECK(set->size() > 0, "data.train '{}' holds no usable sample", cfg.data.train);
   check_batch_fits(cfg, *set, available_memory_bytes());
   return set;
@@ -115,7 +115,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
       tokenizer_(cfg.data.tokenizer),
       train_set_(open_train_set(cfg, tokenizer_)),
       val_set_(cfg.data.val.empty() ? nullptr
-                                    : open_dataset(cfg.data.val, cfg.data, tokenizer_, cfg.model)),
+                                    : open_dataset(cfg.data.val, cfg.data, tokenizer_, cfg.model.vision)),
       model_(cfg.model, *backend_),
       opt_(model_.table(), cfg.optim, *backend_),
       planner_(std::make_shared<const Planner>(cfg.model, cfg.parallel, comm.size())),

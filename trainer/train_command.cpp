@@ -146,7 +146,7 @@ void add_eval_command(CLI::App& app) {
     DHP_CHECK(!manifest.empty(), "no data to evaluate: pass --data or set data.val");
     Tokenizer tok(m.cfg.data.tokenizer);
     check_tokenizer(path, m.state.tokenizer_hash, tok);
-    const std::unique_ptr<Dataset> data = open_dataset(manifest, m.cfg.data, tok, m.cfg.model);
+    const std::unique_ptr<Dataset> data = open_dataset(manifest, m.cfg.data, tok, m.cfg.model.vision);
     const Dataset& ds = *data;
     EvalOptions eo{m.cfg.train.batch_size, m.cfg.eval.max_samples, false, m.cfg.data.workers,
                    m.cfg.eval.exact_match};

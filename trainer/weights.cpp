@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/files.h"
 #include "kernels/check.h"
 #include "trainer/checkpoint.h"
 
@@ -136,7 +137,7 @@ void load_safetensors(const std::string& path, Model& model) {
               "unusable",
               path, spec.name);
   }
-  std::copy(staged.begin(), staged.end(), model.params());
+  model.upload_params(staged);
 }
 
 }  // namespace
@@ -167,8 +168,9 @@ void export_safetensors(const Model& model, const Config& cfg, const std::string
     const uint64_t n = text.size();
     out.write(reinterpret_cast<const char*>(&n), 8);
     out.write(text.data(), std::streamsize(n));
+    const std::vector<float> p = model.download_params();
     for (const auto& s : model.table().specs())
-      out.write(reinterpret_cast<const char*>(model.params() + s.offset), std::streamsize(4 * s.numel()));
+      out.write(reinterpret_cast<const char*>(p.data() + s.offset), std::streamsize(4 * s.numel()));
     out.close();
     if (!out.good()) {
       const int err = errno;
@@ -176,11 +178,14 @@ void export_safetensors(const Model& model, const Config& cfg, const std::string
       throw Error(fmt::format("writing '{}' failed: {}", tmp, std::strerror(err)));
     }
   }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
+  // Durable before visible, as checkpoints are: the bytes on disk, then the name.
+  try {
+    fsync_path(tmp, false);
+    commit_rename(tmp, path);
+  } catch (const Error&) {
     std::error_code ignored;
     std::filesystem::remove(tmp, ignored);
-    throw Error(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, ec.message()));
+    throw;
   }
   std::ofstream cfg_out(config_path);
   cfg_out << model_config_json(cfg).dump(2) << "\n";

@@ -1,4 +1,4 @@
-#include "data/hash.h"
+#include "common/hash.h"
 
 #include <fstream>
 #include <vector>

@@ -1,0 +1,30 @@
+// A sample as the model's packing sees it: tokens, loss mask, which image each image token
+// belongs to, and the decoded images. Loaded by a Dataset (data/dataset.h), packed by pack().
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "data/image.h"
+
+namespace dhp {
+
+// One document in model-spec.md's layout, or a token range [begin, begin + tokens.size()) of
+// it (a piece: the plan may give a rank only part of a long sequence):
+//   <bos> human text ... <img> [image tokens] </img> ... gpt answer <eos>
+struct Sample {
+  int64_t id = 0;                      // dataset index
+  std::vector<int32_t> tokens;         // (L) token ids; image tokens hold Tokenizer::kPad
+  std::vector<uint8_t> loss_mask;      // (L) 1 on answer tokens and the final <eos>
+  std::vector<int32_t> image_of;       // (L) index into `images` for image tokens, -1 on text
+  std::vector<PreparedImage> images;   // whole images whose tokens the piece holds, in order
+  int64_t begin = 0;                   // position of tokens[0] in the full document
+  int64_t full_length = 0;             // tokens of the full document
+  int32_t first_image = 0;             // index of images[0] among the document's images
+  int64_t first_image_token = 0;       // merged tokens of images[0] that lie before `begin`
+  int32_t next_target = -1;            // the document's token at begin + L when it carries
+                                       // loss (the last token's target), else -1
+  bool skipped = false;                // its data went bad: placeholder_sample() in layout.h
+};
+
+}  // namespace dhp
