@@ -4,7 +4,7 @@
 #include <numeric>
 #include <utility>
 
-#include "data/rng.h"
+#include "common/rng.h"
 #include "kernels/check.h"
 
 namespace dhp {

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <vector>
 
-#include "data/rng.h"
+#include "common/rng.h"
 #include "data/synth_scene.h"
 #include "data/tokenizer.h"
 #include "kernels/check.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "data/rng.h"
+#include "common/rng.h"
 
 namespace dhp {
 

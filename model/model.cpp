@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "data/rng.h"
+#include "common/rng.h"
 #include "kernels/check.h"
 
 namespace dhp {

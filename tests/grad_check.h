@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "data/rng.h"
+#include "common/rng.h"
 
 namespace dhp::testing {
 

@@ -16,7 +16,7 @@
 #include <numeric>
 #include <thread>
 
-#include "data/rng.h"
+#include "common/rng.h"
 #include "kernels/check.h"
 #include "tests/error_of.h"
 #include "model/model.h"

@@ -23,7 +23,7 @@
 #include "data/image.h"
 #include "data/loader.h"
 #include "data/pack.h"
-#include "data/rng.h"
+#include "common/rng.h"
 #include "data/sampler.h"
 #include "data/synth.h"
 #include "data/tokenizer.h"

@@ -19,7 +19,7 @@
 #include "data/layout.h"
 #include "data/loader.h"
 #include "data/presets.h"
-#include "data/rng.h"
+#include "common/rng.h"
 #include "data/shard_dataset.h"
 #include "data/shard_format.h"
 #include "data/stats.h"

@@ -176,3 +176,56 @@ TEST(PlanInvariance, FiveTrainingStepsOnOneThreeAndFiveRanks) {
 
 }  // namespace
 }  // namespace dhp
+
+namespace dhp {
+namespace {
+
+// A checkpoint holds the full state whatever the world size, and the sample stream depends on
+// the global batch only: 2 ranks train 6 steps with a checkpoint at 3; resuming at 3 on 3
+// ranks and on 1 rank continues the same losses and ends with the same weights.
+TEST(PlanInvariance, ResumeOnAnotherNumberOfRanks) {
+  auto run = [](int n, const Config& cfg, const TrainOptions& o) {
+    TrainResult r0;
+    run_threaded(n, [&](Communicator& comm) {
+      TrainResult r = train(cfg, comm, o);
+      if (comm.rank() == 0) r0 = r;
+    });
+    return r0;
+  };
+  auto weights_of = [](const std::string& checkpoint, const Config& cfg) {
+    auto backend = make_cpu_backend({1});
+    Model m(cfg.model, *backend);
+    load_checkpoint(checkpoint, m, nullptr);
+    return m.download_params();
+  };
+  const auto base_dir = testing::run_dir("resume_base");
+  Config base = longtail_config("dhp", 6, base_dir);
+  base.checkpoint.every = 3;
+  const TrainResult straight = run(2, base, {});
+  ASSERT_EQ(straight.steps.size(), 6u);
+  const std::vector<float> w_straight = weights_of(straight.checkpoint, base);
+  for (int n : {3, 1}) {
+    const auto dir = testing::run_dir("resume_on_" + std::to_string(n));
+    std::filesystem::create_directories(dir / "checkpoints");
+    std::filesystem::copy(base_dir / "checkpoints" / "step-00000003.h5", dir / "checkpoints");
+    std::filesystem::copy(base_dir / "checkpoints" / "step-00000003.done", dir / "checkpoints");
+    Config cfg = longtail_config("dhp", 6, dir);
+    cfg.checkpoint.every = 3;
+    TrainOptions o;
+    o.resume = "auto";
+    const TrainResult resumed = run(n, cfg, o);
+    ASSERT_EQ(resumed.steps.size(), 3u) << n << " ranks";
+    for (size_t s = 0; s < 3; ++s)
+      EXPECT_NEAR(resumed.steps[s].loss, straight.steps[s + 3].loss,
+                  1e-5 * std::abs(straight.steps[s + 3].loss))
+          << n << " ranks, step " << s + 4;
+    const std::vector<float> w = weights_of(resumed.checkpoint, cfg);
+    ASSERT_EQ(w.size(), w_straight.size());
+    for (size_t i = 0; i < w.size(); ++i)
+      ASSERT_NEAR(w[i], w_straight[i], 1e-4 * std::max(1.0f, std::abs(w_straight[i])))
+          << n << " ranks, weight " << i;
+  }
+}
+
+}  // namespace
+}  // namespace dhp

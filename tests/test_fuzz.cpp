@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "data/manifest.h"
-#include "data/rng.h"
+#include "common/rng.h"
 #include "data/tokenizer.h"
 #include "kernels/check.h"
 #include "model/model.h"
