@@ -266,6 +266,18 @@ double CostModel::image_lin(int64_t patches) const {
 
 double CostModel::image_att(int64_t patches) const { return vis_att_per_pair_ * double(patches) * double(patches); }
 
+void merge_image_classes(std::vector<ImageClass>& classes) {
+  if (classes.size() < 2) return;
+  std::sort(classes.begin(), classes.end(),
+            [](const ImageClass& a, const ImageClass& b) { return a.patches > b.patches; });
+  size_t w = 0;
+  for (size_t i = 1; i < classes.size(); ++i) {
+    if (classes[i].patches == classes[w].patches) classes[w].count += classes[i].count;
+    else classes[++w] = classes[i];
+  }
+  classes.resize(w + 1);
+}
+
 CostModel::Vision CostModel::vision(const GroupCost& g, int d, int64_t* work) const {
   Vision v;
   v.images = g.patches_ > 0;
@@ -278,14 +290,7 @@ CostModel::Vision CostModel::vision(const GroupCost& g, int d, int64_t* work) co
   thread_local std::vector<ImageClass> classes;
   classes.assign(g.classes_.begin(), g.classes_.end());
   if (classes.size() > 1) {
-    std::sort(classes.begin(), classes.end(),
-              [](const ImageClass& a, const ImageClass& b) { return a.patches > b.patches; });
-    size_t w = 0;
-    for (size_t i = 1; i < classes.size(); ++i) {
-      if (classes[i].patches == classes[w].patches) classes[w].count += classes[i].count;
-      else classes[++w] = classes[i];
-    }
-    classes.resize(w + 1);
+    merge_image_classes(classes);
     if (work) *work += int64_t(classes.size());
   }
   thread_local std::vector<ImageLevel> levels;

@@ -100,6 +100,10 @@ struct ImageClass {
   int64_t count = 0;
 };
 
+// Sorts image classes largest first and merges classes of equal patch count (the order
+// balance_images expects).
+void merge_image_classes(std::vector<ImageClass>& classes);
+
 // The vision encoder's assignment: images dealt longest-first (by patch count) to the least
 // loaded rank of d. Ranks that received the same images form one level.
 struct ImageLevel {

@@ -713,6 +713,19 @@ void require_pow2(const BatchCosts& b) {
               b.seq(s).id, b.seq(s).tokens(), b.min_degree(s), top, n);
 }
 
+// The chosen candidate's groups finished (waves, placement, memory) into the Plan, with what
+// finishing cost counted in the stats' floor.
+Plan finish_plan(const BatchCosts& b, detail::Candidate c, const char* strategy,
+                 const std::vector<SeqShape>& batch, PlanStats& st, PlanStats* stats) {
+  const int64_t before = b.evaluations();
+  auto groups = detail::finish_groups(b, std::move(c.groups), b.world());
+  st.floor += b.evaluations() - before;
+  st.evaluations = b.evaluations();
+  st.candidate = c.name;
+  if (stats) *stats = st;
+  return Plan(strategy, b.world(), batch, std::move(groups), b.lower_bound(), c.name);
+}
+
 }  // namespace
 
 // The evaluations the wave solution gets, in plan_dhp_waves and inside plan_dhp alike.
@@ -750,19 +763,12 @@ Plan Planner::plan_pow2(const std::vector<SeqShape>& batch, PlanStats* stats) co
   st.floor = b.evaluations();
   detail::Candidate c = pow2_portfolio(b, par_, budget(), st);
   DHP_ASSERT(c.makespan < kNever);
-  const int64_t before = b.evaluations();
-  auto groups = detail::finish_groups(b, std::move(c.groups), world_);
-  st.floor += b.evaluations() - before;
-  st.evaluations = b.evaluations();
-  st.candidate = c.name;
-  if (stats) *stats = st;
-  return Plan("pow2", world_, batch, std::move(groups), b.lower_bound(), c.name);
+  return finish_plan(b, std::move(c), "pow2", batch, st, stats);
 }
 
 Plan Planner::plan_dhp(const std::vector<SeqShape>& batch, PlanStats* stats) const {
   if (batch.empty()) return Plan("dhp", world_, {}, {}, 0);
   BatchCosts b(*this, batch);
-  const int n = world_;
   PlanStats st;
   st.budget = budget();
   st.floor = b.evaluations();
@@ -775,13 +781,7 @@ Plan Planner::plan_dhp(const std::vector<SeqShape>& batch, PlanStats* stats) con
   // 3. Any integer degree: replaces the others only when strictly faster.
   detail::Candidate any = detail::search(b, par_, Degrees::Any, budget(), st, waves);
   if (any.makespan < best.makespan) best = std::move(any), best.name = "any/" + best.name;
-  const int64_t before = b.evaluations();
-  auto groups = detail::finish_groups(b, std::move(best.groups), n);
-  st.floor += b.evaluations() - before;
-  st.evaluations = b.evaluations();
-  st.candidate = best.name;
-  if (stats) *stats = st;
-  return Plan("dhp", n, batch, std::move(groups), b.lower_bound(), best.name);
+  return finish_plan(b, std::move(best), "dhp", batch, st, stats);
 }
 
 }  // namespace dhp

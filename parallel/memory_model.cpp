@@ -81,16 +81,7 @@ int64_t MemoryModel::max_rank_patches(std::span<const SeqShape* const> seqs, int
     const int k = image_classes(*s, m2_, im);
     for (int i = 0; i < k; ++i) classes.push_back(im[i]);
   }
-  if (classes.size() > 1) {
-    std::sort(classes.begin(), classes.end(),
-              [](const ImageClass& a, const ImageClass& b) { return a.patches > b.patches; });
-    size_t w = 0;
-    for (size_t i = 1; i < classes.size(); ++i) {
-      if (classes[i].patches == classes[w].patches) classes[w].count += classes[i].count;
-      else classes[++w] = classes[i];
-    }
-    classes.resize(w + 1);
-  }
+  merge_image_classes(classes);
   return max_rank_patches(std::span<const ImageClass>(classes), c);
 }
 
