@@ -189,8 +189,11 @@ void ThreadedCommunicator::all_gather(const void* send, void* recv, int64_t coun
   const auto& calls = meet({fmt::format("all_gather({} x {} per rank)", count,
                                         data_type_name(type)), send, recv});
   const size_t bytes = size_t(count) * data_type_size(type);
-  for (int r = 0; r < size(); ++r)
-    if (bytes) std::memcpy(static_cast<char*>(recv) + size_t(r) * bytes, calls[size_t(r)].send, bytes);
+  for (int r = 0; r < size(); ++r) {
+    char* dst = static_cast<char*>(recv) + size_t(r) * bytes;
+    // A rank's own block may already be in place (an in-place all-gather).
+    if (bytes && dst != calls[size_t(r)].send) std::memcpy(dst, calls[size_t(r)].send, bytes);
+  }
   world_.arrive(rank_, "all_gather (done)");
 }
 

@@ -183,7 +183,10 @@ namespace {
 // A checkpoint holds the full state whatever the world size, and the sample stream depends on
 // the global batch only: 2 ranks train 6 steps with a checkpoint at 3; resuming at 3 on 3
 // ranks and on 1 rank continues the same losses and ends with the same weights.
-TEST(PlanInvariance, ResumeOnAnotherNumberOfRanks) {
+class ResumeAcrossWorlds : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ResumeAcrossWorlds, ResumeOnAnotherNumberOfRanks) {
+  const bool zero1 = GetParam();
   auto run = [](int n, const Config& cfg, const TrainOptions& o) {
     TrainResult r0;
     run_threaded(n, [&](Communicator& comm) {
@@ -198,19 +201,24 @@ TEST(PlanInvariance, ResumeOnAnotherNumberOfRanks) {
     load_checkpoint(checkpoint, m, nullptr);
     return m.download_params();
   };
-  const auto base_dir = testing::run_dir("resume_base");
-  Config base = longtail_config("dhp", 6, base_dir);
-  base.checkpoint.every = 3;
+  const std::string tag = zero1 ? "zero1" : "replicated";
+  auto config = [&](const std::filesystem::path& dir) {
+    Config c = longtail_config("dhp", 6, dir);
+    c.checkpoint.every = 3;
+    c.parallel.zero1 = zero1;
+    return c;
+  };
+  const auto base_dir = testing::run_dir("resume_base_" + tag);
+  const Config base = config(base_dir);
   const TrainResult straight = run(2, base, {});
   ASSERT_EQ(straight.steps.size(), 6u);
   const std::vector<float> w_straight = weights_of(straight.checkpoint, base);
   for (int n : {3, 1}) {
-    const auto dir = testing::run_dir("resume_on_" + std::to_string(n));
+    const auto dir = testing::run_dir("resume_on_" + std::to_string(n) + "_" + tag);
     std::filesystem::create_directories(dir / "checkpoints");
     std::filesystem::copy(base_dir / "checkpoints" / "step-00000003.h5", dir / "checkpoints");
     std::filesystem::copy(base_dir / "checkpoints" / "step-00000003.done", dir / "checkpoints");
-    Config cfg = longtail_config("dhp", 6, dir);
-    cfg.checkpoint.every = 3;
+    const Config cfg = config(dir);
     TrainOptions o;
     o.resume = "auto";
     const TrainResult resumed = run(n, cfg, o);
@@ -223,6 +231,60 @@ TEST(PlanInvariance, ResumeOnAnotherNumberOfRanks) {
     ASSERT_EQ(w.size(), w_straight.size());
     for (size_t i = 0; i < w.size(); ++i)
       ASSERT_NEAR(w[i], w_straight[i], 1e-4 * std::max(1.0f, std::abs(w_straight[i])))
+          << n << " ranks, weight " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Zero1, ResumeAcrossWorlds, ::testing::Bool());
+
+// `--resume auto` on a folder that holds no checkpoint yet (a job killed before its first
+// save, resubmitted unchanged) starts afresh instead of failing.
+TEST(PlanInvariance, ResumeAutoWithoutACheckpointStartsFresh) {
+  const Config cfg = longtail_config("dhp", 2, testing::run_dir("resume_fresh"));
+  TrainOptions o;
+  o.resume = "auto";
+  TrainResult r0;
+  run_threaded(2, [&](Communicator& comm) {
+    TrainResult r = train(cfg, comm, o);
+    if (comm.rank() == 0) r0 = r;
+  });
+  EXPECT_EQ(r0.steps.size(), 2u);
+  EXPECT_FALSE(r0.checkpoint.empty());
+}
+
+}  // namespace
+}  // namespace dhp
+
+namespace dhp {
+namespace {
+
+// ZeRO-1 (the optimizer state sharded over the ranks) against AdamW replicated on every rank:
+// the same losses and, after 5 steps, the same weights to fp32 rounding, on 1 to 5 ranks.
+TEST(Zero1, MatchesReplicatedAdamW) {
+  for (int n = 1; n <= 5; ++n) {
+    std::vector<double> losses[2];
+    std::vector<float> weights[2];
+    for (int zero = 0; zero < 2; ++zero) {
+      const auto dir = testing::run_dir("zero1_" + std::to_string(n) + "_" + std::to_string(zero));
+      Config cfg = longtail_config("dhp", 5, dir);
+      cfg.parallel.zero1 = zero == 1;
+      cfg.parallel.refit = false;  // the same plans in both runs
+      TrainResult r0;
+      run_threaded(n, [&](Communicator& comm) {
+        TrainResult r = train(cfg, comm);
+        if (comm.rank() == 0) r0 = r;
+      });
+      for (const auto& s : r0.steps) losses[zero].push_back(s.loss);
+      auto backend = make_cpu_backend({1});
+      Model m(cfg.model, *backend);
+      load_checkpoint(r0.checkpoint, m, nullptr);
+      weights[zero] = m.download_params();
+    }
+    ASSERT_EQ(losses[0].size(), 5u);
+    for (size_t s = 0; s < 5; ++s)
+      EXPECT_NEAR(losses[1][s], losses[0][s], 1e-6 * std::abs(losses[0][s])) << n << " ranks";
+    for (size_t i = 0; i < weights[0].size(); ++i)
+      ASSERT_NEAR(weights[1][i], weights[0][i], 1e-6 * std::max(1.0f, std::abs(weights[0][i])))
           << n << " ranks, weight " << i;
   }
 }

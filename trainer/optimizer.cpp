@@ -1,5 +1,6 @@
 #include "trainer/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/check.h"
@@ -14,50 +15,139 @@ double learning_rate(const OptimConfig& o, int64_t step, int64_t total_steps) {
   return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-AdamW::AdamW(const ParamTable& table, const OptimConfig& cfg, Backend& backend)
-    : table_(table),
-      cfg_(cfg),
-      backend_(backend),
-      m_(backend, sizeof(float) * size_t(table.total())),
-      v_(backend, sizeof(float) * size_t(table.total())),
-      norm_(backend, sizeof(double)) {
+AdamW::AdamW(const ParamTable& table, const OptimConfig& cfg, Backend& backend,
+             OptimizerShard shard)
+    : table_(table), cfg_(cfg), backend_(backend), shard_(shard) {
+  DHP_ASSERT(shard.world >= 1 && shard.rank >= 0 && shard.rank < shard.world);
+  const int64_t n = table.total();
+  block_ = n / shard.world;
+  tail_ = n - block_ * shard.world;
+  m_ = DeviceBuffer(backend, sizeof(float) * size_t(block_ + tail_));
+  v_ = DeviceBuffer(backend, sizeof(float) * size_t(block_ + tail_));
+  if (sharded()) grad_block_ = DeviceBuffer(backend, sizeof(float) * size_t(block_));
+  norm_ = DeviceBuffer(backend, sizeof(double));
   backend_.zero(m_.data(), m_.bytes());
   backend_.zero(v_.data(), v_.bytes());
 }
 
-std::vector<float> AdamW::download(const DeviceBuffer& b) const {
+double AdamW::squared_norm(const float* x, int64_t n) const {
+  if (n == 0) return 0.0;
+  backend_.ops().sum_squares(norm_.as<double>(), x, n);
+  double sq = 0.0;
+  backend_.download(&sq, norm_.data(), sizeof(sq));
+  return sq;
+}
+
+double AdamW::grad_norm(const float* grads) const {
+  return std::sqrt(squared_norm(grads, table_.total()));
+}
+
+void AdamW::clip(float* grads, double norm) const {
+  if (cfg_.grad_clip <= 0.0 || norm <= cfg_.grad_clip) return;
+  backend_.ops().scale_inplace(grads, float(cfg_.grad_clip / (norm + 1e-6)), table_.total());
+}
+
+AdamWStep AdamW::step_of(const ParamSpec& p, double lr) const {
+  return AdamWStep{float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps),
+                   p.decay ? float(cfg_.weight_decay) : 0.0f, t_};
+}
+
+void AdamW::update(float* params, const float* grads, double lr) {
+  DHP_ASSERT(!sharded());
+  ++t_;
+  for (const auto& p : table_.specs())
+    backend_.ops().adamw_update(params + p.offset, grads + p.offset, m() + p.offset,
+                                v() + p.offset, p.numel(), step_of(p, lr));
+}
+
+double AdamW::reduce(float* grads, Communicator& comm) {
+  if (!sharded()) {
+    comm.all_reduce_sum(grads, table_.total());
+    return grad_norm(grads);
+  }
+  const int64_t W = shard_.world;
+  comm.reduce_scatter(grads, grad_block_.data(), block_, DataType::F32);
+  if (tail_ > 0) comm.all_reduce_sum(grads + W * block_, tail_);
+  // Blocks summed in rank order; the tail (the same on every rank) counted once.
+  double sq = squared_norm(grad_block_.as<float>(), block_);
+  if (shard_.rank == 0) sq += squared_norm(grads + W * block_, tail_);
+  comm.all_reduce_sum(&sq, 1);
+  return std::sqrt(sq);
+}
+
+void AdamW::apply(float* params, float* grads, double lr, double norm, Communicator& comm) {
+  if (!sharded()) {
+    clip(grads, norm);
+    update(params, grads, lr);
+    return;
+  }
+  const int64_t W = shard_.world, lo = int64_t(shard_.rank) * block_, tail0 = W * block_;
+  float* g = grad_block_.as<float>();
+  if (cfg_.grad_clip > 0.0 && norm > cfg_.grad_clip) {
+    const float s = float(cfg_.grad_clip / (norm + 1e-6));
+    backend_.ops().scale_inplace(g, s, block_);
+    if (tail_ > 0) backend_.ops().scale_inplace(grads + tail0, s, tail_);
+  }
+  ++t_;
+  for (const auto& p : table_.specs()) {
+    const int64_t begin = p.offset, end = p.offset + p.numel();
+    // The part of the parameter in this rank's block, then the part in the shared tail.
+    int64_t a = std::max(begin, lo), b = std::min(end, lo + block_);
+    if (a < b)
+      backend_.ops().adamw_update(params + a, g + (a - lo), m() + (a - lo), v() + (a - lo), b - a,
+                                  step_of(p, lr));
+    a = std::max(begin, tail0), b = std::min(end, tail0 + tail_);
+    if (a < b)
+      backend_.ops().adamw_update(params + a, grads + a, m() + block_ + (a - tail0),
+                                  v() + block_ + (a - tail0), b - a, step_of(p, lr));
+  }
+  comm.all_gather(params + lo, params, block_, DataType::F32);
+}
+
+std::vector<float> AdamW::gather(const DeviceBuffer& b, Communicator& comm) const {
+  const int64_t W = shard_.world;
+  DeviceBuffer all(backend_, sizeof(float) * size_t(W * block_));
+  comm.all_gather(b.data(), all.data(), block_, DataType::F32);
   std::vector<float> host(size_t(table_.total()));
-  backend_.download(host.data(), b.data(), b.bytes());
+  backend_.download(host.data(), all.data(), all.bytes());
+  if (tail_ > 0)
+    backend_.download(host.data() + W * block_, b.as<float>() + block_, sizeof(float) * size_t(tail_));
+  return host;
+}
+
+void AdamW::gather_moments(Communicator& comm) {
+  if (!sharded()) return;
+  full_m_ = gather(m_, comm);
+  full_v_ = gather(v_, comm);
+}
+
+std::vector<float> AdamW::download_m() const {
+  if (sharded()) {
+    DHP_ASSERT(!full_m_.empty());  // gather_moments first
+    return full_m_;
+  }
+  std::vector<float> host(size_t(table_.total()));
+  backend_.download(host.data(), m_.data(), m_.bytes());
+  return host;
+}
+
+std::vector<float> AdamW::download_v() const {
+  if (sharded()) {
+    DHP_ASSERT(!full_v_.empty());
+    return full_v_;
+  }
+  std::vector<float> host(size_t(table_.total()));
+  backend_.download(host.data(), v_.data(), v_.bytes());
   return host;
 }
 
 void AdamW::upload_moments(const std::vector<float>& m, const std::vector<float>& v) {
   DHP_ASSERT(int64_t(m.size()) == table_.total() && int64_t(v.size()) == table_.total());
-  backend_.upload(m_.data(), m.data(), m_.bytes());
-  backend_.upload(v_.data(), v.data(), v_.bytes());
-}
-
-double AdamW::grad_norm(const float* grads) const {
-  backend_.ops().sum_squares(norm_.as<double>(), grads, table_.total());
-  double sq = 0.0;
-  backend_.download(&sq, norm_.data(), sizeof(sq));
-  return std::sqrt(sq);
-}
-
-float AdamW::clip(float* grads, double norm) const {
-  if (cfg_.grad_clip <= 0.0 || norm <= cfg_.grad_clip) return 1.0f;
-  const float s = float(cfg_.grad_clip / (norm + 1e-6));
-  backend_.ops().scale_inplace(grads, s, table_.total());
-  return s;
-}
-
-void AdamW::update(float* params, const float* grads, double lr) {
-  ++t_;
-  for (const auto& p : table_.specs()) {
-    AdamWStep s{float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps),
-                p.decay ? float(cfg_.weight_decay) : 0.0f, t_};
-    backend_.ops().adamw_update(params + p.offset, grads + p.offset, m() + p.offset,
-                                v() + p.offset, p.numel(), s);
+  const int64_t lo = int64_t(shard_.rank) * block_, tail0 = int64_t(shard_.world) * block_;
+  for (auto [dst, src] : {std::pair{&m_, &m}, std::pair{&v_, &v}}) {
+    backend_.upload(dst->data(), src->data() + lo, sizeof(float) * size_t(block_));
+    if (tail_ > 0)
+      backend_.upload(dst->as<float>() + block_, src->data() + tail0, sizeof(float) * size_t(tail_));
   }
 }
 

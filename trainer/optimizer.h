@@ -1,5 +1,13 @@
 // AdamW with decoupled weight decay (flagged per parameter in the parameter table), global-norm
-// gradient clipping and the warm-up + cosine learning-rate schedule.
+// gradient clipping and the warm-up + cosine learning-rate schedule, replicated on every rank
+// or sharded over the ranks (ZeRO-1, parallel.zero1).
+//
+// ZeRO-1: the flat parameter arena of n elements is cut into one contiguous block of
+// s = floor(n / N) elements per rank, plus a tail of n - N·s < N elements that every rank
+// keeps. Gradients are reduce-scattered (each rank receives the sum of its block) and the
+// tail all-reduced; the global norm is summed from the blocks; each rank updates its block
+// and the tail, and the parameters are all-gathered. Moments exist for a rank's block and the
+// tail only: optimizer memory per rank falls by N.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +15,7 @@
 
 #include "kernels/backend.h"
 #include "model/params.h"
+#include "parallel/communicator.h"
 #include "trainer/config.h"
 
 namespace dhp {
@@ -15,35 +24,62 @@ namespace dhp {
 // last step. `step` counts from 0.
 double learning_rate(const OptimConfig& o, int64_t step, int64_t total_steps);
 
+// Which part of the optimizer state a rank holds: all of it (world = 1), or block `rank` of
+// `world` under ZeRO-1.
+struct OptimizerShard {
+  int rank = 0;
+  int world = 1;
+};
+
 class AdamW {
  public:
-  AdamW(const ParamTable& table, const OptimConfig& cfg, Backend& backend);
+  AdamW(const ParamTable& table, const OptimConfig& cfg, Backend& backend,
+        OptimizerShard shard = {});
 
-  // Global L2 norm of the gradient arena (synchronises with the device to read it).
-  double grad_norm(const float* grads) const;
-  // Scales gradients so their norm is at most cfg.grad_clip (when set); returns the scale.
-  float clip(float* grads, double norm) const;
-  // One update of every parameter with learning rate lr; increments the step count.
-  void update(float* params, const float* grads, double lr);
+  // Sums the gradients over the ranks (all-reduce, or reduce-scatter to this rank's block
+  // under ZeRO-1) and returns their global L2 norm. Every rank calls it.
+  double reduce(float* grads, Communicator& comm);
+  // Clips to cfg.grad_clip by `norm`, updates with learning rate lr (this rank's block under
+  // ZeRO-1, then the parameters are all-gathered) and counts the step. Every rank calls it.
+  void apply(float* params, float* grads, double lr, double norm, Communicator& comm);
 
   int64_t steps_taken() const { return t_; }
-  // The moments on the host (checkpoints) and back; each synchronises with the device.
-  std::vector<float> download_m() const { return download(m_); }
-  std::vector<float> download_v() const { return download(v_); }
+  void set_steps_taken(int64_t t) { t_ = t; }
+  bool sharded() const { return shard_.world > 1; }
+  // Bytes of moments this rank holds.
+  int64_t state_bytes() const { return int64_t(m_.bytes() + v_.bytes()); }
+
+  // The full moments on the host for a checkpoint. Sharded, every rank first calls
+  // gather_moments (a collective); then download_* return the gathered copies.
+  void gather_moments(Communicator& comm);
+  std::vector<float> download_m() const;
+  std::vector<float> download_v() const;
+  // Full moments from a checkpoint: a sharded rank keeps its block and the tail.
   void upload_moments(const std::vector<float>& m, const std::vector<float>& v);
-  float* m() { return m_.as<float>(); }  // first moments, same layout as the parameters
-  float* v() { return v_.as<float>(); }  // second moments
+  // Device pointers to the moments this rank holds (all of them when not sharded).
+  float* m() { return m_.as<float>(); }
+  float* v() { return v_.as<float>(); }
   const float* m() const { return m_.as<float>(); }
   const float* v() const { return v_.as<float>(); }
-  void set_steps_taken(int64_t t) { t_ = t; }
 
  private:
-  std::vector<float> download(const DeviceBuffer& b) const;
+  // The replicated path: the norm of a whole gradient arena, clipping, and an update of every
+  // parameter.
+  double grad_norm(const float* grads) const;
+  void clip(float* grads, double norm) const;
+  void update(float* params, const float* grads, double lr);
+  AdamWStep step_of(const ParamSpec& p, double lr) const;
+  double squared_norm(const float* x, int64_t n) const;
+  std::vector<float> gather(const DeviceBuffer& b, Communicator& comm) const;
   const ParamTable& table_;
   OptimConfig cfg_;
   Backend& backend_;
-  DeviceBuffer m_, v_;  // (n_params)
-  DeviceBuffer norm_;   // (1) double: the squared norm, read by grad_norm
+  OptimizerShard shard_;
+  int64_t block_ = 0, tail_ = 0;  // s and n - N·s; unsharded: n and 0
+  DeviceBuffer m_, v_;            // (block + tail) moments
+  DeviceBuffer grad_block_;       // (block) this rank's summed gradient under ZeRO-1
+  DeviceBuffer norm_;             // (1) double: a squared norm
+  std::vector<float> full_m_, full_v_;  // gathered for a checkpoint (sharded only)
   int64_t t_ = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <filesystem>
 #include <mutex>
 #include <functional>
 #include <future>
@@ -117,14 +118,24 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
       val_set_(cfg.data.val.empty() ? nullptr
                                     : open_dataset(cfg.data.val, cfg.data, tokenizer_, cfg.model.vision)),
       model_(cfg.model, *backend_),
-      opt_(model_.table(), cfg.optim, *backend_),
+      opt_(model_.table(), cfg.optim, *backend_,
+           cfg.parallel.zero1 ? OptimizerShard{comm.rank(), comm.size()} : OptimizerShard{}),
       planner_(std::make_shared<const Planner>(cfg.model, cfg.parallel, comm.size())),
       exec_(model_, *train_set_, cfg.data.workers, comm),
       bar_(cfg.train.steps, rank0_ && cfg.log.progress) {
   comm.set_timeout(cfg.parallel.timeout_s);
   model_.initialise(cfg.train.seed);
   std::optional<SamplerState> resumed_sampler;
-  if (!topt.resume.empty()) {
+  // `--resume auto` on a folder without a checkpoint yet starts afresh, so a job killed
+  // before its first save is resubmitted with the same command.
+  const bool resuming =
+      !topt.resume.empty() &&
+      (topt.resume != "auto" || !std::filesystem::is_directory(cfg.checkpoint.dir) ||
+       !list_checkpoints(cfg.checkpoint.dir).empty());
+  if (!topt.resume.empty() && !resuming && rank0_)
+    spdlog::info("--resume auto: '{}' holds no checkpoint yet; starting a fresh run",
+                 cfg.checkpoint.dir);
+  if (resuming) {
     const std::string path = resolve_checkpoint(topt.resume, cfg.checkpoint.dir);
     check_same_model(checkpoint_config(path), cfg, path);
     TrainState st = load_checkpoint(path, model_, &opt_);
@@ -153,7 +164,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
               "continue that run with --resume auto, or set checkpoint.dir to a new folder",
               cfg.checkpoint.dir, existing.back());
   }
-  if (topt.resume.empty() && !topt.init.empty()) {
+  if (!resuming && !topt.init.empty()) {
     load_weights(topt.init, model_);
     if (rank0_) spdlog::info("initialised weights from {}", topt.init);
   }
@@ -161,6 +172,13 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
   metrics_.emplace(cfg.log.metrics, rank0_, first_step_);
   sampler_.emplace(train_set_->size(), cfg.train.seed);
   first_position_ = resumed_sampler ? sampler_->resume(*resumed_sampler) : 0;
+  if (rank0_) {
+    const double mib = double(1 << 20), full = 2.0 * 4.0 * double(model_.n_params()) / mib;
+    spdlog::info("optimizer state: {:.2f} MiB per rank{}", double(opt_.state_bytes()) / mib,
+                 opt_.sharded() ? fmt::format(" (ZeRO-1 over {} ranks; {:.2f} MiB unsharded)",
+                                              comm.size(), full)
+                                : "");
+  }
   if (rank0_)
     spdlog::info("model: {:.3f} M parameters; train: {} samples; val: {} samples; {} rank(s); "
                  "{} backend, {} compute thread(s)",
@@ -241,7 +259,8 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
   for (const GroupTiming& t : exec_.last_timings()) mine += t.busy_seconds, waited += t.wait_seconds;
   std::vector<double> rank_time(size_t(comm_.size()), 0.0);
   comm_.all_gather(&mine, rank_time.data(), 1, DataType::F64);
-  comm_.all_reduce_sum(model_.grads(), model_.n_params());
+  // Gradients summed over the ranks (reduce-scattered to each rank's block under ZeRO-1).
+  const double norm = opt_.reduce(model_.grads(), comm_);
   double sums[2] = {local.loss_sum, double(local.targets)};  // loss, targets
   comm_.all_reduce_sum(sums, 2);
   const double loss_sum = sums[0];
@@ -249,12 +268,10 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
             "bad data: see the warnings above); fix the data or set data.on_error = \"fail\" "
             "to stop at the first bad sample", step + 1, work.samples);
 
-  const double norm = opt_.grad_norm(model_.grads());
   DHP_CHECK(std::isfinite(norm), "step {}: the gradient norm is not finite ({}); lower optim.lr",
             step, norm);
-  opt_.clip(model_.grads(), norm);
   const double lr = learning_rate(cfg_.optim, step, cfg_.train.steps);
-  opt_.update(model_.params(), model_.grads(), lr);
+  opt_.apply(model_.params(), model_.grads(), lr, norm, comm_);
   const int threads = backend_->threads();
   backend_->adapt_to_load();
 
@@ -339,6 +356,7 @@ std::string Run::save(int64_t step, bool last) {
   TrainState st{step, cfg_.train.seed, cfg_.train.batch_size,
                 sampler_->state_at(position_of(step)), train_set_->size(), tokenizer_.hash()};
   std::string path;
+  opt_.gather_moments(comm_);  // a checkpoint holds the full state, whatever the sharding
   if (rank0_) {
     bar_.clear();
     try {
@@ -386,7 +404,11 @@ TrainResult train(const Config& cfg, Communicator& comm, const TrainOptions& top
 
     if (cfg.eval.every > 0 && rec.step % cfg.eval.every == 0 && rec.step < cfg.train.steps)
       run.evaluate(rec.step, nullptr);
-    const bool interrupted = topt.stop_flag && *topt.stop_flag;
+    // A signal reaches the ranks at slightly different moments: they agree to stop after the
+    // same step, so that all of them take part in the one checkpoint.
+    int32_t stop = topt.stop_flag && *topt.stop_flag ? 1 : 0;
+    comm.all_reduce_max(&stop, 1);
+    const bool interrupted = stop != 0;
     if (interrupted || rec.step == topt.stop_after) {
       result.checkpoint = run.save(rec.step, true);
       if (rank0)
