@@ -31,7 +31,7 @@ template <> constexpr DataType data_type_of<uint8_t>() { return DataType::U8; }
 enum class ReduceOp { Sum, Max };
 
 // How long one blocking call may wait for its peers before it is an error (parallel.timeout_s).
-inline constexpr double kDefaultTimeoutSeconds = 120.0;
+inline constexpr double kDefaultTimeoutSeconds = 60.0;
 
 // One send or receive of a grouped exchange. A receive must name the exact count and type the
 // peer sends under the same tag; anything else is an error on the receiving rank.

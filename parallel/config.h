@@ -17,7 +17,7 @@ struct ParallelConfig {
   bool recompute = false;          // planner's models: activations recomputed in backward
   bool refit = true;               // refit the cost model from measured group times each step
   int refit_window = 64;           // the most recent groups the refit uses
-  double timeout_s = 120.0;        // longest wait for other ranks before the run stops with
+  double timeout_s = 60.0;         // longest wait for other ranks before the run stops with
                                    // an error naming the rank (a dead or stopped peer)
 };
 
