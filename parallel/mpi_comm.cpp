@@ -6,6 +6,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <exception>
 #include <functional>
 #include <thread>
 
@@ -96,7 +97,10 @@ class MpiExchange final : public PendingExchange {
     }
   }
   ~MpiExchange() override {
-    if (!done_) MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+    // Dropped while an error unwinds (a peer that never answered, say): waiting here would
+    // hang for ever on that peer, and the job is being taken down anyway.
+    if (!done_ && std::uncaught_exceptions() == 0)
+      MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
   }
   void wait() override {
     std::vector<MPI_Status> status(requests_.size());
