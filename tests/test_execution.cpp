@@ -49,6 +49,26 @@ Config longtail_config(const std::string& strategy, int64_t steps, const std::fi
                        "--checkpoint.dir=" + (out / "checkpoints").string()});
 }
 
+// train() on n threaded ranks; the result rank 0 returned.
+TrainResult train_on(int n, const Config& cfg, const TrainOptions& o = {}) {
+  TrainResult r0;
+  run_threaded(n, [&](Communicator& comm) {
+    TrainResult r = train(cfg, comm, o);
+    // Groups re-formed every step are rank lists on the one communicator.
+    DHP_CHECK(comm.communicators_created() == 1, "rank {}: {} communicators after training",
+              comm.rank(), comm.communicators_created());
+    if (comm.rank() == 0) r0 = r;
+  });
+  return r0;
+}
+
+std::vector<float> weights_of(const std::string& checkpoint, const Config& cfg) {
+  auto backend = make_cpu_backend({1});
+  Model m(cfg.model, *backend);
+  load_checkpoint(checkpoint, m, nullptr);
+  return m.download_params();
+}
+
 struct StepResult {
   double loss = 0.0;
   std::vector<float> grads;
@@ -137,29 +157,16 @@ namespace {
 // Five optimizer steps of the real training loop on 1, 3 and 5 ranks (threads): the same
 // losses, and the same weights at the end.
 TEST(PlanInvariance, FiveTrainingStepsOnOneThreeAndFiveRanks) {
-  auto weights_of = [](const TrainResult& r, const Config& cfg) {
-    auto backend = make_cpu_backend({1});
-    Model m(cfg.model, *backend);
-    load_checkpoint(r.checkpoint, m, nullptr);
-    return std::vector<float>(m.params(), m.params() + m.n_params());
-  };
   std::vector<double> base_losses;
   std::vector<float> base_weights;
   for (int n : {1, 3, 5}) {
     const auto dir = testing::run_dir("five_steps_" + std::to_string(n));
     const Config cfg = longtail_config("dhp", 5, dir);
-    TrainResult r0;
-    run_threaded(n, [&](Communicator& comm) {
-      TrainResult r = train(cfg, comm);
-      // Groups re-formed every step are rank lists on the one communicator.
-      DHP_CHECK(comm.communicators_created() == 1, "rank {}: {} communicators after training",
-                comm.rank(), comm.communicators_created());
-      if (comm.rank() == 0) r0 = r;
-    });
+    const TrainResult r0 = train_on(n, cfg);
     ASSERT_EQ(r0.steps.size(), 5u);
     std::vector<double> losses;
     for (const auto& s : r0.steps) losses.push_back(s.loss);
-    const std::vector<float> w = weights_of(r0, cfg);
+    const std::vector<float> w = weights_of(r0.checkpoint, cfg);
     if (n == 1) {
       base_losses = losses;
       base_weights = w;
@@ -187,20 +194,6 @@ class ResumeAcrossWorlds : public ::testing::TestWithParam<bool> {};
 
 TEST_P(ResumeAcrossWorlds, ResumeOnAnotherNumberOfRanks) {
   const bool zero1 = GetParam();
-  auto run = [](int n, const Config& cfg, const TrainOptions& o) {
-    TrainResult r0;
-    run_threaded(n, [&](Communicator& comm) {
-      TrainResult r = train(cfg, comm, o);
-      if (comm.rank() == 0) r0 = r;
-    });
-    return r0;
-  };
-  auto weights_of = [](const std::string& checkpoint, const Config& cfg) {
-    auto backend = make_cpu_backend({1});
-    Model m(cfg.model, *backend);
-    load_checkpoint(checkpoint, m, nullptr);
-    return m.download_params();
-  };
   const std::string tag = zero1 ? "zero1" : "replicated";
   auto config = [&](const std::filesystem::path& dir) {
     Config c = longtail_config("dhp", 6, dir);
@@ -210,7 +203,7 @@ TEST_P(ResumeAcrossWorlds, ResumeOnAnotherNumberOfRanks) {
   };
   const auto base_dir = testing::run_dir("resume_base_" + tag);
   const Config base = config(base_dir);
-  const TrainResult straight = run(2, base, {});
+  const TrainResult straight = train_on(2, base);
   ASSERT_EQ(straight.steps.size(), 6u);
   const std::vector<float> w_straight = weights_of(straight.checkpoint, base);
   for (int n : {3, 1}) {
@@ -221,7 +214,7 @@ TEST_P(ResumeAcrossWorlds, ResumeOnAnotherNumberOfRanks) {
     const Config cfg = config(dir);
     TrainOptions o;
     o.resume = "auto";
-    const TrainResult resumed = run(n, cfg, o);
+    const TrainResult resumed = train_on(n, cfg, o);
     ASSERT_EQ(resumed.steps.size(), 3u) << n << " ranks";
     for (size_t s = 0; s < 3; ++s)
       EXPECT_NEAR(resumed.steps[s].loss, straight.steps[s + 3].loss,
@@ -243,11 +236,7 @@ TEST(PlanInvariance, ResumeAutoWithoutACheckpointStartsFresh) {
   const Config cfg = longtail_config("dhp", 2, testing::run_dir("resume_fresh"));
   TrainOptions o;
   o.resume = "auto";
-  TrainResult r0;
-  run_threaded(2, [&](Communicator& comm) {
-    TrainResult r = train(cfg, comm, o);
-    if (comm.rank() == 0) r0 = r;
-  });
+  const TrainResult r0 = train_on(2, cfg, o);
   EXPECT_EQ(r0.steps.size(), 2u);
   EXPECT_FALSE(r0.checkpoint.empty());
 }
@@ -269,16 +258,9 @@ TEST(Zero1, MatchesReplicatedAdamW) {
       Config cfg = longtail_config("dhp", 5, dir);
       cfg.parallel.zero1 = zero == 1;
       cfg.parallel.refit = false;  // the same plans in both runs
-      TrainResult r0;
-      run_threaded(n, [&](Communicator& comm) {
-        TrainResult r = train(cfg, comm);
-        if (comm.rank() == 0) r0 = r;
-      });
+      const TrainResult r0 = train_on(n, cfg);
       for (const auto& s : r0.steps) losses[zero].push_back(s.loss);
-      auto backend = make_cpu_backend({1});
-      Model m(cfg.model, *backend);
-      load_checkpoint(r0.checkpoint, m, nullptr);
-      weights[zero] = m.download_params();
+      weights[zero] = weights_of(r0.checkpoint, cfg);
     }
     ASSERT_EQ(losses[0].size(), 5u);
     for (size_t s = 0; s < 5; ++s)
