@@ -24,13 +24,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <ctime>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_tuning.h"
@@ -44,11 +44,6 @@ namespace {
 using namespace dhp;
 using namespace dhp::cpu;
 
-double thread_seconds() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
 
 double g_min_seconds = 0.2;
 std::string g_filter;  // only rows whose "op shape" contains it (the GEMM row always runs)
@@ -56,12 +51,12 @@ std::string g_filter;  // only rows whose "op shape" contains it (the GEMM row a
 // Seconds per call of one trial: repeats until g_min_seconds of CPU time have passed.
 double trial(const std::function<void()>& f) {
   int n = 0;
-  const double t0 = thread_seconds();
+  const double t0 = thread_cpu_seconds();
   double t = t0;
   do {
     f();
     ++n;
-    t = thread_seconds();
+    t = thread_cpu_seconds();
   } while (t - t0 < g_min_seconds);
   return (t - t0) / n;
 }

@@ -6,11 +6,11 @@
 
 #include <algorithm>
 #include <bit>
-#include <ctime>
 #include <chrono>
 #include <cstdio>
 #include <string>
 
+#include "common/clock.h"
 #include "data/presets.h"
 #include "kernels/check.h"
 #include "parallel/planner.h"
@@ -61,11 +61,7 @@ void solver_table() {
   fmt::print("\n");
 }
 
-double cpu_ms() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return 1e3 * double(ts.tv_sec) + 1e-6 * double(ts.tv_nsec);
-}
+double cpu_ms() { return 1e3 * thread_cpu_seconds(); }
 
 // Wall and thread CPU time of the dhp and pow2 planners per step; the CPU time is immune to
 // other processes sharing the cores (the wall time is not, on a busy machine).

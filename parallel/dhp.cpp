@@ -419,14 +419,8 @@ std::vector<PlanGroup> barrier_groups(const BatchCosts& b, const Solution& sol, 
 // it (degree > cp) are released. By induction over the waves every start is no later than
 // its barrier start, so the makespan never exceeds the barrier schedule's.
 std::vector<PlanGroup> compact(std::vector<PlanGroup> groups, int n) {
-  std::vector<int64_t> free_at(size_t(n), 0);
-  for (PlanGroup& g : groups) {  // in wave order
-    g.degree = g.cp;
-    int64_t start = 0;
-    for (int r = g.first_rank; r < g.first_rank + g.cp; ++r) start = std::max(start, free_at[r]);
-    g.start_ns = start;
-    for (int r = g.first_rank; r < g.first_rank + g.cp; ++r) free_at[r] = start + g.time_ns;
-  }
+  for (PlanGroup& g : groups) g.degree = g.cp;
+  retime_asap(groups, n);  // in wave order
   return groups;
 }
 

@@ -21,6 +21,19 @@ std::vector<std::pair<int64_t, int64_t>> zigzag_ranges(int64_t length, int c, in
   return out;
 }
 
+int64_t retime_asap(std::vector<PlanGroup>& groups, int world) {
+  std::vector<int64_t> free_at(size_t(world), 0);
+  int64_t makespan = 0;
+  for (PlanGroup& g : groups) {
+    int64_t start = 0;
+    for (int r = g.first_rank; r < g.first_rank + g.degree; ++r) start = std::max(start, free_at[size_t(r)]);
+    g.start_ns = start;
+    for (int r = g.first_rank; r < g.first_rank + g.degree; ++r) free_at[size_t(r)] = start + g.time_ns;
+    makespan = std::max(makespan, start + g.time_ns);
+  }
+  return makespan;
+}
+
 Plan::Plan(std::string strategy, int world, std::vector<SeqShape> seqs, std::vector<PlanGroup> groups,
            int64_t lower_bound_ns, std::string candidate)
     : strategy_(std::move(strategy)), candidate_(std::move(candidate)), world_(world), seqs_(std::move(seqs)), groups_(std::move(groups)) {

@@ -40,6 +40,10 @@ struct PlanGroup {
   bool operator==(const PlanGroup&) const = default;
 };
 
+// Re-times groups as soon as possible in their order: each starts when the last of its ranks
+// [first_rank, first_rank + degree) is free and lasts time_ns. Returns the makespan.
+int64_t retime_asap(std::vector<PlanGroup>& groups, int world);
+
 // The zigzag ranges of ring rank i of c for a sequence of L tokens (empty chunks omitted).
 std::vector<std::pair<int64_t, int64_t>> zigzag_ranges(int64_t length, int c, int i);
 

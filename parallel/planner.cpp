@@ -292,15 +292,7 @@ std::vector<PlanGroup> merge_runs(const BatchCosts& b, std::vector<PlanGroup> gr
     if (!dead[g]) out.push_back(std::move(groups[g]));
   // Re-time as soon as possible in the same order per rank: times only went down, so by
   // induction no start moves later.
-  std::vector<int64_t> free_at(size_t(world), 0);
-  *makespan = 0;
-  for (PlanGroup& g : out) {
-    int64_t start = 0;
-    for (int r = g.first_rank; r < g.first_rank + g.degree; ++r) start = std::max(start, free_at[r]);
-    g.start_ns = start;
-    for (int r = g.first_rank; r < g.first_rank + g.degree; ++r) free_at[r] = start + g.time_ns;
-    *makespan = std::max(*makespan, start + g.time_ns);
-  }
+  *makespan = retime_asap(out, world);
   sort_by_start(out);
   return out;
 }

@@ -1,13 +1,12 @@
 #include "parallel/ring_attention.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <set>
 
+#include "common/clock.h"
 #include "kernels/check.h"
 
 namespace dhp {
@@ -20,12 +19,6 @@ constexpr int kPrepareTag = 30000;
 // in order, so wrapping only needs distinct tags among layers in flight at once.
 constexpr int kLayerTags = 7000;
 enum Stream { kK = 0, kV = 1, kDK = 2, kDV = 3 };
-
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
 
 }  // namespace
 

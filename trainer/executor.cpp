@@ -1,22 +1,15 @@
 #include "trainer/executor.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <chrono>
 #include <memory>
 
+#include "common/clock.h"
 #include "data/pack.h"
 #include "kernels/check.h"
 
 namespace dhp {
 namespace {
-
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
 
 using Clock = std::chrono::steady_clock;
 

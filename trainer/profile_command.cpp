@@ -6,7 +6,6 @@
 // prior) can use. Ring transfer and latency need more than one rank: they keep their prior.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +15,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "common/clock.h"
 #include "kernels/check.h"
 #include "kernels/backend.h"
 #include "model/model.h"
@@ -70,11 +70,6 @@ Batch make_batch(const ModelConfig& cfg, const Shape& sh, uint64_t seed) {
   return b;
 }
 
-double thread_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
 
 std::vector<Shape> shapes(const ModelConfig& cfg, bool quick) {
   const int m = cfg.vision.merge;
@@ -111,11 +106,11 @@ void run_profile(const ProfileOptions& o) {
     std::vector<double> t;
     for (int r = 0; r < o.repeats; ++r) {
       const auto w0 = std::chrono::steady_clock::now();
-      const double c0 = thread_seconds();
+      const double c0 = thread_cpu_seconds();
       model.step(b, 1.0f / float(std::max<int64_t>(1, b.loss_tokens())), true);
       const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
       // One thread: the thread's own CPU time, immune to other processes on the machine.
-      t.push_back(o.threads == 1 ? thread_seconds() - c0 : wall);
+      t.push_back(o.threads == 1 ? thread_cpu_seconds() - c0 : wall);
     }
     std::sort(t.begin(), t.end());
     TimingObservation ob;

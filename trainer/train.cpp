@@ -194,25 +194,13 @@ StepWork Run::plan(int64_t step, const Planner& planner) const {
 }
 
 // The plan's schedule replayed with measured group times: each rank runs its groups in start
-// order and a group starts when the last of its ranks is free.
+// order (the plan's order) and a group starts when the last of its ranks is free.
 double rebuilt_makespan(const Plan& plan, const std::vector<double>& seconds) {
-  std::vector<double> free_at(size_t(plan.world()), 0.0);
-  std::vector<int> order(plan.groups().size());
-  for (size_t g = 0; g < order.size(); ++g) order[g] = int(g);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return plan.groups()[size_t(a)].start_ns < plan.groups()[size_t(b)].start_ns;
-  });
-  double makespan = 0.0;
-  for (int g : order) {
-    const PlanGroup& grp = plan.groups()[size_t(g)];
-    double start = 0.0;
-    for (int r = grp.first_rank; r < grp.first_rank + grp.degree; ++r)
-      start = std::max(start, free_at[size_t(r)]);
-    const double end = start + seconds[size_t(g)];
-    for (int r = grp.first_rank; r < grp.first_rank + grp.degree; ++r) free_at[size_t(r)] = end;
-    makespan = std::max(makespan, end);
-  }
-  return makespan;
+  std::vector<PlanGroup> groups = plan.groups();
+  for (size_t g = 0; g < groups.size(); ++g) groups[g].time_ns = int64_t(seconds[g] * 1e9 + 0.5);
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const PlanGroup& x, const PlanGroup& y) { return x.start_ns < y.start_ns; });
+  return double(retime_asap(groups, plan.world())) * 1e-9;
 }
 
 void Run::learn_costs(const StepWork& work, StepRecord& rec) {
