@@ -26,6 +26,11 @@ struct Batch {
   std::vector<float> patches;         // (P, p*p*3) normalised pixels, channel fastest
   std::vector<PackedImage> images;    // images in order; merged tokens follow this order
   std::vector<int64_t> sample_ids;    // dataset index of each document of the pack
+  // -1: image_slot numbers this pack's own merged tokens. Otherwise image_slot numbers the
+  // rows of a buffer of this many image tokens that other ranks encode and send (a ring
+  // group's images are each encoded on one rank), and `images` are the images this rank
+  // encodes for the group, whoever holds their tokens.
+  int64_t image_rows = -1;
 
   int64_t n_patches() const;
   int64_t loss_tokens() const;        // number of targets >= 0

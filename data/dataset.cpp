@@ -130,25 +130,34 @@ const std::string& JsonlDataset::name(int64_t i) const {
   return entries_[size_t(i)].name;
 }
 
-Sample JsonlDataset::load_range(int64_t i, int64_t begin, int64_t end, bool blank_images) const {
+StoredLayout JsonlDataset::stored_layout(int64_t i) const {
+  const Entry& e = entries_[size_t(i)];
+  StoredLayout s;
+  s.layout = layout_.data() + e.layout_begin;
+  s.loss = layout_loss_.data() + e.layout_begin;
+  s.n = e.layout_end - e.layout_begin;
+  s.image_tokens.assign(image_tokens_.begin() + e.image_begin, image_tokens_.begin() + e.image_end);
+  return s;
+}
+
+std::vector<ImageSpan> JsonlDataset::image_spans(int64_t i) const {
+  DHP_ASSERT(i >= 0 && i < size());
+  return dhp::image_spans(stored_layout(i));
+}
+
+Sample JsonlDataset::load_range(int64_t i, int64_t begin, int64_t end, ImageLoad images) const {
   DHP_ASSERT(i >= 0 && i < size());
   const Entry& e = entries_[size_t(i)];
   DHP_CHECK(begin >= 0 && begin <= end && end <= e.length,
             "token range [{}, {}) is outside sample {}'s {} tokens", begin, end, i, e.length);
   return guarded_load(i, begin, end, skip_, [&] {
-    StoredLayout s;
-    s.layout = layout_.data() + e.layout_begin;
-    s.loss = layout_loss_.data() + e.layout_begin;
-    s.n = e.layout_end - e.layout_begin;
-    s.image_tokens.assign(image_tokens_.begin() + e.image_begin,
-                          image_tokens_.begin() + e.image_end);
     auto decode = [&](int64_t k) {
       const std::string& path = image_paths_[size_t(e.image_begin + k)];
       const std::vector<uint8_t> bytes = read_image_file(path);
       const cv::Mat bgr = decode_image(bytes.data(), bytes.size(), path);
       return prepare_checked(bgr, image_sizes_[size_t(e.image_begin + k)], path, geometry_);
     };
-    return expand_layout(s, begin, end, decode, geometry_.merge, blank_images);
+    return expand_layout(stored_layout(i), begin, end, decode, geometry_.merge, images);
   });
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "data/image.h"
+#include "data/layout.h"
 #include "data/sample.h"
 #include "data/manifest.h"
 #include "data/image_geometry.h"
@@ -41,10 +42,18 @@ class Dataset {
   // indexing (a vanished or corrupt image, a damaged shard) it throws dhp::Error naming the
   // sample in on_error = "fail" mode, and in "skip" mode warns and returns
   // placeholder_sample(). Thread-safe: the loader's workers call it concurrently.
-  virtual Sample load_range(int64_t i, int64_t begin, int64_t end, bool blank_images) const = 0;
+  virtual Sample load_range(int64_t i, int64_t begin, int64_t end, ImageLoad images) const = 0;
+  Sample load_range(int64_t i, int64_t begin, int64_t end, bool blank_images) const {
+    return load_range(i, begin, end, blank_images ? ImageLoad::Blank : ImageLoad::Decode);
+  }
   Sample load(int64_t i, bool blank_images) const {
     return load_range(i, 0, length(i), blank_images);
   }
+  // Where sample i's images lie (image order), without decoding any. Reads the sample's text
+  // where the index does not hold it (shards); when that text went bad it returns no spans in
+  // on_error = "skip" mode (every load of the sample then gives a placeholder, which has no
+  // image tokens either) and throws in "fail" mode.
+  virtual std::vector<ImageSpan> image_spans(int64_t i) const = 0;
   // Loads that came back as placeholders (skip mode).
   int64_t bad_loads() const { return bad_loads_.load(); }
 
@@ -77,9 +86,12 @@ class JsonlDataset final : public Dataset {
   const std::string& name(int64_t i) const override;  // the manifest's "id" (or "line N")
   // Skipped lines by reason ("invalid json", "missing image", ...: see manifest.h).
   const std::map<std::string, int64_t>& skipped() const override { return skipped_; }
-  Sample load_range(int64_t i, int64_t begin, int64_t end, bool blank_images) const override;
+  using Dataset::load_range;
+  Sample load_range(int64_t i, int64_t begin, int64_t end, ImageLoad images) const override;
+  std::vector<ImageSpan> image_spans(int64_t i) const override;
 
  private:
+  StoredLayout stored_layout(int64_t i) const;
   struct Entry {
     std::string name;
     int64_t layout_begin = 0, layout_end = 0;  // range of layout_/layout_loss_

@@ -14,29 +14,34 @@ int64_t full_length(const StoredLayout& s) {
   return L;
 }
 
-Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
-                     const std::function<PreparedImage(int64_t)>& decode, int merge,
-                     bool blank_images) {
-  const int64_t L = full_length(s);
-  DHP_CHECK(begin >= 0 && begin <= end && end <= L,
-            "token range [{}, {}) is outside the sample's {} tokens", begin, end, L);
-  // Pass 1: where each image's tokens lie, to pick the images the range needs.
-  const int64_t n_images = int64_t(s.image_tokens.size());
-  std::vector<int64_t> first_token(size_t(n_images), 0);  // position of its first image token
-  int64_t t = 1;
+std::vector<ImageSpan> image_spans(const StoredLayout& s) {
+  std::vector<ImageSpan> spans(s.image_tokens.size());
+  int64_t t = 1;  // after <bos>
   for (int64_t i = 0; i < s.n; ++i) {
     const int32_t v = s.layout[i];
     if (v >= 0) {
       ++t;
       continue;
     }
-    const int64_t k = -v - 1;
-    first_token[size_t(k)] = t + 1;
-    t += 2 + s.image_tokens[size_t(k)];
+    const size_t k = size_t(-v - 1);
+    spans[k] = {t + 1, s.image_tokens[k]};  // after <img>
+    t += 2 + s.image_tokens[k];
   }
+  return spans;
+}
+
+Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
+                     const std::function<PreparedImage(int64_t)>& decode, int merge,
+                     ImageLoad images) {
+  const int64_t L = full_length(s);
+  DHP_CHECK(begin >= 0 && begin <= end && end <= L,
+            "token range [{}, {}) is outside the sample's {} tokens", begin, end, L);
+  // Pass 1: where each image's tokens lie, to pick the images the range needs.
+  const int64_t n_images = int64_t(s.image_tokens.size());
+  const std::vector<ImageSpan> spans = image_spans(s);
   int64_t k_first = n_images, k_last = -1;
   for (int64_t k = 0; k < n_images; ++k) {
-    const int64_t a = first_token[size_t(k)], b = a + s.image_tokens[size_t(k)];
+    const int64_t a = spans[size_t(k)].first, b = a + spans[size_t(k)].tokens;
     if (begin < end && a < end && b > begin) k_first = std::min(k_first, k), k_last = std::max(k_last, k);
   }
 
@@ -44,14 +49,15 @@ Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
   out.begin = begin;
   out.full_length = L;
   out.first_image = k_first <= k_last ? int32_t(k_first) : 0;
-  if (k_first <= k_last) out.first_image_token = std::max<int64_t>(0, begin - first_token[size_t(k_first)]);
-  for (int64_t k = k_first; k <= k_last; ++k) {
+  if (k_first <= k_last) out.first_image_token = std::max<int64_t>(0, begin - spans[size_t(k_first)].first);
+  out.images_elsewhere = images == ImageLoad::Skip;
+  for (int64_t k = k_first; k <= k_last && !out.images_elsewhere; ++k) {
     PreparedImage im = decode(k);
     const int64_t got = int64_t(im.grid_h / merge) * (im.grid_w / merge);
     DHP_CHECK(got == s.image_tokens[size_t(k)],
               "image {} decodes to {} tokens ({}x{} patches) but its stored size gives {}", k,
               got, im.grid_h, im.grid_w, s.image_tokens[size_t(k)]);
-    if (blank_images) blank(im);
+    if (images == ImageLoad::Blank) blank(im);
     out.images.push_back(std::move(im));
   }
 
@@ -60,7 +66,7 @@ Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
   out.tokens.reserve(cap);
   out.loss_mask.reserve(cap);
   out.image_of.reserve(cap);
-  t = 0;
+  int64_t t = 0;
   auto put = [&](int32_t tok, uint8_t loss, int32_t img) {
     if (t >= begin && t < end) {
       out.tokens.push_back(tok);

@@ -21,12 +21,16 @@ struct StoredLayout {
 // Decoder tokens of the whole document: <bos> ... <eos> with <img> n_k </img> per image.
 int64_t full_length(const StoredLayout& s);
 
+// Where each image's tokens lie in the document, in image order.
+std::vector<ImageSpan> image_spans(const StoredLayout& s);
+
 // Tokens [begin, end) of the document. `decode(k)` is called only for the images whose image
-// tokens overlap the range; a decoded grid that disagrees with the predicted token count
-// throws dhp::Error (the stored size does not describe the stored pixels).
+// tokens overlap the range (none with ImageLoad::Skip); a decoded grid that disagrees with the
+// predicted token count throws dhp::Error (the stored size does not describe the stored
+// pixels).
 Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
                      const std::function<PreparedImage(int64_t)>& decode, int merge,
-                     bool blank_images);
+                     ImageLoad images);
 
 // Tokens [begin, end) cut out of an already loaded full sample, with the same conventions
 // as expand_layout (images are the whole images whose tokens overlap the range).

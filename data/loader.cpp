@@ -30,7 +30,7 @@ int64_t BatchLoader::pending() const {
 void BatchLoader::submit(const std::vector<int64_t>& ids, bool blank_images) {
   std::vector<Piece> pieces;
   pieces.reserve(ids.size());
-  for (int64_t id : ids) pieces.push_back({id, 0, -1});
+  for (int64_t id : ids) pieces.push_back({id, 0, -1, false});
   submit(std::move(pieces), blank_images);
 }
 
@@ -38,7 +38,8 @@ Sample BatchLoader::load(const Piece& p, bool blank) const {
   DHP_CHECK(p.sample >= 0 && p.sample < dataset_.size(), "loader: sample {} is not in 0..{}",
             p.sample, dataset_.size() - 1);
   const int64_t end = p.end < 0 ? dataset_.length(p.sample) : p.end;
-  return dataset_.load_range(p.sample, p.begin, end, blank);
+  const ImageLoad images = p.text_only ? ImageLoad::Skip : blank ? ImageLoad::Blank : ImageLoad::Decode;
+  return dataset_.load_range(p.sample, p.begin, end, images);
 }
 
 void BatchLoader::submit(std::vector<Piece> pieces, bool blank_images) {

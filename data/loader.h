@@ -18,10 +18,13 @@
 namespace dhp {
 
 // Tokens [begin, end) of sample `sample`; end = -1 means to the end of the sample.
+// text_only: leave the range's images undecoded (ImageLoad::Skip), because another rank of
+// the piece's ring encodes them.
 struct Piece {
   int64_t sample = 0;
   int64_t begin = 0;
   int64_t end = -1;
+  bool text_only = false;
 };
 
 class BatchLoader {

@@ -6,6 +6,18 @@
 
 namespace dhp {
 
+void append_image(Batch& b, const PreparedImage& im, const ImageGeometry& v) {
+  const int64_t pn = v.patch_numel();
+  DHP_ASSERT(int64_t(im.patches.size()) == im.n_patches() * pn);
+  DHP_ASSERT(im.grid_h % v.merge == 0 && im.grid_w % v.merge == 0);
+  PackedImage pi;
+  pi.patch_offset = int64_t(b.patches.size()) / pn;
+  pi.grid_h = im.grid_h;
+  pi.grid_w = im.grid_w;
+  b.images.push_back(pi);
+  b.patches.insert(b.patches.end(), im.patches.begin(), im.patches.end());
+}
+
 Batch pack(const std::vector<const Sample*>& samples, const ImageGeometry& v) {
   Batch b;
   int64_t T = 0, P = 0;
@@ -32,14 +44,7 @@ Batch pack(const std::vector<const Sample*>& samples, const ImageGeometry& v) {
     std::vector<int64_t> first(s.images.size());
     for (size_t k = 0; k < s.images.size(); ++k) {
       const PreparedImage& im = s.images[k];
-      DHP_ASSERT(int64_t(im.patches.size()) == im.n_patches() * pn);
-      DHP_ASSERT(im.grid_h % v.merge == 0 && im.grid_w % v.merge == 0);
-      PackedImage pi;
-      pi.patch_offset = int64_t(b.patches.size()) / pn;
-      pi.grid_h = im.grid_h;
-      pi.grid_w = im.grid_w;
-      b.images.push_back(pi);
-      b.patches.insert(b.patches.end(), im.patches.begin(), im.patches.end());
+      append_image(b, im, v);
       first[k] = slot_base;
       slot_base += im.n_patches() / (int64_t(v.merge) * v.merge);
     }
@@ -56,7 +61,7 @@ Batch pack(const std::vector<const Sample*>& samples, const ImageGeometry& v) {
       b.doc.push_back(int32_t(d));
       b.pos.push_back(int32_t(s.begin + t));  // RoPE positions count from the document start
       const int32_t k = s.image_of[size_t(t)];
-      if (k < 0) {
+      if (k < 0 || s.images_elsewhere) {
         b.image_slot.push_back(-1);
       } else {
         DHP_ASSERT(size_t(k) < s.images.size());
@@ -64,6 +69,7 @@ Batch pack(const std::vector<const Sample*>& samples, const ImageGeometry& v) {
       }
     }
     // A whole document uses every merged token of its images once; a piece may stop early.
+    if (s.images_elsewhere) continue;
     const bool whole = s.begin == 0 && (s.full_length == 0 || L == s.full_length);
     for (size_t k = 0; k < s.images.size(); ++k) {
       const int64_t n = s.images[k].n_patches() / (int64_t(v.merge) * v.merge);

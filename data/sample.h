@@ -25,6 +25,21 @@ struct Sample {
   int32_t next_target = -1;            // the document's token at begin + L when it carries
                                        // loss (the last token's target), else -1
   bool skipped = false;                // its data went bad: placeholder_sample() in layout.h
+  bool images_elsewhere = false;       // loaded with ImageLoad::Skip: image tokens are placed,
+                                       // `images` is empty (another rank encodes them)
+};
+
+// What a load does with the images whose tokens overlap the range.
+enum class ImageLoad {
+  Decode,  // decode them into Sample::images
+  Blank,   // decode them, then zero the pixels (evaluation without images)
+  Skip,    // leave them out: the range's image tokens come from another rank's encoder
+};
+
+// Where one image's merged tokens lie in its document.
+struct ImageSpan {
+  int64_t first = 0;   // decoder position of its first image token
+  int64_t tokens = 0;  // merged tokens (its patches / merge²)
 };
 
 }  // namespace dhp

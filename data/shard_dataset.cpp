@@ -19,8 +19,6 @@
 
 namespace dhp {
 
-namespace {
-
 namespace fs = std::filesystem;
 
 // Shards store little-endian integers and are read back as raw bytes.
@@ -56,6 +54,8 @@ class ShardFile {
   std::string path_;
   int fd_ = -1;
 };
+
+namespace {
 
 std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
 
@@ -141,7 +141,53 @@ const std::string& ShardDataset::name(int64_t i) const {
   return names_[size_t(i)];
 }
 
-Sample ShardDataset::load_range(int64_t i, int64_t begin, int64_t end, bool blank_images) const {
+std::string ShardDataset::shard_path(int64_t i) const {
+  return (fs::path(dir_) / shard_file_name(x_.shard[size_t(rows_[size_t(i)])])).string();
+}
+
+void ShardDataset::read_text(int64_t i, const ShardFile& f, Text& out) const {
+  const int64_t row = rows_[size_t(i)];
+  const int64_t* ext = &x_.extents[size_t(x_.shard[size_t(row)] * kExtentCols)];
+  const int64_t lb = x_.at(row, kLayoutBegin), n = x_.at(row, kLayoutEnd) - lb;
+  out.layout.resize(size_t(n));
+  out.loss.resize(size_t(n));
+  if (n > 0) {
+    f.read(out.layout.data(), n * 4, ext[kLayoutOffset] + lb * 4);
+    f.read(out.loss.data(), n, ext[kLossOffset] + lb);
+  }
+  uint64_t sum = fnv1a(out.layout.data(), out.layout.size() * sizeof(int32_t));
+  sum = fnv1a(out.loss.data(), out.loss.size(), sum);
+  DHP_CHECK(int64_t(sum) == x_.at(row, kTextChecksum),
+            "shard '{}': the text of manifest line {} fails its checksum (damaged shard)",
+            shard_path(i), x_.at(row, kLine));
+  const int64_t ib = x_.at(row, kImageBegin), n_img = x_.at(row, kImageEnd) - ib;
+  out.view.layout = out.layout.data();
+  out.view.loss = out.loss.data();
+  out.view.n = n;
+  out.view.image_tokens.assign(image_tokens_.begin() + ib, image_tokens_.begin() + ib + n_img);
+  const int64_t L_stored = full_length(out.view);
+  DHP_CHECK(L_stored == length(i), "shard '{}': manifest line {} lays out {} tokens, the index says {}",
+            shard_path(i), x_.at(row, kLine), L_stored, length(i));
+}
+
+std::vector<ImageSpan> ShardDataset::image_spans(int64_t i) const {
+  DHP_ASSERT(i >= 0 && i < size());
+  if (images(i) == 0) return {};
+  std::vector<ImageSpan> spans;
+  // Under the on_error policy of load_range: a sample whose text went bad loads as a
+  // placeholder, so it has no image tokens to place.
+  const Sample s = guarded_load(i, 0, 0, skip_, [&] {
+    const int64_t shard = x_.shard[size_t(rows_[size_t(i)])];
+    const ShardFile f(shard_path(i), x_.extents[size_t(shard * kExtentCols + kFileSize)]);
+    Text text;
+    read_text(i, f, text);
+    spans = dhp::image_spans(text.view);
+    return Sample{};
+  });
+  return s.skipped ? std::vector<ImageSpan>{} : spans;
+}
+
+Sample ShardDataset::load_range(int64_t i, int64_t begin, int64_t end, ImageLoad images) const {
   DHP_ASSERT(i >= 0 && i < size());
   const int64_t L = length(i);
   DHP_CHECK(begin >= 0 && begin <= end && end <= L,
@@ -150,31 +196,11 @@ Sample ShardDataset::load_range(int64_t i, int64_t begin, int64_t end, bool blan
     const int64_t row = rows_[size_t(i)];
     const int64_t shard = x_.shard[size_t(row)];
     const int64_t* ext = &x_.extents[size_t(shard * kExtentCols)];
-    const std::string path = (fs::path(dir_) / shard_file_name(shard)).string();
+    const std::string path = shard_path(i);
     const ShardFile f(path, ext[kFileSize]);
-
-    const int64_t lb = x_.at(row, kLayoutBegin), n = x_.at(row, kLayoutEnd) - lb;
-    std::vector<int32_t> layout(static_cast<size_t>(n));
-    std::vector<uint8_t> loss(static_cast<size_t>(n));
-    if (n > 0) {
-      f.read(layout.data(), n * 4, ext[kLayoutOffset] + lb * 4);
-      f.read(loss.data(), n, ext[kLossOffset] + lb);
-    }
-    uint64_t sum = fnv1a(layout.data(), layout.size() * sizeof(int32_t));
-    sum = fnv1a(loss.data(), loss.size(), sum);
-    DHP_CHECK(int64_t(sum) == x_.at(row, kTextChecksum),
-              "shard '{}': the text of manifest line {} fails its checksum (damaged shard)", path,
-              x_.at(row, kLine));
-
-    const int64_t ib = x_.at(row, kImageBegin), n_img = x_.at(row, kImageEnd) - ib;
-    StoredLayout s;
-    s.layout = layout.data();
-    s.loss = loss.data();
-    s.n = n;
-    s.image_tokens.assign(image_tokens_.begin() + ib, image_tokens_.begin() + ib + n_img);
-    const int64_t L_stored = full_length(s);
-    DHP_CHECK(L_stored == L, "shard '{}': manifest line {} lays out {} tokens, the index says {}",
-              path, x_.at(row, kLine), L_stored, L);
+    Text text;
+    read_text(i, f, text);
+    const int64_t ib = x_.at(row, kImageBegin);
     auto decode = [&](int64_t k) {
       const int64_t g = ib + k;
       const int64_t a = x_.image(g, kByteBegin), b = x_.image(g, kByteEnd);
@@ -189,7 +215,7 @@ Sample ShardDataset::load_range(int64_t i, int64_t begin, int64_t end, bool blan
       return prepare_checked(bgr, {int(x_.image(g, kHeight)), int(x_.image(g, kWidth))}, what,
                              geometry_);
     };
-    return expand_layout(s, begin, end, decode, geometry_.merge, blank_images);
+    return expand_layout(text.view, begin, end, decode, geometry_.merge, images);
   });
 }
 

@@ -14,6 +14,8 @@
 
 namespace dhp {
 
+class ShardFile;  // one open shard, for the duration of a load
+
 class ShardDataset final : public Dataset {
  public:
   // Throws dhp::Error when the folder holds no complete build, or when `tokenizer` is not the
@@ -33,12 +35,23 @@ class ShardDataset final : public Dataset {
   const std::string& name(int64_t i) const override;
   // The build's skipped lines by reason, plus the samples this open filtered out.
   const std::map<std::string, int64_t>& skipped() const override { return skipped_; }
-  Sample load_range(int64_t i, int64_t begin, int64_t end, bool blank_images) const override;
+  using Dataset::load_range;
+  Sample load_range(int64_t i, int64_t begin, int64_t end, ImageLoad images) const override;
+  std::vector<ImageSpan> image_spans(int64_t i) const override;
 
   const ShardIndex& index() const { return x_; }
   int64_t index_row(int64_t i) const { return rows_[size_t(i)]; }
 
  private:
+  // Sample i's stored text, checked against its checksum and its indexed length.
+  struct Text {
+    std::vector<int32_t> layout;
+    std::vector<uint8_t> loss;
+    StoredLayout view;  // points into layout and loss
+  };
+  std::string shard_path(int64_t i) const;
+  void read_text(int64_t i, const ShardFile& f, Text& out) const;
+
   std::string dir_;
   ShardIndex x_;
   ImageGeometry geometry_;

@@ -18,14 +18,15 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
 
   ids_.resize(T);
   blk_.assign(T, -1);
-  slot_seen_.assign(N, 0);
+  const int64_t R = b.image_rows >= 0 ? b.image_rows : N;
+  slot_seen_.assign(R, 0);
   for (int64_t t = 0; t < T; ++t) {
     DHP_CHECK(b.tokens[t] < V && b.targets[t] < V,
               "token id {} at position {} is outside the model's vocabulary ({}): does "
               "model.vocab_size match the tokenizer?",
               std::max(b.tokens[t], b.targets[t]), t, V);
     const int32_t s = b.image_slot[t];
-    DHP_ASSERT(s < N && (s < 0 || !slot_seen_[s]));
+    DHP_ASSERT(s < R && (s < 0 || !slot_seen_[s]));
     if (s >= 0) slot_seen_[s] = 1;
     ids_[t] = s >= 0 ? -1 : b.tokens[t];
   }
@@ -83,7 +84,7 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
   up(prow, patch_row_);
   up(pcol, patch_col_);
   up(merge, merge_);
-  d = DeviceBatch{T, P, N, int(merge_.size()), b.loss_tokens(), ids, targets, doc, pos, blk,
+  d = DeviceBatch{T, P, N, R, int(merge_.size()), b.loss_tokens(), ids, targets, doc, pos, blk,
                   slot, patches, pimg, pzero, prow, pcol, merge};
   return d;
 }

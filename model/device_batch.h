@@ -15,7 +15,8 @@ namespace dhp {
 struct DeviceBatch {
   int64_t T = 0;            // decoder tokens
   int64_t P = 0;            // patches
-  int64_t N = 0;            // merged image tokens (P / m²)
+  int64_t N = 0;            // merged image tokens (P / m²) this pack encodes
+  int64_t R = 0;            // image token rows image_slot indexes: N, or Batch::image_rows
   int n_images = 0;
   int64_t loss_tokens = 0;  // targets >= 0 (host count)
   // Decoder, (T) each.

@@ -78,7 +78,7 @@ void Model::upload_params(const std::vector<float>& host) {
 
 void Model::zero_grads() { backend_.zero(grads_.data(), grads_.bytes()); }
 
-void Model::carve(int64_t T, int64_t P, int64_t N, bool backward) {
+void Model::carve(int64_t T, int64_t P, int64_t N, int64_t R, bool backward) {
   const int64_t d = cfg_.dim, V = cfg_.vocab_size, rows = std::min(T, kLogitRows);
   arena_.carve([&](Carver& c) {
     vision_.carve(c, P, N, backward);
@@ -92,15 +92,17 @@ void Model::carve(int64_t T, int64_t P, int64_t N, bool backward) {
     scratch_ = carve_block_scratch(c, dims_, T);
     dxf_ = c.take<float>(T * d);
     dx_ = c.take<float>(T * d);
+    drows_ = c.take<float>(R * d);
   });
 }
 
-void Model::forward_hidden(const DeviceBatch& b, Attention& attn) {
+void Model::forward_hidden(const DeviceBatch& b, Attention& attn, ImageRoute* route) {
   const int64_t T = b.T, d = cfg_.dim;
   vision_.forward(p_, b);
   // Decoder input: token embeddings, with the image tokens dropped into their positions.
   ops_.embedding_forward(stream(0), b.ids, p_.tok_embed, T, d);
-  if (b.N > 0) ops_.scatter_rows(stream(0), vision_.tokens(), b.image_slot, T, d);
+  const float* image_rows = route ? route->forward(vision_.tokens(), d) : vision_.tokens();
+  if (b.R > 0) ops_.scatter_rows(stream(0), image_rows, b.image_slot, T, d);
   // Causal within each document by position; doc keeps packed documents apart.
   attn.prepare(b.decoder_meta(), T);
   const RopePos rope{b.pos, nullptr, nullptr};
@@ -109,11 +111,13 @@ void Model::forward_hidden(const DeviceBatch& b, Attention& attn) {
   ops_.rmsnorm_forward(xf_, rstd_, x_final_, p_.final_norm, T, d);
 }
 
-void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention* attn_in) {
+void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention* attn_in,
+                ImageRoute* route) {
   const int64_t T = b.T, d = cfg_.dim, V = cfg_.vocab_size;
   Attention& attn = attn_in ? *attn_in : local_attn_;
-  carve(T, b.P, b.N, backward);
-  forward_hidden(b, attn);
+  DHP_ASSERT(route ? route->rows() == b.R : b.R == b.N);
+  carve(T, b.P, b.N, route ? b.R : 0, backward);
+  forward_hidden(b, attn, route);
 
   // Logits, loss and (when training) their gradient chunk by chunk, so the full (T, V)
   // matrix is never held.
@@ -136,11 +140,17 @@ void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention
     block_backward(ops_, dims_, p_.layers[l], g_.layers[l], acts_[l], scratch_, dx_, T, rope,
                    attn, l);
   ops_.embedding_backward(g_.tok_embed, dx_, b.ids, T, d);
-  if (b.N == 0) return;
-  // A piece of a sequence may hold only some of an image's tokens: the others get no gradient.
-  ops_.fill(vision_.dtokens(), 0.0f, b.N * d);
-  ops_.gather_rows(vision_.dtokens(), dx_, b.image_slot, T, d);
-  vision_.backward(p_, g_, b);
+  if (route) {
+    // Every routed row is held by exactly one position of this pack.
+    ops_.gather_rows(drows_, dx_, b.image_slot, T, d);
+    route->backward(vision_.dtokens(), drows_, d);
+  } else if (b.N > 0) {
+    // A piece of a sequence may hold only some of an image's tokens: the others get no
+    // gradient.
+    ops_.fill(vision_.dtokens(), 0.0f, b.N * d);
+    ops_.gather_rows(vision_.dtokens(), dx_, b.image_slot, T, d);
+  }
+  if (b.N > 0) vision_.backward(p_, g_, b);
 }
 
 StepStats Model::take_stats() {
@@ -167,8 +177,8 @@ std::vector<int32_t> Model::generate(const Batch& prompt, int32_t eos, const Sam
   std::vector<float> logits(V);                                    // (V) on the host
   std::vector<int32_t> out;
   const DeviceBatch& first = upload(prompt);
-  carve(first.T, first.P, first.N, false);
-  forward_hidden(first, cache);
+  carve(first.T, first.P, first.N, 0, false);
+  forward_hidden(first, cache, nullptr);
   int64_t last = prompt.T - 1;
   for (;;) {
     ops_.linear_forward(logits_dev.as<float>(), xf_ + last * d, p_.lm_head, nullptr, 1, d, V);
@@ -186,8 +196,8 @@ std::vector<int32_t> Model::generate(const Batch& prompt, int32_t eos, const Sam
     one.pos = {int32_t(cache.len())};
     one.image_slot = {-1};
     const DeviceBatch& next = upload(one);
-    carve(1, 0, 0, false);
-    forward_hidden(next, cache);
+    carve(1, 0, 0, 0, false);
+    forward_hidden(next, cache, nullptr);
     last = 0;
   }
   return out;

@@ -14,6 +14,7 @@
 #include "model/block.h"
 #include "model/config.h"
 #include "model/device_batch.h"
+#include "kernels/image_route.h"
 #include "model/params.h"
 #include "model/vision.h"
 
@@ -62,8 +63,10 @@ class Model {
   // buffer. With backward = true it also back-propagates d(loss)/d(logit) scaled by
   // loss_scale (1 / the number of loss targets of the whole global batch, so that
   // accumulated gradients are those of the mean loss) and accumulates the parameter
-  // gradients. `attn` is the decoder's attention (null: local attention over the pack).
-  void run(const DeviceBatch& b, float loss_scale, bool backward, Attention* attn = nullptr);
+  // gradients. `attn` is the decoder's attention (null: local attention over the pack);
+  // `route` brings image tokens encoded on other ranks (null: the pack's own images).
+  void run(const DeviceBatch& b, float loss_scale, bool backward, Attention* attn = nullptr,
+           ImageRoute* route = nullptr);
   // The statistics accumulated since the last call; synchronises with the device.
   StepStats take_stats();
   // upload + run + take_stats, for callers with one micro-batch at hand.
@@ -76,9 +79,9 @@ class Model {
                                 std::vector<float>* logits_out = nullptr);
 
  private:
-  void carve(int64_t T, int64_t P, int64_t N, bool backward);
+  void carve(int64_t T, int64_t P, int64_t N, int64_t R, bool backward);
   // Vision path, decoder and final norm; leaves the normed stream in xf_ (T, d).
-  void forward_hidden(const DeviceBatch& b, Attention& attn);
+  void forward_hidden(const DeviceBatch& b, Attention& attn, ImageRoute* route);
   float* stream(int layer) const { return layer < int(acts_.size()) ? acts_[layer].x_in : x_final_; }
 
   ModelConfig cfg_;
@@ -102,6 +105,7 @@ class Model {
   float* lse_ = nullptr;         // (rows)
   float* dxf_ = nullptr;         // (T, d) gradient of xf
   float* dx_ = nullptr;          // (T, d) gradient of the decoder stream
+  float* drows_ = nullptr;       // (R, d) gradient of routed image token rows
 };
 
 }  // namespace dhp

@@ -13,6 +13,9 @@
 #include "data/synth.h"
 #include "data/tokenizer.h"
 #include "kernels/check.h"
+#include "common/rng.h"
+#include "parallel/cost_model.h"
+#include "parallel/image_exchange.h"
 #include "parallel/threaded_comm.h"
 #include "tests/train_fixture.h"
 #include "trainer/checkpoint.h"
@@ -74,6 +77,9 @@ struct StepResult {
   std::vector<float> grads;
   int max_cp = 0;
   std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> covered;  // sample -> ranges
+  int64_t batch_images = 0;    // images of the global batch
+  int64_t images_encoded = 0;  // summed over ranks
+  int64_t routed_groups = 0;   // ring groups whose images moved between ranks (over ranks)
 };
 
 // One training step's forward and backward over the first batch on n ranks; gradients and
@@ -100,6 +106,8 @@ StepResult one_step(int n, const std::string& strategy) {
     comm.all_reduce_sum(model.grads(), model.n_params());
     comm.all_reduce_sum(&loss, 1);
     std::lock_guard lk(mu);
+    out.images_encoded += exec.last_images_encoded();
+    for (const auto& g : work.mine) out.routed_groups += g.routed;
     for (const auto& g : work.mine)
       for (const auto& p : g.pieces) out.covered[p.sample].push_back({p.begin, p.end});
     if (comm.rank() != 0) return;
@@ -108,6 +116,7 @@ StepResult one_step(int n, const std::string& strategy) {
     for (const auto& g : work.plan.groups()) out.max_cp = std::max(out.max_cp, g.cp);
     // Every sample of the batch, once: its pieces over all ranks tile [0, length).
     for (int64_t id : ids) DHP_CHECK(data->length(id) > 0, "sample {} is empty", id);
+    for (int64_t id : ids) out.batch_images += data->images(id);
   });
   return out;
 }
@@ -121,6 +130,7 @@ TEST_P(PlanInvariance, LossAndGradientsDoNotDependOnTheRanks) {
   double gmax = 0.0;
   for (float g : one.grads) gmax = std::max(gmax, double(std::abs(g)));
   int widest = 0;
+  int64_t routed = 0;
   for (int n = 2; n <= 6; ++n) {
     const StepResult r = one_step(n, strategy);
     widest = std::max(widest, r.max_cp);
@@ -139,10 +149,15 @@ TEST_P(PlanInvariance, LossAndGradientsDoNotDependOnTheRanks) {
       }
     }
     EXPECT_EQ(r.covered.size(), one.covered.size()) << n << " ranks";
+    // Every image once: a ring group encodes each of its images on one rank only.
+    EXPECT_EQ(r.images_encoded, r.batch_images) << n << " ranks";
+    routed = std::max(routed, r.routed_groups);
   }
+  EXPECT_EQ(one.images_encoded, one.batch_images);
   // The batch's longest samples outgrow a rank's share: some plans put them on rings.
   if (strategy != "static") {
     EXPECT_GT(widest, 1) << strategy;
+    EXPECT_GT(routed, 0) << strategy << ": no ring group held images";
   }
 }
 
@@ -268,6 +283,42 @@ TEST(Zero1, MatchesReplicatedAdamW) {
     for (size_t i = 0; i < weights[0].size(); ++i)
       ASSERT_NEAR(weights[1][i], weights[0][i], 1e-6 * std::max(1.0f, std::abs(weights[0][i])))
           << n << " ranks, weight " << i;
+  }
+}
+
+}  // namespace
+}  // namespace dhp
+
+namespace dhp {
+namespace {
+
+// The executor deals a ring group's images exactly as the cost model prices them: for random
+// image mixes, every rank's patch load matches a level of balance_images.
+TEST(ImageAssignment, MatchesTheCostModelsBalancing) {
+  Rng rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int d = 2 + int(rng.below(6));
+    std::vector<int64_t> patches(static_cast<size_t>(1 + rng.below(20)));
+    for (auto& p : patches) p = 4 * int64_t(1 + rng.below(64));
+    const std::vector<int> enc = assign_images(patches, d);
+    std::vector<int64_t> load(size_t(d), 0);
+    for (size_t i = 0; i < patches.size(); ++i) {
+      ASSERT_GE(enc[i], 0);
+      ASSERT_LT(enc[i], d);
+      load[size_t(enc[i])] += patches[i];
+    }
+    std::vector<ImageClass> classes;
+    for (int64_t p : patches) classes.push_back({p, 1});
+    merge_image_classes(classes);
+    std::vector<ImageLevel> levels;
+    balance_images(classes, d, levels);
+    std::vector<int64_t> priced;
+    for (const ImageLevel& l : levels)
+      for (int64_t r = 0; r < l.ranks; ++r) priced.push_back(l.patches);
+    while (int(priced.size()) < d) priced.push_back(0);
+    std::sort(load.begin(), load.end());
+    std::sort(priced.begin(), priced.end());
+    EXPECT_EQ(load, priced) << "trial " << trial << ", d = " << d;
   }
 }
 

@@ -8,8 +8,11 @@
 // decoder attention is a ring over the group's ranks (local attention for a group of one).
 // Gradients accumulate over the groups; the caller sums them over ranks once per step.
 //
-// An image whose tokens two ranks of a ring share is encoded on both; each back-propagates
-// only the gradient of the tokens it holds, so the summed gradient is exact.
+// Inside a ring group every image is encoded once, on the rank assign_images gives it (by
+// patch count), and its merged tokens travel to the ranks holding their positions
+// (parallel/image_exchange.h): a rank decodes the images it encodes and the text of its
+// pieces, nothing else. Gradients of the tokens come back the same way, so the summed
+// gradient is exact.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +23,7 @@
 #include "data/loader.h"
 #include "model/model.h"
 #include "parallel/communicator.h"
+#include "parallel/image_exchange.h"
 #include "parallel/plan.h"
 #include "parallel/planner.h"
 #include "parallel/ring_attention.h"
@@ -29,12 +33,31 @@ namespace dhp {
 // What the planner knows of a sample: lengths from the dataset's index, no pixels.
 SeqShape shape_of(const Dataset& data, int64_t i);
 
+// An image of a ring group.
+struct GroupImage {
+  int32_t doc = 0;      // the group's sequence index
+  int64_t sample = 0;   // dataset index
+  ImageSpan span;       // where its merged tokens lie in the sequence
+  int encoder = 0;      // ring index of the rank that encodes it
+};
+
 // One group of the plan, as this rank runs it.
 struct GroupWork {
   int group = 0;              // index into Plan::groups()
   std::vector<int> ring;      // world ranks holding the group's tokens, in ring order
   std::vector<Piece> pieces;  // this rank's token ranges, in order
   std::vector<int32_t> docs;  // the group's sequence index of each piece: the ring's doc id
+  // Ring groups with images: the images move between ranks (routed = true). Then `pieces`
+  // are text only, `encode` lists the images this rank encodes (indices into `images`, one
+  // load each after the pieces), and the routing is fixed here from the plan alone:
+  bool routed = false;
+  std::vector<GroupImage> images;  // every image of the group, by (doc, position)
+  std::vector<int> encode;
+  // Per ring member, the rows this rank sends it: (index into `encode`, row of that image).
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> send;
+  std::vector<int64_t> recv;  // per ring member, rows this rank receives from it
+  std::vector<int32_t> slot;  // (tokens of the pieces) received row of each image token, or -1
+  std::vector<Piece> loads() const;  // pieces, then one load per image to encode
 };
 
 struct StepWork {
@@ -44,7 +67,7 @@ struct StepWork {
   int64_t tokens = 0;
   int64_t samples = 0;
   double plan_seconds = 0.0;    // wall time of planning
-  std::vector<Piece> my_pieces() const;
+  std::vector<Piece> my_loads() const;  // every group's loads(), in order
 };
 
 // The plan of one global batch (dataset indices) and this rank's share of it.
@@ -71,13 +94,17 @@ class Executor {
   StepStats run(const StepWork& work, float loss_scale, bool backward,
                 const std::function<void(const std::vector<Sample>&)>& after = {});
   double last_wait_seconds() const { return loader_.last_wait_seconds(); }
+  // Images this rank encoded in the last run (each image of a ring group on one rank only).
+  int64_t last_images_encoded() const { return images_encoded_; }
   const std::vector<GroupTiming>& last_timings() const { return timings_; }
 
  private:
   Model& model_;
   Communicator& comm_;
   BatchLoader loader_;
-  RingAttention ring_;  // regrouped for every group of more than one rank
+  RingAttention ring_;     // regrouped for every group of more than one rank
+  ImageExchange images_;   // prepared for every routed group
+  int64_t images_encoded_ = 0;
   std::vector<const Sample*> ptrs_;
   std::vector<GroupTiming> timings_;
 };

@@ -56,7 +56,8 @@ Batch build_prompt(const GenerateOptions& o, const Tokenizer& tok, const VisionC
   s.n = int64_t(layout.size());
   // Everything but the closing <eos>: the model writes the rest.
   Sample prompt = expand_layout(s, 0, full_length(s) - 1,
-                                [&](int64_t i) { return images[size_t(i)]; }, v.merge, false);
+                                [&](int64_t i) { return images[size_t(i)]; }, v.merge,
+                                ImageLoad::Decode);
   return pack({&prompt}, v);
 }
 
