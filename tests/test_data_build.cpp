@@ -110,6 +110,45 @@ TEST_F(BuildTest, ShardRangeLoadEqualsSliceOfFullLoad) {
   }
 }
 
+// What a ring group's routing needs without decoding: where each image's tokens lie. The
+// shards and the manifest agree, the spans match the loaded image tokens, and a text-only
+// load (another rank encodes the images) has the same tokens with no image decoded.
+TEST_F(BuildTest, ImageSpansAndTextOnlyLoads) {
+  Tokenizer tok(tokenizer());
+  ImageGeometry geometry;
+  ShardDataset shards(built().string(), tok, geometry, 4096, "fail");
+  JsonlDataset jsonl(manifest(), "", tok, geometry, 4096, "fail");
+  ASSERT_EQ(shards.size(), jsonl.size());
+  int64_t spans_seen = 0;
+  for (int64_t i = 0; i < shards.size(); ++i) {
+    SCOPED_TRACE(testing::Message() << "sample " << i);
+    const std::vector<ImageSpan> spans = shards.image_spans(i);
+    const std::vector<ImageSpan> from_manifest = jsonl.image_spans(i);
+    ASSERT_EQ(spans.size(), from_manifest.size());
+    ASSERT_EQ(int64_t(spans.size()), shards.images(i));
+    const Sample full = shards.load(i, false);
+    for (size_t k = 0; k < spans.size(); ++k) {
+      EXPECT_EQ(spans[k].first, from_manifest[k].first);
+      EXPECT_EQ(spans[k].tokens, from_manifest[k].tokens);
+      for (int64_t t = spans[k].first; t < spans[k].first + spans[k].tokens; ++t)
+        ASSERT_EQ(full.image_of[size_t(t)], int32_t(k)) << "position " << t;
+      EXPECT_EQ(full.image_of[size_t(spans[k].first - 1)], -1);  // <img> before it
+      // The span's own range loads exactly that image.
+      const Sample one = shards.load_range(i, spans[k].first, spans[k].first + spans[k].tokens, false);
+      ASSERT_EQ(one.images.size(), 1u);
+      EXPECT_EQ(one.first_image, int32_t(k));
+      EXPECT_EQ(one.images[0].patches, full.images[k].patches);
+      ++spans_seen;
+    }
+    const Sample text = shards.load_range(i, 0, shards.length(i), ImageLoad::Skip);
+    EXPECT_TRUE(text.images_elsewhere);
+    EXPECT_TRUE(text.images.empty());
+    EXPECT_EQ(text.tokens, full.tokens);
+    EXPECT_EQ(text.image_of, full.image_of);
+  }
+  EXPECT_GT(spans_seen, 0);
+}
+
 TEST_F(BuildTest, ResumedBuildEqualsStraightBuildByteForByte) {
   const fs::path straight = *root_ / "straight", resumed = *root_ / "resumed";
   BuildOptions a = options(manifest(), straight, tokenizer());
