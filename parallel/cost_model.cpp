@@ -46,6 +46,50 @@ nlohmann::json CostCoeffs::to_json() const {
   return j;
 }
 
+nlohmann::json CostState::to_json() const {
+  nlohmann::json obs = nlohmann::json::array();
+  for (const TimingObservation& o : window) {
+    nlohmann::json seqs = nlohmann::json::array();
+    for (const SeqShape& s : o.seqs) seqs.push_back({s.id, s.text_tokens, s.vision_tokens, s.images});
+    obs.push_back({{"degree", o.degree}, {"seconds", o.seconds}, {"inter", o.inter}, {"seqs", seqs}});
+  }
+  return {{"device", device}, {"coeffs", coeffs.to_json()}, {"window", obs}};
+}
+
+CostState CostState::from_json(const nlohmann::json& j) {
+  DHP_CHECK(j.is_object() && j.contains("device") && j["device"].is_string() &&
+                j.contains("coeffs") && j.contains("window") && j["window"].is_array(),
+            "cost state: expected an object with device, coeffs and window");
+  CostState st;
+  st.device = j["device"].get<std::string>();
+  st.coeffs = CostCoeffs::from_json(j["coeffs"]);
+  for (const auto& o : j["window"]) {
+    DHP_CHECK(o.is_object() && o.contains("degree") && o["degree"].is_number_integer() &&
+                  o.contains("seconds") && o["seconds"].is_number() && o.contains("inter") &&
+                  o["inter"].is_boolean() && o.contains("seqs") && o["seqs"].is_array(),
+              "cost state: a window entry needs degree, seconds, inter and seqs");
+    TimingObservation t;
+    t.degree = o["degree"].get<int>();
+    t.seconds = o["seconds"].get<double>();
+    t.inter = o["inter"].get<bool>();
+    DHP_CHECK(t.degree >= 1 && std::isfinite(t.seconds) && t.seconds > 0,
+              "cost state: degree {} and seconds {} must be positive", t.degree, t.seconds);
+    for (const auto& s : o["seqs"]) {
+      DHP_CHECK(s.is_array() && s.size() == 4, "cost state: a sequence is [id, text, vision, images]");
+      for (const auto& v : s) DHP_CHECK(v.is_number_integer(), "cost state: sequence fields are integers");
+      SeqShape q;
+      q.id = s[0].get<int64_t>();
+      q.text_tokens = s[1].get<int64_t>();
+      q.vision_tokens = s[2].get<int64_t>();
+      q.images = s[3].get<int32_t>();
+      validate_shape(q);
+      t.seqs.push_back(q);
+    }
+    st.window.push_back(std::move(t));
+  }
+  return st;
+}
+
 CostCoeffs CostCoeffs::from_json(const nlohmann::json& j) {
   DHP_CHECK(j.is_object(), "cost coefficients: expected a JSON object with {} and the other rates", name(0));
   CostCoeffs c;

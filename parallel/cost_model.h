@@ -242,6 +242,17 @@ struct TimingObservation {
 CostCoeffs refit(const CostModel& model, const std::vector<TimingObservation>& obs,
                  double prior_weight = 1e-3);
 
+// The online refit's state, kept in checkpoints so a resumed run plans with what the run had
+// learned: the coefficients in use, the observations they came from, and the cost profile
+// (parallel.device) they refine.
+struct CostState {
+  std::string device;
+  CostCoeffs coeffs;
+  std::vector<TimingObservation> window;  // oldest first
+  nlohmann::json to_json() const;
+  static CostState from_json(const nlohmann::json& j);  // throws dhp::Error on a bad state
+};
+
 // Mean |predicted - measured| / measured of the model over the observations.
 double mean_relative_error(const CostModel& model, const std::vector<TimingObservation>& obs);
 

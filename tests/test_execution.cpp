@@ -324,3 +324,56 @@ TEST(ImageAssignment, MatchesTheCostModelsBalancing) {
 
 }  // namespace
 }  // namespace dhp
+
+namespace dhp {
+namespace {
+
+CostState cost_state_of(const std::string& checkpoint, const Config& cfg) {
+  auto backend = make_cpu_backend({1});
+  Model m(cfg.model, *backend);
+  const TrainState st = load_checkpoint(checkpoint, m, nullptr);
+  return CostState::from_json(nlohmann::json::parse(st.cost_state));
+}
+
+// The online refit is part of the state a resume needs: a resumed run (here on another number
+// of ranks) plans with the coefficients the checkpoint carries and keeps adding to its window
+// of observed groups.
+TEST(PlanInvariance, ResumeCarriesTheRefittedCostModel) {
+  const auto base_dir = testing::run_dir("resume_costs_base");
+  Config base = longtail_config("dhp", 4, base_dir);
+  base.checkpoint.every = 2;
+  ASSERT_TRUE(base.parallel.refit);
+  train_on(2, base);
+  const std::string at2 = (base_dir / "checkpoints" / "step-00000002.h5").string();
+  const CostState saved = cost_state_of(at2, base);
+  EXPECT_EQ(saved.device, base.parallel.device);
+  ASSERT_FALSE(saved.window.empty());
+  // Refitted from measured times: not the profile the run started from.
+  const CostCoeffs profile = Planner(base.model, base.parallel, 2).cost().coeffs();
+  bool moved = false;
+  for (int i = 0; i < CostCoeffs::kCount; ++i) moved |= saved.coeffs[i] != profile[i];
+  EXPECT_TRUE(moved);
+
+  const auto dir = testing::run_dir("resume_costs_on_3");
+  std::filesystem::create_directories(dir / "checkpoints");
+  std::filesystem::copy(at2, dir / "checkpoints");
+  std::filesystem::copy(base_dir / "checkpoints" / "step-00000002.done", dir / "checkpoints");
+  Config cfg = longtail_config("dhp", 4, dir);
+  TrainOptions o;
+  o.resume = "auto";
+  const TrainResult resumed = train_on(3, cfg, o);
+  const CostState after = cost_state_of(resumed.checkpoint, cfg);
+  ASSERT_GT(after.window.size(), saved.window.size());
+  ASSERT_LE(int(after.window.size()), cfg.parallel.refit_window);
+  // The restored observations come first, unchanged.
+  for (size_t k = 0; k < saved.window.size(); ++k) {
+    EXPECT_EQ(after.window[k].degree, saved.window[k].degree) << k;
+    EXPECT_EQ(after.window[k].seconds, saved.window[k].seconds) << k;
+    ASSERT_EQ(after.window[k].seqs.size(), saved.window[k].seqs.size()) << k;
+    for (size_t q = 0; q < saved.window[k].seqs.size(); ++q)
+      EXPECT_EQ(after.window[k].seqs[q].id, saved.window[k].seqs[q].id) << k;
+  }
+}
+
+}  // namespace
+}  // namespace dhp

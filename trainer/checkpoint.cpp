@@ -206,6 +206,7 @@ void write_checkpoint_file(const fs::path& tmp, const Config& cfg, const Model& 
     write_attr_i64(state, "dataset_size", st.dataset_size);
     if (st.tokenizer_hash != 0) write_attr_u64(state, "tokenizer_hash", st.tokenizer_hash);
   }
+  if (!st.cost_state.empty()) write_string(file, "cost_model", st.cost_state);
   h5_check(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, fmt::format("flushing '{}'", tmp.string()));
 }
 
@@ -376,6 +377,7 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
             "checkpoint '{}': /state is missing or damaged", path);
   read_attr(state, "tokenizer_hash", H5T_NATIVE_UINT64, &st.tokenizer_hash);  // 0: not recorded
   st.sampler.seed = st.seed;
+  if (H5Lexists(file, "cost_model", H5P_DEFAULT) > 0) st.cost_state = read_string(file, "cost_model", path);
   if (opt) {
     DHP_CHECK(H5Lexists(file, "optim", H5P_DEFAULT) > 0,
               "checkpoint '{}' holds weights only (no optimizer state): start a new run from it "

@@ -8,6 +8,8 @@
 //   /optim/m/<name>   AdamW first moments     /optim/v/<name>  second moments
 //   /state            attributes step, seed, batch_size, sampler_epoch, sampler_position,
 //                     dataset_size, tokenizer_hash (FNV-1a of the tokenizer file)
+//   /cost_model       the online refit's state as JSON text (parallel/cost_model.h CostState);
+//                     absent when the run did not refit
 // Every dataset carries a 64-bit checksum attribute verified on load, so a file damaged on
 // disk is refused rather than loaded. Nothing depends on the world size.
 //
@@ -35,6 +37,7 @@ struct TrainState {
   SamplerState sampler;    // where the next global batch starts in the sample stream
   int64_t dataset_size = 0;  // samples the sampler shuffled (a different set changes the stream)
   uint64_t tokenizer_hash = 0;  // hash of the tokenizer file's bytes; 0 = not recorded
+  std::string cost_state;       // CostState JSON; "" = none
 };
 
 // Saves into cfg.checkpoint.dir and deletes all but the newest cfg.checkpoint.keep complete

@@ -59,6 +59,9 @@ class Run {
   void record(const StepRecord& rec);
   // Measured group times against the plan's prediction, and the online refit.
   void learn_costs(const StepWork& work, StepRecord& rec);
+  // A resumed run plans with the coefficients and observations its checkpoint carries, when
+  // they refine the same cost profile.
+  void restore_costs(const std::string& saved);
   void evaluate(int64_t step, TrainResult* out);
   // The save a run ends with (last) must succeed; a periodic one that fails (a full disk)
   // warns, and training goes on to try again at the next interval.
@@ -153,6 +156,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
       spdlog::info("train.batch_size changes from {} to {}; the sample stream continues where "
                    "it stopped", st.batch_size, cfg.train.batch_size);
     first_step_ = st.step;
+    restore_costs(st.cost_state);
     DHP_CHECK(topt.stop_after < 0 || topt.stop_after > first_step_,
               "--stop-after {} is not after step {}, where this run resumes", topt.stop_after,
               first_step_);
@@ -235,6 +239,33 @@ void Run::learn_costs(const StepWork& work, StepRecord& rec) {
   auto next = std::make_shared<const Planner>(cost, cfg_.parallel, comm_.size());
   std::lock_guard lk(planner_mu_);
   planner_ = std::move(next);
+}
+
+void Run::restore_costs(const std::string& saved) {
+  if (!cfg_.parallel.refit) return;
+  if (saved.empty()) {
+    if (rank0_) spdlog::info("cost model: the checkpoint carries no refit; starting from the '{}' profile",
+                             cfg_.parallel.device);
+    return;
+  }
+  const nlohmann::json j = nlohmann::json::parse(saved, nullptr, false);
+  DHP_CHECK(!j.is_discarded(), "the checkpoint's /cost_model is not JSON (damaged checkpoint)");
+  CostState st = CostState::from_json(j);
+  if (st.device != cfg_.parallel.device) {
+    if (rank0_) spdlog::info("cost model: the checkpoint's refit is for parallel.device = '{}', this run "
+                             "uses '{}'; starting from its profile", st.device, cfg_.parallel.device);
+    return;
+  }
+  CostModel cost = planner()->cost();
+  cost.set_coeffs(st.coeffs);
+  while (int(st.window.size()) > cfg_.parallel.refit_window) st.window.erase(st.window.begin());
+  observed_.assign(st.window.begin(), st.window.end());
+  {
+    std::lock_guard lk(planner_mu_);
+    planner_ = std::make_shared<const Planner>(cost, cfg_.parallel, comm_.size());
+  }
+  if (rank0_) spdlog::info("cost model: refitted coefficients and {} observed groups restored",
+                           observed_.size());
 }
 
 StepRecord Run::step(int64_t step, const StepWork& work) {
@@ -342,7 +373,10 @@ void Run::evaluate(int64_t step, TrainResult* out) {
 
 std::string Run::save(int64_t step, bool last) {
   TrainState st{step, cfg_.train.seed, cfg_.train.batch_size,
-                sampler_->state_at(position_of(step)), train_set_->size(), tokenizer_.hash()};
+                sampler_->state_at(position_of(step)), train_set_->size(), tokenizer_.hash(), ""};
+  if (cfg_.parallel.refit)
+    st.cost_state = CostState{cfg_.parallel.device, planner()->cost().coeffs(),
+                              {observed_.begin(), observed_.end()}}.to_json().dump();
   std::string path;
   opt_.gather_moments(comm_);  // a checkpoint holds the full state, whatever the sharding
   if (rank0_) {
