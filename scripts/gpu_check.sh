@@ -18,8 +18,9 @@
 #
 # Environment: GPU_CHECK_BUILD (build folder, default build-gpu), GPU_CHECK_MODE (auto, full or
 # reduced), GPU_CHECK_ARCH (CUDA architectures, default 90), GPU_CHECK_JOBS, GPU_CHECK_CMAKE_ARGS
-# (more configure arguments), GPU_CHECK_TEST_TIMEOUT and GPU_CHECK_BENCH_TIMEOUT (seconds per
-# binary), GPU_DEPS_DEBS, GPU_DEPS_PREFIX. Results go to $OUT when it is set (the device
+# (more configure arguments), GPU_CHECK_TEST_TIMEOUT, GPU_CHECK_BENCH_TIMEOUT and
+# GPU_CHECK_TORCH_TIMEOUT (seconds per binary, cut to keep the whole run inside
+# GPU_CHECK_DEADLINE, 450 s), GPU_DEPS_DEBS, GPU_DEPS_PREFIX. Results go to $OUT when it is set (the device
 # tool's folder; at most 4 files), else to <build>/out.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,6 +66,15 @@ log=$out/gpu_check.log
 exec > >(tee -a "$log") 2>&1
 t_start=$(date +%s)
 stage() { echo; echo "=== [$(( $(date +%s) - t_start )) s] $*"; }
+# Seconds one run may take: its own limit, cut so that `reserve` seconds stay for the stages
+# after it before the whole check's deadline (GPU_CHECK_DEADLINE, default 450 s), never under 20.
+limit() {
+  local own=$1 reserve=$2 left
+  left=$(( ${GPU_CHECK_DEADLINE:-450} - ($(date +%s) - t_start) - reserve ))
+  [ "$left" -lt "$own" ] && own=$left
+  [ "$own" -lt 20 ] && own=20
+  echo "$own"
+}
 
 jobs=${GPU_CHECK_JOBS:-$(nproc)}
 cuda_arch=${GPU_CHECK_ARCH:-90}
@@ -192,7 +202,7 @@ for t in "${tests[@]}"; do
   bin=$(bin_of "$t")
   if [ -z "$bin" ]; then printf "%-22s %7s %7s %7s  %s\n" "$t" - - - "not built" >>"$summary"; continue; fi
   rm -f "$logs/$t.json"
-  timeout "${GPU_CHECK_TEST_TIMEOUT:-180}" "$bin" --gtest_output="json:$logs/$t.json" >"$logs/$t.log" 2>&1
+  timeout "$(limit "${GPU_CHECK_TEST_TIMEOUT:-180}" 200)" "$bin" --gtest_output="json:$logs/$t.json" >"$logs/$t.log" 2>&1
   rc=$?
   # Failures in full (with their messages), then gtest's closing lines.
   grep -E -B2 -A12 "Failure$|^\[  FAILED  \] [A-Za-z]" "$logs/$t.log" | head -150
@@ -228,7 +238,7 @@ results=$out/bench.jsonl
 for b in "${benches[@]}"; do
   bin=$(bin_of "$b")
   if [ -z "$bin" ]; then echo "$b: not built"; continue; fi
-  timeout "${GPU_CHECK_BENCH_TIMEOUT:-150}" "$bin" >"$logs/$b.log" 2>&1
+  timeout "$(limit "${GPU_CHECK_BENCH_TIMEOUT:-150}" 90)" "$bin" >"$logs/$b.log" 2>&1
   rc=$?
   grep '^{' "$logs/$b.log" >>"$results"
   echo "$b: exit $rc, $(grep -c '^{' "$logs/$b.log") result line(s)"
@@ -236,7 +246,7 @@ for b in "${benches[@]}"; do
 done
 
 stage "PyTorch on the same shapes"
-timeout "${GPU_CHECK_TORCH_TIMEOUT:-180}" "$python" "$root/scripts/gpu_torch_bench.py" "$results" |
+timeout "$(limit "${GPU_CHECK_TORCH_TIMEOUT:-180}" 0)" "$python" "$root/scripts/gpu_torch_bench.py" "$results" |
   tee "$out/table.txt"
 stage "done in $(( $(date +%s) - t_start )) s; results in $out"
 cat "$summary"

@@ -19,8 +19,12 @@ import json
 import math
 import sys
 
-import torch
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    print(f"gpu_torch_bench: no PyTorch in {sys.executable}")
+    sys.exit(1)
 
 WARMUP, REPEAT = 3, 20
 DOC_KEYS = ("doc_lens", "doc_lengths", "docs_lens", "lengths", "lens", "seqlens")
