@@ -305,10 +305,10 @@ void NcclCommunicator::barrier() {
 
 std::unique_ptr<PendingExchange> NcclCommunicator::exchange(const std::vector<Transfer>& transfers) {
   check_exchange(transfers, rank_, size_);
-  int host = 0;
+  int host = 0, nonempty = 0;  // an empty transfer may have no buffer: it goes either way
   for (const Transfer& t : transfers)
-    if (t.count > 0 && on_host({t.buf}, "exchange")) ++host;
-  DHP_CHECK(host == 0 || host == int(transfers.size()),
+    if (t.count > 0) ++nonempty, host += on_host({t.buf}, "exchange") ? 1 : 0;
+  DHP_CHECK(host == 0 || host == nonempty,
             "rank {}: an exchange mixes host and device buffers: NCCL reads device memory only, "
             "the bootstrap communicator host memory only", rank_);
   if (host > 0) return bootstrap_.exchange(transfers);
