@@ -344,8 +344,10 @@ std::unique_ptr<PendingExchange> NcclCommunicator::exchange(const std::vector<Tr
 
 std::unique_ptr<Communicator> make_nccl_world(std::unique_ptr<Communicator> world) {
   int devices = 0;
-  DHP_CUDA_CHECK(cudaGetDeviceCount(&devices));
-  DHP_CHECK(devices > 0, "rank {}: no CUDA device for the NCCL communicator", world->rank());
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  DHP_CHECK(e == cudaSuccess && devices > 0, "rank {}: train.device = \"cuda\" with {} ranks, "
+            "but this process has no usable CUDA device ({})", world->rank(), world->size(),
+            e == cudaSuccess ? std::string("none found") : std::string(cudaGetErrorString(e)));
   int local = world->rank();
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
     if (const char* v = std::getenv(var)) {

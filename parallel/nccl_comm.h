@@ -21,6 +21,10 @@
 // receive that names another count or type than its send is undefined (garbage or a hang that
 // the timeout ends), not an error message as on the other transports.
 //
+// Reproducibility: NCCL chooses its algorithm (ring, tree) by message size and topology, so a
+// reduction's order is fixed on one machine for one size, not across machines or NCCL
+// versions as it is for the MPI and threaded communicators.
+//
 // Timeouts: the communicator is non-blocking (ncclConfig_t::blocking = 0). Every call polls
 // its completion event and ncclCommGetAsyncError; past the timeout (set_timeout) or on an
 // asynchronous error it aborts the NCCL communicator and throws dhp::Error naming this rank
