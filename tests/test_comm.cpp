@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 
+#include "parallel/exchange_order.h"
 #include "parallel/threaded_comm.h"
 #include "tests/comm_checks.h"
 #include "tests/error_of.h"
@@ -48,6 +49,46 @@ TEST_P(ThreadedComm, ManyBackToBackCollectivesStayInStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ThreadedComm, ::testing::Range(1, 9));
+
+// Transports without tags (NCCL) post each peer's messages by ascending tag, so order matching
+// pairs what tag matching pairs.
+TEST(ExchangeOrder, EachPeersTransfersGoByTagKeepingTheirSlotsAndTheOrderWithinATag) {
+  float x[8] = {};
+  const std::vector<Transfer> t{
+      Transfer::send(1, x + 0, 1, 5), Transfer::recv(1, x + 1, 1, 2), Transfer::send(2, x + 2, 1, 9),
+      Transfer::send(1, x + 3, 1, 2), Transfer::recv(1, x + 4, 1, 1), Transfer::send(1, x + 5, 1, 5),
+      Transfer::send(1, x + 6, 1, 2), Transfer::recv(2, x + 7, 1, 0)};
+  // Sends to rank 1 sat at 0, 3, 5, 6 with tags 5, 2, 5, 2: now 2, 2, 5, 5 in posting order
+  // within each tag (3 before 6, 0 before 5); receives from rank 1 at 1, 4 swap; rank 2's stay.
+  EXPECT_EQ(order_by_tag(t), (std::vector<size_t>{3, 4, 2, 6, 1, 0, 5, 7}));
+  EXPECT_TRUE(order_by_tag({}).empty());
+}
+
+TEST(ExchangeOrder, OrderMatchingThenPairsWhatTagMatchingPairs) {
+  // Rank 0 sends tags 2, 1, 2 to rank 1; rank 1 receives them posted as 1, 2, 2. By tag the
+  // pairs are (1st tag-2 send, 1st tag-2 recv), (tag 1, tag 1), (2nd tag 2, 2nd tag 2).
+  int s[3], r[3];
+  const std::vector<Transfer> sends{Transfer::send(1, s + 0, 1, 2), Transfer::send(1, s + 1, 1, 1),
+                                    Transfer::send(1, s + 2, 1, 2)};
+  const std::vector<Transfer> recvs{Transfer::recv(0, r + 0, 1, 1), Transfer::recv(0, r + 1, 1, 2),
+                                    Transfer::recv(0, r + 2, 1, 2)};
+  const std::vector<size_t> so = order_by_tag(sends), ro = order_by_tag(recvs);
+  ASSERT_EQ(so.size(), ro.size());
+  std::vector<std::pair<void*, void*>> pairs;
+  for (size_t k = 0; k < so.size(); ++k) pairs.emplace_back(sends[so[k]].buf, recvs[ro[k]].buf);
+  EXPECT_EQ(pairs, (std::vector<std::pair<void*, void*>>{{s + 1, r + 0}, {s + 0, r + 1}, {s + 2, r + 2}}));
+}
+
+TEST(ExchangeOrder, BadTransfersAreErrorsNamingTheRank) {
+  float x = 0.0f;
+  EXPECT_NE(error_of([&] { check_exchange({Transfer::send(3, &x, 1)}, 1, 3); })
+                .find("rank 1: send to rank 3 in a world of 3"), std::string::npos);
+  EXPECT_NE(error_of([&] { check_exchange({Transfer::recv(0, &x, -1)}, 2, 3); })
+                .find("rank 2: receive from rank 0 of -1 elements"), std::string::npos);
+  EXPECT_NE(error_of([&] { check_exchange({Transfer::recv<float>(0, nullptr, 4)}, 0, 2); })
+                .find("has no buffer"), std::string::npos);
+  EXPECT_NO_THROW(check_exchange({Transfer::recv<float>(1, nullptr, 0)}, 0, 2));
+}
 
 TEST(ThreadedCommFailures, MismatchedCollectiveSizesAreAnErrorOnEveryRank) {
   std::atomic<int> errors{0};

@@ -35,8 +35,8 @@ int run_cli(int argc, char** argv, const CliHooks& hooks) {
     fmt::print("mpi: no\n");
 #endif
   });
-  add_train_command(app);
-  add_eval_command(app);
+  add_train_command(app, hooks);
+  add_eval_command(app, hooks);
   add_export_command(app);
   add_generate_command(app);
   add_data_command(app);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace CLI {
@@ -11,17 +12,23 @@ class App;
 
 namespace dhp {
 
+class Communicator;
+
 // What the executable knows that the libraries below it do not: the CUDA backend lives in a
 // library only the executable links, so it reports on itself through this hook.
 struct CliHooks {
   std::function<std::string()> cuda_report;  // empty when built without CUDA
+  // Wraps the job's world (MPI) in the communicator for the CUDA backend's device buffers
+  // (NCCL, which the CUDA build links); used by runs on train.device = "cuda" with more than
+  // one rank. Empty when built without CUDA.
+  std::function<std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)> device_communicator;
 };
 
 int run_cli(int argc, char** argv, const CliHooks& hooks = {});
 
 // Registration hooks, one per subcommand family (each in its own file of trainer/).
-void add_train_command(CLI::App& app);
-void add_eval_command(CLI::App& app);
+void add_train_command(CLI::App& app, const CliHooks& hooks);
+void add_eval_command(CLI::App& app, const CliHooks& hooks);
 void add_export_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_data_command(CLI::App& app);

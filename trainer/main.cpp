@@ -6,6 +6,7 @@
 
 #ifdef DHP_WITH_CUDA
 #include "kernels/cuda/device.h"
+#include "parallel/nccl_comm.h"
 #endif
 
 int main(int argc, char** argv) {
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
     if (s.devices == 0) return fmt::format("compiled; no usable device: {}", s.reason);
     return fmt::format("compiled; {} device(s), device 0: {}", s.devices, s.name);
   };
+  hooks.device_communicator = dhp::make_nccl_world;
 #endif
   return dhp::run_cli(argc, argv, hooks);
 }

@@ -47,14 +47,30 @@ struct LoadedModel {
   TrainState state;
 };
 
-LoadedModel load_for_inference(const std::string& checkpoint, const std::vector<std::string>& overrides) {
+Config inference_config(const std::string& checkpoint, const std::vector<std::string>& overrides) {
+  Config cfg = checkpoint_config(checkpoint);
+  if (!overrides.empty()) cfg = parse_config(to_toml(cfg), checkpoint + ":/config", overrides);
+  return cfg;
+}
+
+LoadedModel load_for_inference(const std::string& checkpoint, const Config& cfg) {
   LoadedModel m;
-  m.cfg = checkpoint_config(checkpoint);
-  if (!overrides.empty()) m.cfg = parse_config(to_toml(m.cfg), checkpoint + ":/config", overrides);
+  m.cfg = cfg;
   m.backend = make_backend(m.cfg.train.device, backend_options(m.cfg));
   m.model = std::make_unique<Model>(m.cfg.model, *m.backend);
   m.state = load_checkpoint(checkpoint, *m.model, nullptr);
   return m;
+}
+
+// The communicator of a run on `device`: on the CUDA backend with several ranks, the world
+// wrapped for device buffers (NCCL) before the backend picks its device, so that both use the
+// device the wrapper chose for this rank.
+std::unique_ptr<Communicator> communicator_for(std::unique_ptr<Communicator> world,
+                                               const std::string& device, const CliHooks& hooks) {
+  if (device != "cuda" || world->size() == 1) return world;
+  DHP_CHECK(hooks.device_communicator, "train.device = \"cuda\" with {} ranks needs a build "
+            "with the CUDA backend (NCCL)", world->size());
+  return hooks.device_communicator(std::move(world));
 }
 
 // A file the user named as an output: refused up front when it cannot be one, so nothing is
@@ -79,7 +95,7 @@ void write_text_file(const std::string& path, const std::string& text, const std
 
 }  // namespace
 
-void add_train_command(CLI::App& app) {
+void add_train_command(CLI::App& app, const CliHooks& hooks) {
   auto* sub = app.add_subcommand(
       "train",
       "Train a model from a TOML config; any key can be overridden as --section.key=value");
@@ -93,10 +109,11 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--stop-after", opt->stop_after,
                   "Save a checkpoint and stop after this step (for time-limited allocations)");
   sub->allow_extras();
-  sub->callback([sub, config, opt] {
+  sub->callback([sub, config, opt, &hooks] {
     auto world = start_world(nullptr, nullptr);
-    Communicator& comm = *world;
     Config cfg = load_config(*config, sub->remaining());
+    world = communicator_for(std::move(world), cfg.train.device, hooks);
+    Communicator& comm = *world;
     set_up_logging(comm.rank(), comm.size(), cfg.log.level);
     if (comm.rank() == 0) spdlog::info("resolved configuration ({}):\n{}", cfg.source, format_config(cfg));
     DHP_CHECK(opt->resume.empty() || opt->init.empty(), "--resume and --init exclude each other");
@@ -121,7 +138,7 @@ void add_train_command(CLI::App& app) {
   });
 }
 
-void add_eval_command(CLI::App& app) {
+void add_eval_command(CLI::App& app, const CliHooks& hooks) {
   auto* sub = app.add_subcommand(
       "eval", "Held-out loss, perplexity and caption token accuracy of a checkpoint, with and "
               "without images");
@@ -135,13 +152,15 @@ void add_eval_command(CLI::App& app) {
   sub->add_option("--data", *data, "JSONL manifest (default: the checkpoint's data.val)");
   sub->add_option("--json", *out, "Also write the results to this JSON file");
   sub->allow_extras();
-  sub->callback([sub, checkpoint, dir, data, out] {
+  sub->callback([sub, checkpoint, dir, data, out, &hooks] {
     auto world = start_world(nullptr, nullptr);
-    Communicator& comm = *world;
-    set_up_logging(comm.rank(), comm.size(), "info");
+    set_up_logging(world->rank(), world->size(), "info");
     if (!out->empty()) check_output_file(*out, "--json");
     const std::string path = resolve_checkpoint(*checkpoint, *dir);
-    LoadedModel m = load_for_inference(path, sub->remaining());
+    const Config cfg = inference_config(path, sub->remaining());
+    world = communicator_for(std::move(world), cfg.train.device, hooks);
+    Communicator& comm = *world;
+    LoadedModel m = load_for_inference(path, cfg);
     const std::string manifest = data->empty() ? m.cfg.data.val : *data;
     DHP_CHECK(!manifest.empty(), "no data to evaluate: pass --data or set data.val");
     Tokenizer tok(m.cfg.data.tokenizer);
@@ -194,7 +213,7 @@ void add_export_command(CLI::App& app) {
     set_up_logging(0, 1, "info");
     check_output_file(*out, "-o/--out");
     const std::string path = resolve_checkpoint(*checkpoint, *dir);
-    LoadedModel m = load_for_inference(path, {});
+    LoadedModel m = load_for_inference(path, inference_config(path, {}));
     const std::string config_path = (std::filesystem::path(*out).parent_path() / "config.json").string();
     export_safetensors(*m.model, m.cfg, *out, config_path);
     spdlog::info("exported {} tensors from {} to {} (+ {})", m.model->table().specs().size(), path,

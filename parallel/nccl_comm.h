@@ -1,0 +1,114 @@
+// The Communicator over NCCL, for runs on the CUDA backend: one NCCL communicator for the
+// whole run, created once from the ncclUniqueId that rank 0 broadcasts over a bootstrap
+// communicator (the MPI world, or a threaded world in tests).
+//
+// Buffers: device memory (or managed memory) of the device this rank was built on. NCCL
+// cannot read host memory, so a call whose buffers are all host memory (the trainer's loss
+// sums, stop flags and timings) goes to the bootstrap communicator instead; a call that mixes
+// host and device buffers is an error. Both transports are blocking from the caller's view and
+// every rank makes the same calls in the same order, so the two never wait on each other.
+//
+// Ordering: the collectives and exchanges run on one stream (this object's own, or the
+// backend's stream given to the constructor). With its own stream, which is created as a
+// blocking stream, work the caller queued on the legacy default stream finishes first; work on
+// another non-blocking stream must be synchronised by the caller, or that stream passed in.
+// Every call returns when its result is in place.
+//
+// Tags: NCCL has none. Between two ranks the k-th send meets the k-th receive, so an exchange
+// posts its transfers per peer by ascending tag (parallel/exchange_order.h), which pairs the
+// same messages as MPI's (source, destination, tag) rule as long as every message of an
+// exchange is received in the peer's matching exchange. NCCL cannot check counts either: a
+// receive that names another count or type than its send is undefined (garbage or a hang that
+// the timeout ends), not an error message as on the other transports.
+//
+// Reproducibility: NCCL chooses its algorithm (ring, tree) by message size and topology, so a
+// reduction's order is fixed on one machine for one size, not across machines or NCCL
+// versions as it is for the MPI and threaded communicators.
+//
+// Timeouts: the communicator is non-blocking (ncclConfig_t::blocking = 0). Every call polls
+// its completion event and ncclCommGetAsyncError; past the timeout (set_timeout) or on an
+// asynchronous error it aborts the NCCL communicator and throws dhp::Error naming this rank
+// and what it waited for. After that every call throws.
+//
+// Bucketed gradient reduction (overlapping the backward pass with all-reduces of finished
+// buckets) is not implemented: the optimizer reduces the whole gradient in one call.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/communicator.h"
+
+namespace dhp {
+
+ncclDataType_t nccl_type(DataType t);
+ncclRedOp_t nccl_op(ReduceOp op);
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Collective over `bootstrap`: every rank constructs at the same time, on the CUDA device
+  // current in the calling thread, which every later call uses. `stream` null: its own.
+  NcclCommunicator(Communicator& bootstrap, cudaStream_t stream = nullptr);
+  // The same, owning the bootstrap (the trainer's MPI world).
+  NcclCommunicator(std::unique_ptr<Communicator> bootstrap, cudaStream_t stream = nullptr);
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "nccl"; }
+  int communicators_created() const override { return created_; }
+  void set_timeout(double seconds) override;
+  // ncclCommAbort, then the bootstrap's abort (which ends the job's other ranks).
+  void abort(const std::string& why) override;
+
+  void all_reduce(void* buf, int64_t count, DataType type, ReduceOp op) override;
+  void reduce_scatter(const void* send, void* recv, int64_t count, DataType type) override;
+  void all_gather(const void* send, void* recv, int64_t count, DataType type) override;
+  void broadcast(void* buf, int64_t count, DataType type, int root) override;
+  // A one-element all-reduce on the device: NCCL has no barrier of its own.
+  void barrier() override;
+  std::unique_ptr<PendingExchange> exchange(const std::vector<Transfer>& transfers) override;
+
+  // Waits for `event` (recorded after work of this communicator) like every call does:
+  // polling, with the timeout, aborting and throwing on a peer that never answers.
+  void wait_event(cudaEvent_t event, const std::string& what);
+
+ private:
+  void init(cudaStream_t stream);   // start(), releasing what it made when it throws
+  void start(cudaStream_t stream);
+  void close() noexcept;            // finalizes (or aborts) NCCL, frees the stream and buffers
+  // Whether the buffers are host memory (then the bootstrap handles the call); throws when
+  // they mix host and device memory.
+  bool on_host(std::initializer_list<const void*> bufs, const char* what) const;
+  // Checks an NCCL call's result; a call that is still in progress (non-blocking mode) is
+  // waited for with the timeout before the next NCCL call may be made.
+  void nccl_done(ncclResult_t r, const std::string& what);
+  void enqueue_done(const std::string& what);  // records the event and waits for it
+  [[noreturn]] void fail(const std::string& message);
+  void check_usable(const std::string& what) const;
+
+  std::unique_ptr<Communicator> owned_;
+  Communicator& bootstrap_;
+  int rank_ = 0, size_ = 1, device_ = 0;
+  int created_ = 0;
+  double timeout_ = kDefaultTimeoutSeconds;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  bool own_stream_ = false;
+  cudaEvent_t done_ = nullptr;
+  void* scratch_ = nullptr;  // the barrier's one int32 on the device
+  std::string failure_;      // why the communicator was aborted; empty while usable
+};
+
+// The trainer's device communicator: selects this rank's device (its rank on the node, from
+// the launcher's OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID, else its world
+// rank, modulo the devices), makes it current, and wraps the world it then owns.
+std::unique_ptr<Communicator> make_nccl_world(std::unique_ptr<Communicator> world);
+
+}  // namespace dhp
