@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 
@@ -373,6 +374,85 @@ TEST(PlanInvariance, ResumeCarriesTheRefittedCostModel) {
     for (size_t q = 0; q < saved.window[k].seqs.size(); ++q)
       EXPECT_EQ(after.window[k].seqs[q].id, saved.window[k].seqs[q].id) << k;
   }
+}
+
+}  // namespace
+}  // namespace dhp
+
+namespace dhp {
+namespace {
+
+// Bad data inside a ring group (on_error = "skip"): an image whose file goes bad after
+// indexing fails to load on the one rank that encodes it; that rank warns and counts it, the
+// ranks holding its tokens receive zeros, and the step completes everywhere with every other
+// image and token of the batch.
+TEST(ImageRouting, AnImageThatFailsOnItsEncoderLosesOnlyItself) {
+  namespace fs = std::filesystem;
+  const fs::path data = testing::run_dir("routing_bad_image") / "data";
+  fs::create_directories(data.parent_path());
+  fs::copy(longtail_dir(), data, fs::copy_options::recursive);
+  Config cfg = longtail_config("dhp", 1, data.parent_path());
+  cfg.data.train = (data / "train.jsonl").string();
+  cfg.data.tokenizer = (data / "tokenizer.model").string();
+  cfg.data.on_error = "skip";
+  fs::path bad_file;
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < cfg.train.batch_size; ++i) ids.push_back(i);
+  // A world size whose plan puts a sample with images on a ring, and that sample.
+  int n = 0;
+  int64_t victim = -1;
+  {
+    Tokenizer tok(cfg.data.tokenizer);
+    auto set = open_dataset(cfg.data.train, cfg.data, tok, cfg.model.vision);
+    for (int w = 2; w <= 6 && victim < 0; ++w) {
+      const StepWork work = plan_step(Planner(cfg.model, cfg.parallel, w), *set, ids, 0);
+      for (const auto& g : work.plan.groups())
+        for (int32_t s : g.seqs) {
+          const int64_t id = work.plan.seqs()[size_t(s)].id;
+          if (victim < 0 && g.cp > 1 && set->images(id) > 0) victim = id, n = w;
+        }
+    }
+    ASSERT_GE(victim, 0) << "no plan of 2 to 6 ranks puts images on a ring";
+    std::ifstream in(data / "train.jsonl");
+    std::string line;
+    for (int64_t i = 0; i <= victim; ++i) std::getline(in, line);
+    const auto j = nlohmann::json::parse(line);
+    ASSERT_EQ(j["id"].get<std::string>(), set->name(victim));
+    bad_file = data / (j.contains("images") ? j["images"][0].get<std::string>()
+                                            : j["image"].get<std::string>());
+  }
+
+  std::mutex mu;
+  int64_t bad = 0, encoded = 0, images = 0;
+  double loss = 0.0;
+  run_threaded(n, [&](Communicator& comm) {
+    auto backend = make_cpu_backend({1});
+    Tokenizer tok(cfg.data.tokenizer);
+    auto set = open_dataset(cfg.data.train, cfg.data, tok, cfg.model.vision);
+    comm.barrier();  // every rank has indexed the set before the file goes bad
+    if (comm.rank() == 0) std::ofstream(bad_file, std::ios::binary | std::ios::trunc) << "not an image";
+    comm.barrier();
+    const Planner planner(cfg.model, cfg.parallel, n);
+    const StepWork work = plan_step(planner, *set, ids, comm.rank());
+    Model model(cfg.model, *backend);
+    model.initialise(cfg.train.seed);
+    Executor exec(model, *set, 1, comm);
+    exec.submit(work, false);
+    model.zero_grads();
+    const StepStats st = exec.run(work, 1.0f / float(work.loss_tokens), true);
+    double sums[2] = {st.loss_sum, double(st.targets)};
+    comm.all_reduce_sum(sums, 2);
+    std::lock_guard lk(mu);
+    bad += set->bad_loads();
+    encoded += exec.last_images_encoded();
+    if (comm.rank() == 0) {
+      for (int64_t id : ids) images += set->images(id);
+      loss = sums[0] / sums[1];
+    }
+  });
+  EXPECT_EQ(bad, 1);
+  EXPECT_EQ(encoded, images - 1);
+  EXPECT_TRUE(std::isfinite(loss));
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "trainer/executor.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -202,7 +204,13 @@ StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
       int64_t rows = 0;
       for (size_t e = 0; e < g.encode.size(); ++e) {
         const Sample& s = samples[at + n + e];
-        if (s.skipped || s.images.size() != 1) continue;
+        if (s.skipped || s.images.size() != 1) {
+          const GroupImage& im = g.images[size_t(g.encode[e])];
+          spdlog::warn("sample {}: the image at tokens [{}, {}) did not load; on its ring those "
+                       "tokens are zeros and the rest of the sample trains", im.sample,
+                       im.span.first, im.span.first + im.span.tokens);
+          continue;
+        }
         append_image(b, s.images[0], model_.config().vision);
         first_row[e] = rows;
         rows += g.images[size_t(g.encode[e])].span.tokens;
