@@ -54,6 +54,11 @@ Model::Model(const ModelConfig& cfg, Backend& backend)
       uploader_(backend, cfg_),
       arena_(backend) {
   acts_.resize(cfg_.layers);
+  if (const ParamSpec* h = table_.find("lm_head.weight")) lm_head_at_ = h->offset;
+  final_norm_at_ = table_.get("final_norm.weight").offset;
+  tok_embed_at_ = table_.get("tok_embed.weight").offset;
+  for (int l = 0; l < cfg_.layers; ++l)
+    layer_at_.push_back(table_.get("layers." + std::to_string(l) + ".attn_norm.weight").offset);
   backend_.zero(params_.data(), params_.bytes());
   backend_.zero(grads_.data(), grads_.bytes());
   backend_.zero(stats_.data(), stats_.bytes());
@@ -112,7 +117,7 @@ void Model::forward_hidden(const DeviceBatch& b, Attention& attn, ImageRoute* ro
 }
 
 void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention* attn_in,
-                ImageRoute* route) {
+                ImageRoute* route, const GradsFinal& final) {
   const int64_t T = b.T, d = cfg_.dim, V = cfg_.vocab_size;
   Attention& attn = attn_in ? *attn_in : local_attn_;
   DHP_ASSERT(route ? route->rows() == b.R : b.R == b.N);
@@ -133,13 +138,21 @@ void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention
                          false);
   }
   if (!backward) return;
+  auto done_from = [&](int64_t offset) {
+    if (final) final(offset);
+  };
+  if (lm_head_at_ >= 0) done_from(lm_head_at_);
 
   ops_.rmsnorm_backward(dx_, g_.final_norm, dxf_, x_final_, p_.final_norm, rstd_, T, d);
+  done_from(final_norm_at_);
   const RopePos rope{b.pos, nullptr, nullptr};
-  for (int l = cfg_.layers - 1; l >= 0; --l)
+  for (int l = cfg_.layers - 1; l >= 0; --l) {
     block_backward(ops_, dims_, p_.layers[l], g_.layers[l], acts_[l], scratch_, dx_, T, rope,
                    attn, l);
+    done_from(layer_at_[size_t(l)]);
+  }
   ops_.embedding_backward(g_.tok_embed, dx_, b.ids, T, d);
+  done_from(tok_embed_at_);
   if (route) {
     // Every routed row is held by exactly one position of this pack.
     ops_.gather_rows(drows_, dx_, b.image_slot, T, d);
@@ -151,6 +164,7 @@ void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention
     ops_.gather_rows(vision_.dtokens(), dx_, b.image_slot, T, d);
   }
   if (b.N > 0) vision_.backward(p_, g_, b);
+  done_from(0);
 }
 
 StepStats Model::take_stats() {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -32,6 +33,11 @@ struct SamplingOptions {
   double top_p = 1.0;        // nucleus sampling when temperature > 0
   uint64_t seed = 0;
 };
+
+// Called during a backward pass with decreasing offsets into the gradient arena: every
+// parameter gradient at an offset >= the one given is complete for the pass (the optimizer
+// starts summing those over ranks while backward goes on).
+using GradsFinal = std::function<void(int64_t offset)>;
 
 class Model {
  public:
@@ -65,8 +71,9 @@ class Model {
   // accumulated gradients are those of the mean loss) and accumulates the parameter
   // gradients. `attn` is the decoder's attention (null: local attention over the pack);
   // `route` brings image tokens encoded on other ranks (null: the pack's own images).
+  // `final`, when set, hears as the backward pass completes parameter gradients.
   void run(const DeviceBatch& b, float loss_scale, bool backward, Attention* attn = nullptr,
-           ImageRoute* route = nullptr);
+           ImageRoute* route = nullptr, const GradsFinal& final = {});
   // The statistics accumulated since the last call; synchronises with the device.
   StepStats take_stats();
   // upload + run + take_stats, for callers with one micro-batch at hand.
@@ -92,6 +99,10 @@ class Model {
   DeviceBuffer stats_;           // (1) CrossEntropyStats accumulated on the device
   ModelParams p_, g_;
   BlockDims dims_;
+  // Where the backward pass completes gradients, for GradsFinal: the first offset of the
+  // lm_head (-1 when tied), the final norm, each decoder layer and the token embedding.
+  int64_t lm_head_at_ = -1, final_norm_at_ = 0, tok_embed_at_ = 0;
+  std::vector<int64_t> layer_at_;
   VisionPath vision_;
   LocalAttention local_attn_;
   BatchUploader uploader_;

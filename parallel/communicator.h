@@ -60,6 +60,9 @@ class PendingExchange {
  public:
   virtual ~PendingExchange() = default;
   virtual void wait() = 0;
+  // Lets the transport move the transfers along without waiting (MPI progresses a request
+  // only inside MPI calls); true once they have completed. wait() is still required.
+  virtual bool test() { return false; }
 };
 
 class Communicator {
@@ -88,6 +91,21 @@ class Communicator {
   virtual void all_gather(const void* send, void* recv, int64_t count, DataType type) = 0;
   virtual void broadcast(void* buf, int64_t count, DataType type, int root) = 0;
   virtual void barrier() = 0;
+
+  // Whether start_all_reduce overlaps: the collective then completes in the background while
+  // the rank computes and talks to its ring neighbours. A communicator without it would block
+  // in start_all_reduce, and a rank blocked there mid-backward would stall its ring partners,
+  // so callers overlap only where this is true.
+  virtual bool overlapping_collectives() const { return false; }
+  // Starts an in-place all-reduce and returns at once; `buf` must stay untouched until the
+  // returned exchange's wait(). Every rank starts the same collectives in the same order.
+  // Throws dhp::Error where overlapping_collectives() is false.
+  virtual std::unique_ptr<PendingExchange> start_all_reduce(void* buf, int64_t count,
+                                                            DataType type, ReduceOp op);
+  // Starts an in-place sum onto `root`: root's buf receives the sum over ranks; the other
+  // ranks' buf is left as it was. As start_all_reduce otherwise.
+  virtual std::unique_ptr<PendingExchange> start_reduce(void* buf, int64_t count, DataType type,
+                                                        int root);
 
   // Starts sends and receives to any ranks of the world, returns at once. Sends are matched to
   // receives by (source, destination, tag) in the order they were posted.

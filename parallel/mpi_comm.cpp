@@ -132,6 +132,37 @@ class MpiExchange final : public PendingExchange {
   bool done_ = false;
 };
 
+// Reductions in flight (start_all_reduce, start_reduce): one request per slice of the buffer.
+class MpiCollective final : public PendingExchange {
+ public:
+  MpiCollective(std::vector<MPI_Request> requests, int rank, double timeout)
+      : requests_(std::move(requests)), rank_(rank), timeout_(timeout) {}
+  ~MpiCollective() override {
+    // As MpiExchange: never wait on a dead peer while an error unwinds.
+    if (!done_ && std::uncaught_exceptions() == 0)
+      MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+  }
+  void wait() override {
+    if (done_) return;
+    wait_all(requests_, MPI_STATUSES_IGNORE, rank_, timeout_,
+             [] { return std::string("an overlapped reduction with every rank"); });
+    done_ = true;
+  }
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    mpi_check(MPI_Testall(int(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE),
+              "MPI_Testall");
+    return flag != 0;
+  }
+
+ private:
+  std::vector<MPI_Request> requests_;
+  int rank_;
+  double timeout_;
+  bool done_ = false;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator() {
@@ -166,6 +197,34 @@ class MpiCommunicator final : public Communicator {
                                &r[0]), "MPI_Iallreduce");
       finish(r, "an all-reduce");
     }
+  }
+  bool overlapping_collectives() const override { return true; }
+  std::unique_ptr<PendingExchange> start_all_reduce(void* buf, int64_t count, DataType type,
+                                                    ReduceOp op) override {
+    const size_t es = data_type_size(type);
+    std::vector<MPI_Request> r;
+    for (int64_t off = 0; size_ > 1 && off < count; off += kSlice) {
+      const int n = int(std::min(kSlice, count - off));
+      r.push_back(MPI_REQUEST_NULL);
+      mpi_check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(buf) + size_t(off) * es, n,
+                               mpi_type(type), op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_,
+                               &r.back()), "MPI_Iallreduce");
+    }
+    return std::make_unique<MpiCollective>(std::move(r), rank_, timeout_);
+  }
+  std::unique_ptr<PendingExchange> start_reduce(void* buf, int64_t count, DataType type,
+                                                int root) override {
+    DHP_CHECK(root >= 0 && root < size_, "reduce onto rank {} in a world of {}", root, size_);
+    const size_t es = data_type_size(type);
+    std::vector<MPI_Request> r;
+    for (int64_t off = 0; size_ > 1 && off < count; off += kSlice) {
+      const int n = int(std::min(kSlice, count - off));
+      char* p = static_cast<char*>(buf) + size_t(off) * es;
+      r.push_back(MPI_REQUEST_NULL);
+      mpi_check(MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : p, p, n, mpi_type(type), MPI_SUM, root,
+                            comm_, &r.back()), "MPI_Ireduce");
+    }
+    return std::make_unique<MpiCollective>(std::move(r), rank_, timeout_);
   }
   void reduce_scatter(const void* send, void* recv, int64_t count, DataType type) override {
     std::vector<MPI_Request> r(1);

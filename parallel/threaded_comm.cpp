@@ -34,6 +34,20 @@ const char* data_type_name(DataType t) {
   return "?";
 }
 
+std::unique_ptr<PendingExchange> Communicator::start_all_reduce(void*, int64_t count, DataType type,
+                                                              ReduceOp) {
+  throw Error(fmt::format("the {} communicator cannot overlap an all-reduce ({} x {}) with other "
+                          "work; reduce after the backward pass instead",
+                          name(), count, data_type_name(type)));
+}
+
+std::unique_ptr<PendingExchange> Communicator::start_reduce(void*, int64_t count, DataType type,
+                                                          int root) {
+  throw Error(fmt::format("the {} communicator cannot overlap a reduce ({} x {} onto rank {}) "
+                          "with other work; reduce after the backward pass instead",
+                          name(), count, data_type_name(type), root));
+}
+
 namespace {
 
 template <class T>

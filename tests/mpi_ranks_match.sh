@@ -24,6 +24,8 @@ max_tokens = 1500
 steps = 8
 batch_size = 8
 threads = 1
+[parallel]
+bucket_mb = 0.02  # many gradient buckets, reduced while backward runs
 [log]
 progress = false
 TOML
@@ -41,15 +43,25 @@ export_weights() {  # run-dir
 export_weights "$work/one"
 runs=()
 # static-2: the static strategy with every group a ring of 2 (static_cp = 0 picks 1 here).
-for spec in dhp:2 dhp:3 pow2:2 pow2:3 static:2 static:3 static-2:2; do
+# Gradients are summed in buckets while backward runs, onto their ZeRO-1 owners; dhp-replicated
+# all-reduces them instead, dhp-after sums them after backward.
+for spec in dhp:2 dhp:3 pow2:2 pow2:3 static:2 static:3 static-2:2 dhp-replicated:3 dhp-after:3; do
   IFS=: read -r name n <<<"$spec"
-  strategy=${name%-*}
-  cp=0
-  [ "$name" = static-2 ] && cp=2
+  strategy=${name%%-*}
+  extra=()
+  case $name in
+    static-2) extra=(--parallel.static_cp=2) ;;
+    dhp-replicated) extra=(--parallel.zero1=false) ;;
+    dhp-after) extra=(--parallel.overlap_grads=false) ;;
+  esac
   r="$work/$name-$n"
   mpirun -np "$n" --oversubscribe "$dhp" train --config "$work/run.toml" --parallel.refit=false \
-    --parallel.strategy="$strategy" --parallel.static_cp="$cp" --log.metrics="$r/metrics.jsonl" \
+    --parallel.strategy="$strategy" "${extra[@]}" --log.metrics="$r/metrics.jsonl" \
     --checkpoint.dir="$r/ckpt" >"$r.log" 2>&1 || { cat "$r.log"; exit 1; }
+  case $name in
+    dhp-after) grep -q "summed after backward" "$r.log" ;;
+    *) grep -q "summed in [0-9]* buckets" "$r.log" ;;
+  esac || { echo "$name: unexpected gradient reduction"; grep "gradients:" "$r.log"; exit 1; }
   export_weights "$r"
   runs+=("$name:$n:$r")
 done
@@ -101,7 +113,7 @@ for spec in sys.argv[2:]:
         assert len({r["max_degree"] for r in other}) == 1, f"static on {n} ranks changed its degree"
     elif strategy == "static-2":
         assert all(d == 2 for r in other for d in r["degrees"]), f"static-2: {other[0]['degrees']}"
-    elif strategy == "dhp":
+    elif strategy in ("dhp", "dhp-replicated", "dhp-after"):
         assert widest == n, f"dhp on {n} ranks: widest ring {widest}, expected {n}"
     else:
         assert widest == 2, f"pow2 on {n} ranks: widest ring {widest}, expected 2"

@@ -169,3 +169,20 @@ TEST(ThreadedCommFailures, AReceiveNobodySendsTimesOut) {
 
 }  // namespace
 }  // namespace dhp
+
+namespace dhp {
+namespace {
+
+// The threaded world's collectives are rendezvous: it says it cannot overlap them, and a
+// caller that tries anyway gets an error instead of a rank blocked mid-backward.
+TEST(ThreadedComm, RefusesToOverlapCollectives) {
+  run_threaded(2, [](Communicator& c) {
+    EXPECT_FALSE(c.overlapping_collectives());
+    float x = 1.0f;
+    EXPECT_THROW(c.start_all_reduce(&x, 1, DataType::F32, ReduceOp::Sum), Error);
+    EXPECT_THROW(c.start_reduce(&x, 1, DataType::F32, 0), Error);
+  });
+}
+
+}  // namespace
+}  // namespace dhp

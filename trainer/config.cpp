@@ -132,6 +132,8 @@ class Schema {
     flag("refit", p.refit);
     num("refit_window", p.refit_window, 1, 1 << 20);
     num("timeout_s", p.timeout_s, 0.1, 1e7);
+    flag("overlap_grads", p.overlap_grads);
+    num("bucket_mb", p.bucket_mb, 1e-4, 1e6);
 
     sec_ = "checkpoint";
     auto& k = c.checkpoint;

@@ -174,7 +174,8 @@ void Executor::submit(const StepWork& work, bool blank_images) {
 }
 
 StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
-                        const std::function<void(const std::vector<Sample>&)>& after) {
+                        const std::function<void(const std::vector<Sample>&)>& after,
+                        const GradsFinal& last_final) {
   std::vector<Sample> samples = loader_.next();
   timings_.clear();
   images_encoded_ = 0;
@@ -226,12 +227,11 @@ StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
     }
     const DeviceBatch& db = model_.upload(b);
     const bool ring = g.ring.size() > 1;
-    if (ring) {
-      ring_.regroup(g.ring);
-      model_.run(db, loss_scale, backward, &ring_, g.routed ? &images_ : nullptr);
-    } else {
-      model_.run(db, loss_scale, backward);
-    }
+    const GradsFinal none;
+    const GradsFinal& final = &g == &work.mine.back() ? last_final : none;
+    if (ring) ring_.regroup(g.ring);
+    model_.run(db, loss_scale, backward, ring ? &ring_ : nullptr, g.routed ? &images_ : nullptr,
+               final);
     const double cpu = thread_cpu_seconds() - cpu0;
     const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
     double wait = 0.0, wait_cpu = 0.0;

@@ -91,8 +91,11 @@ class Executor {
   void submit(const StepWork& work, bool blank_images);
   // Runs this rank's groups of `work` (submitted earlier) through the model and returns this
   // rank's loss statistics. `after` sees each group's samples once its pass is done.
+  // `last_final` hears the gradients completed by this rank's last pass of the step (nothing
+  // touches them after it): the optimizer overlaps their reduction with the rest of backward.
   StepStats run(const StepWork& work, float loss_scale, bool backward,
-                const std::function<void(const std::vector<Sample>&)>& after = {});
+                const std::function<void(const std::vector<Sample>&)>& after = {},
+                const GradsFinal& last_final = {});
   double last_wait_seconds() const { return loader_.last_wait_seconds(); }
   // Images this rank encoded in the last run (each image of a ring group on one rank only).
   int64_t last_images_encoded() const { return images_encoded_; }

@@ -60,7 +60,72 @@ void AdamW::update(float* params, const float* grads, double lr) {
                                 v() + p.offset, p.numel(), step_of(p, lr));
 }
 
+void AdamW::set_overlap(int64_t bucket_elements) {
+  buckets_.clear();
+  if (bucket_elements <= 0) return;
+  const auto& specs = table_.specs();
+  int64_t end = table_.total(), size = 0;
+  for (auto it = specs.rbegin(); it != specs.rend(); ++it) {
+    size += it->numel();
+    if (size >= bucket_elements) {
+      buckets_.push_back({it->offset, end});
+      end = it->offset;
+      size = 0;
+    }
+  }
+  if (end > 0) buckets_.push_back({0, end});
+}
+
+void AdamW::begin_overlap(float* grads, Communicator& comm) {
+  DHP_ASSERT(overlaps() && inflight_.empty());
+  overlap_grads_ = grads;
+  overlap_comm_ = &comm;
+  started_ = 0;
+}
+
+void AdamW::start(const Bucket& b) {
+  Communicator& comm = *overlap_comm_;
+  float* g = overlap_grads_;
+  if (!sharded()) {
+    inflight_.push_back(comm.start_all_reduce(g + b.begin, b.end - b.begin, DataType::F32, ReduceOp::Sum));
+    return;
+  }
+  const int64_t W = shard_.world;
+  for (int r = 0; r < W; ++r) {
+    const int64_t a = std::max(b.begin, r * block_), e = std::min(b.end, (r + 1) * block_);
+    if (a < e) inflight_.push_back(comm.start_reduce(g + a, e - a, DataType::F32, r));
+  }
+  const int64_t a = std::max(b.begin, W * block_);
+  if (a < b.end) inflight_.push_back(comm.start_all_reduce(g + a, b.end - a, DataType::F32, ReduceOp::Sum));
+}
+
+void AdamW::grads_final_from(int64_t offset) {
+  if (!overlap_grads_) return;
+  while (started_ < buckets_.size() && buckets_[started_].begin >= offset) start(buckets_[started_++]);
+  for (auto& x : inflight_) x->test();  // lets the transport progress between layers
+}
+
+double AdamW::sharded_norm(const float* grads, Communicator& comm) const {
+  // Blocks summed in rank order; the tail (the same on every rank) counted once.
+  double sq = squared_norm(grad_block_.as<float>(), block_);
+  if (shard_.rank == 0) sq += squared_norm(grads + shard_.world * block_, tail_);
+  comm.all_reduce_sum(&sq, 1);
+  return std::sqrt(sq);
+}
+
 double AdamW::reduce(float* grads, Communicator& comm) {
+  if (overlap_grads_) {
+    DHP_ASSERT(grads == overlap_grads_ && &comm == overlap_comm_);
+    grads_final_from(0);
+    for (auto& x : inflight_) x->wait();
+    inflight_.clear();
+    overlap_grads_ = nullptr;
+    if (!sharded()) return grad_norm(grads);
+    // This rank's block was summed in place; the update reads it from grad_block_.
+    backend_.copy(grad_block_.data(), grads + int64_t(shard_.rank) * block_,
+                  sizeof(float) * size_t(block_));
+    return sharded_norm(grads, comm);
+  }
   if (!sharded()) {
     comm.all_reduce_sum(grads, table_.total());
     return grad_norm(grads);
@@ -68,11 +133,7 @@ double AdamW::reduce(float* grads, Communicator& comm) {
   const int64_t W = shard_.world;
   comm.reduce_scatter(grads, grad_block_.data(), block_, DataType::F32);
   if (tail_ > 0) comm.all_reduce_sum(grads + W * block_, tail_);
-  // Blocks summed in rank order; the tail (the same on every rank) counted once.
-  double sq = squared_norm(grad_block_.as<float>(), block_);
-  if (shard_.rank == 0) sq += squared_norm(grads + W * block_, tail_);
-  comm.all_reduce_sum(&sq, 1);
-  return std::sqrt(sq);
+  return sharded_norm(grads, comm);
 }
 
 void AdamW::apply(float* params, float* grads, double lr, double norm, Communicator& comm) {

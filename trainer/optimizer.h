@@ -8,9 +8,19 @@
 // tail all-reduced; the global norm is summed from the blocks; each rank updates its block
 // and the tail, and the parameters are all-gathered. Moments exist for a rank's block and the
 // tail only: optimizer memory per rank falls by N.
+//
+// Overlapped reduction (parallel.overlap_grads, where the communicator overlaps collectives):
+// the arena is cut into buckets of about parallel.bucket_mb, from its end, at parameter
+// boundaries. During a step's last backward pass on this rank the model reports how far, from
+// the end of the arena backwards, the gradients are final (grads_final_from); each bucket's
+// sum starts as soon as the bucket is final, while backward goes on — all-reduced, or under
+// ZeRO-1 reduced onto the ranks that own its parts and the tail all-reduced — and reduce()
+// then starts the rest and waits. The buckets are fixed by the parameter table, so every rank
+// starts the same reductions in the same order.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -43,6 +53,15 @@ class AdamW {
   // ZeRO-1, then the parameters are all-gathered) and counts the step. Every rank calls it.
   void apply(float* params, float* grads, double lr, double norm, Communicator& comm);
 
+  // Turns overlapped reduction on with buckets of about `bucket_elements` (0: off).
+  void set_overlap(int64_t bucket_elements);
+  bool overlaps() const { return !buckets_.empty(); }
+  int64_t buckets() const { return int64_t(buckets_.size()); }
+  // Before a step's backward passes (overlaps() only): reductions of this step go on `grads`.
+  void begin_overlap(float* grads, Communicator& comm);
+  // Every gradient at offset >= `offset` is final for this step: start the buckets that are.
+  void grads_final_from(int64_t offset);
+
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
   bool sharded() const { return shard_.world > 1; }
@@ -70,6 +89,12 @@ class AdamW {
   void update(float* params, const float* grads, double lr);
   AdamWStep step_of(const ParamSpec& p, double lr) const;
   double squared_norm(const float* x, int64_t n) const;
+  // Under ZeRO-1, once grad_block_ and the tail hold their sums: the global norm.
+  double sharded_norm(const float* grads, Communicator& comm) const;
+  struct Bucket {
+    int64_t begin, end;  // [begin, end) of the arena
+  };
+  void start(const Bucket& b);
   std::vector<float> gather(const DeviceBuffer& b, Communicator& comm) const;
   const ParamTable& table_;
   OptimConfig cfg_;
@@ -80,6 +105,11 @@ class AdamW {
   DeviceBuffer grad_block_;       // (block) this rank's summed gradient under ZeRO-1
   DeviceBuffer norm_;             // (1) double: a squared norm
   std::vector<float> full_m_, full_v_;  // gathered for a checkpoint (sharded only)
+  std::vector<Bucket> buckets_;         // in starting order: from the end of the arena
+  size_t started_ = 0;                  // buckets started this step
+  std::vector<std::unique_ptr<PendingExchange>> inflight_;
+  float* overlap_grads_ = nullptr;      // non-null between begin_overlap and reduce
+  Communicator* overlap_comm_ = nullptr;
   int64_t t_ = 0;
 };
 

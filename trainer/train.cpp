@@ -127,6 +127,8 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
       exec_(model_, *train_set_, cfg.data.workers, comm),
       bar_(cfg.train.steps, rank0_ && cfg.log.progress) {
   comm.set_timeout(cfg.parallel.timeout_s);
+  if (cfg.parallel.overlap_grads && comm.size() > 1 && comm.overlapping_collectives())
+    opt_.set_overlap(int64_t(cfg.parallel.bucket_mb * double(1 << 20)) / int64_t(sizeof(float)));
   model_.initialise(cfg.train.seed);
   std::optional<SamplerState> resumed_sampler;
   // `--resume auto` on a folder without a checkpoint yet starts afresh, so a job killed
@@ -182,6 +184,14 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
                  opt_.sharded() ? fmt::format(" (ZeRO-1 over {} ranks; {:.2f} MiB unsharded)",
                                               comm.size(), full)
                                 : "");
+    if (comm.size() > 1)
+      spdlog::info("gradients: {}", opt_.overlaps()
+                                        ? fmt::format("summed in {} buckets of ~{} MiB while backward runs",
+                                                      opt_.buckets(), cfg.parallel.bucket_mb)
+                                        : fmt::format("summed after backward ({})",
+                                                      cfg.parallel.overlap_grads
+                                                          ? comm.name() + " cannot overlap collectives"
+                                                          : "parallel.overlap_grads = false"));
   }
   if (rank0_)
     spdlog::info("model: {:.3f} M parameters; train: {} samples; val: {} samples; {} rank(s); "
@@ -272,14 +282,21 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
   const auto t_step = Clock::now();
   model_.zero_grads();
   const float scale = 1.0f / float(std::max<int64_t>(1, work.loss_tokens));
-  const StepStats local = exec_.run(work, scale, true);
+  GradsFinal final;
+  if (opt_.overlaps()) {
+    opt_.begin_overlap(model_.grads(), comm_);
+    final = [this](int64_t offset) { opt_.grads_final_from(offset); };
+  }
+  const StepStats local = exec_.run(work, scale, true, {}, final);
+  // Gradients summed over the ranks (reduce-scattered to each rank's block under ZeRO-1).
+  // First: the buckets already in flight must meet every rank's same collectives in the
+  // same order, so no other collective may come between.
+  const double norm = opt_.reduce(model_.grads(), comm_);
   // Every rank's busy time, to show how unevenly the step's work was spread.
   double mine = 0.0, waited = 0.0;
   for (const GroupTiming& t : exec_.last_timings()) mine += t.busy_seconds, waited += t.wait_seconds;
   std::vector<double> rank_time(size_t(comm_.size()), 0.0);
   comm_.all_gather(&mine, rank_time.data(), 1, DataType::F64);
-  // Gradients summed over the ranks (reduce-scattered to each rank's block under ZeRO-1).
-  const double norm = opt_.reduce(model_.grads(), comm_);
   double sums[2] = {local.loss_sum, double(local.targets)};  // loss, targets
   comm_.all_reduce_sum(sums, 2);
   const double loss_sum = sums[0];
