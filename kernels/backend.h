@@ -49,6 +49,9 @@ class Backend {
   virtual void adapt_to_load() {}
   // Compute threads (CPU) or 1.
   virtual int threads() const { return 1; }
+  // The native stream the ops run on (a cudaStream_t), for a device communicator that must
+  // order its transfers after them; null where there is none (the CPU).
+  virtual void* stream_handle() const { return nullptr; }
 
   int64_t allocations() const { return allocations_; }
 

@@ -16,6 +16,8 @@
 
 namespace dhp {
 
+class Backend;
+
 enum class DataType { F32, F64, I32, I64, U8 };
 size_t data_type_size(DataType t);
 const char* data_type_name(DataType t);
@@ -91,6 +93,11 @@ class Communicator {
   virtual void all_gather(const void* send, void* recv, int64_t count, DataType type) = 0;
   virtual void broadcast(void* buf, int64_t count, DataType type, int root) = 0;
   virtual void barrier() = 0;
+
+  // Device communicators order every transfer after the work `backend` has queued so far on
+  // its stream (NCCL runs on a stream of its own, so ring transfers overlap compute); host
+  // communicators have nothing to order. Called once the backend exists.
+  virtual void follow(Backend& backend) { (void)backend; }
 
   // Whether start_all_reduce overlaps: the collective then completes in the background while
   // the rank computes and talks to its ring neighbours. A communicator without it would block

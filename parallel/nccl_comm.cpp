@@ -153,8 +153,9 @@ void NcclCommunicator::close() noexcept {
   }
   if (scratch_) cudaFree(scratch_);
   if (done_) cudaEventDestroy(done_);
+  if (computed_) cudaEventDestroy(computed_);
   if (own_stream_) cudaStreamDestroy(stream_);
-  scratch_ = nullptr, done_ = nullptr, own_stream_ = false;
+  scratch_ = nullptr, done_ = nullptr, computed_ = nullptr, own_stream_ = false;
 }
 
 void NcclCommunicator::set_timeout(double seconds) {
@@ -249,6 +250,17 @@ void NcclCommunicator::wait_event(cudaEvent_t event, const std::string& what) {
   }
 }
 
+void NcclCommunicator::follow(Backend& backend) {
+  compute_ = static_cast<cudaStream_t>(backend.stream_handle());
+  if (compute_ && !computed_) DHP_CUDA_CHECK(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
+}
+
+void NcclCommunicator::after_compute() {
+  if (!compute_ || compute_ == stream_) return;
+  DHP_CUDA_CHECK(cudaEventRecord(computed_, compute_));
+  DHP_CUDA_CHECK(cudaStreamWaitEvent(stream_, computed_, 0));
+}
+
 void NcclCommunicator::enqueue_done(const std::string& what) {
   DHP_CUDA_CHECK(cudaEventRecord(done_, stream_));
   wait_event(done_, what);
@@ -260,6 +272,7 @@ void NcclCommunicator::all_reduce(void* buf, int64_t count, DataType type, Reduc
                                     count, type);
   check_usable(what);
   DHP_CUDA_CHECK(cudaSetDevice(device_));
+  after_compute();
   nccl_done(ncclAllReduce(buf, buf, size_t(count), nccl_type(type), nccl_op(op), comm_, stream_), what);
   enqueue_done(what);
 }
@@ -269,6 +282,7 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, int64_t coun
   const std::string what = describe("a reduce-scatter", count, type);
   check_usable(what);
   DHP_CUDA_CHECK(cudaSetDevice(device_));
+  after_compute();
   nccl_done(ncclReduceScatter(send, recv, size_t(count), nccl_type(type), ncclSum, comm_, stream_),
             what);
   enqueue_done(what);
@@ -279,6 +293,7 @@ void NcclCommunicator::all_gather(const void* send, void* recv, int64_t count, D
   const std::string what = describe("an all-gather", count, type);
   check_usable(what);
   DHP_CUDA_CHECK(cudaSetDevice(device_));
+  after_compute();
   // NCCL gathers in place itself when send is this rank's block of recv.
   nccl_done(ncclAllGather(send, recv, size_t(count), nccl_type(type), comm_, stream_), what);
   enqueue_done(what);
@@ -291,6 +306,7 @@ void NcclCommunicator::broadcast(void* buf, int64_t count, DataType type, int ro
                                        data_type_name(type), root);
   check_usable(what);
   DHP_CUDA_CHECK(cudaSetDevice(device_));
+  after_compute();
   nccl_done(ncclBroadcast(buf, buf, size_t(count), nccl_type(type), root, comm_, stream_), what);
   enqueue_done(what);
 }
@@ -299,6 +315,7 @@ void NcclCommunicator::barrier() {
   const std::string what = "a barrier with every rank";
   check_usable(what);
   DHP_CUDA_CHECK(cudaSetDevice(device_));
+  after_compute();
   nccl_done(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), what);
   enqueue_done(what);
 }
@@ -321,6 +338,7 @@ std::unique_ptr<PendingExchange> NcclCommunicator::exchange(const std::vector<Tr
                                          : fmt::format("{}", fmt::join(peers, ", "));
   check_usable(what);
   DHP_CUDA_CHECK(cudaSetDevice(device_));
+  after_compute();
   nccl_done(ncclGroupStart(), what);
   ncclResult_t first_error = ncclSuccess;
   for (size_t i : order_by_tag(transfers)) {

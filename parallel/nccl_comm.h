@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "parallel/communicator.h"
 
 namespace dhp {
@@ -74,6 +75,9 @@ class NcclCommunicator final : public Communicator {
   // A one-element all-reduce on the device: NCCL has no barrier of its own.
   void barrier() override;
   std::unique_ptr<PendingExchange> exchange(const std::vector<Transfer>& transfers) override;
+  // Every later call first makes this communicator's stream wait for the work queued so far
+  // on the backend's stream (an event, not a host synchronisation).
+  void follow(Backend& backend) override;
 
   // Waits for `event` (recorded after work of this communicator) like every call does:
   // polling, with the timeout, aborting and throwing on a peer that never answers.
@@ -90,6 +94,7 @@ class NcclCommunicator final : public Communicator {
   // waited for with the timeout before the next NCCL call may be made.
   void nccl_done(ncclResult_t r, const std::string& what);
   void enqueue_done(const std::string& what);  // records the event and waits for it
+  void after_compute();                         // stream_ waits for compute_'s queued work
   [[noreturn]] void fail(const std::string& message);
   void check_usable(const std::string& what) const;
 
@@ -101,6 +106,8 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   bool own_stream_ = false;
+  cudaStream_t compute_ = nullptr;  // the backend's stream (follow), or none
+  cudaEvent_t computed_ = nullptr;  // recorded on compute_ before each call
   cudaEvent_t done_ = nullptr;
   void* scratch_ = nullptr;  // the barrier's one int32 on the device
   std::string failure_;      // why the communicator was aborted; empty while usable

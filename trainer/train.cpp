@@ -127,6 +127,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
       exec_(model_, *train_set_, cfg.data.workers, comm),
       bar_(cfg.train.steps, rank0_ && cfg.log.progress) {
   comm.set_timeout(cfg.parallel.timeout_s);
+  comm.follow(*backend_);
   if (cfg.parallel.overlap_grads && comm.size() > 1 && comm.overlapping_collectives())
     opt_.set_overlap(int64_t(cfg.parallel.bucket_mb * double(1 << 20)) / int64_t(sizeof(float)));
   model_.initialise(cfg.train.seed);

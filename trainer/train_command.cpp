@@ -161,6 +161,7 @@ void add_eval_command(CLI::App& app, const CliHooks& hooks) {
     world = communicator_for(std::move(world), cfg.train.device, hooks);
     Communicator& comm = *world;
     LoadedModel m = load_for_inference(path, cfg);
+    comm.follow(*m.backend);
     const std::string manifest = data->empty() ? m.cfg.data.val : *data;
     DHP_CHECK(!manifest.empty(), "no data to evaluate: pass --data or set data.val");
     Tokenizer tok(m.cfg.data.tokenizer);
