@@ -232,12 +232,16 @@ StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
     if (ring) ring_.regroup(g.ring);
     model_.run(db, loss_scale, backward, ring ? &ring_ : nullptr, g.routed ? &images_ : nullptr,
                final);
+    // A device runs the group's kernels after the host has queued them: its busy time is the
+    // wall time once they are done.
+    const bool on_device = model_.backend().device() != Device::CPU;
+    if (on_device) model_.backend().synchronize();
     const double cpu = thread_cpu_seconds() - cpu0;
     const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
     double wait = 0.0, wait_cpu = 0.0;
     if (ring) wait += ring_.wait_seconds(), wait_cpu += ring_.wait_cpu_seconds();
     if (g.routed) wait += images_.wait_seconds(), wait_cpu += images_.wait_cpu_seconds();
-    const bool one_thread = model_.backend().threads() == 1;
+    const bool one_thread = !on_device && model_.backend().threads() == 1;
     const double busy = one_thread ? cpu - wait_cpu : wall - wait;
     timings_.push_back(GroupTiming{g.group, std::max(0.0, busy), wait});
     if (after) {

@@ -76,7 +76,8 @@ StepWork plan_step(const Planner& planner, const Dataset& data, const std::vecto
 
 // A group this rank ran. Busy time is the rank's thread CPU time (true busy time even with
 // more ranks than cores) less what it spent inside ring waits; with several compute threads
-// per rank (whose CPU time the calling thread does not see) it is wall time less the waits.
+// per rank (whose CPU time the calling thread does not see), or on a device (which runs the
+// queued kernels after the host), it is wall time to the group's end less the waits.
 struct GroupTiming {
   int group = 0;
   double busy_seconds = 0.0;
