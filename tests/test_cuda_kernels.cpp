@@ -25,9 +25,10 @@ struct Tol {
   double atol, rtol;
 };
 
-// Same float operations in the same order; the bound only absorbs fused multiply-adds and
-// the device's expf/tanhf (at most 2 ulp from the host's).
-constexpr Tol kPointwise{1e-6, 1e-5};
+// Same float operations in the same order; the bound absorbs fused multiply-adds and the
+// device's expf/tanhf (2 ulp), which GELU's derivative amplifies ~10x at |x| = 4 where
+// 1 - tanh² cancels.
+constexpr Tol kPointwise{1e-5, 1e-5};
 // Pure copies and permutations: bit for bit.
 constexpr Tol kExact{0.0, 0.0};
 // Row reductions summed in float on the device, in double on the CPU: ~sqrt(C)·eps apart.
@@ -89,11 +90,12 @@ double unit(const std::string& precision) {
 }
 
 // Inputs in [-1, 1]: rounding the inputs costs ~sqrt(K)·u/5 rms on a length-K dot product
-// (random signs), bounded here by 2·sqrt(K)·u; fp32 accumulation in a different order than
-// OpenBLAS adds up to ~K·eps/4 on sums that grow like sqrt(K), bounded by 1e-7·K.
+// (random signs), and up to 2u relative if the hardware truncates instead of rounding; hence
+// 4·u·sqrt(K) + 4u·|ref|. fp32 accumulation in another order than OpenBLAS adds up to
+// ~K·eps/4 on sums that grow like sqrt(K): 1e-7·K.
 Tol gemm_tol(const std::string& precision, int64_t K) {
   const double u = unit(precision);
-  return Tol{2.0 * u * std::sqrt(double(K)) + 1e-7 * double(K), 2.0 * u};
+  return Tol{4.0 * u * std::sqrt(double(K)) + 1e-7 * double(K), 4.0 * u};
 }
 
 class CudaLinear : public CudaOpsTest, public ::testing::WithParamInterface<std::string> {};
@@ -297,8 +299,9 @@ TEST_F(CudaOpsTest, CrossEntropyMatchesCpu) {
     // In place, as the model calls it.
     g().cross_entropy_backward(L.as<float>(), L.as<float>(), LSE.as<float>(), Tg.as<int32_t>(), T,
                                V, 0.25f);
-    // exp(x - lse) with the two lse ~1e-6 apart: relative error of the same size.
-    expect_close("dlogits " + at, get<float>(L, dl.size()), dl, Tol{1e-7, 1e-5});
+    // exp(x - lse) with the two lse up to 1e-5 apart: that relative error, and at the target,
+    // where p - scale cancels, scale·1e-5 absolute.
+    expect_close("dlogits " + at, get<float>(L, dl.size()), dl, Tol{3e-6, 1e-5});
   }
 }
 
@@ -453,9 +456,22 @@ TEST_F(CudaOpsTest, TrainingStepMatchesCpu) {
   for (const auto& spec : ref.table().specs()) {
     const std::vector<float> r(rg.begin() + spec.offset, rg.begin() + spec.offset + spec.numel());
     const std::vector<float> d(dg.begin() + spec.offset, dg.begin() + spec.offset + spec.numel());
-    // Gradients pass back through every layer: the same ~1e-6 relative, on O(1e-2) values.
-    expect_close("grad " + spec.name, d, r, Tol{1e-6, 1e-3});
+    // Differently ordered fp32 sums through every layer; the CPU's own packing-invariance
+    // test (test_model) allows the same.
+    expect_close("grad " + spec.name, d, r, Tol{1e-5, 1e-3});
   }
+}
+
+// The arenas, the GEMM plan cache and the ops' scratch leave a repeated step allocation-free.
+TEST_F(CudaOpsTest, SteadyStateStepsAllocateNothing) {
+  ModelConfig cfg = testing::tiny_config();
+  Model model(cfg, *gpu_);
+  model.initialise(5);
+  const Batch b = testing::make_batch(testing::sample_docs(), cfg, 3);
+  model.step(b, 1.0f / float(b.loss_tokens()), true);
+  const int64_t after_first = gpu_->allocations();
+  for (int i = 0; i < 3; ++i) model.step(b, 1.0f / float(b.loss_tokens()), true);
+  EXPECT_EQ(gpu_->allocations(), after_first);
 }
 
 TEST_F(CudaOpsTest, BackendCountsAllocationsAndCopies) {
