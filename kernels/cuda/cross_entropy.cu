@@ -89,7 +89,7 @@ __global__ void cross_entropy_stats_kernel(CrossEntropyStats* stats, const Cross
 
 __global__ void cross_entropy_backward_kernel(float* dlogits, const float* logits,
                                               const float* lse, const int32_t* targets,
-                                              int64_t V, float scale) {
+                                              int64_t V, float scale, bool vec4) {
   const int64_t t = blockIdx.x;
   const int32_t target = targets[t];
   const float* row = logits + t * V;
@@ -99,6 +99,20 @@ __global__ void cross_entropy_backward_kernel(float* dlogits, const float* logit
     return;
   }
   const float l = lse[t];
+  if (vec4) {
+    // 16-byte loads and stores; the row is read once and written once.
+    const float4* r4 = reinterpret_cast<const float4*>(row);
+    float4* d4 = reinterpret_cast<float4*>(d);
+    for (int64_t j = threadIdx.x; j < V / 4; j += blockDim.x) {
+      const float4 x = r4[j];
+      const int64_t k = int64_t(target) - 4 * j;  // the target's lane in this vector, if any
+      d4[j] = make_float4(scale * expf(x.x - l) - (k == 0 ? scale : 0.0f),
+                          scale * expf(x.y - l) - (k == 1 ? scale : 0.0f),
+                          scale * expf(x.z - l) - (k == 2 ? scale : 0.0f),
+                          scale * expf(x.w - l) - (k == 3 ? scale : 0.0f));
+    }
+    return;
+  }
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
     const float p = scale * expf(row[v] - l);
     d[v] = v == target ? p - scale : p;
@@ -124,8 +138,10 @@ void cross_entropy_backward(cudaStream_t stream, float* dlogits, const float* lo
                             const float* lse, const int32_t* targets, int64_t T, int64_t V,
                             float scale) {
   if (T <= 0) return;
+  // Rows start 16-byte aligned when the base pointers are and V is a multiple of 4.
+  const bool vec4 = aligned16(dlogits, logits) && V % 4 == 0;
   cross_entropy_backward_kernel<<<unsigned(T), kThreads, 0, stream>>>(dlogits, logits, lse,
-                                                                      targets, V, scale);
+                                                                      targets, V, scale, vec4);
   DHP_CUDA_CHECK_LAUNCH();
 }
 
