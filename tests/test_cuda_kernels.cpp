@@ -136,6 +136,20 @@ TEST_P(CudaLinear, ForwardAndBackwardMatchCpu) {
       }
     }
   }
+  // A bias that is not 16-byte aligned is added in a separate pass.
+  {
+    const LinearCase k = kLinearCases[2];
+    auto x = random_vec(rng_, k.T * k.in), W = random_vec(rng_, k.out * k.in);
+    auto b = random_vec(rng_, k.out + 1);
+    std::vector<float> y(k.T * k.out);
+    c().linear_forward(y.data(), x.data(), W.data(), b.data() + 1, k.T, k.in, k.out);
+    auto X = put(x), Wd = put(W), B = put(b);
+    DeviceBuffer Y(*gpu_, sizeof(float) * y.size());
+    g().linear_forward(Y.as<float>(), X.as<float>(), Wd.as<float>(), B.as<float>() + 1, k.T, k.in,
+                       k.out);
+    expect_close("y misaligned bias " + precision, get<float>(Y, y.size()), y,
+                 gemm_tol(precision, k.in));
+  }
   // dx may be skipped (the first layer's input needs no gradient).
   const LinearCase k = kLinearCases[2];
   auto x = random_vec(rng_, k.T * k.in), W = random_vec(rng_, k.out * k.in);

@@ -51,6 +51,13 @@ __global__ void sum_partials(double* out, const double* partial, int n) {
   if (threadIdx.x == 0) *out = s;
 }
 
+__global__ void row_bias_kernel(float* y, const float* b, int64_t T, int64_t C) {
+  const int64_t n = T * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += b[i % C];
+}
+
 // One block per row; rows without a slot are skipped. dst row = src row.
 __global__ void copy_rows_kernel(float* dst, const float* src, const int32_t* slot, int64_t C,
                                  bool scatter) {
@@ -125,6 +132,12 @@ void gather_rows(cudaStream_t stream, float* dsrc, const float* dy, const int32_
                  int64_t T, int64_t C) {
   if (T <= 0 || C <= 0) return;
   copy_rows_kernel<<<unsigned(T), kThreads, 0, stream>>>(dsrc, dy, slot, C, false);
+  DHP_CUDA_CHECK_LAUNCH();
+}
+
+void add_row_bias(cudaStream_t stream, float* y, const float* b, int64_t T, int64_t C) {
+  if (T <= 0 || C <= 0) return;
+  row_bias_kernel<<<blocks_for(T * C, kThreads), kThreads, 0, stream>>>(y, b, T, C);
   DHP_CUDA_CHECK_LAUNCH();
 }
 

@@ -23,6 +23,9 @@ void scatter_rows(cudaStream_t stream, float* y, const float* src, const int32_t
 void gather_rows(cudaStream_t stream, float* dsrc, const float* dy, const int32_t* slot,
                  int64_t T, int64_t C);
 
+// y (T, C) += b (C) on every row.
+void add_row_bias(cudaStream_t stream, float* y, const float* b, int64_t T, int64_t C);
+
 // db (C) += column sums of x (T, C), each column summed in a fixed order (no atomics).
 void column_sum_add(cudaStream_t stream, float* db, const float* x, int64_t T, int64_t C);
 

@@ -2,6 +2,7 @@
 
 #include "kernels/check.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/elementwise.h"
 
 namespace dhp::cuda {
 namespace {
@@ -109,7 +110,11 @@ void Gemm::linear_forward(float* y, const float* x, const float* W, const float*
                           int64_t in, int64_t out) {
   DHP_ASSERT(in > 0 && out > 0);
   if (T == 0) return;
-  run(GemmOp::LinearForward, T, in, out, W, x, y, b, 0.0f);
+  // The bias epilogue reads the bias with vector loads: it needs 16-byte alignment (the
+  // parameter table keeps tensors 64-byte aligned; other callers get a separate pass).
+  const bool epilogue = b && alignment(b) == 16;
+  run(GemmOp::LinearForward, T, in, out, W, x, y, epilogue ? b : nullptr, 0.0f);
+  if (b && !epilogue) add_row_bias(stream_, y, b, T, out);
 }
 
 void Gemm::linear_backward(float* dx, float* dW, const float* dy, const float* x, const float* W,
