@@ -408,8 +408,9 @@ TEST_F(CudaOpsTest, VectorOpsMatchCpu) {
     c().sum_squares(&ref, y.data(), n);
     DeviceBuffer D(*gpu_, sizeof(double));
     g().sum_squares(D.as<double>(), Y.as<float>(), n);
-    // Both sum exact float squares in double, in different orders: ~n·1e-16 relative.
-    EXPECT_NEAR(get<double>(D, 1)[0], ref, 1e-12 * ref) << at;
+    // Both sum exact float squares in double, in different orders; the longest sequential run
+    // (the CPU's 16384-element chunks) bounds the relative error by ~1e-12.
+    EXPECT_NEAR(get<double>(D, 1)[0], ref, 1e-11 * ref) << at;
     // Deterministic: a second run gives the same bits.
     const double first = get<double>(D, 1)[0];
     g().sum_squares(D.as<double>(), Y.as<float>(), n);
