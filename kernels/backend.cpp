@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 
@@ -40,16 +41,33 @@ void Arena::reserve(size_t bytes) {
   buffer_ = DeviceBuffer(backend_, (want + kGranule - 1) / kGranule * kGranule);
 }
 
-void BackendRegistry::add(const std::string& name, Factory make) {
-  factories_[name] = std::move(make);
+void BackendRegistry::add(const std::string& name, Factory make, Probe unusable) {
+  factories_[name] = Entry{std::move(make), std::move(unusable)};
+}
+
+std::string BackendRegistry::resolve(const std::string& name) const {
+  if (name != "auto") return name;
+  auto it = factories_.find("cuda");
+  if (it == factories_.end()) {
+    spdlog::info("device auto: cpu (this build has no CUDA backend)");
+    return "cpu";
+  }
+  const std::string why_not = it->second.unusable ? it->second.unusable() : std::string();
+  if (!why_not.empty()) {
+    spdlog::info("device auto: cpu (CUDA backend compiled, but {})", why_not);
+    return "cpu";
+  }
+  spdlog::info("device auto: cuda (a CUDA device is available)");
+  return "cuda";
 }
 
 std::unique_ptr<Backend> BackendRegistry::make(const std::string& name,
                                                const BackendOptions& opt) const {
-  auto it = factories_.find(name);
+  const std::string resolved = resolve(name);
+  auto it = factories_.find(resolved);
   DHP_CHECK(it != factories_.end(), "device \"{}\": this build has no such backend (it has: {})",
-            name, fmt::join(names(), ", "));
-  return it->second(opt);
+            resolved, fmt::join(names(), ", "));
+  return it->second.make(opt);
 }
 
 std::vector<std::string> BackendRegistry::names() const {

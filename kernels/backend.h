@@ -22,6 +22,9 @@ struct BackendOptions {
   int threads = 1;            // CPU compute threads (>= 1)
   bool adapt_threads = false;  // CPU: follow the cores other processes leave free
   int device = 0;   // device ordinal, for backends with several devices
+  // Matrix-product arithmetic on devices that offer a choice: "fp32" (matches the CPU
+  // reference), "tf32" or "bf16" (fp32 storage, reduced-precision tensor-core products).
+  std::string precision = "fp32";
 };
 
 class Backend {
@@ -132,13 +135,23 @@ class Arena {
 class BackendRegistry {
  public:
   using Factory = std::function<std::unique_ptr<Backend>(const BackendOptions&)>;
-  void add(const std::string& name, Factory make);
-  // Throws dhp::Error naming the backends this build has when `name` is not one of them.
+  // Says why the backend cannot run on this machine, or "" when it can (e.g. no driver).
+  using Probe = std::function<std::string()>;
+  void add(const std::string& name, Factory make, Probe unusable = {});
+  // "auto" becomes "cuda" where this build has it and a device is usable, else "cpu", and the
+  // choice is logged with its reason; any other name is returned as it is.
+  std::string resolve(const std::string& name) const;
+  // Resolves `name`, then throws dhp::Error naming the backends this build has when it is not
+  // one of them.
   std::unique_ptr<Backend> make(const std::string& name, const BackendOptions& opt) const;
   std::vector<std::string> names() const;
 
  private:
-  std::map<std::string, Factory> factories_;
+  struct Entry {
+    Factory make;
+    Probe unusable;
+  };
+  std::map<std::string, Entry> factories_;
 };
 
 // The process's registry, with the CPU backend already in it.

@@ -8,6 +8,7 @@
 #include <limits>
 #include <tuple>
 
+#include "kernels/backend.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
@@ -288,6 +289,22 @@ TEST(LoadMonitor, ThreadsFollowTheCoresOthersLeaveFree) {
 TEST(LoadMonitor, HoldsTheConfiguredCountUntilItHasMeasured) {
   LoadMonitor m;
   EXPECT_EQ(m.threads_for(2), 2);  // less than the sampling interval has passed
+}
+
+// train.device = "auto": CUDA only where the build registered it and its probe finds a
+// device; every other name passes through unchanged.
+TEST(BackendRegistry, AutoPicksCudaOnlyWhenADeviceIsUsable) {
+  BackendRegistry r;
+  r.add("cpu", make_cpu_backend);
+  EXPECT_EQ(r.resolve("auto"), "cpu");
+  EXPECT_EQ(r.resolve("cuda"), "cuda");
+  std::string why_not = "no driver";
+  r.add("cuda", make_cpu_backend, [&] { return why_not; });
+  EXPECT_EQ(r.resolve("auto"), "cpu");
+  why_not.clear();
+  EXPECT_EQ(r.resolve("auto"), "cuda");
+  EXPECT_EQ(r.resolve("cpu"), "cpu");
+  EXPECT_EQ(r.make("auto", BackendOptions{})->name(), "cpu");  // the stand-in factory's backend
 }
 
 }  // namespace

@@ -106,7 +106,8 @@ class Schema {
     num("seed", t.seed, 0, 9.2e18);
     num("threads", t.threads, 0, 4096);
     flag("adapt_threads", t.adapt_threads);
-    str("device", t.device, {"cpu", "cuda"});
+    str("device", t.device, {"auto", "cpu", "cuda"});
+    str("precision", t.precision, {"fp32", "tf32", "bf16"});
 
     sec_ = "optim";
     auto& o = c.optim;
@@ -395,6 +396,13 @@ BackendOptions backend_options(const Config& cfg) {
   BackendOptions o;
   o.threads = compute_threads(cfg);
   o.adapt_threads = cfg.train.adapt_threads;
+  o.precision = cfg.train.precision;
+  // One GPU per rank: the ranks a launcher started on this node take devices by local rank.
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(var)) {
+      o.device = std::max(0, std::atoi(v));
+      break;
+    }
   return o;
 }
 

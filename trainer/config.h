@@ -20,7 +20,8 @@ struct TrainConfig {
   uint64_t seed = 1234;
   int threads = 0;                  // CPU compute threads; 0 = the cores per local rank
   bool adapt_threads = true;        // CPU: use fewer threads while other processes hold cores
-  std::string device = "cpu";       // "cpu" | "cuda"
+  std::string device = "auto";      // "auto" | "cpu" | "cuda"; auto = cuda when a device is usable
+  std::string precision = "fp32";   // matrix products on CUDA: "fp32" | "tf32" | "bf16"
 };
 
 struct OptimConfig {
@@ -77,7 +78,8 @@ Config parse_config(const std::string& text, const std::string& name,
 // CPU compute threads for this run: train.threads, or when it is 0 the node's cores divided by
 // the ranks the launcher started on the node.
 int compute_threads(const Config& cfg);
-// The backend options of train.device from the [train] section.
+// The backend options of train.device from the [train] section; the device ordinal is the
+// launcher's local rank (one GPU per rank).
 BackendOptions backend_options(const Config& cfg);
 
 // The resolved configuration as an aligned "section.key = value" table.

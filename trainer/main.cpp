@@ -5,6 +5,8 @@
 #include "trainer/cli.h"
 
 #ifdef DHP_WITH_CUDA
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device.h"
 #include "parallel/nccl_comm.h"
 #endif
@@ -12,6 +14,7 @@
 int main(int argc, char** argv) {
   dhp::CliHooks hooks;
 #ifdef DHP_WITH_CUDA
+  dhp::register_cuda_backend(dhp::backend_registry());
   hooks.cuda_report = [] {
     dhp::CudaStatus s = dhp::cuda_status();
     if (s.devices == 0) return fmt::format("compiled; no usable device: {}", s.reason);

@@ -1,0 +1,27 @@
+#include "kernels/cuda/check.h"
+
+#include <cublasLt.h>
+#include <fmt/format.h>
+
+#include "kernels/check.h"
+
+namespace dhp::cuda {
+
+static_assert(CUBLAS_STATUS_SUCCESS == 0, "DHP_CUBLAS_CHECK compares with 0");
+
+void fail_cuda(cudaError_t err, const char* call, const char* file, int line) {
+  int device = -1;
+  cudaGetDevice(&device);
+  throw Error(fmt::format("CUDA error {} ({}) in {} at {}:{} on device {}", int(err),
+                          cudaGetErrorString(err), call, file, line, device));
+}
+
+void fail_cublas(int status, const char* call, const char* file, int line) {
+  int device = -1;
+  cudaGetDevice(&device);
+  throw Error(fmt::format("cuBLAS error {} ({}) in {} at {}:{} on device {}", status,
+                          cublasLtGetStatusString(cublasStatus_t(status)), call, file, line,
+                          device));
+}
+
+}  // namespace dhp::cuda

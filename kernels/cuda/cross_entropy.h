@@ -1,0 +1,34 @@
+// Softmax cross-entropy over rows of logits on the device (kernels/cpu/cross_entropy.h is the
+// reference). A target < 0 means "no loss at this row".
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/op_types.h"
+
+namespace dhp::cuda {
+
+// Rows whose loss and hit one forward launch can hold; `rows` (below) has room for this many.
+constexpr int64_t kCrossEntropyRows = 4096;
+struct CrossEntropyRow {
+  double loss;  // -log p(target), 0 without a target
+  int hit;      // argmax == target
+  int counted;  // target >= 0
+};
+
+// logits (T, V); targets (T); lse (T) written. One fused pass per row finds the max, the
+// argmax and the sum of exponentials (online); the rows' statistics are then added to *stats
+// in row-independent fixed order, kCrossEntropyRows rows at a time through `rows`.
+void cross_entropy_forward(cudaStream_t stream, float* lse, CrossEntropyStats* stats,
+                           CrossEntropyRow* rows, const float* logits, const int32_t* targets,
+                           int64_t T, int64_t V);
+
+// dlogits (T, V) = scale · (softmax - onehot(target)) on rows with a target, 0 elsewhere,
+// from the forward's lse: one read of the logits, one write. dlogits may alias logits.
+void cross_entropy_backward(cudaStream_t stream, float* dlogits, const float* logits,
+                            const float* lse, const int32_t* targets, int64_t T, int64_t V,
+                            float scale);
+
+}  // namespace dhp::cuda

@@ -1,0 +1,128 @@
+#include "kernels/cuda/gemm.h"
+
+#include "kernels/check.h"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/elementwise.h"
+
+namespace dhp::cuda {
+namespace {
+
+// The largest power of two up to 16 dividing the address: what the heuristic may assume.
+int alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  int align = 16;
+  while (align > 4 && a % uintptr_t(align) != 0) align /= 2;
+  return align;
+}
+
+template <class T>
+void set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& value) {
+  DHP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &value, sizeof(value)));
+}
+
+template <class T>
+void set(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, const T& value) {
+  DHP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &value, sizeof(value)));
+}
+
+}  // namespace
+
+cublasComputeType_t compute_type(const std::string& precision) {
+  if (precision == "fp32") return CUBLAS_COMPUTE_32F;
+  if (precision == "tf32") return CUBLAS_COMPUTE_32F_FAST_TF32;
+  if (precision == "bf16") return CUBLAS_COMPUTE_32F_FAST_16BF;
+  throw Error(fmt::format("precision \"{}\": expected fp32, tf32 or bf16", precision));
+}
+
+Gemm::Gemm(cudaStream_t stream, const std::string& precision, void* workspace,
+           size_t workspace_bytes)
+    : stream_(stream),
+      compute_(compute_type(precision)),
+      workspace_(workspace),
+      workspace_bytes_(workspace_bytes) {
+  DHP_CUBLAS_CHECK(cublasLtCreate(&handle_));
+}
+
+Gemm::~Gemm() {
+  for (auto& [key, p] : plans_) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.desc);
+  }
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+const Gemm::Plan& Gemm::plan(GemmOp op, int64_t T, int64_t in, int64_t out, bool bias,
+                             bool beta_zero, const void* A, const void* B, const void* C) {
+  const Key key{int(op), T, in, out, bias, beta_zero, alignment(A), alignment(B), alignment(C)};
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+
+  const GemmLayout g = linear_layout(op, T, in, out);
+  Plan p;
+  DHP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute_, CUDA_R_32F));
+  set(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, int32_t(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
+  set(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, int32_t(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
+  if (bias) set(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+  DHP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, uint64_t(g.a_rows),
+                                              uint64_t(g.a_cols), g.lda));
+  DHP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, uint64_t(g.b_rows),
+                                              uint64_t(g.b_cols), g.ldb));
+  DHP_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, uint64_t(g.m), uint64_t(g.n), g.ldc));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  DHP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(workspace_bytes_));
+  set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, uint32_t(std::get<6>(key)));
+  set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, uint32_t(std::get<7>(key)));
+  set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, uint32_t(std::get<8>(key)));
+  set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, uint32_t(std::get<8>(key)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c,
+                                                           pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.desc);
+    DHP_CUBLAS_CHECK(st);
+    throw Error(fmt::format("cuBLASLt has no algorithm for a {}x{}x{} product (op {})", g.m, g.n,
+                            g.k, int(op)));
+  }
+  p.algo = result.algo;
+  return plans_.emplace(key, p).first->second;
+}
+
+void Gemm::run(GemmOp op, int64_t T, int64_t in, int64_t out, const float* A, const float* B,
+               float* C, const float* bias, float beta) {
+  const Plan& p = plan(op, T, in, out, bias != nullptr, beta == 0.0f, A, B, C);
+  // The bias pointer changes between layers of the same shape; setting it is a host-side store.
+  if (bias) set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  const float alpha = 1.0f;
+  DHP_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c,
+                                  &p.algo, workspace_, workspace_bytes_, stream_));
+}
+
+void Gemm::linear_forward(float* y, const float* x, const float* W, const float* b, int64_t T,
+                          int64_t in, int64_t out) {
+  DHP_ASSERT(in > 0 && out > 0);
+  if (T == 0) return;
+  // The bias epilogue reads the bias with vector loads: it needs 16-byte alignment (the
+  // parameter table keeps tensors 64-byte aligned; other callers get a separate pass).
+  const bool epilogue = b && alignment(b) == 16;
+  run(GemmOp::LinearForward, T, in, out, W, x, y, epilogue ? b : nullptr, 0.0f);
+  if (b && !epilogue) add_row_bias(stream_, y, b, T, out);
+}
+
+void Gemm::linear_backward(float* dx, float* dW, const float* dy, const float* x, const float* W,
+                           int64_t T, int64_t in, int64_t out, bool accumulate_dx) {
+  DHP_ASSERT(in > 0 && out > 0);
+  if (T == 0) return;
+  if (dx) run(GemmOp::LinearDx, T, in, out, W, dy, dx, nullptr, accumulate_dx ? 1.0f : 0.0f);
+  if (dW) run(GemmOp::LinearDw, T, in, out, x, dy, dW, nullptr, 1.0f);
+}
+
+}  // namespace dhp::cuda

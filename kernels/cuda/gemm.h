@@ -1,0 +1,64 @@
+// cuBLASLt matrix products for the Linear layers, fp32 storage with the arithmetic chosen at
+// run time: "fp32" (CUBLAS_COMPUTE_32F, matches the CPU reference), "tf32" or "bf16" (tensor
+// cores; inputs rounded to TF32 or BF16, fp32 accumulation). Descriptors, layouts and the
+// heuristic's algorithm are made once per shape and kept; the workspace is one buffer given
+// at construction. Gradient convention as kernels/cpu/matmul.h: dW and db accumulate, dx is
+// written or accumulated on request.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "kernels/cuda/gemm_layout.h"
+
+namespace dhp::cuda {
+
+// The cuBLASLt compute type of a precision name; throws dhp::Error on an unknown name.
+cublasComputeType_t compute_type(const std::string& precision);
+
+class Gemm {
+ public:
+  Gemm(cudaStream_t stream, const std::string& precision, void* workspace, size_t workspace_bytes);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // y (T, out) = x (T, in) · W^T + b;  W (out, in), b (out) or null (bias epilogue).
+  void linear_forward(float* y, const float* x, const float* W, const float* b, int64_t T,
+                      int64_t in, int64_t out);
+  // dx (T, in) = dy · W (or += with accumulate_dx); dW (out, in) += dy^T · x. Either may be null.
+  void linear_backward(float* dx, float* dW, const float* dy, const float* x, const float* W,
+                       int64_t T, int64_t in, int64_t out, bool accumulate_dx);
+
+  size_t cached_plans() const { return plans_.size(); }
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  // Shape, op, bias epilogue, whether beta is 0, and the alignment of the A, B and C pointers
+  // (the heuristic's choice depends on each).
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, bool, bool, int, int, int>;
+
+  const Plan& plan(GemmOp op, int64_t T, int64_t in, int64_t out, bool bias, bool beta_zero,
+                   const void* A, const void* B, const void* C);
+  void run(GemmOp op, int64_t T, int64_t in, int64_t out, const float* A, const float* B,
+           float* C, const float* bias, float beta);
+
+  cudaStream_t stream_;
+  cublasComputeType_t compute_;
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_;
+  size_t workspace_bytes_;
+  std::map<Key, Plan> plans_;
+};
+
+}  // namespace dhp::cuda
