@@ -1,0 +1,7 @@
+// The attention kernels for head dimension 16.
+#include "kernels/cuda/attention_launch.cuh"
+
+namespace dhp::cuda::attn {
+template void launch_forward<16>(cudaStream_t, const FwdParams&);
+template void launch_backward<16>(cudaStream_t, const BwdParams&);
+}  // namespace dhp::cuda::attn
