@@ -3,18 +3,20 @@
 // keywords and built-ins the bodies use (threadIdx, blockIdx, gridDim, __syncthreads,
 // __shfl_xor_sync).
 //
-// The threads of a block are fibers (ucontext) run one after another, in thread order, from
-// one barrier to the next; blocks run one after another. A missing barrier therefore shows up
-// deterministically: a thread reads shared memory that a later thread has not written yet, or
-// that an earlier one has already overwritten for the next step. Shared memory starts as NaN
-// in every block, so reading what nobody wrote poisons the result. A shuffle is a barrier
-// around an exchange through a table, which is exact as long as every thread of the block
-// reaches it (the kernels promise that). A barrier reached by only some threads (some
-// returned) is reported as an error.
+// The threads of a block are fibers (ucontext) run one after another on one CPU thread. A warp
+// runs lane by lane up to its next shuffle, which completes once all its 32 lanes are there;
+// it runs on to the next __syncthreads, where it waits while the other warps run: warp after
+// warp in ascending order between one barrier and the next, in descending order between that
+// one and the one after. So one warp always runs ahead of the others, both ways: a missing
+// barrier lets a warp read shared memory that another has not written yet, or overwrite what
+// another has yet to read, and the result comes out wrong, deterministically. Shared memory
+// starts as NaN in every block, so reading what nobody wrote poisons the result. A barrier or
+// shuffle that only some threads reach (others returned or wait elsewhere) is an error.
 #pragma once
 
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -29,13 +31,15 @@ struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
 
+enum class Stop : char { shuffle, barrier, done };
+
 struct Machine {
   Dim3 thread_idx, block_idx, grid_dim;
   ucontext_t main{};
   std::vector<ucontext_t> ctx;
   std::vector<std::vector<char>> stacks;
   std::vector<uint64_t> slots;  // one shuffle value per thread
-  std::vector<char> done;
+  std::vector<Stop> stop;       // where each thread stopped last
   int current = 0;
   const std::function<void(float*)>* body = nullptr;
   float* smem = nullptr;
@@ -46,15 +50,19 @@ inline Machine& machine() {
   return m;
 }
 
-// swapcontext returns twice; kept out of line so that no caller's locals live across it.
+// swapcontext and getcontext return twice; kept out of line so that no caller's locals live
+// across them.
 [[gnu::noinline]] inline void switch_context(ucontext_t* from, const ucontext_t* to) {
   swapcontext(from, to);
 }
 
-inline void sync_threads() {
+inline void yield(Stop why) {
   Machine& m = machine();
+  m.stop[size_t(m.current)] = why;
   switch_context(&m.ctx[size_t(m.current)], &m.main);
 }
+
+inline void sync_threads() { yield(Stop::barrier); }
 
 template <class T>
 T shfl_xor(T v, int lane_mask) {
@@ -63,18 +71,20 @@ T shfl_xor(T v, int lane_mask) {
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
   m.slots[size_t(m.current)] = bits;
-  sync_threads();
+  yield(Stop::shuffle);  // every lane has written its value
   bits = m.slots[size_t(m.current ^ lane_mask)];
-  sync_threads();
+  yield(Stop::shuffle);  // every lane has read, so the table can be reused
   T r;
   std::memcpy(&r, &bits, sizeof(T));
   return r;
 }
 
-inline void fiber_entry();
+inline void fiber_entry() {
+  Machine& m = machine();
+  (*m.body)(m.smem);
+  m.stop[size_t(m.current)] = Stop::done;
+}
 
-// A fiber that runs fiber_entry on `stack` and then continues `link`. Out of line like
-// switch_context: getcontext returns twice as well.
 [[gnu::noinline]] inline void make_fiber(ucontext_t* c, std::vector<char>& stack, ucontext_t* link) {
   getcontext(c);
   c->uc_stack.ss_sp = stack.data();
@@ -83,10 +93,23 @@ inline void fiber_entry();
   makecontext(c, fiber_entry, 0);
 }
 
-inline void fiber_entry() {
+// Runs the lanes [t0, t1) of one warp to their next barrier (or the end), through any number
+// of shuffles; returns where they stopped.
+inline Stop run_warp(int t0, int t1) {
   Machine& m = machine();
-  (*m.body)(m.smem);
-  m.done[size_t(m.current)] = 1;
+  for (;;) {
+    for (int t = t0; t < t1; ++t) {
+      if (m.stop[size_t(t)] == Stop::done) continue;
+      m.current = t;
+      m.thread_idx = {unsigned(t), 0, 0};
+      switch_context(&m.main, &m.ctx[size_t(t)]);
+    }
+    const Stop first = m.stop[size_t(t0)];
+    for (int t = t0; t < t1; ++t)
+      if (m.stop[size_t(t)] != first)
+        throw std::logic_error("emulated kernel: lanes of a warp stopped at different places");
+    if (first != Stop::shuffle) return first;
+  }
 }
 
 // Runs body(shared memory) for every thread of every block of the grid (x, y).
@@ -100,26 +123,22 @@ inline void launch(Dim3 grid, int threads, size_t smem_floats,
   m.stacks.resize(size_t(threads));
   for (auto& s : m.stacks) s.resize(kStack);
   m.slots.assign(size_t(threads), 0);
+  const int warps = (threads + 31) / 32;
   std::vector<float> smem(smem_floats);
   m.smem = smem.data();
   for (unsigned by = 0; by < grid.y; ++by)
     for (unsigned bx = 0; bx < grid.x; ++bx) {
       std::fill(smem.begin(), smem.end(), std::numeric_limits<float>::quiet_NaN());
       m.block_idx = {bx, by, 0};
-      m.done.assign(size_t(threads), 0);
-      for (int t = 0; t < threads; ++t) {
-        make_fiber(&m.ctx[size_t(t)], m.stacks[size_t(t)], &m.main);
-      }
-      for (;;) {
-        for (int t = 0; t < threads; ++t) {
-          if (m.done[size_t(t)]) continue;
-          m.current = t;
-          m.thread_idx = {unsigned(t), 0, 0};
-          switch_context(&m.main, &m.ctx[size_t(t)]);
-        }
+      m.stop.assign(size_t(threads), Stop::barrier);
+      for (int t = 0; t < threads; ++t) make_fiber(&m.ctx[size_t(t)], m.stacks[size_t(t)], &m.main);
+      for (int round = 0;; ++round) {
         int finished = 0;
-        for (char d : m.done) finished += d;
-        if (finished == threads) break;
+        for (int i = 0; i < warps; ++i) {
+          const int w = round % 2 == 0 ? i : warps - 1 - i;
+          finished += run_warp(32 * w, std::min(threads, 32 * w + 32)) == Stop::done;
+        }
+        if (finished == warps) break;
         if (finished > 0)
           throw std::logic_error("emulated kernel: a barrier that only some threads reach");
       }

@@ -100,7 +100,8 @@ TEST_P(CudaAttentionHeadDims, MatchesTheCpuReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, CudaAttentionHeadDims, ::testing::Values(16, 32, 64, 80, 96, 128));
+INSTANTIATE_TEST_SUITE_P(All, CudaAttentionHeadDims, ::testing::Values(16, 32, 64, 80, 96, 128),
+                         [](const ::testing::TestParamInfo<int>& i) { return "hd" + std::to_string(i.param); });
 
 // A long pack (4096 tokens, several causal documents, hd 128, GQA 2:1), and the same bits on
 // a second run: no atomics, so nothing depends on scheduling.

@@ -138,7 +138,8 @@ TEST_P(CudaAttentionEmulated, MatchesTheCpuReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, CudaAttentionEmulated, ::testing::Values(16, 32, 64, 80, 96, 128));
+INSTANTIATE_TEST_SUITE_P(HeadDims, CudaAttentionEmulated, ::testing::Values(16, 32, 64, 80, 96, 128),
+                         [](const ::testing::TestParamInfo<int>& i) { return "hd" + std::to_string(i.param); });
 
 }  // namespace
 }  // namespace dhp
