@@ -125,20 +125,29 @@ inline AttnData reference(const AttnCase& c, uint64_t seed) {
 }
 
 // |got - want| <= atol·max(1, max |want|) + rtol·|want|, and -inf exactly where want is -inf.
-// Both sides are fp32 summing in different orders over at most a few thousand terms: about
-// 1e-6 relative per sum, far below atol = 1e-4 and rtol = 1e-4, while a wrong or missing term
-// moves a value by 1e-2 or more.
+struct AttnTolerance {
+  double atol, rtol;
+};
+// fp32 on both sides, summing in different orders over at most a few thousand terms: about
+// 1e-6 relative per sum, far below 1e-4, while a wrong or missing term moves a value by 1e-2
+// or more.
+constexpr AttnTolerance kFp32Tol{1e-4, 1e-4};
+// TF32 operands keep 10 mantissa bits (2^-11 relative rounding): on these cases the emulated
+// kernels come out at most 1.1e-3 of the largest value off, so 5e-3 leaves room for the
+// hardware's own accumulation order, while misplaced fragments are off by O(1).
+constexpr AttnTolerance kTf32Tol{5e-3, 5e-3};
+
 inline void expect_close(const std::string& what, const std::vector<float>& got,
-                         const std::vector<float>& want, double atol = 1e-4, double rtol = 1e-4) {
+                         const std::vector<float>& want, AttnTolerance tol = kFp32Tol) {
   ASSERT_EQ(got.size(), want.size()) << what;
   double mx = 1.0;
   for (float w : want)
     if (std::isfinite(w)) mx = std::max(mx, double(std::abs(w)));
   int bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    const bool ok = std::isinf(want[i])
-                        ? got[i] == want[i]
-                        : std::abs(double(got[i]) - want[i]) <= atol * mx + rtol * std::abs(want[i]);
+    const double err = std::isinf(want[i]) ? (got[i] == want[i] ? 0.0 : INFINITY)
+                                           : std::abs(double(got[i]) - want[i]);
+    const bool ok = err <= tol.atol * mx + tol.rtol * std::abs(want[i]);
     if (!ok && ++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << " want " << want[i];
   }
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " values differ";

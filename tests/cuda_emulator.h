@@ -1,7 +1,7 @@
 // Runs the bodies of CUDA kernels on the CPU, so their indexing and synchronisation are tested
 // on machines without a GPU. Include this before the kernel header: it defines the CUDA
 // keywords and built-ins the bodies use (threadIdx, blockIdx, gridDim, __syncthreads,
-// __shfl_xor_sync).
+// __shfl_xor_sync, and the tensor-core instruction of the attention kernels).
 //
 // The threads of a block are fibers (ucontext) run one after another on one CPU thread. A warp
 // runs lane by lane up to its next shuffle, which completes once all its 32 lanes are there;
@@ -39,6 +39,7 @@ struct Machine {
   std::vector<ucontext_t> ctx;
   std::vector<std::vector<char>> stacks;
   std::vector<uint64_t> slots;  // one shuffle value per thread
+  std::vector<uint32_t> frags;  // six mma operand registers per thread
   std::vector<Stop> stop;       // where each thread stopped last
   int current = 0;
   const std::function<void(float*)>* body = nullptr;
@@ -77,6 +78,44 @@ T shfl_xor(T v, int lane_mask) {
   T r;
   std::memcpy(&r, &bits, sizeof(T));
   return r;
+}
+
+// cvt.rna.tf32.f32: to 10 mantissa bits, to nearest with ties away from zero, in an fp32 bit
+// pattern with the low 13 bits clear.
+inline uint32_t to_tf32(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) != 0x7f800000u) u += 0x1000u;  // not inf or NaN
+  return u & 0xffffe000u;
+}
+
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 of the warp, d += a · b, with the PTX
+// ISA's fragment layout (lane = 4·g + t): a0 A(g, t), a1 A(g+8, t), a2 A(g, t+4),
+// a3 A(g+8, t+4); b0 B(t, g), b1 B(t+4, g); d0 D(g, 2t), d1 D(g, 2t+1), d2 D(g+8, 2t),
+// d3 D(g+8, 2t+1).
+inline void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  Machine& m = machine();
+  const size_t me = size_t(m.current), base = me - me % 32;
+  for (int i = 0; i < 4; ++i) m.frags[6 * me + size_t(i)] = a[i];
+  for (int i = 0; i < 2; ++i) m.frags[6 * me + 4 + size_t(i)] = b[i];
+  yield(Stop::shuffle);  // every lane has stored its operands
+  auto value = [&](size_t lane, int reg) {
+    float f;
+    std::memcpy(&f, &m.frags[6 * (base + lane) + size_t(reg)], sizeof f);
+    return f;
+  };
+  const int g = int(me % 32) / 4, t = int(me % 32) % 4;
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+    float acc = d[e];
+    for (int k = 0; k < 8; ++k) {
+      const float x = value(size_t((row % 8) * 4 + k % 4), (row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0));
+      const float y = value(size_t(col * 4 + k % 4), 4 + (k >= 4 ? 1 : 0));
+      acc += x * y;
+    }
+    d[e] = acc;
+  }
+  yield(Stop::shuffle);  // every lane has read, so the table can be reused
 }
 
 inline void fiber_entry() {
@@ -123,6 +162,7 @@ inline void launch(Dim3 grid, int threads, size_t smem_floats,
   m.stacks.resize(size_t(threads));
   for (auto& s : m.stacks) s.resize(kStack);
   m.slots.assign(size_t(threads), 0);
+  m.frags.assign(6 * size_t(threads), 0);
   const int warps = (threads + 31) / 32;
   std::vector<float> smem(smem_floats);
   m.smem = smem.data();

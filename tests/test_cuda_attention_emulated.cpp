@@ -23,51 +23,53 @@ using testing::expect_close;
 
 unsigned tiles(int64_t T) { return unsigned((T + kTile - 1) / kTile); }
 
-template <int HD>
+template <int HD, bool TC>
 void run_forward(const FwdParams& p) {
   if (p.Tq == 0) return;
   emu::launch({tiles(p.Tq), unsigned(p.Hq), 1}, kThreads, size_t(forward_smem_floats(HD)),
-              [&](float* smem) { forward_block<HD>(p, smem); });
+              [&](float* smem) { forward_block<HD, TC>(p, smem); });
 }
 
-template <int HD>
+template <int HD, bool TC>
 void run_backward(const BwdParams& p) {
   if (p.Tk > 0)
     emu::launch({tiles(p.Tk), unsigned(p.Hkv), 1}, kThreads, size_t(backward_kv_smem_floats(HD)),
-                [&](float* smem) { backward_kv_block<HD>(p, smem); });
+                [&](float* smem) { backward_kv_block<HD, TC>(p, smem); });
   if (p.Tq > 0)
-    emu::launch({tiles(p.Tq), unsigned(p.Hq), 1}, kThreads, size_t(backward_q_smem_floats(HD)),
-                [&](float* smem) { backward_q_block<HD>(p, smem); });
+    emu::launch({tiles(p.Tq), unsigned(p.Hq), 1}, kThreads, size_t(backward_q_smem_floats(HD, TC)),
+                [&](float* smem) { backward_q_block<HD, TC>(p, smem); });
 }
 
-template <int HD>
+template <int HD, bool TC>
 void check(const AttnCase& c, uint64_t seed) {
+  const testing::AttnTolerance tol = TC ? testing::kTf32Tol : testing::kFp32Tol;
   const AttnData d = testing::reference(c, seed);
   const AttnShape& s = d.s;
   // Outputs start as garbage: everything must be written.
   std::vector<float> out(d.out.size(), 7.0f), lse(d.lse.size(), 7.0f);
-  run_forward<HD>({out.data(), lse.data(), d.q.data(), d.k.data(), d.v.data(), c.qm.view(),
+  run_forward<HD, TC>({out.data(), lse.data(), d.q.data(), d.k.data(), d.v.data(), c.qm.view(),
                    c.km.view(), s.Tq, s.Tk, s.Hq, s.Hkv, s.scale});
-  expect_close(c.name + " out", out, d.out);
-  expect_close(c.name + " lse", lse, d.lse);
+  expect_close(c.name + " out", out, d.out, tol);
+  expect_close(c.name + " lse", lse, d.lse, tol);
   // The backward pass from the reference's forward results, so its check stands alone.
   std::vector<float> dq(d.dq.size(), 7.0f), dk(d.dk.size(), 7.0f), dv(d.dv.size(), 7.0f);
-  run_backward<HD>({dq.data(), dk.data(), dv.data(), d.dout.data(), d.out.data(), d.lse.data(),
+  run_backward<HD, TC>({dq.data(), dk.data(), dv.data(), d.dout.data(), d.out.data(), d.lse.data(),
                     d.q.data(), d.k.data(), d.v.data(), c.qm.view(), c.km.view(), s.Tq, s.Tk,
                     s.Hq, s.Hkv, s.scale});
-  expect_close(c.name + " dq", dq, d.dq);
-  expect_close(c.name + " dk", dk, d.dk);
-  expect_close(c.name + " dv", dv, d.dv);
+  expect_close(c.name + " dq", dq, d.dq, tol);
+  expect_close(c.name + " dk", dk, d.dk, tol);
+  expect_close(c.name + " dv", dv, d.dv, tol);
 }
 
+template <bool TC>
 void check_case(const AttnCase& c, uint64_t seed) {
   switch (c.hd) {
-    case 16: check<16>(c, seed); break;
-    case 32: check<32>(c, seed); break;
-    case 64: check<64>(c, seed); break;
-    case 80: check<80>(c, seed); break;
-    case 96: check<96>(c, seed); break;
-    case 128: check<128>(c, seed); break;
+    case 16: check<16, TC>(c, seed); break;
+    case 32: check<32, TC>(c, seed); break;
+    case 64: check<64, TC>(c, seed); break;
+    case 80: check<80, TC>(c, seed); break;
+    case 96: check<96, TC>(c, seed); break;
+    case 128: check<128, TC>(c, seed); break;
     default: FAIL() << "no instance for hd=" << c.hd;
   }
 }
@@ -133,7 +135,17 @@ TEST_P(CudaAttentionEmulated, MatchesTheCpuReference) {
   uint64_t seed = 100;
   for (const AttnCase& c : testing::attention_cases({GetParam()}, 200)) {
     SCOPED_TRACE(c.name);
-    check_case(c, seed++);
+    check_case<false>(c, seed++);
+    if (HasFatalFailure() || HasNonfatalFailure()) return;
+  }
+}
+
+// The tensor-core variant: the same cases, TF32 tolerances.
+TEST_P(CudaAttentionEmulated, Tf32MatchesTheCpuReference) {
+  uint64_t seed = 200;
+  for (const AttnCase& c : testing::attention_cases({GetParam()}, 200)) {
+    SCOPED_TRACE(c.name);
+    check_case<true>(c, seed++);
     if (HasFatalFailure() || HasNonfatalFailure()) return;
   }
 }

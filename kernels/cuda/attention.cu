@@ -67,20 +67,31 @@ __global__ void merge_kernel(float* out, float* lse, const float* part_out, cons
 
 void attention_forward(cudaStream_t stream, float* out, float* lse, const float* q,
                        const float* k, const float* v, AttnMeta qm, AttnMeta km,
-                       const AttnShape& s) {
+                       const AttnShape& s, AttnMath math) {
   check_shape(s);
   if (s.Tq == 0) return;
   const attn::FwdParams p{out, lse, q, k, v, qm, km, s.Tq, s.Tk, s.Hq, s.Hkv, s.scale};
-  by_head_dim(s.hd, [&]<int HD>() { attn::launch_forward<HD>(stream, p); });
+  by_head_dim(s.hd, [&]<int HD>() {
+    if (math == AttnMath::tf32)
+      attn::launch_forward<HD, true>(stream, p);
+    else
+      attn::launch_forward<HD, false>(stream, p);
+  });
 }
 
 void attention_backward(cudaStream_t stream, float* dq, float* dk, float* dv, const float* dout,
                         const float* out, const float* lse, const float* q, const float* k,
-                        const float* v, AttnMeta qm, AttnMeta km, const AttnShape& s) {
+                        const float* v, AttnMeta qm, AttnMeta km, const AttnShape& s,
+                        AttnMath math) {
   check_shape(s);
   const attn::BwdParams p{dq, dk, dv, dout, out, lse, q, k, v, qm, km, s.Tq, s.Tk, s.Hq, s.Hkv,
                           s.scale};
-  by_head_dim(s.hd, [&]<int HD>() { attn::launch_backward<HD>(stream, p); });
+  by_head_dim(s.hd, [&]<int HD>() {
+    if (math == AttnMath::tf32)
+      attn::launch_backward<HD, true>(stream, p);
+    else
+      attn::launch_backward<HD, false>(stream, p);
+  });
 }
 
 void attention_merge(cudaStream_t stream, float* out, float* lse, const float* part_out,

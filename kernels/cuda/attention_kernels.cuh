@@ -24,21 +24,11 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_tiles.cuh"
 #include "kernels/op_types.h"
 
 namespace dhp::cuda::attn {
-
-constexpr int kTile = 64;                 // tokens per query and key tile
-constexpr int kGroup = 16;                // threads per row (a half-warp), and row groups
-constexpr int kThreads = kGroup * kGroup;
-constexpr int kRows = kTile / kGroup;     // rows of a tile per thread: 4·ty + i
-constexpr int kCols = kTile / kGroup;     // score columns per thread: tx + 16·j
-// Shared rows of scores are padded by one float, so the two row groups of a warp (rows 4
-// apart) read different banks.
-constexpr int kSStride = kTile + 1;
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kLn2 = 0.693147180559945309f;
 
 // Head dimensions with a compiled instance; the 16 threads of a row take hd / 16 columns each.
 constexpr bool supported_head_dim(int hd) {
@@ -69,13 +59,14 @@ struct BwdParams {
 // threads of a row group read in one step in 16 different banks.
 __host__ __device__ constexpr int tile_floats(int hd) { return kTile * (hd + 1); }
 __host__ __device__ constexpr int forward_smem_floats(int hd) {
-  return 2 * tile_floats(hd) + kTile * kSStride + 6 * kTile;
+  return 2 * tile_floats(hd) + kTile * kSStride + 8 * kTile;
 }
 __host__ __device__ constexpr int backward_kv_smem_floats(int hd) {
   return 4 * tile_floats(hd) + 2 * kTile * kSStride + 8 * kTile;
 }
-__host__ __device__ constexpr int backward_q_smem_floats(int hd) {
-  return 4 * tile_floats(hd) + kTile * kSStride + 8 * kTile;
+// The TF32 variant keeps dP in shared memory besides dS.
+__host__ __device__ constexpr int backward_q_smem_floats(int hd, bool tc) {
+  return 4 * tile_floats(hd) + (tc ? 2 : 1) * kTile * kSStride + 8 * kTile;
 }
 
 __device__ __forceinline__ float group_max(float x) {
@@ -154,14 +145,17 @@ __device__ __forceinline__ int tile_size(int64_t T, int64_t t0) {
 
 // ---- forward: one (query tile, query head) per block ----------------------------------------
 
-template <int HD>
+// TC: the products on tensor cores (attention_mma.cuh), the softmax as in the fp32 variant.
+template <int HD, bool TC>
 __device__ void forward_block(const FwdParams& p, float* smem) {
   constexpr int S = HD + 1, NV = HD / kGroup;
   float* qs = smem;                    // (kTile, S) queries
   float* kv = qs + tile_floats(HD);    // (kTile, S) keys, then values
-  float* ps = kv + tile_floats(HD);    // (kTile, kSStride) probabilities
-  int32_t* qmeta = reinterpret_cast<int32_t*>(ps + kTile * kSStride);  // (3, kTile)
-  int32_t* kmeta = qmeta + 3 * kTile;                                  // (3, kTile)
+  float* ps = kv + tile_floats(HD);    // (kTile, kSStride) scores, then probabilities
+  float* row_alpha = ps + kTile * kSStride;  // (kTile) TC: the rescaling of each row
+  float* row_sum = row_alpha + kTile;        // (kTile) TC: the final row sums
+  int32_t* qmeta = reinterpret_cast<int32_t*>(row_sum + kTile);  // (3, kTile)
+  int32_t* kmeta = qmeta + 3 * kTile;                            // (3, kTile)
   const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
   // Reversed so that the last query tiles, which see the most keys under a causal mask, start
   // first.
@@ -175,32 +169,42 @@ __device__ void forward_block(const FwdParams& p, float* smem) {
   load_meta(qmeta, p.qm, q0, nq);
   const TileRange qr = warp_range(p.qm, q0, nq);
 
-  // Running maximum (base 2) and this thread's part of the row sums of 2^(s - m).
-  float o[kRows][NV], m[kRows], l[kRows];
+  // Running maximum (base 2) and this thread's part of the row sums of 2^(s - m); the output
+  // accumulators in the thread grid's layout (o) or the tensor cores' (oc).
+  float o[kRows][NV], oc[NV][4], m[kRows], l[kRows];
   for (int i = 0; i < kRows; ++i) {
     m[i] = -INFINITY;
     l[i] = 0.0f;
     for (int v = 0; v < NV; ++v) o[i][v] = 0.0f;
   }
+  for (int v = 0; v < NV; ++v)
+    for (int e = 0; e < 4; ++e) oc[v][e] = 0.0f;
   const int64_t nkt = (p.Tk + kTile - 1) / kTile;
   for (int64_t kt = 0; kt < nkt; ++kt) {
     const int64_t k0 = kt * kTile;
     const int nk = tile_size(p.Tk, k0);
     if (!may_see(qr, warp_range(p.km, k0, nk))) continue;
-    __syncthreads();  // the previous tile's reads of kv and ps are done
+    __syncthreads();  // the previous tile's reads of kv, ps and row_alpha are done
     load_tile<HD>(kv, p.k, k0, nk, p.Hkv, hk);
     load_meta(kmeta, p.km, k0, nk);
     __syncthreads();
     float s[kRows][kCols];
-    for (int i = 0; i < kRows; ++i)
-      for (int j = 0; j < kCols; ++j) s[i][j] = 0.0f;
-#pragma unroll 8
-    for (int d = 0; d < HD; ++d) {
-      float a[kRows], b[kCols];
-      for (int i = 0; i < kRows; ++i) a[i] = qs[(ty * kRows + i) * S + d];
-      for (int j = 0; j < kCols; ++j) b[j] = kv[(tx + kGroup * j) * S + d];
+    if constexpr (TC) {
+      mma_scores<HD>(ps, qs, kv);
+      __syncthreads();
       for (int i = 0; i < kRows; ++i)
-        for (int j = 0; j < kCols; ++j) s[i][j] += a[i] * b[j];
+        for (int j = 0; j < kCols; ++j) s[i][j] = ps[(ty * kRows + i) * kSStride + tx + kGroup * j];
+    } else {
+      for (int i = 0; i < kRows; ++i)
+        for (int j = 0; j < kCols; ++j) s[i][j] = 0.0f;
+#pragma unroll 8
+      for (int d = 0; d < HD; ++d) {
+        float a[kRows], b[kCols];
+        for (int i = 0; i < kRows; ++i) a[i] = qs[(ty * kRows + i) * S + d];
+        for (int j = 0; j < kCols; ++j) b[j] = kv[(tx + kGroup * j) * S + d];
+        for (int i = 0; i < kRows; ++i)
+          for (int j = 0; j < kCols; ++j) s[i][j] += a[i] * b[j];
+      }
     }
     for (int i = 0; i < kRows; ++i) {
       const int r = ty * kRows + i;
@@ -221,20 +225,30 @@ __device__ void forward_block(const FwdParams& p, float* smem) {
       }
       l[i] = l[i] * alpha + sum;
       m[i] = mn;
-      for (int v = 0; v < NV; ++v) o[i][v] *= alpha;
+      if constexpr (TC) {
+        if (tx == 0) row_alpha[r] = alpha;
+      } else {
+        for (int v = 0; v < NV; ++v) o[i][v] *= alpha;
+      }
     }
-    __syncthreads();  // every thread is done reading the keys
+    __syncthreads();  // every thread is done reading the keys (and, TC, the scores)
     for (int i = 0; i < kRows; ++i)
       for (int j = 0; j < kCols; ++j) ps[(ty * kRows + i) * kSStride + tx + kGroup * j] = s[i][j];
     load_tile<HD>(kv, p.v, k0, nk, p.Hkv, hk);
     __syncthreads();
+    if constexpr (TC) {
+      for (int v = 0; v < NV; ++v)
+        for (int e = 0; e < 4; ++e) oc[v][e] *= row_alpha[mma_row(e)];
+      mma_accumulate<HD>(oc, ps, kv, nk);
+    } else {
 #pragma unroll 4
-    for (int c = 0; c < nk; ++c) {
-      float b[NV];
-      for (int v = 0; v < NV; ++v) b[v] = kv[c * S + tx + kGroup * v];
-      for (int i = 0; i < kRows; ++i) {
-        const float pc = ps[(ty * kRows + i) * kSStride + c];
-        for (int v = 0; v < NV; ++v) o[i][v] += pc * b[v];
+      for (int c = 0; c < nk; ++c) {
+        float b[NV];
+        for (int v = 0; v < NV; ++v) b[v] = kv[c * S + tx + kGroup * v];
+        for (int i = 0; i < kRows; ++i) {
+          const float pc = ps[(ty * kRows + i) * kSStride + c];
+          for (int v = 0; v < NV; ++v) o[i][v] += pc * b[v];
+        }
       }
     }
   }
@@ -242,16 +256,31 @@ __device__ void forward_block(const FwdParams& p, float* smem) {
     const int r = ty * kRows + i;
     const float lt = group_sum(l[i]);
     if (r >= nq) continue;
-    const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-    float* orow = p.out + ((q0 + r) * p.Hq + h) * HD;
-    for (int v = 0; v < NV; ++v) orow[tx + kGroup * v] = o[i][v] * inv;
     if (tx == 0) p.lse[int64_t(h) * p.Tq + q0 + r] = lt > 0.0f ? (m[i] + log2f(lt)) * kLn2 : -INFINITY;
+    if constexpr (TC) {
+      if (tx == 0) row_sum[r] = lt;
+    } else {
+      const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+      float* orow = p.out + ((q0 + r) * p.Hq + h) * HD;
+      for (int v = 0; v < NV; ++v) orow[tx + kGroup * v] = o[i][v] * inv;
+    }
+  }
+  if constexpr (TC) {
+    __syncthreads();
+    const int c0 = HD / 2 * (int(threadIdx.x) / 32 / 4);
+    for (int e = 0; e < 4; ++e) {
+      const int r = mma_row(e);
+      if (r >= nq) continue;
+      const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
+      float* orow = p.out + ((q0 + r) * p.Hq + h) * HD + c0;
+      for (int v = 0; v < NV; ++v) orow[8 * v + mma_col(e)] = oc[v][e] * inv;
+    }
   }
 }
 
 // ---- backward, dK and dV: one (key tile, kv head) per block ---------------------------------
 
-template <int HD>
+template <int HD, bool TC>
 __device__ void backward_kv_block(const BwdParams& p, float* smem) {
   constexpr int S = HD + 1, NV = HD / kGroup;
   float* ks = smem;                    // (kTile, S) keys
@@ -275,9 +304,12 @@ __device__ void backward_kv_block(const BwdParams& p, float* smem) {
   load_meta(kmeta, p.km, k0, nk);
   const TileRange kr = warp_range(p.km, k0, nk);
 
-  float dk[kRows][NV], dv[kRows][NV];
+  // The thread grid's layout (dk, dv) or the tensor cores' (dkc, dvc).
+  float dk[kRows][NV], dv[kRows][NV], dkc[NV][4], dvc[NV][4];
   for (int i = 0; i < kRows; ++i)
     for (int v = 0; v < NV; ++v) dk[i][v] = dv[i][v] = 0.0f;
+  for (int v = 0; v < NV; ++v)
+    for (int e = 0; e < 4; ++e) dkc[v][e] = dvc[v][e] = 0.0f;
   const int64_t nqt = (p.Tq + kTile - 1) / kTile;
   for (int g = 0; g < group; ++g) {
     const int h = hk * group + g;
@@ -293,13 +325,21 @@ __device__ void backward_kv_block(const BwdParams& p, float* smem) {
         lse2[i] = i < nq ? p.lse[int64_t(h) * p.Tq + q0 + i] * kLog2e : -INFINITY;
       __syncthreads();
       row_dots<HD>(dd, dos, p.out, q0, nq, p.Hq, h);
+      if constexpr (TC) {
+        mma_scores<HD>(pt, ks, qs);
+        mma_scores<HD>(dst, vs, dos);
+      }
       __syncthreads();
       // Transposed products: rows are keys (4·ty + i), columns queries (tx + 16·j).
       float st[kRows][kCols], dpt[kRows][kCols];
       for (int i = 0; i < kRows; ++i)
-        for (int j = 0; j < kCols; ++j) st[i][j] = dpt[i][j] = 0.0f;
+        for (int j = 0; j < kCols; ++j) {
+          const int at = (ty * kRows + i) * kSStride + tx + kGroup * j;
+          st[i][j] = TC ? pt[at] : 0.0f;
+          dpt[i][j] = TC ? dst[at] : 0.0f;
+        }
 #pragma unroll 4
-      for (int d = 0; d < HD; ++d) {
+      for (int d = 0; d < (TC ? 0 : HD); ++d) {
         float a[kRows], av[kRows], b[kCols], bd[kCols];
         for (int i = 0; i < kRows; ++i) {
           a[i] = ks[(ty * kRows + i) * S + d];
@@ -326,8 +366,12 @@ __device__ void backward_kv_block(const BwdParams& p, float* smem) {
           dst[r * kSStride + c] = pv * (dpt[i][j] - dd[c]) * p.scale;
         }
       __syncthreads();
+      if constexpr (TC) {
+        mma_accumulate<HD>(dvc, pt, dos, nq);
+        mma_accumulate<HD>(dkc, dst, qs, nq);
+      }
 #pragma unroll 4
-      for (int c = 0; c < nq; ++c) {
+      for (int c = 0; c < (TC ? 0 : nq); ++c) {
         float bo[NV], bq[NV];
         for (int v = 0; v < NV; ++v) {
           bo[v] = dos[c * S + tx + kGroup * v];
@@ -344,21 +388,35 @@ __device__ void backward_kv_block(const BwdParams& p, float* smem) {
       }
     }
   }
-  for (int i = 0; i < kRows; ++i) {
-    const int r = ty * kRows + i;
-    if (r >= nk) continue;
-    float* dkrow = p.dk + ((k0 + r) * p.Hkv + hk) * HD;
-    float* dvrow = p.dv + ((k0 + r) * p.Hkv + hk) * HD;
-    for (int v = 0; v < NV; ++v) {
-      dkrow[tx + kGroup * v] = dk[i][v];
-      dvrow[tx + kGroup * v] = dv[i][v];
+  if constexpr (TC) {
+    const int c0 = HD / 2 * (int(threadIdx.x) / 32 / 4);
+    for (int e = 0; e < 4; ++e) {
+      const int r = mma_row(e);
+      if (r >= nk) continue;
+      float* dkrow = p.dk + ((k0 + r) * p.Hkv + hk) * HD + c0;
+      float* dvrow = p.dv + ((k0 + r) * p.Hkv + hk) * HD + c0;
+      for (int v = 0; v < NV; ++v) {
+        dkrow[8 * v + mma_col(e)] = dkc[v][e];
+        dvrow[8 * v + mma_col(e)] = dvc[v][e];
+      }
+    }
+  } else {
+    for (int i = 0; i < kRows; ++i) {
+      const int r = ty * kRows + i;
+      if (r >= nk) continue;
+      float* dkrow = p.dk + ((k0 + r) * p.Hkv + hk) * HD;
+      float* dvrow = p.dv + ((k0 + r) * p.Hkv + hk) * HD;
+      for (int v = 0; v < NV; ++v) {
+        dkrow[tx + kGroup * v] = dk[i][v];
+        dvrow[tx + kGroup * v] = dv[i][v];
+      }
     }
   }
 }
 
 // ---- backward, dQ: one (query tile, query head) per block -----------------------------------
 
-template <int HD>
+template <int HD, bool TC>
 __device__ void backward_q_block(const BwdParams& p, float* smem) {
   constexpr int S = HD + 1, NV = HD / kGroup;
   float* qs = smem;                    // (kTile, S) queries
@@ -370,6 +428,7 @@ __device__ void backward_q_block(const BwdParams& p, float* smem) {
   float* dd = lse2 + kTile;              // (kTile)
   int32_t* qmeta = reinterpret_cast<int32_t*>(dd + kTile);  // (3, kTile)
   int32_t* kmeta = qmeta + 3 * kTile;                        // (3, kTile)
+  float* dpb = reinterpret_cast<float*>(kmeta + 3 * kTile);  // (kTile, kSStride) TC: dP
   const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
   const int64_t qt = int64_t(gridDim.x) - 1 - blockIdx.x;  // the busiest causal tiles first
   const int h = int(blockIdx.y), hk = h / (p.Hq / p.Hkv);
@@ -386,9 +445,12 @@ __device__ void backward_q_block(const BwdParams& p, float* smem) {
   row_dots<HD>(dd, dos, p.out, q0, nq, p.Hq, h);
   const TileRange qr = warp_range(p.qm, q0, nq);
 
-  float dq[kRows][NV];
+  // The thread grid's layout (dq) or the tensor cores' (dqc).
+  float dq[kRows][NV], dqc[NV][4];
   for (int i = 0; i < kRows; ++i)
     for (int v = 0; v < NV; ++v) dq[i][v] = 0.0f;
+  for (int v = 0; v < NV; ++v)
+    for (int e = 0; e < 4; ++e) dqc[v][e] = 0.0f;
   const int64_t nkt = (p.Tk + kTile - 1) / kTile;
   for (int64_t kt = 0; kt < nkt; ++kt) {
     const int64_t k0 = kt * kTile;
@@ -399,11 +461,20 @@ __device__ void backward_q_block(const BwdParams& p, float* smem) {
     load_tile<HD>(vs, p.v, k0, nk, p.Hkv, hk);
     load_meta(kmeta, p.km, k0, nk);
     __syncthreads();
+    if constexpr (TC) {
+      mma_scores<HD>(dss, qs, ks);
+      mma_scores<HD>(dpb, dos, vs);
+      __syncthreads();
+    }
     float s[kRows][kCols], dp[kRows][kCols];
     for (int i = 0; i < kRows; ++i)
-      for (int j = 0; j < kCols; ++j) s[i][j] = dp[i][j] = 0.0f;
+      for (int j = 0; j < kCols; ++j) {
+        const int at = (ty * kRows + i) * kSStride + tx + kGroup * j;
+        s[i][j] = TC ? dss[at] : 0.0f;
+        dp[i][j] = TC ? dpb[at] : 0.0f;
+      }
 #pragma unroll 4
-    for (int d = 0; d < HD; ++d) {
+    for (int d = 0; d < (TC ? 0 : HD); ++d) {
       float a[kRows], ad[kRows], b[kCols], bv[kCols];
       for (int i = 0; i < kRows; ++i) {
         a[i] = qs[(ty * kRows + i) * S + d];
@@ -430,8 +501,9 @@ __device__ void backward_q_block(const BwdParams& p, float* smem) {
       }
     }
     __syncthreads();
+    if constexpr (TC) mma_accumulate<HD>(dqc, dss, ks, nk);
 #pragma unroll 4
-    for (int c = 0; c < nk; ++c) {
+    for (int c = 0; c < (TC ? 0 : nk); ++c) {
       float b[NV];
       for (int v = 0; v < NV; ++v) b[v] = ks[c * S + tx + kGroup * v];
       for (int i = 0; i < kRows; ++i) {
@@ -440,11 +512,21 @@ __device__ void backward_q_block(const BwdParams& p, float* smem) {
       }
     }
   }
-  for (int i = 0; i < kRows; ++i) {
-    const int r = ty * kRows + i;
-    if (r >= nq) continue;
-    float* row = p.dq + ((q0 + r) * p.Hq + h) * HD;
-    for (int v = 0; v < NV; ++v) row[tx + kGroup * v] = dq[i][v];
+  if constexpr (TC) {
+    const int c0 = HD / 2 * (int(threadIdx.x) / 32 / 4);
+    for (int e = 0; e < 4; ++e) {
+      const int r = mma_row(e);
+      if (r >= nq) continue;
+      float* row = p.dq + ((q0 + r) * p.Hq + h) * HD + c0;
+      for (int v = 0; v < NV; ++v) row[8 * v + mma_col(e)] = dqc[v][e];
+    }
+  } else {
+    for (int i = 0; i < kRows; ++i) {
+      const int r = ty * kRows + i;
+      if (r >= nq) continue;
+      float* row = p.dq + ((q0 + r) * p.Hq + h) * HD;
+      for (int v = 0; v < NV; ++v) row[tx + kGroup * v] = dq[i][v];
+    }
   }
 }
 

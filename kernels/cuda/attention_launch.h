@@ -8,16 +8,19 @@
 
 namespace dhp::cuda::attn {
 
-template <int HD>
+// TC: the tensor-core (TF32) variant.
+template <int HD, bool TC>
 void launch_forward(cudaStream_t stream, const FwdParams& p);
 
 // Both backward kernels: dK and dV per key tile, then dQ per query tile.
-template <int HD>
+template <int HD, bool TC>
 void launch_backward(cudaStream_t stream, const BwdParams& p);
 
-#define DHP_ATTENTION_INSTANCE(HD)                                          \
-  extern template void launch_forward<HD>(cudaStream_t, const FwdParams&); \
-  extern template void launch_backward<HD>(cudaStream_t, const BwdParams&);
+#define DHP_ATTENTION_INSTANCE(HD)                                                  \
+  extern template void launch_forward<HD, false>(cudaStream_t, const FwdParams&);  \
+  extern template void launch_forward<HD, true>(cudaStream_t, const FwdParams&);   \
+  extern template void launch_backward<HD, false>(cudaStream_t, const BwdParams&); \
+  extern template void launch_backward<HD, true>(cudaStream_t, const BwdParams&);
 DHP_ATTENTION_INSTANCE(16)
 DHP_ATTENTION_INSTANCE(32)
 DHP_ATTENTION_INSTANCE(64)

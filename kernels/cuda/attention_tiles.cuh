@@ -1,6 +1,7 @@
-// Tile arithmetic of the CUDA attention kernels that needs no thread cooperation: the mask of
-// one (query, key) pair, the bounds of a tile's mask metadata, and whether two tiles can
-// share a visible pair. Host and device functions, so tests check them on the CPU.
+// The tile shapes of the CUDA attention kernels, and the tile arithmetic that needs no thread
+// cooperation: the mask of one (query, key) pair, the bounds of a tile's mask metadata, and
+// whether two tiles can share a visible pair. Host and device functions, so tests check them
+// on the CPU.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,17 @@
 #endif
 
 namespace dhp::cuda::attn {
+
+constexpr int kTile = 64;                 // tokens per query and key tile
+constexpr int kGroup = 16;                // threads per row (a half-warp), and row groups
+constexpr int kThreads = kGroup * kGroup;  // 8 warps
+constexpr int kRows = kTile / kGroup;     // rows of a tile per thread: 4·ty + i
+constexpr int kCols = kTile / kGroup;     // score columns per thread: tx + 16·j
+// Shared rows of scores are padded by one float, so the two row groups of a warp (rows 4
+// apart) read different banks.
+constexpr int kSStride = kTile + 1;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2 = 0.693147180559945309f;
 
 // Query (qd, qi, qb) may see key (kd, ki, kb): the rule of kernels/cpu/attention.h.
 DHP_TILE_FN bool sees(int32_t qd, int32_t qi, int32_t qb, int32_t kd, int32_t ki, int32_t kb) {
