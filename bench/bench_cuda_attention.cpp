@@ -1,10 +1,10 @@
 // Time of the CUDA attention kernels on packed causal shapes, one JSON line per shape:
-//   {"bench":"attention","T":..,"docs":..,"doc_lens":[..],"Hq":..,"Hkv":..,"hd":..,
-//    "fwd_ms":..,"bwd_ms":..,"fwd_tflops":..,"bwd_tflops":..,"tflops":..}
+//   {"bench":"attention","math":"fp32","T":..,"docs":..,"doc_lens":[..],"Hq":..,"Hkv":..,
+//    "hd":..,"fwd_ms":..,"bwd_ms":..,"fwd_tflops":..,"bwd_tflops":..,"tflops":..}
 // The document lengths are printed so that another framework's fused attention can be timed
 // on the same shapes.
 //
-//   bench_cuda_attention [--reps 20] [--warmup 3] [--filter T=8192]
+//   bench_cuda_attention [--reps 20] [--warmup 3] [--filter T=8192] [--math fp32|tf32|both]
 //
 // FLOPs count only the visible (query, key) pairs of the causal mask, sum over documents of
 // n·(n+1)/2: forward 4·visible·hd·Hq (Q·Kᵀ and P·V), backward 2.5 times that (dV, dP, dS·K,
@@ -89,7 +89,7 @@ double mean_ms(int warmup, int reps, F f) {
   return double(ms) / reps;
 }
 
-void bench(const Shape& sh, int warmup, int reps) {
+void bench(const Shape& sh, dhp::cuda::AttnMath math, int warmup, int reps) {
   std::vector<int32_t> doc, idx, blk(size_t(sh.T), -1);
   int64_t visible = 0;
   for (size_t d = 0; d < sh.docs.size(); ++d) {
@@ -109,19 +109,19 @@ void bench(const Shape& sh, int warmup, int reps) {
   const dhp::AttnShape s{sh.T, sh.T, sh.Hq, sh.Hkv, sh.hd, float(1.0 / std::sqrt(double(sh.hd)))};
   const double fwd = mean_ms(warmup, reps, [&] {
     dhp::cuda::attention_forward(nullptr, out.as<float>(), lse.as<float>(), q.as<float>(),
-                                 k.as<float>(), v.as<float>(), m, m, s);
+                                 k.as<float>(), v.as<float>(), m, m, s, math);
   });
   const double bwd = mean_ms(warmup, reps, [&] {
     dhp::cuda::attention_backward(nullptr, dq.as<float>(), dk.as<float>(), dv.as<float>(),
                                   dout.as<float>(), out.as<float>(), lse.as<float>(),
-                                  q.as<float>(), k.as<float>(), v.as<float>(), m, m, s);
+                                  q.as<float>(), k.as<float>(), v.as<float>(), m, m, s, math);
   });
   const double fwd_flops = 4.0 * double(visible) * sh.hd * sh.Hq, bwd_flops = 2.5 * fwd_flops;
   fmt::print(
-      "{{\"bench\":\"attention\",\"T\":{},\"docs\":{},\"doc_lens\":[{}],\"Hq\":{},\"Hkv\":{},"
+      "{{\"bench\":\"attention\",\"math\":\"{}\",\"T\":{},\"docs\":{},\"doc_lens\":[{}],\"Hq\":{},\"Hkv\":{},"
       "\"hd\":{},\"fwd_ms\":{:.4f},\"bwd_ms\":{:.4f},\"fwd_tflops\":{:.3f},\"bwd_tflops\":{:.3f},"
       "\"tflops\":{:.3f}}}\n",
-      sh.T, sh.docs.size(), fmt::join(sh.docs, ","), sh.Hq, sh.Hkv, sh.hd, fwd, bwd,
+      math == dhp::cuda::AttnMath::tf32 ? "tf32" : "fp32", sh.T, sh.docs.size(), fmt::join(sh.docs, ","), sh.Hq, sh.Hkv, sh.hd, fwd, bwd,
       fwd_flops / fwd * 1e-9, bwd_flops / bwd * 1e-9, (fwd_flops + bwd_flops) / (fwd + bwd) * 1e-9);
   std::fflush(stdout);
 }
@@ -131,10 +131,12 @@ void bench(const Shape& sh, int warmup, int reps) {
 int main(int argc, char** argv) {
   CLI::App app{"Time of the CUDA attention kernels on packed causal shapes"};
   int reps = 20, warmup = 3;
-  std::string filter;
+  std::string filter, math = "both";
   app.add_option("--reps", reps, "timed calls per shape and pass");
   app.add_option("--warmup", warmup, "untimed calls first");
   app.add_option("--filter", filter, "only shapes whose description (e.g. 'T=8192 docs=4 Hq=16 Hkv=8 hd=128') contains this");
+  app.add_option("--math", math, "fp32, tf32 (tensor cores) or both")
+      ->check(CLI::IsMember({"fp32", "tf32", "both"}));
   CLI11_PARSE(app, argc, argv);
   const dhp::CudaStatus st = dhp::cuda_status();
   if (st.devices == 0) {
@@ -150,7 +152,8 @@ int main(int argc, char** argv) {
             const Shape sh{T, doc_lengths(T, ndocs), 16, Hkv, hd};
             const std::string name = fmt::format("T={} docs={} Hq={} Hkv={} hd={}", T, ndocs, sh.Hq, Hkv, hd);
             if (name.find(filter) == std::string::npos) continue;
-            bench(sh, warmup, reps);
+            if (math != "tf32") bench(sh, dhp::cuda::AttnMath::fp32, warmup, reps);
+            if (math != "fp32") bench(sh, dhp::cuda::AttnMath::tf32, warmup, reps);
           }
   } catch (const dhp::Error& e) {
     fmt::print(stderr, "bench_cuda_attention: {}\n", e.what());

@@ -68,7 +68,8 @@ struct DeviceResults {
 };
 
 // Forward, then backward from the device's own forward results (as training runs it).
-DeviceResults run_on_device(const AttnCase& c, const AttnData& d) {
+DeviceResults run_on_device(const AttnCase& c, const AttnData& d,
+                            cuda::AttnMath math = cuda::AttnMath::fp32) {
   const AttnShape& s = d.s;
   const DevMeta qm(c.qm), km(c.km);
   const Dev<float> q(d.q), k(d.k), v(d.v), dout(d.dout);
@@ -77,34 +78,43 @@ DeviceResults run_on_device(const AttnCase& c, const AttnData& d) {
   Dev<float> dq(std::vector<float>(d.dq.size(), 7.0f)), dk(std::vector<float>(d.dk.size(), 7.0f)),
       dv(std::vector<float>(d.dv.size(), 7.0f));
   cuda::attention_forward(nullptr, out.get(), lse.get(), q.get(), k.get(), v.get(), qm.view(),
-                          km.view(), s);
+                          km.view(), s, math);
   cuda::attention_backward(nullptr, dq.get(), dk.get(), dv.get(), dout.get(), out.get(), lse.get(),
-                           q.get(), k.get(), v.get(), qm.view(), km.view(), s);
+                           q.get(), k.get(), v.get(), qm.view(), km.view(), s, math);
   DHP_CUDA_CHECK(cudaDeviceSynchronize());
   return {out.host(), lse.host(), dq.host(), dk.host(), dv.host()};
 }
 
 class CudaAttentionHeadDims : public CudaAttention, public ::testing::WithParamInterface<int> {};
 
-TEST_P(CudaAttentionHeadDims, MatchesTheCpuReference) {
+void check_cases(int hd, cuda::AttnMath math, testing::AttnTolerance tol) {
   uint64_t seed = 300;
-  for (const AttnCase& c : testing::attention_cases({GetParam()}, 1500)) {
+  for (const AttnCase& c : testing::attention_cases({hd}, 1500)) {
     SCOPED_TRACE(c.name);
     const AttnData d = testing::reference(c, seed++);
-    const DeviceResults r = run_on_device(c, d);
-    expect_close(c.name + " out", r.out, d.out);
-    expect_close(c.name + " lse", r.lse, d.lse);
-    expect_close(c.name + " dq", r.dq, d.dq);
-    expect_close(c.name + " dk", r.dk, d.dk);
-    expect_close(c.name + " dv", r.dv, d.dv);
+    const DeviceResults r = run_on_device(c, d, math);
+    expect_close(c.name + " out", r.out, d.out, tol);
+    expect_close(c.name + " lse", r.lse, d.lse, tol);
+    expect_close(c.name + " dq", r.dq, d.dq, tol);
+    expect_close(c.name + " dk", r.dk, d.dk, tol);
+    expect_close(c.name + " dv", r.dv, d.dv, tol);
   }
+}
+
+TEST_P(CudaAttentionHeadDims, MatchesTheCpuReference) {
+  check_cases(GetParam(), cuda::AttnMath::fp32, testing::kFp32Tol);
+}
+
+TEST_P(CudaAttentionHeadDims, Tf32MatchesTheCpuReference) {
+  check_cases(GetParam(), cuda::AttnMath::tf32, testing::kTf32Tol);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CudaAttentionHeadDims, ::testing::Values(16, 32, 64, 80, 96, 128),
                          [](const ::testing::TestParamInfo<int>& i) { return "hd" + std::to_string(i.param); });
 
 // A long pack (4096 tokens, several causal documents, hd 128, GQA 2:1), and the same bits on
-// a second run: no atomics, so nothing depends on scheduling.
+// a second run: no atomics, so nothing depends on scheduling. The TF32 variant on it too: its
+// error must not grow with documents of 1500 tokens.
 TEST_F(CudaAttention, LongPackAndRepeatable) {
   Rng rng(8);
   const PackMeta m = testing::random_pack(rng, 4096, 1500, false);
@@ -120,6 +130,11 @@ TEST_F(CudaAttention, LongPackAndRepeatable) {
   EXPECT_EQ(a.dq, b.dq);
   EXPECT_EQ(a.dk, b.dk);
   EXPECT_EQ(a.dv, b.dv);
+  const DeviceResults t = run_on_device(c, d, cuda::AttnMath::tf32);
+  expect_close("tf32 out", t.out, d.out, testing::kTf32Tol);
+  expect_close("tf32 dq", t.dq, d.dq, testing::kTf32Tol);
+  expect_close("tf32 dk", t.dk, d.dk, testing::kTf32Tol);
+  expect_close("tf32 dv", t.dv, d.dv, testing::kTf32Tol);
 }
 
 // The merge against the CPU's, with rows where either part or both saw nothing.
