@@ -4,21 +4,22 @@
 // The document lengths are printed so that another framework's fused attention can be timed
 // on the same shapes.
 //
-//   bench_cuda_attention [--reps 20] [--warmup 3] [--filter T=8192] [--math fp32|tf32|both]
+//   bench_cuda_attention [--reps 20] [--warmup 3] [--filter T=8192]
+//                        [--math fp32|tf32|both]
 //
-// FLOPs count only the visible (query, key) pairs of the causal mask, sum over documents of
-// n·(n+1)/2: forward 4·visible·hd·Hq (Q·Kᵀ and P·V), backward 2.5 times that (dV, dP, dS·K,
-// dSᵀ·Q, plus the recomputed Q·Kᵀ counted as half a product), the usual FlashAttention
-// convention. "tflops" is forward plus backward over their summed time. Times are CUDA event
-// times per call, the mean over --reps calls after --warmup.
+// FLOPs count only the visible (query, key) pairs of the causal mask, the sum over documents
+// of n·(n+1)/2: forward 4·visible·hd·Hq (Q·Kᵀ and P·V), backward 2.5 times that (five products
+// against two: the recomputed Q·Kᵀ, dP, dV, dK and dQ), FlashAttention's convention. "tflops"
+// is forward plus backward over their summed time. Times are CUDA event times per call, the
+// mean over --reps calls after --warmup.
 #include <CLI/CLI.hpp>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <utility>
@@ -52,7 +53,9 @@ class DevBuf {
   DevBuf& operator=(const DevBuf&) = delete;
   ~DevBuf() { cudaFree(p_); }
   template <class T>
-  T* as() const { return static_cast<T*>(p_); }
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
 
  private:
   void* p_ = nullptr;
@@ -113,16 +116,18 @@ void bench(const Shape& sh, dhp::cuda::AttnMath math, int warmup, int reps) {
   });
   const double bwd = mean_ms(warmup, reps, [&] {
     dhp::cuda::attention_backward(nullptr, dq.as<float>(), dk.as<float>(), dv.as<float>(),
-                                  dout.as<float>(), out.as<float>(), lse.as<float>(),
-                                  q.as<float>(), k.as<float>(), v.as<float>(), m, m, s, math);
+                                  dout.as<float>(), out.as<float>(), lse.as<float>(), q.as<float>(),
+                                  k.as<float>(), v.as<float>(), m, m, s, math);
   });
   const double fwd_flops = 4.0 * double(visible) * sh.hd * sh.Hq, bwd_flops = 2.5 * fwd_flops;
   fmt::print(
-      "{{\"bench\":\"attention\",\"math\":\"{}\",\"T\":{},\"docs\":{},\"doc_lens\":[{}],\"Hq\":{},\"Hkv\":{},"
+      "{{\"bench\":\"attention\",\"math\":\"{}\",\"T\":{},\"docs\":{},\"doc_lens\":[{}],\"Hq\":{},"
+      "\"Hkv\":{},"
       "\"hd\":{},\"fwd_ms\":{:.4f},\"bwd_ms\":{:.4f},\"fwd_tflops\":{:.3f},\"bwd_tflops\":{:.3f},"
       "\"tflops\":{:.3f}}}\n",
-      math == dhp::cuda::AttnMath::tf32 ? "tf32" : "fp32", sh.T, sh.docs.size(), fmt::join(sh.docs, ","), sh.Hq, sh.Hkv, sh.hd, fwd, bwd,
-      fwd_flops / fwd * 1e-9, bwd_flops / bwd * 1e-9, (fwd_flops + bwd_flops) / (fwd + bwd) * 1e-9);
+      math == dhp::cuda::AttnMath::tf32 ? "tf32" : "fp32", sh.T, sh.docs.size(),
+      fmt::join(sh.docs, ","), sh.Hq, sh.Hkv, sh.hd, fwd, bwd, fwd_flops / fwd * 1e-9,
+      bwd_flops / bwd * 1e-9, (fwd_flops + bwd_flops) / (fwd + bwd) * 1e-9);
   std::fflush(stdout);
 }
 
@@ -134,7 +139,9 @@ int main(int argc, char** argv) {
   std::string filter, math = "both";
   app.add_option("--reps", reps, "timed calls per shape and pass");
   app.add_option("--warmup", warmup, "untimed calls first");
-  app.add_option("--filter", filter, "only shapes whose description (e.g. 'T=8192 docs=4 Hq=16 Hkv=8 hd=128') contains this");
+  app.add_option(
+      "--filter", filter,
+      "only shapes whose description (e.g. 'T=8192 docs=4 Hq=16 Hkv=8 hd=128') contains this");
   app.add_option("--math", math, "fp32, tf32 (tensor cores) or both")
       ->check(CLI::IsMember({"fp32", "tf32", "both"}));
   CLI11_PARSE(app, argc, argv);
@@ -150,7 +157,8 @@ int main(int argc, char** argv) {
         for (int Hkv : {8, 16})
           for (int hd : {128, 64}) {
             const Shape sh{T, doc_lengths(T, ndocs), 16, Hkv, hd};
-            const std::string name = fmt::format("T={} docs={} Hq={} Hkv={} hd={}", T, ndocs, sh.Hq, Hkv, hd);
+            const std::string name =
+                fmt::format("T={} docs={} Hq={} Hkv={} hd={}", T, ndocs, sh.Hq, Hkv, hd);
             if (name.find(filter) == std::string::npos) continue;
             if (math != "tf32") bench(sh, dhp::cuda::AttnMath::fp32, warmup, reps);
             if (math != "fp32") bench(sh, dhp::cuda::AttnMath::tf32, warmup, reps);

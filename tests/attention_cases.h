@@ -89,7 +89,8 @@ inline std::vector<AttnCase> attention_cases(const std::vector<int>& hds, int64_
     }
     // Every key in the future of every query: nothing visible.
     {
-      PackMeta qm = random_pack(rng, 70, 70, false, 0, 0), km = random_pack(rng, 90, 90, false, 0, 500);
+      PackMeta qm = random_pack(rng, 70, 70, false, 0, 0),
+               km = random_pack(rng, 90, 90, false, 0, 500);
       cases.push_back({"nothing visible" + h, qm, km, 2, 2, hd});
     }
   }
@@ -148,7 +149,8 @@ inline void expect_close(const std::string& what, const std::vector<float>& got,
     const double err = std::isinf(want[i]) ? (got[i] == want[i] ? 0.0 : INFINITY)
                                            : std::abs(double(got[i]) - want[i]);
     const bool ok = err <= tol.atol * mx + tol.rtol * std::abs(want[i]);
-    if (!ok && ++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << " want " << want[i];
+    if (!ok && ++bad <= 5)
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << " want " << want[i];
   }
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " values differ";
 }

@@ -124,7 +124,8 @@ inline void fiber_entry() {
   m.stop[size_t(m.current)] = Stop::done;
 }
 
-[[gnu::noinline]] inline void make_fiber(ucontext_t* c, std::vector<char>& stack, ucontext_t* link) {
+[[gnu::noinline]] inline void make_fiber(ucontext_t* c, std::vector<char>& stack,
+                                         ucontext_t* link) {
   getcontext(c);
   c->uc_stack.ss_sp = stack.data();
   c->uc_stack.ss_size = stack.size();

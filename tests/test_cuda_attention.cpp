@@ -4,9 +4,8 @@
 // log-sum-exp merge against cpu::attention_merge, and a ring of two key chunks merged on the
 // device against attention over all keys. Device memory is handled here directly. Skipped
 // (and reported as skipped) where no CUDA device is usable.
-#include <gtest/gtest.h>
-
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
@@ -74,7 +73,8 @@ DeviceResults run_on_device(const AttnCase& c, const AttnData& d,
   const DevMeta qm(c.qm), km(c.km);
   const Dev<float> q(d.q), k(d.k), v(d.v), dout(d.dout);
   // Outputs start as garbage: everything must be written.
-  Dev<float> out(std::vector<float>(d.out.size(), 7.0f)), lse(std::vector<float>(d.lse.size(), 7.0f));
+  Dev<float> out(std::vector<float>(d.out.size(), 7.0f)),
+      lse(std::vector<float>(d.lse.size(), 7.0f));
   Dev<float> dq(std::vector<float>(d.dq.size(), 7.0f)), dk(std::vector<float>(d.dk.size(), 7.0f)),
       dv(std::vector<float>(d.dv.size(), 7.0f));
   cuda::attention_forward(nullptr, out.get(), lse.get(), q.get(), k.get(), v.get(), qm.view(),
@@ -110,7 +110,9 @@ TEST_P(CudaAttentionHeadDims, Tf32MatchesTheCpuReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CudaAttentionHeadDims, ::testing::Values(16, 32, 64, 80, 96, 128),
-                         [](const ::testing::TestParamInfo<int>& i) { return "hd" + std::to_string(i.param); });
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "hd" + std::to_string(i.param);
+                         });
 
 // A long pack (4096 tokens, several causal documents, hd 128, GQA 2:1), and the same bits on
 // a second run: no atomics, so nothing depends on scheduling. The TF32 variant on it too: its
@@ -142,8 +144,10 @@ TEST_F(CudaAttention, MergeMatchesTheCpu) {
   Rng rng(10);
   const int64_t T = 333;
   const int H = 3, hd = 80;
-  auto out = testing::random_vec(rng, size_t(T * H * hd)), part = testing::random_vec(rng, size_t(T * H * hd));
-  auto lse = testing::random_vec(rng, size_t(T * H), 4.0f), plse = testing::random_vec(rng, size_t(T * H), 4.0f);
+  auto out = testing::random_vec(rng, size_t(T * H * hd)),
+       part = testing::random_vec(rng, size_t(T * H * hd));
+  auto lse = testing::random_vec(rng, size_t(T * H), 4.0f),
+       plse = testing::random_vec(rng, size_t(T * H), 4.0f);
   const float ninf = -std::numeric_limits<float>::infinity();
   for (size_t i = 0; i < lse.size(); i += 5) lse[i] = ninf;
   for (size_t i = 0; i < plse.size(); i += 7) plse[i] = ninf;
@@ -170,16 +174,20 @@ TEST_F(CudaAttention, TwoKeyChunksMergedEqualAllKeys) {
   const AttnCase whole{"all keys", m, m, 4, 2, 64};
   const AttnData d = testing::reference(whole, 13);
   const AttnShape& s = d.s;
-  std::vector<float> ka(d.k.begin(), d.k.begin() + 380 * s.Hkv * s.hd), kb(d.k.begin() + 380 * s.Hkv * s.hd, d.k.end());
-  std::vector<float> va(d.v.begin(), d.v.begin() + 380 * s.Hkv * s.hd), vb(d.v.begin() + 380 * s.Hkv * s.hd, d.v.end());
+  std::vector<float> ka(d.k.begin(), d.k.begin() + 380 * s.Hkv * s.hd),
+      kb(d.k.begin() + 380 * s.Hkv * s.hd, d.k.end());
+  std::vector<float> va(d.v.begin(), d.v.begin() + 380 * s.Hkv * s.hd),
+      vb(d.v.begin() + 380 * s.Hkv * s.hd, d.v.end());
   const DevMeta qm(m), am(a), bm(b);
   const Dev<float> q(d.q), dka(ka), dkb(kb), dva(va), dvb(vb);
   Dev<float> out(d.out), lse(d.lse), pout(d.out), plse(d.lse);
   AttnShape sa = s, sb = s;
   sa.Tk = a.size();
   sb.Tk = b.size();
-  cuda::attention_forward(nullptr, out.get(), lse.get(), q.get(), dka.get(), dva.get(), qm.view(), am.view(), sa);
-  cuda::attention_forward(nullptr, pout.get(), plse.get(), q.get(), dkb.get(), dvb.get(), qm.view(), bm.view(), sb);
+  cuda::attention_forward(nullptr, out.get(), lse.get(), q.get(), dka.get(), dva.get(), qm.view(),
+                          am.view(), sa);
+  cuda::attention_forward(nullptr, pout.get(), plse.get(), q.get(), dkb.get(), dvb.get(), qm.view(),
+                          bm.view(), sb);
   cuda::attention_merge(nullptr, out.get(), lse.get(), pout.get(), plse.get(), s.Tq, s.Hq, s.hd);
   expect_close("ring out", out.host(), d.out);
   expect_close("ring lse", lse.host(), d.lse);
@@ -190,13 +198,15 @@ TEST(CudaAttentionShapes, UnsupportedHeadDimIsAnError) {
   const int32_t zero = 0;
   const AttnMeta m{&zero, &zero, &zero};
   float x = 0;
-  EXPECT_THROW(cuda::attention_forward(nullptr, &x, &x, &x, &x, &x, m, m, AttnShape{1, 1, 1, 1, 48, 1.0f}),
-               Error);
+  EXPECT_THROW(
+      cuda::attention_forward(nullptr, &x, &x, &x, &x, &x, m, m, AttnShape{1, 1, 1, 1, 48, 1.0f}),
+      Error);
   EXPECT_THROW(cuda::attention_backward(nullptr, &x, &x, &x, &x, &x, &x, &x, &x, &x, m, m,
                                         AttnShape{1, 1, 1, 1, 24, 1.0f}),
                Error);
-  EXPECT_THROW(cuda::attention_forward(nullptr, &x, &x, &x, &x, &x, m, m, AttnShape{1, 1, 3, 2, 64, 1.0f}),
-               Error);
+  EXPECT_THROW(
+      cuda::attention_forward(nullptr, &x, &x, &x, &x, &x, m, m, AttnShape{1, 1, 3, 2, 64, 1.0f}),
+      Error);
 }
 
 }  // namespace

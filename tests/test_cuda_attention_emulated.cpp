@@ -9,9 +9,13 @@
 #include <vector>
 
 #include "tests/attention_cases.h"
-// The emulator defines CUDA's keywords and built-ins: after every other header.
+
+// clang-format off
+// The emulator defines CUDA's keywords and built-ins: after every other header, before the
+// kernel bodies.
 #include "tests/cuda_emulator.h"
 #include "kernels/cuda/attention_kernels.cuh"
+// clang-format on
 
 namespace dhp {
 namespace {
@@ -48,14 +52,14 @@ void check(const AttnCase& c, uint64_t seed) {
   // Outputs start as garbage: everything must be written.
   std::vector<float> out(d.out.size(), 7.0f), lse(d.lse.size(), 7.0f);
   run_forward<HD, TC>({out.data(), lse.data(), d.q.data(), d.k.data(), d.v.data(), c.qm.view(),
-                   c.km.view(), s.Tq, s.Tk, s.Hq, s.Hkv, s.scale});
+                       c.km.view(), s.Tq, s.Tk, s.Hq, s.Hkv, s.scale});
   expect_close(c.name + " out", out, d.out, tol);
   expect_close(c.name + " lse", lse, d.lse, tol);
   // The backward pass from the reference's forward results, so its check stands alone.
   std::vector<float> dq(d.dq.size(), 7.0f), dk(d.dk.size(), 7.0f), dv(d.dv.size(), 7.0f);
   run_backward<HD, TC>({dq.data(), dk.data(), dv.data(), d.dout.data(), d.out.data(), d.lse.data(),
-                    d.q.data(), d.k.data(), d.v.data(), c.qm.view(), c.km.view(), s.Tq, s.Tk,
-                    s.Hq, s.Hkv, s.scale});
+                        d.q.data(), d.k.data(), d.v.data(), c.qm.view(), c.km.view(), s.Tq, s.Tk,
+                        s.Hq, s.Hkv, s.scale});
   expect_close(c.name + " dq", dq, d.dq, tol);
   expect_close(c.name + " dk", dk, d.dk, tol);
   expect_close(c.name + " dv", dv, d.dv, tol);
@@ -64,13 +68,26 @@ void check(const AttnCase& c, uint64_t seed) {
 template <bool TC>
 void check_case(const AttnCase& c, uint64_t seed) {
   switch (c.hd) {
-    case 16: check<16, TC>(c, seed); break;
-    case 32: check<32, TC>(c, seed); break;
-    case 64: check<64, TC>(c, seed); break;
-    case 80: check<80, TC>(c, seed); break;
-    case 96: check<96, TC>(c, seed); break;
-    case 128: check<128, TC>(c, seed); break;
-    default: FAIL() << "no instance for hd=" << c.hd;
+    case 16:
+      check<16, TC>(c, seed);
+      break;
+    case 32:
+      check<32, TC>(c, seed);
+      break;
+    case 64:
+      check<64, TC>(c, seed);
+      break;
+    case 80:
+      check<80, TC>(c, seed);
+      break;
+    case 96:
+      check<96, TC>(c, seed);
+      break;
+    case 128:
+      check<128, TC>(c, seed);
+      break;
+    default:
+      FAIL() << "no instance for hd=" << c.hd;
   }
 }
 
@@ -84,18 +101,19 @@ TEST(CudaAttentionTiles, SkippedTilePairsHaveNoVisiblePair) {
     const bool images = rep % 2 == 1;
     const int64_t max_len = rep % 4 < 2 ? 12 : 150;
     const testing::PackMeta qm = testing::random_pack(rng, 300, max_len, images);
-    const testing::PackMeta km = rep % 3 == 0
-                                     ? testing::random_pack(rng, 260, max_len, images, 0, 40, 2)
-                                     : qm;
+    const testing::PackMeta km =
+        rep % 3 == 0 ? testing::random_pack(rng, 260, max_len, images, 0, 40, 2) : qm;
     // Tiles of random sizes, so the predicate meets every kind of straddling.
     auto cut = [&](int64_t T) {
       std::vector<int64_t> edges{0};
-      while (edges.back() < T) edges.push_back(std::min<int64_t>(T, edges.back() + rng.range(1, 80)));
+      while (edges.back() < T)
+        edges.push_back(std::min<int64_t>(T, edges.back() + rng.range(1, 80)));
       return edges;
     };
     auto range = [](const testing::PackMeta& m, int64_t a, int64_t b) {
       TileRange r = range_empty();
-      for (int64_t i = a; i < b; ++i) r = range_merge(r, range_of(m.doc[size_t(i)], m.idx[size_t(i)], m.blk[size_t(i)]));
+      for (int64_t i = a; i < b; ++i)
+        r = range_merge(r, range_of(m.doc[size_t(i)], m.idx[size_t(i)], m.blk[size_t(i)]));
       return r;
     };
     const auto qe = cut(qm.size()), ke = cut(km.size());
@@ -121,12 +139,12 @@ TEST(CudaAttentionTiles, SkippedTilePairsHaveNoVisiblePair) {
 TEST(CudaAttentionTiles, PredicateOnHandMadeTiles) {
   const TileRange text01 = range_merge(range_of(0, 0, -1), range_of(1, 9, -1));
   EXPECT_TRUE(may_see(text01, range_of(1, 9, -1)));
-  EXPECT_FALSE(may_see(range_of(0, 5, -1), range_of(1, 0, -1)));           // other document
-  EXPECT_FALSE(may_see(range_of(0, 5, -1), range_of(0, 6, -1)));           // future key
-  EXPECT_TRUE(may_see(range_of(0, 5, 3), range_of(0, 6, 3)));             // same image
-  EXPECT_FALSE(may_see(range_of(0, 5, 3), range_of(0, 6, 4)));             // another image
-  EXPECT_FALSE(may_see(range_of(0, 5, -1), range_of(0, 6, 3)));            // text before image
-  EXPECT_TRUE(may_see(range_of(0, 6, -1), range_of(0, 6, 3)));             // equal position
+  EXPECT_FALSE(may_see(range_of(0, 5, -1), range_of(1, 0, -1)));  // other document
+  EXPECT_FALSE(may_see(range_of(0, 5, -1), range_of(0, 6, -1)));  // future key
+  EXPECT_TRUE(may_see(range_of(0, 5, 3), range_of(0, 6, 3)));     // same image
+  EXPECT_FALSE(may_see(range_of(0, 5, 3), range_of(0, 6, 4)));    // another image
+  EXPECT_FALSE(may_see(range_of(0, 5, -1), range_of(0, 6, 3)));   // text before image
+  EXPECT_TRUE(may_see(range_of(0, 6, -1), range_of(0, 6, 3)));    // equal position
 }
 
 class CudaAttentionEmulated : public ::testing::TestWithParam<int> {};
@@ -150,8 +168,11 @@ TEST_P(CudaAttentionEmulated, Tf32MatchesTheCpuReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, CudaAttentionEmulated, ::testing::Values(16, 32, 64, 80, 96, 128),
-                         [](const ::testing::TestParamInfo<int>& i) { return "hd" + std::to_string(i.param); });
+INSTANTIATE_TEST_SUITE_P(HeadDims, CudaAttentionEmulated,
+                         ::testing::Values(16, 32, 64, 80, 96, 128),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return "hd" + std::to_string(i.param);
+                         });
 
 }  // namespace
 }  // namespace dhp

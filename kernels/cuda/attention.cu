@@ -1,9 +1,8 @@
 // The CUDA attention entry points (kernels/cuda/attention.h): argument checks, the dispatch to
 // the head-dimension instances (attention_launch.h), and the log-sum-exp merge.
-#include "kernels/cuda/attention.h"
-
 #include <cmath>
 
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/check.h"
 
@@ -28,13 +27,26 @@ void check_shape(const AttnShape& s) {
 template <class F>
 void by_head_dim(int hd, F f) {
   switch (hd) {
-    case 16: f.template operator()<16>(); break;
-    case 32: f.template operator()<32>(); break;
-    case 64: f.template operator()<64>(); break;
-    case 80: f.template operator()<80>(); break;
-    case 96: f.template operator()<96>(); break;
-    case 128: f.template operator()<128>(); break;
-    default: DHP_ASSERT(false && "check_shape admits only instantiated head dimensions");
+    case 16:
+      f.template operator()<16>();
+      break;
+    case 32:
+      f.template operator()<32>();
+      break;
+    case 64:
+      f.template operator()<64>();
+      break;
+    case 80:
+      f.template operator()<80>();
+      break;
+    case 96:
+      f.template operator()<96>();
+      break;
+    case 128:
+      f.template operator()<128>();
+      break;
+    default:
+      DHP_ASSERT(false && "check_shape admits only instantiated head dimensions");
   }
 }
 
@@ -65,9 +77,9 @@ __global__ void merge_kernel(float* out, float* lse, const float* part_out, cons
 
 }  // namespace
 
-void attention_forward(cudaStream_t stream, float* out, float* lse, const float* q,
-                       const float* k, const float* v, AttnMeta qm, AttnMeta km,
-                       const AttnShape& s, AttnMath math) {
+void attention_forward(cudaStream_t stream, float* out, float* lse, const float* q, const float* k,
+                       const float* v, AttnMeta qm, AttnMeta km, const AttnShape& s,
+                       AttnMath math) {
   check_shape(s);
   if (s.Tq == 0) return;
   const attn::FwdParams p{out, lse, q, k, v, qm, km, s.Tq, s.Tk, s.Hq, s.Hkv, s.scale};
@@ -84,8 +96,8 @@ void attention_backward(cudaStream_t stream, float* dq, float* dk, float* dv, co
                         const float* v, AttnMeta qm, AttnMeta km, const AttnShape& s,
                         AttnMath math) {
   check_shape(s);
-  const attn::BwdParams p{dq, dk, dv, dout, out, lse, q, k, v, qm, km, s.Tq, s.Tk, s.Hq, s.Hkv,
-                          s.scale};
+  const attn::BwdParams p{dq, dk, dv, dout, out,  lse,  q,     k,
+                          v,  qm, km, s.Tq, s.Tk, s.Hq, s.Hkv, s.scale};
   by_head_dim(s.hd, [&]<int HD>() {
     if (math == AttnMath::tf32)
       attn::launch_backward<HD, true>(stream, p);

@@ -20,9 +20,9 @@ enum class AttnMath { fp32, tf32 };
 
 // q (Tq, Hq, hd), k and v (Tk, Hkv, hd) -> out (Tq, Hq, hd), lse (Hq, Tq). Rows that see no
 // key get out = 0 and lse = -inf. Tiles the mask hides entirely are not computed.
-void attention_forward(cudaStream_t stream, float* out, float* lse, const float* q,
-                       const float* k, const float* v, AttnMeta qm, AttnMeta km,
-                       const AttnShape& s, AttnMath math = AttnMath::fp32);
+void attention_forward(cudaStream_t stream, float* out, float* lse, const float* q, const float* k,
+                       const float* v, AttnMeta qm, AttnMeta km, const AttnShape& s,
+                       AttnMath math = AttnMath::fp32);
 
 // dq (Tq, Hq, hd), dk and dv (Tk, Hkv, hd) are written (=), from the forward's out and lse.
 void attention_backward(cudaStream_t stream, float* dq, float* dk, float* dv, const float* dout,

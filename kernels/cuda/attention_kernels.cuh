@@ -1,6 +1,8 @@
-// The bodies of the CUDA attention kernels (flash-attention 2 style, fp32 SIMT), templated on
-// the head dimension. Semantics are those of kernels/cpu/attention.h; kernels/cuda/attention.cu
-// has the entry points and kernels/cuda/attention_launch.cuh the launches.
+// The bodies of the CUDA attention kernels (flash-attention 2 style), templated on the head
+// dimension and on TC: fp32 SIMT products, or tensor-core products on TF32 operands
+// (attention_mma.cuh) written to shared memory for the same softmax code. Semantics are those
+// of kernels/cpu/attention.h; kernels/cuda/attention.cu has the entry points and
+// kernels/cuda/attention_launch.cuh the launches.
 //
 // Work split: tiles of kTile consecutive tokens on either side (tiles may straddle documents;
 // the mask is tested per element). A block of kThreads threads is a 16 x 16 grid: thread
@@ -17,8 +19,8 @@
 // bounds, computed in-kernel by every warp alike) are skipped by the whole block.
 //
 // The bodies take their shared memory as an argument (the __global__ wrappers declare it), and
-// every __syncthreads and shuffle is reached by all threads of the block, so the CPU harness of
-// the tests can run these bodies with emulated threads.
+// every __syncthreads, shuffle and mma is reached by all threads of the block, so the CPU
+// harness of the tests (tests/cuda_emulator.h) can run these bodies with emulated threads.
 #pragma once
 
 #include <cmath>
@@ -127,13 +129,14 @@ __device__ __forceinline__ bool sees_meta(const int32_t* qmeta, int r, const int
 // D = rowsum(dout · out) of the query tile, dout from shared memory (dos), out from global:
 // four threads per row.
 template <int HD>
-__device__ __forceinline__ void row_dots(float* dd, const float* dos, const float* out,
-                                         int64_t q0, int nq, int H, int h) {
+__device__ __forceinline__ void row_dots(float* dd, const float* dos, const float* out, int64_t q0,
+                                         int nq, int H, int h) {
   static_assert(kThreads == 4 * kTile, "four threads per row");
   const int r = int(threadIdx.x) / 4, part = int(threadIdx.x) % 4;
   float acc = 0.0f;
   if (r < nq)
-    for (int c = part; c < HD; c += 4) acc += dos[r * (HD + 1) + c] * out[((q0 + r) * H + h) * HD + c];
+    for (int c = part; c < HD; c += 4)
+      acc += dos[r * (HD + 1) + c] * out[((q0 + r) * H + h) * HD + c];
   acc += __shfl_xor_sync(0xffffffffu, acc, 1, 4);
   acc += __shfl_xor_sync(0xffffffffu, acc, 2, 4);
   if (part == 0) dd[r] = acc;
@@ -149,9 +152,9 @@ __device__ __forceinline__ int tile_size(int64_t T, int64_t t0) {
 template <int HD, bool TC>
 __device__ void forward_block(const FwdParams& p, float* smem) {
   constexpr int S = HD + 1, NV = HD / kGroup;
-  float* qs = smem;                    // (kTile, S) queries
-  float* kv = qs + tile_floats(HD);    // (kTile, S) keys, then values
-  float* ps = kv + tile_floats(HD);    // (kTile, kSStride) scores, then probabilities
+  float* qs = smem;                          // (kTile, S) queries
+  float* kv = qs + tile_floats(HD);          // (kTile, S) keys, then values
+  float* ps = kv + tile_floats(HD);          // (kTile, kSStride) scores, then probabilities
   float* row_alpha = ps + kTile * kSStride;  // (kTile) TC: the rescaling of each row
   float* row_sum = row_alpha + kTile;        // (kTile) TC: the final row sums
   int32_t* qmeta = reinterpret_cast<int32_t*>(row_sum + kTile);  // (3, kTile)
@@ -256,7 +259,8 @@ __device__ void forward_block(const FwdParams& p, float* smem) {
     const int r = ty * kRows + i;
     const float lt = group_sum(l[i]);
     if (r >= nq) continue;
-    if (tx == 0) p.lse[int64_t(h) * p.Tq + q0 + r] = lt > 0.0f ? (m[i] + log2f(lt)) * kLn2 : -INFINITY;
+    if (tx == 0)
+      p.lse[int64_t(h) * p.Tq + q0 + r] = lt > 0.0f ? (m[i] + log2f(lt)) * kLn2 : -INFINITY;
     if constexpr (TC) {
       if (tx == 0) row_sum[r] = lt;
     } else {
@@ -283,16 +287,16 @@ __device__ void forward_block(const FwdParams& p, float* smem) {
 template <int HD, bool TC>
 __device__ void backward_kv_block(const BwdParams& p, float* smem) {
   constexpr int S = HD + 1, NV = HD / kGroup;
-  float* ks = smem;                    // (kTile, S) keys
-  float* vs = ks + tile_floats(HD);    // (kTile, S) values
-  float* qs = vs + tile_floats(HD);    // (kTile, S) queries
-  float* dos = qs + tile_floats(HD);   // (kTile, S) dout
-  float* pt = dos + tile_floats(HD);   // (kTile keys, kSStride) P transposed
-  float* dst = pt + kTile * kSStride;  // (kTile keys, kSStride) dS·scale transposed
+  float* ks = smem;                      // (kTile, S) keys
+  float* vs = ks + tile_floats(HD);      // (kTile, S) values
+  float* qs = vs + tile_floats(HD);      // (kTile, S) queries
+  float* dos = qs + tile_floats(HD);     // (kTile, S) dout
+  float* pt = dos + tile_floats(HD);     // (kTile keys, kSStride) P transposed
+  float* dst = pt + kTile * kSStride;    // (kTile keys, kSStride) dS·scale transposed
   float* lse2 = dst + kTile * kSStride;  // (kTile) lse·log2(e) of the query tile
   float* dd = lse2 + kTile;              // (kTile) D of the query tile
   int32_t* kmeta = reinterpret_cast<int32_t*>(dd + kTile);  // (3, kTile)
-  int32_t* qmeta = kmeta + 3 * kTile;                        // (3, kTile)
+  int32_t* qmeta = kmeta + 3 * kTile;                       // (3, kTile)
   const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
   const int64_t k0 = int64_t(blockIdx.x) * kTile;
   const int hk = int(blockIdx.y), group = p.Hq / p.Hkv;
@@ -419,14 +423,14 @@ __device__ void backward_kv_block(const BwdParams& p, float* smem) {
 template <int HD, bool TC>
 __device__ void backward_q_block(const BwdParams& p, float* smem) {
   constexpr int S = HD + 1, NV = HD / kGroup;
-  float* qs = smem;                    // (kTile, S) queries
-  float* dos = qs + tile_floats(HD);   // (kTile, S) dout
-  float* ks = dos + tile_floats(HD);   // (kTile, S) keys
-  float* vs = ks + tile_floats(HD);    // (kTile, S) values
-  float* dss = vs + tile_floats(HD);   // (kTile, kSStride) dS·scale
-  float* lse2 = dss + kTile * kSStride;  // (kTile)
-  float* dd = lse2 + kTile;              // (kTile)
-  int32_t* qmeta = reinterpret_cast<int32_t*>(dd + kTile);  // (3, kTile)
+  float* qs = smem;                                          // (kTile, S) queries
+  float* dos = qs + tile_floats(HD);                         // (kTile, S) dout
+  float* ks = dos + tile_floats(HD);                         // (kTile, S) keys
+  float* vs = ks + tile_floats(HD);                          // (kTile, S) values
+  float* dss = vs + tile_floats(HD);                         // (kTile, kSStride) dS·scale
+  float* lse2 = dss + kTile * kSStride;                      // (kTile)
+  float* dd = lse2 + kTile;                                  // (kTile)
+  int32_t* qmeta = reinterpret_cast<int32_t*>(dd + kTile);   // (3, kTile)
   int32_t* kmeta = qmeta + 3 * kTile;                        // (3, kTile)
   float* dpb = reinterpret_cast<float*>(kmeta + 3 * kTile);  // (kTile, kSStride) TC: dP
   const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;

@@ -31,8 +31,8 @@ inline unsigned tiles_of(int64_t T) { return unsigned((T + kTile - 1) / kTile); 
 // launch because it is a cheap attribute write and keeps no state here.
 template <class Kernel>
 void allow_smem(Kernel kernel, size_t bytes) {
-  DHP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(bytes)));
+  DHP_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
 template <int HD, bool TC>
@@ -48,13 +48,15 @@ void launch_backward(cudaStream_t stream, const BwdParams& p) {
   const size_t kv_bytes = sizeof(float) * size_t(backward_kv_smem_floats(HD));
   allow_smem(backward_kv_kernel<HD, TC>, kv_bytes);
   if (p.Tk > 0) {
-    backward_kv_kernel<HD, TC><<<dim3(tiles_of(p.Tk), unsigned(p.Hkv)), kThreads, kv_bytes, stream>>>(p);
+    backward_kv_kernel<HD, TC>
+        <<<dim3(tiles_of(p.Tk), unsigned(p.Hkv)), kThreads, kv_bytes, stream>>>(p);
     DHP_CUDA_CHECK_LAUNCH();
   }
   const size_t q_bytes = sizeof(float) * size_t(backward_q_smem_floats(HD, TC));
   allow_smem(backward_q_kernel<HD, TC>, q_bytes);
   if (p.Tq > 0) {
-    backward_q_kernel<HD, TC><<<dim3(tiles_of(p.Tq), unsigned(p.Hq)), kThreads, q_bytes, stream>>>(p);
+    backward_q_kernel<HD, TC>
+        <<<dim3(tiles_of(p.Tq), unsigned(p.Hq)), kThreads, q_bytes, stream>>>(p);
     DHP_CUDA_CHECK_LAUNCH();
   }
 }

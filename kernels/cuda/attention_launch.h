@@ -16,7 +16,7 @@ void launch_forward(cudaStream_t stream, const FwdParams& p);
 template <int HD, bool TC>
 void launch_backward(cudaStream_t stream, const BwdParams& p);
 
-#define DHP_ATTENTION_INSTANCE(HD)                                                  \
+#define DHP_ATTENTION_INSTANCE(HD)                                                 \
   extern template void launch_forward<HD, false>(cudaStream_t, const FwdParams&);  \
   extern template void launch_forward<HD, true>(cudaStream_t, const FwdParams&);   \
   extern template void launch_backward<HD, false>(cudaStream_t, const BwdParams&); \

@@ -14,11 +14,11 @@
 
 namespace dhp::cuda::attn {
 
-constexpr int kTile = 64;                 // tokens per query and key tile
-constexpr int kGroup = 16;                // threads per row (a half-warp), and row groups
+constexpr int kTile = 64;                  // tokens per query and key tile
+constexpr int kGroup = 16;                 // threads per row (a half-warp), and row groups
 constexpr int kThreads = kGroup * kGroup;  // 8 warps
-constexpr int kRows = kTile / kGroup;     // rows of a tile per thread: 4·ty + i
-constexpr int kCols = kTile / kGroup;     // score columns per thread: tx + 16·j
+constexpr int kRows = kTile / kGroup;      // rows of a tile per thread: 4·ty + i
+constexpr int kCols = kTile / kGroup;      // score columns per thread: tx + 16·j
 // Shared rows of scores are padded by one float, so the two row groups of a warp (rows 4
 // apart) read different banks.
 constexpr int kSStride = kTile + 1;
