@@ -1,7 +1,7 @@
 // Runs the bodies of CUDA kernels on the CPU, so their indexing and synchronisation are tested
 // on machines without a GPU. Include this before the kernel header: it defines the CUDA
 // keywords and built-ins the bodies use (threadIdx, blockIdx, gridDim, __syncthreads,
-// __shfl_xor_sync, and the tensor-core instruction of the attention kernels).
+// __syncwarp, __shfl_xor_sync, and the tensor-core instruction of the attention kernels).
 //
 // The threads of a block are fibers (ucontext) run one after another on one CPU thread. A warp
 // runs lane by lane up to its next shuffle, which completes once all its 32 lanes are there;
@@ -196,3 +196,4 @@ inline void launch(Dim3 grid, int threads, size_t smem_floats,
 #define gridDim (::dhp::emu::machine().grid_dim)
 #define __syncthreads() ::dhp::emu::sync_threads()
 #define __shfl_xor_sync(mask, v, lane_mask, ...) ::dhp::emu::shfl_xor(v, lane_mask)
+#define __syncwarp(...) ::dhp::emu::yield(::dhp::emu::Stop::shuffle)

@@ -15,6 +15,7 @@
 // kernel bodies.
 #include "tests/cuda_emulator.h"
 #include "kernels/cuda/attention_kernels.cuh"
+#include "kernels/cuda/attention_merge.cuh"
 // clang-format on
 
 namespace dhp {
@@ -145,6 +146,31 @@ TEST(CudaAttentionTiles, PredicateOnHandMadeTiles) {
   EXPECT_FALSE(may_see(range_of(0, 5, 3), range_of(0, 6, 4)));    // another image
   EXPECT_FALSE(may_see(range_of(0, 5, -1), range_of(0, 6, 3)));   // text before image
   EXPECT_TRUE(may_see(range_of(0, 6, -1), range_of(0, 6, 3)));    // equal position
+}
+
+// The merge against the CPU's, with rows where either part or both saw nothing, hd above and
+// below a warp's width.
+TEST(CudaAttentionMergeEmulated, MatchesTheCpu) {
+  Rng rng(10);
+  for (int hd : {16, 80}) {
+    const int64_t T = 37;
+    const int H = 3;
+    auto out = testing::random_vec(rng, size_t(T * H * hd));
+    auto part = testing::random_vec(rng, size_t(T * H * hd));
+    auto lse = testing::random_vec(rng, size_t(T * H), 4.0f);
+    auto plse = testing::random_vec(rng, size_t(T * H), 4.0f);
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (size_t i = 0; i < lse.size(); i += 5) lse[i] = ninf;
+    for (size_t i = 0; i < plse.size(); i += 7) plse[i] = ninf;
+    std::vector<float> gout = out, glse = lse;
+    const unsigned blocks = unsigned((T * H * 32 + kMergeThreads - 1) / kMergeThreads);
+    emu::launch({blocks, 1, 1}, kMergeThreads, 0, [&](float*) {
+      merge_block(gout.data(), glse.data(), part.data(), plse.data(), T, H, hd);
+    });
+    cpu::attention_merge(out.data(), lse.data(), part.data(), plse.data(), T, H, hd);
+    expect_close("merged out", gout, out);
+    expect_close("merged lse", glse, lse);
+  }
 }
 
 class CudaAttentionEmulated : public ::testing::TestWithParam<int> {};

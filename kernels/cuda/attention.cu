@@ -1,9 +1,11 @@
 // The CUDA attention entry points (kernels/cuda/attention.h): argument checks, the dispatch to
 // the head-dimension instances (attention_launch.h), and the log-sum-exp merge.
+#include "kernels/cuda/attention.h"
+
 #include <cmath>
 
-#include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_launch.h"
+#include "kernels/cuda/attention_merge.cuh"
 #include "kernels/cuda/check.h"
 
 namespace dhp::cuda {
@@ -50,29 +52,9 @@ void by_head_dim(int hd, F f) {
   }
 }
 
-// One warp per (token, head) row: every lane reads both log-sum-exps before lane 0 writes the
-// merged one (the warp is converged at __syncwarp), so no reader sees a half-updated row.
 __global__ void merge_kernel(float* out, float* lse, const float* part_out, const float* part_lse,
                              int64_t T, int H, int hd) {
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = int(threadIdx.x % 32);
-  if (row >= T * int64_t(H)) return;  // whole warps: blockDim.x is a multiple of 32
-  const int64_t t = row / H, h = row % H;
-  float* a = lse + h * T + t;
-  const float la = *a, lb = part_lse[h * T + t];
-  __syncwarp();
-  if (lb == -INFINITY) return;  // part b saw no key: nothing to add
-  float* o = out + row * hd;
-  const float* po = part_out + row * hd;
-  if (la == -INFINITY) {
-    for (int i = lane; i < hd; i += 32) o[i] = po[i];
-    if (lane == 0) *a = lb;
-    return;
-  }
-  const float m = fmaxf(la, lb);
-  const float wa = expf(la - m), wb = expf(lb - m), s = wa + wb;
-  for (int i = lane; i < hd; i += 32) o[i] = (wa * o[i] + wb * po[i]) / s;
-  if (lane == 0) *a = m + logf(s);
+  attn::merge_block(out, lse, part_out, part_lse, T, H, hd);
 }
 
 }  // namespace
@@ -111,11 +93,11 @@ void attention_merge(cudaStream_t stream, float* out, float* lse, const float* p
   DHP_CHECK(T >= 0 && H > 0 && hd > 0, "attention_merge: bad shape T={} H={} hd={}", T, H, hd);
   const int64_t rows = T * H;
   if (rows == 0) return;
-  constexpr int kThreads = 256;  // 8 rows per block
-  const int64_t blocks = (rows * 32 + kThreads - 1) / kThreads;
+  const int64_t blocks = (rows * 32 + attn::kMergeThreads - 1) / attn::kMergeThreads;
   DHP_CHECK(blocks < (int64_t(1) << 31), "attention_merge: {} rows are too many for one launch",
             rows);
-  merge_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(out, lse, part_out, part_lse, T, H, hd);
+  merge_kernel<<<unsigned(blocks), attn::kMergeThreads, 0, stream>>>(out, lse, part_out, part_lse,
+                                                                     T, H, hd);
   DHP_CUDA_CHECK_LAUNCH();
 }
 
