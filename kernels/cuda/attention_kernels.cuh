@@ -56,19 +56,20 @@ struct BwdParams {
   float scale;
 };
 
-// Shared memory per block, in floats (the mask metadata is int32, the same size). Tiles of
-// head vectors are stored with rows of hd + 1 floats: an odd stride puts the 16 rows that the
-// threads of a row group read in one step in 16 different banks.
-__host__ __device__ constexpr int tile_floats(int hd) { return kTile * (hd + 1); }
-__host__ __device__ constexpr int forward_smem_floats(int hd) {
-  return 2 * tile_floats(hd) + kTile * kSStride + 8 * kTile;
+// Shared memory per block, in floats (the mask metadata is int32, the same size); strides in
+// attention_tiles.cuh.
+__host__ __device__ constexpr int tile_floats(int hd, bool tc) {
+  return kTile * head_stride(hd, tc);
 }
-__host__ __device__ constexpr int backward_kv_smem_floats(int hd) {
-  return 4 * tile_floats(hd) + 2 * kTile * kSStride + 8 * kTile;
+__host__ __device__ constexpr int forward_smem_floats(int hd, bool tc) {
+  return 2 * tile_floats(hd, tc) + kTile * score_stride(tc) + 8 * kTile;
+}
+__host__ __device__ constexpr int backward_kv_smem_floats(int hd, bool tc) {
+  return 4 * tile_floats(hd, tc) + 2 * kTile * score_stride(tc) + 8 * kTile;
 }
 // The TF32 variant keeps dP in shared memory besides dS.
 __host__ __device__ constexpr int backward_q_smem_floats(int hd, bool tc) {
-  return 4 * tile_floats(hd) + (tc ? 2 : 1) * kTile * kSStride + 8 * kTile;
+  return 4 * tile_floats(hd, tc) + (tc ? 2 : 1) * kTile * score_stride(tc) + 8 * kTile;
 }
 
 __device__ __forceinline__ float group_max(float x) {
@@ -99,13 +100,13 @@ __device__ __forceinline__ TileRange warp_range(const AttnMeta& m, int64_t t0, i
   return r;
 }
 
-// Rows t0 .. t0+n of head h of x (T, H, HD) into dst (kTile, HD + 1); rows from n on are 0.
-template <int HD>
+// Rows t0 .. t0+n of head h of x (T, H, HD) into dst (kTile, S); rows from n on are 0.
+template <int HD, int S>
 __device__ __forceinline__ void load_tile(float* dst, const float* x, int64_t t0, int n, int H,
                                           int h) {
   for (int e = int(threadIdx.x); e < kTile * HD; e += kThreads) {
     const int r = e / HD, c = e % HD;
-    dst[r * (HD + 1) + c] = r < n ? x[((t0 + r) * H + h) * HD + c] : 0.0f;
+    dst[r * S + c] = r < n ? x[((t0 + r) * H + h) * HD + c] : 0.0f;
   }
 }
 
@@ -128,7 +129,7 @@ __device__ __forceinline__ bool sees_meta(const int32_t* qmeta, int r, const int
 
 // D = rowsum(dout · out) of the query tile, dout from shared memory (dos), out from global:
 // four threads per row.
-template <int HD>
+template <int HD, int S>
 __device__ __forceinline__ void row_dots(float* dd, const float* dos, const float* out, int64_t q0,
                                          int nq, int H, int h) {
   static_assert(kThreads == 4 * kTile, "four threads per row");
@@ -136,7 +137,7 @@ __device__ __forceinline__ void row_dots(float* dd, const float* dos, const floa
   float acc = 0.0f;
   if (r < nq)
     for (int c = part; c < HD; c += 4)
-      acc += dos[r * (HD + 1) + c] * out[((q0 + r) * H + h) * HD + c];
+      acc += dos[r * S + c] * out[((q0 + r) * H + h) * HD + c];
   acc += __shfl_xor_sync(0xffffffffu, acc, 1, 4);
   acc += __shfl_xor_sync(0xffffffffu, acc, 2, 4);
   if (part == 0) dd[r] = acc;
@@ -151,11 +152,11 @@ __device__ __forceinline__ int tile_size(int64_t T, int64_t t0) {
 // TC: the products on tensor cores (attention_mma.cuh), the softmax as in the fp32 variant.
 template <int HD, bool TC>
 __device__ void forward_block(const FwdParams& p, float* smem) {
-  constexpr int S = HD + 1, NV = HD / kGroup;
+  constexpr int S = head_stride(HD, TC), SS = score_stride(TC), NV = HD / kGroup;
   float* qs = smem;                          // (kTile, S) queries
-  float* kv = qs + tile_floats(HD);          // (kTile, S) keys, then values
-  float* ps = kv + tile_floats(HD);          // (kTile, kSStride) scores, then probabilities
-  float* row_alpha = ps + kTile * kSStride;  // (kTile) TC: the rescaling of each row
+  float* kv = qs + tile_floats(HD, TC);          // (kTile, S) keys, then values
+  float* ps = kv + tile_floats(HD, TC);          // (kTile, SS) scores, then probabilities
+  float* row_alpha = ps + kTile * SS;  // (kTile) TC: the rescaling of each row
   float* row_sum = row_alpha + kTile;        // (kTile) TC: the final row sums
   int32_t* qmeta = reinterpret_cast<int32_t*>(row_sum + kTile);  // (3, kTile)
   int32_t* kmeta = qmeta + 3 * kTile;                            // (3, kTile)
@@ -168,7 +169,7 @@ __device__ void forward_block(const FwdParams& p, float* smem) {
   const int nq = tile_size(p.Tq, q0);
   const float scale2 = p.scale * kLog2e;
 
-  load_tile<HD>(qs, p.q, q0, nq, p.Hq, h);
+  load_tile<HD, S>(qs, p.q, q0, nq, p.Hq, h);
   load_meta(qmeta, p.qm, q0, nq);
   const TileRange qr = warp_range(p.qm, q0, nq);
 
@@ -188,15 +189,15 @@ __device__ void forward_block(const FwdParams& p, float* smem) {
     const int nk = tile_size(p.Tk, k0);
     if (!may_see(qr, warp_range(p.km, k0, nk))) continue;
     __syncthreads();  // the previous tile's reads of kv, ps and row_alpha are done
-    load_tile<HD>(kv, p.k, k0, nk, p.Hkv, hk);
+    load_tile<HD, S>(kv, p.k, k0, nk, p.Hkv, hk);
     load_meta(kmeta, p.km, k0, nk);
     __syncthreads();
     float s[kRows][kCols];
     if constexpr (TC) {
-      mma_scores<HD>(ps, qs, kv);
+      mma_scores<HD, S, SS>(ps, qs, kv);
       __syncthreads();
       for (int i = 0; i < kRows; ++i)
-        for (int j = 0; j < kCols; ++j) s[i][j] = ps[(ty * kRows + i) * kSStride + tx + kGroup * j];
+        for (int j = 0; j < kCols; ++j) s[i][j] = ps[(ty * kRows + i) * SS + tx + kGroup * j];
     } else {
       for (int i = 0; i < kRows; ++i)
         for (int j = 0; j < kCols; ++j) s[i][j] = 0.0f;
@@ -236,20 +237,20 @@ __device__ void forward_block(const FwdParams& p, float* smem) {
     }
     __syncthreads();  // every thread is done reading the keys (and, TC, the scores)
     for (int i = 0; i < kRows; ++i)
-      for (int j = 0; j < kCols; ++j) ps[(ty * kRows + i) * kSStride + tx + kGroup * j] = s[i][j];
-    load_tile<HD>(kv, p.v, k0, nk, p.Hkv, hk);
+      for (int j = 0; j < kCols; ++j) ps[(ty * kRows + i) * SS + tx + kGroup * j] = s[i][j];
+    load_tile<HD, S>(kv, p.v, k0, nk, p.Hkv, hk);
     __syncthreads();
     if constexpr (TC) {
       for (int v = 0; v < NV; ++v)
         for (int e = 0; e < 4; ++e) oc[v][e] *= row_alpha[mma_row(e)];
-      mma_accumulate<HD>(oc, ps, kv, nk);
+      mma_accumulate<HD, S, SS>(oc, ps, kv, nk);
     } else {
 #pragma unroll 4
       for (int c = 0; c < nk; ++c) {
         float b[NV];
         for (int v = 0; v < NV; ++v) b[v] = kv[c * S + tx + kGroup * v];
         for (int i = 0; i < kRows; ++i) {
-          const float pc = ps[(ty * kRows + i) * kSStride + c];
+          const float pc = ps[(ty * kRows + i) * SS + c];
           for (int v = 0; v < NV; ++v) o[i][v] += pc * b[v];
         }
       }
@@ -286,14 +287,14 @@ __device__ void forward_block(const FwdParams& p, float* smem) {
 
 template <int HD, bool TC>
 __device__ void backward_kv_block(const BwdParams& p, float* smem) {
-  constexpr int S = HD + 1, NV = HD / kGroup;
+  constexpr int S = head_stride(HD, TC), SS = score_stride(TC), NV = HD / kGroup;
   float* ks = smem;                      // (kTile, S) keys
-  float* vs = ks + tile_floats(HD);      // (kTile, S) values
-  float* qs = vs + tile_floats(HD);      // (kTile, S) queries
-  float* dos = qs + tile_floats(HD);     // (kTile, S) dout
-  float* pt = dos + tile_floats(HD);     // (kTile keys, kSStride) P transposed
-  float* dst = pt + kTile * kSStride;    // (kTile keys, kSStride) dS·scale transposed
-  float* lse2 = dst + kTile * kSStride;  // (kTile) lse·log2(e) of the query tile
+  float* vs = ks + tile_floats(HD, TC);      // (kTile, S) values
+  float* qs = vs + tile_floats(HD, TC);      // (kTile, S) queries
+  float* dos = qs + tile_floats(HD, TC);     // (kTile, S) dout
+  float* pt = dos + tile_floats(HD, TC);     // (kTile keys, SS) P transposed
+  float* dst = pt + kTile * SS;    // (kTile keys, SS) dS·scale transposed
+  float* lse2 = dst + kTile * SS;  // (kTile) lse·log2(e) of the query tile
   float* dd = lse2 + kTile;              // (kTile) D of the query tile
   int32_t* kmeta = reinterpret_cast<int32_t*>(dd + kTile);  // (3, kTile)
   int32_t* qmeta = kmeta + 3 * kTile;                       // (3, kTile)
@@ -303,8 +304,8 @@ __device__ void backward_kv_block(const BwdParams& p, float* smem) {
   const int nk = tile_size(p.Tk, k0);
   const float scale2 = p.scale * kLog2e;
 
-  load_tile<HD>(ks, p.k, k0, nk, p.Hkv, hk);
-  load_tile<HD>(vs, p.v, k0, nk, p.Hkv, hk);
+  load_tile<HD, S>(ks, p.k, k0, nk, p.Hkv, hk);
+  load_tile<HD, S>(vs, p.v, k0, nk, p.Hkv, hk);
   load_meta(kmeta, p.km, k0, nk);
   const TileRange kr = warp_range(p.km, k0, nk);
 
@@ -322,23 +323,23 @@ __device__ void backward_kv_block(const BwdParams& p, float* smem) {
       const int nq = tile_size(p.Tq, q0);
       if (!may_see(warp_range(p.qm, q0, nq), kr)) continue;
       __syncthreads();  // the previous tile's reads of qs, dos, pt, dst, lse2, dd are done
-      load_tile<HD>(qs, p.q, q0, nq, p.Hq, h);
-      load_tile<HD>(dos, p.dout, q0, nq, p.Hq, h);
+      load_tile<HD, S>(qs, p.q, q0, nq, p.Hq, h);
+      load_tile<HD, S>(dos, p.dout, q0, nq, p.Hq, h);
       load_meta(qmeta, p.qm, q0, nq);
       for (int i = int(threadIdx.x); i < kTile; i += kThreads)
         lse2[i] = i < nq ? p.lse[int64_t(h) * p.Tq + q0 + i] * kLog2e : -INFINITY;
       __syncthreads();
-      row_dots<HD>(dd, dos, p.out, q0, nq, p.Hq, h);
+      row_dots<HD, S>(dd, dos, p.out, q0, nq, p.Hq, h);
       if constexpr (TC) {
-        mma_scores<HD>(pt, ks, qs);
-        mma_scores<HD>(dst, vs, dos);
+        mma_scores<HD, S, SS>(pt, ks, qs);
+        mma_scores<HD, S, SS>(dst, vs, dos);
       }
       __syncthreads();
       // Transposed products: rows are keys (4·ty + i), columns queries (tx + 16·j).
       float st[kRows][kCols], dpt[kRows][kCols];
       for (int i = 0; i < kRows; ++i)
         for (int j = 0; j < kCols; ++j) {
-          const int at = (ty * kRows + i) * kSStride + tx + kGroup * j;
+          const int at = (ty * kRows + i) * SS + tx + kGroup * j;
           st[i][j] = TC ? pt[at] : 0.0f;
           dpt[i][j] = TC ? dst[at] : 0.0f;
         }
@@ -366,13 +367,13 @@ __device__ void backward_kv_block(const BwdParams& p, float* smem) {
           // lse = -inf: the query saw no key in the forward pass (nor will it here).
           const bool vis = r < nk && c < nq && L != -INFINITY && sees_meta(qmeta, c, kmeta, r);
           const float pv = vis ? exp2f(st[i][j] * scale2 - L) : 0.0f;
-          pt[r * kSStride + c] = pv;
-          dst[r * kSStride + c] = pv * (dpt[i][j] - dd[c]) * p.scale;
+          pt[r * SS + c] = pv;
+          dst[r * SS + c] = pv * (dpt[i][j] - dd[c]) * p.scale;
         }
       __syncthreads();
       if constexpr (TC) {
-        mma_accumulate<HD>(dvc, pt, dos, nq);
-        mma_accumulate<HD>(dkc, dst, qs, nq);
+        mma_accumulate<HD, S, SS>(dvc, pt, dos, nq);
+        mma_accumulate<HD, S, SS>(dkc, dst, qs, nq);
       }
 #pragma unroll 4
       for (int c = 0; c < (TC ? 0 : nq); ++c) {
@@ -382,8 +383,8 @@ __device__ void backward_kv_block(const BwdParams& p, float* smem) {
           bq[v] = qs[c * S + tx + kGroup * v];
         }
         for (int i = 0; i < kRows; ++i) {
-          const float pp = pt[(ty * kRows + i) * kSStride + c];
-          const float ds = dst[(ty * kRows + i) * kSStride + c];
+          const float pp = pt[(ty * kRows + i) * SS + c];
+          const float ds = dst[(ty * kRows + i) * SS + c];
           for (int v = 0; v < NV; ++v) {
             dv[i][v] += pp * bo[v];
             dk[i][v] += ds * bq[v];
@@ -422,17 +423,17 @@ __device__ void backward_kv_block(const BwdParams& p, float* smem) {
 
 template <int HD, bool TC>
 __device__ void backward_q_block(const BwdParams& p, float* smem) {
-  constexpr int S = HD + 1, NV = HD / kGroup;
+  constexpr int S = head_stride(HD, TC), SS = score_stride(TC), NV = HD / kGroup;
   float* qs = smem;                                          // (kTile, S) queries
-  float* dos = qs + tile_floats(HD);                         // (kTile, S) dout
-  float* ks = dos + tile_floats(HD);                         // (kTile, S) keys
-  float* vs = ks + tile_floats(HD);                          // (kTile, S) values
-  float* dss = vs + tile_floats(HD);                         // (kTile, kSStride) dS·scale
-  float* lse2 = dss + kTile * kSStride;                      // (kTile)
+  float* dos = qs + tile_floats(HD, TC);                         // (kTile, S) dout
+  float* ks = dos + tile_floats(HD, TC);                         // (kTile, S) keys
+  float* vs = ks + tile_floats(HD, TC);                          // (kTile, S) values
+  float* dss = vs + tile_floats(HD, TC);                         // (kTile, SS) dS·scale
+  float* lse2 = dss + kTile * SS;                      // (kTile)
   float* dd = lse2 + kTile;                                  // (kTile)
   int32_t* qmeta = reinterpret_cast<int32_t*>(dd + kTile);   // (3, kTile)
   int32_t* kmeta = qmeta + 3 * kTile;                        // (3, kTile)
-  float* dpb = reinterpret_cast<float*>(kmeta + 3 * kTile);  // (kTile, kSStride) TC: dP
+  float* dpb = reinterpret_cast<float*>(kmeta + 3 * kTile);  // (kTile, SS) TC: dP
   const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
   const int64_t qt = int64_t(gridDim.x) - 1 - blockIdx.x;  // the busiest causal tiles first
   const int h = int(blockIdx.y), hk = h / (p.Hq / p.Hkv);
@@ -440,13 +441,13 @@ __device__ void backward_q_block(const BwdParams& p, float* smem) {
   const int nq = tile_size(p.Tq, q0);
   const float scale2 = p.scale * kLog2e;
 
-  load_tile<HD>(qs, p.q, q0, nq, p.Hq, h);
-  load_tile<HD>(dos, p.dout, q0, nq, p.Hq, h);
+  load_tile<HD, S>(qs, p.q, q0, nq, p.Hq, h);
+  load_tile<HD, S>(dos, p.dout, q0, nq, p.Hq, h);
   load_meta(qmeta, p.qm, q0, nq);
   for (int i = int(threadIdx.x); i < kTile; i += kThreads)
     lse2[i] = i < nq ? p.lse[int64_t(h) * p.Tq + q0 + i] * kLog2e : -INFINITY;
   __syncthreads();
-  row_dots<HD>(dd, dos, p.out, q0, nq, p.Hq, h);
+  row_dots<HD, S>(dd, dos, p.out, q0, nq, p.Hq, h);
   const TileRange qr = warp_range(p.qm, q0, nq);
 
   // The thread grid's layout (dq) or the tensor cores' (dqc).
@@ -461,19 +462,19 @@ __device__ void backward_q_block(const BwdParams& p, float* smem) {
     const int nk = tile_size(p.Tk, k0);
     if (!may_see(qr, warp_range(p.km, k0, nk))) continue;
     __syncthreads();  // dd is written; the previous tile's reads of ks, vs, dss are done
-    load_tile<HD>(ks, p.k, k0, nk, p.Hkv, hk);
-    load_tile<HD>(vs, p.v, k0, nk, p.Hkv, hk);
+    load_tile<HD, S>(ks, p.k, k0, nk, p.Hkv, hk);
+    load_tile<HD, S>(vs, p.v, k0, nk, p.Hkv, hk);
     load_meta(kmeta, p.km, k0, nk);
     __syncthreads();
     if constexpr (TC) {
-      mma_scores<HD>(dss, qs, ks);
-      mma_scores<HD>(dpb, dos, vs);
+      mma_scores<HD, S, SS>(dss, qs, ks);
+      mma_scores<HD, S, SS>(dpb, dos, vs);
       __syncthreads();
     }
     float s[kRows][kCols], dp[kRows][kCols];
     for (int i = 0; i < kRows; ++i)
       for (int j = 0; j < kCols; ++j) {
-        const int at = (ty * kRows + i) * kSStride + tx + kGroup * j;
+        const int at = (ty * kRows + i) * SS + tx + kGroup * j;
         s[i][j] = TC ? dss[at] : 0.0f;
         dp[i][j] = TC ? dpb[at] : 0.0f;
       }
@@ -501,17 +502,17 @@ __device__ void backward_q_block(const BwdParams& p, float* smem) {
         const int c = tx + kGroup * j;
         const bool vis = r < nq && c < nk && L != -INFINITY && sees_meta(qmeta, r, kmeta, c);
         const float pv = vis ? exp2f(s[i][j] * scale2 - L) : 0.0f;
-        dss[r * kSStride + c] = pv * (dp[i][j] - D) * p.scale;
+        dss[r * SS + c] = pv * (dp[i][j] - D) * p.scale;
       }
     }
     __syncthreads();
-    if constexpr (TC) mma_accumulate<HD>(dqc, dss, ks, nk);
+    if constexpr (TC) mma_accumulate<HD, S, SS>(dqc, dss, ks, nk);
 #pragma unroll 4
     for (int c = 0; c < (TC ? 0 : nk); ++c) {
       float b[NV];
       for (int v = 0; v < NV; ++v) b[v] = ks[c * S + tx + kGroup * v];
       for (int i = 0; i < kRows; ++i) {
-        const float ds = dss[(ty * kRows + i) * kSStride + c];
+        const float ds = dss[(ty * kRows + i) * SS + c];
         for (int v = 0; v < NV; ++v) dq[i][v] += ds * b[v];
       }
     }

@@ -37,7 +37,7 @@ void allow_smem(Kernel kernel, size_t bytes) {
 
 template <int HD, bool TC>
 void launch_forward(cudaStream_t stream, const FwdParams& p) {
-  const size_t bytes = sizeof(float) * size_t(forward_smem_floats(HD));
+  const size_t bytes = sizeof(float) * size_t(forward_smem_floats(HD, TC));
   allow_smem(forward_kernel<HD, TC>, bytes);
   forward_kernel<HD, TC><<<dim3(tiles_of(p.Tq), unsigned(p.Hq)), kThreads, bytes, stream>>>(p);
   DHP_CUDA_CHECK_LAUNCH();
@@ -45,7 +45,7 @@ void launch_forward(cudaStream_t stream, const FwdParams& p) {
 
 template <int HD, bool TC>
 void launch_backward(cudaStream_t stream, const BwdParams& p) {
-  const size_t kv_bytes = sizeof(float) * size_t(backward_kv_smem_floats(HD));
+  const size_t kv_bytes = sizeof(float) * size_t(backward_kv_smem_floats(HD, TC));
   allow_smem(backward_kv_kernel<HD, TC>, kv_bytes);
   if (p.Tk > 0) {
     backward_kv_kernel<HD, TC>

@@ -1,7 +1,7 @@
 // Tensor-core products of the attention kernels' TF32 variant: warp-level mma.m16n8k8 on
 // operands rounded to TF32 (10 mantissa bits), accumulating in fp32. Operands come from the
-// shared-memory tiles of attention_kernels.cuh: head vectors in rows of HD + 1 floats, scores
-// in rows of kSStride.
+// shared-memory tiles of attention_kernels.cuh: head vectors in rows of S floats, scores in
+// rows of SS.
 //
 // Fragment layout of m16n8k8 (PTX ISA), lane = 4·g + t: A (16 x 8, row-major) a0 (g, t),
 // a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); B (8 x 8, k x n) b0 (t, g), b1 (t+4, g); C (16 x 8)
@@ -45,10 +45,9 @@ __device__ __forceinline__ int mma_row(int e) {
 }
 __device__ __forceinline__ int mma_col(int e) { return 2 * (int(threadIdx.x) % 4) + e % 2; }
 
-// dst (kTile, kSStride) = A · Bᵀ over the head dimension, A and B (kTile, HD + 1) tiles.
-template <int HD>
+// dst (kTile, SS) = A · Bᵀ over the head dimension, A and B (kTile, S) tiles.
+template <int HD, int S, int SS>
 __device__ __forceinline__ void mma_scores(float* dst, const float* A, const float* B) {
-  constexpr int S = HD + 1;
   const int warp = int(threadIdx.x) / 32, g = int(threadIdx.x) % 32 / 4, t = int(threadIdx.x) % 4;
   const int r0 = 16 * (warp % 4), c0 = 32 * (warp / 4);
   float acc[4][4];
@@ -66,23 +65,22 @@ __device__ __forceinline__ void mma_scores(float* dst, const float* A, const flo
     }
   }
   for (int n = 0; n < 4; ++n)
-    for (int e = 0; e < 4; ++e) dst[mma_row(e) * kSStride + c0 + 8 * n + mma_col(e)] = acc[n][e];
+    for (int e = 0; e < 4; ++e) dst[mma_row(e) * SS + c0 + 8 * n + mma_col(e)] = acc[n][e];
 }
 
 // acc (this warp's rows and HD/2 columns) += P · X over the first n rows of X: P (kTile,
-// kSStride), X (kTile, HD + 1). Columns of P from n on (up to the next multiple of 8) must be
+// SS), X (kTile, S). Columns of P from n on (up to the next multiple of 8) must be
 // finite and rows of X there zero, as the kernels leave them.
-template <int HD>
+template <int HD, int S, int SS>
 __device__ __forceinline__ void mma_accumulate(float (&acc)[HD / 16][4], const float* P,
                                                const float* X, int n) {
-  constexpr int S = HD + 1;
   const int warp = int(threadIdx.x) / 32, g = int(threadIdx.x) % 32 / 4, t = int(threadIdx.x) % 4;
   const int r0 = 16 * (warp % 4), c0 = HD / 2 * (warp / 4);
   for (int k0 = 0; k0 < n; k0 += 8) {
-    const uint32_t a[4] = {to_tf32(P[(r0 + g) * kSStride + k0 + t]),
-                           to_tf32(P[(r0 + g + 8) * kSStride + k0 + t]),
-                           to_tf32(P[(r0 + g) * kSStride + k0 + t + 4]),
-                           to_tf32(P[(r0 + g + 8) * kSStride + k0 + t + 4])};
+    const uint32_t a[4] = {to_tf32(P[(r0 + g) * SS + k0 + t]),
+                           to_tf32(P[(r0 + g + 8) * SS + k0 + t]),
+                           to_tf32(P[(r0 + g) * SS + k0 + t + 4]),
+                           to_tf32(P[(r0 + g + 8) * SS + k0 + t + 4])};
     for (int nb = 0; nb < HD / 16; ++nb) {
       const int c = c0 + 8 * nb + g;
       const uint32_t b[2] = {to_tf32(X[(k0 + t) * S + c]), to_tf32(X[(k0 + t + 4) * S + c])};

@@ -19,9 +19,12 @@ constexpr int kGroup = 16;                 // threads per row (a half-warp), and
 constexpr int kThreads = kGroup * kGroup;  // 8 warps
 constexpr int kRows = kTile / kGroup;      // rows of a tile per thread: 4·ty + i
 constexpr int kCols = kTile / kGroup;      // score columns per thread: tx + 16·j
-// Shared rows of scores are padded by one float, so the two row groups of a warp (rows 4
-// apart) read different banks.
-constexpr int kSStride = kTile + 1;
+// Row strides in shared memory, in floats, of tiles of head vectors and of score tiles. The
+// fp32 variant pads by one: the 16 rows that a row group reads in one step (tx + 16·j) fall in
+// 16 different banks, and so do the two row groups of a warp (rows 4 apart). The tensor-core
+// variant pads by four: the 8 rows x 4 columns of an mma fragment fall in 32 different banks.
+DHP_TILE_FN constexpr int head_stride(int hd, bool tc) { return tc ? hd + 4 : hd + 1; }
+DHP_TILE_FN constexpr int score_stride(bool tc) { return tc ? kTile + 4 : kTile + 1; }
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2 = 0.693147180559945309f;
 
