@@ -38,7 +38,8 @@ void run_forward(const FwdParams& p) {
 template <int HD, bool TC>
 void run_backward(const BwdParams& p) {
   if (p.Tk > 0)
-    emu::launch({tiles(p.Tk), unsigned(p.Hkv), 1}, kThreads, size_t(backward_kv_smem_floats(HD, TC)),
+    emu::launch({tiles(p.Tk), unsigned(p.Hkv), 1}, kThreads,
+                size_t(backward_kv_smem_floats(HD, TC)),
                 [&](float* smem) { backward_kv_block<HD, TC>(p, smem); });
   if (p.Tq > 0)
     emu::launch({tiles(p.Tq), unsigned(p.Hq), 1}, kThreads, size_t(backward_q_smem_floats(HD, TC)),

@@ -136,8 +136,7 @@ __device__ __forceinline__ void row_dots(float* dd, const float* dos, const floa
   const int r = int(threadIdx.x) / 4, part = int(threadIdx.x) % 4;
   float acc = 0.0f;
   if (r < nq)
-    for (int c = part; c < HD; c += 4)
-      acc += dos[r * S + c] * out[((q0 + r) * H + h) * HD + c];
+    for (int c = part; c < HD; c += 4) acc += dos[r * S + c] * out[((q0 + r) * H + h) * HD + c];
   acc += __shfl_xor_sync(0xffffffffu, acc, 1, 4);
   acc += __shfl_xor_sync(0xffffffffu, acc, 2, 4);
   if (part == 0) dd[r] = acc;
@@ -153,11 +152,11 @@ __device__ __forceinline__ int tile_size(int64_t T, int64_t t0) {
 template <int HD, bool TC>
 __device__ void forward_block(const FwdParams& p, float* smem) {
   constexpr int S = head_stride(HD, TC), SS = score_stride(TC), NV = HD / kGroup;
-  float* qs = smem;                          // (kTile, S) queries
-  float* kv = qs + tile_floats(HD, TC);          // (kTile, S) keys, then values
-  float* ps = kv + tile_floats(HD, TC);          // (kTile, SS) scores, then probabilities
-  float* row_alpha = ps + kTile * SS;  // (kTile) TC: the rescaling of each row
-  float* row_sum = row_alpha + kTile;        // (kTile) TC: the final row sums
+  float* qs = smem;                      // (kTile, S) queries
+  float* kv = qs + tile_floats(HD, TC);  // (kTile, S) keys, then values
+  float* ps = kv + tile_floats(HD, TC);  // (kTile, SS) scores, then probabilities
+  float* row_alpha = ps + kTile * SS;    // (kTile) TC: the rescaling of each row
+  float* row_sum = row_alpha + kTile;    // (kTile) TC: the final row sums
   int32_t* qmeta = reinterpret_cast<int32_t*>(row_sum + kTile);  // (3, kTile)
   int32_t* kmeta = qmeta + 3 * kTile;                            // (3, kTile)
   const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
@@ -288,14 +287,14 @@ __device__ void forward_block(const FwdParams& p, float* smem) {
 template <int HD, bool TC>
 __device__ void backward_kv_block(const BwdParams& p, float* smem) {
   constexpr int S = head_stride(HD, TC), SS = score_stride(TC), NV = HD / kGroup;
-  float* ks = smem;                      // (kTile, S) keys
-  float* vs = ks + tile_floats(HD, TC);      // (kTile, S) values
-  float* qs = vs + tile_floats(HD, TC);      // (kTile, S) queries
-  float* dos = qs + tile_floats(HD, TC);     // (kTile, S) dout
-  float* pt = dos + tile_floats(HD, TC);     // (kTile keys, SS) P transposed
-  float* dst = pt + kTile * SS;    // (kTile keys, SS) dS·scale transposed
-  float* lse2 = dst + kTile * SS;  // (kTile) lse·log2(e) of the query tile
-  float* dd = lse2 + kTile;              // (kTile) D of the query tile
+  float* ks = smem;                       // (kTile, S) keys
+  float* vs = ks + tile_floats(HD, TC);   // (kTile, S) values
+  float* qs = vs + tile_floats(HD, TC);   // (kTile, S) queries
+  float* dos = qs + tile_floats(HD, TC);  // (kTile, S) dout
+  float* pt = dos + tile_floats(HD, TC);  // (kTile keys, SS) P transposed
+  float* dst = pt + kTile * SS;           // (kTile keys, SS) dS·scale transposed
+  float* lse2 = dst + kTile * SS;         // (kTile) lse·log2(e) of the query tile
+  float* dd = lse2 + kTile;               // (kTile) D of the query tile
   int32_t* kmeta = reinterpret_cast<int32_t*>(dd + kTile);  // (3, kTile)
   int32_t* qmeta = kmeta + 3 * kTile;                       // (3, kTile)
   const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
@@ -425,11 +424,11 @@ template <int HD, bool TC>
 __device__ void backward_q_block(const BwdParams& p, float* smem) {
   constexpr int S = head_stride(HD, TC), SS = score_stride(TC), NV = HD / kGroup;
   float* qs = smem;                                          // (kTile, S) queries
-  float* dos = qs + tile_floats(HD, TC);                         // (kTile, S) dout
-  float* ks = dos + tile_floats(HD, TC);                         // (kTile, S) keys
-  float* vs = ks + tile_floats(HD, TC);                          // (kTile, S) values
-  float* dss = vs + tile_floats(HD, TC);                         // (kTile, SS) dS·scale
-  float* lse2 = dss + kTile * SS;                      // (kTile)
+  float* dos = qs + tile_floats(HD, TC);                     // (kTile, S) dout
+  float* ks = dos + tile_floats(HD, TC);                     // (kTile, S) keys
+  float* vs = ks + tile_floats(HD, TC);                      // (kTile, S) values
+  float* dss = vs + tile_floats(HD, TC);                     // (kTile, SS) dS·scale
+  float* lse2 = dss + kTile * SS;                            // (kTile)
   float* dd = lse2 + kTile;                                  // (kTile)
   int32_t* qmeta = reinterpret_cast<int32_t*>(dd + kTile);   // (3, kTile)
   int32_t* kmeta = qmeta + 3 * kTile;                        // (3, kTile)

@@ -77,10 +77,9 @@ __device__ __forceinline__ void mma_accumulate(float (&acc)[HD / 16][4], const f
   const int warp = int(threadIdx.x) / 32, g = int(threadIdx.x) % 32 / 4, t = int(threadIdx.x) % 4;
   const int r0 = 16 * (warp % 4), c0 = HD / 2 * (warp / 4);
   for (int k0 = 0; k0 < n; k0 += 8) {
-    const uint32_t a[4] = {to_tf32(P[(r0 + g) * SS + k0 + t]),
-                           to_tf32(P[(r0 + g + 8) * SS + k0 + t]),
-                           to_tf32(P[(r0 + g) * SS + k0 + t + 4]),
-                           to_tf32(P[(r0 + g + 8) * SS + k0 + t + 4])};
+    const uint32_t a[4] = {
+        to_tf32(P[(r0 + g) * SS + k0 + t]), to_tf32(P[(r0 + g + 8) * SS + k0 + t]),
+        to_tf32(P[(r0 + g) * SS + k0 + t + 4]), to_tf32(P[(r0 + g + 8) * SS + k0 + t + 4])};
     for (int nb = 0; nb < HD / 16; ++nb) {
       const int c = c0 + 8 * nb + g;
       const uint32_t b[2] = {to_tf32(X[(k0 + t) * S + c]), to_tf32(X[(k0 + t + 4) * S + c])};
