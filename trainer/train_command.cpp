@@ -64,9 +64,18 @@ LoadedModel load_for_inference(const std::string& checkpoint, const Config& cfg)
 
 // The communicator of a run on `device`: on the CUDA backend with several ranks, the world
 // wrapped for device buffers (NCCL) before the backend picks its device, so that both use the
-// device the wrapper chose for this rank.
+// device the wrapper chose for this rank. "auto" is resolved here, the same on every rank (CUDA
+// only where every rank has a usable device), and `device` receives the answer.
 std::unique_ptr<Communicator> communicator_for(std::unique_ptr<Communicator> world,
-                                               const std::string& device, const CliHooks& hooks) {
+                                               std::string& device, const CliHooks& hooks) {
+  if (device == "auto") {
+    const bool here = backend_registry().resolve(device) == "cuda";
+    int32_t cpu = here ? 0 : 1;
+    world->all_reduce(&cpu, 1, DataType::I32, ReduceOp::Max);
+    if (cpu && here)
+      spdlog::info("device auto: cpu after all (another rank has no usable CUDA device)");
+    device = cpu ? "cpu" : "cuda";
+  }
   if (device != "cuda" || world->size() == 1) return world;
   DHP_CHECK(hooks.device_communicator, "train.device = \"cuda\" with {} ranks needs a build "
             "with the CUDA backend (NCCL)", world->size());
@@ -157,7 +166,7 @@ void add_eval_command(CLI::App& app, const CliHooks& hooks) {
     set_up_logging(world->rank(), world->size(), "info");
     if (!out->empty()) check_output_file(*out, "--json");
     const std::string path = resolve_checkpoint(*checkpoint, *dir);
-    const Config cfg = inference_config(path, sub->remaining());
+    Config cfg = inference_config(path, sub->remaining());
     world = communicator_for(std::move(world), cfg.train.device, hooks);
     Communicator& comm = *world;
     LoadedModel m = load_for_inference(path, cfg);

@@ -38,6 +38,7 @@ class CudaBackend final : public Backend {
   void synchronize() override;
 
   cudaStream_t stream() const { return stream_; }
+  void* stream_handle() const override { return stream_; }
   int ordinal() const { return device_; }
 
  private:

@@ -18,6 +18,7 @@ constexpr size_t kGemmWorkspace = size_t(32) << 20;
 
 CudaOps::CudaOps(Backend& backend, cudaStream_t stream, const std::string& precision)
     : stream_(stream),
+      attn_math_(precision == "fp32" ? cuda::AttnMath::fp32 : cuda::AttnMath::tf32),
       workspace_(backend, kGemmWorkspace),
       ce_rows_(backend, sizeof(cuda::CrossEntropyRow) * cuda::kCrossEntropyRows),
       sum_partial_(backend, sizeof(double) * cuda::kSumSquaresBlocks),
@@ -87,14 +88,14 @@ void CudaOps::gelu_backward(float* dx, const float* dy, const float* x, int64_t 
 void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
                                 const float* v, AttnMeta qm, AttnMeta km,
                                 const AttnShape& s) const {
-  cuda::attention_forward(stream_, out, lse, q, k, v, qm, km, s);
+  cuda::attention_forward(stream_, out, lse, q, k, v, qm, km, s, attn_math_);
 }
 
 void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
                                  const float* out, const float* lse, const float* q,
                                  const float* k, const float* v, AttnMeta qm, AttnMeta km,
                                  const AttnShape& s) const {
-  cuda::attention_backward(stream_, dq, dk, dv, dout, out, lse, q, k, v, qm, km, s);
+  cuda::attention_backward(stream_, dq, dk, dv, dout, out, lse, q, k, v, qm, km, s, attn_math_);
 }
 
 void CudaOps::attention_merge(float* out, float* lse, const float* part_out,

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/gemm.h"
 
@@ -78,6 +79,8 @@ class CudaOps final : public Ops {
 
  private:
   cudaStream_t stream_;
+  // Attention's products on tensor cores (TF32) unless the precision is fp32, as the GEMMs.
+  cuda::AttnMath attn_math_;
   DeviceBuffer workspace_;    // cuBLASLt workspace
   DeviceBuffer ce_rows_;      // (kCrossEntropyRows) CrossEntropyRow
   DeviceBuffer sum_partial_;  // (kSumSquaresBlocks) double

@@ -1,0 +1,537 @@
+// The bodies of the CUDA attention kernels (flash-attention 2 style), templated on the head
+// dimension and on TC: fp32 SIMT products, or tensor-core products on TF32 operands
+// (attention_mma.cuh) written to shared memory for the same softmax code. Semantics are those
+// of kernels/cpu/attention.h; kernels/cuda/attention.cu has the entry points and
+// kernels/cuda/attention_launch.cuh the launches.
+//
+// Work split: tiles of kTile consecutive tokens on either side (tiles may straddle documents;
+// the mask is tested per element). A block of kThreads threads is a 16 x 16 grid: thread
+// (ty, tx) owns rows 4·ty .. 4·ty+3 of a tile and the columns tx + 16·j, so the 16 threads of
+// a row are one half-warp and row reductions are four shuffles.
+// - forward: one block per (query tile, query head); an online softmax over the key tiles in
+//   ascending order, in base 2 (scores times scale·log2(e)).
+// - backward: one block per (key tile, kv head) accumulates dK and dV over the query heads of
+//   the kv group and their query tiles, in ascending order; one block per (query tile, query
+//   head) accumulates dQ over the key tiles. Both recompute P from q, k and lse, and
+//   D = rowsum(dout·out) per query tile, so nothing needs a workspace and nothing is atomic:
+//   results do not depend on scheduling.
+// Key tiles a query tile cannot see (attention_tiles.cuh: may_see on the tiles' metadata
+// bounds, computed in-kernel by every warp alike) are skipped by the whole block.
+//
+// The bodies take their shared memory as an argument (the __global__ wrappers declare it), and
+// every __syncthreads, shuffle and mma is reached by all threads of the block, so the CPU
+// harness of the tests (tests/cuda_emulator.h) can run these bodies with emulated threads.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/attention_tiles.cuh"
+#include "kernels/op_types.h"
+
+namespace dhp::cuda::attn {
+
+// Head dimensions with a compiled instance; the 16 threads of a row take hd / 16 columns each.
+constexpr bool supported_head_dim(int hd) {
+  return hd == 16 || hd == 32 || hd == 64 || hd == 80 || hd == 96 || hd == 128;
+}
+
+struct FwdParams {
+  float* out;  // (Tq, Hq, hd)
+  float* lse;  // (Hq, Tq)
+  const float *q, *k, *v;
+  AttnMeta qm, km;
+  int64_t Tq, Tk;
+  int Hq, Hkv;
+  float scale;
+};
+
+struct BwdParams {
+  float *dq, *dk, *dv;
+  const float *dout, *out, *lse, *q, *k, *v;
+  AttnMeta qm, km;
+  int64_t Tq, Tk;
+  int Hq, Hkv;
+  float scale;
+};
+
+// Shared memory per block, in floats (the mask metadata is int32, the same size); strides in
+// attention_tiles.cuh.
+__host__ __device__ constexpr int tile_floats(int hd, bool tc) {
+  return kTile * head_stride(hd, tc);
+}
+__host__ __device__ constexpr int forward_smem_floats(int hd, bool tc) {
+  return 2 * tile_floats(hd, tc) + kTile * score_stride(tc) + 8 * kTile;
+}
+__host__ __device__ constexpr int backward_kv_smem_floats(int hd, bool tc) {
+  return 4 * tile_floats(hd, tc) + 2 * kTile * score_stride(tc) + 8 * kTile;
+}
+// The TF32 variant keeps dP in shared memory besides dS.
+__host__ __device__ constexpr int backward_q_smem_floats(int hd, bool tc) {
+  return 4 * tile_floats(hd, tc) + (tc ? 2 : 1) * kTile * score_stride(tc) + 8 * kTile;
+}
+
+__device__ __forceinline__ float group_max(float x) {
+  for (int o = kGroup / 2; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o, kGroup));
+  return x;
+}
+
+__device__ __forceinline__ float group_sum(float x) {
+  for (int o = kGroup / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o, kGroup);
+  return x;
+}
+
+// The metadata bounds of tokens t0 .. t0+n, the same in every lane of every warp.
+__device__ __forceinline__ TileRange warp_range(const AttnMeta& m, int64_t t0, int n) {
+  TileRange r = range_empty();
+  for (int i = int(threadIdx.x % 32); i < n; i += 32)
+    r = range_merge(r, range_of(m.doc[t0 + i], m.idx[t0 + i], m.blk[t0 + i]));
+  for (int o = 16; o > 0; o /= 2) {
+    TileRange x;
+    x.doc_lo = __shfl_xor_sync(0xffffffffu, r.doc_lo, o);
+    x.doc_hi = __shfl_xor_sync(0xffffffffu, r.doc_hi, o);
+    x.idx_lo = __shfl_xor_sync(0xffffffffu, r.idx_lo, o);
+    x.idx_hi = __shfl_xor_sync(0xffffffffu, r.idx_hi, o);
+    x.blk_lo = __shfl_xor_sync(0xffffffffu, r.blk_lo, o);
+    x.blk_hi = __shfl_xor_sync(0xffffffffu, r.blk_hi, o);
+    r = range_merge(r, x);
+  }
+  return r;
+}
+
+// Rows t0 .. t0+n of head h of x (T, H, HD) into dst (kTile, S); rows from n on are 0.
+template <int HD, int S>
+__device__ __forceinline__ void load_tile(float* dst, const float* x, int64_t t0, int n, int H,
+                                          int h) {
+  for (int e = int(threadIdx.x); e < kTile * HD; e += kThreads) {
+    const int r = e / HD, c = e % HD;
+    dst[r * S + c] = r < n ? x[((t0 + r) * H + h) * HD + c] : 0.0f;
+  }
+}
+
+// doc, idx, blk of tokens t0 .. t0+n into dst (3, kTile); entries from n on are never used
+// (every mask test checks the row and column against the tile's size first).
+__device__ __forceinline__ void load_meta(int32_t* dst, const AttnMeta& m, int64_t t0, int n) {
+  for (int i = int(threadIdx.x); i < kTile; i += kThreads) {
+    const bool in = i < n;
+    dst[i] = in ? m.doc[t0 + i] : 0;
+    dst[kTile + i] = in ? m.idx[t0 + i] : 0;
+    dst[2 * kTile + i] = in ? m.blk[t0 + i] : -1;
+  }
+}
+
+__device__ __forceinline__ bool sees_meta(const int32_t* qmeta, int r, const int32_t* kmeta,
+                                          int c) {
+  return sees(qmeta[r], qmeta[kTile + r], qmeta[2 * kTile + r], kmeta[c], kmeta[kTile + c],
+              kmeta[2 * kTile + c]);
+}
+
+// D = rowsum(dout · out) of the query tile, dout from shared memory (dos), out from global:
+// four threads per row.
+template <int HD, int S>
+__device__ __forceinline__ void row_dots(float* dd, const float* dos, const float* out, int64_t q0,
+                                         int nq, int H, int h) {
+  static_assert(kThreads == 4 * kTile, "four threads per row");
+  const int r = int(threadIdx.x) / 4, part = int(threadIdx.x) % 4;
+  float acc = 0.0f;
+  if (r < nq)
+    for (int c = part; c < HD; c += 4) acc += dos[r * S + c] * out[((q0 + r) * H + h) * HD + c];
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1, 4);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 2, 4);
+  if (part == 0) dd[r] = acc;
+}
+
+__device__ __forceinline__ int tile_size(int64_t T, int64_t t0) {
+  return T - t0 < kTile ? int(T - t0) : kTile;
+}
+
+// ---- forward: one (query tile, query head) per block ----------------------------------------
+
+// TC: the products on tensor cores (attention_mma.cuh), the softmax as in the fp32 variant.
+template <int HD, bool TC>
+__device__ void forward_block(const FwdParams& p, float* smem) {
+  constexpr int S = head_stride(HD, TC), SS = score_stride(TC), NV = HD / kGroup;
+  float* qs = smem;                      // (kTile, S) queries
+  float* kv = qs + tile_floats(HD, TC);  // (kTile, S) keys, then values
+  float* ps = kv + tile_floats(HD, TC);  // (kTile, SS) scores, then probabilities
+  float* row_alpha = ps + kTile * SS;    // (kTile) TC: the rescaling of each row
+  float* row_sum = row_alpha + kTile;    // (kTile) TC: the final row sums
+  int32_t* qmeta = reinterpret_cast<int32_t*>(row_sum + kTile);  // (3, kTile)
+  int32_t* kmeta = qmeta + 3 * kTile;                            // (3, kTile)
+  const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
+  // Reversed so that the last query tiles, which see the most keys under a causal mask, start
+  // first.
+  const int64_t qt = int64_t(gridDim.x) - 1 - blockIdx.x;
+  const int h = int(blockIdx.y), hk = h / (p.Hq / p.Hkv);
+  const int64_t q0 = qt * kTile;
+  const int nq = tile_size(p.Tq, q0);
+  const float scale2 = p.scale * kLog2e;
+
+  load_tile<HD, S>(qs, p.q, q0, nq, p.Hq, h);
+  load_meta(qmeta, p.qm, q0, nq);
+  const TileRange qr = warp_range(p.qm, q0, nq);
+
+  // Running maximum (base 2) and this thread's part of the row sums of 2^(s - m); the output
+  // accumulators in the thread grid's layout (o) or the tensor cores' (oc).
+  float o[kRows][NV], oc[NV][4], m[kRows], l[kRows];
+  for (int i = 0; i < kRows; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+    for (int v = 0; v < NV; ++v) o[i][v] = 0.0f;
+  }
+  for (int v = 0; v < NV; ++v)
+    for (int e = 0; e < 4; ++e) oc[v][e] = 0.0f;
+  const int64_t nkt = (p.Tk + kTile - 1) / kTile;
+  for (int64_t kt = 0; kt < nkt; ++kt) {
+    const int64_t k0 = kt * kTile;
+    const int nk = tile_size(p.Tk, k0);
+    if (!may_see(qr, warp_range(p.km, k0, nk))) continue;
+    __syncthreads();  // the previous tile's reads of kv, ps and row_alpha are done
+    load_tile<HD, S>(kv, p.k, k0, nk, p.Hkv, hk);
+    load_meta(kmeta, p.km, k0, nk);
+    __syncthreads();
+    float s[kRows][kCols];
+    if constexpr (TC) {
+      mma_scores<HD, S, SS>(ps, qs, kv);
+      __syncthreads();
+      for (int i = 0; i < kRows; ++i)
+        for (int j = 0; j < kCols; ++j) s[i][j] = ps[(ty * kRows + i) * SS + tx + kGroup * j];
+    } else {
+      for (int i = 0; i < kRows; ++i)
+        for (int j = 0; j < kCols; ++j) s[i][j] = 0.0f;
+#pragma unroll 8
+      for (int d = 0; d < HD; ++d) {
+        float a[kRows], b[kCols];
+        for (int i = 0; i < kRows; ++i) a[i] = qs[(ty * kRows + i) * S + d];
+        for (int j = 0; j < kCols; ++j) b[j] = kv[(tx + kGroup * j) * S + d];
+        for (int i = 0; i < kRows; ++i)
+          for (int j = 0; j < kCols; ++j) s[i][j] += a[i] * b[j];
+      }
+    }
+    for (int i = 0; i < kRows; ++i) {
+      const int r = ty * kRows + i;
+      float mx = -INFINITY;
+      for (int j = 0; j < kCols; ++j) {
+        const int c = tx + kGroup * j;
+        const bool vis = r < nq && c < nk && sees_meta(qmeta, r, kmeta, c);
+        s[i][j] = vis ? s[i][j] * scale2 : -INFINITY;
+        mx = fmaxf(mx, s[i][j]);
+      }
+      const float mn = fmaxf(m[i], group_max(mx));
+      // A row that has seen nothing yet keeps m = -inf, p = 0 and its zero accumulators.
+      const float alpha = mn == -INFINITY ? 1.0f : exp2f(m[i] - mn);
+      float sum = 0.0f;
+      for (int j = 0; j < kCols; ++j) {
+        s[i][j] = mn == -INFINITY ? 0.0f : exp2f(s[i][j] - mn);
+        sum += s[i][j];
+      }
+      l[i] = l[i] * alpha + sum;
+      m[i] = mn;
+      if constexpr (TC) {
+        if (tx == 0) row_alpha[r] = alpha;
+      } else {
+        for (int v = 0; v < NV; ++v) o[i][v] *= alpha;
+      }
+    }
+    __syncthreads();  // every thread is done reading the keys (and, TC, the scores)
+    for (int i = 0; i < kRows; ++i)
+      for (int j = 0; j < kCols; ++j) ps[(ty * kRows + i) * SS + tx + kGroup * j] = s[i][j];
+    load_tile<HD, S>(kv, p.v, k0, nk, p.Hkv, hk);
+    __syncthreads();
+    if constexpr (TC) {
+      for (int v = 0; v < NV; ++v)
+        for (int e = 0; e < 4; ++e) oc[v][e] *= row_alpha[mma_row(e)];
+      mma_accumulate<HD, S, SS>(oc, ps, kv, nk);
+    } else {
+#pragma unroll 4
+      for (int c = 0; c < nk; ++c) {
+        float b[NV];
+        for (int v = 0; v < NV; ++v) b[v] = kv[c * S + tx + kGroup * v];
+        for (int i = 0; i < kRows; ++i) {
+          const float pc = ps[(ty * kRows + i) * SS + c];
+          for (int v = 0; v < NV; ++v) o[i][v] += pc * b[v];
+        }
+      }
+    }
+  }
+  for (int i = 0; i < kRows; ++i) {
+    const int r = ty * kRows + i;
+    const float lt = group_sum(l[i]);
+    if (r >= nq) continue;
+    if (tx == 0)
+      p.lse[int64_t(h) * p.Tq + q0 + r] = lt > 0.0f ? (m[i] + log2f(lt)) * kLn2 : -INFINITY;
+    if constexpr (TC) {
+      if (tx == 0) row_sum[r] = lt;
+    } else {
+      const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+      float* orow = p.out + ((q0 + r) * p.Hq + h) * HD;
+      for (int v = 0; v < NV; ++v) orow[tx + kGroup * v] = o[i][v] * inv;
+    }
+  }
+  if constexpr (TC) {
+    __syncthreads();
+    const int c0 = HD / 2 * (int(threadIdx.x) / 32 / 4);
+    for (int e = 0; e < 4; ++e) {
+      const int r = mma_row(e);
+      if (r >= nq) continue;
+      const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
+      float* orow = p.out + ((q0 + r) * p.Hq + h) * HD + c0;
+      for (int v = 0; v < NV; ++v) orow[8 * v + mma_col(e)] = oc[v][e] * inv;
+    }
+  }
+}
+
+// ---- backward, dK and dV: one (key tile, kv head) per block ---------------------------------
+
+template <int HD, bool TC>
+__device__ void backward_kv_block(const BwdParams& p, float* smem) {
+  constexpr int S = head_stride(HD, TC), SS = score_stride(TC), NV = HD / kGroup;
+  float* ks = smem;                       // (kTile, S) keys
+  float* vs = ks + tile_floats(HD, TC);   // (kTile, S) values
+  float* qs = vs + tile_floats(HD, TC);   // (kTile, S) queries
+  float* dos = qs + tile_floats(HD, TC);  // (kTile, S) dout
+  float* pt = dos + tile_floats(HD, TC);  // (kTile keys, SS) P transposed
+  float* dst = pt + kTile * SS;           // (kTile keys, SS) dS·scale transposed
+  float* lse2 = dst + kTile * SS;         // (kTile) lse·log2(e) of the query tile
+  float* dd = lse2 + kTile;               // (kTile) D of the query tile
+  int32_t* kmeta = reinterpret_cast<int32_t*>(dd + kTile);  // (3, kTile)
+  int32_t* qmeta = kmeta + 3 * kTile;                       // (3, kTile)
+  const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
+  const int64_t k0 = int64_t(blockIdx.x) * kTile;
+  const int hk = int(blockIdx.y), group = p.Hq / p.Hkv;
+  const int nk = tile_size(p.Tk, k0);
+  const float scale2 = p.scale * kLog2e;
+
+  load_tile<HD, S>(ks, p.k, k0, nk, p.Hkv, hk);
+  load_tile<HD, S>(vs, p.v, k0, nk, p.Hkv, hk);
+  load_meta(kmeta, p.km, k0, nk);
+  const TileRange kr = warp_range(p.km, k0, nk);
+
+  // The thread grid's layout (dk, dv) or the tensor cores' (dkc, dvc).
+  float dk[kRows][NV], dv[kRows][NV], dkc[NV][4], dvc[NV][4];
+  for (int i = 0; i < kRows; ++i)
+    for (int v = 0; v < NV; ++v) dk[i][v] = dv[i][v] = 0.0f;
+  for (int v = 0; v < NV; ++v)
+    for (int e = 0; e < 4; ++e) dkc[v][e] = dvc[v][e] = 0.0f;
+  const int64_t nqt = (p.Tq + kTile - 1) / kTile;
+  for (int g = 0; g < group; ++g) {
+    const int h = hk * group + g;
+    for (int64_t qt = 0; qt < nqt; ++qt) {
+      const int64_t q0 = qt * kTile;
+      const int nq = tile_size(p.Tq, q0);
+      if (!may_see(warp_range(p.qm, q0, nq), kr)) continue;
+      __syncthreads();  // the previous tile's reads of qs, dos, pt, dst, lse2, dd are done
+      load_tile<HD, S>(qs, p.q, q0, nq, p.Hq, h);
+      load_tile<HD, S>(dos, p.dout, q0, nq, p.Hq, h);
+      load_meta(qmeta, p.qm, q0, nq);
+      for (int i = int(threadIdx.x); i < kTile; i += kThreads)
+        lse2[i] = i < nq ? p.lse[int64_t(h) * p.Tq + q0 + i] * kLog2e : -INFINITY;
+      __syncthreads();
+      row_dots<HD, S>(dd, dos, p.out, q0, nq, p.Hq, h);
+      if constexpr (TC) {
+        mma_scores<HD, S, SS>(pt, ks, qs);
+        mma_scores<HD, S, SS>(dst, vs, dos);
+      }
+      __syncthreads();
+      // Transposed products: rows are keys (4·ty + i), columns queries (tx + 16·j).
+      float st[kRows][kCols], dpt[kRows][kCols];
+      for (int i = 0; i < kRows; ++i)
+        for (int j = 0; j < kCols; ++j) {
+          const int at = (ty * kRows + i) * SS + tx + kGroup * j;
+          st[i][j] = TC ? pt[at] : 0.0f;
+          dpt[i][j] = TC ? dst[at] : 0.0f;
+        }
+#pragma unroll 4
+      for (int d = 0; d < (TC ? 0 : HD); ++d) {
+        float a[kRows], av[kRows], b[kCols], bd[kCols];
+        for (int i = 0; i < kRows; ++i) {
+          a[i] = ks[(ty * kRows + i) * S + d];
+          av[i] = vs[(ty * kRows + i) * S + d];
+        }
+        for (int j = 0; j < kCols; ++j) {
+          b[j] = qs[(tx + kGroup * j) * S + d];
+          bd[j] = dos[(tx + kGroup * j) * S + d];
+        }
+        for (int i = 0; i < kRows; ++i)
+          for (int j = 0; j < kCols; ++j) {
+            st[i][j] += a[i] * b[j];
+            dpt[i][j] += av[i] * bd[j];
+          }
+      }
+      for (int i = 0; i < kRows; ++i)
+        for (int j = 0; j < kCols; ++j) {
+          const int r = ty * kRows + i, c = tx + kGroup * j;
+          const float L = lse2[c];
+          // lse = -inf: the query saw no key in the forward pass (nor will it here).
+          const bool vis = r < nk && c < nq && L != -INFINITY && sees_meta(qmeta, c, kmeta, r);
+          const float pv = vis ? exp2f(st[i][j] * scale2 - L) : 0.0f;
+          pt[r * SS + c] = pv;
+          dst[r * SS + c] = pv * (dpt[i][j] - dd[c]) * p.scale;
+        }
+      __syncthreads();
+      if constexpr (TC) {
+        mma_accumulate<HD, S, SS>(dvc, pt, dos, nq);
+        mma_accumulate<HD, S, SS>(dkc, dst, qs, nq);
+      }
+#pragma unroll 4
+      for (int c = 0; c < (TC ? 0 : nq); ++c) {
+        float bo[NV], bq[NV];
+        for (int v = 0; v < NV; ++v) {
+          bo[v] = dos[c * S + tx + kGroup * v];
+          bq[v] = qs[c * S + tx + kGroup * v];
+        }
+        for (int i = 0; i < kRows; ++i) {
+          const float pp = pt[(ty * kRows + i) * SS + c];
+          const float ds = dst[(ty * kRows + i) * SS + c];
+          for (int v = 0; v < NV; ++v) {
+            dv[i][v] += pp * bo[v];
+            dk[i][v] += ds * bq[v];
+          }
+        }
+      }
+    }
+  }
+  if constexpr (TC) {
+    const int c0 = HD / 2 * (int(threadIdx.x) / 32 / 4);
+    for (int e = 0; e < 4; ++e) {
+      const int r = mma_row(e);
+      if (r >= nk) continue;
+      float* dkrow = p.dk + ((k0 + r) * p.Hkv + hk) * HD + c0;
+      float* dvrow = p.dv + ((k0 + r) * p.Hkv + hk) * HD + c0;
+      for (int v = 0; v < NV; ++v) {
+        dkrow[8 * v + mma_col(e)] = dkc[v][e];
+        dvrow[8 * v + mma_col(e)] = dvc[v][e];
+      }
+    }
+  } else {
+    for (int i = 0; i < kRows; ++i) {
+      const int r = ty * kRows + i;
+      if (r >= nk) continue;
+      float* dkrow = p.dk + ((k0 + r) * p.Hkv + hk) * HD;
+      float* dvrow = p.dv + ((k0 + r) * p.Hkv + hk) * HD;
+      for (int v = 0; v < NV; ++v) {
+        dkrow[tx + kGroup * v] = dk[i][v];
+        dvrow[tx + kGroup * v] = dv[i][v];
+      }
+    }
+  }
+}
+
+// ---- backward, dQ: one (query tile, query head) per block -----------------------------------
+
+template <int HD, bool TC>
+__device__ void backward_q_block(const BwdParams& p, float* smem) {
+  constexpr int S = head_stride(HD, TC), SS = score_stride(TC), NV = HD / kGroup;
+  float* qs = smem;                                          // (kTile, S) queries
+  float* dos = qs + tile_floats(HD, TC);                     // (kTile, S) dout
+  float* ks = dos + tile_floats(HD, TC);                     // (kTile, S) keys
+  float* vs = ks + tile_floats(HD, TC);                      // (kTile, S) values
+  float* dss = vs + tile_floats(HD, TC);                     // (kTile, SS) dS·scale
+  float* lse2 = dss + kTile * SS;                            // (kTile)
+  float* dd = lse2 + kTile;                                  // (kTile)
+  int32_t* qmeta = reinterpret_cast<int32_t*>(dd + kTile);   // (3, kTile)
+  int32_t* kmeta = qmeta + 3 * kTile;                        // (3, kTile)
+  float* dpb = reinterpret_cast<float*>(kmeta + 3 * kTile);  // (kTile, SS) TC: dP
+  const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
+  const int64_t qt = int64_t(gridDim.x) - 1 - blockIdx.x;  // the busiest causal tiles first
+  const int h = int(blockIdx.y), hk = h / (p.Hq / p.Hkv);
+  const int64_t q0 = qt * kTile;
+  const int nq = tile_size(p.Tq, q0);
+  const float scale2 = p.scale * kLog2e;
+
+  load_tile<HD, S>(qs, p.q, q0, nq, p.Hq, h);
+  load_tile<HD, S>(dos, p.dout, q0, nq, p.Hq, h);
+  load_meta(qmeta, p.qm, q0, nq);
+  for (int i = int(threadIdx.x); i < kTile; i += kThreads)
+    lse2[i] = i < nq ? p.lse[int64_t(h) * p.Tq + q0 + i] * kLog2e : -INFINITY;
+  __syncthreads();
+  row_dots<HD, S>(dd, dos, p.out, q0, nq, p.Hq, h);
+  const TileRange qr = warp_range(p.qm, q0, nq);
+
+  // The thread grid's layout (dq) or the tensor cores' (dqc).
+  float dq[kRows][NV], dqc[NV][4];
+  for (int i = 0; i < kRows; ++i)
+    for (int v = 0; v < NV; ++v) dq[i][v] = 0.0f;
+  for (int v = 0; v < NV; ++v)
+    for (int e = 0; e < 4; ++e) dqc[v][e] = 0.0f;
+  const int64_t nkt = (p.Tk + kTile - 1) / kTile;
+  for (int64_t kt = 0; kt < nkt; ++kt) {
+    const int64_t k0 = kt * kTile;
+    const int nk = tile_size(p.Tk, k0);
+    if (!may_see(qr, warp_range(p.km, k0, nk))) continue;
+    __syncthreads();  // dd is written; the previous tile's reads of ks, vs, dss are done
+    load_tile<HD, S>(ks, p.k, k0, nk, p.Hkv, hk);
+    load_tile<HD, S>(vs, p.v, k0, nk, p.Hkv, hk);
+    load_meta(kmeta, p.km, k0, nk);
+    __syncthreads();
+    if constexpr (TC) {
+      mma_scores<HD, S, SS>(dss, qs, ks);
+      mma_scores<HD, S, SS>(dpb, dos, vs);
+      __syncthreads();
+    }
+    float s[kRows][kCols], dp[kRows][kCols];
+    for (int i = 0; i < kRows; ++i)
+      for (int j = 0; j < kCols; ++j) {
+        const int at = (ty * kRows + i) * SS + tx + kGroup * j;
+        s[i][j] = TC ? dss[at] : 0.0f;
+        dp[i][j] = TC ? dpb[at] : 0.0f;
+      }
+#pragma unroll 4
+    for (int d = 0; d < (TC ? 0 : HD); ++d) {
+      float a[kRows], ad[kRows], b[kCols], bv[kCols];
+      for (int i = 0; i < kRows; ++i) {
+        a[i] = qs[(ty * kRows + i) * S + d];
+        ad[i] = dos[(ty * kRows + i) * S + d];
+      }
+      for (int j = 0; j < kCols; ++j) {
+        b[j] = ks[(tx + kGroup * j) * S + d];
+        bv[j] = vs[(tx + kGroup * j) * S + d];
+      }
+      for (int i = 0; i < kRows; ++i)
+        for (int j = 0; j < kCols; ++j) {
+          s[i][j] += a[i] * b[j];
+          dp[i][j] += ad[i] * bv[j];
+        }
+    }
+    for (int i = 0; i < kRows; ++i) {
+      const int r = ty * kRows + i;
+      const float L = lse2[r], D = dd[r];
+      for (int j = 0; j < kCols; ++j) {
+        const int c = tx + kGroup * j;
+        const bool vis = r < nq && c < nk && L != -INFINITY && sees_meta(qmeta, r, kmeta, c);
+        const float pv = vis ? exp2f(s[i][j] * scale2 - L) : 0.0f;
+        dss[r * SS + c] = pv * (dp[i][j] - D) * p.scale;
+      }
+    }
+    __syncthreads();
+    if constexpr (TC) mma_accumulate<HD, S, SS>(dqc, dss, ks, nk);
+#pragma unroll 4
+    for (int c = 0; c < (TC ? 0 : nk); ++c) {
+      float b[NV];
+      for (int v = 0; v < NV; ++v) b[v] = ks[c * S + tx + kGroup * v];
+      for (int i = 0; i < kRows; ++i) {
+        const float ds = dss[(ty * kRows + i) * SS + c];
+        for (int v = 0; v < NV; ++v) dq[i][v] += ds * b[v];
+      }
+    }
+  }
+  if constexpr (TC) {
+    const int c0 = HD / 2 * (int(threadIdx.x) / 32 / 4);
+    for (int e = 0; e < 4; ++e) {
+      const int r = mma_row(e);
+      if (r >= nq) continue;
+      float* row = p.dq + ((q0 + r) * p.Hq + h) * HD + c0;
+      for (int v = 0; v < NV; ++v) row[8 * v + mma_col(e)] = dqc[v][e];
+    }
+  } else {
+    for (int i = 0; i < kRows; ++i) {
+      const int r = ty * kRows + i;
+      if (r >= nq) continue;
+      float* row = p.dq + ((q0 + r) * p.Hq + h) * HD;
+      for (int v = 0; v < NV; ++v) row[tx + kGroup * v] = dq[i][v];
+    }
+  }
+}
+
+}  // namespace dhp::cuda::attn

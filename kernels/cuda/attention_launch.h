@@ -1,0 +1,32 @@
+// Launches of the CUDA attention kernels for one head dimension; each supported head
+// dimension is instantiated in its own file (kernels/cuda/instances/) to keep compiles short.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/attention_kernels.cuh"
+
+namespace dhp::cuda::attn {
+
+// TC: the tensor-core (TF32) variant.
+template <int HD, bool TC>
+void launch_forward(cudaStream_t stream, const FwdParams& p);
+
+// Both backward kernels: dK and dV per key tile, then dQ per query tile.
+template <int HD, bool TC>
+void launch_backward(cudaStream_t stream, const BwdParams& p);
+
+#define DHP_ATTENTION_INSTANCE(HD)                                                 \
+  extern template void launch_forward<HD, false>(cudaStream_t, const FwdParams&);  \
+  extern template void launch_forward<HD, true>(cudaStream_t, const FwdParams&);   \
+  extern template void launch_backward<HD, false>(cudaStream_t, const BwdParams&); \
+  extern template void launch_backward<HD, true>(cudaStream_t, const BwdParams&);
+DHP_ATTENTION_INSTANCE(16)
+DHP_ATTENTION_INSTANCE(32)
+DHP_ATTENTION_INSTANCE(64)
+DHP_ATTENTION_INSTANCE(80)
+DHP_ATTENTION_INSTANCE(96)
+DHP_ATTENTION_INSTANCE(128)
+#undef DHP_ATTENTION_INSTANCE
+
+}  // namespace dhp::cuda::attn
