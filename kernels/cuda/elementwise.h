@@ -5,15 +5,15 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/scratch.h"
+
 namespace dhp::cuda {
 
 void add_inplace(cudaStream_t stream, float* y, const float* x, int64_t n);  // y += x
 void scale_inplace(cudaStream_t stream, float* y, float s, int64_t n);       // y *= s
 void fill(cudaStream_t stream, float* y, float value, int64_t n);
 
-// Blocks of the first stage of sum_squares; `partial` holds this many doubles.
-constexpr int kSumSquaresBlocks = 1024;
-// *out = sum of x² in double. Two stages with a fixed grid: each block sums a fixed strided
+// `partial` holds kSumSquaresBlocks doubles (kernels/cuda/scratch.h). *out = sum of x² in double. Two stages with a fixed grid: each block sums a fixed strided
 // share, then one block adds the partials in order, so the result never depends on timing.
 void sum_squares(cudaStream_t stream, double* out, double* partial, const float* x, int64_t n);
 
