@@ -61,7 +61,8 @@ void expect_close(const std::string& what, const std::vector<T>& got, const std:
   for (size_t i = 0; i < ref.size(); ++i) {
     const double err = std::abs(double(got[i]) - double(ref[i]));
     if (!(err <= tol.atol + tol.rtol * std::abs(double(ref[i])))) {
-      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: emulated " << got[i] << " cpu " << ref[i];
+      if (++bad <= 5)
+        ADD_FAILURE() << what << "[" << i << "]: emulated " << got[i] << " cpu " << ref[i];
     }
   }
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << ref.size() << " values differ";
@@ -132,9 +133,8 @@ void rope_run(float* x, const int32_t* pos, int64_t T, int H, int hd, int offset
               double theta, float sign) {
   const int64_t n = T * (span / 2);
   if (n <= 0) return;
-  run(cuda::rope::launch(n), 0, [&](float*) {
-    cuda::rope::rotate_block(x, pos, T, H, hd, offset, span, theta, sign);
-  });
+  run(cuda::rope::launch(n), 0,
+      [&](float*) { cuda::rope::rotate_block(x, pos, T, H, hd, offset, span, theta, sign); });
 }
 
 TEST(CudaEmulated, Rope) {
@@ -142,8 +142,8 @@ TEST(CudaEmulated, Rope) {
   const std::vector<std::tuple<int64_t, int, int>> shapes = {
       {1, 1, 2}, {9, 3, 8}, {13, 2, 10}, {70, 4, 64}, {11, 1, 128}};
   for (auto [T, H, hd] : shapes) {
-    const std::string at = " T=" + std::to_string(T) + " H=" + std::to_string(H) +
-                           " hd=" + std::to_string(hd);
+    const std::string at =
+        " T=" + std::to_string(T) + " H=" + std::to_string(H) + " hd=" + std::to_string(hd);
     std::vector<int32_t> pos(sz(T)), row(sz(T)), col(sz(T));
     // Positions up to 1e5, where the angle must be computed in double.
     for (auto& p : pos) p = int32_t(rng.below(100000));
@@ -175,8 +175,8 @@ TEST(CudaEmulated, Rope) {
 
 TEST(CudaEmulated, Activations) {
   Rng rng(3);
-  for (int64_t n : {int64_t(1), int64_t(3), int64_t(255), int64_t(257), int64_t(1000),
-                    int64_t(4097)}) {
+  for (int64_t n :
+       {int64_t(1), int64_t(3), int64_t(255), int64_t(257), int64_t(1000), int64_t(4097)}) {
     const std::string at = " n=" + std::to_string(n);
     auto a = random_vec(rng, sz(n), 4.0f), b = random_vec(rng, sz(n), 4.0f);
     auto dh = random_vec(rng, sz(n));
@@ -241,9 +241,8 @@ TEST(CudaEmulated, CrossEntropy) {
                                     &shared_as<cuda::xent::Online>(s));
         });
     CrossEntropyStats est = st0;
-    run(cuda::xent::stats_launch(), emu::floats_for<double[cuda::kWarp]>(), [&](float* s) {
-      cuda::xent::stats_block(&est, rows.data(), T, &shared_as<double>(s));
-    });
+    run(cuda::xent::stats_launch(), emu::floats_for<double[cuda::kWarp]>(),
+        [&](float* s) { cuda::xent::stats_block(&est, rows.data(), T, &shared_as<double>(s)); });
     // Float exponentials summed per thread, then combined: ~1e-6 from the CPU's double sum.
     expect_close("lse" + at, e_lse, lse, Tol{1e-5, 1e-6});
     EXPECT_NEAR(est.loss_sum, st.loss_sum, 1e-5 * double(T)) << at;  // T rows of lse error
@@ -279,6 +278,36 @@ TEST(CudaEmulated, CrossEntropy) {
   }
 }
 
+// The statistics kernel on its own, with rows in every warp of its block and several per
+// thread: its three block sums in a row reuse one shared array.
+TEST(CudaEmulated, CrossEntropyStats) {
+  Rng rng(12);
+  for (int64_t n : {int64_t(33), int64_t(1500), cuda::kCrossEntropyRows}) {
+    std::vector<cuda::CrossEntropyRow> rows(sz(n));
+    CrossEntropyStats ref{1.5, 2.0, 1.0};
+    // The reference sum in extended precision, so its own rounding is negligible.
+    long double loss = ref.loss_sum;
+    double mag = std::abs(ref.loss_sum);
+    for (auto& r : rows) {
+      r.counted = rng.below(5) != 0;
+      r.hit = r.counted && rng.below(3) == 0;
+      r.loss = r.counted ? rng.uniform() * 10.0 : 0.0;
+      loss += r.loss, ref.count += r.counted, ref.correct += r.hit;
+      mag += r.loss;
+    }
+    ref.loss_sum = double(loss);
+    CrossEntropyStats got{1.5, 2.0, 1.0};
+    run(cuda::xent::stats_launch(), emu::floats_for<double[cuda::kWarp]>(), [&](float* s) {
+      cuda::xent::stats_block(&got, rows.data(), n, &shared_as<double>(s));
+    });
+    const std::string at = " n=" + std::to_string(n);
+    // A fixed-order double sum: each thread's run of n/1024 rows, then a tree of 1024.
+    EXPECT_NEAR(got.loss_sum, ref.loss_sum, double(n / 1024 + 12) * 0x1p-53 * mag) << at;
+    EXPECT_EQ(got.count, ref.count) << at;      // integers, exact in double
+    EXPECT_EQ(got.correct, ref.correct) << at;  // integers, exact in double
+  }
+}
+
 // ---- Embedding, rows, patch merge ---------------------------------------------------------
 
 TEST(CudaEmulated, Embedding) {
@@ -297,14 +326,12 @@ TEST(CudaEmulated, Embedding) {
     cpu::embedding_forward(out.data(), ids.data(), table.data(), T, C);
     cpu::embedding_backward(dt.data(), dout.data(), ids.data(), T, C);
     std::vector<float> eout(out.size(), 7.0f), edt = dt0;
-    run(cuda::embed::rows_launch(T), 0, [&](float*) {
-      cuda::embed::forward_block(eout.data(), ids.data(), table.data(), C);
+    run(cuda::embed::rows_launch(T), 0,
+        [&](float*) { cuda::embed::forward_block(eout.data(), ids.data(), table.data(), C); });
+    run(cuda::embed::rows_launch(T), emu::floats_for<cuda::embed::BackwardShared>(), [&](float* s) {
+      cuda::embed::backward_block(edt.data(), dout.data(), ids.data(), T, C,
+                                  shared_as<cuda::embed::BackwardShared>(s));
     });
-    run(cuda::embed::rows_launch(T), emu::floats_for<cuda::embed::BackwardShared>(),
-        [&](float* s) {
-          cuda::embed::backward_block(edt.data(), dout.data(), ids.data(), T, C,
-                                      shared_as<cuda::embed::BackwardShared>(s));
-        });
     expect_close("embedding out" + at, eout, out, kExact);
     // Each table row adds its tokens' rows in token order, as on the CPU: the same sums.
     expect_close("embedding dtable" + at, edt, dt, kExact);
@@ -326,12 +353,10 @@ TEST(CudaEmulated, RowsScatterGather) {
     auto y = y0, ds = ds0, ey = y0, eds = ds0;
     cpu::scatter_rows(y.data(), src.data(), slot.data(), T, C);
     cpu::gather_rows(ds.data(), dy.data(), slot.data(), T, C);
-    run(cuda::ew::rows_launch(T), 0, [&](float*) {
-      cuda::ew::copy_rows_block(ey.data(), src.data(), slot.data(), C, true);
-    });
-    run(cuda::ew::rows_launch(T), 0, [&](float*) {
-      cuda::ew::copy_rows_block(eds.data(), dy.data(), slot.data(), C, false);
-    });
+    run(cuda::ew::rows_launch(T), 0,
+        [&](float*) { cuda::ew::copy_rows_block(ey.data(), src.data(), slot.data(), C, true); });
+    run(cuda::ew::rows_launch(T), 0,
+        [&](float*) { cuda::ew::copy_rows_block(eds.data(), dy.data(), slot.data(), C, false); });
     expect_close("scatter_rows" + at, ey, y, kExact);
     expect_close("gather_rows" + at, eds, ds, kExact);
   }
@@ -375,8 +400,7 @@ TEST(CudaEmulated, PatchMerge) {
 void add_run(float* y, const float* x, int64_t n) {
   if (cuda::ew::add_vec4(y, x, n)) {
     run(cuda::ew::launch(n / 4), 0, [&](float*) {
-      cuda::ew::add4_block(reinterpret_cast<float4*>(y), reinterpret_cast<const float4*>(x),
-                           n / 4);
+      cuda::ew::add4_block(reinterpret_cast<float4*>(y), reinterpret_cast<const float4*>(x), n / 4);
     });
   } else {
     run(cuda::ew::launch(n), 0, [&](float*) { cuda::ew::add_block(y, x, n); });
@@ -435,7 +459,8 @@ TEST(CudaEmulated, RowBiasAndColumnSum) {
     auto y = y0, e = y0;
     for (int64_t t = 0; t < T; ++t)
       for (int64_t c = 0; c < C; ++c) y[sz(t * C + c)] += b[sz(c)];
-    run(cuda::ew::launch(T * C), 0, [&](float*) { cuda::ew::row_bias_block(e.data(), b.data(), T, C); });
+    run(cuda::ew::launch(T * C), 0,
+        [&](float*) { cuda::ew::row_bias_block(e.data(), b.data(), T, C); });
     expect_close("row bias" + at, e, y, kExact);  // one float add per element
 
     auto db = random_vec(rng, sz(C));
@@ -447,8 +472,10 @@ TEST(CudaEmulated, RowBiasAndColumnSum) {
     // the exact sum (here in double), per column.
     for (int64_t c = 0; c < C; ++c) {
       double exact = db0[sz(c)], mag = std::abs(double(db0[sz(c)]));
-      for (int64_t t = 0; t < T; ++t) exact += y0[sz(t * C + c)], mag += std::abs(y0[sz(t * C + c)]);
-      EXPECT_LE(std::abs(db[sz(c)] - exact), double(T + 17) * kEps * mag) << "db[" << c << "]" << at;
+      for (int64_t t = 0; t < T; ++t)
+        exact += y0[sz(t * C + c)], mag += std::abs(y0[sz(t * C + c)]);
+      EXPECT_LE(std::abs(db[sz(c)] - exact), double(T + 17) * kEps * mag)
+          << "db[" << c << "]" << at;
     }
   }
 }

@@ -5,9 +5,8 @@
 namespace dhp::cuda {
 namespace {
 
-__global__ void cross_entropy_forward_kernel(float* lse, CrossEntropyRow* rows,
-                                             const float* logits, const int32_t* targets,
-                                             int64_t V) {
+__global__ void cross_entropy_forward_kernel(float* lse, CrossEntropyRow* rows, const float* logits,
+                                             const int32_t* targets, int64_t V) {
   __shared__ xent::Online shared[kWarp];
   xent::forward_block(lse, rows, logits, targets, V, shared);
 }
@@ -18,9 +17,9 @@ __global__ void cross_entropy_stats_kernel(CrossEntropyStats* stats, const Cross
   xent::stats_block(stats, rows, n, shared);
 }
 
-__global__ void cross_entropy_backward_kernel(float* dlogits, const float* logits,
-                                              const float* lse, const int32_t* targets,
-                                              int64_t V, float scale, bool vec4) {
+__global__ void cross_entropy_backward_kernel(float* dlogits, const float* logits, const float* lse,
+                                              const int32_t* targets, int64_t V, float scale,
+                                              bool vec4) {
   xent::backward_block(dlogits, logits, lse, targets, V, scale, vec4);
 }
 

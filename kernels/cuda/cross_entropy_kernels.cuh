@@ -103,8 +103,8 @@ __device__ __forceinline__ void stats_block(CrossEntropyStats* stats, const Cros
 
 // One block per row.
 __device__ __forceinline__ void backward_block(float* dlogits, const float* logits,
-                                               const float* lse, const int32_t* targets,
-                                               int64_t V, float scale, bool vec4) {
+                                               const float* lse, const int32_t* targets, int64_t V,
+                                               float scale, bool vec4) {
   const int64_t t = blockIdx.x;
   const int32_t target = targets[t];
   const float* row = logits + t * V;

@@ -43,8 +43,8 @@ void add_inplace(cudaStream_t stream, float* y, const float* x, int64_t n) {
   if (n <= 0) return;
   if (ew::add_vec4(y, x, n)) {
     const LaunchDims l = ew::launch(n / 4);
-    add4_kernel<<<l.grid(), l.block(), 0, stream>>>(
-        reinterpret_cast<float4*>(y), reinterpret_cast<const float4*>(x), n / 4);
+    add4_kernel<<<l.grid(), l.block(), 0, stream>>>(reinterpret_cast<float4*>(y),
+                                                    reinterpret_cast<const float4*>(x), n / 4);
   } else {
     const LaunchDims l = ew::launch(n);
     add_kernel<<<l.grid(), l.block(), 0, stream>>>(y, x, n);
@@ -83,8 +83,8 @@ void scatter_rows(cudaStream_t stream, float* y, const float* src, const int32_t
   DHP_CUDA_CHECK_LAUNCH();
 }
 
-void gather_rows(cudaStream_t stream, float* dsrc, const float* dy, const int32_t* slot,
-                 int64_t T, int64_t C) {
+void gather_rows(cudaStream_t stream, float* dsrc, const float* dy, const int32_t* slot, int64_t T,
+                 int64_t C) {
   if (T <= 0 || C <= 0) return;
   const LaunchDims l = ew::rows_launch(T);
   copy_rows_kernel<<<l.grid(), l.block(), 0, stream>>>(dsrc, dy, slot, C, false);

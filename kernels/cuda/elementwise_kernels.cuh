@@ -21,9 +21,7 @@ using ColumnShared = float[kRowLanes][kColTile];
 inline LaunchDims launch(int64_t n) { return grid_stride(n, kThreads); }
 inline LaunchDims rows_launch(int64_t T) { return block_per_row(T, kThreads); }
 // The grid is fixed (not sized by the device or n), so the summation order is too.
-inline LaunchDims sum_squares_launch() {
-  return LaunchDims{kSumSquaresBlocks, 1, kThreads, 1};
-}
+inline LaunchDims sum_squares_launch() { return LaunchDims{kSumSquaresBlocks, 1, kThreads, 1}; }
 inline LaunchDims partials_launch() { return LaunchDims{1, 1, kPartialThreads, 1}; }
 inline LaunchDims columns_launch(int64_t C) {
   return LaunchDims{unsigned((C + kColTile - 1) / kColTile), 1, kColTile, kRowLanes};

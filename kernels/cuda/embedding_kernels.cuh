@@ -30,9 +30,8 @@ __device__ __forceinline__ void forward_block(float* out, const int32_t* ids, co
 // One block per token row t. Only the block of an id's first occurrence does work: it owns
 // that table row, so it can add the matching rows one after another without atomics. Matches
 // are found a tile of blockDim rows at a time and compacted in row order with warp ballots.
-__device__ __forceinline__ void backward_block(float* dtable, const float* dout,
-                                               const int32_t* ids, int64_t T, int64_t C,
-                                               BackwardShared& sh) {
+__device__ __forceinline__ void backward_block(float* dtable, const float* dout, const int32_t* ids,
+                                               int64_t T, int64_t C, BackwardShared& sh) {
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   if (id < 0) return;

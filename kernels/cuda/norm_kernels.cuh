@@ -24,8 +24,8 @@ inline LaunchDims dw_launch(int64_t C) {
 }
 
 // One block per row.
-__device__ __forceinline__ void forward_block(float* y, float* rstd, const float* x,
-                                              const float* w, int64_t C, float* shared) {
+__device__ __forceinline__ void forward_block(float* y, float* rstd, const float* x, const float* w,
+                                              int64_t C, float* shared) {
   const int64_t t = blockIdx.x;
   const float* xt = x + t * C;
   float ss = 0.0f;
@@ -38,9 +38,8 @@ __device__ __forceinline__ void forward_block(float* y, float* rstd, const float
 }
 
 // dx = rstd · (g - n · mean(g·n)) with g = w·dy, n = x·rstd. One block per row.
-__device__ __forceinline__ void dx_block(float* dx, const float* dy, const float* x,
-                                         const float* w, const float* rstd, int64_t C,
-                                         float* shared) {
+__device__ __forceinline__ void dx_block(float* dx, const float* dy, const float* x, const float* w,
+                                         const float* rstd, int64_t C, float* shared) {
   const int64_t t = blockIdx.x;
   const float* xt = x + t * C;
   const float* dyt = dy + t * C;
@@ -55,12 +54,12 @@ __device__ __forceinline__ void dx_block(float* dx, const float* dy, const float
 
 // dw[c] += sum_t dy·x·rstd.
 __device__ __forceinline__ void dw_block(float* dw, const float* dy, const float* x,
-                                         const float* rstd, int64_t T, int64_t C,
-                                         DwShared& part) {
+                                         const float* rstd, int64_t T, int64_t C, DwShared& part) {
   const int64_t c = blockIdx.x * int64_t(kColTile) + threadIdx.x;
   float s = 0.0f;
   if (c < C)
-    for (int64_t t = threadIdx.y; t < T; t += kRowLanes) s += dy[t * C + c] * x[t * C + c] * rstd[t];
+    for (int64_t t = threadIdx.y; t < T; t += kRowLanes)
+      s += dy[t * C + c] * x[t * C + c] * rstd[t];
   part[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {

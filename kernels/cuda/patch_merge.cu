@@ -13,8 +13,8 @@ __global__ void patch_merge_kernel(float* dst, const float* src, const MergeImag
 
 }  // namespace
 
-void patch_merge_forward(cudaStream_t stream, float* out, const float* in,
-                         const MergeImage* images, int n_images, int64_t C, int m) {
+void patch_merge_forward(cudaStream_t stream, float* out, const float* in, const MergeImage* images,
+                         int n_images, int64_t C, int m) {
   if (n_images <= 0) return;
   const LaunchDims l = merge::launch(n_images);
   patch_merge_kernel<true><<<l.grid(), l.block(), 0, stream>>>(out, in, images, C, m);

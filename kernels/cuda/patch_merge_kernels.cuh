@@ -22,12 +22,11 @@ inline LaunchDims launch(int n_images) {
 // counts (images are few; each block recomputes it). Forward copies patch rows of src into
 // merged rows of dst; backward the other way round.
 template <bool Forward>
-__device__ __forceinline__ void merge_block(float* dst, const float* src,
-                                            const MergeImage* images, int64_t C, int m) {
+__device__ __forceinline__ void merge_block(float* dst, const float* src, const MergeImage* images,
+                                            int64_t C, int m) {
   const int i = blockIdx.x;
   int64_t merged0 = 0;
-  for (int j = 0; j < i; ++j)
-    merged0 += int64_t(images[j].grid_h / m) * (images[j].grid_w / m);
+  for (int j = 0; j < i; ++j) merged0 += int64_t(images[j].grid_h / m) * (images[j].grid_w / m);
   const MergeImage im = images[i];
   const int64_t patches = int64_t(im.grid_h) * im.grid_w;
   const int64_t row = int64_t(m) * m * C;

@@ -16,9 +16,8 @@ inline LaunchDims launch(int64_t n) { return grid_stride(n, kThreads); }
 
 // The angle is computed once and applied to every head. Angles in double as on the CPU:
 // positions reach 1e5 and float loses the phase there.
-__device__ __forceinline__ void rotate_block(float* x, const int32_t* pos, int64_t T, int H,
-                                             int hd, int offset, int span, double theta,
-                                             float sign) {
+__device__ __forceinline__ void rotate_block(float* x, const int32_t* pos, int64_t T, int H, int hd,
+                                             int offset, int span, double theta, float sign) {
   const int half = span / 2;
   const int64_t n = T * half;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n;
