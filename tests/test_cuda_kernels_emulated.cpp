@@ -88,7 +88,10 @@ constexpr double kEps = 0x1p-24;
 
 TEST(CudaEmulated, RmsNorm) {
   Rng rng(1);
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {3, 7}, {5, 300}, {40, 33}};
+  // Rows shorter than, equal to and longer than the block; dw's 16 row lanes and 32-column
+  // tiles exactly filled and with tails.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},   {3, 7},    {5, 300},
+                                                           {40, 33}, {16, 256}, {2, 512}};
   for (auto [T, C] : shapes) {
     const std::string at = " T=" + std::to_string(T) + " C=" + std::to_string(C);
     auto x = random_vec(rng, sz(T * C)), w = random_vec(rng, sz(C));
@@ -175,8 +178,8 @@ TEST(CudaEmulated, Rope) {
 
 TEST(CudaEmulated, Activations) {
   Rng rng(3);
-  for (int64_t n :
-       {int64_t(1), int64_t(3), int64_t(255), int64_t(257), int64_t(1000), int64_t(4097)}) {
+  for (int64_t n : {int64_t(1), int64_t(3), int64_t(255), int64_t(256), int64_t(257), int64_t(1000),
+                    int64_t(4097)}) {
     const std::string at = " n=" + std::to_string(n);
     auto a = random_vec(rng, sz(n), 4.0f), b = random_vec(rng, sz(n), 4.0f);
     auto dh = random_vec(rng, sz(n));
@@ -212,9 +215,9 @@ TEST(CudaEmulated, Activations) {
 
 TEST(CudaEmulated, CrossEntropy) {
   Rng rng(4);
-  // V = 1000 and 2052 take the vector path of the backward pass, the others the scalar one.
+  // V = 1000, 2052, 512 and 4 take the vector path of the backward pass, the others the scalar one.
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {1, 2}, {17, 23}, {6, 1000}, {5, 2052}, {9, 1537}};
+      {1, 2}, {17, 23}, {6, 1000}, {5, 2052}, {9, 1537}, {3, 512}, {4, 4}};
   for (auto [T, V] : shapes) {
     const std::string at = " T=" + std::to_string(T) + " V=" + std::to_string(V);
     auto logits = random_vec(rng, sz(T * V), 8.0f);
@@ -297,9 +300,8 @@ TEST(CudaEmulated, CrossEntropyStats) {
     }
     ref.loss_sum = double(loss);
     CrossEntropyStats got{1.5, 2.0, 1.0};
-    run(cuda::xent::stats_launch(), emu::floats_for<double[cuda::kWarp]>(), [&](float* s) {
-      cuda::xent::stats_block(&got, rows.data(), n, &shared_as<double>(s));
-    });
+    run(cuda::xent::stats_launch(), emu::floats_for<double[cuda::kWarp]>(),
+        [&](float* s) { cuda::xent::stats_block(&got, rows.data(), n, &shared_as<double>(s)); });
     const std::string at = " n=" + std::to_string(n);
     // A fixed-order double sum: each thread's run of n/1024 rows, then a tree of 1024.
     EXPECT_NEAR(got.loss_sum, ref.loss_sum, double(n / 1024 + 12) * 0x1p-53 * mag) << at;
@@ -312,9 +314,10 @@ TEST(CudaEmulated, CrossEntropyStats) {
 
 TEST(CudaEmulated, Embedding) {
   Rng rng(5);
-  // T > 256 takes the backward pass through several tiles of matches; C > 256 strides columns.
+  // T > 256 takes the backward pass through several tiles of matches (V = 1: one id matches
+  // every row, one more than a tile); C > 256 strides columns.
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
-      {1, 1, 1}, {50, 7, 5}, {300, 33, 20}, {40, 300, 3}};
+      {1, 1, 1}, {50, 7, 5}, {300, 33, 20}, {40, 300, 3}, {256, 4, 2}, {257, 3, 1}};
   for (auto [T, C, V] : shapes) {
     const std::string at = " T=" + std::to_string(T) + " C=" + std::to_string(C);
     std::vector<int32_t> ids(sz(T));
@@ -452,7 +455,9 @@ TEST(CudaEmulated, SumSquares) {
 
 TEST(CudaEmulated, RowBiasAndColumnSum) {
   Rng rng(10);
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {5, 33}, {100, 70}, {17, 300}};
+  // Column tiles of 32 and row lanes of 16 exactly filled, and with tails.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},    {5, 33},  {100, 70},
+                                                           {17, 300}, {16, 32}, {32, 64}};
   for (auto [T, C] : shapes) {
     const std::string at = " T=" + std::to_string(T) + " C=" + std::to_string(C);
     auto y0 = random_vec(rng, sz(T * C)), b = random_vec(rng, sz(C));
