@@ -81,7 +81,13 @@ struct alignas(16) float4 {
 };
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
+// threadIdx replaces the base emulator's 1-D one; the others are undefined first in case the
+// base emulator comes to define them too (launch_dims is what sets blockDim here).
 #undef threadIdx
+#undef blockDim
+#undef __syncthreads_or
+#undef __ballot_sync
+#undef __popc
 #define threadIdx (::dhp::emu::thread_index())
 #define blockDim (::dhp::emu::block_dim())
 #define __syncthreads_or(pred) ::dhp::emu::sync_threads_or(pred)
