@@ -47,8 +47,10 @@ struct Tol {
   double atol, rtol;
 };
 
-// Same float operations in the same order: the host's expf/tanhf/sqrtf and the compiler's
-// contractions differ from the CPU reference's by an ulp or two.
+// Same float operations in the same order on the same host math library: bit-identical with
+// the default flags; the bound leaves room for a build that contracts multiply-adds (-march
+// with FMA) in one copy and not the other, which GELU's derivative amplifies where
+// 1 - tanh² cancels.
 constexpr Tol kPointwise{1e-6, 1e-5};
 // Pure copies and permutations: bit for bit.
 constexpr Tol kExact{0.0, 0.0};
@@ -80,8 +82,8 @@ T& shared_as(float* smem) {
   return *reinterpret_cast<T*>(smem);
 }
 
-// Sum of |terms| for a float sum's error bound: a sequential run of n terms is off by at most
-// about n·eps·sum|terms|.
+// Unit roundoff of float: a sequential float sum of n terms is within about n·eps·sum|terms|
+// of the exact sum.
 constexpr double kEps = 0x1p-24;
 
 // ---- RMSNorm ------------------------------------------------------------------------------
