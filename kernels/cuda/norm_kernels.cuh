@@ -3,6 +3,7 @@
 // it), so the thread emulator of the tests can run it on the CPU.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/cpu/norm.h"
@@ -14,7 +15,7 @@ constexpr int kThreads = 256;
 // dw: 32 columns per block, 16 row lanes combined in lane order.
 constexpr int kColTile = 32, kRowLanes = 16;
 
-// Shared memory of each body, in floats.
+// Shared memory of the row bodies (one block_sum's kWarp floats) and of dw_block.
 constexpr int kRowSharedFloats = kWarp;
 using DwShared = float[kRowLanes][kColTile];
 
