@@ -1,122 +1,26 @@
-#include <cfloat>
-
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cross_entropy.h"
-#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/cross_entropy_kernels.cuh"
 
 namespace dhp::cuda {
 namespace {
 
-constexpr int kThreads = 512;
-
-// Running (max, sum of exp(x - max), first index of the max) of a part of a row.
-struct Online {
-  float mx;
-  float sum;
-  int64_t arg;
-};
-
-__device__ inline Online combine(Online a, Online b) {
-  if (b.mx > a.mx || (b.mx == a.mx && b.arg < a.arg)) {
-    const Online t = a;
-    a = b;
-    b = t;
-  }
-  // a holds the larger max (ties: the earlier index, as the CPU's first-max scan).
-  const float sb = b.mx == -FLT_MAX ? 0.0f : b.sum * expf(b.mx - a.mx);
-  return Online{a.mx, a.sum + sb, a.arg};
+__global__ void cross_entropy_forward_kernel(float* lse, CrossEntropyRow* rows, const float* logits,
+                                             const int32_t* targets, int64_t V) {
+  __shared__ xent::Online shared[kWarp];
+  xent::forward_block(lse, rows, logits, targets, V, shared);
 }
 
-__device__ inline Online shfl(Online o, int lane_mask) {
-  return Online{__shfl_xor_sync(0xffffffffu, o.mx, lane_mask),
-                __shfl_xor_sync(0xffffffffu, o.sum, lane_mask),
-                __shfl_xor_sync(0xffffffffu, o.arg, lane_mask)};
-}
-
-// One block per row.
-__global__ void cross_entropy_forward_kernel(float* lse, CrossEntropyRow* rows,
-                                             const float* logits, const int32_t* targets,
-                                             int64_t V) {
-  __shared__ Online shared[kWarp];
-  const int64_t t = blockIdx.x;
-  const float* row = logits + t * V;
-  Online o{-FLT_MAX, 0.0f, V};
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const float x = row[v];
-    if (x > o.mx) {
-      o.sum = o.sum * expf(o.mx - x) + 1.0f;
-      o.mx = x;
-      o.arg = v;
-    } else {
-      o.sum += expf(x - o.mx);
-    }
-  }
-  for (int m = kWarp / 2; m > 0; m /= 2) o = combine(o, shfl(o, m));
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  if (lane == 0) shared[warp] = o;
-  __syncthreads();
-  if (warp != 0) return;
-  o = lane < int(blockDim.x / kWarp) ? shared[lane] : Online{-FLT_MAX, 0.0f, V};
-  for (int m = kWarp / 2; m > 0; m /= 2) o = combine(o, shfl(o, m));
-  if (lane != 0) return;
-  const float l = o.mx + logf(o.sum);
-  lse[t] = l;
-  const int32_t target = targets[t];
-  CrossEntropyRow r{0.0, 0, 0};
-  if (target >= 0) r = CrossEntropyRow{double(l) - row[target], o.arg == target, 1};
-  rows[t] = r;
-}
-
-// One block adds the rows' statistics in a fixed order, then to *stats.
 __global__ void cross_entropy_stats_kernel(CrossEntropyStats* stats, const CrossEntropyRow* rows,
                                            int64_t n) {
   __shared__ double shared[kWarp];
-  double loss = 0.0, count = 0.0, correct = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    loss += rows[i].loss;
-    count += rows[i].counted;
-    correct += rows[i].hit;
-  }
-  loss = block_sum(loss, shared);
-  count = block_sum(count, shared);
-  correct = block_sum(correct, shared);
-  if (threadIdx.x == 0) {
-    stats->loss_sum += loss;
-    stats->count += count;
-    stats->correct += correct;
-  }
+  xent::stats_block(stats, rows, n, shared);
 }
 
-__global__ void cross_entropy_backward_kernel(float* dlogits, const float* logits,
-                                              const float* lse, const int32_t* targets,
-                                              int64_t V, float scale, bool vec4) {
-  const int64_t t = blockIdx.x;
-  const int32_t target = targets[t];
-  const float* row = logits + t * V;
-  float* d = dlogits + t * V;
-  if (target < 0) {
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) d[v] = 0.0f;
-    return;
-  }
-  const float l = lse[t];
-  if (vec4) {
-    // 16-byte loads and stores; the row is read once and written once.
-    const float4* r4 = reinterpret_cast<const float4*>(row);
-    float4* d4 = reinterpret_cast<float4*>(d);
-    for (int64_t j = threadIdx.x; j < V / 4; j += blockDim.x) {
-      const float4 x = r4[j];
-      const int64_t k = int64_t(target) - 4 * j;  // the target's lane in this vector, if any
-      d4[j] = make_float4(scale * expf(x.x - l) - (k == 0 ? scale : 0.0f),
-                          scale * expf(x.y - l) - (k == 1 ? scale : 0.0f),
-                          scale * expf(x.z - l) - (k == 2 ? scale : 0.0f),
-                          scale * expf(x.w - l) - (k == 3 ? scale : 0.0f));
-    }
-    return;
-  }
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const float p = scale * expf(row[v] - l);
-    d[v] = v == target ? p - scale : p;
-  }
+__global__ void cross_entropy_backward_kernel(float* dlogits, const float* logits, const float* lse,
+                                              const int32_t* targets, int64_t V, float scale,
+                                              bool vec4) {
+  xent::backward_block(dlogits, logits, lse, targets, V, scale, vec4);
 }
 
 }  // namespace
@@ -126,10 +30,12 @@ void cross_entropy_forward(cudaStream_t stream, float* lse, CrossEntropyStats* s
                            int64_t T, int64_t V) {
   for (int64_t t0 = 0; t0 < T; t0 += kCrossEntropyRows) {
     const int64_t n = T - t0 < kCrossEntropyRows ? T - t0 : kCrossEntropyRows;
-    cross_entropy_forward_kernel<<<unsigned(n), kThreads, 0, stream>>>(
+    const LaunchDims lr = xent::rows_launch(n);
+    cross_entropy_forward_kernel<<<lr.grid(), lr.block(), 0, stream>>>(
         lse + t0, rows, logits + t0 * V, targets + t0, V);
     DHP_CUDA_CHECK_LAUNCH();
-    cross_entropy_stats_kernel<<<1, 1024, 0, stream>>>(stats, rows, n);
+    const LaunchDims ls = xent::stats_launch();
+    cross_entropy_stats_kernel<<<ls.grid(), ls.block(), 0, stream>>>(stats, rows, n);
     DHP_CUDA_CHECK_LAUNCH();
   }
 }
@@ -138,10 +44,9 @@ void cross_entropy_backward(cudaStream_t stream, float* dlogits, const float* lo
                             const float* lse, const int32_t* targets, int64_t T, int64_t V,
                             float scale) {
   if (T <= 0) return;
-  // Rows start 16-byte aligned when the base pointers are and V is a multiple of 4.
-  const bool vec4 = aligned16(dlogits, logits) && V % 4 == 0;
-  cross_entropy_backward_kernel<<<unsigned(T), kThreads, 0, stream>>>(dlogits, logits, lse,
-                                                                      targets, V, scale, vec4);
+  const LaunchDims l = xent::rows_launch(T);
+  cross_entropy_backward_kernel<<<l.grid(), l.block(), 0, stream>>>(
+      dlogits, logits, lse, targets, V, scale, xent::backward_vec4(dlogits, logits, V));
   DHP_CUDA_CHECK_LAUNCH();
 }
 

@@ -6,21 +6,15 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/scratch.h"
 #include "kernels/op_types.h"
 
 namespace dhp::cuda {
 
-// Rows whose loss and hit one forward launch can hold; `rows` (below) has room for this many.
-constexpr int64_t kCrossEntropyRows = 4096;
-struct CrossEntropyRow {
-  double loss;  // -log p(target), 0 without a target
-  int hit;      // argmax == target
-  int counted;  // target >= 0
-};
-
 // logits (T, V); targets (T); lse (T) written. One fused pass per row finds the max, the
 // argmax and the sum of exponentials (online); the rows' statistics are then added to *stats
-// in row-independent fixed order, kCrossEntropyRows rows at a time through `rows`.
+// in row-independent fixed order, kCrossEntropyRows rows at a time through `rows`
+// (kernels/cuda/scratch.h).
 void cross_entropy_forward(cudaStream_t stream, float* lse, CrossEntropyStats* stats,
                            CrossEntropyRow* rows, const float* logits, const int32_t* targets,
                            int64_t T, int64_t V);
