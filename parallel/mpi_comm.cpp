@@ -2,6 +2,8 @@
 
 #include <fmt/ranges.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -56,22 +58,29 @@ void finalize_at_exit() {
   if (!finalized) MPI_Finalize();
 }
 
-// Completes requests without holding a core and without waiting forever. A quick peer
-// answers within microseconds, so the wait spins briefly, then polls with sleeps growing to a
-// millisecond: a rank that shares cores with busy peers (more ranks than cores, or another
-// job) leaves them the CPU instead of spinning in MPI_Waitall. A wait longer than `timeout`
-// seconds is an error naming this rank and what it waited for (a dead or stopped peer).
+// Completes requests without holding a core and without waiting forever. MPI moves a
+// non-blocking collective on only inside MPI calls, one round of its schedule per call, so the
+// first milliseconds poll back to back, yielding the core between polls to any other runnable
+// process (a rank that shares cores with busy peers: more ranks than cores, or another job);
+// a wait that lasts longer polls with sleeps growing to a millisecond. A wait longer than
+// `timeout` seconds is an error naming this rank and what it waited for (a dead or stopped
+// peer).
 void wait_all(std::vector<MPI_Request>& reqs, MPI_Status* status, int rank, double timeout,
               const std::function<std::string()>& what) {
   using Clock = std::chrono::steady_clock;
+  constexpr double kEagerSeconds = 0.005;
   const auto t0 = Clock::now();
   auto pause = std::chrono::microseconds(0);
-  for (int polls = 0;; ++polls) {
+  for (;;) {
     int done = 0;
     mpi_check(MPI_Testall(int(reqs.size()), reqs.data(), &done, status), "MPI_Testall");
     if (done) return;
-    if (polls < 200) continue;
-    if (std::chrono::duration<double>(Clock::now() - t0).count() > timeout)
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (waited < kEagerSeconds) {
+      sched_yield();
+      continue;
+    }
+    if (waited > timeout)
       throw Error(fmt::format("rank {}: no answer within {:.0f} s while waiting for {} (a rank "
                               "died, stopped or is far behind; parallel.timeout_s)",
                               rank, timeout, what()));
