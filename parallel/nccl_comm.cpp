@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -227,9 +228,12 @@ void NcclCommunicator::wait_event(cudaEvent_t event, const std::string& what) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   auto pause = std::chrono::microseconds(0);
-  // As the MPI wait: spin briefly for a quick peer, then poll with sleeps growing to a
-  // millisecond so that a rank waiting for a slow peer leaves the CPU to others.
-  for (int polls = 0;; ++polls) {
+  // As the MPI wait: poll back to back (yielding the core) for the first milliseconds, since a
+  // layer's transfer on a GPU completes in microseconds and every sleep adds to the step; then
+  // with sleeps growing to a millisecond so that a rank waiting for a slow peer leaves the CPU
+  // to others.
+  constexpr double kEagerSeconds = 0.005;
+  for (;;) {
     const cudaError_t e = cudaEventQuery(event);
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady)
@@ -241,8 +245,12 @@ void NcclCommunicator::wait_event(cudaEvent_t event, const std::string& what) {
     if (async != ncclSuccess && async != ncclInProgress)
       fail(fmt::format("rank {}: NCCL error while waiting for {}: {} ({})", rank_, what,
                        ncclGetErrorString(async), ncclGetLastError(comm_)));
-    if (polls < 200) continue;
-    if (std::chrono::duration<double>(Clock::now() - t0).count() > timeout_)
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (waited < kEagerSeconds) {
+      sched_yield();
+      continue;
+    }
+    if (waited > timeout_)
       fail(fmt::format("rank {}: no answer within {:.0f} s while waiting for {} (a rank died, "
                        "stopped or is far behind; parallel.timeout_s)", rank_, timeout_, what));
     pause = std::min(std::chrono::microseconds(1000), pause + std::chrono::microseconds(20));
