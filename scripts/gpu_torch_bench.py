@@ -209,7 +209,8 @@ def main(paths):
         prec = torch_precision(r.get("precision", ""))
         theirs = gemm_tflops(M, N, K, prec) if prec else None
         ours = r.get("tflops")
-        lines.append(f"{f'{M} x {N} x {K}':<28} {str(r.get('precision', '?')):<10} {fmt(ours):>13} "
+        label = f"{M} x {N} x {K}" + (f" {r['op']}" if "op" in r else "")
+        lines.append(f"{label:<28} {str(r.get('precision', '?')):<10} {fmt(ours):>13} "
                      f"{fmt(theirs):>14} {ratio(ours, theirs):>7}")
     torch.backends.cuda.matmul.allow_tf32 = False
 
@@ -229,7 +230,7 @@ def main(paths):
             method = f"failed: {str(e).splitlines()[0][:60]}"
         torch.cuda.empty_cache()
         of, ob = r.get("fwd_ms"), r.get("bwd_ms")
-        shape = f"{sum(lens)} {len(lens)} {Hq}/{Hkv} {hd}"
+        shape = f"{sum(lens)} {len(lens)} {Hq}/{Hkv} {hd}" + (f" {r['math']}" if "math" in r else "")
         lines.append(f"{shape:<28} {fmt(of, '.3f'):>9} {fmt(bf, '.3f'):>9} {fmt(ff, '.3f'):>9} "
                      f"{ratio(bf, of):>6} {fmt(ob, '.3f'):>9} {fmt(bb, '.3f'):>9} {fmt(fb, '.3f'):>9} "
                      f"{ratio(bb, ob):>6}  {method}{note}")
