@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/check.h"
 
@@ -39,6 +40,12 @@ void Arena::reserve(size_t bytes) {
   const size_t want = std::max(bytes + bytes / 8, buffer_.bytes() + buffer_.bytes() / 4);
   buffer_.reset();
   buffer_ = DeviceBuffer(backend_, (want + kGranule - 1) / kGranule * kGranule);
+}
+
+int launcher_local_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(var)) return std::max(0, std::atoi(v));
+  return -1;
 }
 
 void BackendRegistry::add(const std::string& name, Factory make, Probe unusable) {

@@ -158,6 +158,10 @@ class BackendRegistry {
 BackendRegistry& backend_registry();
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& opt);
 
+// This process's index among the ranks its launcher started on the node (Open MPI, MPICH and
+// Slurm say so in the environment), or -1 when no launcher does: one device per rank.
+int launcher_local_rank();
+
 // The fp32 CPU reference backend (OpenBLAS + OpenMP).
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opt);
 

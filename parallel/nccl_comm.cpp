@@ -374,12 +374,7 @@ std::unique_ptr<Communicator> make_nccl_world(std::unique_ptr<Communicator> worl
   DHP_CHECK(e == cudaSuccess && devices > 0, "rank {}: train.device = \"cuda\" with {} ranks, "
             "but this process has no usable CUDA device ({})", world->rank(), world->size(),
             e == cudaSuccess ? std::string("none found") : std::string(cudaGetErrorString(e)));
-  int local = world->rank();
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
-    if (const char* v = std::getenv(var)) {
-      local = std::atoi(v);
-      break;
-    }
+  const int local = launcher_local_rank() >= 0 ? launcher_local_rank() : world->rank();
   DHP_CUDA_CHECK(cudaSetDevice(local % devices));
   return std::make_unique<NcclCommunicator>(std::move(world));
 }

@@ -398,11 +398,7 @@ BackendOptions backend_options(const Config& cfg) {
   o.adapt_threads = cfg.train.adapt_threads;
   o.precision = cfg.train.precision;
   // One GPU per rank: the ranks a launcher started on this node take devices by local rank.
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
-    if (const char* v = std::getenv(var)) {
-      o.device = std::max(0, std::atoi(v));
-      break;
-    }
+  o.device = std::max(0, launcher_local_rank());
   return o;
 }
 
