@@ -317,12 +317,23 @@ TEST_F(BuildTest, DamagedShardSkipsOrFailsNeverCrashes) {
   EXPECT_EQ(skip.bad_loads(), 2);
   ShardDataset fail(out.string(), tok, geometry, 4096, "fail");
   EXPECT_THROW(fail.load(3, false), Error);
+  // A ring member that holds sample 3's text but not its image never decodes the damaged
+  // blob; where the image lies is still known from the intact text.
+  EXPECT_FALSE(fail.load_range(3, 0, fail.length(3), ImageLoad::Skip).skipped);
+  EXPECT_EQ(int64_t(fail.image_spans(3).size()), fail.images(3));
   // Text of another sample in a truncated shard: also an error, not a crash.
   fs::resize_file(file, fs::file_size(file) / 2);
   int64_t other = 0;
-  while (x.shard[size_t(other)] != shard || other == victim) ++other;
+  while (x.shard[size_t(other)] != shard || other == victim || x.at(other, kImageEnd) == x.at(other, kImageBegin))
+    ++other;
   EXPECT_THROW(fail.load(other, false), Error);
   EXPECT_TRUE(skip.load(other, false).skipped);
+  // Its image positions are unreadable too: none in skip mode (so every rank of a ring
+  // expects none, as its placeholder holds none), an error in fail mode.
+  const int64_t bad_before = skip.bad_loads();
+  EXPECT_THROW(fail.image_spans(other), Error);
+  EXPECT_TRUE(skip.image_spans(other).empty());
+  EXPECT_EQ(skip.bad_loads(), bad_before + 1);
 }
 
 TEST_F(BuildTest, OtherTokenizerIsRefused) {
