@@ -127,36 +127,51 @@ void NcclCommunicator::start(cudaStream_t stream) {
   nccl_done(ncclCommInitRankConfig(&comm_, size_, msg.id, rank_, &config),
             fmt::format("the NCCL communicator's creation ({} ranks)", size_));
   created_ = 1;
+
+  // The overlapped reductions' own communicator and stream (see the header).
+  IdMessage grads;
+  if (rank_ == 0) grads.ok = ncclGetUniqueId(&grads.id) == ncclSuccess ? 1 : 0;
+  bootstrap_.broadcast(&grads, int64_t(sizeof(grads)), DataType::U8, 0);
+  DHP_CHECK(grads.ok == 1, "rank {}: rank 0 could not create the gradient communicator's id", rank_);
+  DHP_CUDA_CHECK(cudaStreamCreateWithFlags(&grads_stream_, cudaStreamNonBlocking));
+  ncclConfig_t grads_config = NCCL_CONFIG_INITIALIZER;
+  grads_config.blocking = 0;
+  nccl_done(ncclCommInitRankConfig(&grads_comm_, size_, grads.id, rank_, &grads_config),
+            fmt::format("the gradient NCCL communicator's creation ({} ranks)", size_), grads_comm_);
+  created_ = 2;
 }
 
 NcclCommunicator::~NcclCommunicator() { close(); }
 
 void NcclCommunicator::close() noexcept {
-  if (comm_) {
+  for (ncclComm_t* c : {&grads_comm_, &comm_}) {
+    if (!*c) continue;
     // Finalizing flushes the communicator's work and meets the other ranks; while an error
     // unwinds they may be gone, so abort at once instead.
     bool clean = false;
     if (std::uncaught_exceptions() == 0) {
-      ncclResult_t r = ncclCommFinalize(comm_);
+      ncclResult_t r = ncclCommFinalize(*c);
       const auto t0 = std::chrono::steady_clock::now();
       while (r == ncclInProgress &&
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < timeout_) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
-        if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess) break;
+        if (ncclCommGetAsyncError(*c, &r) != ncclSuccess) break;
       }
       clean = r == ncclSuccess;
     }
     if (clean)
-      ncclCommDestroy(comm_);
+      ncclCommDestroy(*c);
     else
-      ncclCommAbort(comm_);
-    comm_ = nullptr;
+      ncclCommAbort(*c);
+    *c = nullptr;
   }
   if (scratch_) cudaFree(scratch_);
   if (done_) cudaEventDestroy(done_);
   if (computed_) cudaEventDestroy(computed_);
+  if (grads_stream_) cudaStreamDestroy(grads_stream_);
   if (own_stream_) cudaStreamDestroy(stream_);
-  scratch_ = nullptr, done_ = nullptr, computed_ = nullptr, own_stream_ = false;
+  scratch_ = nullptr, done_ = nullptr, computed_ = nullptr, grads_stream_ = nullptr;
+  own_stream_ = false;
 }
 
 void NcclCommunicator::set_timeout(double seconds) {
@@ -165,19 +180,15 @@ void NcclCommunicator::set_timeout(double seconds) {
 }
 
 void NcclCommunicator::abort(const std::string& why) {
-  if (comm_) {
-    ncclCommAbort(comm_);
-    comm_ = nullptr;
-    failure_ = why;
-  }
+  if (comm_) failure_ = why;
+  for (ncclComm_t* c : {&comm_, &grads_comm_})
+    if (*c) ncclCommAbort(*c), *c = nullptr;
   bootstrap_.abort(why);
 }
 
 void NcclCommunicator::fail(const std::string& message) {
-  if (comm_) {
-    ncclCommAbort(comm_);
-    comm_ = nullptr;
-  }
+  for (ncclComm_t* c : {&comm_, &grads_comm_})
+    if (*c) ncclCommAbort(*c), *c = nullptr;
   failure_ = message;
   throw Error(message);
 }
@@ -206,6 +217,10 @@ bool NcclCommunicator::on_host(std::initializer_list<const void*> bufs, const ch
 }
 
 void NcclCommunicator::nccl_done(ncclResult_t r, const std::string& what) {
+  nccl_done(r, what, comm_);
+}
+
+void NcclCommunicator::nccl_done(ncclResult_t r, const std::string& what, ncclComm_t comm) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   auto pause = std::chrono::microseconds(0);
@@ -215,12 +230,12 @@ void NcclCommunicator::nccl_done(ncclResult_t r, const std::string& what) {
                        "stopped or is far behind; parallel.timeout_s)", rank_, timeout_, what));
     pause = std::min(std::chrono::microseconds(1000), pause + std::chrono::microseconds(20));
     std::this_thread::sleep_for(pause);
-    const ncclResult_t q = ncclCommGetAsyncError(comm_, &r);
+    const ncclResult_t q = ncclCommGetAsyncError(comm, &r);
     if (q != ncclSuccess) r = q;
   }
   if (r != ncclSuccess)
     fail(fmt::format("rank {}: NCCL error in {}: {} ({})", rank_, what, ncclGetErrorString(r),
-                     comm_ ? ncclGetLastError(comm_) : "no communicator"));
+                     comm ? ncclGetLastError(comm) : "no communicator"));
 }
 
 void NcclCommunicator::wait_event(cudaEvent_t event, const std::string& what) {
@@ -239,12 +254,14 @@ void NcclCommunicator::wait_event(cudaEvent_t event, const std::string& what) {
     if (e != cudaErrorNotReady)
       fail(fmt::format("rank {}: CUDA error {} ({}) while waiting for {} on device {}", rank_,
                        int(e), cudaGetErrorString(e), what, device_));
-    ncclResult_t async = ncclSuccess;
-    const ncclResult_t q = ncclCommGetAsyncError(comm_, &async);
-    if (q != ncclSuccess) async = q;
-    if (async != ncclSuccess && async != ncclInProgress)
-      fail(fmt::format("rank {}: NCCL error while waiting for {}: {} ({})", rank_, what,
-                       ncclGetErrorString(async), ncclGetLastError(comm_)));
+    for (ncclComm_t c : {comm_, grads_comm_}) {
+      ncclResult_t async = ncclSuccess;
+      const ncclResult_t q = ncclCommGetAsyncError(c, &async);
+      if (q != ncclSuccess) async = q;
+      if (async != ncclSuccess && async != ncclInProgress)
+        fail(fmt::format("rank {}: NCCL error while waiting for {}: {} ({})", rank_, what,
+                         ncclGetErrorString(async), ncclGetLastError(c)));
+    }
     const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
     if (waited < kEagerSeconds) {
       sched_yield();
@@ -263,10 +280,10 @@ void NcclCommunicator::follow(Backend& backend) {
   if (compute_ && !computed_) DHP_CUDA_CHECK(cudaEventCreateWithFlags(&computed_, cudaEventDisableTiming));
 }
 
-void NcclCommunicator::after_compute() {
-  if (!compute_ || compute_ == stream_) return;
+void NcclCommunicator::after_compute(cudaStream_t s) {
+  if (!compute_ || compute_ == s) return;
   DHP_CUDA_CHECK(cudaEventRecord(computed_, compute_));
-  DHP_CUDA_CHECK(cudaStreamWaitEvent(stream_, computed_, 0));
+  DHP_CUDA_CHECK(cudaStreamWaitEvent(s, computed_, 0));
 }
 
 void NcclCommunicator::enqueue_done(const std::string& what) {
@@ -280,7 +297,7 @@ void NcclCommunicator::all_reduce(void* buf, int64_t count, DataType type, Reduc
                                     count, type);
   check_usable(what);
   DHP_CUDA_CHECK(cudaSetDevice(device_));
-  after_compute();
+  after_compute(stream_);
   nccl_done(ncclAllReduce(buf, buf, size_t(count), nccl_type(type), nccl_op(op), comm_, stream_), what);
   enqueue_done(what);
 }
@@ -290,7 +307,7 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, int64_t coun
   const std::string what = describe("a reduce-scatter", count, type);
   check_usable(what);
   DHP_CUDA_CHECK(cudaSetDevice(device_));
-  after_compute();
+  after_compute(stream_);
   nccl_done(ncclReduceScatter(send, recv, size_t(count), nccl_type(type), ncclSum, comm_, stream_),
             what);
   enqueue_done(what);
@@ -301,7 +318,7 @@ void NcclCommunicator::all_gather(const void* send, void* recv, int64_t count, D
   const std::string what = describe("an all-gather", count, type);
   check_usable(what);
   DHP_CUDA_CHECK(cudaSetDevice(device_));
-  after_compute();
+  after_compute(stream_);
   // NCCL gathers in place itself when send is this rank's block of recv.
   nccl_done(ncclAllGather(send, recv, size_t(count), nccl_type(type), comm_, stream_), what);
   enqueue_done(what);
@@ -314,7 +331,7 @@ void NcclCommunicator::broadcast(void* buf, int64_t count, DataType type, int ro
                                        data_type_name(type), root);
   check_usable(what);
   DHP_CUDA_CHECK(cudaSetDevice(device_));
-  after_compute();
+  after_compute(stream_);
   nccl_done(ncclBroadcast(buf, buf, size_t(count), nccl_type(type), root, comm_, stream_), what);
   enqueue_done(what);
 }
@@ -323,7 +340,7 @@ void NcclCommunicator::barrier() {
   const std::string what = "a barrier with every rank";
   check_usable(what);
   DHP_CUDA_CHECK(cudaSetDevice(device_));
-  after_compute();
+  after_compute(stream_);
   nccl_done(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), what);
   enqueue_done(what);
 }
@@ -346,7 +363,7 @@ std::unique_ptr<PendingExchange> NcclCommunicator::exchange(const std::vector<Tr
                                          : fmt::format("{}", fmt::join(peers, ", "));
   check_usable(what);
   DHP_CUDA_CHECK(cudaSetDevice(device_));
-  after_compute();
+  after_compute(stream_);
   nccl_done(ncclGroupStart(), what);
   ncclResult_t first_error = ncclSuccess;
   for (size_t i : order_by_tag(transfers)) {
@@ -360,12 +377,45 @@ std::unique_ptr<PendingExchange> NcclCommunicator::exchange(const std::vector<Tr
   // The group is closed even after a failed post: an open group would swallow later calls.
   const ncclResult_t end = ncclGroupEnd();
   nccl_done(first_error != ncclSuccess ? first_error : end, what);
+  return pending_on(stream_, what);
+}
+
+std::unique_ptr<PendingExchange> NcclCommunicator::pending_on(cudaStream_t s, const std::string& what) {
   cudaEvent_t event = nullptr;
   DHP_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  const cudaError_t rec = cudaEventRecord(event, stream_);
+  const cudaError_t rec = cudaEventRecord(event, s);
   if (rec != cudaSuccess) cudaEventDestroy(event);
   DHP_CUDA_CHECK(rec);
   return std::make_unique<NcclExchange>(*this, event, what);
+}
+
+std::unique_ptr<PendingExchange> NcclCommunicator::start_all_reduce(void* buf, int64_t count,
+                                                                    DataType type, ReduceOp op) {
+  if (on_host({buf}, "start_all_reduce")) return bootstrap_.start_all_reduce(buf, count, type, op);
+  const std::string what = describe("an overlapped all-reduce", count, type);
+  check_usable(what);
+  DHP_CUDA_CHECK(cudaSetDevice(device_));
+  after_compute(grads_stream_);
+  nccl_done(ncclAllReduce(buf, buf, size_t(count), nccl_type(type), nccl_op(op), grads_comm_,
+                          grads_stream_),
+            what, grads_comm_);
+  return pending_on(grads_stream_, what);
+}
+
+std::unique_ptr<PendingExchange> NcclCommunicator::start_reduce(void* buf, int64_t count,
+                                                                DataType type, int root) {
+  DHP_CHECK(root >= 0 && root < size_, "reduce onto rank {} in a world of {}", root, size_);
+  if (on_host({buf}, "start_reduce")) return bootstrap_.start_reduce(buf, count, type, root);
+  const std::string what = fmt::format("an overlapped reduce of {} x {} onto rank {}", count,
+                                       data_type_name(type), root);
+  check_usable(what);
+  DHP_CUDA_CHECK(cudaSetDevice(device_));
+  after_compute(grads_stream_);
+  // In place on the root; the other ranks' buffers are only read.
+  nccl_done(ncclReduce(buf, buf, size_t(count), nccl_type(type), ncclSum, root, grads_comm_,
+                       grads_stream_),
+            what, grads_comm_);
+  return pending_on(grads_stream_, what);
 }
 
 std::unique_ptr<Communicator> make_nccl_world(std::unique_ptr<Communicator> world) {

@@ -1,6 +1,8 @@
-// The Communicator over NCCL, for runs on the CUDA backend: one NCCL communicator for the
-// whole run, created once from the ncclUniqueId that rank 0 broadcasts over a bootstrap
-// communicator (the MPI world, or a threaded world in tests).
+// The Communicator over NCCL, for runs on the CUDA backend: NCCL communicators made once, at
+// start-up, from ncclUniqueIds that rank 0 broadcasts over a bootstrap communicator (the MPI
+// world, or a threaded world in tests). Two of them: one for every blocking call and exchange
+// (ring transfers), one for the optimizer's overlapped gradient reductions (below). Groups
+// never create more.
 //
 // Buffers: device memory (or managed memory) of the device this rank was built on. NCCL
 // cannot read host memory, so a call whose buffers are all host memory (the trainer's loss
@@ -10,9 +12,9 @@
 //
 // Ordering: the collectives and exchanges run on one stream (this object's own, or the
 // backend's stream given to the constructor). With its own stream, which is created as a
-// blocking stream, work the caller queued on the legacy default stream finishes first; work on
-// another non-blocking stream must be synchronised by the caller, or that stream passed in.
-// Every call returns when its result is in place.
+// blocking stream, work the caller queued on the legacy default stream finishes first; after
+// follow(backend) every call also waits (on the device, through an event) for the work queued
+// so far on the backend's stream. Every blocking call returns when its result is in place.
 //
 // Tags: NCCL has none. Between two ranks the k-th send meets the k-th receive, so an exchange
 // posts its transfers per peer by ascending tag (parallel/exchange_order.h), which pairs the
@@ -30,8 +32,11 @@
 // asynchronous error it aborts the NCCL communicator and throws dhp::Error naming this rank
 // and what it waited for. After that every call throws.
 //
-// Bucketed gradient reduction (overlapping the backward pass with all-reduces of finished
-// buckets) is not implemented: the optimizer reduces the whole gradient in one call.
+// Overlapped reductions (start_all_reduce, start_reduce: the optimizer's gradient buckets,
+// started while backward goes on) run on the second communicator and a stream of their own,
+// after the backend's queued work. They cannot share the first: NCCL needs every rank to issue
+// one communicator's operations in the same order, and the buckets interleave with each rank's
+// ring transfers in an order that differs from rank to rank.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -78,6 +83,11 @@ class NcclCommunicator final : public Communicator {
   // Every later call first makes this communicator's stream wait for the work queued so far
   // on the backend's stream (an event, not a host synchronisation).
   void follow(Backend& backend) override;
+  bool overlapping_collectives() const override { return true; }
+  std::unique_ptr<PendingExchange> start_all_reduce(void* buf, int64_t count, DataType type,
+                                                    ReduceOp op) override;
+  std::unique_ptr<PendingExchange> start_reduce(void* buf, int64_t count, DataType type,
+                                                int root) override;
 
   // Waits for `event` (recorded after work of this communicator) like every call does:
   // polling, with the timeout, aborting and throwing on a peer that never answers.
@@ -93,8 +103,11 @@ class NcclCommunicator final : public Communicator {
   // Checks an NCCL call's result; a call that is still in progress (non-blocking mode) is
   // waited for with the timeout before the next NCCL call may be made.
   void nccl_done(ncclResult_t r, const std::string& what);
+  void nccl_done(ncclResult_t r, const std::string& what, ncclComm_t comm);
   void enqueue_done(const std::string& what);  // records the event and waits for it
-  void after_compute();                         // stream_ waits for compute_'s queued work
+  void after_compute(cudaStream_t s);           // s waits for compute_'s queued work
+  // An exchange that completes when the work queued so far on `s` has.
+  std::unique_ptr<PendingExchange> pending_on(cudaStream_t s, const std::string& what);
   [[noreturn]] void fail(const std::string& message);
   void check_usable(const std::string& what) const;
 
@@ -106,6 +119,8 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   bool own_stream_ = false;
+  ncclComm_t grads_comm_ = nullptr;     // overlapped reductions
+  cudaStream_t grads_stream_ = nullptr;
   cudaStream_t compute_ = nullptr;  // the backend's stream (follow), or none
   cudaEvent_t computed_ = nullptr;  // recorded on compute_ before each call
   cudaEvent_t done_ = nullptr;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -118,7 +119,8 @@ void run_nccl(int n, const std::function<void(NcclCommunicator&)>& fn) {
   run_threaded(n, [&](Communicator& boot) {
     DHP_CUDA_CHECK(cudaSetDevice(boot.rank()));
     NcclCommunicator nccl(boot);
-    DHP_CHECK(nccl.communicators_created() == 1, "rank {}: {} communicators created", boot.rank(),
+    // Both made at start-up: blocking calls and exchanges, and the overlapped reductions.
+    DHP_CHECK(nccl.communicators_created() == 2, "rank {}: {} communicators created", boot.rank(),
               nccl.communicators_created());
     fn(nccl);
   });
@@ -166,6 +168,53 @@ TEST_P(NcclComm, HostBuffersGoToTheBootstrapAndMixedOnesAreAnError) {
       c.all_gather(host.data(), dev.get(), 4 / N, DataType::F32);
     });
     DHP_CHECK(msg.find("mixes host and device buffers") != std::string::npos, "got '{}'", msg);
+  }));
+}
+
+// The optimizer's gradient buckets: reductions started without waiting, on their own
+// communicator and stream, complete while the ranks exchange on the first, with the sums a
+// blocking call gives.
+TEST_P(NcclComm, OverlappedReductionsMatchBlockingOnes) {
+  SKIP_UNLESS_DEVICES(GetParam());
+  const int N = GetParam();
+  EXPECT_NO_THROW(run_nccl(N, [&](NcclCommunicator& c) {
+    DHP_CHECK(c.overlapping_collectives(), "NCCL should overlap");
+    const int me = c.rank();
+    auto values = [](int r, int salt) {
+      std::vector<float> v(1001);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = float((r + 1) * (salt + 3)) + 0.25f * float(i % 7);
+      return v;
+    };
+    const std::vector<float> mine_sum = values(me, 0), mine_onto = values(me, 1);
+    DeviceCopy sum(mine_sum.data(), sizeof(float) * mine_sum.size());
+    DeviceCopy onto(mine_onto.data(), sizeof(float) * mine_onto.size());
+    const int root = N - 1;
+    auto a = c.start_all_reduce(sum.get(), int64_t(mine_sum.size()), DataType::F32, ReduceOp::Sum);
+    auto b = c.start_reduce(onto.get(), int64_t(mine_onto.size()), DataType::F32, root);
+    // Meanwhile a ring exchange on the first communicator, as ring attention does.
+    const int32_t out = me;
+    DeviceCopy send(&out, sizeof(out)), recv(nullptr, sizeof(int32_t));
+    c.exchange({Transfer::send((me + 1) % N, static_cast<const int32_t*>(send.get()), 1),
+                Transfer::recv((me + N - 1) % N, static_cast<int32_t*>(recv.get()), 1)})
+        ->wait();
+    int32_t in = -1;
+    recv.copy_back(&in);
+    DHP_CHECK(in == (me + N - 1) % N, "rank {} received {}", me, in);
+    a->wait();
+    b->wait();
+    std::vector<float> got_sum(mine_sum.size()), got_onto(mine_onto.size());
+    sum.copy_back(got_sum.data());
+    onto.copy_back(got_onto.data());
+    for (size_t i = 0; i < got_sum.size(); ++i) {
+      float want_sum = 0.0f, want_onto = 0.0f;
+      for (int r = 0; r < N; ++r) want_sum += values(r, 0)[i], want_onto += values(r, 1)[i];
+      DHP_CHECK(std::abs(got_sum[i] - want_sum) <= 1e-5f * std::abs(want_sum),
+                "rank {} all-reduce element {}: {} != {}", me, i, got_sum[i], want_sum);
+      // The root holds the sum; the others keep what they had.
+      const float want = me == root ? want_onto : mine_onto[i];
+      DHP_CHECK(std::abs(got_onto[i] - want) <= 1e-5f * std::abs(want),
+                "rank {} reduce element {}: {} != {}", me, i, got_onto[i], want);
+    }
   }));
 }
 
