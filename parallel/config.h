@@ -18,7 +18,7 @@ struct ParallelConfig {
   bool refit = true;               // refit the cost model from measured group times each step
   int refit_window = 64;           // the most recent groups the refit uses
   bool overlap_grads = true;       // sum gradient buckets over ranks while backward goes on
-                                   // (where the communicator overlaps collectives: MPI)
+                                   // (where the communicator overlaps collectives: MPI, NCCL)
   double bucket_mb = 25.0;         // size of those buckets
   double timeout_s = 60.0;         // longest wait for other ranks before the run stops with
                                    // an error naming the rank (a dead or stopped peer)
