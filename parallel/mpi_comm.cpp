@@ -62,7 +62,10 @@ void finalize_at_exit() {
 // non-blocking collective on only inside MPI calls, one round of its schedule per call, so the
 // first milliseconds poll back to back, yielding the core between polls to any other runnable
 // process (a rank that shares cores with busy peers: more ranks than cores, or another job);
-// a wait that lasts longer polls with sleeps growing to a millisecond. A wait longer than
+// a wait that lasts longer (a peer still computing) polls with sleeps growing to 100 µs, short
+// enough that a collective with many rounds still finishes promptly once the peer arrives
+// (with millisecond sleeps, a ZeRO-1 bucket reduction added 30-90 ms to a 2-rank step), and
+// long enough to leave the core to others. A wait longer than
 // `timeout` seconds is an error naming this rank and what it waited for (a dead or stopped
 // peer).
 void wait_all(std::vector<MPI_Request>& reqs, MPI_Status* status, int rank, double timeout,
@@ -84,7 +87,7 @@ void wait_all(std::vector<MPI_Request>& reqs, MPI_Status* status, int rank, doub
       throw Error(fmt::format("rank {}: no answer within {:.0f} s while waiting for {} (a rank "
                               "died, stopped or is far behind; parallel.timeout_s)",
                               rank, timeout, what()));
-    pause = std::min(std::chrono::microseconds(1000), pause + std::chrono::microseconds(20));
+    pause = std::min(std::chrono::microseconds(100), pause + std::chrono::microseconds(10));
     std::this_thread::sleep_for(pause);
   }
 }
