@@ -13,6 +13,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.h"
+#include "tests/expect_close.h"
 #include "tests/grad_check.h"
 #include "tests/model_fixtures.h"
 
@@ -21,9 +22,7 @@ namespace {
 
 using testing::random_vec;
 
-struct Tol {
-  double atol, rtol;
-};
+using testing::Tol;
 
 // Same float operations in the same order; the bound absorbs fused multiply-adds and the
 // device's expf/tanhf (2 ulp), which GELU's derivative amplifies ~10x at |x| = 4 where
@@ -37,15 +36,7 @@ constexpr Tol kRowReduce{1e-5, 1e-5};
 template <class T>
 void expect_close(const std::string& what, const std::vector<T>& got, const std::vector<T>& ref,
                   Tol tol) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double err = std::abs(double(got[i]) - double(ref[i]));
-    if (!(err <= tol.atol + tol.rtol * std::abs(double(ref[i])))) {
-      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: cuda " << got[i] << " cpu " << ref[i];
-    }
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << ref.size() << " values differ";
+  testing::expect_close(what, got, ref, tol, "cuda");
 }
 
 class CudaOpsTest : public ::testing::Test {

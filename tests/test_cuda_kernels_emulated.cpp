@@ -21,6 +21,7 @@
 #include "kernels/cpu/patch_merge.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/op_types.h"
+#include "tests/expect_close.h"
 #include "tests/grad_check.h"
 
 // clang-format off
@@ -43,9 +44,7 @@ namespace {
 using cuda::LaunchDims;
 using testing::random_vec;
 
-struct Tol {
-  double atol, rtol;
-};
+using testing::Tol;
 
 // Same float operations in the same order on the same host math library: bit-identical with
 // the default flags; the bound leaves room for a build that contracts multiply-adds (-march
@@ -58,16 +57,7 @@ constexpr Tol kExact{0.0, 0.0};
 template <class T>
 void expect_close(const std::string& what, const std::vector<T>& got, const std::vector<T>& ref,
                   Tol tol) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double err = std::abs(double(got[i]) - double(ref[i]));
-    if (!(err <= tol.atol + tol.rtol * std::abs(double(ref[i])))) {
-      if (++bad <= 5)
-        ADD_FAILURE() << what << "[" << i << "]: emulated " << got[i] << " cpu " << ref[i];
-    }
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << ref.size() << " values differ";
+  testing::expect_close(what, got, ref, tol, "emulated");
 }
 
 // Runs body on the launcher's grid and block.
