@@ -146,6 +146,41 @@ __device__ __forceinline__ int tile_size(int64_t T, int64_t t0) {
   return T - t0 < kTile ? int(T - t0) : kTile;
 }
 
+// The backward kernels' two products of a tile pair in this thread's slice (rows 4·ty + i of
+// a1/a2, columns tx + 16·j of b1/b2): x1 = a1·b1ᵀ and x2 = a2·b2ᵀ over HD. The tensor-core
+// variant has them already in m1/m2 (row stride SS); the fp32 one sums them here, both in
+// one pass over the head dimension.
+template <int HD, int S, int SS, bool TC>
+__device__ __forceinline__ void slice_product_pair(float (&x1)[kRows][kCols],
+                                                   float (&x2)[kRows][kCols], const float* a1,
+                                                   const float* b1, const float* m1,
+                                                   const float* a2, const float* b2,
+                                                   const float* m2, int tx, int ty) {
+  for (int i = 0; i < kRows; ++i)
+    for (int j = 0; j < kCols; ++j) {
+      const int at = (ty * kRows + i) * SS + tx + kGroup * j;
+      x1[i][j] = TC ? m1[at] : 0.0f;
+      x2[i][j] = TC ? m2[at] : 0.0f;
+    }
+#pragma unroll 4
+  for (int d = 0; d < (TC ? 0 : HD); ++d) {
+    float r1[kRows], r2[kRows], c1[kCols], c2[kCols];
+    for (int i = 0; i < kRows; ++i) {
+      r1[i] = a1[(ty * kRows + i) * S + d];
+      r2[i] = a2[(ty * kRows + i) * S + d];
+    }
+    for (int j = 0; j < kCols; ++j) {
+      c1[j] = b1[(tx + kGroup * j) * S + d];
+      c2[j] = b2[(tx + kGroup * j) * S + d];
+    }
+    for (int i = 0; i < kRows; ++i)
+      for (int j = 0; j < kCols; ++j) {
+        x1[i][j] += r1[i] * c1[j];
+        x2[i][j] += r2[i] * c2[j];
+      }
+  }
+}
+
 // ---- forward: one (query tile, query head) per block ----------------------------------------
 
 // TC: the products on tensor cores (attention_mma.cuh), the softmax as in the fp32 variant.
@@ -336,29 +371,7 @@ __device__ void backward_kv_block(const BwdParams& p, float* smem) {
       __syncthreads();
       // Transposed products: rows are keys (4·ty + i), columns queries (tx + 16·j).
       float st[kRows][kCols], dpt[kRows][kCols];
-      for (int i = 0; i < kRows; ++i)
-        for (int j = 0; j < kCols; ++j) {
-          const int at = (ty * kRows + i) * SS + tx + kGroup * j;
-          st[i][j] = TC ? pt[at] : 0.0f;
-          dpt[i][j] = TC ? dst[at] : 0.0f;
-        }
-#pragma unroll 4
-      for (int d = 0; d < (TC ? 0 : HD); ++d) {
-        float a[kRows], av[kRows], b[kCols], bd[kCols];
-        for (int i = 0; i < kRows; ++i) {
-          a[i] = ks[(ty * kRows + i) * S + d];
-          av[i] = vs[(ty * kRows + i) * S + d];
-        }
-        for (int j = 0; j < kCols; ++j) {
-          b[j] = qs[(tx + kGroup * j) * S + d];
-          bd[j] = dos[(tx + kGroup * j) * S + d];
-        }
-        for (int i = 0; i < kRows; ++i)
-          for (int j = 0; j < kCols; ++j) {
-            st[i][j] += a[i] * b[j];
-            dpt[i][j] += av[i] * bd[j];
-          }
-      }
+      slice_product_pair<HD, S, SS, TC>(st, dpt, ks, qs, pt, vs, dos, dst, tx, ty);
       for (int i = 0; i < kRows; ++i)
         for (int j = 0; j < kCols; ++j) {
           const int r = ty * kRows + i, c = tx + kGroup * j;
@@ -471,29 +484,7 @@ __device__ void backward_q_block(const BwdParams& p, float* smem) {
       __syncthreads();
     }
     float s[kRows][kCols], dp[kRows][kCols];
-    for (int i = 0; i < kRows; ++i)
-      for (int j = 0; j < kCols; ++j) {
-        const int at = (ty * kRows + i) * SS + tx + kGroup * j;
-        s[i][j] = TC ? dss[at] : 0.0f;
-        dp[i][j] = TC ? dpb[at] : 0.0f;
-      }
-#pragma unroll 4
-    for (int d = 0; d < (TC ? 0 : HD); ++d) {
-      float a[kRows], ad[kRows], b[kCols], bv[kCols];
-      for (int i = 0; i < kRows; ++i) {
-        a[i] = qs[(ty * kRows + i) * S + d];
-        ad[i] = dos[(ty * kRows + i) * S + d];
-      }
-      for (int j = 0; j < kCols; ++j) {
-        b[j] = ks[(tx + kGroup * j) * S + d];
-        bv[j] = vs[(tx + kGroup * j) * S + d];
-      }
-      for (int i = 0; i < kRows; ++i)
-        for (int j = 0; j < kCols; ++j) {
-          s[i][j] += a[i] * b[j];
-          dp[i][j] += ad[i] * bv[j];
-        }
-    }
+    slice_product_pair<HD, S, SS, TC>(s, dp, qs, ks, dss, dos, vs, dpb, tx, ty);
     for (int i = 0; i < kRows; ++i) {
       const int r = ty * kRows + i;
       const float L = lse2[r], D = dd[r];
