@@ -1,10 +1,8 @@
 #include "parallel/image_exchange.h"
 
 #include <algorithm>
-#include <chrono>
 #include <numeric>
 
-#include "common/clock.h"
 #include "kernels/check.h"
 
 namespace dhp {
@@ -66,7 +64,7 @@ void ImageExchange::prepare(const std::vector<int>& ring,
     recv_ = c.take<float>(R_ * C);
   });
   if (S_ > 0) backend_.upload(idx_, idx_host_.data(), sizeof(int32_t) * size_t(S_));
-  wait_wall_ = wait_cpu_ = 0.0;
+  waited_ = {};
 }
 
 void ImageExchange::move(const float* from, const std::vector<int64_t>& from_off,
@@ -83,12 +81,7 @@ void ImageExchange::move(const float* from, const std::vector<int64_t>& from_off
   if (from_n[m] > 0)
     backend_.copy(into + into_off[m] * C_, from + from_off[m] * C_,
                   sizeof(float) * size_t(from_n[m] * C_));
-  if (t.empty()) return;
-  const auto t0 = std::chrono::steady_clock::now();
-  const double c0 = thread_cpu_seconds();
-  comm_.exchange(t)->wait();
-  wait_cpu_ += thread_cpu_seconds() - c0;
-  wait_wall_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!t.empty()) waited_.wait(*comm_.exchange(t));
 }
 
 const float* ImageExchange::forward(const float* tokens, int64_t C) {

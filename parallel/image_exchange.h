@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "kernels/image_route.h"
 #include "parallel/communicator.h"
+#include "parallel/peer_wait.h"
 
 namespace dhp {
 
@@ -42,8 +43,8 @@ class ImageExchange final : public ImageRoute {
   void backward(float* dtokens, const float* drows, int64_t C) override;
 
   // Time spent waiting for transfers since the last prepare(), as RingAttention counts it.
-  double wait_seconds() const { return wait_wall_; }
-  double wait_cpu_seconds() const { return wait_cpu_; }
+  double wait_seconds() const { return waited_.wall; }
+  double wait_cpu_seconds() const { return waited_.cpu; }
 
  private:
   // Sends segments of `from` (laid out by `from_off`) and receives into `into` (by `into_off`),
@@ -64,7 +65,7 @@ class ImageExchange final : public ImageRoute {
   int32_t* idx_ = nullptr;  // (S) source row of each row sent, -1 = zeros
   float* send_ = nullptr;   // (S, C) rows out, by member; in backward their gradients
   float* recv_ = nullptr;   // (R, C) rows in, by member
-  double wait_wall_ = 0.0, wait_cpu_ = 0.0;
+  WaitTime waited_;
 };
 
 }  // namespace dhp

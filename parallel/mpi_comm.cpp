@@ -2,17 +2,14 @@
 
 #include <fmt/ranges.h>
 
-#include <sched.h>
-
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <exception>
 #include <functional>
-#include <thread>
 
 #include "kernels/check.h"
+#include "parallel/peer_wait.h"
 #include "parallel/threaded_comm.h"
 
 #ifdef DHP_MPI
@@ -58,37 +55,19 @@ void finalize_at_exit() {
   if (!finalized) MPI_Finalize();
 }
 
-// Completes requests without holding a core and without waiting forever. MPI moves a
-// non-blocking collective on only inside MPI calls, one round of its schedule per call, so the
-// first milliseconds poll back to back, yielding the core between polls to any other runnable
-// process (a rank that shares cores with busy peers: more ranks than cores, or another job);
-// a wait that lasts longer (a peer still computing) polls with sleeps growing to 100 µs, short
-// enough that a collective with many rounds still finishes promptly once the peer arrives
-// (with millisecond sleeps, a ZeRO-1 bucket reduction added 30-90 ms to a 2-rank step), and
-// long enough to leave the core to others. A wait longer than
+// Completes requests, polling as PeerPoll says (parallel/peer_wait.h). A wait longer than
 // `timeout` seconds is an error naming this rank and what it waited for (a dead or stopped
 // peer).
 void wait_all(std::vector<MPI_Request>& reqs, MPI_Status* status, int rank, double timeout,
               const std::function<std::string()>& what) {
-  using Clock = std::chrono::steady_clock;
-  constexpr double kEagerSeconds = 0.005;
-  const auto t0 = Clock::now();
-  auto pause = std::chrono::microseconds(0);
-  for (;;) {
+  for (PeerPoll poll;; poll.pause()) {
     int done = 0;
     mpi_check(MPI_Testall(int(reqs.size()), reqs.data(), &done, status), "MPI_Testall");
     if (done) return;
-    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (waited < kEagerSeconds) {
-      sched_yield();
-      continue;
-    }
-    if (waited > timeout)
+    if (poll.seconds() > timeout)
       throw Error(fmt::format("rank {}: no answer within {:.0f} s while waiting for {} (a rank "
                               "died, stopped or is far behind; parallel.timeout_s)",
                               rank, timeout, what()));
-    pause = std::min(std::chrono::microseconds(100), pause + std::chrono::microseconds(10));
-    std::this_thread::sleep_for(pause);
   }
 }
 

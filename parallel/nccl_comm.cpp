@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +13,7 @@
 #include "kernels/check.h"
 #include "kernels/cuda/check.h"
 #include "parallel/exchange_order.h"
+#include "parallel/peer_wait.h"
 
 namespace dhp {
 
@@ -221,15 +221,11 @@ void NcclCommunicator::nccl_done(ncclResult_t r, const std::string& what) {
 }
 
 void NcclCommunicator::nccl_done(ncclResult_t r, const std::string& what, ncclComm_t comm) {
-  using Clock = std::chrono::steady_clock;
-  const auto t0 = Clock::now();
-  auto pause = std::chrono::microseconds(0);
-  while (r == ncclInProgress) {
-    if (std::chrono::duration<double>(Clock::now() - t0).count() > timeout_)
+  for (PeerPoll poll; r == ncclInProgress;) {
+    if (poll.seconds() > timeout_)
       fail(fmt::format("rank {}: no answer within {:.0f} s while NCCL set up {} (a rank died, "
                        "stopped or is far behind; parallel.timeout_s)", rank_, timeout_, what));
-    pause = std::min(std::chrono::microseconds(1000), pause + std::chrono::microseconds(20));
-    std::this_thread::sleep_for(pause);
+    poll.pause();
     const ncclResult_t q = ncclCommGetAsyncError(comm, &r);
     if (q != ncclSuccess) r = q;
   }
@@ -240,15 +236,7 @@ void NcclCommunicator::nccl_done(ncclResult_t r, const std::string& what, ncclCo
 
 void NcclCommunicator::wait_event(cudaEvent_t event, const std::string& what) {
   check_usable(what);
-  using Clock = std::chrono::steady_clock;
-  const auto t0 = Clock::now();
-  auto pause = std::chrono::microseconds(0);
-  // As the MPI wait: poll back to back (yielding the core) for the first milliseconds, since a
-  // layer's transfer on a GPU completes in microseconds and every sleep adds to the step; then
-  // with sleeps growing to a millisecond so that a rank waiting for a slow peer leaves the CPU
-  // to others.
-  constexpr double kEagerSeconds = 0.005;
-  for (;;) {
+  for (PeerPoll poll;; poll.pause()) {
     const cudaError_t e = cudaEventQuery(event);
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady)
@@ -262,16 +250,9 @@ void NcclCommunicator::wait_event(cudaEvent_t event, const std::string& what) {
         fail(fmt::format("rank {}: NCCL error while waiting for {}: {} ({})", rank_, what,
                          ncclGetErrorString(async), ncclGetLastError(c)));
     }
-    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (waited < kEagerSeconds) {
-      sched_yield();
-      continue;
-    }
-    if (waited > timeout_)
+    if (poll.seconds() > timeout_)
       fail(fmt::format("rank {}: no answer within {:.0f} s while waiting for {} (a rank died, "
                        "stopped or is far behind; parallel.timeout_s)", rank_, timeout_, what));
-    pause = std::min(std::chrono::microseconds(1000), pause + std::chrono::microseconds(20));
-    std::this_thread::sleep_for(pause);
   }
 }
 

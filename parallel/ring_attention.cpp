@@ -1,12 +1,10 @@
 #include "parallel/ring_attention.h"
 
 #include <algorithm>
-#include <chrono>
 #include <map>
 #include <memory>
 #include <set>
 
-#include "common/clock.h"
 #include "kernels/check.h"
 
 namespace dhp {
@@ -21,14 +19,6 @@ constexpr int kLayerTags = 7000;
 enum Stream { kK = 0, kV = 1, kDK = 2, kDV = 3 };
 
 }  // namespace
-
-void RingAttention::wait(PendingExchange& ex) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const double c0 = thread_cpu_seconds();
-  ex.wait();
-  wait_cpu_ += thread_cpu_seconds() - c0;
-  wait_wall_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 RingAttention::RingAttention(Communicator& comm, Backend& backend, std::vector<int> group)
     : comm_(comm),
@@ -67,7 +57,7 @@ AttnMeta RingAttention::member_meta(int j) const {
 }
 
 void RingAttention::prepare(AttnMeta meta, int64_t T) {
-  wait_wall_ = wait_cpu_ = 0.0;
+  waited_ = {};
   meta_ = meta;
   T_.assign(size_t(d_), 0);
   T_[size_t(me_)] = T;
@@ -78,7 +68,7 @@ void RingAttention::prepare(AttnMeta meta, int64_t T) {
         t.push_back(Transfer::send(group_[size_t(j)], &T, 1, kPrepareTag));
         t.push_back(Transfer::recv(group_[size_t(j)], &T_[size_t(j)], 1, kPrepareTag));
       }
-    wait(*comm_.exchange(t));
+    waited_.wait(*comm_.exchange(t));
   }
   doc_.assign(size_t(d_), nullptr);
   idx_.assign(size_t(d_), nullptr);
@@ -103,7 +93,7 @@ void RingAttention::prepare(AttnMeta meta, int64_t T) {
       t.push_back(Transfer::recv(peer, idx_[size_t(j)], T_[size_t(j)], kPrepareTag + 2));
       t.push_back(Transfer::recv(peer, blk_[size_t(j)], T_[size_t(j)], kPrepareTag + 3));
     }
-    wait(*comm_.exchange(t));
+    waited_.wait(*comm_.exchange(t));
   }
 
   // Which members hold a key that one of my queries may see: per document, the latest query
@@ -172,7 +162,7 @@ void RingAttention::forward(int layer, float* out, float* lse, const float* q, c
       ++blocks_computed_;
     }
     if (next_block) {
-      wait(*next_block);
+      waited_.wait(*next_block);
       cur_k = kbuf[(s + 1) % 2];
       cur_v = vbuf[(s + 1) % 2];
     }
@@ -234,7 +224,7 @@ void RingAttention::backward(int layer, float* dq, float* dk, float* dv, const f
         ops_.fill(acc_v, 0.0f, Tf * kvd);
       }
     } else {
-      wait(*acc_next);  // the block's accumulator, with every earlier rank's part
+      waited_.wait(*acc_next);  // the block's accumulator, with every earlier rank's part
       if (compute) {
         ops_.add_inplace(acc_k, dk_part, Tf * kvd);
         ops_.add_inplace(acc_v, dv_part, Tf * kvd);
@@ -246,13 +236,13 @@ void RingAttention::backward(int layer, float* dq, float* dk, float* dv, const f
     acc_next = pass_pair(acc_k, acc_v, Tf * kvd, last ? dk : dkbuf[(s + 1) % 2],
                          last ? dv : dvbuf[(s + 1) % 2], n_recv, tag(layer, kDK), tag(layer, kDV));
     if (kv_next) {
-      wait(*kv_next);
+      waited_.wait(*kv_next);
       kv_next.reset();
       cur_k = kbuf[(s + 1) % 2];
       cur_v = vbuf[(s + 1) % 2];
     }
   }
-  wait(*acc_next);
+  waited_.wait(*acc_next);
   if (!dq_written) ops_.fill(dq, 0.0f, T * qd);
 }
 

@@ -21,6 +21,7 @@
 #include "kernels/attention.h"
 #include "kernels/backend.h"
 #include "parallel/communicator.h"
+#include "parallel/peer_wait.h"
 
 namespace dhp {
 
@@ -41,8 +42,8 @@ class RingAttention final : public Attention {
   int blocks_computed() const { return blocks_computed_; }
   // Time spent waiting for transfers since the last prepare(): wall seconds, and this
   // thread's CPU seconds (an MPI wait may spin), so busy time can leave the waiting out.
-  double wait_seconds() const { return wait_wall_; }
-  double wait_cpu_seconds() const { return wait_cpu_; }
+  double wait_seconds() const { return waited_.wall; }
+  double wait_cpu_seconds() const { return waited_.cpu; }
 
  private:
   int source(int step) const { return (me_ - step % d_ + d_) % d_; }  // block held at a step
@@ -65,8 +66,7 @@ class RingAttention final : public Attention {
   Arena meta_arena_, work_;
   std::vector<int32_t*> doc_, idx_, blk_;     // (T_[j]) every member's metadata, device
   int blocks_computed_ = 0;
-  double wait_wall_ = 0.0, wait_cpu_ = 0.0;
-  void wait(PendingExchange& ex);  // ex.wait(), timed
+  WaitTime waited_;
 };
 
 }  // namespace dhp
