@@ -91,8 +91,12 @@ void route_images(const Plan& plan, const Dataset& data, int g, int me, GroupWor
   // follow positions — which is the order both ends of every pair use.
   gw.send.assign(size_t(d), {});
   gw.recv.assign(size_t(d), 0);
-  std::vector<std::pair<int32_t, int64_t>> received;  // (encoder, position in the doc) per row
-  std::vector<int32_t> received_doc;
+  struct Received {
+    int encoder;
+    int32_t doc;
+    int64_t pos;
+  };
+  std::vector<Received> received;  // rows this rank holds, in (doc, position) order
   for (size_t i = 0; i < gw.images.size(); ++i) {
     const GroupImage& im = gw.images[i];
     for (int64_t j = 0; j < im.span.tokens; ++j) {
@@ -100,8 +104,7 @@ void route_images(const Plan& plan, const Dataset& data, int g, int me, GroupWor
       if (im.encoder == me) gw.send[size_t(h)].push_back({mine[i], int32_t(j)});
       if (h == me) {
         ++gw.recv[size_t(im.encoder)];
-        received.push_back({im.encoder, im.span.first + j});
-        received_doc.push_back(im.doc);
+        received.push_back({im.encoder, im.doc, im.span.first + j});
       }
     }
   }
@@ -109,8 +112,7 @@ void route_images(const Plan& plan, const Dataset& data, int g, int me, GroupWor
   std::vector<int64_t> offset(size_t(d), 0);
   for (int r = 1; r < d; ++r) offset[size_t(r)] = offset[size_t(r - 1)] + gw.recv[size_t(r - 1)];
   std::map<std::pair<int32_t, int64_t>, int32_t> row_of;  // (doc, position) -> received row
-  for (size_t k = 0; k < received.size(); ++k)
-    row_of[{received_doc[k], received[k].second}] = int32_t(offset[size_t(received[k].first)]++);
+  for (const Received& r : received) row_of[{r.doc, r.pos}] = int32_t(offset[size_t(r.encoder)]++);
   for (size_t p = 0; p < gw.pieces.size(); ++p) {
     gw.pieces[p].text_only = true;
     for (int64_t pos = gw.pieces[p].begin; pos < gw.pieces[p].end; ++pos) {
