@@ -94,18 +94,24 @@ void bench_gemms(const std::string& precision, int iters) {
   };
   const std::vector<Shape> shapes = {{T, qd, d},  {T, kvd, d}, {T, d, qd},
                                      {T, F, d},   {T, d, F},   {1024, c.vocab_size, d}};
+  // x, W and y in the precision's storage (bf16 for "bf16"), dW in fp32: as the model runs them.
+  const DType t = be.ops().dtype();
+  const size_t es = dtype_size(t);
   for (const Shape& s : shapes) {
-    DeviceBuffer x(be, sizeof(float) * size_t(s.M * s.K)), W(be, sizeof(float) * size_t(s.N * s.K));
-    DeviceBuffer y(be, sizeof(float) * size_t(s.M * s.N)), dW(be, sizeof(float) * size_t(s.N * s.K));
-    be.ops().fill(x.as<float>(), 0.5f, s.M * s.K);
-    be.ops().fill(W.as<float>(), 0.25f, s.N * s.K);
-    be.ops().fill(y.as<float>(), 0.125f, s.M * s.N);
+    DeviceBuffer x(be, es * size_t(s.M * s.K)), W(be, es * size_t(s.N * s.K));
+    DeviceBuffer y(be, es * size_t(s.M * s.N)), dW(be, sizeof(float) * size_t(s.N * s.K));
+    const Act X(x.data(), t), Wt(W.data(), t), Y(y.data(), t);
+    be.ops().fill(X, 0.5f, s.M * s.K);
+    be.ops().fill(Wt, 0.25f, s.N * s.K);
+    be.ops().fill(Y, 0.125f, s.M * s.N);
     be.ops().fill(dW.as<float>(), 0.0f, s.N * s.K);
     const auto& ops = be.ops();
     const std::vector<std::pair<std::string, std::function<void()>>> runs = {
-        {"fwd", [&] { ops.linear_forward(y.as<float>(), x.as<float>(), W.as<float>(), nullptr, s.M, s.K, s.N); }},
-        {"dx", [&] { ops.linear_backward(x.as<float>(), nullptr, nullptr, y.as<float>(), x.as<float>(), W.as<float>(), s.M, s.K, s.N, false); }},
-        {"dw", [&] { ops.linear_backward(nullptr, dW.as<float>(), nullptr, y.as<float>(), x.as<float>(), W.as<float>(), s.M, s.K, s.N, false); }},
+        {"fwd", [&] { ops.linear_forward(Y, X, Wt, nullptr, s.M, s.K, s.N); }},
+        {"dx", [&] { ops.linear_backward(X, nullptr, nullptr, Y, X, Wt, s.M, s.K, s.N, false); }},
+        {"dw", [&] {
+           ops.linear_backward(Act(), dW.as<float>(), nullptr, Y, X, Wt, s.M, s.K, s.N, false);
+         }},
     };
     for (const auto& [op, f] : runs) {
       const double ms = time_ms(be, 3, iters, f);

@@ -5,7 +5,7 @@
 // on the same shapes.
 //
 //   bench_cuda_attention [--reps 20] [--warmup 3] [--filter T=8192]
-//                        [--math fp32|tf32|both]
+//                        [--math fp32|tf32|bf16|all]
 //
 // FLOPs count only the visible (query, key) pairs of the causal mask, the sum over documents
 // of n·(n+1)/2: forward 4·visible·hd·Hq (Q·Kᵀ and P·V), backward 2.5 times that (five products
@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -27,6 +28,7 @@
 
 #include "kernels/check.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/storage.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device.h"
 
@@ -93,6 +95,16 @@ double mean_ms(int warmup, int reps, F f) {
   return double(ms) / reps;
 }
 
+// The values of v in the storage S.
+template <class S>
+std::vector<S> stored(const std::vector<float>& v) {
+  std::vector<S> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = dhp::cuda::st<S>(v[i]);
+  return out;
+}
+
+// S: the storage of the head vectors (float, or bf16 on tensor cores whatever `math` says).
+template <class S>
 void bench(const Shape& sh, dhp::cuda::AttnMath math, int warmup, int reps) {
   std::vector<int32_t> doc, idx, blk(size_t(sh.T), -1);
   int64_t visible = 0;
@@ -106,19 +118,22 @@ void bench(const Shape& sh, dhp::cuda::AttnMath math, int warmup, int reps) {
   std::mt19937 g(1);
   const size_t nq = size_t(sh.T * sh.Hq * sh.hd), nk = size_t(sh.T * sh.Hkv * sh.hd);
   const DevBuf ddoc = upload(doc), didx = upload(idx), dblk = upload(blk);
-  const DevBuf q = upload(random_floats(g, nq)), k = upload(random_floats(g, nk)),
-               v = upload(random_floats(g, nk)), dout = upload(random_floats(g, nq));
-  const DevBuf out(nq * 4), lse(size_t(sh.T * sh.Hq) * 4), dq(nq * 4), dk(nk * 4), dv(nk * 4);
+  const DevBuf q = upload(stored<S>(random_floats(g, nq))),
+               k = upload(stored<S>(random_floats(g, nk))),
+               v = upload(stored<S>(random_floats(g, nk))),
+               dout = upload(stored<S>(random_floats(g, nq)));
+  const size_t es = sizeof(S);
+  const DevBuf out(nq * es), lse(size_t(sh.T * sh.Hq) * 4), dq(nq * es), dk(nk * es), dv(nk * es);
   const dhp::AttnMeta m{ddoc.as<int32_t>(), didx.as<int32_t>(), dblk.as<int32_t>()};
   const dhp::AttnShape s{sh.T, sh.T, sh.Hq, sh.Hkv, sh.hd, float(1.0 / std::sqrt(double(sh.hd)))};
   const double fwd = mean_ms(warmup, reps, [&] {
-    dhp::cuda::attention_forward(nullptr, out.as<float>(), lse.as<float>(), q.as<float>(),
-                                 k.as<float>(), v.as<float>(), m, m, s, math);
+    dhp::cuda::attention_forward(nullptr, out.as<S>(), lse.as<float>(), q.as<S>(), k.as<S>(),
+                                 v.as<S>(), m, m, s, math);
   });
   const double bwd = mean_ms(warmup, reps, [&] {
-    dhp::cuda::attention_backward(nullptr, dq.as<float>(), dk.as<float>(), dv.as<float>(),
-                                  dout.as<float>(), out.as<float>(), lse.as<float>(), q.as<float>(),
-                                  k.as<float>(), v.as<float>(), m, m, s, math);
+    dhp::cuda::attention_backward(nullptr, dq.as<S>(), dk.as<S>(), dv.as<S>(), dout.as<S>(),
+                                  out.as<S>(), lse.as<float>(), q.as<S>(), k.as<S>(), v.as<S>(), m,
+                                  m, s, math);
   });
   const double fwd_flops = 4.0 * double(visible) * sh.hd * sh.Hq, bwd_flops = 2.5 * fwd_flops;
   fmt::print(
@@ -126,7 +141,8 @@ void bench(const Shape& sh, dhp::cuda::AttnMath math, int warmup, int reps) {
       "\"Hkv\":{},"
       "\"hd\":{},\"fwd_ms\":{:.4f},\"bwd_ms\":{:.4f},\"fwd_tflops\":{:.3f},\"bwd_tflops\":{:.3f},"
       "\"tflops\":{:.3f}}}\n",
-      math == dhp::cuda::AttnMath::tf32 ? "tf32" : "fp32", sh.T, sh.docs.size(),
+      !std::is_same_v<S, float> ? "bf16" : math == dhp::cuda::AttnMath::tf32 ? "tf32" : "fp32",
+      sh.T, sh.docs.size(),
       fmt::join(sh.docs, ","), sh.Hq, sh.Hkv, sh.hd, fwd, bwd, fwd_flops / fwd * 1e-9,
       bwd_flops / bwd * 1e-9, (fwd_flops + bwd_flops) / (fwd + bwd) * 1e-9);
   std::fflush(stdout);
@@ -137,14 +153,15 @@ void bench(const Shape& sh, dhp::cuda::AttnMath math, int warmup, int reps) {
 int main(int argc, char** argv) {
   CLI::App app{"Time of the CUDA attention kernels on packed causal shapes"};
   int reps = 20, warmup = 3;
-  std::string filter, math = "both";
+  std::string filter, math = "all";
   app.add_option("--reps", reps, "timed calls per shape and pass");
   app.add_option("--warmup", warmup, "untimed calls first");
   app.add_option(
       "--filter", filter,
       "only shapes whose description (e.g. 'T=8192 docs=4 Hq=16 Hkv=8 hd=128') contains this");
-  app.add_option("--math", math, "fp32, tf32 (tensor cores) or both")
-      ->check(CLI::IsMember({"fp32", "tf32", "both"}));
+  app.add_option("--math", math,
+                 "fp32, tf32 (fp32 storage, tensor cores), bf16 (bf16 storage) or all")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16", "all"}));
   CLI11_PARSE(app, argc, argv);
   const dhp::CudaStatus st = dhp::cuda_status();
   if (st.devices == 0) {
@@ -161,8 +178,12 @@ int main(int argc, char** argv) {
             const std::string name =
                 fmt::format("T={} docs={} Hq={} Hkv={} hd={}", T, ndocs, sh.Hq, Hkv, hd);
             if (name.find(filter) == std::string::npos) continue;
-            if (math != "tf32") bench(sh, dhp::cuda::AttnMath::fp32, warmup, reps);
-            if (math != "fp32") bench(sh, dhp::cuda::AttnMath::tf32, warmup, reps);
+            if (math == "fp32" || math == "all")
+              bench<float>(sh, dhp::cuda::AttnMath::fp32, warmup, reps);
+            if (math == "tf32" || math == "all")
+              bench<float>(sh, dhp::cuda::AttnMath::tf32, warmup, reps);
+            if (math == "bf16" || math == "all")
+              bench<dhp::cuda::bf16>(sh, dhp::cuda::AttnMath::tf32, warmup, reps);
           }
   } catch (const dhp::Error& e) {
     fmt::print(stderr, "bench_cuda_attention: {}\n", e.what());

@@ -10,7 +10,7 @@ namespace dhp {
 
 // One image of the pack as the vision encoder sees it.
 struct PackedImage {
-  int64_t patch_offset = 0;  // first row of Batch::patches belonging to this image
+  int64_t patch_offset = 0;  // first patch row of Batch::pixels of this image
   int grid_h = 0;            // patches per column (H' / p)
   int grid_w = 0;            // patches per row    (W' / p)
   int64_t n_patches() const { return int64_t(grid_h) * grid_w; }
@@ -23,7 +23,7 @@ struct Batch {
   std::vector<int32_t> doc;           // (T) document (sample) index within the pack, 0..
   std::vector<int32_t> pos;           // (T) position within its document, from 0
   std::vector<int32_t> image_slot;    // (T) row of the merged image tokens, or -1 for text
-  std::vector<float> patches;         // (P, p*p*3) normalised pixels, channel fastest
+  std::vector<uint8_t> pixels;        // (P, p*p*3) RGB pixels by patch, channel fastest
   std::vector<PackedImage> images;    // images in order; merged tokens follow this order
   std::vector<int64_t> sample_ids;    // dataset index of each document of the pack
   // -1: image_slot numbers this pack's own merged tokens. Otherwise image_slot numbers the

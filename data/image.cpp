@@ -17,8 +17,6 @@ namespace dhp {
 namespace {
 
 // CLIP's normalisation constants, as model-spec.md fixes them.
-constexpr std::array<float, 3> kMean = {0.48145466f, 0.4578275f, 0.40821073f};
-constexpr std::array<float, 3> kStd = {0.26862954f, 0.26130258f, 0.27577711f};
 
 uint32_t be32(const unsigned char* b) {
   return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | b[3];
@@ -160,18 +158,14 @@ PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v) {
   out.grid_h = s.h / p;
   out.grid_w = s.w / p;
   const int64_t pn = v.patch_numel();
-  out.patches.resize(size_t(out.n_patches() * pn));
-  // The spec's formula evaluated literally in fp32, once per (channel, value).
-  std::array<std::array<float, 256>, 3> lut;  // (3, 256)
-  for (int c = 0; c < 3; ++c)
-    for (int i = 0; i < 256; ++i) lut[c][i] = (float(i) / 255.0f - kMean[c]) / kStd[c];
+  out.pixels.resize(size_t(out.n_patches() * pn));
   for (int y = 0; y < s.h; ++y) {
     const uint8_t* row = rgb.ptr<uint8_t>(y);
     const int gy = y / p, dy = y % p;
     for (int x = 0; x < s.w; ++x) {
       const int gx = x / p, dx = x % p;
-      float* dst = out.patches.data() + (int64_t(gy) * out.grid_w + gx) * pn + (dy * p + dx) * 3;
-      for (int c = 0; c < 3; ++c) dst[c] = lut[c][row[x * 3 + c]];
+      uint8_t* dst = out.pixels.data() + (int64_t(gy) * out.grid_w + gx) * pn + (dy * p + dx) * 3;
+      for (int c = 0; c < 3; ++c) dst[c] = row[x * 3 + c];
     }
   }
   return out;
@@ -234,6 +228,10 @@ PreparedImage prepare_checked(const cv::Mat& bgr, ImageSize expected, const std:
   return prepare_image(bgr, v);
 }
 
-void blank(PreparedImage& im) { std::fill(im.patches.begin(), im.patches.end(), 0.0f); }
+void blank(PreparedImage& im) {
+  uint8_t mean[3];
+  for (int c = 0; c < 3; ++c) mean[c] = uint8_t(std::lround(kPixelMean[c] * 255.0f));
+  for (size_t i = 0; i < im.pixels.size(); ++i) im.pixels[i] = mean[i % 3];
+}
 
 }  // namespace dhp

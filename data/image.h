@@ -1,5 +1,6 @@
-// Image preprocessing of model-spec.md: header-only size probing, the resize rule, and
-// normalised patches in the layout the vision encoder reads.
+// Image preprocessing of model-spec.md: header-only size probing, the resize rule, and the
+// resized 8-bit pixels cut into patches in the layout the vision encoder reads (the model
+// normalises them on its device: Ops::normalize_pixels).
 #pragma once
 
 #include <cstdint>
@@ -37,14 +38,14 @@ inline constexpr int64_t kMaxImageFileBytes = int64_t(1) << 30;
 std::vector<uint8_t> read_image_file(const std::string& path);
 
 struct PreparedImage {
-  int grid_h = 0, grid_w = 0;  // patches per column / per row
-  std::vector<float> patches;  // (grid_h*grid_w, p*p*3) row-major over the grid;
-                               // inside a patch the index is (dy*p+dx)*3+c, c in R,G,B
+  int grid_h = 0, grid_w = 0;   // patches per column / per row
+  std::vector<uint8_t> pixels;  // (grid_h*grid_w, p*p*3) row-major over the grid;
+                                // inside a patch the index is (dy*p+dx)*3+c, c in R,G,B
   int64_t n_patches() const { return int64_t(grid_h) * grid_w; }
 };
 
 // bgr: CV_8UC3 as OpenCV decodes it. Converts to RGB, resizes (INTER_CUBIC on uint8) only
-// when the size changes, normalises with the spec's mean and std, and patchifies.
+// when the size changes, and patchifies.
 PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v);
 // Decodes the file (ignoring EXIF orientation, so the size matches read_image_size) and
 // prepares it. The header is read first and an image of more than max_pixels (H*W) pixels is
@@ -61,8 +62,9 @@ cv::Mat decode_image(const uint8_t* data, size_t n, const std::string& what);
 // naming `what`, because the stored length would no longer describe the pixels.
 PreparedImage prepare_checked(const cv::Mat& bgr, ImageSize expected, const std::string& what,
                               const ImageGeometry& v);
-// Replaces every pixel by the mean colour (0 after normalisation), keeping the grid, so a
-// model can be evaluated without seeing the image while the sequence stays the same.
+// Replaces every pixel by the mean colour (the 8-bit value nearest the spec's mean: within
+// 0.007 of 0 after normalisation), keeping the grid, so a model can be evaluated without
+// seeing the image while the sequence stays the same.
 void blank(PreparedImage& im);
 
 }  // namespace dhp

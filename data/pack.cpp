@@ -8,14 +8,14 @@ namespace dhp {
 
 void append_image(Batch& b, const PreparedImage& im, const ImageGeometry& v) {
   const int64_t pn = v.patch_numel();
-  DHP_ASSERT(int64_t(im.patches.size()) == im.n_patches() * pn);
+  DHP_ASSERT(int64_t(im.pixels.size()) == im.n_patches() * pn);
   DHP_ASSERT(im.grid_h % v.merge == 0 && im.grid_w % v.merge == 0);
   PackedImage pi;
-  pi.patch_offset = int64_t(b.patches.size()) / pn;
+  pi.patch_offset = int64_t(b.pixels.size()) / pn;
   pi.grid_h = im.grid_h;
   pi.grid_w = im.grid_w;
   b.images.push_back(pi);
-  b.patches.insert(b.patches.end(), im.patches.begin(), im.patches.end());
+  b.pixels.insert(b.pixels.end(), im.pixels.begin(), im.pixels.end());
 }
 
 Batch pack(const std::vector<const Sample*>& samples, const ImageGeometry& v) {
@@ -34,7 +34,7 @@ Batch pack(const std::vector<const Sample*>& samples, const ImageGeometry& v) {
   b.doc.reserve(size_t(T));
   b.pos.reserve(size_t(T));
   b.image_slot.reserve(size_t(T));
-  b.patches.reserve(size_t(P * pn));
+  b.pixels.reserve(size_t(P * pn));
 
   int64_t slot_base = 0;  // merged tokens of the images packed before this sample
   for (size_t d = 0; d < samples.size(); ++d) {

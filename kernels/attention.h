@@ -25,11 +25,10 @@ class Attention {
   // Once per pass, before the first layer: the metadata of this rank's T tokens (device
   // pointers that stay valid for the pass).
   virtual void prepare(AttnMeta meta, int64_t T) = 0;
-  virtual void forward(int layer, float* out, float* lse, const float* q, const float* k,
-                       const float* v, const AttnDims& d) = 0;
-  virtual void backward(int layer, float* dq, float* dk, float* dv, const float* dout,
-                        const float* out, const float* lse, const float* q, const float* k,
-                        const float* v, const AttnDims& d) = 0;
+  virtual void forward(int layer, Act out, float* lse, CAct q, CAct k, CAct v,
+                       const AttnDims& d) = 0;
+  virtual void backward(int layer, Act dq, Act dk, Act dv, CAct dout, CAct out,
+                        const float* lse, CAct q, CAct k, CAct v, const AttnDims& d) = 0;
 };
 
 AttnShape attn_shape(const AttnDims& d, int64_t Tq, int64_t Tk);
@@ -42,11 +41,10 @@ class LocalAttention final : public Attention {
     meta_ = meta;
     T_ = T;
   }
-  void forward(int layer, float* out, float* lse, const float* q, const float* k, const float* v,
+  void forward(int layer, Act out, float* lse, CAct q, CAct k, CAct v,
                const AttnDims& d) override;
-  void backward(int layer, float* dq, float* dk, float* dv, const float* dout, const float* out,
-                const float* lse, const float* q, const float* k, const float* v,
-                const AttnDims& d) override;
+  void backward(int layer, Act dq, Act dk, Act dv, CAct dout, CAct out, const float* lse, CAct q,
+                CAct k, CAct v, const AttnDims& d) override;
 
  private:
   const Ops& ops_;

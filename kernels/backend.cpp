@@ -11,6 +11,8 @@
 
 namespace dhp {
 
+const char* dtype_name(DType t) { return t == DType::BF16 ? "bf16" : "fp32"; }
+
 DeviceBuffer::DeviceBuffer(Backend& backend, size_t bytes)
     : backend_(&backend), data_(bytes ? backend.allocate(bytes) : nullptr), bytes_(bytes) {}
 

@@ -22,8 +22,10 @@ struct BackendOptions {
   int threads = 1;            // CPU compute threads (>= 1)
   bool adapt_threads = false;  // CPU: follow the cores other processes leave free
   int device = 0;   // device ordinal, for backends with several devices
-  // Matrix-product arithmetic on devices that offer a choice: "fp32" (matches the CPU
-  // reference), "tf32" or "bf16" (fp32 storage, reduced-precision tensor-core products).
+  // "fp32": fp32 storage and arithmetic (the reference). "tf32": fp32 storage, TF32
+  // tensor-core products on devices that have them (the CPU computes fp32). "bf16":
+  // activations and the working copy of the weights stored in bf16, bf16 tensor-core products
+  // with fp32 accumulation; master weights, gradients and optimizer state stay fp32 (Ops::dtype).
   std::string precision = "fp32";
 };
 
@@ -94,9 +96,14 @@ class Carver {
   explicit Carver(char* base) : base_(base) {}
   template <class T>
   T* take(int64_t n) {
+    return static_cast<T*>(take_bytes(size_t(n) * sizeof(T)));
+  }
+  // n elements of a run-time storage dtype.
+  Act take(int64_t n, DType t) { return {take_bytes(size_t(n) * dtype_size(t)), t}; }
+  void* take_bytes(size_t bytes) {
     offset_ = (offset_ + kAlign - 1) / kAlign * kAlign;
-    T* p = base_ ? reinterpret_cast<T*>(base_ + offset_) : nullptr;
-    offset_ += size_t(n) * sizeof(T);
+    void* p = base_ ? base_ + offset_ : nullptr;
+    offset_ += bytes;
     return p;
   }
   size_t size() const { return offset_; }

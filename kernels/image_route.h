@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/op_types.h"
+
 namespace dhp {
 
 class ImageRoute {
@@ -17,10 +19,10 @@ class ImageRoute {
   // From this rank's encoded tokens (N, C) to the rows its decoder holds (rows(), C); the
   // result stays valid until backward() or the next forward(). Every rank of the group calls
   // it, also with nothing to send or receive.
-  virtual const float* forward(const float* tokens, int64_t C) = 0;
+  virtual CAct forward(CAct tokens, int64_t C) = 0;
   // From the gradient of the held rows (rows(), C) to the gradient of this rank's encoded
   // tokens, written (=) into dtokens (N, C).
-  virtual void backward(float* dtokens, const float* drows, int64_t C) = 0;
+  virtual void backward(Act dtokens, CAct drows, int64_t C) = 0;
 };
 
 }  // namespace dhp

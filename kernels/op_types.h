@@ -2,9 +2,51 @@
 // device pointers of the backend the op runs on.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace dhp {
+
+// The storage of activations and of the working copy of the weights: fp32, or bf16 where a
+// backend trains in bf16 (fp32 master weights, gradients and optimizer state stay fp32).
+enum class DType : uint8_t { F32, BF16 };
+constexpr size_t dtype_size(DType t) { return t == DType::BF16 ? 2 : 4; }
+const char* dtype_name(DType t);
+
+// A device pointer to elements of a run-time storage dtype, so that the model is written once
+// for every precision while buffers of another dtype (fp32 statistics, gradients) keep plain
+// float pointers. A float pointer converts implicitly: fp32 callers need no change. Pointer
+// arithmetic steps whole elements of the pointer's dtype.
+template <class V>  // void or const void
+struct ActPtrOf {
+  V* p = nullptr;
+  DType t = DType::F32;
+
+  ActPtrOf() = default;
+  ActPtrOf(V* p_, DType t_) : p(p_), t(t_) {}
+  ActPtrOf(std::nullptr_t) {}
+  template <class F>
+    requires(std::is_same_v<F, float> || std::is_same_v<F, const float>)
+  ActPtrOf(F* f) : p(f) {}
+  template <class W>
+    requires(std::is_const_v<V> && !std::is_same_v<W, V>)
+  ActPtrOf(ActPtrOf<W> o) : p(o.p), t(o.t) {}
+
+  explicit operator bool() const { return p != nullptr; }
+  bool is_f32() const { return t == DType::F32; }
+  ActPtrOf operator+(int64_t n) const {
+    using Byte = std::conditional_t<std::is_const_v<V>, const char, char>;
+    return {static_cast<Byte*>(p) + n * int64_t(dtype_size(t)), t};
+  }
+  // The fp32 view; the caller has checked is_f32() (kernels/check.h: act_f32 checks it).
+  auto* f32() const {
+    using F = std::conditional_t<std::is_const_v<V>, const float, float>;
+    return static_cast<F*>(p);
+  }
+};
+using Act = ActPtrOf<void>;
+using CAct = ActPtrOf<const void>;
 
 // Per-token attention metadata (kernels/cpu/attention.h explains the mask):
 //   query q may see key k  <=>  doc[q] == doc[k]  and  (idx[k] <= idx[q]  or
@@ -25,6 +67,11 @@ struct AttnShape {
 struct MergeImage {
   int64_t patch_offset;  // first patch row of the image in the input
   int grid_h, grid_w;    // patch grid; both multiples of m
+};
+
+// The per-channel normalisation of RGB pixels: y = (x / 255 - mean[c]) / std[c].
+struct PixelNorm {
+  float mean[3], std[3];
 };
 
 struct AdamWStep {

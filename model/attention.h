@@ -15,14 +15,15 @@ class KvCacheAttention final : public Attention {
   // capacity: tokens the cache can hold (prompt plus every generated token).
   KvCacheAttention(Backend& backend, int layers, const AttnDims& d, int64_t capacity);
   void prepare(AttnMeta meta, int64_t T) override;
-  void forward(int layer, float* out, float* lse, const float* q, const float* k, const float* v,
+  void forward(int layer, Act out, float* lse, CAct q, CAct k, CAct v,
                const AttnDims& d) override;
-  void backward(int, float*, float*, float*, const float*, const float*, const float*,
-                const float*, const float*, const float*, const AttnDims&) override;
+  void backward(int, Act, Act, Act, CAct, CAct, const float*, CAct, CAct, CAct,
+                const AttnDims&) override;
   int64_t len() const { return len_; }
 
  private:
   Backend& backend_;
+  DType dtype_;
   int64_t capacity_, kv_width_;
   int64_t len_ = 0, T_ = 0;           // cached tokens including this pass's, this pass's
   DeviceBuffer k_, v_;                // (layers, capacity, Hkv·hd)

@@ -3,7 +3,7 @@
 namespace dhp {
 namespace {
 
-void rope_apply(const Ops& ops, float* x, int64_t T, int H, const BlockDims& d, RopePos r,
+void rope_apply(const Ops& ops, Act x, int64_t T, int H, const BlockDims& d, RopePos r,
                 bool backward) {
   if (r.row) {
     if (backward) ops.rope2d_backward(x, r.row, r.col, T, H, d.hd, d.theta);
@@ -16,43 +16,43 @@ void rope_apply(const Ops& ops, float* x, int64_t T, int H, const BlockDims& d, 
 
 }  // namespace
 
-BlockActs carve_block_acts(Carver& c, const BlockDims& d, int64_t T) {
+BlockActs carve_block_acts(Carver& c, const BlockDims& d, int64_t T, DType t) {
   const int64_t qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd;
   BlockActs a;
-  a.x_in = c.take<float>(T * d.C);
-  a.xn1 = c.take<float>(T * d.C);
+  a.x_in = c.take(T * d.C, t);
+  a.xn1 = c.take(T * d.C, t);
   a.rstd1 = c.take<float>(T);
-  a.q = c.take<float>(T * qd);
-  a.k = c.take<float>(T * kvd);
-  a.v = c.take<float>(T * kvd);
-  a.att = c.take<float>(T * qd);
+  a.q = c.take(T * qd, t);
+  a.k = c.take(T * kvd, t);
+  a.v = c.take(T * kvd, t);
+  a.att = c.take(T * qd, t);
   a.lse = c.take<float>(int64_t(d.Hq) * T);
-  a.h = c.take<float>(T * d.C);
-  a.xn2 = c.take<float>(T * d.C);
+  a.h = c.take(T * d.C, t);
+  a.xn2 = c.take(T * d.C, t);
   a.rstd2 = c.take<float>(T);
-  a.a = c.take<float>(T * d.F);
-  a.b = c.take<float>(T * d.F);
-  a.g = c.take<float>(T * d.F);
+  a.a = c.take(T * d.F, t);
+  a.b = c.take(T * d.F, t);
+  a.g = c.take(T * d.F, t);
   return a;
 }
 
-BlockScratch carve_block_scratch(Carver& c, const BlockDims& d, int64_t T) {
+BlockScratch carve_block_scratch(Carver& c, const BlockDims& d, int64_t T, DType t) {
   const int64_t qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd;
   BlockScratch s;
-  s.dg = c.take<float>(T * d.F);
-  s.da = c.take<float>(T * d.F);
-  s.db = c.take<float>(T * d.F);
-  s.dxn = c.take<float>(T * d.C);
-  s.dtmp = c.take<float>(T * d.C);
-  s.datt = c.take<float>(T * qd);
-  s.dq = c.take<float>(T * qd);
-  s.dk = c.take<float>(T * kvd);
-  s.dv = c.take<float>(T * kvd);
+  s.dg = c.take(T * d.F, t);
+  s.da = c.take(T * d.F, t);
+  s.db = c.take(T * d.F, t);
+  s.dxn = c.take(T * d.C, t);
+  s.dtmp = c.take(T * d.C, t);
+  s.datt = c.take(T * qd, t);
+  s.dq = c.take(T * qd, t);
+  s.dk = c.take(T * kvd, t);
+  s.dv = c.take(T * kvd, t);
   return s;
 }
 
-void block_forward(const Ops& ops, const BlockDims& d, const BlockParams& w, const BlockActs& a,
-                   float* out, int64_t T, RopePos rope, Attention& attn, int layer) {
+void block_forward(const Ops& ops, const BlockDims& d, const BlockWeights& w, const BlockActs& a,
+                   Act out, int64_t T, RopePos rope, Attention& attn, int layer) {
   const int64_t C = d.C, qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd, F = d.F;
   ops.rmsnorm_forward(a.xn1, a.rstd1, a.x_in, w.attn_norm, T, C);
   ops.linear_forward(a.q, a.xn1, w.wq, nullptr, T, C, qd);
@@ -72,8 +72,8 @@ void block_forward(const Ops& ops, const BlockDims& d, const BlockParams& w, con
   ops.add_inplace(out, a.h, T * C);
 }
 
-void block_backward(const Ops& ops, const BlockDims& d, const BlockParams& w,
-                    const BlockParams& gw, const BlockActs& a, const BlockScratch& s, float* dx,
+void block_backward(const Ops& ops, const BlockDims& d, const BlockWeights& w,
+                    const BlockParams& gw, const BlockActs& a, const BlockScratch& s, Act dx,
                     int64_t T, RopePos rope, Attention& attn, int layer) {
   const int64_t C = d.C, qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd, F = d.F;
   // MLP branch: dx holds d(out) = d(h) through the residual, plus what flows through the MLP.

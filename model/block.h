@@ -27,41 +27,43 @@ struct RopePos {
   const int32_t* col = nullptr;  // (T)
 };
 
-// What the forward pass keeps for the backward pass, per block and micro-batch.
+// What the forward pass keeps for the backward pass, per block and micro-batch. Activations
+// are in the ops' storage dtype; the per-row statistics are fp32.
 struct BlockActs {
-  float* x_in;   // (T, C) block input (the first residual)
-  float* xn1;    // (T, C) RMSNorm(x_in)
+  Act x_in;      // (T, C) block input (the first residual)
+  Act xn1;       // (T, C) RMSNorm(x_in)
   float* rstd1;  // (T)
-  float* q;      // (T, Hq·hd) after RoPE
-  float* k;      // (T, Hkv·hd) after RoPE
-  float* v;      // (T, Hkv·hd)
-  float* att;    // (T, Hq·hd) attention output before Wo
+  Act q;         // (T, Hq·hd) after RoPE
+  Act k;         // (T, Hkv·hd) after RoPE
+  Act v;         // (T, Hkv·hd)
+  Act att;       // (T, Hq·hd) attention output before Wo
   float* lse;    // (Hq, T)
-  float* h;      // (T, C) second residual
-  float* xn2;    // (T, C)
+  Act h;         // (T, C) second residual
+  Act xn2;       // (T, C)
   float* rstd2;  // (T)
-  float* a;      // (T, F) x·W1
-  float* b;      // (T, F) x·W3
-  float* g;      // (T, F) silu(a)·b
+  Act a;         // (T, F) x·W1
+  Act b;         // (T, F) x·W3
+  Act g;         // (T, F) silu(a)·b
 };
-BlockActs carve_block_acts(Carver& c, const BlockDims& d, int64_t T);
+BlockActs carve_block_acts(Carver& c, const BlockDims& d, int64_t T, DType t);
 
 // Scratch buffers of the backward pass, shared by every block of a pass.
 struct BlockScratch {
-  float *dg, *da, *db;  // (T, F)
-  float *dxn, *dtmp;    // (T, C)
-  float *datt, *dq;     // (T, Hq·hd)
-  float *dk, *dv;       // (T, Hkv·hd)
+  Act dg, da, db;  // (T, F)
+  Act dxn, dtmp;   // (T, C)
+  Act datt, dq;    // (T, Hq·hd)
+  Act dk, dv;      // (T, Hkv·hd)
 };
-BlockScratch carve_block_scratch(Carver& c, const BlockDims& d, int64_t T);
+BlockScratch carve_block_scratch(Carver& c, const BlockDims& d, int64_t T, DType t);
 
 // Reads the block input from acts.x_in and writes its output to out (T, C).
-void block_forward(const Ops& ops, const BlockDims& d, const BlockParams& w, const BlockActs& acts,
-                   float* out, int64_t T, RopePos rope, Attention& attn, int layer);
+void block_forward(const Ops& ops, const BlockDims& d, const BlockWeights& w,
+                   const BlockActs& acts, Act out, int64_t T, RopePos rope, Attention& attn,
+                   int layer);
 
 // dx (T, C) holds d(out) on entry and d(x_in) on return.
-void block_backward(const Ops& ops, const BlockDims& d, const BlockParams& w,
-                    const BlockParams& grad, const BlockActs& acts, const BlockScratch& s,
-                    float* dx, int64_t T, RopePos rope, Attention& attn, int layer);
+void block_backward(const Ops& ops, const BlockDims& d, const BlockWeights& w,
+                    const BlockParams& grad, const BlockActs& acts, const BlockScratch& s, Act dx,
+                    int64_t T, RopePos rope, Attention& attn, int layer);
 
 }  // namespace dhp

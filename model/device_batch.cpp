@@ -14,7 +14,7 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
   const int64_t pn = cfg_.vision.patch_numel(), P = b.n_patches(), N = P / (m * m);
   DHP_ASSERT(int64_t(b.tokens.size()) == T && int64_t(b.targets.size()) == T &&
              int64_t(b.doc.size()) == T && int64_t(b.pos.size()) == T &&
-             int64_t(b.image_slot.size()) == T && int64_t(b.patches.size()) == P * pn);
+             int64_t(b.image_slot.size()) == T && int64_t(b.pixels.size()) == P * pn);
 
   ids_.resize(T);
   blk_.assign(T, -1);
@@ -53,7 +53,7 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
 
   DeviceBatch& d = db_;
   int32_t *ids, *targets, *doc, *pos, *blk, *slot, *pimg, *pzero, *prow, *pcol;
-  float* patches;
+  uint8_t* pixels;
   MergeImage* merge;
   arena_.carve([&](Carver& c) {
     ids = c.take<int32_t>(T);        // (T)
@@ -62,7 +62,7 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
     pos = c.take<int32_t>(T);        // (T)
     blk = c.take<int32_t>(T);        // (T)
     slot = c.take<int32_t>(T);       // (T)
-    patches = c.take<float>(P * pn); // (P, pn)
+    pixels = c.take<uint8_t>(P * pn);  // (P, pn)
     pimg = c.take<int32_t>(P);       // (P)
     pzero = c.take<int32_t>(P);      // (P)
     prow = c.take<int32_t>(P);       // (P)
@@ -78,14 +78,14 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
   up(pos, b.pos);
   up(blk, blk_);
   up(slot, b.image_slot);
-  up(patches, b.patches);
+  up(pixels, b.pixels);
   up(pimg, patch_image_);
   up(pzero, patch_zero_);
   up(prow, patch_row_);
   up(pcol, patch_col_);
   up(merge, merge_);
   d = DeviceBatch{T, P, N, R, int(merge_.size()), b.loss_tokens(), ids, targets, doc, pos, blk,
-                  slot, patches, pimg, pzero, prow, pcol, merge};
+                  slot, pixels, pimg, pzero, prow, pcol, merge};
   return d;
 }
 

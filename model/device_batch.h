@@ -27,7 +27,7 @@ struct DeviceBatch {
   const int32_t* blk = nullptr;         // -1 (no bidirectional block in the decoder)
   const int32_t* image_slot = nullptr;  // row of the merged image tokens, or -1
   // Vision encoder.
-  const float* patches = nullptr;       // (P, p·p·3)
+  const uint8_t* pixels = nullptr;      // (P, p·p·3) RGB, normalised by the vision path
   const int32_t* patch_image = nullptr; // (P) image index: the encoder's doc and block
   const int32_t* patch_zero = nullptr;  // (P) zeros: the causal index, unused under a block
   const int32_t* patch_row = nullptr;   // (P) grid row, for 2-D RoPE

@@ -5,6 +5,7 @@
 
 #include "common/rng.h"
 #include "kernels/check.h"
+#include "kernels/cpu/bf16.h"
 
 namespace dhp {
 namespace {
@@ -43,10 +44,13 @@ Model::Model(const ModelConfig& cfg, Backend& backend)
       backend_(backend),
       ops_(backend.ops()),
       table_(cfg_),
+      dtype_(ops_.dtype()),
       params_(backend, sizeof(float) * size_t(table_.total())),
       grads_(backend, sizeof(float) * size_t(table_.total())),
+      work_(backend, dtype_ == DType::F32 ? 0 : dtype_size(dtype_) * size_t(table_.total())),
       stats_(backend, sizeof(CrossEntropyStats)),
-      p_(bind_params(table_, cfg_, params_.as<float>())),
+      w_(bind_params(table_, cfg_,
+                     dtype_ == DType::F32 ? Act(params_.as<float>()) : Act(work_.data(), dtype_))),
       g_(bind_params(table_, cfg_, grads_.as<float>())),
       dims_{cfg_.dim, cfg_.heads, cfg_.kv_heads, cfg_.hd(), cfg_.ffn, cfg_.rope_theta},
       vision_(cfg_, ops_),
@@ -64,7 +68,15 @@ Model::Model(const ModelConfig& cfg, Backend& backend)
   backend_.zero(stats_.data(), stats_.bytes());
 }
 
+void Model::refresh_weights() {
+  if (!weights_stale_) return;
+  if (dtype_ != DType::F32)
+    ops_.cast(Act(work_.data(), dtype_), params_.as<float>(), table_.total());
+  weights_stale_ = false;
+}
+
 void Model::initialise(uint64_t seed) {
+  weights_stale_ = true;
   std::vector<float> host(size_t(table_.total()));
   table_.initialise(host.data(), seed);
   backend_.upload(params_.data(), host.data(), params_.bytes());
@@ -78,6 +90,7 @@ std::vector<float> Model::download_params() const {
 
 void Model::upload_params(const std::vector<float>& host) {
   DHP_ASSERT(int64_t(host.size()) == table_.total());
+  weights_stale_ = true;
   backend_.upload(params_.data(), host.data(), params_.bytes());
 }
 
@@ -85,35 +98,37 @@ void Model::zero_grads() { backend_.zero(grads_.data(), grads_.bytes()); }
 
 void Model::carve(int64_t T, int64_t P, int64_t N, int64_t R, bool backward) {
   const int64_t d = cfg_.dim, V = cfg_.vocab_size, rows = std::min(T, kLogitRows);
+  const DType t = dtype_;
   arena_.carve([&](Carver& c) {
     vision_.carve(c, P, N, backward);
-    for (auto& a : acts_) a = carve_block_acts(c, dims_, T);
-    x_final_ = c.take<float>(T * d);
-    xf_ = c.take<float>(T * d);
+    for (auto& a : acts_) a = carve_block_acts(c, dims_, T, t);
+    x_final_ = c.take(T * d, t);
+    xf_ = c.take(T * d, t);
     rstd_ = c.take<float>(T);
-    logits_ = c.take<float>(rows * V);
+    logits_ = c.take(rows * V, t);
     lse_ = c.take<float>(rows);
     if (!backward) return;
-    scratch_ = carve_block_scratch(c, dims_, T);
-    dxf_ = c.take<float>(T * d);
-    dx_ = c.take<float>(T * d);
-    drows_ = c.take<float>(R * d);
+    scratch_ = carve_block_scratch(c, dims_, T, t);
+    dxf_ = c.take(T * d, t);
+    dx_ = c.take(T * d, t);
+    drows_ = c.take(R * d, t);
   });
 }
 
 void Model::forward_hidden(const DeviceBatch& b, Attention& attn, ImageRoute* route) {
   const int64_t T = b.T, d = cfg_.dim;
-  vision_.forward(p_, b);
+  refresh_weights();
+  vision_.forward(w_, b);
   // Decoder input: token embeddings, with the image tokens dropped into their positions.
-  ops_.embedding_forward(stream(0), b.ids, p_.tok_embed, T, d);
-  const float* image_rows = route ? route->forward(vision_.tokens(), d) : vision_.tokens();
+  ops_.embedding_forward(stream(0), b.ids, w_.tok_embed, T, d);
+  const CAct image_rows = route ? route->forward(vision_.tokens(), d) : vision_.tokens();
   if (b.R > 0) ops_.scatter_rows(stream(0), image_rows, b.image_slot, T, d);
   // Causal within each document by position; doc keeps packed documents apart.
   attn.prepare(b.decoder_meta(), T);
   const RopePos rope{b.pos, nullptr, nullptr};
   for (int l = 0; l < cfg_.layers; ++l)
-    block_forward(ops_, dims_, p_.layers[l], acts_[l], stream(l + 1), T, rope, attn, l);
-  ops_.rmsnorm_forward(xf_, rstd_, x_final_, p_.final_norm, T, d);
+    block_forward(ops_, dims_, w_.layers[l], acts_[l], stream(l + 1), T, rope, attn, l);
+  ops_.rmsnorm_forward(xf_, rstd_, x_final_, w_.final_norm, T, d);
 }
 
 void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention* attn_in,
@@ -129,12 +144,12 @@ void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention
   auto* stats = stats_.as<CrossEntropyStats>();
   for (int64_t t0 = 0; t0 < T; t0 += kLogitRows) {
     const int64_t n = std::min(kLogitRows, T - t0);
-    const float* xf = xf_ + t0 * d;
-    ops_.linear_forward(logits_, xf, p_.lm_head, nullptr, n, d, V);
+    const CAct xf = xf_ + t0 * d;
+    ops_.linear_forward(logits_, xf, w_.lm_head, nullptr, n, d, V);
     ops_.cross_entropy_forward(lse_, stats, logits_, b.targets + t0, n, V);
     if (!backward) continue;
     ops_.cross_entropy_backward(logits_, logits_, lse_, b.targets + t0, n, V, loss_scale);
-    ops_.linear_backward(dxf_ + t0 * d, g_.lm_head, nullptr, logits_, xf, p_.lm_head, n, d, V,
+    ops_.linear_backward(dxf_ + t0 * d, g_.lm_head, nullptr, logits_, xf, w_.lm_head, n, d, V,
                          false);
   }
   if (!backward) return;
@@ -143,11 +158,11 @@ void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention
   };
   if (lm_head_at_ >= 0) done_from(lm_head_at_);
 
-  ops_.rmsnorm_backward(dx_, g_.final_norm, dxf_, x_final_, p_.final_norm, rstd_, T, d);
+  ops_.rmsnorm_backward(dx_, g_.final_norm, dxf_, x_final_, w_.final_norm, rstd_, T, d);
   done_from(final_norm_at_);
   const RopePos rope{b.pos, nullptr, nullptr};
   for (int l = cfg_.layers - 1; l >= 0; --l) {
-    block_backward(ops_, dims_, p_.layers[l], g_.layers[l], acts_[l], scratch_, dx_, T, rope,
+    block_backward(ops_, dims_, w_.layers[l], g_.layers[l], acts_[l], scratch_, dx_, T, rope,
                    attn, l);
     done_from(layer_at_[size_t(l)]);
   }
@@ -163,7 +178,7 @@ void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention
     ops_.fill(vision_.dtokens(), 0.0f, b.N * d);
     ops_.gather_rows(vision_.dtokens(), dx_, b.image_slot, T, d);
   }
-  if (b.N > 0) vision_.backward(p_, g_, b);
+  if (b.N > 0) vision_.backward(w_, g_, b);
   done_from(0);
 }
 
@@ -187,16 +202,23 @@ std::vector<int32_t> Model::generate(const Batch& prompt, int32_t eos, const Sam
   Rng rng(opt.seed);
   KvCacheAttention cache(backend_, cfg_.layers, dims_.attn(),
                          prompt.T + std::max(0, opt.max_new_tokens));
-  DeviceBuffer logits_dev(backend_, sizeof(float) * size_t(V));  // (V)
-  std::vector<float> logits(V);                                    // (V) on the host
+  DeviceBuffer logits_dev(backend_, dtype_size(dtype_) * size_t(V));  // (V)
+  std::vector<float> logits(V);                                         // (V) on the host
+  std::vector<uint16_t> logits_bf16(dtype_ == DType::BF16 ? V : 0);
   std::vector<int32_t> out;
   const DeviceBatch& first = upload(prompt);
   carve(first.T, first.P, first.N, 0, false);
   forward_hidden(first, cache, nullptr);
   int64_t last = prompt.T - 1;
   for (;;) {
-    ops_.linear_forward(logits_dev.as<float>(), xf_ + last * d, p_.lm_head, nullptr, 1, d, V);
-    backend_.download(logits.data(), logits_dev.data(), sizeof(float) * size_t(V));
+    ops_.linear_forward(Act(logits_dev.data(), dtype_), xf_ + last * d, w_.lm_head, nullptr, 1, d,
+                        V);
+    if (dtype_ == DType::BF16) {
+      backend_.download(logits_bf16.data(), logits_dev.data(), logits_dev.bytes());
+      std::transform(logits_bf16.begin(), logits_bf16.end(), logits.begin(), bf16_to_float);
+    } else {
+      backend_.download(logits.data(), logits_dev.data(), logits_dev.bytes());
+    }
     if (logits_out) logits_out->insert(logits_out->end(), logits.begin(), logits.end());
     const int32_t tok = pick_token(logits, opt.temperature, opt.top_p, rng);
     if (tok == eos || int(out.size()) >= opt.max_new_tokens) break;

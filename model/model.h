@@ -51,8 +51,14 @@ class Model {
   const ParamTable& table() const { return table_; }
   Backend& backend() const { return backend_; }
   int64_t n_params() const { return table_.total(); }
-  // Device pointers to the parameter and gradient arenas (n_params floats each).
-  float* params() { return params_.as<float>(); }
+  // Device pointers to the fp32 parameter (master weights) and gradient arenas (n_params floats
+  // each). The forward and backward passes read a working copy in the ops' storage dtype
+  // (the master arena itself when that is fp32); taking the mutable pointer marks the copy
+  // stale, and the next pass refreshes it.
+  float* params() {
+    weights_stale_ = true;
+    return params_.as<float>();
+  }
   float* grads() { return grads_.as<float>(); }
   const float* params() const { return params_.as<float>(); }
   const float* grads() const { return grads_.as<float>(); }
@@ -89,15 +95,21 @@ class Model {
   void carve(int64_t T, int64_t P, int64_t N, int64_t R, bool backward);
   // Vision path, decoder and final norm; leaves the normed stream in xf_ (T, d).
   void forward_hidden(const DeviceBatch& b, Attention& attn, ImageRoute* route);
-  float* stream(int layer) const { return layer < int(acts_.size()) ? acts_[layer].x_in : x_final_; }
+  Act stream(int layer) const { return layer < int(acts_.size()) ? acts_[layer].x_in : x_final_; }
+  // Rounds the master weights into the working copy if they changed since the last pass.
+  void refresh_weights();
 
   ModelConfig cfg_;
   Backend& backend_;
   const Ops& ops_;
   ParamTable table_;
-  DeviceBuffer params_, grads_;  // (n_params) arenas of the same layout
+  DType dtype_;                  // storage of activations and working weights (Ops::dtype)
+  DeviceBuffer params_, grads_;  // (n_params) fp32 arenas of the same layout
+  DeviceBuffer work_;            // (n_params) working weights when dtype_ is not fp32
+  bool weights_stale_ = true;
   DeviceBuffer stats_;           // (1) CrossEntropyStats accumulated on the device
-  ModelParams p_, g_;
+  ModelWeights w_;  // the working weights
+  ModelParams g_;
   BlockDims dims_;
   // Where the backward pass completes gradients, for GradsFinal: the first offset of the
   // lm_head (-1 when tied), the final norm, each decoder layer and the token embedding.
@@ -109,14 +121,14 @@ class Model {
   Arena arena_;                  // activations of the current shape
   std::vector<BlockActs> acts_;  // per decoder layer
   BlockScratch scratch_{};
-  float* x_final_ = nullptr;     // (T, d) input of the final norm
-  float* xf_ = nullptr;          // (T, d) final-normed stream
+  Act x_final_;                  // (T, d) input of the final norm
+  Act xf_;                       // (T, d) final-normed stream
   float* rstd_ = nullptr;        // (T)
-  float* logits_ = nullptr;      // (rows, V), rows = min(T, kLogitRows); then d(logits)
+  Act logits_;                   // (rows, V), rows = min(T, kLogitRows); then d(logits)
   float* lse_ = nullptr;         // (rows)
-  float* dxf_ = nullptr;         // (T, d) gradient of xf
-  float* dx_ = nullptr;          // (T, d) gradient of the decoder stream
-  float* drows_ = nullptr;       // (R, d) gradient of routed image token rows
+  Act dxf_;                      // (T, d) gradient of xf
+  Act dx_;                       // (T, d) gradient of the decoder stream
+  Act drows_;                    // (R, d) gradient of routed image token rows
 };
 
 }  // namespace dhp

@@ -98,16 +98,17 @@ void ParamTable::initialise(float* arena, uint64_t seed) const {
   }
 }
 
-ModelParams bind_params(const ParamTable& t, const ModelConfig& c, float* arena) {
+template <class P>
+ModelParamsOf<P> bind_params(const ParamTable& t, const ModelConfig& c, P arena) {
   auto at = [&](const std::string& name) { return arena + t.get(name).offset; };
   auto block = [&](const std::string& pre) {
-    return BlockParams{at(pre + "attn_norm.weight"), at(pre + "attn.wq.weight"),
+    return BlockParamsOf<P>{at(pre + "attn_norm.weight"), at(pre + "attn.wq.weight"),
                        at(pre + "attn.wk.weight"),   at(pre + "attn.wv.weight"),
                        at(pre + "attn.wo.weight"),   at(pre + "mlp_norm.weight"),
                        at(pre + "mlp.w1.weight"),    at(pre + "mlp.w2.weight"),
                        at(pre + "mlp.w3.weight")};
   };
-  ModelParams p;
+  ModelParamsOf<P> p;
   p.patch_embed_w = at("vision.patch_embed.weight");
   p.patch_embed_b = at("vision.patch_embed.bias");
   for (int i = 0; i < c.vision.layers; ++i)
@@ -123,5 +124,8 @@ ModelParams bind_params(const ParamTable& t, const ModelConfig& c, float* arena)
   p.lm_head = c.tie_embeddings ? p.tok_embed : at("lm_head.weight");
   return p;
 }
+
+template ModelParams bind_params(const ParamTable&, const ModelConfig&, float*);
+template ModelWeights bind_params(const ParamTable&, const ModelConfig&, Act);
 
 }  // namespace dhp

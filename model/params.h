@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/op_types.h"
 #include "model/config.h"
 
 namespace dhp {
@@ -43,35 +44,45 @@ class ParamTable {
   int64_t total_ = 0;
 };
 
-// Pointers into an arena (parameters or gradients) for one transformer block.
-struct BlockParams {
-  float* attn_norm;  // (C)
-  float* wq;         // (Hq·hd, C)
-  float* wk;         // (Hkv·hd, C)
-  float* wv;         // (Hkv·hd, C)
-  float* wo;         // (C, Hq·hd)
-  float* mlp_norm;   // (C)
-  float* w1;         // (F, C)
-  float* w2;         // (C, F)
-  float* w3;         // (F, C)
+// Pointers into an arena for one transformer block: P is float* for the fp32 arenas (master
+// weights, gradients) and Act for the working weights in the ops' storage dtype.
+template <class P>
+struct BlockParamsOf {
+  P attn_norm;  // (C)
+  P wq;         // (Hq·hd, C)
+  P wk;         // (Hkv·hd, C)
+  P wv;         // (Hkv·hd, C)
+  P wo;         // (C, Hq·hd)
+  P mlp_norm;   // (C)
+  P w1;         // (F, C)
+  P w2;         // (C, F)
+  P w3;         // (F, C)
 };
 
 // Every parameter of the model as pointers into one arena.
-struct ModelParams {
-  float* patch_embed_w;           // (dv, p·p·3)
-  float* patch_embed_b;           // (dv)
-  std::vector<BlockParams> vision_layers;
-  float* vision_norm;             // (dv)
-  float* fc1_w;                   // (d, m²·dv)
-  float* fc1_b;                   // (d)
-  float* fc2_w;                   // (d, d)
-  float* fc2_b;                   // (d)
-  float* tok_embed;               // (V, d)
-  std::vector<BlockParams> layers;
-  float* final_norm;              // (d)
-  float* lm_head;                 // (V, d); equals tok_embed when tied
+template <class P>
+struct ModelParamsOf {
+  P patch_embed_w;           // (dv, p·p·3)
+  P patch_embed_b;           // (dv)
+  std::vector<BlockParamsOf<P>> vision_layers;
+  P vision_norm;             // (dv)
+  P fc1_w;                   // (d, m²·dv)
+  P fc1_b;                   // (d)
+  P fc2_w;                   // (d, d)
+  P fc2_b;                   // (d)
+  P tok_embed;               // (V, d)
+  std::vector<BlockParamsOf<P>> layers;
+  P final_norm;              // (d)
+  P lm_head;                 // (V, d); equals tok_embed when tied
 };
 
-ModelParams bind_params(const ParamTable& table, const ModelConfig& cfg, float* arena);
+using BlockParams = BlockParamsOf<float*>;
+using ModelParams = ModelParamsOf<float*>;
+using BlockWeights = BlockParamsOf<Act>;
+using ModelWeights = ModelParamsOf<Act>;
+
+// P is float* or Act.
+template <class P>
+ModelParamsOf<P> bind_params(const ParamTable& table, const ModelConfig& cfg, P arena);
 
 }  // namespace dhp

@@ -2,6 +2,15 @@
 
 namespace dhp {
 
+PixelNorm pixel_norm() {
+  PixelNorm n;
+  for (int c = 0; c < 3; ++c) {
+    n.mean[c] = kPixelMean[c];
+    n.std[c] = kPixelStd[c];
+  }
+  return n;
+}
+
 VisionPath::VisionPath(const ModelConfig& cfg, const Ops& ops)
     : cfg_(cfg), ops_(ops), attn_(ops) {
   const auto& v = cfg.vision;
@@ -11,28 +20,32 @@ VisionPath::VisionPath(const ModelConfig& cfg, const Ops& ops)
 
 void VisionPath::carve(Carver& c, int64_t P, int64_t N, bool backward) {
   const int64_t dv = cfg_.vision.dim, d = cfg_.dim, m = cfg_.vision.merge;
-  for (auto& a : acts_) a = carve_block_acts(c, dims_, P);
-  x_final_ = c.take<float>(P * dv);
-  xn_ = c.take<float>(P * dv);
+  const DType t = ops_.dtype();
+  patches_ = c.take(P * cfg_.vision.patch_numel(), t);
+  for (auto& a : acts_) a = carve_block_acts(c, dims_, P, t);
+  x_final_ = c.take(P * dv, t);
+  xn_ = c.take(P * dv, t);
   rstd_ = c.take<float>(P);
-  merged_ = c.take<float>(N * m * m * dv);
-  f1_ = c.take<float>(N * d);
-  g1_ = c.take<float>(N * d);
-  tokens_ = c.take<float>(N * d);
+  merged_ = c.take(N * m * m * dv, t);
+  f1_ = c.take(N * d, t);
+  g1_ = c.take(N * d, t);
+  tokens_ = c.take(N * d, t);
   if (!backward) return;
-  scratch_ = carve_block_scratch(c, dims_, P);
-  dtokens_ = c.take<float>(N * d);
-  dx_ = c.take<float>(P * dv);
-  dmerged_ = c.take<float>(N * m * m * dv);
-  dg1_ = c.take<float>(N * d);
+  scratch_ = carve_block_scratch(c, dims_, P, t);
+  dtokens_ = c.take(N * d, t);
+  dx_ = c.take(P * dv, t);
+  dmerged_ = c.take(N * m * m * dv, t);
+  dg1_ = c.take(N * d, t);
 }
 
-void VisionPath::forward(const ModelParams& p, const DeviceBatch& b) {
+void VisionPath::forward(const ModelWeights& p, const DeviceBatch& b) {
   const auto& v = cfg_.vision;
   const int64_t dv = v.dim, d = cfg_.dim, m = v.merge, pn = v.patch_numel();
   const int64_t P = b.P, N = b.N;
   if (P == 0) return;
-  ops_.linear_forward(stream(0), b.patches, p.patch_embed_w, p.patch_embed_b, P, pn, dv);
+  // The batch's 8-bit pixels become the encoder's input here, on the device.
+  ops_.normalize_pixels(patches_, b.pixels, P * pn, pixel_norm());
+  ops_.linear_forward(stream(0), patches_, p.patch_embed_w, p.patch_embed_b, P, pn, dv);
   attn_.prepare(b.vision_meta(), P);
   const RopePos rope{nullptr, b.patch_row, b.patch_col};
   for (int l = 0; l < v.layers; ++l)
@@ -44,7 +57,7 @@ void VisionPath::forward(const ModelParams& p, const DeviceBatch& b) {
   ops_.linear_forward(tokens_, g1_, p.fc2_w, p.fc2_b, N, d, d);
 }
 
-void VisionPath::backward(const ModelParams& p, const ModelParams& g, const DeviceBatch& b) {
+void VisionPath::backward(const ModelWeights& p, const ModelParams& g, const DeviceBatch& b) {
   const auto& v = cfg_.vision;
   const int64_t dv = v.dim, d = cfg_.dim, m = v.merge, pn = v.patch_numel();
   const int64_t P = b.P, N = b.N;
@@ -59,7 +72,7 @@ void VisionPath::backward(const ModelParams& p, const ModelParams& g, const Devi
   for (int l = v.layers - 1; l >= 0; --l)
     block_backward(ops_, dims_, p.vision_layers[l], g.vision_layers[l], acts_[l], scratch_, dx_,
                    P, rope, attn_, l);
-  ops_.linear_backward(nullptr, g.patch_embed_w, g.patch_embed_b, dx_, b.patches,
+  ops_.linear_backward(nullptr, g.patch_embed_w, g.patch_embed_b, dx_, patches_,
                        p.patch_embed_w, P, pn, dv, false);
 }
 

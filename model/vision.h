@@ -13,6 +13,9 @@
 
 namespace dhp {
 
+// The spec's pixel normalisation (data/image_geometry.h) as the op takes it.
+PixelNorm pixel_norm();
+
 class VisionPath {
  public:
   VisionPath(const ModelConfig& cfg, const Ops& ops);
@@ -20,31 +23,32 @@ class VisionPath {
   // Takes this pass's buffers for P patches and N merged tokens from the model's arena.
   void carve(Carver& c, int64_t P, int64_t N, bool backward);
   // Image tokens (N, d) of every image of the batch, in the batch's image order, into tokens().
-  void forward(const ModelParams& p, const DeviceBatch& b);
+  void forward(const ModelWeights& w, const DeviceBatch& b);
   // Reads the gradient of the image tokens from dtokens(); accumulates parameter gradients.
-  void backward(const ModelParams& p, const ModelParams& g, const DeviceBatch& b);
-  const float* tokens() const { return tokens_; }
-  float* dtokens() const { return dtokens_; }
+  void backward(const ModelWeights& w, const ModelParams& g, const DeviceBatch& b);
+  CAct tokens() const { return tokens_; }
+  Act dtokens() const { return dtokens_; }
 
  private:
-  float* stream(int layer) const { return layer < int(acts_.size()) ? acts_[layer].x_in : x_final_; }
+  Act stream(int layer) const { return layer < int(acts_.size()) ? acts_[layer].x_in : x_final_; }
   const ModelConfig& cfg_;
   const Ops& ops_;
   BlockDims dims_;
   LocalAttention attn_;
   std::vector<BlockActs> acts_;  // per encoder layer
   BlockScratch scratch_{};
-  float* x_final_ = nullptr;     // (P, dv) input of the encoder norm
-  float* xn_ = nullptr;          // (P, dv) normed, then its gradient
+  Act patches_;                  // (P, p·p·3) the normalised pixels in the storage dtype
+  Act x_final_;                  // (P, dv) input of the encoder norm
+  Act xn_;                       // (P, dv) normed, then its gradient
   float* rstd_ = nullptr;        // (P)
-  float* merged_ = nullptr;      // (N, m²·dv)
-  float* f1_ = nullptr;          // (N, d) projector hidden before GELU
-  float* g1_ = nullptr;          // (N, d) after GELU
-  float* tokens_ = nullptr;      // (N, d)
-  float* dtokens_ = nullptr;     // (N, d)
-  float* dx_ = nullptr;          // (P, dv) gradient of the encoder stream
-  float* dmerged_ = nullptr;     // (N, m²·dv)
-  float* dg1_ = nullptr;         // (N, d)
+  Act merged_;                   // (N, m²·dv)
+  Act f1_;                       // (N, d) projector hidden before GELU
+  Act g1_;                       // (N, d) after GELU
+  Act tokens_;                   // (N, d)
+  Act dtokens_;                  // (N, d)
+  Act dx_;                       // (P, dv) gradient of the encoder stream
+  Act dmerged_;                  // (N, m²·dv)
+  Act dg1_;                      // (N, d)
 };
 
 }  // namespace dhp

@@ -14,11 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "kernels/op_types.h"
+
 namespace dhp {
 
 class Backend;
 
-enum class DataType { F32, F64, I32, I64, U8 };
+// BF16 moves activations stored in bf16 (Ops::dtype); it is never reduced.
+enum class DataType { F32, F64, I32, I64, U8, BF16 };
 size_t data_type_size(DataType t);
 const char* data_type_name(DataType t);
 
@@ -29,6 +32,7 @@ template <> constexpr DataType data_type_of<double>() { return DataType::F64; }
 template <> constexpr DataType data_type_of<int32_t>() { return DataType::I32; }
 template <> constexpr DataType data_type_of<int64_t>() { return DataType::I64; }
 template <> constexpr DataType data_type_of<uint8_t>() { return DataType::U8; }
+constexpr DataType data_type_of(DType t) { return t == DType::BF16 ? DataType::BF16 : DataType::F32; }
 
 enum class ReduceOp { Sum, Max };
 
@@ -53,6 +57,13 @@ struct Transfer {
   template <class T>
   static Transfer recv(int peer, T* buf, int64_t count, int tag = 0) {
     return {Recv, peer, buf, count, data_type_of<T>(), tag};
+  }
+  // Activations in the backend's storage dtype.
+  static Transfer send(int peer, CAct buf, int64_t count, int tag = 0) {
+    return {Send, peer, const_cast<void*>(buf.p), count, data_type_of(buf.t), tag};
+  }
+  static Transfer recv(int peer, Act buf, int64_t count, int tag = 0) {
+    return {Recv, peer, buf.p, count, data_type_of(buf.t), tag};
   }
 };
 

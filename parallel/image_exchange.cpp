@@ -60,15 +60,15 @@ void ImageExchange::prepare(const std::vector<int>& ring,
   DHP_ASSERT(send_n_[size_t(me_)] == recv_n_[size_t(me_)]);
   arena_.carve([&](Carver& c) {
     idx_ = c.take<int32_t>(S_);
-    send_ = c.take<float>(S_ * C);
-    recv_ = c.take<float>(R_ * C);
+    send_ = c.take(S_ * C, ops_.dtype());
+    recv_ = c.take(R_ * C, ops_.dtype());
   });
   if (S_ > 0) backend_.upload(idx_, idx_host_.data(), sizeof(int32_t) * size_t(S_));
   waited_ = {};
 }
 
-void ImageExchange::move(const float* from, const std::vector<int64_t>& from_off,
-                         const std::vector<int64_t>& from_n, float* into,
+void ImageExchange::move(CAct from, const std::vector<int64_t>& from_off,
+                         const std::vector<int64_t>& from_n, Act into,
                          const std::vector<int64_t>& into_off, const std::vector<int64_t>& into_n,
                          int tag) {
   std::vector<Transfer> t;
@@ -79,12 +79,12 @@ void ImageExchange::move(const float* from, const std::vector<int64_t>& from_off
   }
   const size_t m = size_t(me_);
   if (from_n[m] > 0)
-    backend_.copy(into + into_off[m] * C_, from + from_off[m] * C_,
-                  sizeof(float) * size_t(from_n[m] * C_));
+    backend_.copy((into + into_off[m] * C_).p, (from + from_off[m] * C_).p,
+                  dtype_size(from.t) * size_t(from_n[m] * C_));
   if (!t.empty()) waited_.wait(*comm_.exchange(t));
 }
 
-const float* ImageExchange::forward(const float* tokens, int64_t C) {
+CAct ImageExchange::forward(CAct tokens, int64_t C) {
   DHP_ASSERT(C == C_);
   if (S_ > 0) {
     // Rows of an image that failed to load stay zero.
@@ -95,7 +95,7 @@ const float* ImageExchange::forward(const float* tokens, int64_t C) {
   return recv_;
 }
 
-void ImageExchange::backward(float* dtokens, const float* drows, int64_t C) {
+void ImageExchange::backward(Act dtokens, CAct drows, int64_t C) {
   DHP_ASSERT(C == C_);
   move(drows, recv_off_, recv_n_, send_, send_off_, send_n_, kBackwardTag);
   if (N_ == 0) return;

@@ -39,8 +39,8 @@ class ImageExchange final : public ImageRoute {
                const std::vector<int64_t>& recv, int64_t N, int64_t C);
 
   int64_t rows() const override { return R_; }
-  const float* forward(const float* tokens, int64_t C) override;
-  void backward(float* dtokens, const float* drows, int64_t C) override;
+  CAct forward(CAct tokens, int64_t C) override;
+  void backward(Act dtokens, CAct drows, int64_t C) override;
 
   // Time spent waiting for transfers since the last prepare(), as RingAttention counts it.
   double wait_seconds() const { return waited_.wall; }
@@ -49,8 +49,8 @@ class ImageExchange final : public ImageRoute {
  private:
   // Sends segments of `from` (laid out by `from_off`) and receives into `into` (by `into_off`),
   // member by member; this rank's own segment is a device copy.
-  void move(const float* from, const std::vector<int64_t>& from_off,
-            const std::vector<int64_t>& from_n, float* into, const std::vector<int64_t>& into_off,
+  void move(CAct from, const std::vector<int64_t>& from_off, const std::vector<int64_t>& from_n,
+            Act into, const std::vector<int64_t>& into_off,
             const std::vector<int64_t>& into_n, int tag);
 
   Communicator& comm_;
@@ -63,8 +63,8 @@ class ImageExchange final : public ImageRoute {
   std::vector<int64_t> send_off_, send_n_, recv_off_, recv_n_;  // per member, in rows
   std::vector<int32_t> idx_host_;
   int32_t* idx_ = nullptr;  // (S) source row of each row sent, -1 = zeros
-  float* send_ = nullptr;   // (S, C) rows out, by member; in backward their gradients
-  float* recv_ = nullptr;   // (R, C) rows in, by member
+  Act send_;                // (S, C) rows out, by member; in backward their gradients
+  Act recv_;                // (R, C) rows in, by member
   WaitTime waited_;
 };
 

@@ -37,8 +37,15 @@ MPI_Datatype mpi_type(DataType t) {
     case DataType::I32: return MPI_INT32_T;
     case DataType::I64: return MPI_INT64_T;
     case DataType::U8: return MPI_UINT8_T;
+    case DataType::BF16: return MPI_UINT16_T;  // moved only: reduce_type() refuses it
   }
   return MPI_DATATYPE_NULL;
+}
+
+// The type of a reduction; bf16 activations are moved, never summed (gradients are fp32).
+MPI_Datatype reduce_type(DataType t) {
+  DHP_CHECK(t != DataType::BF16, "a reduction of {} is not supported", data_type_name(t));
+  return mpi_type(t);
 }
 
 // MPI counts are int; collectives on larger buffers go in slices.
@@ -184,7 +191,7 @@ class MpiCommunicator final : public Communicator {
       const int n = int(std::min(kSlice, count - off));
       std::vector<MPI_Request> r(1);
       mpi_check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(buf) + size_t(off) * es, n,
-                               mpi_type(type), op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_,
+                               reduce_type(type), op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_,
                                &r[0]), "MPI_Iallreduce");
       finish(r, "an all-reduce");
     }
@@ -198,7 +205,7 @@ class MpiCommunicator final : public Communicator {
       const int n = int(std::min(kSlice, count - off));
       r.push_back(MPI_REQUEST_NULL);
       mpi_check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(buf) + size_t(off) * es, n,
-                               mpi_type(type), op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_,
+                               reduce_type(type), op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_,
                                &r.back()), "MPI_Iallreduce");
     }
     return std::make_unique<MpiCollective>(std::move(r), rank_, timeout_);
@@ -212,7 +219,7 @@ class MpiCommunicator final : public Communicator {
       const int n = int(std::min(kSlice, count - off));
       char* p = static_cast<char*>(buf) + size_t(off) * es;
       r.push_back(MPI_REQUEST_NULL);
-      mpi_check(MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : p, p, n, mpi_type(type), MPI_SUM, root,
+      mpi_check(MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : p, p, n, reduce_type(type), MPI_SUM, root,
                             comm_, &r.back()), "MPI_Ireduce");
     }
     return std::make_unique<MpiCollective>(std::move(r), rank_, timeout_);
@@ -220,7 +227,7 @@ class MpiCommunicator final : public Communicator {
   void reduce_scatter(const void* send, void* recv, int64_t count, DataType type) override {
     std::vector<MPI_Request> r(1);
     mpi_check(MPI_Ireduce_scatter_block(send, recv, checked_count(count, "reduce_scatter"),
-                                        mpi_type(type), MPI_SUM, comm_, &r[0]),
+                                        reduce_type(type), MPI_SUM, comm_, &r[0]),
               "MPI_Ireduce_scatter_block");
     finish(r, "a reduce-scatter");
   }

@@ -24,6 +24,7 @@ ncclDataType_t nccl_type(DataType t) {
     case DataType::I32: return ncclInt32;
     case DataType::I64: return ncclInt64;
     case DataType::U8: return ncclUint8;
+    case DataType::BF16: return ncclBfloat16;
   }
   throw Error(fmt::format("no NCCL type for data type {}", int(t)));
 }

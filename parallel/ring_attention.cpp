@@ -42,9 +42,8 @@ void RingAttention::regroup(std::vector<int> group) {
 
 int RingAttention::tag(int layer, int what) const { return (layer % kLayerTags) * 4 + what; }
 
-std::unique_ptr<PendingExchange> RingAttention::pass_pair(const float* a, const float* b,
-                                                          int64_t n_send, float* into_a,
-                                                          float* into_b, int64_t n_recv,
+std::unique_ptr<PendingExchange> RingAttention::pass_pair(CAct a, CAct b, int64_t n_send,
+                                                          Act into_a, Act into_b, int64_t n_recv,
                                                           int tag_a, int tag_b) {
   return comm_.exchange({Transfer::send(next_, a, n_send, tag_a),
                          Transfer::send(next_, b, n_send, tag_b),
@@ -124,22 +123,24 @@ void RingAttention::prepare(AttnMeta meta, int64_t T) {
   }
 }
 
-void RingAttention::forward(int layer, float* out, float* lse, const float* q, const float* k,
-                            const float* v, const AttnDims& d) {
+void RingAttention::forward(int layer, Act out, float* lse, CAct q, CAct k, CAct v,
+                            const AttnDims& d) {
   const int64_t T = T_[size_t(me_)], kvd = int64_t(d.Hkv) * d.hd, qd = int64_t(d.Hq) * d.hd;
   const int64_t maxT = *std::max_element(T_.begin(), T_.end());
-  float *kbuf[2], *vbuf[2], *part_out, *part_lse;
+  const DType t = ops_.dtype();
+  Act kbuf[2], vbuf[2], part_out;
+  float* part_lse;
   work_.carve([&](Carver& c) {
     for (int b = 0; b < 2; ++b) {
-      kbuf[b] = c.take<float>(maxT * kvd);  // (maxT, Hkv·hd) blocks arriving from prev
-      vbuf[b] = c.take<float>(maxT * kvd);
+      kbuf[b] = c.take(maxT * kvd, t);  // (maxT, Hkv·hd) blocks arriving from prev
+      vbuf[b] = c.take(maxT * kvd, t);
     }
-    part_out = c.take<float>(T * qd);                // (T, Hq·hd)
+    part_out = c.take(T * qd, t);                // (T, Hq·hd)
     part_lse = c.take<float>(int64_t(d.Hq) * T);     // (Hq, T)
   });
 
-  const float* cur_k = k;
-  const float* cur_v = v;
+  CAct cur_k = k;
+  CAct cur_v = v;
   blocks_computed_ = 0;
   for (int s = 0; s < d_; ++s) {
     const int from = source(s);
@@ -169,9 +170,8 @@ void RingAttention::forward(int layer, float* out, float* lse, const float* q, c
   }
 }
 
-void RingAttention::backward(int layer, float* dq, float* dk, float* dv, const float* dout,
-                             const float* out, const float* lse, const float* q, const float* k,
-                             const float* v, const AttnDims& d) {
+void RingAttention::backward(int layer, Act dq, Act dk, Act dv, CAct dout, CAct out,
+                             const float* lse, CAct q, CAct k, CAct v, const AttnDims& d) {
   const int64_t T = T_[size_t(me_)], kvd = int64_t(d.Hkv) * d.hd, qd = int64_t(d.Hq) * d.hd;
   if (d_ == 1) {
     ops_.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, meta_, meta_,
@@ -179,21 +179,23 @@ void RingAttention::backward(int layer, float* dq, float* dk, float* dv, const f
     return;
   }
   const int64_t maxT = *std::max_element(T_.begin(), T_.end());
-  float *kbuf[2], *vbuf[2], *dkbuf[2], *dvbuf[2], *dq_part, *dk_part, *dv_part;
+  // In bf16 storage the dK/dV accumulators travel in bf16 too: each ring step rounds them once.
+  const DType t = ops_.dtype();
+  Act kbuf[2], vbuf[2], dkbuf[2], dvbuf[2], dq_part, dk_part, dv_part;
   work_.carve([&](Carver& c) {
     for (int b = 0; b < 2; ++b) {
-      kbuf[b] = c.take<float>(maxT * kvd);   // (maxT, Hkv·hd) K/V blocks from prev
-      vbuf[b] = c.take<float>(maxT * kvd);
-      dkbuf[b] = c.take<float>(maxT * kvd);  // (maxT, Hkv·hd) dK/dV accumulators from prev
-      dvbuf[b] = c.take<float>(maxT * kvd);
+      kbuf[b] = c.take(maxT * kvd, t);   // (maxT, Hkv·hd) K/V blocks from prev
+      vbuf[b] = c.take(maxT * kvd, t);
+      dkbuf[b] = c.take(maxT * kvd, t);  // (maxT, Hkv·hd) dK/dV accumulators from prev
+      dvbuf[b] = c.take(maxT * kvd, t);
     }
-    dq_part = c.take<float>(T * qd);         // (T, Hq·hd)
-    dk_part = c.take<float>(maxT * kvd);     // (maxT, Hkv·hd)
-    dv_part = c.take<float>(maxT * kvd);
+    dq_part = c.take(T * qd, t);         // (T, Hq·hd)
+    dk_part = c.take(maxT * kvd, t);     // (maxT, Hkv·hd)
+    dv_part = c.take(maxT * kvd, t);
   });
 
-  const float* cur_k = k;
-  const float* cur_v = v;
+  CAct cur_k = k;
+  CAct cur_v = v;
   std::unique_ptr<PendingExchange> kv_next, acc_next;
   bool dq_written = false;
   for (int s = 0; s < d_; ++s) {
@@ -207,12 +209,12 @@ void RingAttention::backward(int layer, float* dq, float* dk, float* dv, const f
     }
     // This rank's queries' part of dQ, and of the block's dK/dV.
     const bool compute = visible_[size_t(from)] && T > 0 && Tf > 0;
-    float* acc_k = dkbuf[s % 2];
-    float* acc_v = dvbuf[s % 2];
+    const Act acc_k = dkbuf[s % 2];
+    const Act acc_v = dvbuf[s % 2];
     if (compute) {
-      float* dq_out = dq_written ? dq_part : dq;
-      float* dk_out = s == 0 ? acc_k : dk_part;
-      float* dv_out = s == 0 ? acc_v : dv_part;
+      const Act dq_out = dq_written ? dq_part : dq;
+      const Act dk_out = s == 0 ? acc_k : dk_part;
+      const Act dv_out = s == 0 ? acc_v : dv_part;
       ops_.attention_backward(dq_out, dk_out, dv_out, dout, out, lse, q, cur_k, cur_v, meta_,
                               member_meta(from), attn_shape(d, T, Tf));
       if (dq_written) ops_.add_inplace(dq, dq_part, T * qd);

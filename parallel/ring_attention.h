@@ -33,11 +33,10 @@ class RingAttention final : public Attention {
   void regroup(std::vector<int> group);
   // Exchanges every member's token count and metadata (once per pass, not per layer).
   void prepare(AttnMeta meta, int64_t T) override;
-  void forward(int layer, float* out, float* lse, const float* q, const float* k, const float* v,
+  void forward(int layer, Act out, float* lse, CAct q, CAct k, CAct v,
                const AttnDims& d) override;
-  void backward(int layer, float* dq, float* dk, float* dv, const float* dout, const float* out,
-                const float* lse, const float* q, const float* k, const float* v,
-                const AttnDims& d) override;
+  void backward(int layer, Act dq, Act dk, Act dv, CAct dout, CAct out, const float* lse, CAct q,
+                CAct k, CAct v, const AttnDims& d) override;
   // Key blocks this rank computed in the last forward (of d): shows the mask-skipping.
   int blocks_computed() const { return blocks_computed_; }
   // Time spent waiting for transfers since the last prepare(): wall seconds, and this
@@ -50,8 +49,8 @@ class RingAttention final : public Attention {
   int tag(int layer, int what) const;
   // Starts sending a and b (n_send each) to the next rank and receiving the previous rank's
   // pair (n_recv each) into into_a and into_b.
-  std::unique_ptr<PendingExchange> pass_pair(const float* a, const float* b, int64_t n_send,
-                                             float* into_a, float* into_b, int64_t n_recv,
+  std::unique_ptr<PendingExchange> pass_pair(CAct a, CAct b, int64_t n_send, Act into_a,
+                                             Act into_b, int64_t n_recv,
                                              int tag_a, int tag_b);
   AttnMeta member_meta(int j) const;
 

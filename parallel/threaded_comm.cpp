@@ -19,6 +19,7 @@ size_t data_type_size(DataType t) {
     case DataType::I32: return 4;
     case DataType::I64: return 8;
     case DataType::U8: return 1;
+    case DataType::BF16: return 2;
   }
   return 0;
 }
@@ -30,6 +31,7 @@ const char* data_type_name(DataType t) {
     case DataType::I32: return "i32";
     case DataType::I64: return "i64";
     case DataType::U8: return "u8";
+    case DataType::BF16: return "bf16";
   }
   return "?";
 }
@@ -74,7 +76,10 @@ void reduce(void* out, const std::vector<const void*>& in, int64_t offset, int64
     case DataType::I32: return reduce_typed<int32_t>(out, in, offset, count, op);
     case DataType::I64: return reduce_typed<int64_t>(out, in, offset, count, op);
     case DataType::U8: return reduce_typed<uint8_t>(out, in, offset, count, op);
+    case DataType::BF16: break;
   }
+  // bf16 activations are moved, never reduced: gradients are summed in fp32.
+  throw Error(fmt::format("a reduction of {} is not supported", data_type_name(type)));
 }
 
 const char* op_name(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : "max"; }

@@ -13,6 +13,7 @@
 
 #include "common/rng.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/attention_merge.h"
 #include "tests/grad_check.h"
 
@@ -103,7 +104,9 @@ struct AttnData {
   std::vector<float> out, lse, dq, dk, dv;  // the CPU reference's
 };
 
-inline AttnData reference(const AttnCase& c, uint64_t seed) {
+// bf16: the inputs, and the forward output that the backward pass reads, are rounded to bf16
+// first, as a kernel with bf16 storage sees them.
+inline AttnData reference(const AttnCase& c, uint64_t seed, bool bf16 = false) {
   Rng rng(seed);
   AttnData d;
   d.s = {c.qm.size(), c.km.size(), c.Hq, c.Hkv, c.hd, float(1 / std::sqrt(double(c.hd)))};
@@ -112,6 +115,11 @@ inline AttnData reference(const AttnCase& c, uint64_t seed) {
   d.k = random_vec(rng, size_t(s.Tk * s.Hkv * s.hd), 2.0f);
   d.v = random_vec(rng, size_t(s.Tk * s.Hkv * s.hd));
   d.dout = random_vec(rng, size_t(s.Tq * s.Hq * s.hd));
+  auto round = [&](std::vector<float>& x) {
+    if (bf16)
+      for (float& e : x) e = bf16_round(e);
+  };
+  for (auto* x : {&d.q, &d.k, &d.v, &d.dout}) round(*x);
   d.out.resize(d.q.size());
   d.lse.resize(size_t(s.Hq * s.Tq));
   d.dq.resize(d.q.size());
@@ -119,6 +127,7 @@ inline AttnData reference(const AttnCase& c, uint64_t seed) {
   d.dv.resize(d.v.size());
   cpu::attention_forward(d.out.data(), d.lse.data(), d.q.data(), d.k.data(), d.v.data(),
                          c.qm.view(), c.km.view(), s);
+  round(d.out);
   cpu::attention_backward(d.dq.data(), d.dk.data(), d.dv.data(), d.dout.data(), d.out.data(),
                           d.lse.data(), d.q.data(), d.k.data(), d.v.data(), c.qm.view(),
                           c.km.view(), s);
@@ -137,6 +146,9 @@ constexpr AttnTolerance kFp32Tol{1e-4, 1e-4};
 // kernels come out at most 1.1e-3 of the largest value off, so 5e-3 leaves room for the
 // hardware's own accumulation order, while misplaced fragments are off by O(1).
 constexpr AttnTolerance kTf32Tol{5e-3, 5e-3};
+// bf16 storage: on top of TF32 products, every output is rounded to 8 mantissa bits (2^-9
+// relative) and the probabilities times dout meet a rounded out in D = rowsum(dout·out).
+constexpr AttnTolerance kBf16Tol{1.5e-2, 1.5e-2};
 
 inline void expect_close(const std::string& what, const std::vector<float>& got,
                          const std::vector<float>& want, AttnTolerance tol = kFp32Tol) {

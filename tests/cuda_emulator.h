@@ -188,6 +188,7 @@ inline void launch(Dim3 grid, int threads, size_t smem_floats,
 
 }  // namespace dhp::emu
 
+#define DHP_EMULATED_CUDA 1  // kernels/cuda/storage.cuh: bf16 without the CUDA headers
 #define __device__
 #define __host__
 #define __forceinline__ inline

@@ -50,8 +50,8 @@ inline Batch make_batch(const std::vector<Doc>& docs, const ModelConfig& cfg, ui
       while (next_image < d.images.size() && d.images[next_image].first == k) {
         auto [gh, gw] = d.images[next_image++].second;
         PackedImage im{b.n_patches(), gh, gw};
-        auto px = random_vec(rng, size_t(gh) * gw * cfg.vision.patch_numel());
-        b.patches.insert(b.patches.end(), px.begin(), px.end());
+        for (int64_t k = 0; k < int64_t(gh) * gw * cfg.vision.patch_numel(); ++k)
+          b.pixels.push_back(uint8_t(rng.below(256)));
         b.images.push_back(im);
         for (int t = 0; t < gh * gw / (m * m); ++t) {
           toks.push_back(0);

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/check.h"
@@ -16,6 +17,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device.h"
 #include "tests/attention_cases.h"
+#include "tests/storage_convert.h"
 
 namespace dhp {
 namespace {
@@ -66,33 +68,40 @@ struct DeviceResults {
   std::vector<float> out, lse, dq, dk, dv;
 };
 
-// Forward, then backward from the device's own forward results (as training runs it).
+// Forward, then backward from the device's own forward results (as training runs it). T: the
+// storage of the head vectors (float, or cuda::bf16 with the inputs already bf16 values).
+template <class T = float>
 DeviceResults run_on_device(const AttnCase& c, const AttnData& d,
                             cuda::AttnMath math = cuda::AttnMath::fp32) {
+  using testing::stored;
+  using testing::widened;
   const AttnShape& s = d.s;
   const DevMeta qm(c.qm), km(c.km);
-  const Dev<float> q(d.q), k(d.k), v(d.v), dout(d.dout);
+  const Dev<T> q(stored<T>(d.q)), k(stored<T>(d.k)), v(stored<T>(d.v)),
+      dout(stored<T>(d.dout));
   // Outputs start as garbage: everything must be written.
-  Dev<float> out(std::vector<float>(d.out.size(), 7.0f)),
-      lse(std::vector<float>(d.lse.size(), 7.0f));
-  Dev<float> dq(std::vector<float>(d.dq.size(), 7.0f)), dk(std::vector<float>(d.dk.size(), 7.0f)),
-      dv(std::vector<float>(d.dv.size(), 7.0f));
+  auto garbage = [](size_t n) { return stored<T>(std::vector<float>(n, 7.0f)); };
+  Dev<T> out(garbage(d.out.size()));
+  Dev<float> lse(std::vector<float>(d.lse.size(), 7.0f));
+  Dev<T> dq(garbage(d.dq.size())), dk(garbage(d.dk.size())), dv(garbage(d.dv.size()));
   cuda::attention_forward(nullptr, out.get(), lse.get(), q.get(), k.get(), v.get(), qm.view(),
                           km.view(), s, math);
   cuda::attention_backward(nullptr, dq.get(), dk.get(), dv.get(), dout.get(), out.get(), lse.get(),
                            q.get(), k.get(), v.get(), qm.view(), km.view(), s, math);
   DHP_CUDA_CHECK(cudaDeviceSynchronize());
-  return {out.host(), lse.host(), dq.host(), dk.host(), dv.host()};
+  return {widened(out.host()), lse.host(), widened(dq.host()), widened(dk.host()),
+          widened(dv.host())};
 }
 
 class CudaAttentionHeadDims : public CudaAttention, public ::testing::WithParamInterface<int> {};
 
+template <class T = float>
 void check_cases(int hd, cuda::AttnMath math, testing::AttnTolerance tol) {
   uint64_t seed = 300;
   for (const AttnCase& c : testing::attention_cases({hd}, 1500)) {
     SCOPED_TRACE(c.name);
-    const AttnData d = testing::reference(c, seed++);
-    const DeviceResults r = run_on_device(c, d, math);
+    const AttnData d = testing::reference(c, seed++, std::is_same_v<T, cuda::bf16>);
+    const DeviceResults r = run_on_device<T>(c, d, math);
     expect_close(c.name + " out", r.out, d.out, tol);
     expect_close(c.name + " lse", r.lse, d.lse, tol);
     expect_close(c.name + " dq", r.dq, d.dq, tol);
@@ -107,6 +116,11 @@ TEST_P(CudaAttentionHeadDims, MatchesTheCpuReference) {
 
 TEST_P(CudaAttentionHeadDims, Tf32MatchesTheCpuReference) {
   check_cases(GetParam(), cuda::AttnMath::tf32, testing::kTf32Tol);
+}
+
+// bf16 storage, always on tensor cores; the reference starts from the same bf16 inputs.
+TEST_P(CudaAttentionHeadDims, Bf16StorageMatchesTheCpuReference) {
+  check_cases<cuda::bf16>(GetParam(), cuda::AttnMath::tf32, testing::kBf16Tol);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CudaAttentionHeadDims, ::testing::Values(16, 32, 64, 80, 96, 128),

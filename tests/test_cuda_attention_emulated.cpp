@@ -5,7 +5,9 @@
 // library is linked.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "tests/attention_cases.h"
@@ -16,6 +18,7 @@
 #include "tests/cuda_emulator.h"
 #include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/attention_merge.cuh"
+#include "tests/storage_convert.h"
 // clang-format on
 
 namespace dhp {
@@ -25,18 +28,20 @@ using namespace dhp::cuda::attn;
 using testing::AttnCase;
 using testing::AttnData;
 using testing::expect_close;
+using testing::stored;
+using testing::widened;
 
 unsigned tiles(int64_t T) { return unsigned((T + kTile - 1) / kTile); }
 
-template <int HD, bool TC>
-void run_forward(const FwdParams& p) {
+template <int HD, bool TC, class T>
+void run_forward(const FwdParams<T>& p) {
   if (p.Tq == 0) return;
   emu::launch({tiles(p.Tq), unsigned(p.Hq), 1}, kThreads, size_t(forward_smem_floats(HD, TC)),
               [&](float* smem) { forward_block<HD, TC>(p, smem); });
 }
 
-template <int HD, bool TC>
-void run_backward(const BwdParams& p) {
+template <int HD, bool TC, class T>
+void run_backward(const BwdParams<T>& p) {
   if (p.Tk > 0)
     emu::launch({tiles(p.Tk), unsigned(p.Hkv), 1}, kThreads,
                 size_t(backward_kv_smem_floats(HD, TC)),
@@ -46,47 +51,53 @@ void run_backward(const BwdParams& p) {
                 [&](float* smem) { backward_q_block<HD, TC>(p, smem); });
 }
 
-template <int HD, bool TC>
+template <int HD, bool TC, class T>
 void check(const AttnCase& c, uint64_t seed) {
-  const testing::AttnTolerance tol = TC ? testing::kTf32Tol : testing::kFp32Tol;
-  const AttnData d = testing::reference(c, seed);
+  constexpr bool bf16 = std::is_same_v<T, cuda::bf16>;
+  const testing::AttnTolerance tol =
+      bf16 ? testing::kBf16Tol : TC ? testing::kTf32Tol : testing::kFp32Tol;
+  const AttnData d = testing::reference(c, seed, bf16);
   const AttnShape& s = d.s;
+  const std::vector<T> q = stored<T>(d.q), k = stored<T>(d.k), v = stored<T>(d.v);
+  const std::vector<T> dout = stored<T>(d.dout), ref_out = stored<T>(d.out);
   // Outputs start as garbage: everything must be written.
-  std::vector<float> out(d.out.size(), 7.0f), lse(d.lse.size(), 7.0f);
-  run_forward<HD, TC>({out.data(), lse.data(), d.q.data(), d.k.data(), d.v.data(), c.qm.view(),
-                       c.km.view(), s.Tq, s.Tk, s.Hq, s.Hkv, s.scale});
-  expect_close(c.name + " out", out, d.out, tol);
+  std::vector<T> out(d.out.size(), cuda::st<T>(7.0f));
+  std::vector<float> lse(d.lse.size(), 7.0f);
+  run_forward<HD, TC, T>({out.data(), lse.data(), q.data(), k.data(), v.data(), c.qm.view(),
+                          c.km.view(), s.Tq, s.Tk, s.Hq, s.Hkv, s.scale});
+  expect_close(c.name + " out", widened(out), d.out, tol);
   expect_close(c.name + " lse", lse, d.lse, tol);
   // The backward pass from the reference's forward results, so its check stands alone.
-  std::vector<float> dq(d.dq.size(), 7.0f), dk(d.dk.size(), 7.0f), dv(d.dv.size(), 7.0f);
-  run_backward<HD, TC>({dq.data(), dk.data(), dv.data(), d.dout.data(), d.out.data(), d.lse.data(),
-                        d.q.data(), d.k.data(), d.v.data(), c.qm.view(), c.km.view(), s.Tq, s.Tk,
-                        s.Hq, s.Hkv, s.scale});
-  expect_close(c.name + " dq", dq, d.dq, tol);
-  expect_close(c.name + " dk", dk, d.dk, tol);
-  expect_close(c.name + " dv", dv, d.dv, tol);
+  std::vector<T> dq(d.dq.size(), cuda::st<T>(7.0f)), dk(d.dk.size(), cuda::st<T>(7.0f)),
+      dv(d.dv.size(), cuda::st<T>(7.0f));
+  run_backward<HD, TC, T>({dq.data(), dk.data(), dv.data(), dout.data(), ref_out.data(),
+                           d.lse.data(), q.data(), k.data(), v.data(), c.qm.view(), c.km.view(),
+                           s.Tq, s.Tk, s.Hq, s.Hkv, s.scale});
+  expect_close(c.name + " dq", widened(dq), d.dq, tol);
+  expect_close(c.name + " dk", widened(dk), d.dk, tol);
+  expect_close(c.name + " dv", widened(dv), d.dv, tol);
 }
 
-template <bool TC>
+template <bool TC, class T = float>
 void check_case(const AttnCase& c, uint64_t seed) {
   switch (c.hd) {
     case 16:
-      check<16, TC>(c, seed);
+      check<16, TC, T>(c, seed);
       break;
     case 32:
-      check<32, TC>(c, seed);
+      check<32, TC, T>(c, seed);
       break;
     case 64:
-      check<64, TC>(c, seed);
+      check<64, TC, T>(c, seed);
       break;
     case 80:
-      check<80, TC>(c, seed);
+      check<80, TC, T>(c, seed);
       break;
     case 96:
-      check<96, TC>(c, seed);
+      check<96, TC, T>(c, seed);
       break;
     case 128:
-      check<128, TC>(c, seed);
+      check<128, TC, T>(c, seed);
       break;
     default:
       FAIL() << "no instance for hd=" << c.hd;
@@ -191,6 +202,16 @@ TEST_P(CudaAttentionEmulated, Tf32MatchesTheCpuReference) {
   for (const AttnCase& c : testing::attention_cases({GetParam()}, 200)) {
     SCOPED_TRACE(c.name);
     check_case<true>(c, seed++);
+    if (HasFatalFailure() || HasNonfatalFailure()) return;
+  }
+}
+
+// bf16 storage (always on tensor cores): inputs rounded to bf16, outputs stored in bf16.
+TEST_P(CudaAttentionEmulated, Bf16StorageMatchesTheCpuReference) {
+  uint64_t seed = 300;
+  for (const AttnCase& c : testing::attention_cases({GetParam()}, 200)) {
+    SCOPED_TRACE(c.name);
+    check_case<true, cuda::bf16>(c, seed++);
     if (HasFatalFailure() || HasNonfatalFailure()) return;
   }
 }

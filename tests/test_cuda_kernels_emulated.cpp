@@ -13,12 +13,14 @@
 #include <vector>
 
 #include "common/rng.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/patch_merge.h"
+#include "kernels/cpu/pixels.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/op_types.h"
 #include "tests/expect_close.h"
@@ -35,7 +37,9 @@
 #include "kernels/cuda/embedding_kernels.cuh"
 #include "kernels/cuda/norm_kernels.cuh"
 #include "kernels/cuda/patch_merge_kernels.cuh"
+#include "kernels/cuda/pixels_kernels.cuh"
 #include "kernels/cuda/rope_kernels.cuh"
+#include "tests/storage_convert.h"
 // clang-format on
 
 namespace dhp {
@@ -78,6 +82,20 @@ constexpr double kEps = 0x1p-24;
 
 // ---- RMSNorm ------------------------------------------------------------------------------
 
+// The three RMSNorm kernels as the launchers run them: forward (y, its rstd), dw (+=) and dx,
+// the backward ones from the reference's rstd so that each check stands alone.
+template <class S>
+void run_rmsnorm(S* y, float* y_rstd, S* dx, float* dw, const S* x, const S* w, const S* dy,
+                 const float* rstd, int64_t T, int64_t C) {
+  run(cuda::norm::rows_launch(T), cuda::norm::kRowSharedFloats,
+      [&](float* s) { cuda::norm::forward_block(y, y_rstd, x, w, C, s); });
+  run(cuda::norm::dw_launch(C), emu::floats_for<cuda::norm::DwShared>(), [&](float* s) {
+    cuda::norm::dw_block(dw, dy, x, rstd, T, C, shared_as<cuda::norm::DwShared>(s));
+  });
+  run(cuda::norm::rows_launch(T), cuda::norm::kRowSharedFloats,
+      [&](float* s) { cuda::norm::dx_block(dx, dy, x, w, rstd, C, s); });
+}
+
 TEST(CudaEmulated, RmsNorm) {
   Rng rng(1);
   // Rows shorter than, equal to and longer than the block; dw's 16 row lanes and 32-column
@@ -94,16 +112,8 @@ TEST(CudaEmulated, RmsNorm) {
 
     // Outputs start as garbage: everything must be written.
     std::vector<float> ey(y.size(), 7.0f), er(rstd.size(), 7.0f), edx(dx.size(), 7.0f), edw = dw0;
-    run(cuda::norm::rows_launch(T), cuda::norm::kRowSharedFloats, [&](float* s) {
-      cuda::norm::forward_block(ey.data(), er.data(), x.data(), w.data(), C, s);
-    });
-    run(cuda::norm::dw_launch(C), emu::floats_for<cuda::norm::DwShared>(), [&](float* s) {
-      cuda::norm::dw_block(edw.data(), dy.data(), x.data(), rstd.data(), T, C,
-                           shared_as<cuda::norm::DwShared>(s));
-    });
-    run(cuda::norm::rows_launch(T), cuda::norm::kRowSharedFloats, [&](float* s) {
-      cuda::norm::dx_block(edx.data(), dy.data(), x.data(), w.data(), rstd.data(), C, s);
-    });
+    run_rmsnorm(ey.data(), er.data(), edx.data(), edw.data(), x.data(), w.data(), dy.data(),
+                rstd.data(), T, C);
     // A float sum of C squares in 256 strided lanes against the CPU's double sum.
     expect_close("rstd" + at, er, rstd, Tol{1e-6, 1e-5});
     expect_close("y" + at, ey, y, Tol{1e-6, 1e-5});
@@ -512,6 +522,189 @@ TEST(CudaEmulated, AdamW) {
       expect_close("adamw m" + at, em, m, kPointwise);
       expect_close("adamw v" + at, ev, v, kPointwise);
     }
+  }
+}
+
+
+// ---- bf16 storage -------------------------------------------------------------------------
+
+using cuda::bf16;
+
+std::vector<bf16> to_bf16(const std::vector<float>& x) { return testing::stored<bf16>(x); }
+std::vector<float> widen(const std::vector<bf16>& x) { return testing::widened(x); }
+
+Act act(std::vector<bf16>& x) { return Act(x.data(), DType::BF16); }
+
+// Each kernel body with bf16 storage against the CPU's bf16 staging (kernels/cpu/staged_ops.h:
+// the fp32 reference kernels between the same roundings), on the same bf16 inputs. Both round
+// an fp32 result once; the two fp32 results differ in their last bits, which moves a stored
+// value by at most one bf16 step (2^-7 relative at most). fp32 outputs (statistics, dw) differ
+// as in the fp32 tests.
+TEST(CudaEmulated, Bf16StorageMatchesTheCpuStaging) {
+  BackendOptions opt;
+  opt.precision = "bf16";
+  auto cpu = make_cpu_backend(opt);
+  const Ops& ref = cpu->ops();
+  ASSERT_EQ(ref.dtype(), DType::BF16);
+  const Tol kStep{1e-6, 0x1p-7 + 1e-6};
+  Rng rng(77);
+  const int64_t T = 37, C = 300, F = 1000;
+
+  // RMSNorm.
+  auto x = to_bf16(random_vec(rng, sz(T * C))), w = to_bf16(random_vec(rng, sz(C)));
+  auto dy = to_bf16(random_vec(rng, sz(T * C)));
+  std::vector<bf16> y(x.size()), ey(x.size(), cuda::st<bf16>(7.0f)), dx(x.size()),
+      edx(x.size(), cuda::st<bf16>(7.0f));
+  std::vector<float> rstd(sz(T)), er(sz(T)), dw(sz(C), 0.0f), edw(sz(C), 0.0f);
+  ref.rmsnorm_forward(act(y), rstd.data(), act(x), act(w), T, C);
+  ref.rmsnorm_backward(act(dx), dw.data(), act(dy), act(x), act(w), rstd.data(), T, C);
+  run_rmsnorm(ey.data(), er.data(), edx.data(), edw.data(), x.data(), w.data(), dy.data(),
+              rstd.data(), T, C);
+  expect_close("bf16 rmsnorm rstd", er, rstd, Tol{1e-6, 1e-5});
+  expect_close("bf16 rmsnorm y", widen(ey), widen(y), kStep);
+  // dx subtracts a row mean: near-zero values carry the mean's fp32 error, sqrt(C)·eps.
+  expect_close("bf16 rmsnorm dx", widen(edx), widen(dx), Tol{1e-6 * std::sqrt(double(C)), 0x1p-7});
+  expect_close("bf16 rmsnorm dw", edw, dw, Tol{1e-5, 1e-5});
+
+  // RoPE, in place.
+  {
+    const int H = 3, hd = 64;
+    std::vector<int32_t> pos(sz(T));
+    for (auto& p : pos) p = int32_t(rng.below(5000));
+    auto q = to_bf16(random_vec(rng, sz(T * H * hd)));
+    auto eq = q;
+    ref.rope_forward(act(q), pos.data(), T, H, hd, 10000.0);
+    run(cuda::rope::launch(T * hd / 2), 0, [&](float*) {
+      cuda::rope::rotate_block(eq.data(), pos.data(), T, H, hd, 0, hd, 10000.0, 1.0f);
+    });
+    expect_close("bf16 rope", widen(eq), widen(q), kStep);
+  }
+
+  // SwiGLU and GELU.
+  {
+    const int64_t n = T * F;
+    auto a = to_bf16(random_vec(rng, sz(n), 4.0f)), b = to_bf16(random_vec(rng, sz(n), 4.0f));
+    auto dh = to_bf16(random_vec(rng, sz(n)));
+    std::vector<bf16> h(sz(n)), da(sz(n)), db(sz(n)), g(sz(n)), dg(sz(n));
+    std::vector<bf16> eh(sz(n)), eda(sz(n)), edb(sz(n)), eg(sz(n)), edg(sz(n));
+    ref.swiglu_forward(act(h), act(a), act(b), n);
+    ref.swiglu_backward(act(da), act(db), act(dh), act(a), act(b), n);
+    ref.gelu_forward(act(g), act(a), n);
+    ref.gelu_backward(act(dg), act(dh), act(a), n);
+    const LaunchDims l = cuda::act::launch(n);
+    run(l, 0, [&](float*) { cuda::act::swiglu_forward_block(eh.data(), a.data(), b.data(), n); });
+    run(l, 0, [&](float*) {
+      cuda::act::swiglu_backward_block(eda.data(), edb.data(), dh.data(), a.data(), b.data(), n);
+    });
+    run(l, 0, [&](float*) { cuda::act::gelu_forward_block(eg.data(), a.data(), n); });
+    run(l, 0, [&](float*) { cuda::act::gelu_backward_block(edg.data(), dh.data(), a.data(), n); });
+    expect_close("bf16 swiglu h", widen(eh), widen(h), kStep);
+    expect_close("bf16 swiglu da", widen(eda), widen(da), kStep);
+    expect_close("bf16 swiglu db", widen(edb), widen(db), kStep);
+    expect_close("bf16 gelu y", widen(eg), widen(g), kStep);
+    expect_close("bf16 gelu dx", widen(edg), widen(dg), kStep);
+  }
+
+  // Cross-entropy: lse and the statistics from bf16 logits, the gradient in place.
+  {
+    const int64_t V = 203;
+    auto logits = to_bf16(random_vec(rng, sz(T * V), 8.0f));
+    std::vector<int32_t> targets(sz(T));
+    for (auto& t : targets) t = rng.below(5) == 0 ? -1 : int32_t(rng.below(uint64_t(V)));
+    std::vector<float> lse(sz(T)), glse(sz(T));
+    CrossEntropyStats st{};
+    ref.cross_entropy_forward(lse.data(), &st, act(logits), targets.data(), T, V);
+    std::vector<cuda::CrossEntropyRow> rows(sz(T));
+    run(cuda::xent::rows_launch(T), emu::floats_for<cuda::xent::Online[cuda::kWarp]>(),
+        [&](float* s) {
+          cuda::xent::forward_block(glse.data(), rows.data(), logits.data(), targets.data(), V,
+                                    &shared_as<cuda::xent::Online>(s));
+        });
+    expect_close("bf16 cross-entropy lse", glse, lse, Tol{1e-5, 1e-6});
+    auto d = logits, ed = logits;
+    ref.cross_entropy_backward(act(d), act(d), lse.data(), targets.data(), T, V, 0.25f);
+    EXPECT_FALSE(cuda::xent::backward_vec4(ed.data(), ed.data(), V));
+    run(cuda::xent::rows_launch(T), 0, [&](float*) {
+      cuda::xent::backward_block(ed.data(), ed.data(), lse.data(), targets.data(), V, 0.25f,
+                                 false);
+    });
+    // At the target p - scale cancels: scale·1e-5 absolute on top of the rounding step.
+    expect_close("bf16 cross-entropy dlogits", widen(ed), widen(d), Tol{3e-6, 0x1p-7 + 1e-5});
+  }
+
+  // Embedding rows are copied as they are; their gradient lands in fp32.
+  {
+    const int64_t V = 50;
+    std::vector<int32_t> ids(sz(T));
+    for (auto& id : ids) id = rng.below(7) == 0 ? -1 : int32_t(rng.below(uint64_t(V)));
+    auto table = to_bf16(random_vec(rng, sz(V * C))), dout = to_bf16(random_vec(rng, sz(T * C)));
+    std::vector<bf16> out(sz(T * C)), eout(sz(T * C), cuda::st<bf16>(7.0f));
+    std::vector<float> dt(sz(V * C), 0.0f), edt(sz(V * C), 0.0f);
+    ref.embedding_forward(act(out), ids.data(), act(table), T, C);
+    ref.embedding_backward(dt.data(), act(dout), ids.data(), T, C);
+    run(cuda::embed::rows_launch(T), 0,
+        [&](float*) { cuda::embed::forward_block(eout.data(), ids.data(), table.data(), C); });
+    run(cuda::embed::rows_launch(T), emu::floats_for<cuda::embed::BackwardShared>(),
+        [&](float* s) {
+          cuda::embed::backward_block(edt.data(), dout.data(), ids.data(), T, C,
+                                      shared_as<cuda::embed::BackwardShared>(s));
+        });
+    expect_close("bf16 embedding out", widen(eout), widen(out), kExact);
+    expect_close("bf16 embedding dtable", edt, dt, kExact);
+  }
+
+  // Pixels: the fp32 values are the CPU's bits (the same IEEE operations), stored in bf16.
+  {
+    const PixelNorm norm{{0.48f, 0.45f, 0.40f}, {0.27f, 0.26f, 0.28f}};
+    std::vector<uint8_t> px(sz(3 * 1000 + 1));
+    for (auto& p : px) p = uint8_t(rng.below(256));
+    const int64_t n = int64_t(px.size());
+    std::vector<float> want(px.size()), got(px.size(), 7.0f);
+    cpu::normalize_pixels(want.data(), px.data(), n, norm);
+    run(cuda::pixels::launch(n), 0,
+        [&](float*) { cuda::pixels::normalize_block(got.data(), px.data(), n, norm); });
+    expect_close("pixels fp32", got, want, kExact);
+    std::vector<bf16> h(px.size()), e(px.size());
+    ref.normalize_pixels(act(h), px.data(), n, norm);
+    run(cuda::pixels::launch(n), 0,
+        [&](float*) { cuda::pixels::normalize_block(e.data(), px.data(), n, norm); });
+    expect_close("pixels bf16", widen(e), widen(h), kExact);
+  }
+
+  // Residual add, fill, the weights' cast, row copies and the bias gradient's column sums.
+  {
+    auto a = to_bf16(random_vec(rng, sz(T * C))), b = to_bf16(random_vec(rng, sz(T * C)));
+    auto ea = a;
+    ref.add_inplace(act(a), act(b), T * C);
+    run(cuda::ew::launch(T * C), 0, [&](float*) { cuda::ew::add_block(ea.data(), b.data(), T * C); });
+    expect_close("bf16 add", widen(ea), widen(a), kExact);  // one fp32 add, one rounding
+    const auto master = random_vec(rng, sz(T * C));
+    std::vector<bf16> cast(sz(T * C)), ecast(sz(T * C));
+    ref.cast(act(cast), master.data(), T * C);
+    run(cuda::ew::launch(T * C), 0,
+        [&](float*) { cuda::ew::cast_block(ecast.data(), master.data(), T * C); });
+    expect_close("bf16 cast", widen(ecast), widen(cast), kExact);
+    for (size_t i = 0; i < master.size(); ++i)
+      ASSERT_LE(std::abs(cuda::ld(ecast[i]) - master[i]), 0x1p-8 * std::abs(master[i]) + 1e-30)
+          << "cast is not round-to-nearest at " << i;
+    std::vector<bf16> f(sz(T * C)), ef(sz(T * C));
+    ref.fill(act(f), 0.1f, T * C);
+    run(cuda::ew::launch(T * C), 0, [&](float*) { cuda::ew::fill_block(ef.data(), 0.1f, T * C); });
+    expect_close("bf16 fill", widen(ef), widen(f), kExact);
+    std::vector<int32_t> slot(sz(T), -1);
+    for (int64_t t = 0; t < T; t += 3) slot[sz(t)] = int32_t(t / 3);
+    std::vector<bf16> rows = to_bf16(random_vec(rng, sz((T / 3 + 1) * C)));
+    auto sy = a, esy = a;
+    ref.scatter_rows(act(sy), act(rows), slot.data(), T, C);
+    run(cuda::ew::rows_launch(T), 0,
+        [&](float*) { cuda::ew::copy_rows_block(esy.data(), rows.data(), slot.data(), C, true); });
+    expect_close("bf16 scatter_rows", widen(esy), widen(sy), kExact);
+    std::vector<float> db(sz(C), 0.5f), edb(sz(C), 0.5f);
+    ref.linear_backward(Act(), nullptr, db.data(), act(b), act(a), act(a), T, C, C, false);
+    run(cuda::ew::columns_launch(C), emu::floats_for<cuda::ew::ColumnShared>(), [&](float* s) {
+      cuda::ew::column_sum_block(edb.data(), b.data(), T, C, shared_as<cuda::ew::ColumnShared>(s));
+    });
+    expect_close("bf16 bias gradient", edb, db, Tol{1e-5, 1e-5});
   }
 }
 

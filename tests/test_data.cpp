@@ -166,12 +166,6 @@ TEST_F(DataTest, HeaderSizeEqualsDecodedSize) {
 
 // ---- patches -------------------------------------------------------------------------------
 
-float normalised(int v, int c) {
-  const float mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
-  const float std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
-  return (float(v) / 255.0f - mean[c]) / std[c];
-}
-
 TEST(Image, PatchLayoutKnownPixels) {
   ImageGeometry v;  // 28 x 56 needs no resize: a 2 x 4 patch grid
   const int H = 28, W = 56, p = v.patch;
@@ -183,28 +177,29 @@ TEST(Image, PatchLayoutKnownPixels) {
   const PreparedImage im = prepare_image(bgr, v);
   ASSERT_EQ(im.grid_h, 2);
   ASSERT_EQ(im.grid_w, 4);
-  ASSERT_EQ(int64_t(im.patches.size()), 8 * v.patch_numel());
+  ASSERT_EQ(int64_t(im.pixels.size()), 8 * v.patch_numel());
   // One pixel by hand: (y=17, x=45) is patch (1, 3) = index 7, offset (dy=3, dx=3).
   const int64_t base = 7 * v.patch_numel() + (3 * p + 3) * 3;
-  for (int c = 0; c < 3; ++c)
-    EXPECT_EQ(im.patches[size_t(base + c)], normalised(value(17, 45, c), c));
+  for (int c = 0; c < 3; ++c) EXPECT_EQ(im.pixels[size_t(base + c)], value(17, 45, c));
   // And every pixel against the layout formula.
   for (int y = 0; y < H; ++y)
     for (int x = 0; x < W; ++x)
       for (int c = 0; c < 3; ++c) {
         const int64_t i = ((y / p) * 4 + x / p) * v.patch_numel() + ((y % p) * p + x % p) * 3 + c;
-        ASSERT_EQ(im.patches[size_t(i)], normalised(value(y, x, c), c)) << y << "," << x;
+        ASSERT_EQ(im.pixels[size_t(i)], value(y, x, c)) << y << "," << x;
       }
   PreparedImage b = im;
   blank(b);
   EXPECT_EQ(b.grid_h, 2);
-  EXPECT_TRUE(std::all_of(b.patches.begin(), b.patches.end(), [](float f) { return f == 0.0f; }));
+  // The mean colour: normalised, within half a grey level of 0.
+  for (size_t i = 0; i < b.pixels.size(); ++i)
+    ASSERT_NEAR(b.pixels[i] / 255.0f, kPixelMean[i % 3], 0.5f / 255.0f) << i;
   // A size off the grid is resized to resized_size() (30 x 40 -> 28 x 28 -> 2 x 2 patches).
   const PreparedImage r = prepare_image(cv::Mat(30, 40, CV_8UC3, cv::Scalar(0, 0, 255)), v);
   EXPECT_EQ(r.grid_h, 2);
   EXPECT_EQ(r.grid_w, 2);
-  EXPECT_NEAR(r.patches[0], normalised(255, 0), 1e-6);  // red survives BGR -> RGB
-  EXPECT_NEAR(r.patches[2], normalised(0, 2), 1e-6);
+  EXPECT_EQ(r.pixels[0], 255);  // red survives BGR -> RGB
+  EXPECT_EQ(r.pixels[2], 0);
 }
 
 // ---- tokenizer -----------------------------------------------------------------------------
@@ -315,8 +310,8 @@ TEST_F(DataTest, LoadedLengthEqualsHeaderPrediction) {
   }
   const Sample b = ds.load(3, true);
   EXPECT_EQ(b.tokens, ds.load(3, false).tokens);
-  EXPECT_TRUE(std::all_of(b.images[0].patches.begin(), b.images[0].patches.end(),
-                          [](float f) { return f == 0.0f; }));
+  for (size_t i = 0; i < b.images[0].pixels.size(); ++i)  // the mean colour
+    ASSERT_EQ(b.images[0].pixels[i], uint8_t(std::lround(kPixelMean[i % 3] * 255.0f))) << i;
 }
 
 

@@ -137,7 +137,7 @@ TEST_F(BuildTest, ImageSpansAndTextOnlyLoads) {
       const Sample one = shards.load_range(i, spans[k].first, spans[k].first + spans[k].tokens, false);
       ASSERT_EQ(one.images.size(), 1u);
       EXPECT_EQ(one.first_image, int32_t(k));
-      EXPECT_EQ(one.images[0].patches, full.images[k].patches);
+      EXPECT_EQ(one.images[0].pixels, full.images[k].pixels);
       ++spans_seen;
     }
     const Sample text = shards.load_range(i, 0, shards.length(i), ImageLoad::Skip);

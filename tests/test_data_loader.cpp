@@ -35,12 +35,13 @@ namespace {
 
 // ---- pack ----------------------------------------------------------------------------------
 
-PreparedImage fake_image(int gh, int gw, const ImageGeometry& v, float tag) {
+// Pixels tag, tag + 1, ... (mod 256): each image's start is recognisable in the pack.
+PreparedImage fake_image(int gh, int gw, const ImageGeometry& v, int tag) {
   PreparedImage im;
   im.grid_h = gh;
   im.grid_w = gw;
-  im.patches.resize(size_t(im.n_patches() * v.patch_numel()));
-  for (size_t i = 0; i < im.patches.size(); ++i) im.patches[i] = tag + float(i);
+  im.pixels.resize(size_t(im.n_patches() * v.patch_numel()));
+  for (size_t i = 0; i < im.pixels.size(); ++i) im.pixels[i] = uint8_t((tag + int(i)) % 256);
   return im;
 }
 
@@ -53,13 +54,13 @@ TEST(Pack, TwoSamplesWithImages) {
   a.tokens = {2, 4, 0, 0, 5, 4, 0, 5, 10, 11, 3};
   a.loss_mask = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
   a.image_of = {-1, -1, 0, 0, -1, -1, 1, -1, -1, -1, -1};
-  a.images = {fake_image(2, 4, v, 1000), fake_image(2, 2, v, 2000)};
+  a.images = {fake_image(2, 4, v, 10), fake_image(2, 2, v, 20)};
   Sample b;  // text, one 2 x 2 image, answer
   b.id = 9;
   b.tokens = {2, 20, 4, 0, 5, 21, 3};
   b.loss_mask = {0, 0, 0, 0, 0, 1, 1};
   b.image_of = {-1, -1, -1, 0, -1, -1, -1};
-  b.images = {fake_image(2, 2, v, 3000)};
+  b.images = {fake_image(2, 2, v, 30)};
 
   const Batch bt = pack({&a, &b}, v);
   EXPECT_EQ(bt.T, 18);
@@ -85,10 +86,10 @@ TEST(Pack, TwoSamplesWithImages) {
   EXPECT_EQ(bt.images[1].grid_h, 2);
   EXPECT_EQ(bt.images[0].grid_w, 4);
   EXPECT_EQ(bt.n_patches(), 16);
-  ASSERT_EQ(int64_t(bt.patches.size()), 16 * v.patch_numel());
-  EXPECT_EQ(bt.patches[0], 1000.0f);
-  EXPECT_EQ(bt.patches[size_t(8 * v.patch_numel())], 2000.0f);
-  EXPECT_EQ(bt.patches[size_t(12 * v.patch_numel() + 5)], 3005.0f);
+  ASSERT_EQ(int64_t(bt.pixels.size()), 16 * v.patch_numel());
+  EXPECT_EQ(bt.pixels[0], 10);
+  EXPECT_EQ(bt.pixels[size_t(8 * v.patch_numel())], 20);
+  EXPECT_EQ(bt.pixels[size_t(12 * v.patch_numel() + 5)], 35);
 }
 
 // ---- sampler -------------------------------------------------------------------------------

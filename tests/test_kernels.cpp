@@ -18,6 +18,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/patch_merge.h"
+#include "kernels/cpu/pixels.h"
 #include "kernels/cpu/rope.h"
 #include "tests/grad_check.h"
 
@@ -253,6 +254,19 @@ TEST(PatchMerge, OrderAndGradient) {
   std::vector<float> dx(x.size());
   patch_merge_backward(dx.data(), r.data(), ims.data(), 2, 3, 2);
   expect_gradient("patch merge dx", x, dx, loss, 100);
+}
+
+// The spec's formula per channel (channel fastest), in fp32, for every 8-bit value.
+TEST(Pixels, NormalisedByChannel) {
+  const PixelNorm norm{{0.5f, 0.25f, 0.75f}, {0.2f, 0.4f, 0.1f}};
+  std::vector<uint8_t> px(3 * 256 + 2);
+  for (size_t i = 0; i < px.size(); ++i) px[i] = uint8_t((i / 3 + 7 * (i % 3)) % 256);
+  std::vector<float> y(px.size(), 7.0f);
+  cpu::normalize_pixels(y.data(), px.data(), int64_t(px.size()), norm);
+  for (size_t i = 0; i < px.size(); ++i) {
+    const int c = int(i % 3);
+    ASSERT_EQ(y[i], (float(px[i]) / 255.0f - norm.mean[c]) / norm.std[c]) << i;
+  }
 }
 
 TEST(Elementwise, SumSquaresAndAdamW) {

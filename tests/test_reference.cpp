@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/pixels.h"
 #include "model/model.h"
 #include "tests/model_fixtures.h"
 
@@ -51,7 +52,10 @@ void dump(const fs::path& dir, const Model& m, const Batch& b) {
   json batch = {{"tokens", b.tokens}, {"targets", b.targets}, {"doc", b.doc}, {"pos", b.pos},
                 {"image_slot", b.image_slot}, {"images", images}};
   std::ofstream(dir / "batch.json") << batch.dump();
-  write_floats(dir / "patches.bin", b.patches.data(), b.patches.size());
+  // The encoder's input as the model computes it from the batch's pixels.
+  std::vector<float> patches(b.pixels.size());
+  cpu::normalize_pixels(patches.data(), b.pixels.data(), int64_t(patches.size()), pixel_norm());
+  write_floats(dir / "patches.bin", patches.data(), patches.size());
 }
 
 // Runs the reference on a dump of (cfg, randomised weights, a pack of docs) and compares the

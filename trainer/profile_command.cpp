@@ -52,7 +52,7 @@ Batch make_batch(const ModelConfig& cfg, const Shape& sh, uint64_t seed) {
     for (int i = 0; i < sh.images; ++i) {
       PackedImage im{b.n_patches(), sh.grid, sh.grid};
       for (int64_t k = 0; k < int64_t(sh.grid) * sh.grid * pn; ++k)
-        b.patches.push_back(float(int64_t(next() % 2001) - 1000) * 1e-3f);
+        b.pixels.push_back(uint8_t(next() % 256));
       b.images.push_back(im);
       for (int t = 0; t < sh.grid * sh.grid / (m * m); ++t) {
         b.tokens.push_back(0), b.image_slot.push_back(slot++), b.doc.push_back(di), b.pos.push_back(pos++);

@@ -196,10 +196,10 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
   }
   if (rank0_)
     spdlog::info("model: {:.3f} M parameters; train: {} samples; val: {} samples; {} rank(s); "
-                 "{} backend, {} compute thread(s)",
+                 "{} backend, {} storage, {} compute thread(s)",
                  double(model_.n_params()) / 1e6, train_set_->size(),
                  val_set_ ? val_set_->size() : 0, comm.size(), backend_->name(),
-                 backend_->threads());
+                 dtype_name(backend_->ops().dtype()), backend_->threads());
   t_train_ = Clock::now();
 }
 

@@ -19,113 +19,127 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/patch_merge.h"
+#include "kernels/cpu/pixels.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/staged_ops.h"
 #include "kernels/check.h"
 
 namespace dhp {
 namespace {
 
+// The fp32 view of an op argument: the reference kernels store everything in fp32 (bf16 storage
+// goes through StagedOps, kernels/cpu/staged_ops.h).
+template <class V>
+auto* f32(ActPtrOf<V> a) {
+  DHP_ASSERT(a.is_f32());
+  return a.f32();
+}
+
 class CpuOps final : public Ops {
  public:
   std::string name() const override { return "cpu"; }
-  void linear_forward(float* y, const float* x, const float* W, const float* b, int64_t T,
-                      int64_t in, int64_t out) const override {
-    cpu::linear_forward(y, x, W, b, T, in, out);
+  void linear_forward(Act y, CAct x, CAct W, CAct b, int64_t T, int64_t in,
+                      int64_t out) const override {
+    cpu::linear_forward(f32(y), f32(x), f32(W), f32(b), T, in, out);
   }
-  void linear_backward(float* dx, float* dW, float* db, const float* dy, const float* x,
-                       const float* W, int64_t T, int64_t in, int64_t out,
-                       bool accumulate_dx) const override {
-    cpu::linear_backward(dx, dW, db, dy, x, W, T, in, out, accumulate_dx);
+  void linear_backward(Act dx, float* dW, float* db, CAct dy, CAct x, CAct W, int64_t T,
+                       int64_t in, int64_t out, bool accumulate_dx) const override {
+    cpu::linear_backward(f32(dx), dW, db, f32(dy), f32(x), f32(W), T, in, out, accumulate_dx);
   }
-  void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t T,
-                       int64_t C) const override {
-    cpu::rmsnorm_forward(y, rstd, x, w, T, C);
+  void rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C) const override {
+    cpu::rmsnorm_forward(f32(y), rstd, f32(x), f32(w), T, C);
   }
-  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
-                        const float* rstd, int64_t T, int64_t C) const override {
-    cpu::rmsnorm_backward(dx, dw, dy, x, w, rstd, T, C);
+  void rmsnorm_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, const float* rstd, int64_t T,
+                        int64_t C) const override {
+    cpu::rmsnorm_backward(f32(dx), dw, f32(dy), f32(x), f32(w), rstd, T, C);
   }
-  void rope_forward(float* x, const int32_t* pos, int64_t T, int H, int hd,
+  void rope_forward(Act x, const int32_t* pos, int64_t T, int H, int hd,
                     double theta) const override {
-    cpu::rope_forward(x, pos, T, H, hd, 0, hd, theta);
+    cpu::rope_forward(f32(x), pos, T, H, hd, 0, hd, theta);
   }
-  void rope_backward(float* dx, const int32_t* pos, int64_t T, int H, int hd,
+  void rope_backward(Act dx, const int32_t* pos, int64_t T, int H, int hd,
                      double theta) const override {
-    cpu::rope_backward(dx, pos, T, H, hd, 0, hd, theta);
+    cpu::rope_backward(f32(dx), pos, T, H, hd, 0, hd, theta);
   }
-  void rope2d_forward(float* x, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
+  void rope2d_forward(Act x, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
                       double theta) const override {
-    cpu::rope2d_forward(x, row, col, T, H, hd, theta);
+    cpu::rope2d_forward(f32(x), row, col, T, H, hd, theta);
   }
-  void rope2d_backward(float* dx, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
+  void rope2d_backward(Act dx, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
                        double theta) const override {
-    cpu::rope2d_backward(dx, row, col, T, H, hd, theta);
+    cpu::rope2d_backward(f32(dx), row, col, T, H, hd, theta);
   }
-  void swiglu_forward(float* h, const float* a, const float* b, int64_t n) const override {
-    cpu::swiglu_forward(h, a, b, n);
+  void swiglu_forward(Act h, CAct a, CAct b, int64_t n) const override {
+    cpu::swiglu_forward(f32(h), f32(a), f32(b), n);
   }
-  void swiglu_backward(float* da, float* db, const float* dh, const float* a, const float* b,
-                       int64_t n) const override {
-    cpu::swiglu_backward(da, db, dh, a, b, n);
+  void swiglu_backward(Act da, Act db, CAct dh, CAct a, CAct b, int64_t n) const override {
+    cpu::swiglu_backward(f32(da), f32(db), f32(dh), f32(a), f32(b), n);
   }
-  void gelu_forward(float* y, const float* x, int64_t n) const override { cpu::gelu_forward(y, x, n); }
-  void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) const override {
-    cpu::gelu_backward(dx, dy, x, n);
+  void gelu_forward(Act y, CAct x, int64_t n) const override {
+    cpu::gelu_forward(f32(y), f32(x), n);
   }
-  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                         AttnMeta qm, AttnMeta km, const AttnShape& s) const override {
-    cpu::attention_forward(out, lse, q, k, v, qm, km, s);
+  void gelu_backward(Act dx, CAct dy, CAct x, int64_t n) const override {
+    cpu::gelu_backward(f32(dx), f32(dy), f32(x), n);
   }
-  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                          const float* lse, const float* q, const float* k, const float* v,
-                          AttnMeta qm, AttnMeta km, const AttnShape& s) const override {
-    cpu::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, qm, km, s);
+  void attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, AttnMeta qm, AttnMeta km,
+                         const AttnShape& s) const override {
+    cpu::attention_forward(f32(out), lse, f32(q), f32(k), f32(v), qm, km, s);
   }
-  void attention_merge(float* out, float* lse, const float* part_out, const float* part_lse,
-                       int64_t T, int H, int hd) const override {
-    cpu::attention_merge(out, lse, part_out, part_lse, T, H, hd);
+  void attention_backward(Act dq, Act dk, Act dv, CAct dout, CAct out, const float* lse, CAct q,
+                          CAct k, CAct v, AttnMeta qm, AttnMeta km,
+                          const AttnShape& s) const override {
+    cpu::attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(out), lse, f32(q), f32(k),
+                            f32(v), qm, km, s);
   }
-  void cross_entropy_forward(float* lse, CrossEntropyStats* stats, const float* logits,
+  void attention_merge(Act out, float* lse, CAct part_out, const float* part_lse, int64_t T,
+                       int H, int hd) const override {
+    cpu::attention_merge(f32(out), lse, f32(part_out), part_lse, T, H, hd);
+  }
+  void cross_entropy_forward(float* lse, CrossEntropyStats* stats, CAct logits,
                              const int32_t* targets, int64_t T, int64_t V) const override {
-    const CrossEntropyStats st = cpu::cross_entropy_forward(lse, logits, targets, T, V);
+    const CrossEntropyStats st = cpu::cross_entropy_forward(lse, f32(logits), targets, T, V);
     stats->loss_sum += st.loss_sum;
     stats->count += st.count;
     stats->correct += st.correct;
   }
-  void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
-                              const int32_t* targets, int64_t T, int64_t V,
-                              float scale) const override {
-    cpu::cross_entropy_backward(dlogits, logits, lse, targets, T, V, scale);
+  void cross_entropy_backward(Act dlogits, CAct logits, const float* lse, const int32_t* targets,
+                              int64_t T, int64_t V, float scale) const override {
+    cpu::cross_entropy_backward(f32(dlogits), f32(logits), lse, targets, T, V, scale);
   }
-  void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t T,
+  void embedding_forward(Act out, const int32_t* ids, CAct table, int64_t T,
                          int64_t C) const override {
-    cpu::embedding_forward(out, ids, table, T, C);
+    cpu::embedding_forward(f32(out), ids, f32(table), T, C);
   }
-  void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t T,
+  void embedding_backward(float* dtable, CAct dout, const int32_t* ids, int64_t T,
                           int64_t C) const override {
-    cpu::embedding_backward(dtable, dout, ids, T, C);
+    cpu::embedding_backward(dtable, f32(dout), ids, T, C);
   }
-  void patch_merge_forward(float* out, const float* in, const MergeImage* images, int n_images,
-                           int64_t C, int m) const override {
-    cpu::patch_merge_forward(out, in, images, n_images, C, m);
+  void normalize_pixels(Act out, const uint8_t* pixels, int64_t n,
+                        const PixelNorm& norm) const override {
+    cpu::normalize_pixels(f32(out), pixels, n, norm);
   }
-  void patch_merge_backward(float* din, const float* dout, const MergeImage* images, int n_images,
-                            int64_t C, int m) const override {
-    cpu::patch_merge_backward(din, dout, images, n_images, C, m);
+  void patch_merge_forward(Act out, CAct in, const MergeImage* images, int n_images, int64_t C,
+                           int m) const override {
+    cpu::patch_merge_forward(f32(out), f32(in), images, n_images, C, m);
   }
-  void add_inplace(float* y, const float* x, int64_t n) const override { cpu::add_inplace(y, x, n); }
+  void patch_merge_backward(Act din, CAct dout, const MergeImage* images, int n_images, int64_t C,
+                            int m) const override {
+    cpu::patch_merge_backward(f32(din), f32(dout), images, n_images, C, m);
+  }
+  void add_inplace(Act y, CAct x, int64_t n) const override { cpu::add_inplace(f32(y), f32(x), n); }
   void scale_inplace(float* y, float s, int64_t n) const override { cpu::scale_inplace(y, s, n); }
-  void fill(float* y, float value, int64_t n) const override { cpu::fill(y, value, n); }
+  void fill(Act y, float value, int64_t n) const override { cpu::fill(f32(y), value, n); }
+  void cast(Act y, const float* x, int64_t n) const override {
+    if (f32(y) != x && n > 0) std::memcpy(f32(y), x, sizeof(float) * size_t(n));
+  }
   void sum_squares(double* out, const float* x, int64_t n) const override {
     *out = cpu::sum_squares(x, n);
   }
-  void scatter_rows(float* y, const float* src, const int32_t* slot, int64_t T,
-                    int64_t C) const override {
-    cpu::scatter_rows(y, src, slot, T, C);
+  void scatter_rows(Act y, CAct src, const int32_t* slot, int64_t T, int64_t C) const override {
+    cpu::scatter_rows(f32(y), f32(src), slot, T, C);
   }
-  void gather_rows(float* dsrc, const float* dy, const int32_t* slot, int64_t T,
-                   int64_t C) const override {
-    cpu::gather_rows(dsrc, dy, slot, T, C);
+  void gather_rows(Act dsrc, CAct dy, const int32_t* slot, int64_t T, int64_t C) const override {
+    cpu::gather_rows(f32(dsrc), f32(dy), slot, T, C);
   }
   void adamw_update(float* p, const float* g, float* m, float* v, int64_t n,
                     const AdamWStep& s) const override {
@@ -135,7 +149,10 @@ class CpuOps final : public Ops {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, bool adapt) : configured_(threads), threads_(threads), adapt_(adapt) {
+  CpuBackend(int threads, bool adapt, const std::string& precision)
+      : configured_(threads), threads_(threads), adapt_(adapt) {
+    // bf16 stores activations and the working weights in bf16; the products stay fp32 here.
+    if (precision == "bf16") staged_ = make_bf16_staged_ops(ops_);
     DHP_CHECK(threads > 0, "the CPU backend needs at least one compute thread (got {})", threads);
     omp_set_num_threads(threads);
     // Parallelism comes from OpenMP tiles around single-threaded BLAS calls (cpu/matmul.cpp).
@@ -143,7 +160,10 @@ class CpuBackend final : public Backend {
   }
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device::CPU; }
-  const Ops& ops() const override { return ops_; }
+  const Ops& ops() const override {
+    if (staged_) return *staged_;
+    return ops_;
+  }
 
   void* allocate(size_t bytes) override {
     ++allocations_;
@@ -175,6 +195,7 @@ class CpuBackend final : public Backend {
 
  private:
   CpuOps ops_;
+  std::unique_ptr<Ops> staged_;  // bf16 storage
   int configured_, threads_;
   bool adapt_;
   cpu::LoadMonitor load_;
@@ -183,7 +204,7 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opt) {
-  return std::make_unique<CpuBackend>(opt.threads, opt.adapt_threads);
+  return std::make_unique<CpuBackend>(opt.threads, opt.adapt_threads, opt.precision);
 }
 
 int default_compute_threads() { return std::max(1, int(std::thread::hardware_concurrency())); }

@@ -6,13 +6,20 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/storage.cuh"
+
 namespace dhp::cuda {
 
-void swiglu_forward(cudaStream_t stream, float* h, const float* a, const float* b, int64_t n);
+// S: the storage, float or bf16 (kernels/cuda/storage.cuh).
+template <class S>
+void swiglu_forward(cudaStream_t stream, S* h, const S* a, const S* b, int64_t n);
 // da may alias dh.
-void swiglu_backward(cudaStream_t stream, float* da, float* db, const float* dh, const float* a,
-                     const float* b, int64_t n);
-void gelu_forward(cudaStream_t stream, float* y, const float* x, int64_t n);
-void gelu_backward(cudaStream_t stream, float* dx, const float* dy, const float* x, int64_t n);
+template <class S>
+void swiglu_backward(cudaStream_t stream, S* da, S* db, const S* dh, const S* a,
+                     const S* b, int64_t n);
+template <class S>
+void gelu_forward(cudaStream_t stream, S* y, const S* x, int64_t n);
+template <class S>
+void gelu_backward(cudaStream_t stream, S* dx, const S* dy, const S* x, int64_t n);
 
 }  // namespace dhp::cuda

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/storage.cuh"
 
 namespace dhp::cuda::act {
 
@@ -17,42 +18,46 @@ inline LaunchDims launch(int64_t n) { return grid_stride(n, kThreads); }
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-__device__ __forceinline__ void swiglu_forward_block(float* h, const float* a, const float* b,
+template <class S>
+__device__ __forceinline__ void swiglu_forward_block(S* h, const S* a, const S* b,
                                                      int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    h[i] = a[i] * sigmoid(a[i]) * b[i];
+    h[i] = st<S>(ld(a[i]) * sigmoid(ld(a[i])) * ld(b[i]));
 }
 
-__device__ __forceinline__ void swiglu_backward_block(float* da, float* db, const float* dh,
-                                                      const float* a, const float* b, int64_t n) {
+template <class S>
+__device__ __forceinline__ void swiglu_backward_block(S* da, S* db, const S* dh,
+                                                      const S* a, const S* b, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const float s = sigmoid(a[i]);
-    const float silu = a[i] * s;
+    const float ai = ld(a[i]), s = sigmoid(ai);
+    const float silu = ai * s;
     // Read everything before writing: da may alias dh.
-    const float g = dh[i], bi = b[i];
-    db[i] = g * silu;
-    da[i] = g * bi * (s + silu * (1.0f - s));
+    const float g = ld(dh[i]), bi = ld(b[i]);
+    db[i] = st<S>(g * silu);
+    da[i] = st<S>(g * bi * (s + silu * (1.0f - s)));
   }
 }
 
-__device__ __forceinline__ void gelu_forward_block(float* y, const float* x, int64_t n) {
+template <class S>
+__device__ __forceinline__ void gelu_forward_block(S* y, const S* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const float v = x[i];
-    y[i] = 0.5f * v * (1.0f + tanhf(kGeluC * (v + kGeluA * v * v * v)));
+    const float v = ld(x[i]);
+    y[i] = st<S>(0.5f * v * (1.0f + tanhf(kGeluC * (v + kGeluA * v * v * v))));
   }
 }
 
-__device__ __forceinline__ void gelu_backward_block(float* dx, const float* dy, const float* x,
+template <class S>
+__device__ __forceinline__ void gelu_backward_block(S* dx, const S* dy, const S* x,
                                                     int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const float v = x[i];
+    const float v = ld(x[i]);
     const float th = tanhf(kGeluC * (v + kGeluA * v * v * v));
     const float du = kGeluC * (1.0f + 3.0f * kGeluA * v * v);
-    dx[i] = dy[i] * (0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du);
+    dx[i] = st<S>(ld(dy[i]) * (0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du));
   }
 }
 

@@ -28,6 +28,7 @@
 
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_tiles.cuh"
+#include "kernels/cuda/storage.cuh"
 #include "kernels/op_types.h"
 
 namespace dhp::cuda::attn {
@@ -37,19 +38,24 @@ constexpr bool supported_head_dim(int hd) {
   return hd == 16 || hd == 32 || hd == 64 || hd == 80 || hd == 96 || hd == 128;
 }
 
+// T: the storage of q, k, v, out and their gradients (kernels/cuda/storage.cuh); lse is fp32.
+template <class T>
 struct FwdParams {
-  float* out;  // (Tq, Hq, hd)
+  T* out;      // (Tq, Hq, hd)
   float* lse;  // (Hq, Tq)
-  const float *q, *k, *v;
+  const T *q, *k, *v;
   AttnMeta qm, km;
   int64_t Tq, Tk;
   int Hq, Hkv;
   float scale;
 };
 
+template <class T>
 struct BwdParams {
-  float *dq, *dk, *dv;
-  const float *dout, *out, *lse, *q, *k, *v;
+  T *dq, *dk, *dv;
+  const T *dout, *out;
+  const float* lse;
+  const T *q, *k, *v;
   AttnMeta qm, km;
   int64_t Tq, Tk;
   int Hq, Hkv;
@@ -101,12 +107,12 @@ __device__ __forceinline__ TileRange warp_range(const AttnMeta& m, int64_t t0, i
 }
 
 // Rows t0 .. t0+n of head h of x (T, H, HD) into dst (kTile, S); rows from n on are 0.
-template <int HD, int S>
-__device__ __forceinline__ void load_tile(float* dst, const float* x, int64_t t0, int n, int H,
+template <int HD, int S, class T>
+__device__ __forceinline__ void load_tile(float* dst, const T* x, int64_t t0, int n, int H,
                                           int h) {
   for (int e = int(threadIdx.x); e < kTile * HD; e += kThreads) {
     const int r = e / HD, c = e % HD;
-    dst[r * S + c] = r < n ? x[((t0 + r) * H + h) * HD + c] : 0.0f;
+    dst[r * S + c] = r < n ? ld(x[((t0 + r) * H + h) * HD + c]) : 0.0f;
   }
 }
 
@@ -129,14 +135,14 @@ __device__ __forceinline__ bool sees_meta(const int32_t* qmeta, int r, const int
 
 // D = rowsum(dout · out) of the query tile, dout from shared memory (dos), out from global:
 // four threads per row.
-template <int HD, int S>
-__device__ __forceinline__ void row_dots(float* dd, const float* dos, const float* out, int64_t q0,
+template <int HD, int S, class T>
+__device__ __forceinline__ void row_dots(float* dd, const float* dos, const T* out, int64_t q0,
                                          int nq, int H, int h) {
   static_assert(kThreads == 4 * kTile, "four threads per row");
   const int r = int(threadIdx.x) / 4, part = int(threadIdx.x) % 4;
   float acc = 0.0f;
   if (r < nq)
-    for (int c = part; c < HD; c += 4) acc += dos[r * S + c] * out[((q0 + r) * H + h) * HD + c];
+    for (int c = part; c < HD; c += 4) acc += dos[r * S + c] * ld(out[((q0 + r) * H + h) * HD + c]);
   acc += __shfl_xor_sync(0xffffffffu, acc, 1, 4);
   acc += __shfl_xor_sync(0xffffffffu, acc, 2, 4);
   if (part == 0) dd[r] = acc;
@@ -184,8 +190,8 @@ __device__ __forceinline__ void slice_product_pair(float (&x1)[kRows][kCols],
 // ---- forward: one (query tile, query head) per block ----------------------------------------
 
 // TC: the products on tensor cores (attention_mma.cuh), the softmax as in the fp32 variant.
-template <int HD, bool TC>
-__device__ void forward_block(const FwdParams& p, float* smem) {
+template <int HD, bool TC, class T>
+__device__ void forward_block(const FwdParams<T>& p, float* smem) {
   constexpr int S = head_stride(HD, TC), SS = score_stride(TC), NV = HD / kGroup;
   float* qs = smem;                      // (kTile, S) queries
   float* kv = qs + tile_floats(HD, TC);  // (kTile, S) keys, then values
@@ -300,8 +306,8 @@ __device__ void forward_block(const FwdParams& p, float* smem) {
       if (tx == 0) row_sum[r] = lt;
     } else {
       const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-      float* orow = p.out + ((q0 + r) * p.Hq + h) * HD;
-      for (int v = 0; v < NV; ++v) orow[tx + kGroup * v] = o[i][v] * inv;
+      T* orow = p.out + ((q0 + r) * p.Hq + h) * HD;
+      for (int v = 0; v < NV; ++v) orow[tx + kGroup * v] = st<T>(o[i][v] * inv);
     }
   }
   if constexpr (TC) {
@@ -311,16 +317,16 @@ __device__ void forward_block(const FwdParams& p, float* smem) {
       const int r = mma_row(e);
       if (r >= nq) continue;
       const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
-      float* orow = p.out + ((q0 + r) * p.Hq + h) * HD + c0;
-      for (int v = 0; v < NV; ++v) orow[8 * v + mma_col(e)] = oc[v][e] * inv;
+      T* orow = p.out + ((q0 + r) * p.Hq + h) * HD + c0;
+      for (int v = 0; v < NV; ++v) orow[8 * v + mma_col(e)] = st<T>(oc[v][e] * inv);
     }
   }
 }
 
 // ---- backward, dK and dV: one (key tile, kv head) per block ---------------------------------
 
-template <int HD, bool TC>
-__device__ void backward_kv_block(const BwdParams& p, float* smem) {
+template <int HD, bool TC, class T>
+__device__ void backward_kv_block(const BwdParams<T>& p, float* smem) {
   constexpr int S = head_stride(HD, TC), SS = score_stride(TC), NV = HD / kGroup;
   float* ks = smem;                       // (kTile, S) keys
   float* vs = ks + tile_floats(HD, TC);   // (kTile, S) values
@@ -410,22 +416,22 @@ __device__ void backward_kv_block(const BwdParams& p, float* smem) {
     for (int e = 0; e < 4; ++e) {
       const int r = mma_row(e);
       if (r >= nk) continue;
-      float* dkrow = p.dk + ((k0 + r) * p.Hkv + hk) * HD + c0;
-      float* dvrow = p.dv + ((k0 + r) * p.Hkv + hk) * HD + c0;
+      T* dkrow = p.dk + ((k0 + r) * p.Hkv + hk) * HD + c0;
+      T* dvrow = p.dv + ((k0 + r) * p.Hkv + hk) * HD + c0;
       for (int v = 0; v < NV; ++v) {
-        dkrow[8 * v + mma_col(e)] = dkc[v][e];
-        dvrow[8 * v + mma_col(e)] = dvc[v][e];
+        dkrow[8 * v + mma_col(e)] = st<T>(dkc[v][e]);
+        dvrow[8 * v + mma_col(e)] = st<T>(dvc[v][e]);
       }
     }
   } else {
     for (int i = 0; i < kRows; ++i) {
       const int r = ty * kRows + i;
       if (r >= nk) continue;
-      float* dkrow = p.dk + ((k0 + r) * p.Hkv + hk) * HD;
-      float* dvrow = p.dv + ((k0 + r) * p.Hkv + hk) * HD;
+      T* dkrow = p.dk + ((k0 + r) * p.Hkv + hk) * HD;
+      T* dvrow = p.dv + ((k0 + r) * p.Hkv + hk) * HD;
       for (int v = 0; v < NV; ++v) {
-        dkrow[tx + kGroup * v] = dk[i][v];
-        dvrow[tx + kGroup * v] = dv[i][v];
+        dkrow[tx + kGroup * v] = st<T>(dk[i][v]);
+        dvrow[tx + kGroup * v] = st<T>(dv[i][v]);
       }
     }
   }
@@ -433,8 +439,8 @@ __device__ void backward_kv_block(const BwdParams& p, float* smem) {
 
 // ---- backward, dQ: one (query tile, query head) per block -----------------------------------
 
-template <int HD, bool TC>
-__device__ void backward_q_block(const BwdParams& p, float* smem) {
+template <int HD, bool TC, class T>
+__device__ void backward_q_block(const BwdParams<T>& p, float* smem) {
   constexpr int S = head_stride(HD, TC), SS = score_stride(TC), NV = HD / kGroup;
   float* qs = smem;                                          // (kTile, S) queries
   float* dos = qs + tile_floats(HD, TC);                     // (kTile, S) dout
@@ -512,15 +518,15 @@ __device__ void backward_q_block(const BwdParams& p, float* smem) {
     for (int e = 0; e < 4; ++e) {
       const int r = mma_row(e);
       if (r >= nq) continue;
-      float* row = p.dq + ((q0 + r) * p.Hq + h) * HD + c0;
-      for (int v = 0; v < NV; ++v) row[8 * v + mma_col(e)] = dqc[v][e];
+      T* row = p.dq + ((q0 + r) * p.Hq + h) * HD + c0;
+      for (int v = 0; v < NV; ++v) row[8 * v + mma_col(e)] = st<T>(dqc[v][e]);
     }
   } else {
     for (int i = 0; i < kRows; ++i) {
       const int r = ty * kRows + i;
       if (r >= nq) continue;
-      float* row = p.dq + ((q0 + r) * p.Hq + h) * HD;
-      for (int v = 0; v < NV; ++v) row[tx + kGroup * v] = dq[i][v];
+      T* row = p.dq + ((q0 + r) * p.Hq + h) * HD;
+      for (int v = 0; v < NV; ++v) row[tx + kGroup * v] = st<T>(dq[i][v]);
     }
   }
 }

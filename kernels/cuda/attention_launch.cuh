@@ -7,20 +7,20 @@
 
 namespace dhp::cuda::attn {
 
-template <int HD, bool TC>
-__global__ void __launch_bounds__(kThreads) forward_kernel(FwdParams p) {
+template <int HD, bool TC, class T>
+__global__ void __launch_bounds__(kThreads) forward_kernel(FwdParams<T> p) {
   extern __shared__ float smem[];
   forward_block<HD, TC>(p, smem);
 }
 
-template <int HD, bool TC>
-__global__ void __launch_bounds__(kThreads) backward_kv_kernel(BwdParams p) {
+template <int HD, bool TC, class T>
+__global__ void __launch_bounds__(kThreads) backward_kv_kernel(BwdParams<T> p) {
   extern __shared__ float smem[];
   backward_kv_block<HD, TC>(p, smem);
 }
 
-template <int HD, bool TC>
-__global__ void __launch_bounds__(kThreads) backward_q_kernel(BwdParams p) {
+template <int HD, bool TC, class T>
+__global__ void __launch_bounds__(kThreads) backward_q_kernel(BwdParams<T> p) {
   extern __shared__ float smem[];
   backward_q_block<HD, TC>(p, smem);
 }
@@ -35,27 +35,27 @@ void allow_smem(Kernel kernel, size_t bytes) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-template <int HD, bool TC>
-void launch_forward(cudaStream_t stream, const FwdParams& p) {
+template <int HD, bool TC, class T>
+void launch_forward(cudaStream_t stream, const FwdParams<T>& p) {
   const size_t bytes = sizeof(float) * size_t(forward_smem_floats(HD, TC));
-  allow_smem(forward_kernel<HD, TC>, bytes);
-  forward_kernel<HD, TC><<<dim3(tiles_of(p.Tq), unsigned(p.Hq)), kThreads, bytes, stream>>>(p);
+  allow_smem(forward_kernel<HD, TC, T>, bytes);
+  forward_kernel<HD, TC, T><<<dim3(tiles_of(p.Tq), unsigned(p.Hq)), kThreads, bytes, stream>>>(p);
   DHP_CUDA_CHECK_LAUNCH();
 }
 
-template <int HD, bool TC>
-void launch_backward(cudaStream_t stream, const BwdParams& p) {
+template <int HD, bool TC, class T>
+void launch_backward(cudaStream_t stream, const BwdParams<T>& p) {
   const size_t kv_bytes = sizeof(float) * size_t(backward_kv_smem_floats(HD, TC));
-  allow_smem(backward_kv_kernel<HD, TC>, kv_bytes);
+  allow_smem(backward_kv_kernel<HD, TC, T>, kv_bytes);
   if (p.Tk > 0) {
-    backward_kv_kernel<HD, TC>
+    backward_kv_kernel<HD, TC, T>
         <<<dim3(tiles_of(p.Tk), unsigned(p.Hkv)), kThreads, kv_bytes, stream>>>(p);
     DHP_CUDA_CHECK_LAUNCH();
   }
   const size_t q_bytes = sizeof(float) * size_t(backward_q_smem_floats(HD, TC));
-  allow_smem(backward_q_kernel<HD, TC>, q_bytes);
+  allow_smem(backward_q_kernel<HD, TC, T>, q_bytes);
   if (p.Tq > 0) {
-    backward_q_kernel<HD, TC>
+    backward_q_kernel<HD, TC, T>
         <<<dim3(tiles_of(p.Tq), unsigned(p.Hq)), kThreads, q_bytes, stream>>>(p);
     DHP_CUDA_CHECK_LAUNCH();
   }

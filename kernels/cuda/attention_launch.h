@@ -8,19 +8,22 @@
 
 namespace dhp::cuda::attn {
 
-// TC: the tensor-core (TF32) variant.
-template <int HD, bool TC>
-void launch_forward(cudaStream_t stream, const FwdParams& p);
+// TC: the tensor-core (TF32) variant. T: the storage of the head vectors; bf16 storage comes
+// with tensor-core products only (its values are exact in TF32).
+template <int HD, bool TC, class T>
+void launch_forward(cudaStream_t stream, const FwdParams<T>& p);
 
 // Both backward kernels: dK and dV per key tile, then dQ per query tile.
-template <int HD, bool TC>
-void launch_backward(cudaStream_t stream, const BwdParams& p);
+template <int HD, bool TC, class T>
+void launch_backward(cudaStream_t stream, const BwdParams<T>& p);
 
-#define DHP_ATTENTION_INSTANCE(HD)                                                 \
-  extern template void launch_forward<HD, false>(cudaStream_t, const FwdParams&);  \
-  extern template void launch_forward<HD, true>(cudaStream_t, const FwdParams&);   \
-  extern template void launch_backward<HD, false>(cudaStream_t, const BwdParams&); \
-  extern template void launch_backward<HD, true>(cudaStream_t, const BwdParams&);
+#define DHP_ATTENTION_INSTANCE(HD)                                                            \
+  extern template void launch_forward<HD, false>(cudaStream_t, const FwdParams<float>&);      \
+  extern template void launch_forward<HD, true>(cudaStream_t, const FwdParams<float>&);       \
+  extern template void launch_forward<HD, true>(cudaStream_t, const FwdParams<bf16>&);        \
+  extern template void launch_backward<HD, false>(cudaStream_t, const BwdParams<float>&);     \
+  extern template void launch_backward<HD, true>(cudaStream_t, const BwdParams<float>&);      \
+  extern template void launch_backward<HD, true>(cudaStream_t, const BwdParams<bf16>&);
 DHP_ATTENTION_INSTANCE(16)
 DHP_ATTENTION_INSTANCE(32)
 DHP_ATTENTION_INSTANCE(64)

@@ -5,7 +5,8 @@
 namespace dhp::cuda {
 namespace {
 
-__global__ void cross_entropy_forward_kernel(float* lse, CrossEntropyRow* rows, const float* logits,
+template <class S>
+__global__ void cross_entropy_forward_kernel(float* lse, CrossEntropyRow* rows, const S* logits,
                                              const int32_t* targets, int64_t V) {
   __shared__ xent::Online shared[kWarp];
   xent::forward_block(lse, rows, logits, targets, V, shared);
@@ -17,7 +18,8 @@ __global__ void cross_entropy_stats_kernel(CrossEntropyStats* stats, const Cross
   xent::stats_block(stats, rows, n, shared);
 }
 
-__global__ void cross_entropy_backward_kernel(float* dlogits, const float* logits, const float* lse,
+template <class S>
+__global__ void cross_entropy_backward_kernel(S* dlogits, const S* logits, const float* lse,
                                               const int32_t* targets, int64_t V, float scale,
                                               bool vec4) {
   xent::backward_block(dlogits, logits, lse, targets, V, scale, vec4);
@@ -25,8 +27,9 @@ __global__ void cross_entropy_backward_kernel(float* dlogits, const float* logit
 
 }  // namespace
 
+template <class S>
 void cross_entropy_forward(cudaStream_t stream, float* lse, CrossEntropyStats* stats,
-                           CrossEntropyRow* rows, const float* logits, const int32_t* targets,
+                           CrossEntropyRow* rows, const S* logits, const int32_t* targets,
                            int64_t T, int64_t V) {
   for (int64_t t0 = 0; t0 < T; t0 += kCrossEntropyRows) {
     const int64_t n = T - t0 < kCrossEntropyRows ? T - t0 : kCrossEntropyRows;
@@ -40,14 +43,24 @@ void cross_entropy_forward(cudaStream_t stream, float* lse, CrossEntropyStats* s
   }
 }
 
-void cross_entropy_backward(cudaStream_t stream, float* dlogits, const float* logits,
-                            const float* lse, const int32_t* targets, int64_t T, int64_t V,
-                            float scale) {
+template <class S>
+void cross_entropy_backward(cudaStream_t stream, S* dlogits, const S* logits, const float* lse,
+                            const int32_t* targets, int64_t T, int64_t V, float scale) {
   if (T <= 0) return;
   const LaunchDims l = xent::rows_launch(T);
   cross_entropy_backward_kernel<<<l.grid(), l.block(), 0, stream>>>(
       dlogits, logits, lse, targets, V, scale, xent::backward_vec4(dlogits, logits, V));
   DHP_CUDA_CHECK_LAUNCH();
 }
+
+#define DHP_XENT_INSTANCES(S)                                                                 \
+  template void cross_entropy_forward<S>(cudaStream_t, float*, CrossEntropyStats*,            \
+                                         CrossEntropyRow*, const S*, const int32_t*, int64_t, \
+                                         int64_t);                                            \
+  template void cross_entropy_backward<S>(cudaStream_t, S*, const S*, const float*,           \
+                                          const int32_t*, int64_t, int64_t, float);
+DHP_XENT_INSTANCES(float)
+DHP_XENT_INSTANCES(bf16)
+#undef DHP_XENT_INSTANCES
 
 }  // namespace dhp::cuda

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/scratch.h"
+#include "kernels/cuda/storage.cuh"
 #include "kernels/op_types.h"
 
 namespace dhp::cuda {
@@ -15,14 +16,16 @@ namespace dhp::cuda {
 // argmax and the sum of exponentials (online); the rows' statistics are then added to *stats
 // in row-independent fixed order, kCrossEntropyRows rows at a time through `rows`
 // (kernels/cuda/scratch.h).
+// S: the storage of the logits, float or bf16.
+template <class S>
 void cross_entropy_forward(cudaStream_t stream, float* lse, CrossEntropyStats* stats,
-                           CrossEntropyRow* rows, const float* logits, const int32_t* targets,
+                           CrossEntropyRow* rows, const S* logits, const int32_t* targets,
                            int64_t T, int64_t V);
 
 // dlogits (T, V) = scale · (softmax - onehot(target)) on rows with a target, 0 elsewhere,
 // from the forward's lse: one read of the logits, one write. dlogits may alias logits.
-void cross_entropy_backward(cudaStream_t stream, float* dlogits, const float* logits,
-                            const float* lse, const int32_t* targets, int64_t T, int64_t V,
-                            float scale);
+template <class S>
+void cross_entropy_backward(cudaStream_t stream, S* dlogits, const S* logits, const float* lse,
+                            const int32_t* targets, int64_t T, int64_t V, float scale);
 
 }  // namespace dhp::cuda

@@ -6,9 +6,11 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/scratch.h"
+#include "kernels/cuda/storage.cuh"
 #include "kernels/op_types.h"
 
 namespace dhp::cuda::xent {
@@ -21,8 +23,9 @@ inline LaunchDims rows_launch(int64_t T) { return block_per_row(T, kThreads); }
 inline LaunchDims stats_launch() { return LaunchDims{1, 1, kStatsThreads, 1}; }
 // The backward pass takes 16-byte vectors when every row starts 16-byte aligned: the base
 // pointers are and V is a multiple of 4.
-inline bool backward_vec4(const float* dlogits, const float* logits, int64_t V) {
-  return aligned16(dlogits, logits) && V % 4 == 0;
+template <class S>
+inline bool backward_vec4(const S* dlogits, const S* logits, int64_t V) {
+  return std::is_same_v<S, float> && aligned16(dlogits, logits) && V % 4 == 0;
 }
 
 // Running (max, sum of exp(x - max), first index of the max) of a part of a row.
@@ -50,14 +53,14 @@ __device__ __forceinline__ Online shfl(Online o, int lane_mask) {
 }
 
 // One block per row. shared: kWarp Online values.
-__device__ __forceinline__ void forward_block(float* lse, CrossEntropyRow* rows,
-                                              const float* logits, const int32_t* targets,
-                                              int64_t V, Online* shared) {
+template <class S>
+__device__ __forceinline__ void forward_block(float* lse, CrossEntropyRow* rows, const S* logits,
+                                              const int32_t* targets, int64_t V, Online* shared) {
   const int64_t t = blockIdx.x;
-  const float* row = logits + t * V;
+  const S* row = logits + t * V;
   Online o{-FLT_MAX, 0.0f, V};
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const float x = row[v];
+    const float x = ld(row[v]);
     if (x > o.mx) {
       o.sum = o.sum * expf(o.mx - x) + 1.0f;
       o.mx = x;
@@ -78,7 +81,7 @@ __device__ __forceinline__ void forward_block(float* lse, CrossEntropyRow* rows,
   lse[t] = l;
   const int32_t target = targets[t];
   CrossEntropyRow r{0.0, 0, 0};
-  if (target >= 0) r = CrossEntropyRow{double(l) - row[target], o.arg == target, 1};
+  if (target >= 0) r = CrossEntropyRow{double(l) - ld(row[target]), o.arg == target, 1};
   rows[t] = r;
 }
 
@@ -102,35 +105,38 @@ __device__ __forceinline__ void stats_block(CrossEntropyStats* stats, const Cros
 }
 
 // One block per row.
-__device__ __forceinline__ void backward_block(float* dlogits, const float* logits,
-                                               const float* lse, const int32_t* targets, int64_t V,
-                                               float scale, bool vec4) {
+template <class S>
+__device__ __forceinline__ void backward_block(S* dlogits, const S* logits, const float* lse,
+                                               const int32_t* targets, int64_t V, float scale,
+                                               bool vec4) {
   const int64_t t = blockIdx.x;
   const int32_t target = targets[t];
-  const float* row = logits + t * V;
-  float* d = dlogits + t * V;
+  const S* row = logits + t * V;
+  S* d = dlogits + t * V;
   if (target < 0) {
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) d[v] = 0.0f;
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) d[v] = st<S>(0.0f);
     return;
   }
   const float l = lse[t];
-  if (vec4) {
-    // 16-byte loads and stores; the row is read once and written once.
-    const float4* r4 = reinterpret_cast<const float4*>(row);
-    float4* d4 = reinterpret_cast<float4*>(d);
-    for (int64_t j = threadIdx.x; j < V / 4; j += blockDim.x) {
-      const float4 x = r4[j];
-      const int64_t k = int64_t(target) - 4 * j;  // the target's lane in this vector, if any
-      d4[j] = make_float4(scale * expf(x.x - l) - (k == 0 ? scale : 0.0f),
-                          scale * expf(x.y - l) - (k == 1 ? scale : 0.0f),
-                          scale * expf(x.z - l) - (k == 2 ? scale : 0.0f),
-                          scale * expf(x.w - l) - (k == 3 ? scale : 0.0f));
+  if constexpr (std::is_same_v<S, float>) {
+    if (vec4) {
+      // 16-byte loads and stores; the row is read once and written once.
+      const float4* r4 = reinterpret_cast<const float4*>(row);
+      float4* d4 = reinterpret_cast<float4*>(d);
+      for (int64_t j = threadIdx.x; j < V / 4; j += blockDim.x) {
+        const float4 x = r4[j];
+        const int64_t k = int64_t(target) - 4 * j;  // the target's lane in this vector, if any
+        d4[j] = make_float4(scale * expf(x.x - l) - (k == 0 ? scale : 0.0f),
+                            scale * expf(x.y - l) - (k == 1 ? scale : 0.0f),
+                            scale * expf(x.z - l) - (k == 2 ? scale : 0.0f),
+                            scale * expf(x.w - l) - (k == 3 ? scale : 0.0f));
+      }
+      return;
     }
-    return;
   }
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const float p = scale * expf(row[v] - l);
-    d[v] = v == target ? p - scale : p;
+    const float p = scale * expf(ld(row[v]) - l);
+    d[v] = st<S>(v == target ? p - scale : p);
   }
 }
 

@@ -1,163 +1,230 @@
 #include "kernels/cuda/cuda_ops.h"
 
+#include <type_traits>
+
 #include "kernels/check.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/check.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/patch_merge.h"
+#include "kernels/cuda/pixels.h"
 #include "kernels/cuda/rope.h"
 
 namespace dhp {
 namespace {
 // cuBLASLt's recommended workspace on Hopper; enough for every algorithm of our shapes.
 constexpr size_t kGemmWorkspace = size_t(32) << 20;
+
+template <class S>
+constexpr DType dtype_of() {
+  return std::is_same_v<S, float> ? DType::F32 : DType::BF16;
+}
+
+// The typed device pointer of an op argument in storage S.
+template <class S, class V>
+auto* as(ActPtrOf<V> a) {
+  DHP_ASSERT(!a || a.t == dtype_of<S>());
+  using P = std::conditional_t<std::is_const_v<V>, const S, S>;
+  return static_cast<P*>(a.p);
+}
+
+cudaDataType_t cuda_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
 }  // namespace
 
 CudaOps::CudaOps(Backend& backend, cudaStream_t stream, const std::string& precision)
     : stream_(stream),
+      dtype_(precision == "bf16" ? DType::BF16 : DType::F32),
       attn_math_(precision == "fp32" ? cuda::AttnMath::fp32 : cuda::AttnMath::tf32),
       workspace_(backend, kGemmWorkspace),
       ce_rows_(backend, sizeof(cuda::CrossEntropyRow) * cuda::kCrossEntropyRows),
       sum_partial_(backend, sizeof(double) * cuda::kSumSquaresBlocks),
       gemm_(std::make_unique<cuda::Gemm>(stream, precision, workspace_.data(), kGemmWorkspace)) {}
 
-void CudaOps::linear_forward(float* y, const float* x, const float* W, const float* b, int64_t T,
-                             int64_t in, int64_t out) const {
-  gemm_->linear_forward(y, x, W, b, T, in, out);
+template <class F>
+void CudaOps::with_storage(F&& f) const {
+  if (dtype_ == DType::BF16)
+    f(cuda::bf16{});
+  else
+    f(float{});
 }
 
-void CudaOps::linear_backward(float* dx, float* dW, float* db, const float* dy, const float* x,
-                              const float* W, int64_t T, int64_t in, int64_t out,
-                              bool accumulate_dx) const {
-  gemm_->linear_backward(dx, dW, dy, x, W, T, in, out, accumulate_dx);
+void CudaOps::linear_forward(Act y, CAct x, CAct W, CAct b, int64_t T, int64_t in,
+                             int64_t out) const {
+  DHP_ASSERT(y.t == dtype_ && x.t == dtype_ && W.t == dtype_ && (!b || b.t == dtype_));
+  gemm_->linear_forward(y.p, x.p, W.p, b.p, T, in, out, cuda_type(dtype_));
+}
+
+void CudaOps::linear_backward(Act dx, float* dW, float* db, CAct dy, CAct x, CAct W, int64_t T,
+                              int64_t in, int64_t out, bool accumulate_dx) const {
+  DHP_ASSERT((!dx || dx.t == dtype_) && dy.t == dtype_ && x.t == dtype_ && W.t == dtype_);
+  gemm_->linear_backward(dx.p, dW, dy.p, x.p, W.p, T, in, out, accumulate_dx, cuda_type(dtype_));
   // db accumulates (+=), which cuBLASLt's BGRADB epilogue (it writes) cannot do without a
   // second buffer; a deterministic column sum costs one read of dy.
-  if (db) cuda::column_sum_add(stream_, db, dy, T, out);
+  if (db)
+    with_storage([&](auto s) {
+      using S = decltype(s);
+      cuda::column_sum_add(stream_, db, as<S>(dy), T, out);
+    });
 }
 
-void CudaOps::rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t T,
-                              int64_t C) const {
-  cuda::rmsnorm_forward(stream_, y, rstd, x, w, T, C);
+// The ops below pass every activation argument through as<S>, which checks its dtype.
+#define DHP_STORAGE_CALL(...)    \
+  with_storage([&](auto s_) {    \
+    using S = decltype(s_);      \
+    __VA_ARGS__;                 \
+  })
+
+void CudaOps::rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C) const {
+  DHP_STORAGE_CALL(cuda::rmsnorm_forward(stream_, as<S>(y), rstd, as<S>(x), as<S>(w), T, C));
 }
 
-void CudaOps::rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x,
-                               const float* w, const float* rstd, int64_t T, int64_t C) const {
-  cuda::rmsnorm_backward(stream_, dx, dw, dy, x, w, rstd, T, C);
+void CudaOps::rmsnorm_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, const float* rstd,
+                               int64_t T, int64_t C) const {
+  DHP_STORAGE_CALL(cuda::rmsnorm_backward(stream_, as<S>(dx), dw, as<S>(dy), as<S>(x), as<S>(w),
+                                          rstd, T, C));
 }
 
-void CudaOps::rope_forward(float* x, const int32_t* pos, int64_t T, int H, int hd,
+void CudaOps::rope_forward(Act x, const int32_t* pos, int64_t T, int H, int hd,
                            double theta) const {
-  cuda::rope_forward(stream_, x, pos, T, H, hd, theta);
+  DHP_STORAGE_CALL(cuda::rope_forward(stream_, as<S>(x), pos, T, H, hd, theta));
 }
 
-void CudaOps::rope_backward(float* dx, const int32_t* pos, int64_t T, int H, int hd,
+void CudaOps::rope_backward(Act dx, const int32_t* pos, int64_t T, int H, int hd,
                             double theta) const {
-  cuda::rope_backward(stream_, dx, pos, T, H, hd, theta);
+  DHP_STORAGE_CALL(cuda::rope_backward(stream_, as<S>(dx), pos, T, H, hd, theta));
 }
 
-void CudaOps::rope2d_forward(float* x, const int32_t* row, const int32_t* col, int64_t T, int H,
+void CudaOps::rope2d_forward(Act x, const int32_t* row, const int32_t* col, int64_t T, int H,
                              int hd, double theta) const {
-  cuda::rope2d_forward(stream_, x, row, col, T, H, hd, theta);
+  DHP_STORAGE_CALL(cuda::rope2d_forward(stream_, as<S>(x), row, col, T, H, hd, theta));
 }
 
-void CudaOps::rope2d_backward(float* dx, const int32_t* row, const int32_t* col, int64_t T, int H,
+void CudaOps::rope2d_backward(Act dx, const int32_t* row, const int32_t* col, int64_t T, int H,
                               int hd, double theta) const {
-  cuda::rope2d_backward(stream_, dx, row, col, T, H, hd, theta);
+  DHP_STORAGE_CALL(cuda::rope2d_backward(stream_, as<S>(dx), row, col, T, H, hd, theta));
 }
 
-void CudaOps::swiglu_forward(float* h, const float* a, const float* b, int64_t n) const {
-  cuda::swiglu_forward(stream_, h, a, b, n);
+void CudaOps::swiglu_forward(Act h, CAct a, CAct b, int64_t n) const {
+  DHP_STORAGE_CALL(cuda::swiglu_forward(stream_, as<S>(h), as<S>(a), as<S>(b), n));
 }
 
-void CudaOps::swiglu_backward(float* da, float* db, const float* dh, const float* a,
-                              const float* b, int64_t n) const {
-  cuda::swiglu_backward(stream_, da, db, dh, a, b, n);
+void CudaOps::swiglu_backward(Act da, Act db, CAct dh, CAct a, CAct b, int64_t n) const {
+  DHP_STORAGE_CALL(
+      cuda::swiglu_backward(stream_, as<S>(da), as<S>(db), as<S>(dh), as<S>(a), as<S>(b), n));
 }
 
-void CudaOps::gelu_forward(float* y, const float* x, int64_t n) const {
-  cuda::gelu_forward(stream_, y, x, n);
+void CudaOps::gelu_forward(Act y, CAct x, int64_t n) const {
+  DHP_STORAGE_CALL(cuda::gelu_forward(stream_, as<S>(y), as<S>(x), n));
 }
 
-void CudaOps::gelu_backward(float* dx, const float* dy, const float* x, int64_t n) const {
-  cuda::gelu_backward(stream_, dx, dy, x, n);
+void CudaOps::gelu_backward(Act dx, CAct dy, CAct x, int64_t n) const {
+  DHP_STORAGE_CALL(cuda::gelu_backward(stream_, as<S>(dx), as<S>(dy), as<S>(x), n));
 }
 
-void CudaOps::attention_forward(float* out, float* lse, const float* q, const float* k,
-                                const float* v, AttnMeta qm, AttnMeta km,
-                                const AttnShape& s) const {
-  cuda::attention_forward(stream_, out, lse, q, k, v, qm, km, s, attn_math_);
+void CudaOps::attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, AttnMeta qm,
+                                AttnMeta km, const AttnShape& s) const {
+  DHP_STORAGE_CALL(cuda::attention_forward(stream_, as<S>(out), lse, as<S>(q), as<S>(k),
+                                           as<S>(v), qm, km, s, attn_math_));
 }
 
-void CudaOps::attention_backward(float* dq, float* dk, float* dv, const float* dout,
-                                 const float* out, const float* lse, const float* q,
-                                 const float* k, const float* v, AttnMeta qm, AttnMeta km,
+void CudaOps::attention_backward(Act dq, Act dk, Act dv, CAct dout, CAct out, const float* lse,
+                                 CAct q, CAct k, CAct v, AttnMeta qm, AttnMeta km,
                                  const AttnShape& s) const {
-  cuda::attention_backward(stream_, dq, dk, dv, dout, out, lse, q, k, v, qm, km, s, attn_math_);
+  DHP_STORAGE_CALL(cuda::attention_backward(stream_, as<S>(dq), as<S>(dk), as<S>(dv),
+                                            as<S>(dout), as<S>(out), lse, as<S>(q), as<S>(k),
+                                            as<S>(v), qm, km, s, attn_math_));
 }
 
-void CudaOps::attention_merge(float* out, float* lse, const float* part_out,
-                              const float* part_lse, int64_t T, int H, int hd) const {
-  cuda::attention_merge(stream_, out, lse, part_out, part_lse, T, H, hd);
+void CudaOps::attention_merge(Act out, float* lse, CAct part_out, const float* part_lse,
+                              int64_t T, int H, int hd) const {
+  DHP_STORAGE_CALL(
+      cuda::attention_merge(stream_, as<S>(out), lse, as<S>(part_out), part_lse, T, H, hd));
 }
 
-void CudaOps::cross_entropy_forward(float* lse, CrossEntropyStats* stats, const float* logits,
+void CudaOps::cross_entropy_forward(float* lse, CrossEntropyStats* stats, CAct logits,
                                     const int32_t* targets, int64_t T, int64_t V) const {
-  cuda::cross_entropy_forward(stream_, lse, stats, ce_rows_.as<cuda::CrossEntropyRow>(), logits,
-                              targets, T, V);
+  DHP_STORAGE_CALL(cuda::cross_entropy_forward(stream_, lse, stats,
+                                               ce_rows_.as<cuda::CrossEntropyRow>(),
+                                               as<S>(logits), targets, T, V));
 }
 
-void CudaOps::cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+void CudaOps::cross_entropy_backward(Act dlogits, CAct logits, const float* lse,
                                      const int32_t* targets, int64_t T, int64_t V,
                                      float scale) const {
-  cuda::cross_entropy_backward(stream_, dlogits, logits, lse, targets, T, V, scale);
+  DHP_STORAGE_CALL(cuda::cross_entropy_backward(stream_, as<S>(dlogits), as<S>(logits), lse,
+                                                targets, T, V, scale));
 }
 
-void CudaOps::embedding_forward(float* out, const int32_t* ids, const float* table, int64_t T,
+void CudaOps::embedding_forward(Act out, const int32_t* ids, CAct table, int64_t T,
                                 int64_t C) const {
-  cuda::embedding_forward(stream_, out, ids, table, T, C);
+  DHP_STORAGE_CALL(cuda::embedding_forward(stream_, as<S>(out), ids, as<S>(table), T, C));
 }
 
-void CudaOps::embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t T,
+void CudaOps::embedding_backward(float* dtable, CAct dout, const int32_t* ids, int64_t T,
                                  int64_t C) const {
-  cuda::embedding_backward(stream_, dtable, dout, ids, T, C);
+  DHP_STORAGE_CALL(cuda::embedding_backward(stream_, dtable, as<S>(dout), ids, T, C));
 }
 
-void CudaOps::patch_merge_forward(float* out, const float* in, const MergeImage* images,
-                                  int n_images, int64_t C, int m) const {
-  cuda::patch_merge_forward(stream_, out, in, images, n_images, C, m);
+void CudaOps::normalize_pixels(Act out, const uint8_t* pixels, int64_t n,
+                               const PixelNorm& norm) const {
+  DHP_STORAGE_CALL(cuda::normalize_pixels(stream_, as<S>(out), pixels, n, norm));
 }
 
-void CudaOps::patch_merge_backward(float* din, const float* dout, const MergeImage* images,
-                                   int n_images, int64_t C, int m) const {
-  cuda::patch_merge_backward(stream_, din, dout, images, n_images, C, m);
+void CudaOps::patch_merge_forward(Act out, CAct in, const MergeImage* images, int n_images,
+                                  int64_t C, int m) const {
+  DHP_STORAGE_CALL(
+      cuda::patch_merge_forward(stream_, as<S>(out), as<S>(in), images, n_images, C, m));
 }
 
-void CudaOps::add_inplace(float* y, const float* x, int64_t n) const {
-  cuda::add_inplace(stream_, y, x, n);
+void CudaOps::patch_merge_backward(Act din, CAct dout, const MergeImage* images, int n_images,
+                                   int64_t C, int m) const {
+  DHP_STORAGE_CALL(
+      cuda::patch_merge_backward(stream_, as<S>(din), as<S>(dout), images, n_images, C, m));
+}
+
+void CudaOps::add_inplace(Act y, CAct x, int64_t n) const {
+  DHP_STORAGE_CALL(cuda::add_inplace(stream_, as<S>(y), as<S>(x), n));
 }
 
 void CudaOps::scale_inplace(float* y, float s, int64_t n) const {
   cuda::scale_inplace(stream_, y, s, n);
 }
 
-void CudaOps::fill(float* y, float value, int64_t n) const { cuda::fill(stream_, y, value, n); }
+void CudaOps::fill(Act y, float value, int64_t n) const {
+  // Also fills fp32 buffers under bf16 storage (a plain float pointer converts to an fp32 Act).
+  if (y.t == DType::BF16)
+    cuda::fill(stream_, as<cuda::bf16>(y), value, n);
+  else
+    cuda::fill(stream_, as<float>(y), value, n);
+}
+
+void CudaOps::cast(Act y, const float* x, int64_t n) const {
+  if (y.t == DType::BF16) {
+    cuda::cast(stream_, as<cuda::bf16>(y), x, n);
+  } else if (y.p != x && n > 0) {
+    DHP_CUDA_CHECK(cudaMemcpyAsync(y.p, x, sizeof(float) * size_t(n), cudaMemcpyDeviceToDevice,
+                                   stream_));
+  }
+}
 
 void CudaOps::sum_squares(double* out, const float* x, int64_t n) const {
   cuda::sum_squares(stream_, out, sum_partial_.as<double>(), x, n);
 }
 
-void CudaOps::scatter_rows(float* y, const float* src, const int32_t* slot, int64_t T,
-                           int64_t C) const {
-  cuda::scatter_rows(stream_, y, src, slot, T, C);
+void CudaOps::scatter_rows(Act y, CAct src, const int32_t* slot, int64_t T, int64_t C) const {
+  DHP_STORAGE_CALL(cuda::scatter_rows(stream_, as<S>(y), as<S>(src), slot, T, C));
 }
 
-void CudaOps::gather_rows(float* dsrc, const float* dy, const int32_t* slot, int64_t T,
-                          int64_t C) const {
-  cuda::gather_rows(stream_, dsrc, dy, slot, T, C);
+void CudaOps::gather_rows(Act dsrc, CAct dy, const int32_t* slot, int64_t T, int64_t C) const {
+  DHP_STORAGE_CALL(cuda::gather_rows(stream_, as<S>(dsrc), as<S>(dy), slot, T, C));
 }
+
+#undef DHP_STORAGE_CALL
 
 void CudaOps::adamw_update(float* p, const float* g, float* m, float* v, int64_t n,
                            const AdamWStep& s) const {

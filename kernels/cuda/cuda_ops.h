@@ -1,6 +1,8 @@
 // The op interface on a CUDA device: each op launches the kernels of its family (one .cu file
 // each, launchers declared in the family's header) on the backend's stream, and the Linear
-// layers run through cuBLASLt (gemm.h). Besides the GEMM workspace, the ops own two small
+// layers run through cuBLASLt (gemm.h). Activations and working weights are stored in fp32, or
+// in bf16 when the precision is "bf16" (Ops::dtype); each op dispatches to the kernels of that
+// storage. Besides the GEMM workspace, the ops own two small
 // scratch buffers for their deterministic reductions, allocated once here: no op allocates.
 #pragma once
 
@@ -21,56 +23,54 @@ class CudaOps final : public Ops {
   CudaOps(Backend& backend, cudaStream_t stream, const std::string& precision);
 
   std::string name() const override { return "cuda"; }
-  void linear_forward(float* y, const float* x, const float* W, const float* b, int64_t T,
-                      int64_t in, int64_t out) const override;
-  void linear_backward(float* dx, float* dW, float* db, const float* dy, const float* x,
-                       const float* W, int64_t T, int64_t in, int64_t out,
-                       bool accumulate_dx) const override;
-  void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t T,
-                       int64_t C) const override;
-  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
-                        const float* rstd, int64_t T, int64_t C) const override;
-  void rope_forward(float* x, const int32_t* pos, int64_t T, int H, int hd,
+  DType dtype() const override { return dtype_; }
+  void linear_forward(Act y, CAct x, CAct W, CAct b, int64_t T, int64_t in,
+                      int64_t out) const override;
+  void linear_backward(Act dx, float* dW, float* db, CAct dy, CAct x, CAct W, int64_t T,
+                       int64_t in, int64_t out, bool accumulate_dx) const override;
+  void rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C) const override;
+  void rmsnorm_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, const float* rstd, int64_t T,
+                        int64_t C) const override;
+  void rope_forward(Act x, const int32_t* pos, int64_t T, int H, int hd,
                     double theta) const override;
-  void rope_backward(float* dx, const int32_t* pos, int64_t T, int H, int hd,
+  void rope_backward(Act dx, const int32_t* pos, int64_t T, int H, int hd,
                      double theta) const override;
-  void rope2d_forward(float* x, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
+  void rope2d_forward(Act x, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
                       double theta) const override;
-  void rope2d_backward(float* dx, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
+  void rope2d_backward(Act dx, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
                        double theta) const override;
-  void swiglu_forward(float* h, const float* a, const float* b, int64_t n) const override;
-  void swiglu_backward(float* da, float* db, const float* dh, const float* a, const float* b,
-                       int64_t n) const override;
-  void gelu_forward(float* y, const float* x, int64_t n) const override;
-  void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) const override;
-  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                         AttnMeta qm, AttnMeta km, const AttnShape& s) const override;
-  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                          const float* lse, const float* q, const float* k, const float* v,
-                          AttnMeta qm, AttnMeta km, const AttnShape& s) const override;
-  void cross_entropy_forward(float* lse, CrossEntropyStats* stats, const float* logits,
+  void swiglu_forward(Act h, CAct a, CAct b, int64_t n) const override;
+  void swiglu_backward(Act da, Act db, CAct dh, CAct a, CAct b, int64_t n) const override;
+  void gelu_forward(Act y, CAct x, int64_t n) const override;
+  void gelu_backward(Act dx, CAct dy, CAct x, int64_t n) const override;
+  void attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, AttnMeta qm, AttnMeta km,
+                         const AttnShape& s) const override;
+  void attention_backward(Act dq, Act dk, Act dv, CAct dout, CAct out, const float* lse, CAct q,
+                          CAct k, CAct v, AttnMeta qm, AttnMeta km,
+                          const AttnShape& s) const override;
+  void cross_entropy_forward(float* lse, CrossEntropyStats* stats, CAct logits,
                              const int32_t* targets, int64_t T, int64_t V) const override;
-  void attention_merge(float* out, float* lse, const float* part_out, const float* part_lse,
-                       int64_t T, int H, int hd) const override;
-  void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
-                              const int32_t* targets, int64_t T, int64_t V,
-                              float scale) const override;
-  void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t T,
+  void attention_merge(Act out, float* lse, CAct part_out, const float* part_lse, int64_t T,
+                       int H, int hd) const override;
+  void cross_entropy_backward(Act dlogits, CAct logits, const float* lse, const int32_t* targets,
+                              int64_t T, int64_t V, float scale) const override;
+  void embedding_forward(Act out, const int32_t* ids, CAct table, int64_t T,
                          int64_t C) const override;
-  void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t T,
+  void embedding_backward(float* dtable, CAct dout, const int32_t* ids, int64_t T,
                           int64_t C) const override;
-  void patch_merge_forward(float* out, const float* in, const MergeImage* images, int n_images,
-                           int64_t C, int m) const override;
-  void patch_merge_backward(float* din, const float* dout, const MergeImage* images, int n_images,
-                            int64_t C, int m) const override;
-  void add_inplace(float* y, const float* x, int64_t n) const override;
+  void normalize_pixels(Act out, const uint8_t* pixels, int64_t n,
+                        const PixelNorm& norm) const override;
+  void patch_merge_forward(Act out, CAct in, const MergeImage* images, int n_images, int64_t C,
+                           int m) const override;
+  void patch_merge_backward(Act din, CAct dout, const MergeImage* images, int n_images, int64_t C,
+                            int m) const override;
+  void add_inplace(Act y, CAct x, int64_t n) const override;
   void scale_inplace(float* y, float s, int64_t n) const override;
-  void fill(float* y, float value, int64_t n) const override;
+  void fill(Act y, float value, int64_t n) const override;
+  void cast(Act y, const float* x, int64_t n) const override;
   void sum_squares(double* out, const float* x, int64_t n) const override;
-  void scatter_rows(float* y, const float* src, const int32_t* slot, int64_t T,
-                    int64_t C) const override;
-  void gather_rows(float* dsrc, const float* dy, const int32_t* slot, int64_t T,
-                   int64_t C) const override;
+  void scatter_rows(Act y, CAct src, const int32_t* slot, int64_t T, int64_t C) const override;
+  void gather_rows(Act dsrc, CAct dy, const int32_t* slot, int64_t T, int64_t C) const override;
   void adamw_update(float* p, const float* g, float* m, float* v, int64_t n,
                     const AdamWStep& s) const override;
 
@@ -78,7 +78,12 @@ class CudaOps final : public Ops {
   size_t gemm_plans() const { return gemm_->cached_plans(); }
 
  private:
+  // Calls f with a value of the storage type (float or cuda::bf16) of this precision.
+  template <class F>
+  void with_storage(F&& f) const;
+
   cudaStream_t stream_;
+  DType dtype_;
   // Attention's products on tensor cores (TF32) unless the precision is fp32, as the GEMMs.
   cuda::AttnMath attn_math_;
   DeviceBuffer workspace_;    // cuBLASLt workspace

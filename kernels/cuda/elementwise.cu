@@ -1,3 +1,5 @@
+#include <type_traits>
+
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/elementwise_kernels.cuh"
@@ -5,13 +7,17 @@
 namespace dhp::cuda {
 namespace {
 
-__global__ void add_kernel(float* y, const float* x, int64_t n) { ew::add_block(y, x, n); }
+template <class S>
+__global__ void add_kernel(S* y, const S* x, int64_t n) { ew::add_block(y, x, n); }
 
 __global__ void add4_kernel(float4* y, const float4* x, int64_t n4) { ew::add4_block(y, x, n4); }
 
 __global__ void scale_kernel(float* y, float s, int64_t n) { ew::scale_block(y, s, n); }
 
-__global__ void fill_kernel(float* y, float value, int64_t n) { ew::fill_block(y, value, n); }
+template <class S>
+__global__ void fill_kernel(S* y, float value, int64_t n) { ew::fill_block(y, value, n); }
+
+__global__ void cast_kernel(bf16* y, const float* x, int64_t n) { ew::cast_block(y, x, n); }
 
 __global__ void sum_squares_partial(double* partial, const float* x, int64_t n) {
   __shared__ double shared[kWarp];
@@ -23,32 +29,39 @@ __global__ void sum_partials(double* out, const double* partial, int n) {
   ew::sum_partials_block(out, partial, n, shared);
 }
 
-__global__ void row_bias_kernel(float* y, const float* b, int64_t T, int64_t C) {
+template <class S>
+__global__ void row_bias_kernel(S* y, const S* b, int64_t T, int64_t C) {
   ew::row_bias_block(y, b, T, C);
 }
 
-__global__ void copy_rows_kernel(float* dst, const float* src, const int32_t* slot, int64_t C,
+template <class S>
+__global__ void copy_rows_kernel(S* dst, const S* src, const int32_t* slot, int64_t C,
                                  bool scatter) {
   ew::copy_rows_block(dst, src, slot, C, scatter);
 }
 
-__global__ void column_sum_kernel(float* db, const float* x, int64_t T, int64_t C) {
+template <class S>
+__global__ void column_sum_kernel(float* db, const S* x, int64_t T, int64_t C) {
   __shared__ ew::ColumnShared part;
   ew::column_sum_block(db, x, T, C, part);
 }
 
 }  // namespace
 
-void add_inplace(cudaStream_t stream, float* y, const float* x, int64_t n) {
+template <class S>
+void add_inplace(cudaStream_t stream, S* y, const S* x, int64_t n) {
   if (n <= 0) return;
-  if (ew::add_vec4(y, x, n)) {
-    const LaunchDims l = ew::launch(n / 4);
-    add4_kernel<<<l.grid(), l.block(), 0, stream>>>(reinterpret_cast<float4*>(y),
-                                                    reinterpret_cast<const float4*>(x), n / 4);
-  } else {
-    const LaunchDims l = ew::launch(n);
-    add_kernel<<<l.grid(), l.block(), 0, stream>>>(y, x, n);
+  if constexpr (std::is_same_v<S, float>) {
+    if (ew::add_vec4(y, x, n)) {
+      const LaunchDims l = ew::launch(n / 4);
+      add4_kernel<<<l.grid(), l.block(), 0, stream>>>(reinterpret_cast<float4*>(y),
+                                                      reinterpret_cast<const float4*>(x), n / 4);
+      DHP_CUDA_CHECK_LAUNCH();
+      return;
+    }
   }
+  const LaunchDims l = ew::launch(n);
+  add_kernel<<<l.grid(), l.block(), 0, stream>>>(y, x, n);
   DHP_CUDA_CHECK_LAUNCH();
 }
 
@@ -59,10 +72,18 @@ void scale_inplace(cudaStream_t stream, float* y, float s, int64_t n) {
   DHP_CUDA_CHECK_LAUNCH();
 }
 
-void fill(cudaStream_t stream, float* y, float value, int64_t n) {
+template <class S>
+void fill(cudaStream_t stream, S* y, float value, int64_t n) {
   if (n <= 0) return;
   const LaunchDims l = ew::launch(n);
   fill_kernel<<<l.grid(), l.block(), 0, stream>>>(y, value, n);
+  DHP_CUDA_CHECK_LAUNCH();
+}
+
+void cast(cudaStream_t stream, bf16* y, const float* x, int64_t n) {
+  if (n <= 0) return;
+  const LaunchDims l = ew::launch(n);
+  cast_kernel<<<l.grid(), l.block(), 0, stream>>>(y, x, n);
   DHP_CUDA_CHECK_LAUNCH();
 }
 
@@ -75,7 +96,8 @@ void sum_squares(cudaStream_t stream, double* out, double* partial, const float*
   DHP_CUDA_CHECK_LAUNCH();
 }
 
-void scatter_rows(cudaStream_t stream, float* y, const float* src, const int32_t* slot, int64_t T,
+template <class S>
+void scatter_rows(cudaStream_t stream, S* y, const S* src, const int32_t* slot, int64_t T,
                   int64_t C) {
   if (T <= 0 || C <= 0) return;
   const LaunchDims l = ew::rows_launch(T);
@@ -83,7 +105,8 @@ void scatter_rows(cudaStream_t stream, float* y, const float* src, const int32_t
   DHP_CUDA_CHECK_LAUNCH();
 }
 
-void gather_rows(cudaStream_t stream, float* dsrc, const float* dy, const int32_t* slot, int64_t T,
+template <class S>
+void gather_rows(cudaStream_t stream, S* dsrc, const S* dy, const int32_t* slot, int64_t T,
                  int64_t C) {
   if (T <= 0 || C <= 0) return;
   const LaunchDims l = ew::rows_launch(T);
@@ -91,18 +114,31 @@ void gather_rows(cudaStream_t stream, float* dsrc, const float* dy, const int32_
   DHP_CUDA_CHECK_LAUNCH();
 }
 
-void add_row_bias(cudaStream_t stream, float* y, const float* b, int64_t T, int64_t C) {
+template <class S>
+void add_row_bias(cudaStream_t stream, S* y, const S* b, int64_t T, int64_t C) {
   if (T <= 0 || C <= 0) return;
   const LaunchDims l = ew::launch(T * C);
   row_bias_kernel<<<l.grid(), l.block(), 0, stream>>>(y, b, T, C);
   DHP_CUDA_CHECK_LAUNCH();
 }
 
-void column_sum_add(cudaStream_t stream, float* db, const float* x, int64_t T, int64_t C) {
+template <class S>
+void column_sum_add(cudaStream_t stream, float* db, const S* x, int64_t T, int64_t C) {
   if (C <= 0) return;
   const LaunchDims l = ew::columns_launch(C);
   column_sum_kernel<<<l.grid(), l.block(), 0, stream>>>(db, x, T, C);
   DHP_CUDA_CHECK_LAUNCH();
 }
+
+#define DHP_ELEMENTWISE_INSTANCES(S)                                                            \
+  template void add_inplace<S>(cudaStream_t, S*, const S*, int64_t);                           \
+  template void fill<S>(cudaStream_t, S*, float, int64_t);                                     \
+  template void scatter_rows<S>(cudaStream_t, S*, const S*, const int32_t*, int64_t, int64_t); \
+  template void gather_rows<S>(cudaStream_t, S*, const S*, const int32_t*, int64_t, int64_t);  \
+  template void add_row_bias<S>(cudaStream_t, S*, const S*, int64_t, int64_t);                 \
+  template void column_sum_add<S>(cudaStream_t, float*, const S*, int64_t, int64_t);
+DHP_ELEMENTWISE_INSTANCES(float)
+DHP_ELEMENTWISE_INSTANCES(bf16)
+#undef DHP_ELEMENTWISE_INSTANCES
 
 }  // namespace dhp::cuda

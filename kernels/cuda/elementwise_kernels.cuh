@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/scratch.h"
+#include "kernels/cuda/storage.cuh"
 
 namespace dhp::cuda::ew {
 
@@ -31,10 +32,11 @@ inline bool add_vec4(const float* y, const float* x, int64_t n) {
   return aligned16(y, x) && n % 4 == 0;
 }
 
-__device__ __forceinline__ void add_block(float* y, const float* x, int64_t n) {
+template <class S>
+__device__ __forceinline__ void add_block(S* y, const S* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    y[i] += x[i];
+    y[i] = st<S>(ld(y[i]) + ld(x[i]));
 }
 
 __device__ __forceinline__ void add4_block(float4* y, const float4* x, int64_t n4) {
@@ -51,10 +53,20 @@ __device__ __forceinline__ void scale_block(float* y, float s, int64_t n) {
     y[i] *= s;
 }
 
-__device__ __forceinline__ void fill_block(float* y, float value, int64_t n) {
+template <class S>
+__device__ __forceinline__ void fill_block(S* y, float value, int64_t n) {
+  const S v = st<S>(value);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = value;
+    y[i] = v;
+}
+
+// y = x rounded to the storage S.
+template <class S>
+__device__ __forceinline__ void cast_block(S* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = st<S>(x[i]);
 }
 
 // shared: kWarp doubles.
@@ -77,30 +89,33 @@ __device__ __forceinline__ void sum_partials_block(double* out, const double* pa
   if (threadIdx.x == 0) *out = s;
 }
 
-__device__ __forceinline__ void row_bias_block(float* y, const float* b, int64_t T, int64_t C) {
+template <class S>
+__device__ __forceinline__ void row_bias_block(S* y, const S* b, int64_t T, int64_t C) {
   const int64_t n = T * C;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    y[i] += b[i % C];
+    y[i] = st<S>(ld(y[i]) + ld(b[i % C]));
 }
 
 // One block per row; rows without a slot are skipped. dst row = src row.
-__device__ __forceinline__ void copy_rows_block(float* dst, const float* src, const int32_t* slot,
+template <class S>
+__device__ __forceinline__ void copy_rows_block(S* dst, const S* src, const int32_t* slot,
                                                 int64_t C, bool scatter) {
   const int64_t t = blockIdx.x;
   const int32_t s = slot[t];
   if (s < 0) return;
-  float* d = dst + (scatter ? t : int64_t(s)) * C;
-  const float* x = src + (scatter ? int64_t(s) : t) * C;
+  S* d = dst + (scatter ? t : int64_t(s)) * C;
+  const S* x = src + (scatter ? int64_t(s) : t) * C;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) d[c] = x[c];
 }
 
-__device__ __forceinline__ void column_sum_block(float* db, const float* x, int64_t T, int64_t C,
+template <class S>
+__device__ __forceinline__ void column_sum_block(float* db, const S* x, int64_t T, int64_t C,
                                                  ColumnShared& part) {
   const int64_t c = blockIdx.x * int64_t(kColTile) + threadIdx.x;
   float s = 0.0f;
   if (c < C)
-    for (int64_t t = threadIdx.y; t < T; t += kRowLanes) s += x[t * C + c];
+    for (int64_t t = threadIdx.y; t < T; t += kRowLanes) s += ld(x[t * C + c]);
   part[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {

@@ -5,12 +5,13 @@
 namespace dhp::cuda {
 namespace {
 
-__global__ void embedding_forward_kernel(float* out, const int32_t* ids, const float* table,
-                                         int64_t C) {
+template <class S>
+__global__ void embedding_forward_kernel(S* out, const int32_t* ids, const S* table, int64_t C) {
   embed::forward_block(out, ids, table, C);
 }
 
-__global__ void embedding_backward_kernel(float* dtable, const float* dout, const int32_t* ids,
+template <class S>
+__global__ void embedding_backward_kernel(float* dtable, const S* dout, const int32_t* ids,
                                           int64_t T, int64_t C) {
   __shared__ embed::BackwardShared sh;
   embed::backward_block(dtable, dout, ids, T, C, sh);
@@ -18,20 +19,31 @@ __global__ void embedding_backward_kernel(float* dtable, const float* dout, cons
 
 }  // namespace
 
-void embedding_forward(cudaStream_t stream, float* out, const int32_t* ids, const float* table,
-                       int64_t T, int64_t C) {
+template <class S>
+void embedding_forward(cudaStream_t stream, S* out, const int32_t* ids, const S* table, int64_t T,
+                       int64_t C) {
   if (T <= 0) return;
   const LaunchDims l = embed::rows_launch(T);
   embedding_forward_kernel<<<l.grid(), l.block(), 0, stream>>>(out, ids, table, C);
   DHP_CUDA_CHECK_LAUNCH();
 }
 
-void embedding_backward(cudaStream_t stream, float* dtable, const float* dout, const int32_t* ids,
+template <class S>
+void embedding_backward(cudaStream_t stream, float* dtable, const S* dout, const int32_t* ids,
                         int64_t T, int64_t C) {
   if (T <= 0) return;
   const LaunchDims l = embed::rows_launch(T);
   embedding_backward_kernel<<<l.grid(), l.block(), 0, stream>>>(dtable, dout, ids, T, C);
   DHP_CUDA_CHECK_LAUNCH();
 }
+
+#define DHP_EMBEDDING_INSTANCES(S)                                                             \
+  template void embedding_forward<S>(cudaStream_t, S*, const int32_t*, const S*, int64_t,       \
+                                     int64_t);                                                  \
+  template void embedding_backward<S>(cudaStream_t, float*, const S*, const int32_t*, int64_t,  \
+                                      int64_t);
+DHP_EMBEDDING_INSTANCES(float)
+DHP_EMBEDDING_INSTANCES(bf16)
+#undef DHP_EMBEDDING_INSTANCES
 
 }  // namespace dhp::cuda

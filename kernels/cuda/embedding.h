@@ -6,14 +6,18 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/storage.cuh"
+
 namespace dhp::cuda {
 
-// out (T, C) = table[ids]; table (V, C).
-void embedding_forward(cudaStream_t stream, float* out, const int32_t* ids, const float* table,
-                       int64_t T, int64_t C);
+// out (T, C) = table[ids]; table (V, C); both in the storage S (float or bf16).
+template <class S>
+void embedding_forward(cudaStream_t stream, S* out, const int32_t* ids, const S* table, int64_t T,
+                       int64_t C);
 // dtable (V, C) += scatter of dout (T, C) by ids. The first row holding an id adds every row
 // holding it, in row order: deterministic and free of atomics.
-void embedding_backward(cudaStream_t stream, float* dtable, const float* dout, const int32_t* ids,
+template <class S>
+void embedding_backward(cudaStream_t stream, float* dtable, const S* dout, const int32_t* ids,
                         int64_t T, int64_t C);
 
 }  // namespace dhp::cuda

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/storage.cuh"
 
 namespace dhp::cuda::embed {
 
@@ -18,19 +19,21 @@ struct BackwardShared {
   int warp_count[kThreads / kWarp];
 };
 
-__device__ __forceinline__ void forward_block(float* out, const int32_t* ids, const float* table,
+template <class S>
+__device__ __forceinline__ void forward_block(S* out, const int32_t* ids, const S* table,
                                               int64_t C) {
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
-  float* o = out + t * C;
-  const float* row = id < 0 ? nullptr : table + int64_t(id) * C;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) o[c] = row ? row[c] : 0.0f;
+  S* o = out + t * C;
+  const S* row = id < 0 ? nullptr : table + int64_t(id) * C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) o[c] = row ? row[c] : st<S>(0.0f);
 }
 
 // One block per token row t. Only the block of an id's first occurrence does work: it owns
 // that table row, so it can add the matching rows one after another without atomics. Matches
 // are found a tile of blockDim rows at a time and compacted in row order with warp ballots.
-__device__ __forceinline__ void backward_block(float* dtable, const float* dout, const int32_t* ids,
+template <class S>
+__device__ __forceinline__ void backward_block(float* dtable, const S* dout, const int32_t* ids,
                                                int64_t T, int64_t C, BackwardShared& sh) {
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
@@ -55,8 +58,8 @@ __device__ __forceinline__ void backward_block(float* dtable, const float* dout,
     if (hit) sh.match[offset + __popc(ballot & ((1u << lane) - 1u))] = u;
     __syncthreads();
     for (int k = 0; k < total; ++k) {
-      const float* src = dout + sh.match[k] * C;
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) d[c] += src[c];
+      const S* src = dout + sh.match[k] * C;
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) d[c] += ld(src[c]);
     }
     __syncthreads();
   }

@@ -11,7 +11,7 @@ namespace {
 int alignment(const void* p) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   int align = 16;
-  while (align > 4 && a % uintptr_t(align) != 0) align /= 2;
+  while (align > 1 && a % uintptr_t(align) != 0) align /= 2;
   return align;
 }
 
@@ -30,7 +30,8 @@ void set(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr
 cublasComputeType_t compute_type(const std::string& precision) {
   if (precision == "fp32") return CUBLAS_COMPUTE_32F;
   if (precision == "tf32") return CUBLAS_COMPUTE_32F_FAST_TF32;
-  if (precision == "bf16") return CUBLAS_COMPUTE_32F_FAST_16BF;
+  // bf16 operands are stored in bf16: plain fp32 accumulation runs them on tensor cores.
+  if (precision == "bf16") return CUBLAS_COMPUTE_32F;
   throw Error(fmt::format("precision \"{}\": expected fp32, tf32 or bf16", precision));
 }
 
@@ -54,8 +55,10 @@ Gemm::~Gemm() {
 }
 
 const Gemm::Plan& Gemm::plan(GemmOp op, int64_t T, int64_t in, int64_t out, bool bias,
-                             bool beta_zero, const void* A, const void* B, const void* C) {
-  const Key key{int(op), T, in, out, bias, beta_zero, alignment(A), alignment(B), alignment(C)};
+                             bool beta_zero, const void* A, const void* B, const void* C,
+                             cudaDataType_t ab, cudaDataType_t c) {
+  const Key key{int(op),     T,          in,           out,   bias, beta_zero, alignment(A),
+                alignment(B), alignment(C), int(ab), int(c)};
   if (auto it = plans_.find(key); it != plans_.end()) return it->second;
 
   const GemmLayout g = linear_layout(op, T, in, out);
@@ -63,13 +66,15 @@ const Gemm::Plan& Gemm::plan(GemmOp op, int64_t T, int64_t in, int64_t out, bool
   DHP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute_, CUDA_R_32F));
   set(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, int32_t(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
   set(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, int32_t(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
-  if (bias) set(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
-  DHP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, uint64_t(g.a_rows),
-                                              uint64_t(g.a_cols), g.lda));
-  DHP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, uint64_t(g.b_rows),
-                                              uint64_t(g.b_cols), g.ldb));
+  if (bias) {
+    set(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+    set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(ab));  // the weights' storage
+  }
   DHP_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, uint64_t(g.m), uint64_t(g.n), g.ldc));
+      cublasLtMatrixLayoutCreate(&p.a, ab, uint64_t(g.a_rows), uint64_t(g.a_cols), g.lda));
+  DHP_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&p.b, ab, uint64_t(g.b_rows), uint64_t(g.b_cols), g.ldb));
+  DHP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, c, uint64_t(g.m), uint64_t(g.n), g.ldc));
 
   cublasLtMatmulPreference_t pref = nullptr;
   DHP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -96,9 +101,9 @@ const Gemm::Plan& Gemm::plan(GemmOp op, int64_t T, int64_t in, int64_t out, bool
   return plans_.emplace(key, p).first->second;
 }
 
-void Gemm::run(GemmOp op, int64_t T, int64_t in, int64_t out, const float* A, const float* B,
-               float* C, const float* bias, float beta) {
-  const Plan& p = plan(op, T, in, out, bias != nullptr, beta == 0.0f, A, B, C);
+void Gemm::run(GemmOp op, int64_t T, int64_t in, int64_t out, const void* A, const void* B,
+               void* C, const void* bias, float beta, cudaDataType_t ab, cudaDataType_t c) {
+  const Plan& p = plan(op, T, in, out, bias != nullptr, beta == 0.0f, A, B, C, ab, c);
   // The bias pointer changes between layers of the same shape; setting it is a host-side store.
   if (bias) set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   const float alpha = 1.0f;
@@ -106,23 +111,31 @@ void Gemm::run(GemmOp op, int64_t T, int64_t in, int64_t out, const float* A, co
                                   &p.algo, workspace_, workspace_bytes_, stream_));
 }
 
-void Gemm::linear_forward(float* y, const float* x, const float* W, const float* b, int64_t T,
-                          int64_t in, int64_t out) {
+void Gemm::linear_forward(void* y, const void* x, const void* W, const void* b, int64_t T,
+                          int64_t in, int64_t out, cudaDataType_t t) {
   DHP_ASSERT(in > 0 && out > 0);
   if (T == 0) return;
   // The bias epilogue reads the bias with vector loads: it needs 16-byte alignment (the
   // parameter table keeps tensors 64-byte aligned; other callers get a separate pass).
   const bool epilogue = b && alignment(b) == 16;
-  run(GemmOp::LinearForward, T, in, out, W, x, y, epilogue ? b : nullptr, 0.0f);
-  if (b && !epilogue) add_row_bias(stream_, y, b, T, out);
+  run(GemmOp::LinearForward, T, in, out, W, x, y, epilogue ? b : nullptr, 0.0f, t, t);
+  if (b && !epilogue) {
+    if (t == CUDA_R_16BF)
+      add_row_bias(stream_, static_cast<bf16*>(y), static_cast<const bf16*>(b), T, out);
+    else
+      add_row_bias(stream_, static_cast<float*>(y), static_cast<const float*>(b), T, out);
+  }
 }
 
-void Gemm::linear_backward(float* dx, float* dW, const float* dy, const float* x, const float* W,
-                           int64_t T, int64_t in, int64_t out, bool accumulate_dx) {
+void Gemm::linear_backward(void* dx, float* dW, const void* dy, const void* x, const void* W,
+                           int64_t T, int64_t in, int64_t out, bool accumulate_dx,
+                           cudaDataType_t t) {
   DHP_ASSERT(in > 0 && out > 0);
   if (T == 0) return;
-  if (dx) run(GemmOp::LinearDx, T, in, out, W, dy, dx, nullptr, accumulate_dx ? 1.0f : 0.0f);
-  if (dW) run(GemmOp::LinearDw, T, in, out, x, dy, dW, nullptr, 1.0f);
+  if (dx)
+    run(GemmOp::LinearDx, T, in, out, W, dy, dx, nullptr, accumulate_dx ? 1.0f : 0.0f, t, t);
+  // The weight gradient accumulates in fp32 straight from the stored operands.
+  if (dW) run(GemmOp::LinearDw, T, in, out, x, dy, dW, nullptr, 1.0f, t, CUDA_R_32F);
 }
 
 }  // namespace dhp::cuda

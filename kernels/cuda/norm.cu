@@ -5,19 +5,21 @@
 namespace dhp::cuda {
 namespace {
 
-__global__ void rmsnorm_forward_kernel(float* y, float* rstd, const float* x, const float* w,
-                                       int64_t C) {
+template <class S>
+__global__ void rmsnorm_forward_kernel(S* y, float* rstd, const S* x, const S* w, int64_t C) {
   __shared__ float shared[norm::kRowSharedFloats];
   norm::forward_block(y, rstd, x, w, C, shared);
 }
 
-__global__ void rmsnorm_dx_kernel(float* dx, const float* dy, const float* x, const float* w,
-                                  const float* rstd, int64_t C) {
+template <class S>
+__global__ void rmsnorm_dx_kernel(S* dx, const S* dy, const S* x, const S* w, const float* rstd,
+                                  int64_t C) {
   __shared__ float shared[norm::kRowSharedFloats];
   norm::dx_block(dx, dy, x, w, rstd, C, shared);
 }
 
-__global__ void rmsnorm_dw_kernel(float* dw, const float* dy, const float* x, const float* rstd,
+template <class S>
+__global__ void rmsnorm_dw_kernel(float* dw, const S* dy, const S* x, const float* rstd,
                                   int64_t T, int64_t C) {
   __shared__ norm::DwShared part;
   norm::dw_block(dw, dy, x, rstd, T, C, part);
@@ -25,16 +27,18 @@ __global__ void rmsnorm_dw_kernel(float* dw, const float* dy, const float* x, co
 
 }  // namespace
 
-void rmsnorm_forward(cudaStream_t stream, float* y, float* rstd, const float* x, const float* w,
-                     int64_t T, int64_t C) {
+template <class S>
+void rmsnorm_forward(cudaStream_t stream, S* y, float* rstd, const S* x, const S* w, int64_t T,
+                     int64_t C) {
   if (T <= 0) return;
   const LaunchDims l = norm::rows_launch(T);
   rmsnorm_forward_kernel<<<l.grid(), l.block(), 0, stream>>>(y, rstd, x, w, C);
   DHP_CUDA_CHECK_LAUNCH();
 }
 
-void rmsnorm_backward(cudaStream_t stream, float* dx, float* dw, const float* dy, const float* x,
-                      const float* w, const float* rstd, int64_t T, int64_t C) {
+template <class S>
+void rmsnorm_backward(cudaStream_t stream, S* dx, float* dw, const S* dy, const S* x, const S* w,
+                      const float* rstd, int64_t T, int64_t C) {
   if (T <= 0) return;
   // dw first: dx may alias dy (the model reuses gradient buffers).
   const LaunchDims ldw = norm::dw_launch(C);
@@ -44,5 +48,14 @@ void rmsnorm_backward(cudaStream_t stream, float* dx, float* dw, const float* dy
   rmsnorm_dx_kernel<<<ldx.grid(), ldx.block(), 0, stream>>>(dx, dy, x, w, rstd, C);
   DHP_CUDA_CHECK_LAUNCH();
 }
+
+#define DHP_NORM_INSTANCES(S)                                                                  \
+  template void rmsnorm_forward<S>(cudaStream_t, S*, float*, const S*, const S*, int64_t,     \
+                                   int64_t);                                                  \
+  template void rmsnorm_backward<S>(cudaStream_t, S*, float*, const S*, const S*, const S*,   \
+                                    const float*, int64_t, int64_t);
+DHP_NORM_INSTANCES(float)
+DHP_NORM_INSTANCES(bf16)
+#undef DHP_NORM_INSTANCES
 
 }  // namespace dhp::cuda

@@ -6,13 +6,17 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/storage.cuh"
+
 namespace dhp::cuda {
 
-// x, y (T, C); w (C); rstd (T).
-void rmsnorm_forward(cudaStream_t stream, float* y, float* rstd, const float* x, const float* w,
-                     int64_t T, int64_t C);
-// dw is reduced over rows column by column in a fixed order (no atomics): deterministic.
-void rmsnorm_backward(cudaStream_t stream, float* dx, float* dw, const float* dy, const float* x,
-                      const float* w, const float* rstd, int64_t T, int64_t C);
+// x, y (T, C); w (C) in the storage S (float or bf16); rstd (T).
+template <class S>
+void rmsnorm_forward(cudaStream_t stream, S* y, float* rstd, const S* x, const S* w, int64_t T,
+                     int64_t C);
+// dw (fp32) is reduced over rows column by column in a fixed order (no atomics): deterministic.
+template <class S>
+void rmsnorm_backward(cudaStream_t stream, S* dx, float* dw, const S* dy, const S* x, const S* w,
+                      const float* rstd, int64_t T, int64_t C);
 
 }  // namespace dhp::cuda

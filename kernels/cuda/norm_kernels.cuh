@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/norm.h"
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/storage.cuh"
 
 namespace dhp::cuda::norm {
 
@@ -24,43 +25,49 @@ inline LaunchDims dw_launch(int64_t C) {
   return LaunchDims{unsigned((C + kColTile - 1) / kColTile), 1, kColTile, kRowLanes};
 }
 
-// One block per row.
-__device__ __forceinline__ void forward_block(float* y, float* rstd, const float* x, const float* w,
-                                              int64_t C, float* shared) {
+// One block per row. T: the storage of x, y and w.
+template <class T>
+__device__ __forceinline__ void forward_block(T* y, float* rstd, const T* x, const T* w, int64_t C,
+                                              float* shared) {
   const int64_t t = blockIdx.x;
-  const float* xt = x + t * C;
+  const T* xt = x + t * C;
   float ss = 0.0f;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += xt[c] * xt[c];
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += ld(xt[c]) * ld(xt[c]);
   ss = block_sum(ss, shared);
   const float r = 1.0f / sqrtf(ss / float(C) + cpu::kRmsEps);
   if (threadIdx.x == 0) rstd[t] = r;
-  float* yt = y + t * C;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yt[c] = xt[c] * r * w[c];
+  T* yt = y + t * C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yt[c] = st<T>(ld(xt[c]) * r * ld(w[c]));
 }
 
 // dx = rstd · (g - n · mean(g·n)) with g = w·dy, n = x·rstd. One block per row.
-__device__ __forceinline__ void dx_block(float* dx, const float* dy, const float* x, const float* w,
+template <class T>
+__device__ __forceinline__ void dx_block(T* dx, const T* dy, const T* x, const T* w,
                                          const float* rstd, int64_t C, float* shared) {
   const int64_t t = blockIdx.x;
-  const float* xt = x + t * C;
-  const float* dyt = dy + t * C;
+  const T* xt = x + t * C;
+  const T* dyt = dy + t * C;
   const float r = rstd[t];
   float dot = 0.0f;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dot += w[c] * dyt[c] * xt[c] * r;
-  const float mean = block_sum(dot, shared) / float(C);
-  float* dxt = dx + t * C;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-    dxt[c] = r * (w[c] * dyt[c] - xt[c] * r * mean);
+    dot += ld(w[c]) * ld(dyt[c]) * ld(xt[c]) * r;
+  const float mean = block_sum(dot, shared) / float(C);
+  T* dxt = dx + t * C;
+  // Every thread has read its dy and x above (block_sum synchronises) before dx, which may
+  // alias dy, is written; each thread rereads only its own columns.
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+    dxt[c] = st<T>(r * (ld(w[c]) * ld(dyt[c]) - ld(xt[c]) * r * mean));
 }
 
 // dw[c] += sum_t dy·x·rstd.
-__device__ __forceinline__ void dw_block(float* dw, const float* dy, const float* x,
-                                         const float* rstd, int64_t T, int64_t C, DwShared& part) {
+template <class S>
+__device__ __forceinline__ void dw_block(float* dw, const S* dy, const S* x, const float* rstd,
+                                         int64_t T, int64_t C, DwShared& part) {
   const int64_t c = blockIdx.x * int64_t(kColTile) + threadIdx.x;
   float s = 0.0f;
   if (c < C)
     for (int64_t t = threadIdx.y; t < T; t += kRowLanes)
-      s += dy[t * C + c] * x[t * C + c] * rstd[t];
+      s += ld(dy[t * C + c]) * ld(x[t * C + c]) * rstd[t];
   part[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {

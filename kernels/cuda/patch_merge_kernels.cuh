@@ -21,8 +21,9 @@ inline LaunchDims launch(int n_images) {
 // blockIdx.x = image. The image's first merged row is the sum of the earlier images' merged
 // counts (images are few; each block recomputes it). Forward copies patch rows of src into
 // merged rows of dst; backward the other way round.
-template <bool Forward>
-__device__ __forceinline__ void merge_block(float* dst, const float* src, const MergeImage* images,
+// S: the element type; the merge only moves elements.
+template <bool Forward, class S>
+__device__ __forceinline__ void merge_block(S* dst, const S* src, const MergeImage* images,
                                             int64_t C, int m) {
   const int i = blockIdx.x;
   int64_t merged0 = 0;
@@ -35,8 +36,8 @@ __device__ __forceinline__ void merge_block(float* dst, const float* src, const 
     const int64_t merged = merged0 + int64_t(r / m) * (im.grid_w / m) + c / m;
     const int64_t merged_at = merged * row + int64_t((r % m) * m + (c % m)) * C;
     const int64_t patch_at = (im.patch_offset + k) * C;
-    float* d = dst + (Forward ? merged_at : patch_at);
-    const float* x = src + (Forward ? patch_at : merged_at);
+    S* d = dst + (Forward ? merged_at : patch_at);
+    const S* x = src + (Forward ? patch_at : merged_at);
     for (int64_t e = threadIdx.x; e < C; e += blockDim.x) d[e] = x[e];
   }
 }

@@ -5,14 +5,16 @@
 namespace dhp::cuda {
 namespace {
 
-__global__ void rope_kernel(float* x, const int32_t* pos, int64_t T, int H, int hd, int offset,
+template <class S>
+__global__ void rope_kernel(S* x, const int32_t* pos, int64_t T, int H, int hd, int offset,
                             int span, double theta, float sign) {
   rope::rotate_block(x, pos, T, H, hd, offset, span, theta, sign);
 }
 
 }  // namespace
 
-void rope_rotate(cudaStream_t stream, float* x, const int32_t* pos, int64_t T, int H, int hd,
+template <class S>
+void rope_rotate(cudaStream_t stream, S* x, const int32_t* pos, int64_t T, int H, int hd,
                  int offset, int span, double theta, float sign) {
   const int64_t n = T * (span / 2);
   if (n <= 0) return;
@@ -21,26 +23,41 @@ void rope_rotate(cudaStream_t stream, float* x, const int32_t* pos, int64_t T, i
   DHP_CUDA_CHECK_LAUNCH();
 }
 
-void rope_forward(cudaStream_t stream, float* x, const int32_t* pos, int64_t T, int H, int hd,
+template <class S>
+void rope_forward(cudaStream_t stream, S* x, const int32_t* pos, int64_t T, int H, int hd,
                   double theta) {
   rope_rotate(stream, x, pos, T, H, hd, 0, hd, theta, 1.0f);
 }
 
-void rope_backward(cudaStream_t stream, float* dx, const int32_t* pos, int64_t T, int H, int hd,
+template <class S>
+void rope_backward(cudaStream_t stream, S* dx, const int32_t* pos, int64_t T, int H, int hd,
                    double theta) {
   rope_rotate(stream, dx, pos, T, H, hd, 0, hd, theta, -1.0f);
 }
 
-void rope2d_forward(cudaStream_t stream, float* x, const int32_t* row, const int32_t* col,
+template <class S>
+void rope2d_forward(cudaStream_t stream, S* x, const int32_t* row, const int32_t* col,
                     int64_t T, int H, int hd, double theta) {
   rope_rotate(stream, x, row, T, H, hd, 0, hd / 2, theta, 1.0f);
   rope_rotate(stream, x, col, T, H, hd, hd / 2, hd / 2, theta, 1.0f);
 }
 
-void rope2d_backward(cudaStream_t stream, float* dx, const int32_t* row, const int32_t* col,
+template <class S>
+void rope2d_backward(cudaStream_t stream, S* dx, const int32_t* row, const int32_t* col,
                      int64_t T, int H, int hd, double theta) {
   rope_rotate(stream, dx, row, T, H, hd, 0, hd / 2, theta, -1.0f);
   rope_rotate(stream, dx, col, T, H, hd, hd / 2, hd / 2, theta, -1.0f);
 }
+
+#define DHP_ROPE_INSTANCES(S)                                                               \
+  template void rope_forward<S>(cudaStream_t, S*, const int32_t*, int64_t, int, int, double);  \
+  template void rope_backward<S>(cudaStream_t, S*, const int32_t*, int64_t, int, int, double); \
+  template void rope2d_forward<S>(cudaStream_t, S*, const int32_t*, const int32_t*, int64_t,   \
+                                  int, int, double);                                           \
+  template void rope2d_backward<S>(cudaStream_t, S*, const int32_t*, const int32_t*, int64_t,  \
+                                   int, int, double);
+DHP_ROPE_INSTANCES(float)
+DHP_ROPE_INSTANCES(bf16)
+#undef DHP_ROPE_INSTANCES
 
 }  // namespace dhp::cuda

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/storage.cuh"
 
 namespace dhp::cuda::rope {
 
@@ -16,7 +17,8 @@ inline LaunchDims launch(int64_t n) { return grid_stride(n, kThreads); }
 
 // The angle is computed once and applied to every head. Angles in double as on the CPU:
 // positions reach 1e5 and float loses the phase there.
-__device__ __forceinline__ void rotate_block(float* x, const int32_t* pos, int64_t T, int H, int hd,
+template <class S>
+__device__ __forceinline__ void rotate_block(S* x, const int32_t* pos, int64_t T, int H, int hd,
                                              int offset, int span, double theta, float sign) {
   const int half = span / 2;
   const int64_t n = T * half;
@@ -27,10 +29,10 @@ __device__ __forceinline__ void rotate_block(float* x, const int32_t* pos, int64
     const double a = double(pos[t]) * pow(theta, -2.0 * i / span);
     const float c = float(cos(a)), s = sign * float(sin(a));
     for (int h = 0; h < H; ++h) {
-      float* v = x + (t * H + h) * hd + offset;
-      const float x0 = v[i], x1 = v[i + half];
-      v[i] = x0 * c - x1 * s;
-      v[i + half] = x0 * s + x1 * c;
+      S* v = x + (t * H + h) * hd + offset;
+      const float x0 = ld(v[i]), x1 = ld(v[i + half]);
+      v[i] = st<S>(x0 * c - x1 * s);
+      v[i + half] = st<S>(x0 * s + x1 * c);
     }
   }
 }

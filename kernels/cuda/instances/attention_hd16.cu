@@ -1,9 +1,12 @@
-// The attention kernels for head dimension 16, fp32 and TF32 tensor-core variants.
+// The attention kernels for head dimension 16: fp32 storage with fp32 or TF32
+// tensor-core products, and bf16 storage with tensor-core products.
 #include "kernels/cuda/attention_launch.cuh"
 
 namespace dhp::cuda::attn {
-template void launch_forward<16, false>(cudaStream_t, const FwdParams&);
-template void launch_forward<16, true>(cudaStream_t, const FwdParams&);
-template void launch_backward<16, false>(cudaStream_t, const BwdParams&);
-template void launch_backward<16, true>(cudaStream_t, const BwdParams&);
+template void launch_forward<16, false>(cudaStream_t, const FwdParams<float>&);
+template void launch_forward<16, true>(cudaStream_t, const FwdParams<float>&);
+template void launch_forward<16, true>(cudaStream_t, const FwdParams<bf16>&);
+template void launch_backward<16, false>(cudaStream_t, const BwdParams<float>&);
+template void launch_backward<16, true>(cudaStream_t, const BwdParams<float>&);
+template void launch_backward<16, true>(cudaStream_t, const BwdParams<bf16>&);
 }  // namespace dhp::cuda::attn
