@@ -183,7 +183,8 @@ grep "^-- dhp:" "$logs/configure_$built_as.log"
 stage "build (-j$jobs)"
 available=$(cmake --build "$build/cmake" --target help 2>/dev/null)
 targets=()
-for t in "${tests[@]}" "${benches[@]}"; do
+# The dhp executable too where the full tree is configured: the demo trains on the device.
+for t in "${tests[@]}" "${benches[@]}" dhp; do
   if grep -qE "^(\.\.\. )?$t(:| |$)" <<<"$available"; then targets+=("$t"); else echo "$t: no such target in this tree"; fi
 done
 if [ ${#targets[@]} -eq 0 ]; then echo "gpu_check: nothing to build"; exit 1; fi
@@ -230,6 +231,29 @@ print(f"{name:<22} {p:>7} {f:>7} {s:>7}  {status}")
 PY
 done
 cat "$summary"
+
+# ---- the demo on the device ----------------------------------------------------------------
+# Only the full build has dhp (the data path needs HDF5, OpenCV, SentencePiece and toml++).
+# A short run of the demo config with train.device = cuda in bf16: the log's loss and
+# evaluation lines show the trainer end to end on the GPU.
+dhp_bin=$(bin_of dhp)
+if [ -n "$dhp_bin" ]; then
+  stage "demo: dhp train on the device (bf16, ${GPU_CHECK_DEMO_STEPS:-300} steps)"
+  demo=$build/demo
+  rm -rf "$demo"
+  timeout "$(limit 120 240)" bash -c '
+    "$1" data synth --out "$2/data" --train 2000 --val 100 &&
+    "$1" train --config "$3/configs/demo.toml" --train.device=cuda --train.precision=bf16 \
+      --train.steps="$4" --data.train="$2/data/train.jsonl" --data.val="$2/data/val.jsonl" \
+      --data.tokenizer="$2/data/tokenizer.model" --checkpoint.dir="$2/ckpt" \
+      --log.metrics="$2/metrics.jsonl"' \
+    _ "$dhp_bin" "$demo" "$root" "${GPU_CHECK_DEMO_STEPS:-300}" >"$logs/demo.log" 2>&1
+  echo "demo: exit $?"
+  grep -E "\] \[[a-z]+\] .*(backend|step +[0-9]+/|eval val|done in)|\[error\]|error:" "$logs/demo.log" |
+    tail -12
+else
+  echo "demo: no dhp binary in the $built_as build (the data libraries are missing): skipped"
+fi
 
 # ---- benches ------------------------------------------------------------------------------
 stage "benches"
