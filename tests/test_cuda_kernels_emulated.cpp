@@ -700,7 +700,8 @@ TEST(CudaEmulated, Bf16StorageMatchesTheCpuStaging) {
         [&](float*) { cuda::ew::copy_rows_block(esy.data(), rows.data(), slot.data(), C, true); });
     expect_close("bf16 scatter_rows", widen(esy), widen(sy), kExact);
     std::vector<float> db(sz(C), 0.5f), edb(sz(C), 0.5f);
-    ref.linear_backward(Act(), nullptr, db.data(), act(b), act(a), act(a), T, C, C, false);
+    // The bias gradient only: no dx, so no W; no dW, so no x.
+    ref.linear_backward(Act(), nullptr, db.data(), act(b), CAct(), CAct(), T, C, C, false);
     run(cuda::ew::columns_launch(C), emu::floats_for<cuda::ew::ColumnShared>(), [&](float* s) {
       cuda::ew::column_sum_block(edb.data(), b.data(), T, C, shared_as<cuda::ew::ColumnShared>(s));
     });

@@ -75,9 +75,10 @@ class StagedOps final : public Ops {
   }
   void linear_backward(Act dx, float* dW, float* db, CAct dy, CAct x, CAct W, int64_t T,
                        int64_t in, int64_t out, bool accumulate_dx) const override {
+    // W is read only for dx and x only for dW, as in the reference: only those are widened.
     Out sdx(dx, T * in, accumulate_dx);
-    f_.linear_backward(sdx, dW, db, In(dy, T * out), In(x, T * in), In(W, out * in), T, in, out,
-                       accumulate_dx);
+    const In sx(dW ? x : CAct(), T * in), sW(dx ? W : CAct(), out * in);
+    f_.linear_backward(sdx, dW, db, In(dy, T * out), sx, sW, T, in, out, accumulate_dx);
   }
   void rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C) const override {
     Out sy(y, T * C, false);
