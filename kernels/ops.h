@@ -51,8 +51,9 @@ class Ops {
   virtual void cross_entropy_forward(float* lse, CrossEntropyStats* stats, CAct logits,
                                      const int32_t* targets, int64_t T, int64_t V) const = 0;
   // Merges a partial attention result over other keys into (out, lse): see
-  // kernels/cpu/attention_merge.h. out (T, H·hd), lse (H, T).
-  virtual void attention_merge(Act out, float* lse, CAct part_out, const float* part_lse,
+  // kernels/cpu/attention_merge.h. out (T, H·hd) is an fp32 running result in any storage
+  // (ring attention rounds it once, after its last merge); lse (H, T).
+  virtual void attention_merge(float* out, float* lse, CAct part_out, const float* part_lse,
                                int64_t T, int H, int hd) const = 0;
   virtual void cross_entropy_backward(Act dlogits, CAct logits, const float* lse,
                                       const int32_t* targets, int64_t T, int64_t V,
@@ -70,6 +71,9 @@ class Ops {
   virtual void patch_merge_backward(Act din, CAct dout, const MergeImage* images, int n_images,
                                     int64_t C, int m) const = 0;
   virtual void add_inplace(Act y, CAct x, int64_t n) const = 0;
+  // acc (fp32) += x (activation dtype): sums that must not round at every term, such as ring
+  // attention's dK/dV accumulators.
+  virtual void accumulate(float* acc, CAct x, int64_t n) const = 0;
   virtual void scale_inplace(float* y, float s, int64_t n) const = 0;
   virtual void fill(Act y, float value, int64_t n) const = 0;
   // y (activation dtype) = x (fp32), rounded to nearest even: the working copy of the weights

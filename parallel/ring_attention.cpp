@@ -127,21 +127,29 @@ void RingAttention::forward(int layer, Act out, float* lse, CAct q, CAct k, CAct
                             const AttnDims& d) {
   const int64_t T = T_[size_t(me_)], kvd = int64_t(d.Hkv) * d.hd, qd = int64_t(d.Hq) * d.hd;
   const int64_t maxT = *std::max_element(T_.begin(), T_.end());
+  blocks_computed_ = 0;
+  if (d_ == 1) {
+    ops_.attention_forward(out, lse, q, k, v, meta_, meta_, attn_shape(d, T, T));
+    blocks_computed_ = 1;
+    return;
+  }
+  // The output is merged block by block in fp32 whatever the storage, and rounded to it once
+  // after the last merge (as dQ and dK/dV in backward).
   const DType t = ops_.dtype();
   Act kbuf[2], vbuf[2], part_out;
-  float* part_lse;
+  float *part_lse, *out_acc;
   work_.carve([&](Carver& c) {
     for (int b = 0; b < 2; ++b) {
       kbuf[b] = c.take(maxT * kvd, t);  // (maxT, Hkv·hd) blocks arriving from prev
       vbuf[b] = c.take(maxT * kvd, t);
     }
-    part_out = c.take(T * qd, t);                // (T, Hq·hd)
-    part_lse = c.take<float>(int64_t(d.Hq) * T);     // (Hq, T)
+    part_out = c.take(T * qd, t);                 // (T, Hq·hd) one block's result
+    part_lse = c.take<float>(int64_t(d.Hq) * T);  // (Hq, T)
+    out_acc = c.take<float>(T * qd);              // (T, Hq·hd) the running result
   });
 
   CAct cur_k = k;
   CAct cur_v = v;
-  blocks_computed_ = 0;
   for (int s = 0; s < d_; ++s) {
     const int from = source(s);
     const int64_t Tf = T_[size_t(from)];
@@ -153,13 +161,15 @@ void RingAttention::forward(int layer, Act out, float* lse, CAct q, CAct k, CAct
                              tag(layer, kK), tag(layer, kV));
     }
     if (s == 0) {
-      // The local block always runs: it writes out and lse, the base of every later merge.
-      ops_.attention_forward(out, lse, q, k, v, meta_, meta_, attn_shape(d, T, T));
+      // The local block always runs: it writes the base of every later merge and its lse.
+      ops_.attention_forward(part_out, lse, q, k, v, meta_, meta_, attn_shape(d, T, T));
+      ops_.fill(out_acc, 0.0f, T * qd);
+      ops_.accumulate(out_acc, part_out, T * qd);
       ++blocks_computed_;
     } else if (visible_[size_t(from)] && T > 0 && Tf > 0) {
       ops_.attention_forward(part_out, part_lse, q, cur_k, cur_v, meta_, member_meta(from),
                              attn_shape(d, T, Tf));
-      ops_.attention_merge(out, lse, part_out, part_lse, T, d.Hq, d.hd);
+      ops_.attention_merge(out_acc, lse, part_out, part_lse, T, d.Hq, d.hd);
       ++blocks_computed_;
     }
     if (next_block) {
@@ -168,6 +178,7 @@ void RingAttention::forward(int layer, Act out, float* lse, CAct q, CAct k, CAct
       cur_v = vbuf[(s + 1) % 2];
     }
   }
+  ops_.cast(out, out_acc, T * qd);
 }
 
 void RingAttention::backward(int layer, Act dq, Act dk, Act dv, CAct dout, CAct out,
@@ -179,25 +190,29 @@ void RingAttention::backward(int layer, Act dq, Act dk, Act dv, CAct dout, CAct 
     return;
   }
   const int64_t maxT = *std::max_element(T_.begin(), T_.end());
-  // In bf16 storage the dK/dV accumulators travel in bf16 too: each ring step rounds them once.
+  // The sums over ring steps — dQ over the key blocks, each block's dK/dV over the ranks it
+  // visits — are kept and passed in fp32 whatever the storage, and rounded to it once at the
+  // end: in bf16 storage the result then depends on the ring's degree no more than fp32's.
   const DType t = ops_.dtype();
-  Act kbuf[2], vbuf[2], dkbuf[2], dvbuf[2], dq_part, dk_part, dv_part;
+  Act kbuf[2], vbuf[2], dq_part, dk_part, dv_part;
+  float *dk_acc[2], *dv_acc[2], *dq_acc;
   work_.carve([&](Carver& c) {
     for (int b = 0; b < 2; ++b) {
-      kbuf[b] = c.take(maxT * kvd, t);   // (maxT, Hkv·hd) K/V blocks from prev
+      kbuf[b] = c.take(maxT * kvd, t);          // (maxT, Hkv·hd) K/V blocks from prev
       vbuf[b] = c.take(maxT * kvd, t);
-      dkbuf[b] = c.take(maxT * kvd, t);  // (maxT, Hkv·hd) dK/dV accumulators from prev
-      dvbuf[b] = c.take(maxT * kvd, t);
+      dk_acc[b] = c.take<float>(maxT * kvd);  // (maxT, Hkv·hd) dK/dV accumulators from prev
+      dv_acc[b] = c.take<float>(maxT * kvd);
     }
-    dq_part = c.take(T * qd, t);         // (T, Hq·hd)
-    dk_part = c.take(maxT * kvd, t);     // (maxT, Hkv·hd)
+    dq_acc = c.take<float>(T * qd);  // (T, Hq·hd)
+    dq_part = c.take(T * qd, t);     // (T, Hq·hd) one block's parts
+    dk_part = c.take(maxT * kvd, t);  // (maxT, Hkv·hd)
     dv_part = c.take(maxT * kvd, t);
   });
 
   CAct cur_k = k;
   CAct cur_v = v;
   std::unique_ptr<PendingExchange> kv_next, acc_next;
-  bool dq_written = false;
+  ops_.fill(dq_acc, 0.0f, T * qd);
   for (int s = 0; s < d_; ++s) {
     const int from = source(s);
     const int64_t Tf = T_[size_t(from)];
@@ -209,34 +224,27 @@ void RingAttention::backward(int layer, Act dq, Act dk, Act dv, CAct dout, CAct 
     }
     // This rank's queries' part of dQ, and of the block's dK/dV.
     const bool compute = visible_[size_t(from)] && T > 0 && Tf > 0;
-    const Act acc_k = dkbuf[s % 2];
-    const Act acc_v = dvbuf[s % 2];
+    float* acc_k = dk_acc[s % 2];
+    float* acc_v = dv_acc[s % 2];
     if (compute) {
-      const Act dq_out = dq_written ? dq_part : dq;
-      const Act dk_out = s == 0 ? acc_k : dk_part;
-      const Act dv_out = s == 0 ? acc_v : dv_part;
-      ops_.attention_backward(dq_out, dk_out, dv_out, dout, out, lse, q, cur_k, cur_v, meta_,
+      ops_.attention_backward(dq_part, dk_part, dv_part, dout, out, lse, q, cur_k, cur_v, meta_,
                               member_meta(from), attn_shape(d, T, Tf));
-      if (dq_written) ops_.add_inplace(dq, dq_part, T * qd);
-      dq_written = true;
+      ops_.accumulate(dq_acc, dq_part, T * qd);
     }
     if (s == 0) {
-      if (!compute) {
-        ops_.fill(acc_k, 0.0f, Tf * kvd);
-        ops_.fill(acc_v, 0.0f, Tf * kvd);
-      }
+      ops_.fill(acc_k, 0.0f, Tf * kvd);
+      ops_.fill(acc_v, 0.0f, Tf * kvd);
     } else {
       waited_.wait(*acc_next);  // the block's accumulator, with every earlier rank's part
-      if (compute) {
-        ops_.add_inplace(acc_k, dk_part, Tf * kvd);
-        ops_.add_inplace(acc_v, dv_part, Tf * kvd);
-      }
+    }
+    if (compute) {
+      ops_.accumulate(acc_k, dk_part, Tf * kvd);
+      ops_.accumulate(acc_v, dv_part, Tf * kvd);
     }
     // Pass the accumulator on; after the last step, the one arriving is this rank's own.
-    const bool last = s + 1 == d_;
     const int64_t n_recv = T_[size_t(source(s + 1))] * kvd;
-    acc_next = pass_pair(acc_k, acc_v, Tf * kvd, last ? dk : dkbuf[(s + 1) % 2],
-                         last ? dv : dvbuf[(s + 1) % 2], n_recv, tag(layer, kDK), tag(layer, kDV));
+    acc_next = pass_pair(acc_k, acc_v, Tf * kvd, dk_acc[(s + 1) % 2], dv_acc[(s + 1) % 2], n_recv,
+                         tag(layer, kDK), tag(layer, kDV));
     if (kv_next) {
       waited_.wait(*kv_next);
       kv_next.reset();
@@ -245,7 +253,9 @@ void RingAttention::backward(int layer, Act dq, Act dk, Act dv, CAct dout, CAct 
     }
   }
   waited_.wait(*acc_next);
-  if (!dq_written) ops_.fill(dq, 0.0f, T * qd);
+  ops_.cast(dk, dk_acc[d_ % 2], T * kvd);
+  ops_.cast(dv, dv_acc[d_ % 2], T * kvd);
+  ops_.cast(dq, dq_acc, T * qd);
 }
 
 }  // namespace dhp

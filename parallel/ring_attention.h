@@ -7,7 +7,9 @@
 // attention is merged into the running output through the log-sum-exp, and the next block is
 // already in flight while the current one computes. Backward passes K/V around the ring the
 // same way, together with the dK/dV accumulators of each block, which every rank adds its
-// queries' contribution to; after d steps each block's accumulator is home. Blocks that the
+// queries' contribution to; after d steps each block's accumulator is home. The running
+// output, dQ's sum over the blocks and the dK/dV accumulators are fp32 in any storage, and
+// rounded to it once at the end. Blocks that the
 // mask hides entirely from this rank's queries are not computed.
 //
 // The group is a list of world ranks on the one global communicator: forming a group creates

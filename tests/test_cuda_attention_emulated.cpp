@@ -179,9 +179,20 @@ TEST(CudaAttentionMergeEmulated, MatchesTheCpu) {
     emu::launch({blocks, 1, 1}, kMergeThreads, 0, [&](float*) {
       merge_block(gout.data(), glse.data(), part.data(), plse.data(), T, H, hd);
     });
+    // A part in bf16 storage merges into the fp32 running result as its widened values.
+    const std::vector<cuda::bf16> part16 = stored<cuda::bf16>(part);
+    std::vector<float> bout = out, blse = lse;
+    emu::launch({blocks, 1, 1}, kMergeThreads, 0, [&](float*) {
+      merge_block(bout.data(), blse.data(), part16.data(), plse.data(), T, H, hd);
+    });
+    const std::vector<float> part_values = widened(part16);
+    std::vector<float> wout = out, wlse = lse;
+    cpu::attention_merge(wout.data(), wlse.data(), part_values.data(), plse.data(), T, H, hd);
     cpu::attention_merge(out.data(), lse.data(), part.data(), plse.data(), T, H, hd);
     expect_close("merged out", gout, out);
     expect_close("merged lse", glse, lse);
+    expect_close("merged out, bf16 part", bout, wout);
+    expect_close("merged lse, bf16 part", blse, wlse);
   }
 }
 

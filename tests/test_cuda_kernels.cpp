@@ -673,18 +673,25 @@ TEST_F(CudaOpsTest, Bf16StorageOpsMatchTheCpuStaging) {
     expect_close("bf16 embedding dtable", get<float>(DT, dt.size()), dt, kExact);
 
     const int H = 3, hd = 80;
-    auto o = pair(random_vec(rng_, T * H * hd)), po = pair(random_vec(rng_, T * H * hd));
+    // The running output is fp32; the part merged into it is in the storage.
+    auto po = pair(random_vec(rng_, T * H * hd));
+    auto o = random_vec(rng_, T * H * hd);
     auto lse = random_vec(rng_, T * H, 4.0f), plse = random_vec(rng_, T * H, 4.0f);
-    auto L = put(lse), PL = put(plse);
-    c().attention_merge(o.h(), lse.data(), po.h(), plse.data(), T, H, hd);
-    g().attention_merge(o.d(), L.as<float>(), po.d(), PL.as<float>(), T, H, hd);
-    expect_pair("bf16 attention merge out", o, kStep);
+    auto O = put(o), L = put(lse), PL = put(plse);
+    c().attention_merge(o.data(), lse.data(), po.h(), plse.data(), T, H, hd);
+    g().attention_merge(O.as<float>(), L.as<float>(), po.d(), PL.as<float>(), T, H, hd);
+    expect_close("bf16 attention merge out", get<float>(O, o.size()), o, kRowReduce);
     expect_close("bf16 attention merge lse", get<float>(L, lse.size()), lse, kRowReduce);
 
     auto y = pair(random_vec(rng_, T * C)), x = pair(random_vec(rng_, T * C));
     c().add_inplace(y.h(), x.h(), T * C);
     g().add_inplace(y.d(), x.d(), T * C);
     expect_pair("bf16 add", y, kExact);  // one fp32 add, one rounding, on both
+    auto acc = random_vec(rng_, T * C);
+    auto Acc = put(acc);
+    c().accumulate(acc.data(), x.h(), T * C);
+    g().accumulate(Acc.as<float>(), x.d(), T * C);
+    expect_close("bf16 into fp32 accumulate", get<float>(Acc, acc.size()), acc, kExact);
     std::vector<int32_t> slot(T, -1);
     for (int64_t t = 0; t < T; t += 3) slot[t] = int32_t(t / 3);
     auto S = put(slot);

@@ -678,6 +678,12 @@ TEST(CudaEmulated, Bf16StorageMatchesTheCpuStaging) {
     ref.add_inplace(act(a), act(b), T * C);
     run(cuda::ew::launch(T * C), 0, [&](float*) { cuda::ew::add_block(ea.data(), b.data(), T * C); });
     expect_close("bf16 add", widen(ea), widen(a), kExact);  // one fp32 add, one rounding
+    auto acc = random_vec(rng, sz(T * C));
+    auto eacc = acc;
+    ref.accumulate(acc.data(), act(b), T * C);
+    run(cuda::ew::launch(T * C), 0,
+        [&](float*) { cuda::ew::accumulate_block(eacc.data(), b.data(), T * C); });
+    expect_close("bf16 into fp32 accumulate", eacc, acc, kExact);
     const auto master = random_vec(rng, sz(T * C));
     std::vector<bf16> cast(sz(T * C)), ecast(sz(T * C));
     ref.cast(act(cast), master.data(), T * C);

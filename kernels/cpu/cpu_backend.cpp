@@ -91,9 +91,9 @@ class CpuOps final : public Ops {
     cpu::attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(out), lse, f32(q), f32(k),
                             f32(v), qm, km, s);
   }
-  void attention_merge(Act out, float* lse, CAct part_out, const float* part_lse, int64_t T,
+  void attention_merge(float* out, float* lse, CAct part_out, const float* part_lse, int64_t T,
                        int H, int hd) const override {
-    cpu::attention_merge(f32(out), lse, f32(part_out), part_lse, T, H, hd);
+    cpu::attention_merge(out, lse, f32(part_out), part_lse, T, H, hd);
   }
   void cross_entropy_forward(float* lse, CrossEntropyStats* stats, CAct logits,
                              const int32_t* targets, int64_t T, int64_t V) const override {
@@ -127,6 +127,9 @@ class CpuOps final : public Ops {
     cpu::patch_merge_backward(f32(din), f32(dout), images, n_images, C, m);
   }
   void add_inplace(Act y, CAct x, int64_t n) const override { cpu::add_inplace(f32(y), f32(x), n); }
+  void accumulate(float* acc, CAct x, int64_t n) const override {
+    cpu::add_inplace(acc, f32(x), n);
+  }
   void scale_inplace(float* y, float s, int64_t n) const override { cpu::scale_inplace(y, s, n); }
   void fill(Act y, float value, int64_t n) const override { cpu::fill(f32(y), value, n); }
   void cast(Act y, const float* x, int64_t n) const override {

@@ -139,10 +139,9 @@ class StagedOps final : public Ops {
     f_.attention_backward(sdq, sdk, sdv, In(dout, nq), In(out, nq), lse, In(q, nq), In(k, nk),
                           In(v, nk), qm, km, s);
   }
-  void attention_merge(Act out, float* lse, CAct part_out, const float* part_lse, int64_t T,
+  void attention_merge(float* out, float* lse, CAct part_out, const float* part_lse, int64_t T,
                        int H, int hd) const override {
-    Out so(out, T * H * hd, true);
-    f_.attention_merge(so, lse, In(part_out, T * H * hd), part_lse, T, H, hd);
+    f_.attention_merge(out, lse, In(part_out, T * H * hd), part_lse, T, H, hd);
   }
   void cross_entropy_forward(float* lse, CrossEntropyStats* stats, CAct logits,
                              const int32_t* targets, int64_t T, int64_t V) const override {
@@ -189,15 +188,18 @@ class StagedOps final : public Ops {
     Out sy(y, n, true);
     f_.add_inplace(sy, In(x, n), n);
   }
+  void accumulate(float* acc, CAct x, int64_t n) const override {
+    f_.accumulate(acc, In(x, n), n);
+  }
   void scale_inplace(float* y, float s, int64_t n) const override { f_.scale_inplace(y, s, n); }
   void fill(Act y, float value, int64_t n) const override {
-    DHP_ASSERT(y.t == DType::BF16);
+    if (y.is_f32()) return f_.fill(y, value, n);  // fp32 buffers (accumulators) too
     const uint16_t h = bf16_from_float(value);
     auto* o = static_cast<uint16_t*>(y.p);
     for (int64_t i = 0; i < n; ++i) o[i] = h;
   }
   void cast(Act y, const float* x, int64_t n) const override {
-    DHP_ASSERT(y.t == DType::BF16);
+    if (y.is_f32()) return f_.cast(y, x, n);
     to_bf16(static_cast<uint16_t*>(y.p), x, n);
   }
   void sum_squares(double* out, const float* x, int64_t n) const override {

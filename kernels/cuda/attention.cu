@@ -40,7 +40,7 @@ void by_head_dim(int hd, F f) {
 }
 
 template <class S>
-__global__ void merge_kernel(S* out, float* lse, const S* part_out, const float* part_lse,
+__global__ void merge_kernel(float* out, float* lse, const S* part_out, const float* part_lse,
                              int64_t T, int H, int hd) {
   attn::merge_block(out, lse, part_out, part_lse, T, H, hd);
 }
@@ -82,7 +82,7 @@ void attention_backward(cudaStream_t stream, S* dq, S* dk, S* dv, const S* dout,
 }
 
 template <class S>
-void attention_merge(cudaStream_t stream, S* out, float* lse, const S* part_out,
+void attention_merge(cudaStream_t stream, float* out, float* lse, const S* part_out,
                      const float* part_lse, int64_t T, int H, int hd) {
   const int64_t rows = T * H;
   const int64_t blocks = (rows * 32 + attn::kMergeThreads - 1) / attn::kMergeThreads;
@@ -99,7 +99,7 @@ void attention_merge(cudaStream_t stream, S* out, float* lse, const S* part_out,
   template void attention_backward<S>(cudaStream_t, S*, S*, S*, const S*, const S*,           \
                                       const float*, const S*, const S*, const S*, AttnMeta,   \
                                       AttnMeta, const AttnShape&, AttnMath);                  \
-  template void attention_merge<S>(cudaStream_t, S*, float*, const S*, const float*, int64_t, \
+  template void attention_merge<S>(cudaStream_t, float*, float*, const S*, const float*, int64_t, \
                                    int, int);
 DHP_ATTENTION_ENTRIES(float)
 DHP_ATTENTION_ENTRIES(bf16)

@@ -35,8 +35,9 @@ void attention_backward(cudaStream_t stream, S* dq, S* dk, S* dv, const S* dout,
 
 // Merges part b (part_out (T, H, hd), part_lse (H, T)) into a (out, lse) in place
 // (kernels/cpu/attention_merge.h).
+// out and lse are the fp32 running result; part_out in the storage S.
 template <class S>
-void attention_merge(cudaStream_t stream, S* out, float* lse, const S* part_out,
+void attention_merge(cudaStream_t stream, float* out, float* lse, const S* part_out,
                      const float* part_lse, int64_t T, int H, int hd);
 
 }  // namespace dhp::cuda

@@ -16,7 +16,7 @@ constexpr int kMergeThreads = 256;  // 8 rows per block
 // log-sum-exps before lane 0 writes the merged one (the warp meets at __syncwarp first), so no
 // lane reads a half-updated row.
 template <class S>
-__device__ __forceinline__ void merge_block(S* out, float* lse, const S* part_out,
+__device__ __forceinline__ void merge_block(float* out, float* lse, const S* part_out,
                                             const float* part_lse, int64_t T, int H, int hd) {
   const int64_t row = (int64_t(blockIdx.x) * kMergeThreads + threadIdx.x) / 32;
   const int lane = int(threadIdx.x % 32);
@@ -26,16 +26,16 @@ __device__ __forceinline__ void merge_block(S* out, float* lse, const S* part_ou
   const float la = *a, lb = part_lse[h * T + t];
   __syncwarp();
   if (lb == -INFINITY) return;  // part b saw no key: nothing to add
-  S* o = out + row * hd;
+  float* o = out + row * hd;
   const S* po = part_out + row * hd;
   if (la == -INFINITY) {
-    for (int i = lane; i < hd; i += 32) o[i] = po[i];
+    for (int i = lane; i < hd; i += 32) o[i] = ld(po[i]);
     if (lane == 0) *a = lb;
     return;
   }
   const float m = fmaxf(la, lb);
   const float wa = expf(la - m), wb = expf(lb - m), s = wa + wb;
-  for (int i = lane; i < hd; i += 32) o[i] = st<S>((wa * ld(o[i]) + wb * ld(po[i])) / s);
+  for (int i = lane; i < hd; i += 32) o[i] = (wa * o[i] + wb * ld(po[i])) / s;
   if (lane == 0) *a = m + logf(s);
 }
 

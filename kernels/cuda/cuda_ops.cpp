@@ -140,10 +140,10 @@ void CudaOps::attention_backward(Act dq, Act dk, Act dv, CAct dout, CAct out, co
                                             as<S>(v), qm, km, s, attn_math_));
 }
 
-void CudaOps::attention_merge(Act out, float* lse, CAct part_out, const float* part_lse,
+void CudaOps::attention_merge(float* out, float* lse, CAct part_out, const float* part_lse,
                               int64_t T, int H, int hd) const {
   DHP_STORAGE_CALL(
-      cuda::attention_merge(stream_, as<S>(out), lse, as<S>(part_out), part_lse, T, H, hd));
+      cuda::attention_merge(stream_, out, lse, as<S>(part_out), part_lse, T, H, hd));
 }
 
 void CudaOps::cross_entropy_forward(float* lse, CrossEntropyStats* stats, CAct logits,
@@ -189,6 +189,10 @@ void CudaOps::patch_merge_backward(Act din, CAct dout, const MergeImage* images,
 
 void CudaOps::add_inplace(Act y, CAct x, int64_t n) const {
   DHP_STORAGE_CALL(cuda::add_inplace(stream_, as<S>(y), as<S>(x), n));
+}
+
+void CudaOps::accumulate(float* acc, CAct x, int64_t n) const {
+  DHP_STORAGE_CALL(cuda::accumulate(stream_, acc, as<S>(x), n));
 }
 
 void CudaOps::scale_inplace(float* y, float s, int64_t n) const {

@@ -50,7 +50,7 @@ class CudaOps final : public Ops {
                           const AttnShape& s) const override;
   void cross_entropy_forward(float* lse, CrossEntropyStats* stats, CAct logits,
                              const int32_t* targets, int64_t T, int64_t V) const override;
-  void attention_merge(Act out, float* lse, CAct part_out, const float* part_lse, int64_t T,
+  void attention_merge(float* out, float* lse, CAct part_out, const float* part_lse, int64_t T,
                        int H, int hd) const override;
   void cross_entropy_backward(Act dlogits, CAct logits, const float* lse, const int32_t* targets,
                               int64_t T, int64_t V, float scale) const override;
@@ -65,6 +65,7 @@ class CudaOps final : public Ops {
   void patch_merge_backward(Act din, CAct dout, const MergeImage* images, int n_images, int64_t C,
                             int m) const override;
   void add_inplace(Act y, CAct x, int64_t n) const override;
+  void accumulate(float* acc, CAct x, int64_t n) const override;
   void scale_inplace(float* y, float s, int64_t n) const override;
   void fill(Act y, float value, int64_t n) const override;
   void cast(Act y, const float* x, int64_t n) const override;

@@ -10,6 +10,11 @@ namespace {
 template <class S>
 __global__ void add_kernel(S* y, const S* x, int64_t n) { ew::add_block(y, x, n); }
 
+template <class S>
+__global__ void accumulate_kernel(float* acc, const S* x, int64_t n) {
+  ew::accumulate_block(acc, x, n);
+}
+
 __global__ void add4_kernel(float4* y, const float4* x, int64_t n4) { ew::add4_block(y, x, n4); }
 
 __global__ void scale_kernel(float* y, float s, int64_t n) { ew::scale_block(y, s, n); }
@@ -62,6 +67,14 @@ void add_inplace(cudaStream_t stream, S* y, const S* x, int64_t n) {
   }
   const LaunchDims l = ew::launch(n);
   add_kernel<<<l.grid(), l.block(), 0, stream>>>(y, x, n);
+  DHP_CUDA_CHECK_LAUNCH();
+}
+
+template <class S>
+void accumulate(cudaStream_t stream, float* acc, const S* x, int64_t n) {
+  if (n <= 0) return;
+  const LaunchDims l = ew::launch(n);
+  accumulate_kernel<<<l.grid(), l.block(), 0, stream>>>(acc, x, n);
   DHP_CUDA_CHECK_LAUNCH();
 }
 
@@ -132,6 +145,7 @@ void column_sum_add(cudaStream_t stream, float* db, const S* x, int64_t T, int64
 
 #define DHP_ELEMENTWISE_INSTANCES(S)                                                            \
   template void add_inplace<S>(cudaStream_t, S*, const S*, int64_t);                           \
+  template void accumulate<S>(cudaStream_t, float*, const S*, int64_t);                        \
   template void fill<S>(cudaStream_t, S*, float, int64_t);                                     \
   template void scatter_rows<S>(cudaStream_t, S*, const S*, const int32_t*, int64_t, int64_t); \
   template void gather_rows<S>(cudaStream_t, S*, const S*, const int32_t*, int64_t, int64_t);  \

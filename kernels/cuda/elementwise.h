@@ -13,6 +13,9 @@ namespace dhp::cuda {
 // S: the storage, float or bf16 (kernels/cuda/storage.cuh).
 template <class S>
 void add_inplace(cudaStream_t stream, S* y, const S* x, int64_t n);  // y += x
+// acc (fp32) += x.
+template <class S>
+void accumulate(cudaStream_t stream, float* acc, const S* x, int64_t n);
 void scale_inplace(cudaStream_t stream, float* y, float s, int64_t n);  // y *= s
 template <class S>
 void fill(cudaStream_t stream, S* y, float value, int64_t n);

@@ -39,6 +39,13 @@ __device__ __forceinline__ void add_block(S* y, const S* x, int64_t n) {
     y[i] = st<S>(ld(y[i]) + ld(x[i]));
 }
 
+template <class S>
+__device__ __forceinline__ void accumulate_block(float* acc, const S* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    acc[i] += ld(x[i]);
+}
+
 __device__ __forceinline__ void add4_block(float4* y, const float4* x, int64_t n4) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
        i += int64_t(gridDim.x) * blockDim.x) {
