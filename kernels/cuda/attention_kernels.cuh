@@ -152,6 +152,40 @@ __device__ __forceinline__ int tile_size(int64_t T, int64_t t0) {
   return T - t0 < kTile ? int(T - t0) : kTile;
 }
 
+// Writes a tile's n rows of an accumulator — in the thread grid's layout (acc: rows 4·ty + i,
+// columns tx + 16·v) or the tensor cores' (accc) — to rows t0.. of x (T, H, HD) at head h,
+// times scale(r) for row r, rounded once to x's storage.
+template <int HD, bool TC, class T, class Scale>
+__device__ __forceinline__ void store_tile(T* x, int64_t t0, int n, int H, int h,
+                                           const float (&acc)[kRows][HD / kGroup],
+                                           const float (&accc)[HD / kGroup][4], Scale scale) {
+  constexpr int NV = HD / kGroup;
+  if constexpr (TC) {
+    const int c0 = HD / 2 * (int(threadIdx.x) / 32 / 4);
+    for (int e = 0; e < 4; ++e) {
+      const int r = mma_row(e);
+      if (r >= n) continue;
+      const float f = scale(r);
+      T* row = x + ((t0 + r) * H + h) * HD + c0;
+      for (int v = 0; v < NV; ++v) row[8 * v + mma_col(e)] = st<T>(accc[v][e] * f);
+    }
+  } else {
+    const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
+    for (int i = 0; i < kRows; ++i) {
+      const int r = ty * kRows + i;
+      if (r >= n) continue;
+      const float f = scale(r);
+      T* row = x + ((t0 + r) * H + h) * HD;
+      for (int v = 0; v < NV; ++v) row[tx + kGroup * v] = st<T>(acc[i][v] * f);
+    }
+  }
+}
+
+// The scale of a gradient's rows.
+struct Unscaled {
+  __device__ __forceinline__ float operator()(int) const { return 1.0f; }
+};
+
 // The backward kernels' two products of a tile pair in this thread's slice (rows 4·ty + i of
 // a1/a2, columns tx + 16·j of b1/b2): x1 = a1·b1ᵀ and x2 = a2·b2ᵀ over HD. The tensor-core
 // variant has them already in m1/m2 (row stride SS); the fp32 one sums them here, both in
@@ -197,7 +231,7 @@ __device__ void forward_block(const FwdParams<T>& p, float* smem) {
   float* kv = qs + tile_floats(HD, TC);  // (kTile, S) keys, then values
   float* ps = kv + tile_floats(HD, TC);  // (kTile, SS) scores, then probabilities
   float* row_alpha = ps + kTile * SS;    // (kTile) TC: the rescaling of each row
-  float* row_sum = row_alpha + kTile;    // (kTile) TC: the final row sums
+  float* row_sum = row_alpha + kTile;    // (kTile) the final row sums
   int32_t* qmeta = reinterpret_cast<int32_t*>(row_sum + kTile);  // (3, kTile)
   int32_t* kmeta = qmeta + 3 * kTile;                            // (3, kTile)
   const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
@@ -300,27 +334,14 @@ __device__ void forward_block(const FwdParams<T>& p, float* smem) {
     const int r = ty * kRows + i;
     const float lt = group_sum(l[i]);
     if (r >= nq) continue;
-    if (tx == 0)
+    if (tx == 0) {
       p.lse[int64_t(h) * p.Tq + q0 + r] = lt > 0.0f ? (m[i] + log2f(lt)) * kLn2 : -INFINITY;
-    if constexpr (TC) {
-      if (tx == 0) row_sum[r] = lt;
-    } else {
-      const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-      T* orow = p.out + ((q0 + r) * p.Hq + h) * HD;
-      for (int v = 0; v < NV; ++v) orow[tx + kGroup * v] = st<T>(o[i][v] * inv);
+      row_sum[r] = lt;
     }
   }
-  if constexpr (TC) {
-    __syncthreads();
-    const int c0 = HD / 2 * (int(threadIdx.x) / 32 / 4);
-    for (int e = 0; e < 4; ++e) {
-      const int r = mma_row(e);
-      if (r >= nq) continue;
-      const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
-      T* orow = p.out + ((q0 + r) * p.Hq + h) * HD + c0;
-      for (int v = 0; v < NV; ++v) orow[8 * v + mma_col(e)] = st<T>(oc[v][e] * inv);
-    }
-  }
+  __syncthreads();  // every row's sum is in row_sum (the tensor-core layout spans row groups)
+  store_tile<HD, TC>(p.out, q0, nq, p.Hq, h, o, oc,
+                     [&](int r) { return row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f; });
 }
 
 // ---- backward, dK and dV: one (key tile, kv head) per block ---------------------------------
@@ -411,30 +432,8 @@ __device__ void backward_kv_block(const BwdParams<T>& p, float* smem) {
       }
     }
   }
-  if constexpr (TC) {
-    const int c0 = HD / 2 * (int(threadIdx.x) / 32 / 4);
-    for (int e = 0; e < 4; ++e) {
-      const int r = mma_row(e);
-      if (r >= nk) continue;
-      T* dkrow = p.dk + ((k0 + r) * p.Hkv + hk) * HD + c0;
-      T* dvrow = p.dv + ((k0 + r) * p.Hkv + hk) * HD + c0;
-      for (int v = 0; v < NV; ++v) {
-        dkrow[8 * v + mma_col(e)] = st<T>(dkc[v][e]);
-        dvrow[8 * v + mma_col(e)] = st<T>(dvc[v][e]);
-      }
-    }
-  } else {
-    for (int i = 0; i < kRows; ++i) {
-      const int r = ty * kRows + i;
-      if (r >= nk) continue;
-      T* dkrow = p.dk + ((k0 + r) * p.Hkv + hk) * HD;
-      T* dvrow = p.dv + ((k0 + r) * p.Hkv + hk) * HD;
-      for (int v = 0; v < NV; ++v) {
-        dkrow[tx + kGroup * v] = st<T>(dk[i][v]);
-        dvrow[tx + kGroup * v] = st<T>(dv[i][v]);
-      }
-    }
-  }
+  store_tile<HD, TC>(p.dk, k0, nk, p.Hkv, hk, dk, dkc, Unscaled{});
+  store_tile<HD, TC>(p.dv, k0, nk, p.Hkv, hk, dv, dvc, Unscaled{});
 }
 
 // ---- backward, dQ: one (query tile, query head) per block -----------------------------------
@@ -513,22 +512,7 @@ __device__ void backward_q_block(const BwdParams<T>& p, float* smem) {
       }
     }
   }
-  if constexpr (TC) {
-    const int c0 = HD / 2 * (int(threadIdx.x) / 32 / 4);
-    for (int e = 0; e < 4; ++e) {
-      const int r = mma_row(e);
-      if (r >= nq) continue;
-      T* row = p.dq + ((q0 + r) * p.Hq + h) * HD + c0;
-      for (int v = 0; v < NV; ++v) row[8 * v + mma_col(e)] = st<T>(dqc[v][e]);
-    }
-  } else {
-    for (int i = 0; i < kRows; ++i) {
-      const int r = ty * kRows + i;
-      if (r >= nq) continue;
-      T* row = p.dq + ((q0 + r) * p.Hq + h) * HD;
-      for (int v = 0; v < NV; ++v) row[tx + kGroup * v] = st<T>(dq[i][v]);
-    }
-  }
+  store_tile<HD, TC>(p.dq, q0, nq, p.Hq, h, dq, dqc, Unscaled{});
 }
 
 }  // namespace dhp::cuda::attn
