@@ -215,7 +215,7 @@ std::vector<int32_t> Model::generate(const Batch& prompt, int32_t eos, const Sam
                         V);
     if (dtype_ == DType::BF16) {
       backend_.download(logits_bf16.data(), logits_dev.data(), logits_dev.bytes());
-      std::transform(logits_bf16.begin(), logits_bf16.end(), logits.begin(), bf16_to_float);
+      widen_bf16(logits.data(), logits_bf16.data(), V);
     } else {
       backend_.download(logits.data(), logits_dev.data(), logits_dev.bytes());
     }

@@ -63,17 +63,10 @@ class CudaOpsTest : public ::testing::Test {
   }
   // A device copy of host values in the storage t (bf16: rounded), and back as fp32.
   DeviceBuffer put_as(const std::vector<float>& v, DType t) {
-    if (t == DType::F32) return put(v);
-    std::vector<uint16_t> h(v.size());
-    std::transform(v.begin(), v.end(), h.begin(), bf16_from_float);
-    return put(h);
+    return t == DType::F32 ? put(v) : put(round_to_bf16(v));
   }
   std::vector<float> get_as(const DeviceBuffer& d, size_t n, DType t) {
-    if (t == DType::F32) return get<float>(d, n);
-    const std::vector<uint16_t> h = get<uint16_t>(d, n);
-    std::vector<float> v(n);
-    std::transform(h.begin(), h.end(), v.begin(), bf16_to_float);
-    return v;
+    return t == DType::F32 ? get<float>(d, n) : widen_bf16(get<uint16_t>(d, n));
   }
   const Ops& g() const { return gpu_->ops(); }
   const Ops& c() const { return cpu_->ops(); }
@@ -566,21 +559,14 @@ TEST_F(CudaOpsTest, Bf16StorageOpsMatchTheCpuStaging) {
   const Tol kStep{1e-6, 0x1p-7 + 1e-6};
   auto pair = [&](const std::vector<float>& v) {
     Bf16Pair p;
-    p.host.resize(v.size());
-    std::transform(v.begin(), v.end(), p.host.begin(), bf16_from_float);
+    p.host = round_to_bf16(v);
     p.dev = put(p.host);
     return p;
   };
   auto blank = [&](size_t n) { return pair(std::vector<float>(n, 7.0f)); };
-  auto widen = [](const std::vector<uint16_t>& h) {
-    std::vector<float> v(h.size());
-    std::transform(h.begin(), h.end(), v.begin(), bf16_to_float);
-    return v;
-  };
-  // The device side of a pair, and the host side, as fp32 values.
-  auto dev_values = [&](const Bf16Pair& p) { return widen(get<uint16_t>(p.dev, p.host.size())); };
+  // The device side of a pair against the host side, as fp32 values.
   auto expect_pair = [&](const std::string& what, const Bf16Pair& p, Tol tol) {
-    expect_close(what, dev_values(p), widen(p.host), tol);
+    expect_close(what, get_as(p.dev, p.host.size(), DType::BF16), widen_bf16(p.host), tol);
   };
   const int64_t T = 300, C = 1000, F = 2048, V = 32000;
 

@@ -5,7 +5,6 @@
 // by side on one communicator.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -187,16 +186,6 @@ TEST(RingAttention, Bf16StorageErrorDoesNotGrowWithTheDegree) {
   cpu::attention_forward(p.out.data(), p.lse.data(), p.q.data(), p.k.data(), p.v.data(), m, m, sh);
   cpu::attention_backward(p.dq.data(), p.dk.data(), p.dv.data(), p.dout.data(), p.out.data(),
                           p.lse.data(), p.q.data(), p.k.data(), p.v.data(), m, m, sh);
-  auto stored = [](const std::vector<float>& x) {
-    std::vector<uint16_t> y(x.size());
-    std::transform(x.begin(), x.end(), y.begin(), bf16_from_float);
-    return y;
-  };
-  auto widened = [](const std::vector<uint16_t>& x) {
-    std::vector<float> y(x.size());
-    std::transform(x.begin(), x.end(), y.begin(), bf16_to_float);
-    return y;
-  };
   // Relative L2 error of out, dQ, dK and dV over the whole pack, for a ring of degree d.
   auto errors = [&](int d) {
     std::mutex mu;
@@ -208,8 +197,9 @@ TEST(RingAttention, Bf16StorageErrorDoesNotGrowWithTheDegree) {
       const std::vector<int64_t> tokens = zigzag_tokens(p, d, comm.rank());
       const int64_t T = int64_t(tokens.size());
       auto doc = rows(p.doc, tokens, 1), idx = rows(p.idx, tokens, 1), blk = rows(p.blk, tokens, 1);
-      auto q = stored(rows(p.q, tokens, kQd)), k = stored(rows(p.k, tokens, kKvd)),
-           v = stored(rows(p.v, tokens, kKvd)), dout = stored(rows(p.dout, tokens, kQd));
+      auto q = round_to_bf16(rows(p.q, tokens, kQd)), k = round_to_bf16(rows(p.k, tokens, kKvd)),
+           v = round_to_bf16(rows(p.v, tokens, kKvd)),
+           dout = round_to_bf16(rows(p.dout, tokens, kQd));
       std::vector<uint16_t> out(size_t(T * kQd)), dq(out.size()), dk(size_t(T * kKvd)),
           dv(dk.size());
       std::vector<float> lse(size_t(kHq * T));
@@ -221,7 +211,8 @@ TEST(RingAttention, Bf16StorageErrorDoesNotGrowWithTheDegree) {
       ring.forward(0, act(out), lse.data(), act(q), act(k), act(v), kDims);
       ring.backward(0, act(dq), act(dk), act(dv), act(dout), act(out), lse.data(), act(q), act(k),
                     act(v), kDims);
-      const std::vector<float> got[4] = {widened(out), widened(dq), widened(dk), widened(dv)};
+      const std::vector<float> got[4] = {widen_bf16(out), widen_bf16(dq), widen_bf16(dk),
+                                         widen_bf16(dv)};
       const std::vector<float> want[4] = {rows(p.out, tokens, kQd), rows(p.dq, tokens, kQd),
                                           rows(p.dk, tokens, kKvd), rows(p.dv, tokens, kKvd)};
       std::lock_guard lk(mu);

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
+#include "kernels/cpu/bf16.h"
 #include "kernels/check.h"
 #include "trainer/checkpoint.h"
 
@@ -36,13 +37,6 @@ float half_to_float(uint16_t h) {
   } else {
     bits = sign | ((exp - 15 + 127) << 23) | (man << 13);
   }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-float bf16_to_float(uint16_t b) {
-  const uint32_t bits = uint32_t(b) << 16;
   float f;
   std::memcpy(&f, &bits, 4);
   return f;

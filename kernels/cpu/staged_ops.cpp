@@ -8,16 +8,6 @@
 namespace dhp {
 namespace {
 
-void to_f32(float* y, const uint16_t* x, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_float(x[i]);
-}
-
-void to_bf16(uint16_t* y, const float* x, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i) y[i] = bf16_from_float(x[i]);
-}
-
 // An input of an op as fp32: the bf16 values widened into a buffer of its own.
 class In {
  public:
@@ -25,7 +15,7 @@ class In {
     if (!a) return;
     DHP_ASSERT(a.t == DType::BF16);
     buf_.resize(size_t(n));
-    to_f32(buf_.data(), static_cast<const uint16_t*>(a.p), n);
+    widen_bf16(buf_.data(), static_cast<const uint16_t*>(a.p), n);
   }
   operator CAct() const { return buf_.empty() ? CAct() : CAct(buf_.data()); }
 
@@ -41,10 +31,10 @@ class Out {
     if (!a) return;
     DHP_ASSERT(a.t == DType::BF16);
     buf_.resize(size_t(n));
-    if (read) to_f32(buf_.data(), static_cast<const uint16_t*>(a.p), n);
+    if (read) widen_bf16(buf_.data(), static_cast<const uint16_t*>(a.p), n);
   }
   ~Out() {
-    if (dst_) to_bf16(static_cast<uint16_t*>(dst_.p), buf_.data(), n_);
+    if (dst_) round_to_bf16(static_cast<uint16_t*>(dst_.p), buf_.data(), n_);
   }
   Out(const Out&) = delete;
   Out& operator=(const Out&) = delete;
@@ -200,7 +190,7 @@ class StagedOps final : public Ops {
   }
   void cast(Act y, const float* x, int64_t n) const override {
     if (y.is_f32()) return f_.cast(y, x, n);
-    to_bf16(static_cast<uint16_t*>(y.p), x, n);
+    round_to_bf16(static_cast<uint16_t*>(y.p), x, n);
   }
   void sum_squares(double* out, const float* x, int64_t n) const override {
     f_.sum_squares(out, x, n);
