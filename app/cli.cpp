@@ -1,4 +1,4 @@
-#include "trainer/cli.h"
+#include "app/cli.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp {
 

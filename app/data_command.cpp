@@ -6,15 +6,15 @@
 #include <filesystem>
 #include <memory>
 
+#include "app/cli.h"
+#include "core/check.h"
+#include "core/log.h"
 #include "data/build.h"
 #include "data/dataset.h"
 #include "data/shard_format.h"
 #include "data/stats.h"
 #include "data/synth.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
-#include "kernels/log.h"
-#include "trainer/cli.h"
 #include "trainer/config.h"
 
 namespace dhp {

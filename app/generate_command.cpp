@@ -5,16 +5,16 @@
 
 #include <cmath>
 
+#include "app/cli.h"
+#include "core/check.h"
+#include "core/log.h"
 #include "data/image.h"
 #include "data/layout.h"
 #include "data/manifest.h"
 #include "data/pack.h"
 #include "data/tokenizer.h"
 #include "kernels/backend.h"
-#include "kernels/check.h"
-#include "kernels/log.h"
 #include "trainer/checkpoint.h"
-#include "trainer/cli.h"
 
 namespace dhp {
 namespace {

@@ -2,7 +2,7 @@
 // and tells the front end about the backends linked into this binary.
 #include <fmt/format.h>
 
-#include "trainer/cli.h"
+#include "app/cli.h"
 
 #ifdef DHP_WITH_CUDA
 #include "kernels/backend.h"

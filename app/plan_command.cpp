@@ -14,11 +14,11 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "app/cli.h"
+#include "core/check.h"
 #include "data/presets.h"
-#include "kernels/check.h"
 #include "parallel/planner.h"
 #include "parallel/simulate.h"
-#include "trainer/cli.h"
 #include "trainer/config.h"
 
 namespace dhp {

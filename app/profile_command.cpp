@@ -15,12 +15,12 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "common/clock.h"
-#include "kernels/check.h"
+#include "app/cli.h"
+#include "core/check.h"
+#include "core/clock.h"
 #include "kernels/backend.h"
 #include "model/model.h"
 #include "parallel/cost_model.h"
-#include "trainer/cli.h"
 #include "trainer/config.h"
 
 namespace dhp {

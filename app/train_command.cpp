@@ -10,13 +10,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "app/cli.h"
+#include "core/check.h"
+#include "core/log.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
-#include "kernels/log.h"
 #include "kernels/backend.h"
 #include "parallel/mpi_comm.h"
 #include "trainer/checkpoint.h"
-#include "trainer/cli.h"
 #include "trainer/config.h"
 #include "trainer/evaluate.h"
 #include "trainer/train.h"

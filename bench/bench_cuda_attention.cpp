@@ -26,11 +26,11 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/check.h"
+#include "core/check.h"
 #include "kernels/cuda/attention.h"
-#include "kernels/cuda/storage.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/storage.cuh"
 
 namespace {
 

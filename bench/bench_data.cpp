@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
+#include "core/log.h"
 #include "data/build.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/shard_dataset.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
-#include "kernels/log.h"
 
 namespace {
 

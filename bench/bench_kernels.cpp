@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "common/clock.h"
+#include "core/clock.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_tuning.h"

@@ -10,9 +10,9 @@
 #include <cstdio>
 #include <string>
 
-#include "common/clock.h"
+#include "core/check.h"
+#include "core/clock.h"
 #include "data/presets.h"
-#include "kernels/check.h"
 #include "parallel/planner.h"
 #include "parallel/simulate.h"
 #include "parallel/solver.h"

@@ -1,4 +1,4 @@
-#include "common/files.h"
+#include "core/files.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp {
 

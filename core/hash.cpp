@@ -1,9 +1,9 @@
-#include "common/hash.h"
+#include "core/hash.h"
 
 #include <fstream>
 #include <vector>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp {
 

@@ -1,8 +1,8 @@
-#include "kernels/log.h"
+#include "core/log.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp {
 

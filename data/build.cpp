@@ -18,13 +18,13 @@
 #include <optional>
 #include <thread>
 
-#include "common/hash.h"
+#include "core/check.h"
+#include "core/hash.h"
+#include "core/log.h"
 #include "data/image.h"
 #include "data/shard_format.h"
 #include "data/shard_io.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
-#include "kernels/log.h"
 
 namespace dhp {
 

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "data/manifest.h"
-#include "data/image_geometry.h"
+#include "types/image_geometry.h"
 
 namespace dhp {
 

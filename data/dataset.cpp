@@ -6,10 +6,10 @@
 #include <fstream>
 #include <iterator>
 
+#include "core/check.h"
+#include "core/log.h"
 #include "data/layout.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
-#include "kernels/log.h"
 
 namespace dhp {
 

@@ -15,9 +15,9 @@
 
 #include "data/image.h"
 #include "data/layout.h"
-#include "data/sample.h"
 #include "data/manifest.h"
-#include "data/image_geometry.h"
+#include "data/sample.h"
+#include "types/image_geometry.h"
 
 namespace dhp {
 

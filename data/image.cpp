@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "data/image_geometry.h"
+#include "types/image_geometry.h"
 
 namespace cv {
 class Mat;

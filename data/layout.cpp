@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
+#include "core/check.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
 
 namespace dhp {
 

@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp {
 

@@ -6,8 +6,8 @@
 
 #include <algorithm>
 
+#include "core/check.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
 
 namespace dhp {
 

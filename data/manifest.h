@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "data/image.h"
-#include "data/image_geometry.h"
+#include "types/image_geometry.h"
 
 namespace dhp {
 

@@ -4,9 +4,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "data/batch.h"
 #include "data/sample.h"
-#include "data/image_geometry.h"
+#include "types/batch.h"
+#include "types/image_geometry.h"
 
 namespace dhp {
 

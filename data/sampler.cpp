@@ -4,8 +4,8 @@
 #include <numeric>
 #include <utility>
 
-#include "common/rng.h"
-#include "kernels/check.h"
+#include "core/check.h"
+#include "core/rng.h"
 
 namespace dhp {
 

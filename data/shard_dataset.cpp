@@ -9,13 +9,13 @@
 
 #include <opencv2/core.hpp>
 
+#include "core/check.h"
+#include "core/hash.h"
+#include "core/log.h"
 #include "data/config.h"
-#include "common/hash.h"
 #include "data/image.h"
 #include "data/layout.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
-#include "kernels/log.h"
 
 namespace dhp {
 

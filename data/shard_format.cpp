@@ -5,8 +5,8 @@
 
 #include <filesystem>
 
+#include "core/check.h"
 #include "data/shard_io.h"
-#include "kernels/check.h"
 
 namespace dhp {
 

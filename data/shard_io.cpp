@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "common/files.h"
-#include "kernels/check.h"
+#include "core/check.h"
+#include "core/files.h"
 
 namespace dhp {
 

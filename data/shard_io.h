@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "common/files.h"
-#include "common/h5.h"
+#include "core/files.h"
+#include "data/h5.h"
 
 namespace dhp {
 

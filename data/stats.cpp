@@ -9,9 +9,9 @@
 #include <cstring>
 #include <fstream>
 
+#include "core/check.h"
 #include "data/dataset.h"
 #include "data/shard_format.h"
-#include "kernels/check.h"
 
 namespace dhp {
 

@@ -11,11 +11,11 @@
 #include <fstream>
 #include <vector>
 
-#include "common/rng.h"
+#include "core/check.h"
+#include "core/log.h"
+#include "core/rng.h"
 #include "data/synth_scene.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
-#include "kernels/log.h"
 
 namespace dhp {
 

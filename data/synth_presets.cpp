@@ -12,12 +12,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/check.h"
+#include "core/log.h"
 #include "data/presets.h"
 #include "data/synth.h"
 #include "data/synth_scene.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
-#include "kernels/log.h"
 
 namespace dhp {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/rng.h"
+#include "core/rng.h"
 
 namespace dhp {
 

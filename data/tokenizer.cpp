@@ -8,8 +8,8 @@
 #include <iterator>
 #include <unordered_map>
 
-#include "common/hash.h"
-#include "kernels/check.h"
+#include "core/check.h"
+#include "core/hash.h"
 
 namespace dhp {
 

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp {
 

@@ -1,8 +1,19 @@
 #include "model/attention.h"
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp {
+
+void LocalAttention::forward(int, Act out, float* lse, CAct q, CAct k, CAct v,
+                             const AttnDims& d) {
+  ops_.attention_forward(out, lse, q, k, v, meta_, meta_, attn_shape(d, T_, T_));
+}
+
+void LocalAttention::backward(int, Act dq, Act dk, Act dv, CAct dout, CAct out,
+                              const float* lse, CAct q, CAct k, CAct v, const AttnDims& d) {
+  ops_.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, meta_, meta_,
+                          attn_shape(d, T_, T_));
+}
 
 KvCacheAttention::KvCacheAttention(Backend& backend, int layers, const AttnDims& d,
                                    int64_t capacity)

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "kernels/backend.h"
-#include "kernels/attention.h"
+#include "model/attention_seam.h"
 #include "model/params.h"
 
 namespace dhp {

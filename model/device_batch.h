@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "data/batch.h"
 #include "kernels/backend.h"
-#include "model/config.h"
+#include "types/batch.h"
+#include "types/model_config.h"
 
 namespace dhp {
 

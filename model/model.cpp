@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "common/rng.h"
-#include "kernels/check.h"
-#include "kernels/cpu/bf16.h"
+#include "core/bf16.h"
+#include "core/check.h"
+#include "core/rng.h"
 
 namespace dhp {
 namespace {

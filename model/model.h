@@ -9,15 +9,15 @@
 #include <memory>
 #include <vector>
 
-#include "data/batch.h"
 #include "kernels/backend.h"
 #include "model/attention.h"
 #include "model/block.h"
-#include "model/config.h"
 #include "model/device_batch.h"
-#include "kernels/image_route.h"
+#include "model/image_route.h"
 #include "model/params.h"
 #include "model/vision.h"
+#include "types/batch.h"
+#include "types/model_config.h"
 
 namespace dhp {
 

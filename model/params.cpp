@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "common/rng.h"
-#include "kernels/check.h"
+#include "core/check.h"
+#include "core/rng.h"
 
 namespace dhp {
 namespace {

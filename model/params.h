@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kernels/op_types.h"
-#include "model/config.h"
+#include "types/model_config.h"
 
 namespace dhp {
 

@@ -7,13 +7,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/attention.h"
 #include "model/block.h"
-#include "model/config.h"
 #include "model/device_batch.h"
+#include "types/model_config.h"
 
 namespace dhp {
 
-// The spec's pixel normalisation (data/image_geometry.h) as the op takes it.
+// The spec's pixel normalisation (types/image_geometry.h) as the op takes it.
 PixelNorm pixel_norm();
 
 class VisionPath {

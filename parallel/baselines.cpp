@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <queue>
 
-#include "kernels/check.h"
+#include "core/check.h"
 #include "parallel/planner.h"
 #include "parallel/planner_detail.h"
 

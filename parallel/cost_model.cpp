@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp {
 

@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "types/model_config.h"
 
 namespace dhp {
 

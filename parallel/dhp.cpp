@@ -3,7 +3,7 @@
 #include <cmath>
 #include <set>
 
-#include "kernels/check.h"
+#include "core/check.h"
 #include "parallel/planner.h"
 #include "parallel/planner_detail.h"
 #include "parallel/solver.h"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp {
 namespace {

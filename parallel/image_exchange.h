@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/image_route.h"
+#include "model/image_route.h"
 #include "parallel/communicator.h"
 #include "parallel/peer_wait.h"
 

@@ -14,8 +14,8 @@
 #include <span>
 #include <vector>
 
-#include "model/config.h"
 #include "parallel/cost_model.h"
+#include "types/model_config.h"
 
 namespace dhp {
 

@@ -8,7 +8,7 @@
 #include <exception>
 #include <functional>
 
-#include "kernels/check.h"
+#include "core/check.h"
 #include "parallel/peer_wait.h"
 #include "parallel/threaded_comm.h"
 

@@ -10,7 +10,7 @@
 #include <exception>
 #include <thread>
 
-#include "kernels/check.h"
+#include "core/check.h"
 #include "kernels/cuda/check.h"
 #include "parallel/exchange_order.h"
 #include "parallel/peer_wait.h"

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <thread>
 
-#include "common/clock.h"
+#include "core/clock.h"
 
 namespace dhp {
 namespace {

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <set>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp {
 

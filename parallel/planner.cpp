@@ -10,7 +10,7 @@
 #include <numeric>
 #include <set>
 
-#include "kernels/check.h"
+#include "core/check.h"
 #include "parallel/planner_detail.h"
 #include "parallel/solver.h"
 

@@ -36,11 +36,11 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
 #include "parallel/config.h"
 #include "parallel/cost_model.h"
 #include "parallel/memory_model.h"
 #include "parallel/plan.h"
+#include "types/model_config.h"
 
 namespace dhp {
 

@@ -5,7 +5,7 @@
 #include <memory>
 #include <set>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp {
 namespace {

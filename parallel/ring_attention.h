@@ -20,8 +20,8 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/attention.h"
 #include "kernels/backend.h"
+#include "model/attention_seam.h"
 #include "parallel/communicator.h"
 #include "parallel/peer_wait.h"
 

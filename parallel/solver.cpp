@@ -4,7 +4,7 @@
 #include <functional>
 #include <queue>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp {
 namespace {

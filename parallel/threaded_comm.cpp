@@ -8,7 +8,7 @@
 #include <exception>
 #include <thread>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp {
 

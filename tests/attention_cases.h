@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "common/rng.h"
+#include "core/bf16.h"
+#include "core/rng.h"
 #include "kernels/cpu/attention.h"
-#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/attention_merge.h"
 #include "tests/grad_check.h"
 

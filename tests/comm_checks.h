@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/check.h"
+#include "core/check.h"
 #include "parallel/communicator.h"
 
 namespace dhp::testing {

@@ -14,9 +14,9 @@
 #include <sstream>
 #include <string>
 
+#include "core/check.h"
 #include "data/dataset.h"
 #include "data/synth.h"
-#include "kernels/check.h"
 
 namespace dhp {
 

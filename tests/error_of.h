@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp::testing {
 

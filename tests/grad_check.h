@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "common/rng.h"
+#include "core/rng.h"
 
 namespace dhp::testing {
 

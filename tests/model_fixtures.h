@@ -4,9 +4,9 @@
 #include <utility>
 #include <vector>
 
-#include "data/batch.h"
 #include "model/model.h"
 #include "tests/grad_check.h"
+#include "types/batch.h"
 
 namespace dhp::testing {
 

@@ -16,11 +16,11 @@
 #include <numeric>
 #include <thread>
 
-#include "common/rng.h"
-#include "kernels/check.h"
-#include "tests/error_of.h"
+#include "core/check.h"
+#include "core/rng.h"
 #include "model/model.h"
 #include "parallel/mpi_comm.h"
+#include "tests/error_of.h"
 #include "tests/train_fixture.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train.h"

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "kernels/check.h"
+#include "core/check.h"
 #include "tests/error_of.h"
 #include "trainer/config.h"
 

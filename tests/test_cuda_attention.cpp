@@ -12,7 +12,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/check.h"
+#include "core/check.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device.h"

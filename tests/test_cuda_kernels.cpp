@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/bf16.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/bf16.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.h"

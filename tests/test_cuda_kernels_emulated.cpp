@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "common/rng.h"
+#include "core/rng.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/cross_entropy.h"

@@ -19,15 +19,15 @@
 #include <set>
 #include <sstream>
 
+#include "core/check.h"
+#include "core/rng.h"
 #include "data/dataset.h"
 #include "data/image.h"
 #include "data/loader.h"
 #include "data/pack.h"
-#include "common/rng.h"
 #include "data/sampler.h"
 #include "data/synth.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
 
 #include "tests/data_fixture.h"
 

@@ -13,13 +13,13 @@
 #include <fstream>
 #include <regex>
 
+#include "core/rng.h"
 #include "data/build.h"
 #include "data/config.h"
 #include "data/dataset.h"
 #include "data/layout.h"
 #include "data/loader.h"
 #include "data/presets.h"
-#include "common/rng.h"
 #include "data/shard_dataset.h"
 #include "data/shard_format.h"
 #include "data/stats.h"

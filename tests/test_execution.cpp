@@ -10,11 +10,11 @@
 #include <map>
 #include <mutex>
 
+#include "core/check.h"
+#include "core/rng.h"
 #include "data/dataset.h"
 #include "data/synth.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
-#include "common/rng.h"
 #include "parallel/cost_model.h"
 #include "parallel/image_exchange.h"
 #include "parallel/threaded_comm.h"

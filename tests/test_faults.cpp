@@ -14,12 +14,12 @@
 #include <limits>
 #include <sstream>
 
+#include "core/check.h"
 #include "data/build.h"
 #include "data/dataset.h"
 #include "data/image.h"
 #include "data/shard_format.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
 #include "parallel/mpi_comm.h"
 #include "tests/error_of.h"
 #include "tests/train_fixture.h"

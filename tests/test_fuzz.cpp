@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
+#include "core/rng.h"
 #include "data/manifest.h"
-#include "common/rng.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
 #include "model/model.h"
 #include "tests/train_fixture.h"
 #include "trainer/config.h"

@@ -9,8 +9,8 @@
 #include <random>
 #include <set>
 
+#include "core/check.h"
 #include "data/presets.h"
-#include "kernels/check.h"
 #include "parallel/cost_model.h"
 #include "parallel/planner.h"
 #include "parallel/simulate.h"

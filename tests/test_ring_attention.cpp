@@ -9,9 +9,9 @@
 #include <limits>
 #include <mutex>
 
-#include "kernels/check.h"
+#include "core/bf16.h"
+#include "core/check.h"
 #include "kernels/cpu/attention.h"
-#include "kernels/cpu/bf16.h"
 #include "parallel/plan.h"
 #include "parallel/ring_attention.h"
 #include "parallel/threaded_comm.h"

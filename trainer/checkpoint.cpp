@@ -15,11 +15,11 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/files.h"
-#include "common/h5.h"
+#include "core/check.h"
+#include "core/files.h"
+#include "core/log.h"
+#include "data/h5.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
-#include "kernels/log.h"
 
 namespace dhp {
 namespace {

@@ -14,7 +14,7 @@
 #include <toml++/toml.h>
 #include <variant>
 
-#include "kernels/check.h"
+#include "core/check.h"
 #include "kernels/backend.h"
 
 namespace dhp {

@@ -9,8 +9,8 @@
 
 #include "data/config.h"
 #include "kernels/backend.h"
-#include "model/config.h"
 #include "parallel/config.h"
+#include "types/model_config.h"
 
 namespace dhp {
 

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <functional>
 
+#include "core/check.h"
 #include "data/pack.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
 #include "trainer/executor.h"
 
 namespace dhp {

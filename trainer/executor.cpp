@@ -7,9 +7,9 @@
 #include <map>
 #include <memory>
 
-#include "common/clock.h"
+#include "core/check.h"
+#include "core/clock.h"
 #include "data/pack.h"
-#include "kernels/check.h"
 
 namespace dhp {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <unistd.h>
 
+#include "core/check.h"
 #include "data/dataset.h"
-#include "kernels/check.h"
 
 namespace dhp {
 

@@ -9,8 +9,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "kernels/check.h"
-#include "kernels/log.h"
+#include "core/check.h"
+#include "core/log.h"
 
 namespace dhp {
 

@@ -9,7 +9,7 @@
 #include <ctime>
 #include <filesystem>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp {
 

@@ -14,12 +14,12 @@
 #include <memory>
 #include <optional>
 
+#include "core/check.h"
+#include "core/log.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
 #include "data/tokenizer.h"
 #include "kernels/backend.h"
-#include "kernels/check.h"
-#include "kernels/log.h"
 #include "model/model.h"
 #include "parallel/planner.h"
 #include "trainer/checkpoint.h"

@@ -10,9 +10,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "common/files.h"
-#include "kernels/cpu/bf16.h"
-#include "kernels/check.h"
+#include "core/bf16.h"
+#include "core/check.h"
+#include "core/files.h"
 #include "trainer/checkpoint.h"
 
 namespace dhp {

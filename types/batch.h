@@ -32,8 +32,16 @@ struct Batch {
   // encodes for the group, whoever holds their tokens.
   int64_t image_rows = -1;
 
-  int64_t n_patches() const;
-  int64_t loss_tokens() const;        // number of targets >= 0
+  int64_t n_patches() const {
+    int64_t n = 0;
+    for (const auto& im : images) n += im.n_patches();
+    return n;
+  }
+  int64_t loss_tokens() const {       // number of targets >= 0
+    int64_t n = 0;
+    for (int32_t t : targets) n += t >= 0;
+    return n;
+  }
 };
 
 }  // namespace dhp

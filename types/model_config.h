@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "data/image_geometry.h"
+#include "types/image_geometry.h"
 
 namespace dhp {
 

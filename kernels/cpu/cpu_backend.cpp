@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/check.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
@@ -22,7 +23,6 @@
 #include "kernels/cpu/pixels.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/staged_ops.h"
-#include "kernels/check.h"
 
 namespace dhp {
 namespace {

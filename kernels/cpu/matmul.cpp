@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp::cpu {
 

@@ -2,8 +2,8 @@
 
 #include <vector>
 
-#include "kernels/check.h"
-#include "kernels/cpu/bf16.h"
+#include "core/bf16.h"
+#include "core/check.h"
 
 namespace dhp {
 namespace {

@@ -1,6 +1,6 @@
 #include "kernels/cuda/attention_checks.h"
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp::cuda {
 

@@ -3,7 +3,7 @@
 #include <cublasLt.h>
 #include <fmt/format.h>
 
-#include "kernels/check.h"
+#include "core/check.h"
 
 namespace dhp::cuda {
 

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "kernels/check.h"
+#include "core/check.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/device.h"

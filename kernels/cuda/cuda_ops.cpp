@@ -2,7 +2,7 @@
 
 #include <type_traits>
 
-#include "kernels/check.h"
+#include "core/check.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"

@@ -1,7 +1,7 @@
 #include <fmt/format.h>
 
-#include "kernels/cuda/device.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/device.h"
 
 namespace dhp {
 

@@ -1,6 +1,6 @@
 #include "kernels/cuda/gemm.h"
 
-#include "kernels/check.h"
+#include "core/check.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/elementwise.h"
 

@@ -9,7 +9,7 @@
 #if defined(__CUDACC__) || !defined(DHP_EMULATED_CUDA)
 #include <cuda_bf16.h>
 #else
-#include "kernels/cpu/bf16.h"
+#include "core/bf16.h"
 #endif
 
 namespace dhp::cuda {
