@@ -127,18 +127,19 @@ BatchSource make_batches(const PlanOptions& o, int factor) {
   };
 }
 
-std::vector<std::string> parse_strategies(const std::string& list) {
-  std::vector<std::string> names;
+std::vector<Strategy> parse_strategies(const std::string& list) {
+  const std::string all = strategy_names(false);
+  std::vector<Strategy> out;
   std::stringstream ss(list);
   for (std::string s; std::getline(ss, s, ',');) {
-    DHP_CHECK(!s.empty(), "--strategies: empty name in '{}' (comma-separated: dhp, dhp-waves, static, pow2)", list);
-    DHP_CHECK(s == "dhp" || s == "dhp-waves" || s == "static" || s == "pow2",
-              "--strategies: unknown '{}' (dhp, dhp-waves, static, pow2)", s);
-    DHP_CHECK(std::find(names.begin(), names.end(), s) == names.end(), "--strategies: '{}' given twice", s);
-    names.push_back(s);
+    DHP_CHECK(!s.empty(), "--strategies: empty name in '{}' (comma-separated: {})", list, all);
+    const std::optional<Strategy> st = find_strategy(s);
+    DHP_CHECK(st, "--strategies: unknown '{}' ({})", s, all);
+    DHP_CHECK(std::find(out.begin(), out.end(), *st) == out.end(), "--strategies: '{}' given twice", s);
+    out.push_back(*st);
   }
-  DHP_CHECK(!names.empty(), "--strategies: name at least one of dhp, dhp-waves, static, pow2");
-  return names;
+  DHP_CHECK(!out.empty(), "--strategies: name at least one of {}", all);
+  return out;
 }
 
 void run_plan(const PlanOptions& o) {
@@ -154,7 +155,7 @@ void run_plan(const PlanOptions& o) {
             "--budget-ms must be between 0 and 1e6, got {}", o.budget_ms);
   DHP_CHECK(o.recompute.empty() || o.recompute == "on" || o.recompute == "off", "--recompute: on or off, got '{}'",
             o.recompute);
-  const std::vector<std::string> names = parse_strategies(o.strategies);
+  const std::vector<Strategy> strategies = parse_strategies(o.strategies);
   ModelConfig model;
   ParallelConfig par;
   if (!o.config.empty()) {
@@ -162,12 +163,12 @@ void run_plan(const PlanOptions& o) {
     model = cfg.model, par = cfg.parallel;
   }
   if (!o.model_profile.empty()) model = model_profile(o.model_profile);
-  if (!o.device.empty()) par.device = o.device;
+  if (!o.device.empty()) par.cost_profile = o.device;
   if (o.memory_set) par.memory_gb = o.memory_gb;
   if (o.ranks_set) par.ranks_per_node = o.ranks_per_node;
   if (o.budget_set) par.planner_budget_ms = o.budget_ms;
   if (!o.recompute.empty()) par.recompute = o.recompute == "on";
-  CostModel cost(model, device_profile(par.device), par.ranks_per_node, par.recompute);
+  CostModel cost(model, device_profile(par.cost_profile), par.ranks_per_node, par.recompute);
   if (!o.coeffs.empty()) {
     std::ifstream in(o.coeffs);
     DHP_CHECK(in.good(), "--coeffs: cannot read '{}'", o.coeffs);
@@ -184,26 +185,28 @@ void run_plan(const PlanOptions& o) {
 
   std::vector<StrategyReport> rows;
   nlohmann::json failures = nlohmann::json::object();
-  for (const auto& name : names) {
+  for (const Strategy s : strategies) {
+    const StrategyTraits& t = traits(s);
     try {
-      if (name == "static" && par.static_cp == 0) rows.push_back(best_static(planner, batches, o.steps));
-      else rows.push_back(simulate(planner, name, batches, o.steps, par.static_cp));
+      if (t.degrees == RingDegrees::fixed && par.static_cp == 0) rows.push_back(best_static(planner, batches, o.steps));
+      else rows.push_back(simulate(planner, s, batches, o.steps, par.static_cp));
     } catch (const Error& e) {
       // A baseline that cannot hold the data (pow2 on a world whose largest power of two is
-      // too small, static with a fixed CP) is reported, not fatal.
-      if (name == "dhp" || name == "dhp-waves") throw;
-      failures[name] = e.what();
+      // too small, static with a fixed CP) is reported, not fatal; a strategy of any degree
+      // holds whatever fits the world, so its failure is the run's.
+      if (t.degrees == RingDegrees::any) throw;
+      failures[std::string(t.name)] = e.what();
     }
   }
   double base = 0;
   for (const auto& r : rows)
-    if (r.strategy == "static") base = r.step_s;
+    if (r.strategy == Strategy::static_layout) base = r.step_s;
   for (auto& r : rows) r.speedup_vs_static = base > 0 ? base / r.step_s : 0;
 
   if (o.json) {
     nlohmann::json j = {{"world", o.world}, {"batch", o.batch}, {"steps", o.steps}, {"seed", o.seed},
                         {"source", o.data.empty() ? "preset:" + o.preset : o.data},
-                        {"device", par.device}, {"memory_gb", par.memory_gb}, {"recompute", par.recompute},
+                        {"device", par.cost_profile}, {"memory_gb", par.memory_gb}, {"recompute", par.recompute},
                         {"ranks_per_node", par.ranks_per_node}, {"budget_ms", par.planner_budget_ms},
                         {"coeffs", planner.cost().coeffs().to_json()}};
     for (const auto& r : rows) j["strategies"].push_back(r.to_json());
@@ -213,7 +216,7 @@ void run_plan(const PlanOptions& o) {
     return;
   }
   fmt::print("dhp plan: {} ranks ({} per node), device {} with {} GiB, {} steps of {} samples from {}\n",
-             o.world, par.ranks_per_node, par.device, par.memory_gb, o.steps, o.batch,
+             o.world, par.ranks_per_node, par.cost_profile, par.memory_gb, o.steps, o.batch,
              o.data.empty() ? "preset " + o.preset : o.data);
   fmt::print("model: dim {} x {} layers, vision {} x {} layers; {} parameters; recompute {}\n\n", model.dim,
              model.layers, model.vision.dim, model.vision.layers, planner.memory().parameters(),
@@ -232,7 +235,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--preset", opts->preset, "Synthetic lengths: captions, mixed, video-longtail")->capture_default_str();
   cmd->add_option("--config", opts->config, "TOML config whose [model] and [parallel] are used");
   cmd->add_option("--model-profile", opts->model_profile, "Model shape instead of the config's: tiny, 7b");
-  cmd->add_option("--device", opts->device, "Cost profile: cpu, a100, h100, h200 (default: parallel.device)");
+  cmd->add_option("--device", opts->device, "Cost profile: cpu, a100, h100, h200 (default: parallel.cost_profile)");
   cmd->add_option("--coeffs", opts->coeffs, "JSON cost coefficients (e.g. written by dhp profile) instead of the "
                                             "device profile's");
   cmd->add_option("--world", opts->world, "Number of ranks")->capture_default_str();

@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -83,9 +84,15 @@ double time_ms(CudaBackend& be, int warmup, int iters, const std::function<void(
   return ms[ms.size() / 2];
 }
 
+Precision precision_of(const std::string& name) {
+  const std::optional<Precision> p = find_precision(name);
+  if (!p) throw std::runtime_error("--precision: unknown '" + name + "' (fp32, tf32, bf16)");
+  return *p;
+}
+
 void bench_gemms(const std::string& precision, int iters) {
   BackendOptions opt;
-  opt.precision = precision;
+  opt.precision = precision_of(precision);
   CudaBackend be(opt);
   const ModelConfig c = config_1b(1);
   const int64_t T = 4096, d = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), F = c.ffn;
@@ -147,7 +154,7 @@ Batch text_batch(int64_t docs, int64_t len, int32_t vocab) {
 
 void bench_train_step(const std::string& precision, int layers, int iters) {
   BackendOptions opt;
-  opt.precision = precision;
+  opt.precision = precision_of(precision);
   CudaBackend be(opt);
   const ModelConfig cfg = config_1b(layers);
   Model model(cfg, be);

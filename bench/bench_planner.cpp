@@ -72,19 +72,19 @@ void wall_time_table() {
              "always made | units per CPU ms | step/bound |\n");
   fmt::print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   ParallelConfig par;
-  par.device = "h200", par.memory_gb = 141, par.recompute = true, par.ranks_per_node = 8;
+  par.cost_profile = "h200", par.memory_gb = 141, par.recompute = true, par.ranks_per_node = 8;
   for (auto [size, n] : {std::pair{128, 8}, {512, 64}, {512, 512}, {4096, 64}, {4096, 1024}, {16384, 4096}}) {
     Planner planner(model_profile("7b"), par, n);
     const int steps = size >= 16384 ? 5 : size >= 4096 ? 15 : 40;
     auto bs = batches("video-longtail", size, steps, 1);
-    for (const char* strategy : {"dhp", "pow2"}) {
+    for (const Strategy strategy : {Strategy::dhp, Strategy::pow2}) {
       std::vector<double> wall, cpu;
       double units = 0, floor = 0, ratio = 0;
       for (const auto& b : bs) {
         PlanStats st;
         const auto t0 = Clock::now();
         const double c0 = cpu_ms();
-        Plan plan = std::string(strategy) == "dhp" ? planner.plan_dhp(b, &st) : planner.plan_pow2(b, &st);
+        Plan plan = traits(strategy).plan(planner, b, 0, &st);
         cpu.push_back(cpu_ms() - c0);
         wall.push_back(ms_since(t0));
         units += double(st.evaluations), floor += double(st.floor);
@@ -95,7 +95,7 @@ void wall_time_table() {
       std::sort(wall.begin(), wall.end());
       std::sort(cpu.begin(), cpu.end());
       fmt::print("| {} | {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.0f} | {:.0f} | {:.0f} | {:.3f} |\n", size, n,
-                 strategy, steps, wall[wall.size() / 2], wall[std::min(wall.size() - 1, size_t(wall.size() * 0.99))],
+                 strategy_name(strategy), steps, wall[wall.size() / 2], wall[std::min(wall.size() - 1, size_t(wall.size() * 0.99))],
                  cpu[cpu.size() / 2], units / steps, floor / steps, units / total_cpu, ratio / steps);
     }
   }
@@ -115,7 +115,7 @@ void strategy_tables() {
     for (const char* preset : {"captions", "mixed", "video-longtail"}) {
       for (int n : {8, 12, 17, 24, 40, 64, 100}) {
         ParallelConfig par;
-        par.device = "h100", par.memory_gb = 80, par.ranks_per_node = 8, par.recompute = recompute;
+        par.cost_profile = "h100", par.memory_gb = 80, par.ranks_per_node = 8, par.recompute = recompute;
         Planner planner(model_profile("7b"), par, n);
         ParallelConfig rich = par;
         rich.planner_budget_ms = par.planner_budget_ms / Planner::kPow2Share;
@@ -133,12 +133,12 @@ void strategy_tables() {
           fmt::print("| {} | {} | {} | | | | | | | | | |\n", preset, n, fail);
           continue;
         }
-        StrategyReport dhp = simulate(planner, "dhp", bs);
+        StrategyReport dhp = simulate(planner, Strategy::dhp, bs);
         StrategyReport st = best_static(planner, bs);
         std::string p2 = "—", p2r = "—", p2ratio = "—", p2rratio = "—";
         try {
-          StrategyReport pow2 = simulate(planner, "pow2", bs);
-          StrategyReport pow2r = simulate(richer, "pow2", bs);
+          StrategyReport pow2 = simulate(planner, Strategy::pow2, bs);
+          StrategyReport pow2r = simulate(richer, Strategy::pow2, bs);
           p2 = fmt::format("{:.3f}", pow2.step_s), p2r = fmt::format("{:.3f}", pow2r.step_s);
           p2ratio = fmt::format("{:.3f}", pow2.step_s / dhp.step_s);
           p2rratio = fmt::format("{:.3f}", pow2r.step_s / dhp.step_s);
@@ -163,19 +163,19 @@ void strategy_tables() {
 void headline() {
   for (bool recompute : {false, true}) {
     ParallelConfig par;
-    par.device = "h100", par.memory_gb = 80, par.ranks_per_node = 8, par.recompute = recompute;
+    par.cost_profile = "h100", par.memory_gb = 80, par.ranks_per_node = 8, par.recompute = recompute;
     Planner planner(model_profile("7b"), par, 64);
     auto bs = batches("video-longtail", 512, 20, 1);
     fmt::print("## video-longtail: 7b on 64 x h100 80 GiB (8 per node, {}), global batch 512, 20 steps, seed 1\n\n```\n",
                recompute ? "full recompute" : "no recompute");
     std::vector<StrategyReport> rows;
-    rows.push_back(simulate(planner, "dhp", bs));
-    rows.push_back(simulate(planner, "dhp-waves", bs));
-    rows.push_back(simulate(planner, "pow2", bs));
+    rows.push_back(simulate(planner, Strategy::dhp, bs));
+    rows.push_back(simulate(planner, Strategy::dhp_waves, bs));
+    rows.push_back(simulate(planner, Strategy::pow2, bs));
     ParallelConfig rich = par;
     rich.planner_budget_ms = par.planner_budget_ms / Planner::kPow2Share;
-    rows.push_back(simulate(Planner(model_profile("7b"), rich, 64), "pow2", bs));
-    rows.back().strategy = "pow2-whole";
+    rows.push_back(simulate(Planner(model_profile("7b"), rich, 64), Strategy::pow2, bs));
+    rows.back().label = "pow2-whole";
     rows.push_back(best_static(planner, bs));
     fmt::print("{}```\n(pow2-whole: pow2 given dhp's whole budget, {:.1f} ms, instead of its share)\n\n",
                format_reports(rows), rich.planner_budget_ms);

@@ -13,6 +13,19 @@ namespace dhp {
 
 const char* dtype_name(DType t) { return t == DType::BF16 ? "bf16" : "fp32"; }
 
+std::string_view precision_name(Precision p) {
+  for (const auto& [value, name] : kPrecisionNames)
+    if (value == p) return name;
+  DHP_ASSERT(false);
+  return {};
+}
+
+std::optional<Precision> find_precision(std::string_view name) {
+  for (const auto& [value, n] : kPrecisionNames)
+    if (n == name) return value;
+  return std::nullopt;
+}
+
 DeviceBuffer::DeviceBuffer(Backend& backend, size_t bytes)
     : backend_(&backend), data_(bytes ? backend.allocate(bytes) : nullptr), bytes_(bytes) {}
 

@@ -9,7 +9,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -18,15 +21,26 @@ namespace dhp {
 
 enum class Device { CPU, CUDA };
 
+// train.precision, parsed once where the configuration is read and passed on as a value.
+//   fp32: fp32 storage and arithmetic (the reference).
+//   tf32: fp32 storage, TF32 tensor-core products on devices that have them (the CPU computes
+//         fp32).
+//   bf16: activations and the working copy of the weights stored in bf16, bf16 tensor-core
+//         products with fp32 accumulation; master weights, gradients and optimizer state stay
+//         fp32 (Ops::dtype).
+enum class Precision : uint8_t { fp32, tf32, bf16 };
+inline constexpr std::pair<Precision, std::string_view> kPrecisionNames[] = {
+    {Precision::fp32, "fp32"}, {Precision::tf32, "tf32"}, {Precision::bf16, "bf16"}};
+std::string_view precision_name(Precision p);
+std::optional<Precision> find_precision(std::string_view name);
+// The storage dtype of activations and working weights.
+inline DType storage_dtype(Precision p) { return p == Precision::bf16 ? DType::BF16 : DType::F32; }
+
 struct BackendOptions {
   int threads = 1;            // CPU compute threads (>= 1)
   bool adapt_threads = false;  // CPU: follow the cores other processes leave free
   int device = 0;   // device ordinal, for backends with several devices
-  // "fp32": fp32 storage and arithmetic (the reference). "tf32": fp32 storage, TF32
-  // tensor-core products on devices that have them (the CPU computes fp32). "bf16":
-  // activations and the working copy of the weights stored in bf16, bf16 tensor-core products
-  // with fp32 accumulation; master weights, gradients and optimizer state stay fp32 (Ops::dtype).
-  std::string precision = "fp32";
+  Precision precision = Precision::fp32;
 };
 
 class Backend {

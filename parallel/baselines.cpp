@@ -38,6 +38,7 @@ Candidate static_layout(const BatchCosts& b, int c) {
   // inside one node runs its ring across nodes and is priced so.
   Candidate out;
   out.name = "static cp=" + std::to_string(c);
+  out.placement = Strategy::static_layout;
   out.makespan = 0;
   for (int r = 0; r < replicas; ++r) {
     const bool inter = b.cost().inter(c) || b.spans_nodes(r * c, c);
@@ -123,7 +124,7 @@ Plan Planner::plan_static(const std::vector<SeqShape>& batch, int cp, PlanStats*
   const int n = world_;
   const int c = cp > 0 ? cp : static_min_cp(batch);
   DHP_CHECK(c <= n && n % c == 0, "static layout: CP degree {} must divide the world size {}", c, n);
-  if (batch.empty()) return Plan("static", n, {}, {}, 0);
+  if (batch.empty()) return Plan(Strategy::static_layout, n, {}, {}, 0);
   detail::BatchCosts b(*this, batch);
   for (int s = 0; s < b.size(); ++s)
     DHP_CHECK(b.min_degree(s) <= c,
@@ -133,7 +134,7 @@ Plan Planner::plan_static(const std::vector<SeqShape>& batch, int cp, PlanStats*
   detail::Candidate cand = detail::static_layout(b, c);
   auto groups = detail::finish_groups(b, std::move(cand.groups), n);
   if (stats) *stats = PlanStats{b.evaluations(), 0, b.evaluations(), 1, 0, cand.name};
-  return Plan("static", n, batch, std::move(groups), b.lower_bound(), cand.name);
+  return Plan(Strategy::static_layout, n, batch, std::move(groups), b.lower_bound(), cand.name, cand.placement);
 }
 
 }  // namespace dhp

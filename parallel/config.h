@@ -4,16 +4,18 @@
 #include <cstdint>
 #include <string>
 
+#include "parallel/strategy.h"
+
 namespace dhp {
 
 struct ParallelConfig {
-  std::string strategy = "dhp";    // "dhp" | "static" | "pow2"
+  Strategy strategy = Strategy::dhp;  // one of the trainable strategies (parallel/strategy.h)
   double memory_gb = 80.0;         // usable memory per device for the memory model
   bool zero1 = true;               // shard optimizer state over all ranks
   int ranks_per_node = 8;          // placement keeps groups inside a node when it can
   int static_cp = 0;               // static strategy's CP degree; 0 = smallest that fits
   double planner_budget_ms = 5.0;  // time the planner may spend improving a plan
-  std::string device = "cpu";      // cost-model profile: "cpu" (measured) or a GPU name
+  std::string cost_profile = "cpu";  // cost-model profile: "cpu" (measured) or a GPU name
   bool recompute = false;          // planner's models: activations recomputed in backward
   bool refit = true;               // refit the cost model from measured group times each step
   int refit_window = 64;           // the most recent groups the refit uses

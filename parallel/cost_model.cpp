@@ -154,7 +154,7 @@ DeviceProfile device_profile(const std::string& name) {
   if (name == "a100") peak = 312e12, hbm = 2.039e12, nvlink = 300e9, ib = 25e9;
   else if (name == "h100") peak = 989.4e12, hbm = 3.35e12, nvlink = 450e9, ib = 50e9;
   else if (name == "h200") peak = 989.4e12, hbm = 4.8e12, nvlink = 450e9, ib = 50e9;
-  DHP_CHECK(peak > 0, "unknown device profile '{}' (parallel.device): use one of cpu, a100, h100, h200",
+  DHP_CHECK(peak > 0, "unknown device profile '{}' (parallel.cost_profile): use one of cpu, a100, h100, h200",
             name);
   c.sec_per_flop = 1.0 / (peak * 0.5);
   c.sec_per_att_flop = 1.0 / (peak * 0.4);

@@ -244,7 +244,7 @@ CostCoeffs refit(const CostModel& model, const std::vector<TimingObservation>& o
 
 // The online refit's state, kept in checkpoints so a resumed run plans with what the run had
 // learned: the coefficients in use, the observations they came from, and the cost profile
-// (parallel.device) they refine.
+// (parallel.cost_profile) they refine.
 struct CostState {
   std::string device;
   CostCoeffs coeffs;

@@ -709,7 +709,7 @@ void require_pow2(const BatchCosts& b) {
 
 // The chosen candidate's groups finished (waves, placement, memory) into the Plan, with what
 // finishing cost counted in the stats' floor.
-Plan finish_plan(const BatchCosts& b, detail::Candidate c, const char* strategy,
+Plan finish_plan(const BatchCosts& b, detail::Candidate c, Strategy strategy,
                  const std::vector<SeqShape>& batch, PlanStats& st, PlanStats* stats) {
   const int64_t before = b.evaluations();
   auto groups = detail::finish_groups(b, std::move(c.groups), b.world());
@@ -717,7 +717,7 @@ Plan finish_plan(const BatchCosts& b, detail::Candidate c, const char* strategy,
   st.evaluations = b.evaluations();
   st.candidate = c.name;
   if (stats) *stats = st;
-  return Plan(strategy, b.world(), batch, std::move(groups), b.lower_bound(), c.name);
+  return Plan(strategy, b.world(), batch, std::move(groups), b.lower_bound(), c.name, c.placement);
 }
 
 }  // namespace
@@ -728,7 +728,7 @@ int64_t wave_units(const BatchCosts& b, int64_t budget) {
 }
 
 Plan Planner::plan_dhp_waves(const std::vector<SeqShape>& batch, PlanStats* stats) const {
-  if (batch.empty()) return Plan("dhp-waves", world_, {}, {}, 0);
+  if (batch.empty()) return Plan(Strategy::dhp_waves, world_, {}, {}, 0);
   BatchCosts b(*this, batch);
   PlanStats st;
   st.budget = budget();
@@ -745,11 +745,11 @@ Plan Planner::plan_dhp_waves(const std::vector<SeqShape>& batch, PlanStats* stat
   for (auto& g : groups) g.peak_bytes = b.group_bytes(g.seqs, g.cp);
   st.evaluations = b.evaluations();
   if (stats) *stats = st;
-  return Plan("dhp-waves", world_, batch, std::move(groups), b.lower_bound(), "waves");
+  return Plan(Strategy::dhp_waves, world_, batch, std::move(groups), b.lower_bound(), "waves");
 }
 
 Plan Planner::plan_pow2(const std::vector<SeqShape>& batch, PlanStats* stats) const {
-  if (batch.empty()) return Plan("pow2", world_, {}, {}, 0);
+  if (batch.empty()) return Plan(Strategy::pow2, world_, {}, {}, 0);
   BatchCosts b(*this, batch);
   require_pow2(b);
   PlanStats st;
@@ -757,11 +757,11 @@ Plan Planner::plan_pow2(const std::vector<SeqShape>& batch, PlanStats* stats) co
   st.floor = b.evaluations();
   detail::Candidate c = pow2_portfolio(b, par_, budget(), st);
   DHP_ASSERT(c.makespan < kNever);
-  return finish_plan(b, std::move(c), "pow2", batch, st, stats);
+  return finish_plan(b, std::move(c), Strategy::pow2, batch, st, stats);
 }
 
 Plan Planner::plan_dhp(const std::vector<SeqShape>& batch, PlanStats* stats) const {
-  if (batch.empty()) return Plan("dhp", world_, {}, {}, 0);
+  if (batch.empty()) return Plan(Strategy::dhp, world_, {}, {}, 0);
   BatchCosts b(*this, batch);
   PlanStats st;
   st.budget = budget();
@@ -775,7 +775,7 @@ Plan Planner::plan_dhp(const std::vector<SeqShape>& batch, PlanStats* stats) con
   // 3. Any integer degree: replaces the others only when strictly faster.
   detail::Candidate any = detail::search(b, par_, Degrees::Any, budget(), st, waves);
   if (any.makespan < best.makespan) best = std::move(any), best.name = "any/" + best.name;
-  return finish_plan(b, std::move(best), "dhp", batch, st, stats);
+  return finish_plan(b, std::move(best), Strategy::dhp, batch, st, stats);
 }
 
 }  // namespace dhp

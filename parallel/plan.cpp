@@ -34,9 +34,9 @@ int64_t retime_asap(std::vector<PlanGroup>& groups, int world) {
   return makespan;
 }
 
-Plan::Plan(std::string strategy, int world, std::vector<SeqShape> seqs, std::vector<PlanGroup> groups,
-           int64_t lower_bound_ns, std::string candidate)
-    : strategy_(std::move(strategy)), candidate_(std::move(candidate)), world_(world), seqs_(std::move(seqs)), groups_(std::move(groups)) {
+Plan::Plan(Strategy strategy, int world, std::vector<SeqShape> seqs, std::vector<PlanGroup> groups,
+           int64_t lower_bound_ns, std::string candidate, std::optional<Strategy> placement)
+    : strategy_(strategy), placement_(placement.value_or(strategy)), candidate_(std::move(candidate)), world_(world), seqs_(std::move(seqs)), groups_(std::move(groups)) {
   summary_.lower_bound_ns = lower_bound_ns;
   summary_.groups = int(groups_.size());
   int64_t busy = 0;
@@ -72,7 +72,7 @@ std::vector<int> Plan::groups_of(int rank) const {
 
 nlohmann::json Plan::to_json() const {
   nlohmann::json j;
-  j["strategy"] = strategy_;
+  j["strategy"] = strategy_name(strategy_);
   if (!candidate_.empty()) j["candidate"] = candidate_;
   j["world"] = world_;
   j["makespan_ns"] = summary_.makespan_ns;
@@ -107,7 +107,7 @@ nlohmann::json Plan::to_json() const {
 std::string Plan::to_string() const {
   std::string out = fmt::format("plan {}{} on {} ranks: {} groups, {} waves, makespan {:.3f} ms "
                                 "(bound {:.3f} ms), idle {:.1f}%\n",
-                                strategy_, candidate_.empty() ? "" : " (" + candidate_ + ")", world_, summary_.groups, summary_.waves, summary_.makespan_ns * 1e-6,
+                                strategy_name(strategy_), candidate_.empty() ? "" : " (" + candidate_ + ")", world_, summary_.groups, summary_.waves, summary_.makespan_ns * 1e-6,
                                 summary_.lower_bound_ns * 1e-6, 100.0 * summary_.idle_fraction);
   for (const auto& g : groups_) {
     int64_t tokens = 0;

@@ -11,11 +11,13 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "parallel/cost_model.h"
+#include "parallel/strategy.h"
 
 namespace dhp {
 
@@ -58,10 +60,13 @@ struct PlanSummary {
 class Plan {
  public:
   Plan() = default;
-  Plan(std::string strategy, int world, std::vector<SeqShape> seqs, std::vector<PlanGroup> groups,
-       int64_t lower_bound_ns, std::string candidate = "");
+  // placement: the strategy whose placement laid out the groups (dhp may adopt a static
+  // layout); the plan's own strategy when not given.
+  Plan(Strategy strategy, int world, std::vector<SeqShape> seqs, std::vector<PlanGroup> groups,
+       int64_t lower_bound_ns, std::string candidate = "", std::optional<Strategy> placement = {});
 
-  const std::string& strategy() const { return strategy_; }
+  Strategy strategy() const { return strategy_; }
+  Strategy placement() const { return placement_; }
   // Which of the strategy's searches produced the plan (dhp's portfolio), or empty.
   const std::string& candidate() const { return candidate_; }
   int world() const { return world_; }
@@ -83,7 +88,8 @@ class Plan {
   }
 
  private:
-  std::string strategy_, candidate_;
+  Strategy strategy_ = Strategy::dhp, placement_ = Strategy::dhp;
+  std::string candidate_;
   int world_ = 0;
   std::vector<SeqShape> seqs_;
   std::vector<PlanGroup> groups_;

@@ -313,7 +313,7 @@ std::vector<PlanGroup> finish_groups(const BatchCosts& b, std::vector<PlanGroup>
 }  // namespace detail
 
 Planner::Planner(const ModelConfig& model, const ParallelConfig& par, int world)
-    : Planner(CostModel(model, device_profile(par.device), par.ranks_per_node, par.recompute), par, world) {}
+    : Planner(CostModel(model, device_profile(par.cost_profile), par.ranks_per_node, par.recompute), par, world) {}
 
 Planner::Planner(const CostModel& cost, const ParallelConfig& par, int world)
     : cost_(cost), memory_(cost.model(), cost.device(), world, par.memory_gb, par.zero1, par.recompute),
@@ -330,10 +330,7 @@ Planner::Planner(const CostModel& cost, const ParallelConfig& par, int world)
 }
 
 Plan Planner::plan(const std::vector<SeqShape>& batch, PlanStats* stats) const {
-  if (par_.strategy == "static") return plan_static(batch, par_.static_cp, stats);
-  if (par_.strategy == "pow2") return plan_pow2(batch, stats);
-  DHP_CHECK(par_.strategy == "dhp", "parallel.strategy = '{}': use dhp, static or pow2", par_.strategy);
-  return plan_dhp(batch, stats);
+  return traits(par_.strategy).plan(*this, batch, par_.static_cp, stats);
 }
 
 int Planner::min_degree(const SeqShape& s) const {
@@ -434,9 +431,8 @@ std::vector<std::string> Planner::check(const Plan& plan) const {
     // dhp's and pow2's own placement keeps rings of at most a node's ranks inside a node; a
     // static layout (the static strategy, or dhp adopting it) and the barrier reference may
     // lay one across two nodes, priced at inter-node bandwidth (checked below).
-    const bool static_like = plan.strategy() == "static" || plan.strategy() == "dhp-waves" ||
-                             plan.candidate().find("static") != std::string::npos;
-    if (spans && grp.cp <= rpn && !static_like)
+    const bool may_span = traits(plan.strategy()).rings_may_span_nodes || traits(plan.placement()).rings_may_span_nodes;
+    if (spans && grp.cp <= rpn && !may_span)
       bad.push_back(fmt::format("group {}: its ring of {} ranks from rank {} spans two nodes of {} ranks", g, grp.cp,
                                 grp.first_rank, rpn));
     {
@@ -488,7 +484,7 @@ std::vector<std::string> Planner::check(const Plan& plan) const {
   // largest wave before it on any of its ranks. The one exception is `dhp-waves`, the
   // barrier reference: its waves are global barriers, so each wave's degrees sum to N and
   // all its groups start together when the slowest group of the previous wave ends.
-  const bool barrier = plan.strategy() == "dhp-waves";
+  const bool barrier = traits(plan.strategy()).barriers;
   std::vector<int64_t> free_at(size_t(world_), 0);
   std::vector<int> depth(size_t(world_), 0);
   std::vector<int> order(groups.size());

@@ -67,7 +67,7 @@ struct PlanStats {
 
 class Planner {
  public:
-  // Cost and memory models from the model config and parallel.device / memory_gb / zero1.
+  // Cost and memory models from the model config and parallel.cost_profile / memory_gb / zero1.
   Planner(const ModelConfig& model, const ParallelConfig& par, int world);
   // With an explicit cost model, e.g. one whose coefficients were refitted.
   Planner(const CostModel& cost, const ParallelConfig& par, int world);

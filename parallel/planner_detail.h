@@ -135,6 +135,9 @@ struct Candidate {
   std::vector<PlanGroup> groups;
   int64_t makespan = kNever;
   std::string name;
+  // Whose placement laid out the groups: dhp adopting a static layout inherits its freedom to
+  // lay a ring across nodes (StrategyTraits::rings_may_span_nodes).
+  Strategy placement = Strategy::dhp;
 };
 
 // Static data parallelism with CP degree c (baselines.cpp): sequences longest-first to the

@@ -4,33 +4,40 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "core/check.h"
 
 namespace dhp {
+
+std::string StrategyReport::name() const {
+  if (!label.empty()) return label;
+  if (strategy == Strategy::static_layout) return fmt::format("static cp={}", static_cp);
+  return std::string(strategy_name(strategy));
+}
 
 nlohmann::json StrategyReport::to_json() const {
   nlohmann::json hist = nlohmann::json::object();
   for (auto [d, n] : degrees) hist[std::to_string(d)] = n;
   nlohmann::json cand = nlohmann::json::object();
   for (const auto& [c, n] : candidates) cand[c] = n;
-  nlohmann::json j = {{"strategy", strategy},   {"step_s", step_s},       {"bound_s", bound_s},
+  nlohmann::json j = {{"strategy", label.empty() ? std::string(strategy_name(strategy)) : label},   {"step_s", step_s},       {"bound_s", bound_s},
                       {"ratio", ratio},         {"idle", idle},           {"groups", groups},
                       {"waves", waves},         {"max_waves", max_waves}, {"degrees", hist},
                       {"candidates", cand},     {"evaluations", evaluations},
                       {"max_evaluations", max_evaluations}, {"budget", budget},
                       {"wall_median_ms", wall_median_ms}, {"wall_p99_ms", wall_p99_ms}};
-  if (strategy == "static") j["static_cp"] = static_cp;
+  if (strategy == Strategy::static_layout) j["static_cp"] = static_cp;
   if (speedup_vs_static > 0) j["speedup_vs_static"] = speedup_vs_static;
   return j;
 }
 
-StrategyReport simulate(const Planner& planner, const std::string& strategy,
+StrategyReport simulate(const Planner& planner, Strategy strategy,
                         const std::vector<std::vector<SeqShape>>& batches, int static_cp) {
   return simulate(planner, strategy, [&](int s) { return batches[size_t(s)]; }, int(batches.size()), static_cp);
 }
 
-StrategyReport simulate(const Planner& planner, const std::string& strategy, const BatchSource& batches, int steps,
+StrategyReport simulate(const Planner& planner, Strategy strategy, const BatchSource& batches, int steps,
                         int static_cp) {
   StrategyReport r;
   r.strategy = strategy;
@@ -40,11 +47,7 @@ StrategyReport simulate(const Planner& planner, const std::string& strategy, con
     const std::vector<SeqShape> batch = batches(step);
     PlanStats st;
     const auto t0 = std::chrono::steady_clock::now();
-    Plan plan = strategy == "dhp"      ? planner.plan_dhp(batch, &st)
-                : strategy == "dhp-waves" ? planner.plan_dhp_waves(batch, &st)
-                : strategy == "pow2"   ? planner.plan_pow2(batch, &st)
-                : strategy == "static" ? planner.plan_static(batch, static_cp, &st)
-                                       : throw Error(fmt::format("unknown strategy '{}': use dhp, dhp-waves, static or pow2", strategy));
+    Plan plan = traits(strategy).plan(planner, batch, static_cp, &st);
     wall.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     r.evaluations += double(st.evaluations);
     r.max_evaluations = std::max(r.max_evaluations, st.evaluations);
@@ -58,7 +61,7 @@ StrategyReport simulate(const Planner& planner, const std::string& strategy, con
     r.waves += s.waves;
     r.max_waves = std::max(r.max_waves, s.waves);
     for (const auto& g : plan.groups()) ++r.degrees[g.cp];
-    if (strategy == "static" && !plan.groups().empty()) r.static_cp = plan.groups()[0].cp;
+    if (traits(strategy).degrees == RingDegrees::fixed && !plan.groups().empty()) r.static_cp = plan.groups()[0].cp;
   }
   const double n = std::max(1, steps);
   r.step_s /= n, r.bound_s /= n, r.idle /= n, r.groups /= n, r.waves /= n, r.evaluations /= n;
@@ -79,24 +82,25 @@ StrategyReport best_static(const Planner& planner, const BatchSource& batches, i
   int need = 1;
   for (int s = 0; s < steps; ++s) need = std::max(need, planner.static_min_cp(batches(s)));
   const int n = planner.world();
-  StrategyReport best;
+  std::optional<StrategyReport> best;
   for (int c = need; c <= n; ++c) {
     if (n % c) continue;
-    StrategyReport r = simulate(planner, "static", batches, steps, c);
-    if (best.strategy.empty() || r.step_s < best.step_s) best = r;
+    StrategyReport r = simulate(planner, Strategy::static_layout, batches, steps, c);
+    if (!best || r.step_s < best->step_s) best = r;
   }
-  return best;
+  DHP_ASSERT(best);
+  return *best;
 }
 
 std::string format_reports(const std::vector<StrategyReport>& reports) {
   double base = 0;
   for (const auto& r : reports)
-    if (r.strategy == "static") base = r.step_s;
+    if (r.strategy == Strategy::static_layout && r.label.empty()) base = r.step_s;
   std::string out = fmt::format("{:<14} {:>10} {:>10} {:>7} {:>8} {:>6} {:>8} {:>6}  {:>9} {:>9} {:>8}  {}\n", "strategy",
                                 "step (s)", "bound (s)", "ratio", "speedup", "idle", "groups", "waves",
                                 "plan p50", "plan p99", "evals", "degrees (degree:groups)");
   for (const auto& r : reports) {
-    std::string name = r.strategy == "static" ? fmt::format("static cp={}", r.static_cp) : r.strategy;
+    const std::string name = r.name();
     std::string hist;
     for (auto [d, c] : r.degrees) hist += fmt::format("{}{}:{}", hist.empty() ? "" : " ", d, c);
     out += fmt::format("{:<14} {:>10.4f} {:>10.4f} {:>7.3f} {:>8} {:>5.1f}% {:>8.1f} {:>6.2f}  {:>7.3f}ms {:>7.3f}ms {:>8.0f}  {}\n",
@@ -105,10 +109,10 @@ std::string format_reports(const std::vector<StrategyReport>& reports) {
                        r.groups, r.waves, r.wall_median_ms, r.wall_p99_ms, r.evaluations, hist);
   }
   for (const auto& r : reports) {
-    if (r.strategy != "dhp" || r.candidates.empty()) continue;
+    if (r.strategy != Strategy::dhp || !r.label.empty() || r.candidates.empty()) continue;
     std::string won;
     for (const auto& [c, n] : r.candidates) won += fmt::format("{}{} {}", won.empty() ? "" : ", ", c, n);
-    out += fmt::format("{} plans won by: {}\n", r.strategy, won);
+    out += fmt::format("{} plans won by: {}\n", r.name(), won);
   }
   return out;
 }

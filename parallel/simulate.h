@@ -13,7 +13,8 @@
 namespace dhp {
 
 struct StrategyReport {
-  std::string strategy;            // "dhp", "dhp-waves", "static", "pow2"
+  Strategy strategy = Strategy::dhp;
+  std::string label;               // the row's name when not the strategy's own (a bench variant)
   int static_cp = 0;               // the CP degree of a static layout
   double step_s = 0;               // mean predicted step time
   double bound_s = 0;              // mean lower bound
@@ -28,6 +29,7 @@ struct StrategyReport {
   double evaluations = 0;          // mean cost evaluations per plan
   int64_t max_evaluations = 0, budget = 0;
   double wall_median_ms = 0, wall_p99_ms = 0;
+  std::string name() const;        // label, "static cp=N" or the strategy's name
   nlohmann::json to_json() const;
 };
 
@@ -35,9 +37,9 @@ struct StrategyReport {
 // time, so a long simulation never holds every batch at once.
 using BatchSource = std::function<std::vector<SeqShape>(int step)>;
 
-StrategyReport simulate(const Planner& planner, const std::string& strategy, const BatchSource& batches, int steps,
+StrategyReport simulate(const Planner& planner, Strategy strategy, const BatchSource& batches, int steps,
                         int static_cp = 0);
-StrategyReport simulate(const Planner& planner, const std::string& strategy,
+StrategyReport simulate(const Planner& planner, Strategy strategy,
                         const std::vector<std::vector<SeqShape>>& batches, int static_cp = 0);
 
 // Every divisor of the world that holds the longest sample, simulated; the fastest wins.

@@ -16,7 +16,7 @@ using testing::error_of;
 TEST(Config, DefaultsWhenEmpty) {
   Config c = parse_config("", "empty.toml");
   EXPECT_EQ(c.model.dim, ModelConfig{}.dim);
-  EXPECT_EQ(c.parallel.strategy, "dhp");
+  EXPECT_EQ(c.parallel.strategy, Strategy::dhp);
 }
 
 TEST(Config, ReadsSectionsAndNestedVision) {
@@ -28,7 +28,7 @@ TEST(Config, ReadsSectionsAndNestedVision) {
   EXPECT_EQ(c.model.vision.patch, 8);
   EXPECT_EQ(c.model.vision.merge, 1);
   EXPECT_DOUBLE_EQ(c.optim.lr, 1.0);  // an integer is accepted where a float is expected
-  EXPECT_EQ(c.parallel.strategy, "pow2");
+  EXPECT_EQ(c.parallel.strategy, Strategy::pow2);
 }
 
 TEST(Config, OverridesWinAndAcceptBareStrings) {
@@ -37,7 +37,7 @@ TEST(Config, OverridesWinAndAcceptBareStrings) {
                            "--log.progress=false", "--model.vision.layers=0"});
   EXPECT_EQ(c.model.dim, 64);
   EXPECT_DOUBLE_EQ(c.optim.lr, 1e-4);
-  EXPECT_EQ(c.parallel.strategy, "static");
+  EXPECT_EQ(c.parallel.strategy, Strategy::static_layout);
   EXPECT_FALSE(c.log.progress);
   EXPECT_EQ(c.model.vision.layers, 0);
 }
@@ -125,6 +125,32 @@ TEST(Config, TomlRoundTripKeepsQuotesAndBackslashesInStrings) {
   Config b = parse_config(to_toml(a), "b.toml");
   EXPECT_EQ(b.data.image_root, a.data.image_root);
   EXPECT_EQ(b.data.train, a.data.train);
+}
+
+// parallel.device was renamed parallel.cost_profile (it is not the device train.device picks);
+// configs and checkpoints that still say parallel.device keep working.
+TEST(Config, RenamedKeyIsStillRead) {
+  Config c = parse_config("[parallel]\ndevice = \"h100\"\n", "old.toml");
+  EXPECT_EQ(c.parallel.cost_profile, "h100");
+  c = parse_config("", "a.toml", {"--parallel.device=a100"});
+  EXPECT_EQ(c.parallel.cost_profile, "a100");
+  EXPECT_EQ(parse_config(to_toml(c), "again.toml").parallel.cost_profile, "a100");
+  EXPECT_EQ(to_toml(c).find("device = \"a100\""), std::string::npos);
+}
+
+// Strategies and precisions are values parsed once; the resolved config writes their names.
+TEST(Config, ChoicesAreParsedOnceAndWrittenByName) {
+  Config c = parse_config("[train]\nprecision = \"bf16\"\n[parallel]\nstrategy = \"pow2\"\n", "a.toml");
+  EXPECT_EQ(c.train.precision, Precision::bf16);
+  EXPECT_EQ(c.parallel.strategy, Strategy::pow2);
+  const Config back = parse_config(to_toml(c), "b.toml");
+  EXPECT_EQ(back.train.precision, Precision::bf16);
+  EXPECT_EQ(back.parallel.strategy, Strategy::pow2);
+  EXPECT_NE(format_config(c).find("parallel.strategy"), std::string::npos);
+  EXPECT_NE(format_config(c).find("\"pow2\""), std::string::npos);
+  // dhp-waves is a reference for `dhp plan`, not a strategy a run can train with.
+  EXPECT_THROW(parse_config("[parallel]\nstrategy = \"dhp-waves\"\n", "c.toml"), Error);
+  EXPECT_THROW(parse_config("[train]\nprecision = 16\n", "d.toml"), Error);
 }
 
 }  // namespace

@@ -104,7 +104,7 @@ class CudaLinear : public CudaOpsTest, public ::testing::WithParamInterface<std:
 TEST_P(CudaLinear, ForwardAndBackwardMatchCpu) {
   const std::string precision = GetParam();
   BackendOptions opt;
-  opt.precision = precision;
+  opt.precision = *find_precision(precision);
   gpu_ = make_cuda_backend(opt);
   const DType t = g().dtype();
   ASSERT_EQ(t, precision == "bf16" ? DType::BF16 : DType::F32);
@@ -551,7 +551,7 @@ struct Bf16Pair {
 // (2^-7 relative at most). fp32 outputs compare as in the fp32 tests.
 TEST_F(CudaOpsTest, Bf16StorageOpsMatchTheCpuStaging) {
   BackendOptions opt;
-  opt.precision = "bf16";
+  opt.precision = Precision::bf16;
   gpu_ = make_cuda_backend(opt);
   cpu_ = make_cpu_backend(opt);
   ASSERT_EQ(g().dtype(), DType::BF16);
@@ -740,7 +740,7 @@ TEST_F(CudaOpsTest, Bf16StorageOpsMatchTheCpuStaging) {
 // staging): the same loss and gradients up to bf16 rounding, fp32 master weights untouched.
 TEST_F(CudaOpsTest, Bf16TrainingStepMatchesTheCpuStaging) {
   BackendOptions opt;
-  opt.precision = "bf16";
+  opt.precision = Precision::bf16;
   gpu_ = make_cuda_backend(opt);
   cpu_ = make_cpu_backend(opt);
   const StepOnBoth r = step_on_both(*cpu_, *gpu_);

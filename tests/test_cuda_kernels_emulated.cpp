@@ -542,7 +542,7 @@ Act act(std::vector<bf16>& x) { return Act(x.data(), DType::BF16); }
 // as in the fp32 tests.
 TEST(CudaEmulated, Bf16StorageMatchesTheCpuStaging) {
   BackendOptions opt;
-  opt.precision = "bf16";
+  opt.precision = Precision::bf16;
   auto cpu = make_cpu_backend(opt);
   const Ops& ref = cpu->ops();
   ASSERT_EQ(ref.dtype(), DType::BF16);

@@ -91,7 +91,7 @@ StepResult one_step(int n, const std::string& strategy, const std::string& preci
   std::mutex mu;
   run_threaded(n, [&](Communicator& comm) {
     BackendOptions opt;
-    opt.precision = precision;
+    opt.precision = *find_precision(precision);
     auto backend = make_cpu_backend(opt);
     Tokenizer tok(cfg.data.tokenizer);
     auto data = open_dataset(cfg.data.train, cfg.data, tok, cfg.model.vision);
@@ -385,7 +385,7 @@ TEST(PlanInvariance, ResumeCarriesTheRefittedCostModel) {
   train_on(2, base);
   const std::string at2 = (base_dir / "checkpoints" / "step-00000002.h5").string();
   const CostState saved = cost_state_of(at2, base);
-  EXPECT_EQ(saved.device, base.parallel.device);
+  EXPECT_EQ(saved.device, base.parallel.cost_profile);
   ASSERT_FALSE(saved.window.empty());
   // Refitted from measured times: not the profile the run started from.
   const CostCoeffs profile = Planner(base.model, base.parallel, 2).cost().coeffs();

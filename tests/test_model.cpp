@@ -340,7 +340,7 @@ TEST(Model, Bf16StorageTracksFp32) {
   ModelConfig cfg = tiny_config();
   auto f32 = make_cpu_backend({1});
   BackendOptions opt;
-  opt.precision = "bf16";
+  opt.precision = Precision::bf16;
   auto b16 = make_cpu_backend(opt);
   ASSERT_EQ(b16->ops().dtype(), DType::BF16);
   Model a(cfg, *f32), b(cfg, *b16);

@@ -153,7 +153,7 @@ std::vector<SeqShape> random_batch(std::mt19937_64& rng, int count, int64_t long
 ParallelConfig par_for(const std::string& device, double gb, int rpn, bool recompute = false) {
   ParallelConfig p;
   p.recompute = recompute;
-  p.device = device;
+  p.cost_profile = device;
   p.memory_gb = gb;
   p.ranks_per_node = rpn;
   return p;
@@ -228,7 +228,9 @@ TEST(Planner, SameInputsGiveTheSamePlan) {
     auto batch = preset_batch("video-longtail", 8 * n, 42);
     Planner a(model_profile("7b"), par_for("h200", 141, 8), n);
     Planner b(model_profile("7b"), par_for("h200", 141, 8), n);
-    for (const std::string s : {"dhp", "static", "pow2"}) {
+    for (const StrategyTraits& t : strategy_table()) {
+      if (!t.trainable) continue;
+      const Strategy s = t.id;
       ParallelConfig par = par_for("h200", 141, 8);
       par.strategy = s;
       Planner c(model_profile("7b"), par, n);
@@ -447,38 +449,38 @@ TEST(Schedule, CheckRejectsBrokenSchedules) {
   const PlanGroup a = group(0, 0, 2, {0}, 0);
   const int64_t t = a.time_ns;
   // Valid: sequence 1 on ranks 0-1, then sequence 2 on rank 1 as soon as it is free.
-  EXPECT_TRUE(p.check(Plan("dhp", 8, seqs, {a, group(1, 1, 1, {1}, t)}, 0)).empty());
+  EXPECT_TRUE(p.check(Plan(Strategy::dhp, 8, seqs, {a, group(1, 1, 1, {1}, t)}, 0)).empty());
   // Overlap on rank 1.
-  EXPECT_FALSE(p.check(Plan("dhp", 8, seqs, {a, group(1, 1, 1, {1}, t - 1)}, 0)).empty());
+  EXPECT_FALSE(p.check(Plan(Strategy::dhp, 8, seqs, {a, group(1, 1, 1, {1}, t - 1)}, 0)).empty());
   // Idle gap: the group could have started earlier.
-  EXPECT_FALSE(p.check(Plan("dhp", 8, seqs, {a, group(1, 1, 1, {1}, t + 2)}, 0)).empty());
+  EXPECT_FALSE(p.check(Plan(Strategy::dhp, 8, seqs, {a, group(1, 1, 1, {1}, t + 2)}, 0)).empty());
   // Wrong micro-step depth.
-  EXPECT_FALSE(p.check(Plan("dhp", 8, seqs, {a, group(0, 1, 1, {1}, t)}, 0)).empty());
+  EXPECT_FALSE(p.check(Plan(Strategy::dhp, 8, seqs, {a, group(0, 1, 1, {1}, t)}, 0)).empty());
   // A sequence twice, another missing.
-  EXPECT_FALSE(p.check(Plan("dhp", 8, seqs, {a, group(1, 1, 1, {0}, t)}, 0)).empty());
+  EXPECT_FALSE(p.check(Plan(Strategy::dhp, 8, seqs, {a, group(1, 1, 1, {0}, t)}, 0)).empty());
   // A time that is not the cost model's price of the group.
-  EXPECT_FALSE(p.check(Plan("dhp", 8, seqs, {group(0, 0, 2, {0}, 0, t + 1), group(1, 1, 1, {1}, t + 1)}, 0)).empty());
+  EXPECT_FALSE(p.check(Plan(Strategy::dhp, 8, seqs, {group(0, 0, 2, {0}, 0, t + 1), group(1, 1, 1, {1}, t + 1)}, 0)).empty());
   // Two sequences in one micro-batch cost less than apart (weights streamed once, each ring
   // step's latency paid once), and the plan must say so.
   PlanGroup both = group(0, 0, 2, {0, 1}, 0);
   EXPECT_LT(both.time_ns, t + group(0, 0, 2, {1}, 0).time_ns);
-  EXPECT_TRUE(p.check(Plan("dhp", 8, seqs, {both}, 0)).empty());
+  EXPECT_TRUE(p.check(Plan(Strategy::dhp, 8, seqs, {both}, 0)).empty());
   // A ring of 2 across the node boundary (ranks 3-4 with 4 per node): dhp and pow2 never do
   // that; static may, when the replica cannot sit inside a node, and is then priced at
   // inter-node bandwidth — an intra-node price is a violation.
   PlanGroup straddle = group(0, 3, 2, {0, 1}, 0);
-  EXPECT_FALSE(p.check(Plan("dhp", 8, seqs, {straddle}, 0)).empty());
-  EXPECT_TRUE(p.check(Plan("static", 8, seqs, {straddle}, 0)).empty());
+  EXPECT_FALSE(p.check(Plan(Strategy::dhp, 8, seqs, {straddle}, 0)).empty());
+  EXPECT_TRUE(p.check(Plan(Strategy::static_layout, 8, seqs, {straddle}, 0)).empty());
   GroupCost acc;
   for (const auto& x : seqs) acc.add(p.cost().prepare(x));
   PlanGroup cheap = straddle;
   cheap.time_ns = p.cost().ticks(acc, 2, false);
   ASSERT_NE(cheap.time_ns, straddle.time_ns);
-  EXPECT_FALSE(p.check(Plan("static", 8, seqs, {cheap}, 0)).empty());
+  EXPECT_FALSE(p.check(Plan(Strategy::static_layout, 8, seqs, {cheap}, 0)).empty());
   // Barrier reference: a wave whose degrees do not sum to the world.
-  EXPECT_FALSE(p.check(Plan("dhp-waves", 8, seqs, {group(0, 0, 2, {0}, 0), group(1, 0, 8, {1}, t)}, 0)).empty());
+  EXPECT_FALSE(p.check(Plan(Strategy::dhp_waves, 8, seqs, {group(0, 0, 2, {0}, 0), group(1, 0, 8, {1}, t)}, 0)).empty());
   const PlanGroup w0 = group(0, 0, 8, {0}, 0);
-  EXPECT_TRUE(p.check(Plan("dhp-waves", 8, seqs, {w0, group(1, 0, 8, {1}, w0.time_ns)}, 0)).empty());
+  EXPECT_TRUE(p.check(Plan(Strategy::dhp_waves, 8, seqs, {w0, group(1, 0, 8, {1}, w0.time_ns)}, 0)).empty());
 }
 
 // Where memory forces wide rings (a 7B model without recompute on 17 ranks: 65k-token

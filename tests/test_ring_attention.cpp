@@ -192,7 +192,7 @@ TEST(RingAttention, Bf16StorageErrorDoesNotGrowWithTheDegree) {
     double e2[4] = {0, 0, 0, 0}, r2[4] = {0, 0, 0, 0};
     run_threaded(d, [&](Communicator& comm) {
       BackendOptions opt;
-      opt.precision = "bf16";
+      opt.precision = Precision::bf16;
       auto backend = make_cpu_backend(opt);
       const std::vector<int64_t> tokens = zigzag_tokens(p, d, comm.rank());
       const int64_t T = int64_t(tokens.size());

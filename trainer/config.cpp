@@ -6,21 +6,30 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
+#include <spdlog/spdlog.h>
 #include <toml++/toml.h>
 #include <variant>
 
 #include "core/check.h"
 #include "kernels/backend.h"
+#include "parallel/strategy.h"
 
 namespace dhp {
 namespace {
 
-using Ref = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*>;
+// A key whose value is one of a set of names (an enum): read, written and printed by its name.
+struct Choice {
+  std::function<std::string()> get;
+  std::function<void(const std::string&)> set;
+};
+
+using Ref = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, Choice>;
 
 struct Key {
   std::string section;              // "model" or "model.vision"
@@ -61,6 +70,25 @@ class Schema {
   }
   void str(const char* name, std::string& ref, std::vector<std::string> choices = {}) {
     keys_.push_back(Key{sec_, name, Ref(&ref), -INFINITY, INFINITY, std::move(choices)});
+  }
+  // names: (value, name) pairs; the value is parsed once here and kept as the enum.
+  template <class E, class Names>
+  void choice(const char* name, E& ref, const Names& names) {
+    std::vector<std::pair<E, std::string>> table;
+    for (const auto& [value, text] : names) table.emplace_back(value, std::string(text));
+    std::vector<std::string> choices;
+    for (const auto& [value, text] : table) choices.push_back(text);
+    Choice c{[&ref, table] {
+               for (const auto& [value, text] : table)
+                 if (value == ref) return text;
+               DHP_ASSERT(false);
+               return std::string();
+             },
+             [&ref, table](const std::string& s) {
+               for (const auto& [value, text] : table)
+                 if (text == s) ref = value;
+             }};
+    keys_.push_back(Key{sec_, name, Ref(std::move(c)), -INFINITY, INFINITY, std::move(choices)});
   }
 
   void describe(Config& c) {
@@ -107,7 +135,7 @@ class Schema {
     num("threads", t.threads, 0, 4096);
     flag("adapt_threads", t.adapt_threads);
     str("device", t.device, {"auto", "cpu", "cuda"});
-    str("precision", t.precision, {"fp32", "tf32", "bf16"});
+    choice("precision", t.precision, kPrecisionNames);
 
     sec_ = "optim";
     auto& o = c.optim;
@@ -122,13 +150,16 @@ class Schema {
 
     sec_ = "parallel";
     auto& p = c.parallel;
-    str("strategy", p.strategy, {"dhp", "static", "pow2"});
+    std::vector<std::pair<Strategy, std::string_view>> trainable;
+    for (const StrategyTraits& s : strategy_table())
+      if (s.trainable) trainable.emplace_back(s.id, s.name);
+    choice("strategy", p.strategy, trainable);
     num("memory_gb", p.memory_gb, 0.001, 1e6);
     flag("zero1", p.zero1);
     num("ranks_per_node", p.ranks_per_node, 1, 1 << 16);
     num("static_cp", p.static_cp, 0, 1 << 20);
     num("planner_budget_ms", p.planner_budget_ms, 0, 1e6);
-    str("device", p.device);
+    str("cost_profile", p.cost_profile);
     flag("recompute", p.recompute);
     flag("refit", p.refit);
     num("refit_window", p.refit_window, 1, 1 << 20);
@@ -211,36 +242,64 @@ void assign(const Key& key, const toml::node& node, const std::string& at) {
     DHP_CHECK(x >= key.lo && x <= key.hi, "{}: '{}' = {} is out of range [{}, {}]", at, key.path(),
               x, key.lo, key.hi);
   };
+  auto one_of = [&](const std::string& v) {
+    if (!key.choices.empty() && std::find(key.choices.begin(), key.choices.end(), v) == key.choices.end())
+      throw Error(fmt::format("{}: '{}' = \"{}\" is not one of: {}", at, key.path(), v,
+                              fmt::join(key.choices, ", ")));
+  };
   std::visit(
-      [&](auto* p) {
-        using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, bool>) {
-          auto v = node.value_exact<bool>();
-          if (!v) throw bad_type();
-          *p = *v;
-        } else if constexpr (std::is_same_v<T, std::string>) {
+      [&](const auto& alt) {
+        using A = std::decay_t<decltype(alt)>;
+        if constexpr (std::is_same_v<A, Choice>) {
           auto v = node.value_exact<std::string>();
           if (!v) throw bad_type();
-          if (!key.choices.empty() &&
-              std::find(key.choices.begin(), key.choices.end(), *v) == key.choices.end())
-            throw Error(fmt::format("{}: '{}' = \"{}\" is not one of: {}", at, key.path(), *v,
-                                    fmt::join(key.choices, ", ")));
-          *p = *v;
-        } else if constexpr (std::is_same_v<T, double>) {
+          one_of(*v);
+          alt.set(*v);
+        } else if constexpr (std::is_same_v<A, bool*>) {
+          auto v = node.value_exact<bool>();
+          if (!v) throw bad_type();
+          *alt = *v;
+        } else if constexpr (std::is_same_v<A, std::string*>) {
+          auto v = node.value_exact<std::string>();
+          if (!v) throw bad_type();
+          one_of(*v);
+          *alt = *v;
+        } else if constexpr (std::is_same_v<A, double*>) {
           std::optional<double> v;
           if (node.is_floating_point()) v = node.value_exact<double>();
           else if (node.is_integer()) v = double(*node.value_exact<int64_t>());
           if (!v) throw bad_type();
           in_range(*v);
-          *p = *v;
+          *alt = *v;
         } else {
           auto v = node.value_exact<int64_t>();
           if (!v) throw bad_type();
           in_range(double(*v));
-          *p = T(*v);
+          *alt = std::remove_pointer_t<A>(*v);
         }
       },
       key.ref);
+}
+
+// Keys that were renamed: still read, with a warning that names the new key.
+struct Renamed {
+  const char* old_path;
+  const char* new_path;
+  const char* why;
+};
+constexpr Renamed kRenamed[] = {
+    {"parallel.device", "parallel.cost_profile",
+     "it names the planner's cost profile, not the device train.device runs on"},
+};
+
+// The key at `path`, following a rename (warned about once per place it is used).
+const Key* find_key(const Schema& s, const std::string& path, const std::string& at) {
+  for (const Renamed& r : kRenamed)
+    if (path == r.old_path) {
+      spdlog::warn("{}: '{}' is deprecated, use '{}' ({})", at, r.old_path, r.new_path, r.why);
+      return s.find(r.new_path);
+    }
+  return s.find(path);
 }
 
 void apply_table(const Schema& s, const toml::table& tbl, const std::string& prefix,
@@ -254,7 +313,7 @@ void apply_table(const Schema& s, const toml::table& tbl, const std::string& pre
       apply_table(s, *node.as_table(), path, file);
       continue;
     }
-    const Key* key = s.find(path);
+    const Key* key = find_key(s, path, at);
     if (!key) {
       if (prefix.empty())
         throw Error(fmt::format("{}: '{}' must be inside a section such as [train]", at, path));
@@ -270,7 +329,7 @@ void apply_override(const Schema& s, std::string text) {
   std::string at = fmt::format("command-line override '--{}'", text);
   DHP_CHECK(eq != std::string::npos, "{}: expected --section.key=value", at);
   std::string path = text.substr(0, eq), value = text.substr(eq + 1);
-  const Key* key = s.find(path);
+  const Key* key = find_key(s, path, at);
   DHP_CHECK(key, "{}: unknown key '{}'{}", at, path, suggestion(s, path));
   // The value is TOML (so 1e-3, true, "x" mean what they mean in the file); a bare word that
   // is not valid TOML is taken as a string, so --parallel.strategy=pow2 needs no quotes.
@@ -279,7 +338,8 @@ void apply_override(const Schema& s, std::string text) {
     parsed = toml::parse("v = " + value);
   } catch (const toml::parse_error&) {
   }
-  if (parsed && !(key->ref.index() == 5 && !(*parsed)["v"].is_string())) {
+  const bool takes_string = std::holds_alternative<std::string*>(key->ref) || std::holds_alternative<Choice>(key->ref);
+  if (parsed && !(takes_string && !(*parsed)["v"].is_string())) {
     assign(*key, *parsed->get("v"), at);
   } else {
     toml::value<std::string> as_string(value);
@@ -330,18 +390,20 @@ std::string toml_quoted(const std::string& s) {
 
 std::string value_text(const Ref& r, bool quote) {
   return std::visit(
-      [&](auto* p) -> std::string {
-        using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, std::string>)
-          return quote ? toml_quoted(*p) : *p;
-        else if constexpr (std::is_same_v<T, bool>)
-          return *p ? "true" : "false";
-        else if constexpr (std::is_same_v<T, double>) {
-          std::string s = fmt::format("{}", *p);
+      [&](const auto& alt) -> std::string {
+        using A = std::decay_t<decltype(alt)>;
+        if constexpr (std::is_same_v<A, Choice>)
+          return quote ? toml_quoted(alt.get()) : alt.get();
+        else if constexpr (std::is_same_v<A, std::string*>)
+          return quote ? toml_quoted(*alt) : *alt;
+        else if constexpr (std::is_same_v<A, bool*>)
+          return *alt ? "true" : "false";
+        else if constexpr (std::is_same_v<A, double*>) {
+          std::string s = fmt::format("{}", *alt);
           if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
           return s;
         } else
-          return fmt::format("{}", *p);
+          return fmt::format("{}", *alt);
       },
       r);
 }

@@ -21,9 +21,8 @@ struct TrainConfig {
   int threads = 0;                  // CPU compute threads; 0 = the cores per local rank
   bool adapt_threads = true;        // CPU: use fewer threads while other processes hold cores
   std::string device = "auto";      // "auto" | "cpu" | "cuda"; auto = cuda when a device is usable
-  // "fp32" | "tf32" (CUDA products on tensor cores) | "bf16" (bf16 activations and working
-  // weights, fp32 master weights): BackendOptions::precision.
-  std::string precision = "fp32";
+  Precision precision = Precision::fp32;  // kernels/backend.h
+
 };
 
 struct OptimConfig {

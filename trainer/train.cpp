@@ -256,15 +256,15 @@ void Run::restore_costs(const std::string& saved) {
   if (!cfg_.parallel.refit) return;
   if (saved.empty()) {
     if (rank0_) spdlog::info("cost model: the checkpoint carries no refit; starting from the '{}' profile",
-                             cfg_.parallel.device);
+                             cfg_.parallel.cost_profile);
     return;
   }
   const nlohmann::json j = nlohmann::json::parse(saved, nullptr, false);
   DHP_CHECK(!j.is_discarded(), "the checkpoint's /cost_model is not JSON (damaged checkpoint)");
   CostState st = CostState::from_json(j);
-  if (st.device != cfg_.parallel.device) {
-    if (rank0_) spdlog::info("cost model: the checkpoint's refit is for parallel.device = '{}', this run "
-                             "uses '{}'; starting from its profile", st.device, cfg_.parallel.device);
+  if (st.device != cfg_.parallel.cost_profile) {
+    if (rank0_) spdlog::info("cost model: the checkpoint's refit is for parallel.cost_profile = '{}', this run "
+                             "uses '{}'; starting from its profile", st.device, cfg_.parallel.cost_profile);
     return;
   }
   CostModel cost = planner()->cost();
@@ -393,7 +393,7 @@ std::string Run::save(int64_t step, bool last) {
   TrainState st{step, cfg_.train.seed, cfg_.train.batch_size,
                 sampler_->state_at(position_of(step)), train_set_->size(), tokenizer_.hash(), ""};
   if (cfg_.parallel.refit)
-    st.cost_state = CostState{cfg_.parallel.device, planner()->cost().coeffs(),
+    st.cost_state = CostState{cfg_.parallel.cost_profile, planner()->cost().coeffs(),
                               {observed_.begin(), observed_.end()}}.to_json().dump();
   std::string path;
   opt_.gather_moments(comm_);  // a checkpoint holds the full state, whatever the sharding

@@ -152,10 +152,10 @@ class CpuOps final : public Ops {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, bool adapt, const std::string& precision)
+  CpuBackend(int threads, bool adapt, Precision precision)
       : configured_(threads), threads_(threads), adapt_(adapt) {
     // bf16 stores activations and the working weights in bf16; the products stay fp32 here.
-    if (precision == "bf16") staged_ = make_bf16_staged_ops(ops_);
+    if (precision == Precision::bf16) staged_ = make_bf16_staged_ops(ops_);
     DHP_CHECK(threads > 0, "the CPU backend needs at least one compute thread (got {})", threads);
     omp_set_num_threads(threads);
     // Parallelism comes from OpenMP tiles around single-threaded BLAS calls (cpu/matmul.cpp).

@@ -36,10 +36,10 @@ cudaDataType_t cuda_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA
 
 }  // namespace
 
-CudaOps::CudaOps(Backend& backend, cudaStream_t stream, const std::string& precision)
+CudaOps::CudaOps(Backend& backend, cudaStream_t stream, Precision precision)
     : stream_(stream),
-      dtype_(precision == "bf16" ? DType::BF16 : DType::F32),
-      attn_math_(precision == "fp32" ? cuda::AttnMath::fp32 : cuda::AttnMath::tf32),
+      dtype_(storage_dtype(precision)),
+      attn_math_(precision == Precision::fp32 ? cuda::AttnMath::fp32 : cuda::AttnMath::tf32),
       workspace_(backend, kGemmWorkspace),
       ce_rows_(backend, sizeof(cuda::CrossEntropyRow) * cuda::kCrossEntropyRows),
       sum_partial_(backend, sizeof(double) * cuda::kSumSquaresBlocks),

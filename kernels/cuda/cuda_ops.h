@@ -20,7 +20,7 @@ namespace dhp {
 class CudaOps final : public Ops {
  public:
   // Allocates the GEMM workspace and the scratch buffers through `backend`.
-  CudaOps(Backend& backend, cudaStream_t stream, const std::string& precision);
+  CudaOps(Backend& backend, cudaStream_t stream, Precision precision);
 
   std::string name() const override { return "cuda"; }
   DType dtype() const override { return dtype_; }

@@ -27,15 +27,18 @@ void set(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr
 
 }  // namespace
 
-cublasComputeType_t compute_type(const std::string& precision) {
-  if (precision == "fp32") return CUBLAS_COMPUTE_32F;
-  if (precision == "tf32") return CUBLAS_COMPUTE_32F_FAST_TF32;
-  // bf16 operands are stored in bf16: plain fp32 accumulation runs them on tensor cores.
-  if (precision == "bf16") return CUBLAS_COMPUTE_32F;
-  throw Error(fmt::format("precision \"{}\": expected fp32, tf32 or bf16", precision));
+cublasComputeType_t compute_type(Precision precision) {
+  switch (precision) {
+    case Precision::tf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
+    // bf16 operands are stored in bf16: plain fp32 accumulation runs them on tensor cores.
+    case Precision::fp32:
+    case Precision::bf16: return CUBLAS_COMPUTE_32F;
+  }
+  DHP_ASSERT(false);
+  return CUBLAS_COMPUTE_32F;
 }
 
-Gemm::Gemm(cudaStream_t stream, const std::string& precision, void* workspace,
+Gemm::Gemm(cudaStream_t stream, Precision precision, void* workspace,
            size_t workspace_bytes)
     : stream_(stream),
       compute_(compute_type(precision)),

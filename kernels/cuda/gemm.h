@@ -16,16 +16,17 @@
 #include <string>
 #include <tuple>
 
+#include "kernels/backend.h"
 #include "kernels/cuda/gemm_layout.h"
 
 namespace dhp::cuda {
 
-// The cuBLASLt compute type of a precision name; throws dhp::Error on an unknown name.
-cublasComputeType_t compute_type(const std::string& precision);
+// The cuBLASLt compute type of a precision.
+cublasComputeType_t compute_type(Precision precision);
 
 class Gemm {
  public:
-  Gemm(cudaStream_t stream, const std::string& precision, void* workspace, size_t workspace_bytes);
+  Gemm(cudaStream_t stream, Precision precision, void* workspace, size_t workspace_bytes);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
