@@ -219,18 +219,4 @@ Sample ShardDataset::load_range(int64_t i, int64_t begin, int64_t end, ImageLoad
   });
 }
 
-std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataConfig& d,
-                                      const Tokenizer& tokenizer, const ImageGeometry& geometry) {
-  if (fs::is_directory(path)) {
-    DHP_CHECK(fs::exists(fs::path(path) / kIndexFile),
-              "'{}' is a folder without {}: pass a JSONL manifest, or a folder built by `dhp "
-              "data build` (rerunning an interrupted build finishes it)",
-              path, kIndexFile);
-    return std::make_unique<ShardDataset>(path, tokenizer, geometry, d.max_tokens, d.on_error,
-                                          d.max_image_pixels);
-  }
-  return std::make_unique<JsonlDataset>(path, d.image_root, tokenizer, geometry, d.max_tokens,
-                                        d.on_error, d.max_image_pixels, d.allow_absolute_paths);
-}
-
 }  // namespace dhp
