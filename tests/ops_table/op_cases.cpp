@@ -93,7 +93,7 @@ OpCase named(std::string op, std::string shape) {
   return c;
 }
 
-OpCase linear(int64_t T, int64_t in, int64_t out) {
+OpCase linear(int64_t T, int64_t in, int64_t out, bool bias = true) {
   OpCase c = named("linear", str(T) + "x" + str(in) + " -> " + str(out));
   c.make = [=](Rng& r) {
     return std::vector<Tensor>{act("x", uniform(r, sz(T * in))), act("W", uniform(r, sz(out * in))),
@@ -102,14 +102,15 @@ OpCase linear(int64_t T, int64_t in, int64_t out) {
                                f32("dW", uniform(r, sz(out * in))), f32("db", uniform(r, sz(out)))};
   };
   c.forward = [=](const Ops& o, const Args& a) {
-    o.linear_forward(a.act("y"), a.act("x"), a.act("W"), a.act("b"), T, in, out);
+    o.linear_forward(a.act("y"), a.act("x"), a.act("W"), bias ? a.act("b") : Act(), T, in, out);
   };
   c.backward = [=](const Ops& o, const Args& a) {
-    o.linear_backward(a.act("dx"), a.f32("dW"), a.f32("db"), a.act("dy"), a.act("x"), a.act("W"),
-                      T, in, out, false);
+    o.linear_backward(a.act("dx"), a.f32("dW"), bias ? a.f32("db") : nullptr, a.act("dy"),
+                      a.act("x"), a.act("W"), T, in, out, false);
   };
   c.loss = [=](const Args& a) { return weighted(a, "y", "dy", sz(T * out)); };
-  c.grads = {{"x", "dx"}, {"W", "dW", true}, {"b", "db", true}};
+  c.grads = {{"x", "dx"}, {"W", "dW", true}};
+  if (bias) c.grads.push_back({"b", "db", true});
   c.flops_forward = 2.0 * double(T * in * out);
   c.flops_backward = 4.0 * double(T * in * out);
   return c;
@@ -522,6 +523,38 @@ std::vector<OpCase> perf_cases(const PerfShape& s) {
   return {rmsnorm(s.T, s.d), rope(s.T, s.H, s.hd, false, pos), sw, cross_entropy(s.T, s.V)};
 }
 
-OpCase linear_case(int64_t T, int64_t in, int64_t out) { return linear(T, in, out); }
+OpCase linear_case(int64_t T, int64_t in, int64_t out) { return linear(T, in, out, false); }
+
+OpCase attention_case(const std::string& what, const std::vector<int32_t>& doc,
+                      const std::vector<int32_t>& idx, const std::vector<int32_t>& blk,
+                      int64_t pairs, int Hq, int Hkv, int hd) {
+  const int64_t T = int64_t(doc.size());
+  OpCase c = named("attention", "T=" + str(T) + " Hq=" + str(Hq) + " Hkv=" + str(Hkv) +
+                                    " hd=" + str(hd) + ", " + what);
+  const AttnShape s{T, T, Hq, Hkv, hd, float(1.0 / std::sqrt(double(hd)))};
+  c.make = [=](Rng& r) {
+    const size_t nq = sz(T * Hq * hd), nk = sz(T * Hkv * hd);
+    return std::vector<Tensor>{bytes("doc", doc), bytes("idx", idx), bytes("blk", blk),
+                               act("q", uniform(r, nq)), act("k", uniform(r, nk)),
+                               act("v", uniform(r, nk)), act_out("out", nq),
+                               f32_out("lse", sz(T * Hq)), act("dout", uniform(r, nq)),
+                               act_out("dq", nq), act_out("dk", nk), act_out("dv", nk)};
+  };
+  auto meta = [](const Args& a) {
+    return AttnMeta{a.as<int32_t>("doc"), a.as<int32_t>("idx"), a.as<int32_t>("blk")};
+  };
+  c.forward = [=](const Ops& o, const Args& a) {
+    o.attention_forward(a.act("out"), a.f32("lse"), a.act("q"), a.act("k"), a.act("v"), meta(a),
+                        meta(a), s);
+  };
+  c.backward = [=](const Ops& o, const Args& a) {
+    o.attention_backward(a.act("dq"), a.act("dk"), a.act("dv"), a.act("dout"), a.act("out"),
+                         a.f32("lse"), a.act("q"), a.act("k"), a.act("v"), meta(a), meta(a), s);
+  };
+  // Only the pairs the mask allows: Q·Kᵀ and P·V forward; dP, dV, dS·K and dSᵀ·Q backward.
+  c.flops_forward = 4.0 * double(pairs) * hd * Hq;
+  c.flops_backward = 2.0 * c.flops_forward;
+  return c;
+}
 
 }  // namespace dhp::testing

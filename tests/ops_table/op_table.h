@@ -109,8 +109,14 @@ struct PerfShape {
   const int32_t* pos;  // (T) rope positions
 };
 std::vector<OpCase> perf_cases(const PerfShape& s);
-// The Linear layer's GEMMs, the bench's yardstick.
+// The Linear layer's GEMMs without a bias, the bench's yardstick.
 OpCase linear_case(int64_t T, int64_t in, int64_t out);
+// Self-attention over a pack with per-token metadata (kernels/cpu/attention.h) and `pairs`
+// visible (query, key) pairs; `what` describes the pack. The attention tests have their own
+// cases (tests/attention_cases.h: every head dimension and variant, ring steps).
+OpCase attention_case(const std::string& what, const std::vector<int32_t>& doc,
+                      const std::vector<int32_t>& idx, const std::vector<int32_t>& blk,
+                      int64_t pairs, int Hq, int Hkv, int hd);
 
 // ---- Building rows --------------------------------------------------------------------------
 
