@@ -215,7 +215,7 @@ INSTANTIATE_TEST_SUITE_P(OpTable, CudaOpCases, ::testing::ValuesIn(rows()), [](c
 
 // sum_squares feeds gradient clipping: a second run gives the same bits.
 TEST_F(CudaOpsTest, SumSquaresIsDeterministic) {
-  for (int64_t n : {int64_t(1), int64_t(100001), int64_t(3000000)}) {
+  for (int64_t n : {int64_t(1), int64_t(5), int64_t(1024), int64_t(100001), int64_t(3000000)}) {
     auto X = put(random_vec(rng_, n));
     DeviceBuffer D(*gpu_, sizeof(double));
     g().sum_squares(D.as<double>(), X.as<float>(), n);

@@ -142,9 +142,9 @@ OpCase rmsnorm(int64_t T, int64_t C, float scale = 1.0f) {
 // In place: forward rotates x, backward rotates dx back. 1-D RoPE by pos, or 2-D by (row, col);
 // positions up to 1e5, where the angle must be computed in double.
 OpCase rope(int64_t T, int H, int hd, bool two_d, std::vector<int32_t> pos = {},
-            std::vector<int32_t> row = {}, std::vector<int32_t> col = {}) {
+            std::vector<int32_t> row = {}, std::vector<int32_t> col = {}, double theta = 0.0) {
   OpCase c = named(two_d ? "rope2d" : "rope", "T=" + str(T) + " H=" + str(H) + " hd=" + str(hd));
-  const double theta = two_d ? 100.0 : 10000.0;
+  if (theta == 0.0) theta = two_d ? 100.0 : 10000.0;  // the vision encoder's and the decoder's
   c.make = [=](Rng& r) {
     const int64_t n = T * H * hd;
     auto x = uniform(r, sz(n));
@@ -430,7 +430,7 @@ OpCase bias_gradient(int64_t T, int64_t C) {
 std::vector<OpCase> grad_cases() {
   return {linear(6, 5, 4),
           rmsnorm(4, 8, 2.0f),
-          rope(5, 2, 8, false, {0, 1, 7, 2, 30}),
+          rope(5, 2, 8, false, {0, 1, 7, 2, 30}, {}, {}, 100.0),
           rope(5, 2, 8, true, {}, {0, 0, 1, 3, 2}, {0, 1, 0, 4, 5}),
           swiglu(30, 3.0f),
           gelu(30, 4.0f),
