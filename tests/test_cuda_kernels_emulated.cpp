@@ -38,7 +38,6 @@
 #include "kernels/cuda/pixels_kernels.cuh"
 #include "kernels/cuda/rope_kernels.cuh"
 #include "tests/emulated_ops.h"
-#include "tests/storage_convert.h"
 // clang-format on
 
 namespace dhp {
