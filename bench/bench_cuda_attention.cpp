@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "core/check.h"
-#include "kernels/cuda/attention.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/storage.cuh"

@@ -1,5 +1,7 @@
 // GFLOP/s of every CPU op family on the shapes of the demo model, a 4x wider one and a long
-// sequence, side by side with the GEMM's on the same machine in the same run.
+// sequence, side by side with the GEMM's on the same machine in the same run. The ops, their
+// inputs and FLOP counts are rows of the op table (tests/ops_table), called through the CPU
+// backend's Ops.
 //
 //   bench_kernels [--threads 1] [--isa best|avx512|avx2|generic] [--min-seconds 0.2]
 //                 [--filter attention]
@@ -19,7 +21,6 @@
 //   GFLOP/s only say how far they sit from the GEMM.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -31,13 +32,9 @@
 #include <vector>
 
 #include "core/clock.h"
-#include "kernels/cpu/activation.h"
-#include "kernels/cpu/attention.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/attention_tuning.h"
-#include "kernels/cpu/cross_entropy.h"
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/norm.h"
-#include "kernels/cpu/rope.h"
+#include "tests/ops_table/op_table.h"
 
 namespace {
 
@@ -76,13 +73,6 @@ Timing time_op(const std::function<void()>& f, const std::function<void()>& gemm
   }
   if (!gemm) best.gemm = best.op;
   return best;
-}
-
-std::vector<float> randn(std::mt19937& rng, size_t n, float s = 1.0f) {
-  std::normal_distribution<float> d(0.0f, s);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
 }
 
 struct Row {
@@ -161,78 +151,31 @@ Pack image_pack(std::mt19937& rng, int64_t T, int lo, int hi) {
   return p;
 }
 
-void bench_gemm(Table& t, std::mt19937& rng, int64_t T, int64_t in, int64_t out) {
-  auto x = randn(rng, size_t(T * in)), W = randn(rng, size_t(out * in)), y = randn(rng, size_t(T * out));
-  // Kept alive by the table: every later row times this GEMM between its own trials.
-  auto keep = std::make_shared<std::vector<std::vector<float>>>(
-      std::vector<std::vector<float>>{randn(rng, size_t(T * in)), randn(rng, size_t(out * in)),
-                                      std::vector<float>(size_t(T * out))});
-  t.gemm = [keep, T, in, out] {
-    auto& v = *keep;
-    linear_forward(v[2].data(), v[0].data(), v[1].data(), nullptr, T, in, out);
-  };
-  t.gemm_flops = 2.0 * T * in * out;
-  t.add("gemm (linear fwd)", fmt::format("{}x{} -> {}", T, in, out), t.gemm_flops, t.gemm);
-  auto dW = std::vector<float>(size_t(out * in), 0.0f), dx = randn(rng, size_t(T * in));
-  t.add("linear bwd", fmt::format("{}x{} -> {}", T, in, out), 4.0 * T * in * out, [&] {
-    linear_backward(dx.data(), dW.data(), nullptr, y.data(), x.data(), W.data(), T, in, out);
-  });
+// Times one row of the op table (tests/ops_table) on the fp32 CPU reference: its forward pass
+// as "<op> fwd" and, after one forward pass for its inputs, its backward pass as "<op> bwd".
+void bench_row(Table& t, const Ops& ops, const testing::OpCase& c) {
+  testing::HostBuffers b(c.tensors(), DType::F32);
+  const testing::Args a = b.args();
+  t.add(c.op + " fwd", c.shape, c.flops_forward, [&] { c.forward(ops, a); });
+  if (!c.backward) return;
+  c.forward(ops, a);
+  t.add(c.op + " bwd", c.shape, c.flops_backward, [&] { c.backward(ops, a); });
 }
 
-void bench_attention(Table& t, std::mt19937& rng, const Pack& p, int Hq, int Hkv, int hd,
+// The table's first rows: the Linear layer's GEMM, which every later row's trials alternate
+// with, and its backward pass.
+void bench_gemm(Table& t, const Ops& ops, int64_t T, int64_t in, int64_t out) {
+  const testing::OpCase c = testing::linear_case(T, in, out);
+  auto b = std::make_shared<testing::HostBuffers>(c.tensors(), DType::F32);
+  t.gemm = [b, c, &ops] { c.forward(ops, b->args()); };
+  t.gemm_flops = c.flops_forward;
+  t.add("gemm (linear fwd)", c.shape, t.gemm_flops, t.gemm);
+  t.add("linear bwd", c.shape, c.flops_backward, [&] { c.backward(ops, b->args()); });
+}
+
+void bench_attention(Table& t, const Ops& ops, const Pack& p, int Hq, int Hkv, int hd,
                      const std::string& what) {
-  const int64_t T = p.size();
-  const AttnShape s{T, T, Hq, Hkv, hd, float(1.0 / std::sqrt(double(hd)))};
-  auto q = randn(rng, size_t(T * Hq * hd)), k = randn(rng, size_t(T * Hkv * hd)),
-       v = randn(rng, size_t(T * Hkv * hd)), dout = randn(rng, size_t(T * Hq * hd));
-  std::vector<float> out(q.size()), lse(size_t(Hq * T)), dq(q.size()), dk(k.size()), dv(v.size());
-  const std::string shape = fmt::format("T={} Hq={} Hkv={} hd={}, {}", T, Hq, Hkv, hd, what);
-  const double fwd = 4.0 * double(p.pairs) * hd * Hq;
-  t.add("attention fwd", shape, fwd, [&] {
-    attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), p.meta(), p.meta(), s);
-  });
-  t.add("attention bwd", shape, 2 * fwd, [&] {
-    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
-                       q.data(), k.data(), v.data(), p.meta(), p.meta(), s);
-  });
-}
-
-void bench_pointwise(Table& t, std::mt19937& rng, const Pack& p, int64_t d, int H, int hd,
-                     int64_t ffn, int64_t V) {
-  const int64_t T = p.size();
-  auto x = randn(rng, size_t(T * d)), w = randn(rng, size_t(d)), y = randn(rng, size_t(T * d)),
-       dx = randn(rng, size_t(T * d)), dw = std::vector<float>(size_t(d), 0.0f);
-  std::vector<float> rstd(static_cast<size_t>(T));
-  const std::string td = fmt::format("{}x{}", T, d);
-  t.add("rmsnorm fwd", td, 4.0 * T * d,
-        [&] { rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), T, d); });
-  t.add("rmsnorm bwd", td, 8.0 * T * d, [&] {
-    rmsnorm_backward(dx.data(), dw.data(), y.data(), x.data(), w.data(), rstd.data(), T, d);
-  });
-  auto qh = randn(rng, size_t(T * H * hd));
-  const std::string th = fmt::format("T={} H={} hd={}", T, H, hd);
-  t.add("rope fwd", th, 3.0 * T * H * hd,
-        [&] { rope_forward(qh.data(), p.idx.data(), T, H, hd, 0, hd, 10000.0); });
-  t.add("rope bwd", th, 3.0 * T * H * hd,
-        [&] { rope_backward(qh.data(), p.idx.data(), T, H, hd, 0, hd, 10000.0); });
-  auto a = randn(rng, size_t(T * ffn)), b = randn(rng, size_t(T * ffn)),
-       h = randn(rng, size_t(T * ffn)), da = randn(rng, size_t(T * ffn)),
-       db = randn(rng, size_t(T * ffn));
-  const std::string tf = fmt::format("{}x{}", T, ffn);
-  t.add("swiglu fwd", tf, 5.0 * T * ffn, [&] { swiglu_forward(h.data(), a.data(), b.data(), T * ffn); });
-  t.add("swiglu bwd", tf, 10.0 * T * ffn, [&] {
-    swiglu_backward(da.data(), db.data(), h.data(), a.data(), b.data(), T * ffn);
-  });
-  auto logits = randn(rng, size_t(T * V)), dlogits = randn(rng, size_t(T * V));
-  std::vector<float> lse(static_cast<size_t>(T));
-  std::vector<int32_t> targets(static_cast<size_t>(T));
-  for (int64_t i = 0; i < T; ++i) targets[size_t(i)] = int32_t(i % V);
-  const std::string tv = fmt::format("{}x{}", T, V);
-  t.add("cross-entropy fwd", tv, 4.0 * T * V,
-        [&] { cross_entropy_forward(lse.data(), logits.data(), targets.data(), T, V); });
-  t.add("cross-entropy bwd", tv, 3.0 * T * V, [&] {
-    cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), T, V, 1.0f);
-  });
+  bench_row(t, ops, testing::attention_case(what, p.doc, p.idx, p.blk, p.pairs, Hq, Hkv, hd));
 }
 
 struct Model {
@@ -243,30 +186,31 @@ struct Model {
   int vheads;
 };
 
-void bench_model(const Model& m, int64_t T, int64_t patches) {
-  std::mt19937 rng(1234);
+void bench_model(const Ops& ops, const Model& m, int64_t T, int64_t patches) {
   Table t(fmt::format("{}: decoder d={} heads={}/{} hd={} ffn={}, vision dv={} heads={} hd={}",
                       m.name, m.d, m.H, m.Hkv, m.hd, m.ffn, m.vdim, m.vheads, m.vdim / m.vheads));
-  bench_gemm(t, rng, T, m.d, m.ffn);
+  bench_gemm(t, ops, T, m.d, m.ffn);
   // The demo's samples: one image of up to 64 merged tokens plus a caption, ~60..140 tokens.
   // Packs from their own seed: both models see the same documents and images.
   std::mt19937 pack_rng(7);
   const Pack text = causal_pack(pack_rng, T, 60, 140);
-  bench_attention(t, rng, text, m.H, m.Hkv, m.hd, "causal documents of 60..140");
+  bench_attention(t, ops, text, m.H, m.Hkv, m.hd, "causal documents of 60..140");
   // Its vision input: images of 4..16 x 4..16 patches (32..128 pixels at patch 8).
   const Pack images = image_pack(pack_rng, patches, 4, 16);
-  bench_attention(t, rng, images, m.vheads, m.vheads, int(m.vdim / m.vheads),
+  bench_attention(t, ops, images, m.vheads, m.vheads, int(m.vdim / m.vheads),
                   "image blocks of 4..16 x 4..16 patches");
-  bench_pointwise(t, rng, text, m.d, m.H, m.hd, m.ffn, m.V);
+  // Rope at the text pack's positions.
+  for (const auto& c : testing::perf_cases({T, m.d, m.ffn, m.V, m.H, m.hd, text.idx.data()}))
+    bench_row(t, ops, c);
   t.print();
 }
 
-void bench_long() {
+void bench_long(const Ops& ops) {
   std::mt19937 rng(99);
   const int64_t T = 4096;
   Table t("long sequence: one causal document of 4096 tokens, head dim 64");
-  bench_gemm(t, rng, T, 256, 1024);
-  bench_attention(t, rng, causal_pack(rng, T, int(T), int(T)), 4, 2, 64, "one causal document");
+  bench_gemm(t, ops, T, 256, 1024);
+  bench_attention(t, ops, causal_pack(rng, T, int(T), int(T)), 4, 2, 64, "one causal document");
   t.print();
 }
 
@@ -281,8 +225,9 @@ int main(int argc, char** argv) {
   app.add_option("--min-seconds", g_min_seconds, "CPU seconds per trial");
   app.add_option("--filter", g_filter, "only the rows whose op and shape contain this");
   CLI11_PARSE(app, argc, argv);
-  omp_set_num_threads(threads);
-  set_blas_threads(1);
+  BackendOptions opt;
+  opt.threads = threads;
+  const auto cpu = make_cpu_backend(opt);  // sets the OpenMP threads and single-threaded BLAS
   set_attention_isa(isa == "avx512"  ? AttnIsa::avx512
                     : isa == "avx2"  ? AttnIsa::avx2
                     : isa == "generic" ? AttnIsa::generic
@@ -290,7 +235,8 @@ int main(int argc, char** argv) {
   const AttnIsa used = attention_isa();
   fmt::print("threads={} attention isa={}\n", threads,
              used == AttnIsa::avx512 ? "avx512" : used == AttnIsa::avx2 ? "avx2" : "generic");
-  bench_model({"demo (configs/demo.toml)", 128, 320, 160, 4, 2, 32, 64, 160, 4}, 1024, 2048);
-  bench_model({"4x wider", 512, 1280, 160, 16, 8, 32, 256, 640, 16}, 1024, 2048);
-  bench_long();
+  const Ops& ops = cpu->ops();
+  bench_model(ops, {"demo (configs/demo.toml)", 128, 320, 160, 4, 2, 32, 64, 160, 4}, 1024, 2048);
+  bench_model(ops, {"4x wider", 512, 1280, 160, 16, 8, 32, 256, 640, 16}, 1024, 2048);
+  bench_long(ops);
 }

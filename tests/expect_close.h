@@ -9,11 +9,9 @@
 #include <string>
 #include <vector>
 
-namespace dhp::testing {
+#include "tests/ops_table/tol.h"
 
-struct Tol {
-  double atol, rtol;
-};
+namespace dhp::testing {
 
 // `side` names what `got` came from in the messages ("cuda", "emulated").
 template <class T>

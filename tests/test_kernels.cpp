@@ -1,5 +1,6 @@
-// Every CPU op: forward against a direct formula where one exists, backward against finite
-// differences. The attention kernel is also checked against a naive reference.
+// Every CPU op: forward against a direct formula where one exists, and the gradients of every
+// row of the op table (tests/ops_table) against finite differences. Attention has its own
+// tests (test_attention.cpp).
 #include <gtest/gtest.h>
 
 #include <omp.h>
@@ -21,14 +22,13 @@
 #include "kernels/cpu/pixels.h"
 #include "kernels/cpu/rope.h"
 #include "tests/grad_check.h"
+#include "tests/op_checks.h"
 
 namespace dhp {
 namespace {
 
 using namespace dhp::cpu;
-using testing::expect_gradient;
 using testing::random_vec;
-using testing::weighted_sum;
 
 TEST(Matmul, LinearForwardMatchesLoops) {
   Rng rng(1);
@@ -44,22 +44,13 @@ TEST(Matmul, LinearForwardMatchesLoops) {
     }
 }
 
-TEST(Matmul, LinearGradients) {
+// Parameter gradients accumulate: a second call doubles them, with or without dx and db.
+TEST(Matmul, ParameterGradientsAccumulate) {
   Rng rng(2);
   const int64_t T = 6, in = 5, out = 4;
-  auto x = random_vec(rng, T * in), W = random_vec(rng, out * in), b = random_vec(rng, out);
-  auto r = random_vec(rng, T * out);
-  auto loss = [&] {
-    std::vector<float> y(T * out);
-    linear_forward(y.data(), x.data(), W.data(), b.data(), T, in, out);
-    return weighted_sum(y, r);
-  };
+  auto x = random_vec(rng, T * in), W = random_vec(rng, out * in), r = random_vec(rng, T * out);
   std::vector<float> dx(T * in), dW(out * in, 0.0f), db(out, 0.0f);
   linear_backward(dx.data(), dW.data(), db.data(), r.data(), x.data(), W.data(), T, in, out);
-  expect_gradient("linear dx", x, dx, loss);
-  expect_gradient("linear dW", W, dW, loss);
-  expect_gradient("linear db", b, db, loss);
-  // Parameter gradients accumulate: a second call doubles them.
   linear_backward(nullptr, dW.data(), db.data(), r.data(), x.data(), W.data(), T, in, out);
   std::vector<float> dW1(out * in, 0.0f);
   linear_backward(nullptr, dW1.data(), nullptr, r.data(), x.data(), W.data(), T, in, out);
@@ -89,24 +80,15 @@ TEST(Matmul, SameBitsForAnyThreadCount) {
   }
 }
 
-TEST(RMSNorm, ForwardAndGradients) {
+TEST(RMSNorm, Forward) {
   Rng rng(3);
   const int64_t T = 4, C = 8;
-  auto x = random_vec(rng, T * C, 2.0f), w = random_vec(rng, C), r = random_vec(rng, T * C);
+  auto x = random_vec(rng, T * C, 2.0f), w = random_vec(rng, C);
   std::vector<float> y(T * C), rstd(T);
   rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), T, C);
   double ms = 0;
   for (int64_t c = 0; c < C; ++c) ms += double(x[c]) * x[c];
   EXPECT_NEAR(y[1], x[1] / std::sqrt(ms / C + 1e-6) * w[1], 1e-5);
-  auto loss = [&] {
-    std::vector<float> yy(T * C), rs(T);
-    rmsnorm_forward(yy.data(), rs.data(), x.data(), w.data(), T, C);
-    return weighted_sum(yy, r);
-  };
-  std::vector<float> dx(T * C), dw(C, 0.0f);
-  rmsnorm_backward(dx.data(), dw.data(), r.data(), x.data(), w.data(), rstd.data(), T, C);
-  expect_gradient("rmsnorm dx", x, dx, loss);
-  expect_gradient("rmsnorm dw", w, dw, loss);
 }
 
 TEST(Rope, OneDimensionalRotatesHalfSplitPairs) {
@@ -123,26 +105,12 @@ TEST(Rope, OneDimensionalRotatesHalfSplitPairs) {
   }
 }
 
-TEST(Rope, GradientsOneAndTwoDimensional) {
+// 2-D RoPE is 1-D RoPE of half the width on each half.
+TEST(Rope, TwoDimensionalIsOneDimensionalOnEachHalf) {
   Rng rng(4);
   const int64_t T = 5;
   const int H = 2, hd = 8;
-  std::vector<int32_t> pos = {0, 1, 7, 2, 30}, row = {0, 0, 1, 3, 2}, col = {0, 1, 0, 4, 5};
-  auto r = random_vec(rng, T * H * hd);
-  for (int dims = 1; dims <= 2; ++dims) {
-    auto x = random_vec(rng, T * H * hd);
-    auto loss = [&] {
-      auto y = x;
-      if (dims == 1) rope_forward(y.data(), pos.data(), T, H, hd, 0, hd, 100.0);
-      else rope2d_forward(y.data(), row.data(), col.data(), T, H, hd, 100.0);
-      return weighted_sum(y, r);
-    };
-    auto dx = r;
-    if (dims == 1) rope_backward(dx.data(), pos.data(), T, H, hd, 0, hd, 100.0);
-    else rope2d_backward(dx.data(), row.data(), col.data(), T, H, hd, 100.0);
-    expect_gradient(dims == 1 ? "rope1d dx" : "rope2d dx", x, dx, loss);
-  }
-  // 2-D RoPE is 1-D RoPE of half the width on each half.
+  std::vector<int32_t> row = {0, 0, 1, 3, 2}, col = {0, 1, 0, 4, 5};
   auto x = random_vec(rng, T * H * hd), y = x, z = x;
   rope2d_forward(y.data(), row.data(), col.data(), T, H, hd, 100.0);
   rope_forward(z.data(), row.data(), T, H, hd, 0, hd / 2, 100.0);
@@ -150,39 +118,22 @@ TEST(Rope, GradientsOneAndTwoDimensional) {
   for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], z[i]);
 }
 
-TEST(Activation, SwiGLUAndGELU) {
+TEST(Activation, SwiGLUAndGELUForward) {
   Rng rng(5);
   const int64_t n = 30;
-  auto a = random_vec(rng, n, 3.0f), b = random_vec(rng, n, 3.0f), r = random_vec(rng, n);
+  auto a = random_vec(rng, n, 3.0f), b = random_vec(rng, n, 3.0f);
   std::vector<float> h(n);
   swiglu_forward(h.data(), a.data(), b.data(), n);
   EXPECT_NEAR(h[0], a[0] / (1 + std::exp(-a[0])) * b[0], 1e-5);
-  auto lsw = [&] {
-    std::vector<float> y(n);
-    swiglu_forward(y.data(), a.data(), b.data(), n);
-    return weighted_sum(y, r);
-  };
-  std::vector<float> da(n), db(n);
-  swiglu_backward(da.data(), db.data(), r.data(), a.data(), b.data(), n);
-  expect_gradient("swiglu da", a, da, lsw);
-  expect_gradient("swiglu db", b, db, lsw);
 
   auto x = random_vec(rng, n, 4.0f);
   std::vector<float> y(n);
   gelu_forward(y.data(), x.data(), n);
   double v = x[3];
   EXPECT_NEAR(y[3], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), 1e-5);
-  auto lg = [&] {
-    std::vector<float> yy(n);
-    gelu_forward(yy.data(), x.data(), n);
-    return weighted_sum(yy, r);
-  };
-  std::vector<float> dx(n);
-  gelu_backward(dx.data(), r.data(), x.data(), n);
-  expect_gradient("gelu dx", x, dx, lg);
 }
 
-TEST(CrossEntropy, LossAccuracyAndGradient) {
+TEST(CrossEntropy, LossAndAccuracy) {
   Rng rng(6);
   const int64_t T = 5, V = 7;
   auto logits = random_vec(rng, T * V, 3.0f);
@@ -205,35 +156,20 @@ TEST(CrossEntropy, LossAccuracyAndGradient) {
   }
   EXPECT_NEAR(st.loss_sum, expect, 1e-5);
   EXPECT_EQ(st.correct, correct);
-  auto loss = [&] {
-    std::vector<float> l(T);
-    return 0.5 * cross_entropy_forward(l.data(), logits.data(), targets.data(), T, V).loss_sum;
-  };
-  std::vector<float> d(T * V);
-  cross_entropy_backward(d.data(), logits.data(), lse.data(), targets.data(), T, V, 0.5f);
-  expect_gradient("cross-entropy dlogits", logits, d, loss);
 }
 
-TEST(Embedding, LookupSkipsNegativeIdsAndScatterAdds) {
+TEST(Embedding, LookupSkipsNegativeIds) {
   Rng rng(7);
   const int64_t V = 6, C = 20, T = 7;
-  auto table = random_vec(rng, V * C), r = random_vec(rng, T * C);
+  auto table = random_vec(rng, V * C);
   std::vector<int32_t> ids = {3, 1, -1, 3, 0, 5, 3};
   std::vector<float> out(T * C);
   embedding_forward(out.data(), ids.data(), table.data(), T, C);
   EXPECT_EQ(out[2 * C + 4], 0.0f);
   EXPECT_EQ(out[3 * C + 4], table[3 * C + 4]);
-  auto loss = [&] {
-    std::vector<float> o(T * C);
-    embedding_forward(o.data(), ids.data(), table.data(), T, C);
-    return weighted_sum(o, r);
-  };
-  std::vector<float> dt(V * C, 0.0f);
-  embedding_backward(dt.data(), r.data(), ids.data(), T, C);
-  expect_gradient("embedding dtable", table, dt, loss, 200);
 }
 
-TEST(PatchMerge, OrderAndGradient) {
+TEST(PatchMerge, Order) {
   // Two images: 2x4 and 2x2 patches, C = 1, values = patch index.
   const int64_t C = 1;
   std::vector<MergeImage> ims = {{0, 2, 4}, {8, 2, 2}};
@@ -244,16 +180,6 @@ TEST(PatchMerge, OrderAndGradient) {
   // Image 0 row-major grid 2x4: merged token 0 = (0,0),(0,1),(1,0),(1,1) = 0,1,4,5.
   std::vector<float> expect = {0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 10, 11};
   EXPECT_EQ(out, expect);
-  Rng rng(8);
-  auto x = random_vec(rng, 12 * 3), r = random_vec(rng, 12 * 3);
-  auto loss = [&] {
-    std::vector<float> o(x.size());
-    patch_merge_forward(o.data(), x.data(), ims.data(), 2, 3, 2);
-    return weighted_sum(o, r);
-  };
-  std::vector<float> dx(x.size());
-  patch_merge_backward(dx.data(), r.data(), ims.data(), 2, 3, 2);
-  expect_gradient("patch merge dx", x, dx, loss, 100);
 }
 
 // The spec's formula per channel (channel fastest), in fp32, for every 8-bit value.
@@ -282,6 +208,18 @@ TEST(Elementwise, SumSquaresAndAdamW) {
   EXPECT_NEAR(p[0], 1.0 - 0.1 * (1.0 + 0.1 * 1.0), 1e-5);
   EXPECT_NEAR(p[1], -2.0 - 0.1 * (-1.0 + 0.1 * -2.0), 1e-5);
 }
+
+// Every row of the op table with a loss: its backward pass against central differences of that
+// loss, on the CPU reference in fp32.
+class OpGradients : public ::testing::TestWithParam<testing::OpCase> {};
+
+TEST_P(OpGradients, MatchFiniteDifferences) {
+  const auto cpu = make_cpu_backend(BackendOptions{});
+  testing::expect_gradients(GetParam(), cpu->ops());
+}
+
+INSTANTIATE_TEST_SUITE_P(OpTable, OpGradients, ::testing::ValuesIn(testing::grad_cases()),
+                         [](const auto& info) { return testing::test_name(info.param); });
 
 }  // namespace
 }  // namespace dhp

@@ -1,4 +1,4 @@
-#include "kernels/cuda/activation.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/activation_kernels.cuh"
 #include "kernels/cuda/check.h"
 

@@ -1,4 +1,4 @@
-#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/adamw_kernels.cuh"
 #include "kernels/cuda/check.h"
 

@@ -1,6 +1,6 @@
-// The CUDA attention entry points (kernels/cuda/attention.h): argument checks, the dispatch to
+// The CUDA attention entry points (declared in kernels/cuda/launch.h): argument checks, the dispatch to
 // the head-dimension instances (attention_launch.h), and the log-sum-exp merge.
-#include "kernels/cuda/attention.h"
+#include "kernels/cuda/launch.h"
 
 #include <cmath>
 #include <type_traits>

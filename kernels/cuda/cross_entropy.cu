@@ -1,5 +1,5 @@
 #include "kernels/cuda/check.h"
-#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/cross_entropy_kernels.cuh"
 
 namespace dhp::cuda {

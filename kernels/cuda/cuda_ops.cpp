@@ -3,16 +3,8 @@
 #include <type_traits>
 
 #include "core/check.h"
-#include "kernels/cuda/activation.h"
-#include "kernels/cuda/adamw.h"
-#include "kernels/cuda/attention.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/check.h"
-#include "kernels/cuda/elementwise.h"
-#include "kernels/cuda/embedding.h"
-#include "kernels/cuda/norm.h"
-#include "kernels/cuda/patch_merge.h"
-#include "kernels/cuda/pixels.h"
-#include "kernels/cuda/rope.h"
 
 namespace dhp {
 namespace {

@@ -1,5 +1,5 @@
 // The op interface on a CUDA device: each op launches the kernels of its family (one .cu file
-// each, launchers declared in the family's header) on the backend's stream, and the Linear
+// each, launchers declared in kernels/cuda/launch.h) on the backend's stream, and the Linear
 // layers run through cuBLASLt (gemm.h). Activations and working weights are stored in fp32, or
 // in bf16 when the precision is "bf16" (Ops::dtype); each op dispatches to the kernels of that
 // storage. Besides the GEMM workspace, the ops own two small
@@ -11,8 +11,7 @@
 #include <memory>
 
 #include "kernels/backend.h"
-#include "kernels/cuda/attention.h"
-#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/gemm.h"
 
 namespace dhp {

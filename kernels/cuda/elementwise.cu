@@ -1,7 +1,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/check.h"
-#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/elementwise_kernels.cuh"
 
 namespace dhp::cuda {

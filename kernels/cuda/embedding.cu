@@ -1,5 +1,5 @@
 #include "kernels/cuda/check.h"
-#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/embedding_kernels.cuh"
 
 namespace dhp::cuda {

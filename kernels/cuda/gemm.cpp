@@ -2,7 +2,7 @@
 
 #include "core/check.h"
 #include "kernels/cuda/check.h"
-#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/launch.h"
 
 namespace dhp::cuda {
 namespace {

@@ -1,5 +1,5 @@
 #include "kernels/cuda/check.h"
-#include "kernels/cuda/norm.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/norm_kernels.cuh"
 
 namespace dhp::cuda {

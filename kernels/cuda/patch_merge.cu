@@ -1,5 +1,5 @@
 #include "kernels/cuda/check.h"
-#include "kernels/cuda/patch_merge.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/patch_merge_kernels.cuh"
 
 namespace dhp::cuda {

@@ -1,5 +1,5 @@
 #include "kernels/cuda/check.h"
-#include "kernels/cuda/pixels.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/pixels_kernels.cuh"
 
 namespace dhp::cuda {

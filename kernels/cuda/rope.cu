@@ -1,5 +1,5 @@
 #include "kernels/cuda/check.h"
-#include "kernels/cuda/rope.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/rope_kernels.cuh"
 
 namespace dhp::cuda {
