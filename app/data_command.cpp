@@ -8,6 +8,7 @@
 
 #include "app/cli.h"
 #include "core/check.h"
+#include "core/files.h"
 #include "core/log.h"
 #include "data/build.h"
 #include "data/dataset.h"
@@ -119,11 +120,14 @@ void add_stats(CLI::App* data) {
                "JSONL manifest");
   stats->add_option("--data", *path, "Built folder, or JSONL manifest")->required();
   stats->add_option("--csv", *csv, "Also write every sample's lengths to this CSV file");
+  auto force = std::make_shared<bool>(false);
+  stats->add_flag("--force", *force, "Replace a --csv file that is not an earlier lengths CSV");
   stats->add_option("-c,--config", *config,
                     "For a manifest: run configuration (tokenizer, [model.vision], limits)");
   stats->allow_extras();
-  stats->callback([stats, path, csv, config] {
+  stats->callback([stats, path, csv, config, force] {
     set_up_logging(0, 1, "info");
+    if (!csv->empty()) check_output_path(*csv, "--csv", is_lengths_csv, *force);
     LengthTable t;
     if (std::filesystem::is_directory(*path)) {
       t = lengths_of(read_index(*path));  // lengths as built: no tokenizer or model needed
@@ -134,7 +138,7 @@ void add_stats(CLI::App* data) {
     }
     fmt::print("{}: {} samples\n\n{}", *path, t.size(), describe_lengths(t));
     if (!csv->empty()) {
-      write_lengths_csv(t, *csv);
+      write_lengths_csv(t, *csv, *force);
       fmt::print("\nwrote {}\n", *csv);
     }
   });

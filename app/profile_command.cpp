@@ -10,13 +10,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "app/cli.h"
 #include "core/check.h"
+#include "core/files.h"
 #include "core/clock.h"
 #include "kernels/backend.h"
 #include "model/model.h"
@@ -30,7 +29,14 @@ struct ProfileOptions {
   std::string config, out = "cost_coeffs.json";
   int threads = 1, repeats = 3;
   bool quick = false;
+  bool force = false;  // replace an --out that is not an earlier profile
 };
+
+// An earlier profile's coefficients file, which a new profile may replace.
+bool is_profile_json(const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(read_head(path, 16 << 20), nullptr, false);
+  return j.is_object() && j.contains("coeffs") && j.contains("observations");
+}
 
 // One shape: documents of `text` tokens each, with `images` images of grid x grid patches.
 struct Shape {
@@ -88,6 +94,8 @@ std::vector<Shape> shapes(const ModelConfig& cfg, bool quick) {
 void run_profile(const ProfileOptions& o) {
   DHP_CHECK(o.threads >= 1 && o.threads <= 1024, "--threads must be between 1 and 1024, got {}", o.threads);
   DHP_CHECK(o.repeats >= 1 && o.repeats <= 100, "--repeats must be between 1 and 100, got {}", o.repeats);
+  // Before the minutes of measuring, not after.
+  check_output_path(o.out, "--out", is_profile_json, o.force);
   ModelConfig cfg;
   if (!o.config.empty()) cfg = load_config(o.config).model;
   BackendOptions bo;
@@ -151,16 +159,12 @@ void run_profile(const ProfileOptions& o) {
                       {"error_fit", after},            {"threads", o.threads},   {"repeats", o.repeats},
                       {"model", {{"dim", cfg.dim}, {"layers", cfg.layers}, {"vision_dim", cfg.vision.dim},
                                  {"vision_layers", cfg.vision.layers}}}};
-  const std::string tmp = o.out + ".tmp";
-  {
-    std::ofstream f(tmp);
-    DHP_CHECK(f.good(), "--out: cannot write '{}'", tmp);
-    f << j.dump(2) << "\n";
-    DHP_CHECK(f.good(), "--out: writing '{}' failed", tmp);
+  check_output_path(o.out, "--out", is_profile_json, o.force);
+  try {
+    write_file_atomic(o.out, j.dump(2) + "\n");
+  } catch (const Error& e) {
+    throw Error(fmt::format("--out: {}", e.what()));
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, o.out, ec);
-  DHP_CHECK(!ec, "--out: cannot rename '{}' to '{}': {}", tmp, o.out, ec.message());
   fmt::print("wrote {}\n", o.out);
 }
 
@@ -174,6 +178,7 @@ void add_profile_command(CLI::App& app) {
   cmd->add_option("--threads", opts->threads, "Compute threads")->capture_default_str();
   cmd->add_option("--repeats", opts->repeats, "Timed runs per shape (the median counts)")->capture_default_str();
   cmd->add_flag("--quick", opts->quick, "A few shapes only (for tests)");
+  cmd->add_flag("--force", opts->force, "Replace an --out file that is not an earlier profile");
   cmd->callback([opts] { run_profile(*opts); });
 }
 

@@ -12,6 +12,7 @@
 
 #include "app/cli.h"
 #include "core/check.h"
+#include "core/files.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "kernels/backend.h"
@@ -82,24 +83,10 @@ std::unique_ptr<Communicator> communicator_for(std::unique_ptr<Communicator> wor
   return hooks.device_communicator(std::move(world));
 }
 
-// A file the user named as an output: refused up front when it cannot be one, so nothing is
-// computed for a result that cannot be written.
-void check_output_file(const std::string& path, const std::string& option) {
-  namespace fs = std::filesystem;
-  DHP_CHECK(!path.empty() && path.back() != '/' && !fs::is_directory(path),
-            "{} '{}' must name a file, not a folder", option, path);
-}
-
-// Writes a small result file; a failure (an unwritable folder, a full disk) is an error
-// carrying the operating system's reason, never a silent exit 0.
-void write_text_file(const std::string& path, const std::string& text, const std::string& option) {
-  check_output_file(path, option);
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  DHP_CHECK(f != nullptr, "{}: cannot write '{}': {}", option, path, std::strerror(errno));
-  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
-  int err = ok ? 0 : errno;
-  if (std::fclose(f) != 0 && ok) ok = false, err = errno;
-  DHP_CHECK(ok, "{}: writing '{}' failed: {}", option, path, std::strerror(err));
+// An earlier `dhp eval --json` result, which a later evaluation may replace.
+bool is_eval_json(const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(read_head(path, 1 << 20), nullptr, false);
+  return j.is_object() && j.contains("checkpoint") && j.contains("real") && j.contains("blanked");
 }
 
 }  // namespace
@@ -160,11 +147,14 @@ void add_eval_command(CLI::App& app, const CliHooks& hooks) {
   sub->add_option("--dir", *dir, "Where 'auto' looks")->capture_default_str();
   sub->add_option("--data", *data, "JSONL manifest (default: the checkpoint's data.val)");
   sub->add_option("--json", *out, "Also write the results to this JSON file");
+  auto force = std::make_shared<bool>(false);
+  sub->add_flag("--force", *force, "Replace a --json file that is not an earlier result of dhp eval");
   sub->allow_extras();
-  sub->callback([sub, checkpoint, dir, data, out, &hooks] {
+  sub->callback([sub, checkpoint, dir, data, out, force, &hooks] {
     auto world = start_world(nullptr, nullptr);
     set_up_logging(world->rank(), world->size(), "info");
-    if (!out->empty()) check_output_file(*out, "--json");
+    // Refused up front, so nothing is computed for a result that cannot be written.
+    if (!out->empty()) check_output_path(*out, "--json", is_eval_json, *force);
     const std::string path = resolve_checkpoint(*checkpoint, *dir);
     Config cfg = inference_config(path, sub->remaining());
     world = communicator_for(std::move(world), cfg.train.device, hooks);
@@ -200,7 +190,12 @@ void add_eval_command(CLI::App& app, const CliHooks& hooks) {
                                     {"accuracy", real.accuracy}, {"exact_match", real.exact_match}}},
                           {"blanked", {{"loss", blank.loss}, {"perplexity", blank.perplexity},
                                        {"accuracy", blank.accuracy}, {"exact_match", blank.exact_match}}}};
-      write_text_file(*out, j.dump(2) + "\n", "--json");
+      check_output_path(*out, "--json", is_eval_json, *force);
+      try {
+        write_file_atomic(*out, j.dump(2) + "\n");
+      } catch (const Error& e) {
+        throw Error(fmt::format("--json: {}", e.what()));
+      }
     }
   });
 }
@@ -219,13 +214,16 @@ void add_export_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("-o,--out", *out, "Output file; config.json is written beside it")
       ->capture_default_str();
-  sub->callback([checkpoint, dir, out] {
+  auto force = std::make_shared<bool>(false);
+  sub->add_flag("--force", *force,
+                "Replace files at -o and its config.json that are not an earlier dhp export");
+  sub->callback([checkpoint, dir, out, force] {
     set_up_logging(0, 1, "info");
-    check_output_file(*out, "-o/--out");
+    const std::string config_path = (std::filesystem::path(*out).parent_path() / "config.json").string();
+    check_export_paths(*out, config_path, *force);
     const std::string path = resolve_checkpoint(*checkpoint, *dir);
     LoadedModel m = load_for_inference(path, inference_config(path, {}));
-    const std::string config_path = (std::filesystem::path(*out).parent_path() / "config.json").string();
-    export_safetensors(*m.model, m.cfg, *out, config_path);
+    export_safetensors(*m.model, m.cfg, *out, config_path, *force);
     spdlog::info("exported {} tensors from {} to {} (+ {})", m.model->table().specs().size(), path,
                  *out, config_path);
   });

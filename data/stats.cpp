@@ -8,8 +8,10 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 #include "core/check.h"
+#include "core/files.h"
 #include "data/dataset.h"
 #include "data/shard_format.h"
 
@@ -112,17 +114,22 @@ LengthTable lengths_of(const ShardIndex& x) {
   return t;
 }
 
-void write_lengths_csv(const LengthTable& t, const std::string& path) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  DHP_CHECK(out.good(), "cannot write '{}'", path);
-  out << "sample,name,vision_tokens,text_tokens,total_tokens,loss_tokens\n";
+namespace {
+const std::string kCsvHeader = "sample,name,vision_tokens,text_tokens,total_tokens,loss_tokens\n";
+}  // namespace
+
+bool is_lengths_csv(const std::string& path) { return read_head(path, kCsvHeader.size()) == kCsvHeader; }
+
+void write_lengths_csv(const LengthTable& t, const std::string& path, bool force) {
+  check_output_path(path, "--csv", is_lengths_csv, force);
+  std::ostringstream out;
+  out << kCsvHeader;
   for (int64_t i = 0; i < t.size(); ++i) {
     const size_t k = size_t(i);
     out << i << ',' << csv_field(t.names[k]) << ',' << t.vision[k] << ',' << t.text[k] << ','
         << t.vision[k] + t.text[k] << ',' << t.loss[k] << '\n';
   }
-  out.close();  // the last buffered bytes are written here, and may fail here
-  DHP_CHECK(out.good(), "cannot write '{}': {}", path, std::strerror(errno));
+  write_file_atomic(path, out.str());
 }
 
 std::string describe_lengths(const LengthTable& t) {

@@ -41,7 +41,10 @@ std::string distribution_table(const std::vector<std::string>& names,
 std::string histogram(const std::vector<int64_t>& values, int width = 40);
 
 // One CSV row per sample: sample, name, vision_tokens, text_tokens, total_tokens, loss_tokens.
-void write_lengths_csv(const LengthTable& t, const std::string& path);
+// Replaces only an earlier lengths CSV (or any regular file with `force`), never a device,
+// FIFO, folder or another program's file (core/files.h, check_output_path).
+void write_lengths_csv(const LengthTable& t, const std::string& path, bool force = false);
+bool is_lengths_csv(const std::string& path);  // an earlier write_lengths_csv output
 
 // distribution_table, the long tail's share, and a histogram of total tokens.
 std::string describe_lengths(const LengthTable& t);

@@ -4,6 +4,7 @@
 // segfault or a hang is exactly what is being tested.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -208,19 +209,22 @@ TEST(Faults, FailedWritesOfResultsAreNeverSilent) {
   const Config cfg = small_config(2, dir, {"--eval.exact_match=false"});
   train(cfg, comm);
   const std::string ck = "--checkpoint auto --dir " + cfg.checkpoint.dir;
-  // A full device: eval --json is an error with the reason.
+  // A full device: an error before any work (a device is never written through, see
+  // OutputsNeverReplaceWhatDhpDidNotWrite).
   Outcome r = run_dhp("eval " + ck + " --json /dev/full", dir);
   EXPECT_EQ(r.status, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "No space left on device")) << r.output;
-  // A folder that does not exist.
+  EXPECT_TRUE(contains(r.output, "--json") && contains(r.output, "is a device")) << r.output;
+  // A folder that does not exist: the write fails, with the option and the system's reason.
   r = run_dhp("eval " + ck + " --json " + (dir / "no" / "such" / "r.json").string(), dir);
   EXPECT_EQ(r.status, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "--json")) << r.output;
-  // data stats --csv: the last buffered bytes fail only when the file is closed.
-  r = run_dhp("data stats --data " + (synth_dir() / "val.jsonl").string() + " --csv /dev/full "
-              "--data.tokenizer=" + (synth_dir() / "tokenizer.model").string(), dir);
+  EXPECT_TRUE(contains(r.output, "--json") && contains(r.output, "No such file or directory")) << r.output;
+  // data stats --csv past the file size limit (4 KiB: above the command's own output, below
+  // the 240 rows' CSV of about 6 KB): the write fails with the system's reason.
+  r = run_dhp("data stats --data " + (synth_dir() / "train.jsonl").string() + " --csv " +
+              (dir / "l.csv").string() + " --data.tokenizer=" + (synth_dir() / "tokenizer.model").string(),
+              dir, "ulimit -f 8;");
   EXPECT_EQ(r.status, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "No space left on device")) << r.output;
+  EXPECT_TRUE(contains(r.output, "File too large")) << r.output;
   // Metrics on a full device: a warning, once, and training goes on.
   const Config m = small_config(3, run_dir("silent_metrics"), {"--log.metrics=/dev/full",
                                                               "--log.level=info",
@@ -579,6 +583,71 @@ TEST(Faults, AListUnderImageIsAccepted) {
   EXPECT_EQ(ds.load(0, false).images.size(), 2u);
   EXPECT_EQ(ds.load(1, false).images.size(), 1u);
   EXPECT_EQ(ds.skipped(), (std::map<std::string, int64_t>{{"bad format", 1}}));
+}
+
+// Outputs never replace or write through what dhp did not write: a device, FIFO or folder is
+// refused, and so is another program's file (a user's notes, a config.json beside the export)
+// unless --force; an earlier output of the same command is replaced.
+TEST(Faults, OutputsNeverReplaceWhatDhpDidNotWrite) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("foreign_outputs");
+  const Config cfg = small_config(1, dir, {"--eval.exact_match=false"});
+  train(cfg, comm);
+  const std::string ck = "--checkpoint auto --dir " + cfg.checkpoint.dir;
+  auto is_fifo = [](const fs::path& p) { return fs::status(p).type() == fs::file_type::fifo; };
+  // A FIFO (and, as root, a device node like /dev/null) at -o: refused and left as it was.
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0644), 0);
+  Outcome r = run_dhp("export " + ck + " -o " + (dir / "fifo").string(), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "is a FIFO")) << r.output;
+  EXPECT_TRUE(is_fifo(dir / "fifo"));
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::mknod((dir / "null").c_str(), S_IFCHR | 0666, makedev(1, 3)), 0);
+    r = run_dhp("export " + ck + " -o " + (dir / "null").string(), dir);
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_TRUE(contains(r.output, "is a device")) << r.output;
+    EXPECT_EQ(fs::status(dir / "null").type(), fs::file_type::character);
+  }
+  // Another program's file at -o, and another tool's config.json beside it.
+  fs::create_directories(dir / "notes");
+  write_text(dir / "notes" / "notes.txt", "keep\n");
+  r = run_dhp("export " + ck + " -o " + (dir / "notes" / "notes.txt").string(), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "not an earlier output") && contains(r.output, "--force")) << r.output;
+  EXPECT_EQ(read_text(dir / "notes" / "notes.txt"), "keep\n");
+  EXPECT_FALSE(fs::exists(dir / "notes" / "config.json"));
+  fs::create_directories(dir / "hf");
+  write_text(dir / "hf" / "config.json", "{\"mine\":1}\n");
+  r = run_dhp("export " + ck + " -o " + (dir / "hf" / "w.safetensors").string(), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "config.json")) << r.output;
+  EXPECT_EQ(read_text(dir / "hf" / "config.json"), "{\"mine\":1}\n");
+  EXPECT_FALSE(fs::exists(dir / "hf" / "w.safetensors"));
+  // An earlier export is ours to replace; --force replaces another program's file.
+  const std::string exp = (dir / "exp" / "model.safetensors").string();
+  EXPECT_EQ(run_dhp("export " + ck + " -o " + exp, dir).status, 0);
+  r = run_dhp("export " + ck + " -o " + exp, dir);
+  EXPECT_EQ(r.status, 0) << r.output;
+  r = run_dhp("export " + ck + " -o " + (dir / "hf" / "w.safetensors").string() + " --force", dir);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(read_text(dir / "hf" / "config.json"), "{\"mine\":1}\n");
+  // The other result files follow the same rule, checked before any work is done.
+  r = run_dhp("eval " + ck + " --json " + (dir / "fifo").string(), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--json") && contains(r.output, "is a FIFO")) << r.output;
+  r = run_dhp("eval " + ck + " --json " + (dir / "notes" / "notes.txt").string(), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_EQ(read_text(dir / "notes" / "notes.txt"), "keep\n");
+  r = run_dhp("profile --quick --repeats 1 --out " + (dir / "fifo").string(), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--out") && contains(r.output, "is a FIFO")) << r.output;
+  r = run_dhp("data stats --data " + (synth_dir() / "val.jsonl").string() + " --csv " +
+              (dir / "notes" / "notes.txt").string() + " --data.tokenizer=" +
+              (synth_dir() / "tokenizer.model").string(), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_EQ(read_text(dir / "notes" / "notes.txt"), "keep\n");
+  EXPECT_TRUE(is_fifo(dir / "fifo"));
 }
 
 }  // namespace

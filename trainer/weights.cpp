@@ -20,6 +20,10 @@ namespace {
 
 using nlohmann::json;
 
+// What marks a file as dhp's export (so a later export may replace it, and nothing else).
+constexpr const char* kModelType = "dhp-vlm";
+constexpr const char* kProducer = "dhp";
+
 float half_to_float(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000) << 16;
   uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
@@ -45,7 +49,7 @@ float half_to_float(uint16_t h) {
 json model_config_json(const Config& c) {
   const auto& m = c.model;
   const auto& v = m.vision;
-  return {{"model_type", "dhp-vlm"},
+  return {{"model_type", kModelType},
           {"dim", m.dim}, {"layers", m.layers}, {"heads", m.heads}, {"kv_heads", m.kv_heads},
           {"head_dim", m.hd()}, {"ffn", m.ffn}, {"vocab_size", m.vocab_size},
           {"rope_theta", m.rope_theta}, {"tie_embeddings", m.tie_embeddings},
@@ -134,17 +138,42 @@ void load_safetensors(const std::string& path, Model& model) {
   model.upload_params(staged);
 }
 
+// An earlier export: a safetensors header whose metadata names dhp as its producer.
+bool is_dhp_export(const std::string& path) {
+  const std::string len = read_head(path, 8);
+  if (len.size() < 8) return false;
+  uint64_t n = 0;
+  std::memcpy(&n, len.data(), 8);
+  if (n > (uint64_t(1) << 27)) return false;  // larger than any header of ours
+  const std::string head = read_head(path, 8 + n);
+  if (head.size() != 8 + n) return false;
+  const json h = json::parse(head.substr(8), nullptr, false);
+  return h.is_object() && h.contains("__metadata__") && h["__metadata__"].is_object() &&
+         h["__metadata__"].value("producer", "") == kProducer;
+}
+
+bool is_dhp_config(const std::string& path) {
+  const json c = json::parse(read_head(path, 1 << 20), nullptr, false);
+  return c.is_object() && c.value("model_type", "") == kModelType;
+}
+
 }  // namespace
 
+void check_export_paths(const std::string& path, const std::string& config_path, bool force) {
+  check_output_path(path, "export: -o/--out", is_dhp_export, force);
+  check_output_path(config_path, "export: the config.json beside -o/--out", is_dhp_config, force);
+}
+
 void export_safetensors(const Model& model, const Config& cfg, const std::string& path,
-                        const std::string& config_path) {
+                        const std::string& config_path, bool force) {
+  check_export_paths(path, config_path, force);
   json header;
   int64_t offset = 0;
   for (const auto& s : model.table().specs()) {
     header[s.name] = {{"dtype", "F32"}, {"shape", s.shape}, {"data_offsets", {offset, offset + 4 * s.numel()}}};
     offset += 4 * s.numel();
   }
-  header["__metadata__"] = {{"format", "pt"}, {"producer", "dhp"}};
+  header["__metadata__"] = {{"format", "pt"}, {"producer", kProducer}};
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the tensor data 8-byte aligned
   DHP_CHECK(!path.empty() && path.back() != '/' && !std::filesystem::is_directory(path),
@@ -155,7 +184,7 @@ void export_safetensors(const Model& model, const Config& cfg, const std::string
   DHP_CHECK(!ec, "export: cannot create the folder of '{}': {}", path, ec.message());
   // Written under a temporary name and renamed, so an interrupted export never leaves a
   // truncated file where a reader expects a complete one.
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = temporary_beside(path);
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     DHP_CHECK(out.good(), "cannot write '{}': {}", tmp, std::strerror(errno));
@@ -181,10 +210,7 @@ void export_safetensors(const Model& model, const Config& cfg, const std::string
     std::filesystem::remove(tmp, ignored);
     throw;
   }
-  std::ofstream cfg_out(config_path);
-  cfg_out << model_config_json(cfg).dump(2) << "\n";
-  cfg_out.close();
-  DHP_CHECK(cfg_out.good(), "writing '{}' failed: {}", config_path, std::strerror(errno));
+  write_file_atomic(config_path, model_config_json(cfg).dump(2) + "\n");
 }
 
 void load_weights(const std::string& path, Model& model) {

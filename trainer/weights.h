@@ -15,8 +15,12 @@
 namespace dhp {
 
 // Writes every parameter as F32 to `path` and the model configuration to `config_path`.
+// Neither replaces what dhp did not write (core/files.h, check_output_path): an existing file
+// at either path must be an earlier dhp export, unless `force`.
 void export_safetensors(const Model& model, const Config& cfg, const std::string& path,
-                        const std::string& config_path);
+                        const std::string& config_path, bool force = false);
+// The same checks alone, for a command to make before it loads anything.
+void check_export_paths(const std::string& path, const std::string& config_path, bool force);
 
 // Loads weights from a safetensors file (F32, F16 or BF16 tensors) or a dhp checkpoint (.h5).
 // Every parameter must be present with the model's shape; unknown names are an error too, so a
