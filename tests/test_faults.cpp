@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/check.h"
@@ -648,6 +649,61 @@ TEST(Faults, OutputsNeverReplaceWhatDhpDidNotWrite) {
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_EQ(read_text(dir / "notes" / "notes.txt"), "keep\n");
   EXPECT_TRUE(is_fifo(dir / "fifo"));
+}
+
+// A safetensors file the format forbids is refused, never half-believed: a name given twice
+// (the JSON library would keep the last), overlapping or out-of-order data, a gap, bytes after
+// the last tensor, a header length past the end; and no message echoes raw bytes.
+TEST(Faults, SafetensorsThatBreakTheFormatAreRefused) {
+  const auto dir = run_dir("safetensors_format");
+  const Config cfg = small_config(1, dir);
+  auto backend = make_cpu_backend({1});
+  Model m(cfg.model, *backend);
+  export_safetensors(m, cfg, (dir / "ok.safetensors").string(), (dir / "config.json").string());
+  const std::string bytes = read_text(dir / "ok.safetensors");
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const std::string header = bytes.substr(8, n), data = bytes.substr(8 + n);
+  // A file with `head` as its header (padded to 8 bytes) and `tail` as its data.
+  auto write = [&](const std::string& name, std::string head, const std::string& tail) {
+    head += std::string((8 - head.size() % 8) % 8, ' ');
+    const uint64_t len = head.size();
+    write_text(dir / name, std::string(reinterpret_cast<const char*>(&len), 8) + head + tail);
+    return error_of([&] { load_weights((dir / name).string(), m); });
+  };
+  EXPECT_EQ(write("same.safetensors", header, data), "");  // the control: as exported, it loads
+  const nlohmann::json h = nlohmann::json::parse(header);
+  const std::string wk = "layers.0.attn.wk.weight", wv = "layers.0.attn.wv.weight";
+  ASSERT_TRUE(h.contains(wk) && h.contains(wv));
+  // wk a second time, pointing at wv's bytes (appended after the first).
+  std::string dup = header.substr(0, header.rfind('}')) + ",\"" + wk + "\":" + h[wv].dump() + "}";
+  std::string msg = write("dup.safetensors", dup, data);
+  EXPECT_TRUE(contains(msg, "'" + wk + "' appears twice")) << msg;
+  // wv reading wk's bytes: two tensors over the same bytes, and a gap where wv's were.
+  nlohmann::json over = h;
+  over[wv]["data_offsets"] = h[wk]["data_offsets"];
+  msg = write("overlap.safetensors", over.dump(), data);
+  EXPECT_TRUE(contains(msg, "overlaps")) << msg;
+  msg = write("trailing.safetensors", header, data + "extra bytes");
+  EXPECT_TRUE(contains(msg, "11 bytes after the last tensor")) << msg;
+  // Every tensor moved 4 bytes on: a gap at the start.
+  nlohmann::json gap = h;
+  for (auto& [name, t] : gap.items())
+    if (name != "__metadata__") t["data_offsets"] = {t["data_offsets"][0].get<int64_t>() + 4, t["data_offsets"][1].get<int64_t>() + 4};
+  msg = write("gap.safetensors", gap.dump(), std::string(4, '\0') + data);
+  EXPECT_TRUE(contains(msg, "a gap of 4 bytes")) << msg;
+  // A header length past the end of the file, and a header of binary bytes.
+  {
+    std::ofstream out(dir / "long.safetensors", std::ios::binary);
+    const uint64_t len = 4096;
+    out.write(reinterpret_cast<const char*>(&len), 8);
+    out << "{}";
+  }
+  msg = error_of([&] { load_weights((dir / "long.safetensors").string(), m); });
+  EXPECT_TRUE(contains(msg, "4096 exceeds the file's 10 bytes")) << msg;
+  msg = write("binary.safetensors", std::string("{\"a\x01\xff\xfe"), "");
+  EXPECT_TRUE(contains(msg, "not valid JSON (at byte")) << msg;
+  EXPECT_EQ(msg.find('\xff'), std::string::npos) << msg;
 }
 
 }  // namespace

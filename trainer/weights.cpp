@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/bf16.h"
 #include "core/check.h"
 #include "core/files.h"
+#include "core/text.h"
 #include "trainer/checkpoint.h"
 
 namespace dhp {
@@ -64,17 +66,36 @@ void load_safetensors(const std::string& path, Model& model) {
   const auto file_size = int64_t(std::filesystem::file_size(path));
   uint64_t n = 0;
   in.read(reinterpret_cast<char*>(&n), 8);
+  DHP_CHECK(in.good() && file_size >= 8 && n > 1,
+            "'{}' is not a safetensors file (bad header length: the file has {} bytes)", path, file_size);
   // Compared unsigned: a length near 2^64 must not wrap to a small or negative size.
-  DHP_CHECK(in.good() && file_size >= 8 && n > 1 && n <= uint64_t(file_size - 8),
-            "'{}' is not a safetensors file (bad header length)", path);
+  DHP_CHECK(n <= uint64_t(file_size - 8),
+            "'{}' is not a safetensors file (bad header length: {} exceeds the file's {} bytes; truncated?)",
+            path, n, file_size);
   std::string text(n, '\0');
   in.read(text.data(), std::streamsize(n));
+  // Duplicate names are refused (as the reference loader does): the JSON library would keep
+  // the last one silently, loading whichever bytes it points at.
+  std::set<std::string> names;
+  std::string duplicate;
+  const auto once = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth == 1 && event == json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second &&
+        duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
   json header;
   try {
-    header = json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("'{}': the safetensors header is not valid JSON: {}", path, e.what()));
+    header = json::parse(text, once);
+  } catch (const json::parse_error& e) {
+    // The parser's own text quotes the bytes it read, which may be binary.
+    throw Error(fmt::format("'{}': the safetensors header is not valid JSON (at byte {} of {})", path,
+                            e.byte, n));
+  } catch (const json::exception&) {
+    throw Error(fmt::format("'{}': the safetensors header is not valid JSON", path));
   }
+  DHP_CHECK(duplicate.empty(), "'{}': tensor '{}' appears twice in the safetensors header", path,
+            printable(duplicate));
   DHP_CHECK(header.is_object(), "'{}': the safetensors header is not a JSON object", path);
   const int64_t data_start = 8 + int64_t(n), data_size = file_size - data_start;
 
@@ -82,7 +103,8 @@ void load_safetensors(const std::string& path, Model& model) {
   for (auto it = header.begin(); it != header.end(); ++it)
     DHP_CHECK(it.key() == "__metadata__" || model.table().find(it.key()),
               "'{}' holds tensor '{}', which this model does not have (different model config?)",
-              path, it.key());
+              path, printable(it.key()));
+  std::vector<std::pair<std::pair<int64_t, int64_t>, std::string>> extents;  // ((begin, end), name)
   for (const auto& spec : model.table().specs()) {
     DHP_CHECK(header.contains(spec.name), "'{}' has no tensor '{}'", path, spec.name);
     const json& t = header[spec.name];
@@ -115,6 +137,7 @@ void load_safetensors(const std::string& path, Model& model) {
               "'{}': tensor '{}' has data offsets outside the file or of the wrong size "
               "(truncated file?)",
               path, spec.name);
+    extents.push_back({{off[0], off[1]}, spec.name});
     std::vector<char> raw(off[1] - off[0]);
     in.seekg(data_start + off[0]);
     in.read(raw.data(), std::streamsize(raw.size()));
@@ -135,6 +158,17 @@ void load_safetensors(const std::string& path, Model& model) {
               "unusable",
               path, spec.name);
   }
+  // The tensors tile the data exactly, as the format requires: no overlap (two names reading
+  // the same bytes), no gap and nothing after the last tensor.
+  std::sort(extents.begin(), extents.end());
+  int64_t at = 0;
+  for (const auto& [range, name] : extents) {
+    DHP_CHECK(range.first >= at, "'{}': tensor '{}' overlaps the tensor before it (bytes {} to {})", path,
+              name, range.first, range.second);
+    DHP_CHECK(range.first == at, "'{}': a gap of {} bytes before tensor '{}'", path, range.first - at, name);
+    at = range.second;
+  }
+  DHP_CHECK(at == data_size, "'{}': {} bytes after the last tensor", path, data_size - at);
   model.upload_params(staged);
 }
 
