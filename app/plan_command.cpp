@@ -16,6 +16,7 @@
 
 #include "app/cli.h"
 #include "core/check.h"
+#include "core/text.h"
 #include "data/presets.h"
 #include "parallel/planner.h"
 #include "parallel/simulate.h"
@@ -53,24 +54,29 @@ std::vector<SeqShape> read_lengths(const std::string& path) {
     SeqShape s;
     s.id = int64_t(out.size());
     int64_t images = -1;
+    // A data manifest or a binary file given by mistake is named as what it is not, without
+    // the JSON library's own text (which quotes the bytes it read).
+    const auto not_lengths = [&] {
+      return Error(fmt::format("--data: {}:{} is not a lengths record (expected 'vision_tokens text_tokens "
+                               "[images]' or JSON with those fields), got '{}'",
+                               path, no, printable(line, 80)));
+    };
     if (line.find('{') != std::string::npos) {
-      try {
-        const nlohmann::json j = nlohmann::json::parse(line);
-        DHP_CHECK(j.is_object(), "{}:{}: expected a JSON object", path, no);
-        s.vision_tokens = j.value("vision_tokens", int64_t(0));
-        s.text_tokens = j.value("text_tokens", int64_t(0));
-        images = j.value("images", int64_t(-1));
-        s.id = j.value("id", s.id);
-      } catch (const nlohmann::json::exception& e) {
-        throw Error(fmt::format("{}:{}: {}", path, no, e.what()));
-      }
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      const auto integer = [&](const char* key) { return j.contains(key) && j[key].is_number_integer(); };
+      if (!j.is_object() || !integer("text_tokens") || (j.contains("vision_tokens") && !integer("vision_tokens")) ||
+          (j.contains("images") && !integer("images")) || (j.contains("id") && !integer("id")))
+        throw not_lengths();
+      s.vision_tokens = j.value("vision_tokens", int64_t(0));
+      s.text_tokens = j.value("text_tokens", int64_t(0));
+      images = j.value("images", int64_t(-1));
+      s.id = j.value("id", s.id);
     } else {
       std::istringstream ls(line);
-      DHP_CHECK(bool(ls >> s.vision_tokens >> s.text_tokens), "{}:{}: expected 'vision_tokens text_tokens [images]', "
-                "got '{}'", path, no, line);
+      if (!(ls >> s.vision_tokens >> s.text_tokens)) throw not_lengths();
       if (!(ls >> images)) images = -1;
       std::string rest;
-      DHP_CHECK(!(ls >> rest), "{}:{}: unexpected '{}' after the counts", path, no, rest);
+      DHP_CHECK(!(ls >> rest), "--data: {}:{}: unexpected '{}' after the counts", path, no, printable(rest, 80));
     }
     if (images < 0) images = s.vision_tokens > 0 ? 1 : 0;
     DHP_CHECK(images <= INT32_MAX, "{}:{}: {} images is too many", path, no, images);
@@ -175,8 +181,9 @@ void run_plan(const PlanOptions& o) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(fmt::format("--coeffs: '{}': {}", o.coeffs, e.what()));
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error(fmt::format("--coeffs: '{}' is not JSON (at byte {}); pass the file dhp profile --out wrote",
+                              o.coeffs, e.byte));
     }
     cost.set_coeffs(CostCoeffs::from_json(j.contains("coeffs") ? j["coeffs"] : j));
   }

@@ -106,6 +106,25 @@ TEST(PlanCli, DataFilesAreValidated) {
   expect_error(kQuick + "--data " + scratch("missing.txt").string(), "cannot read");
 }
 
+// A data manifest or a binary file passed as lengths: named as not a lengths record, with the
+// line's bytes escaped, never the JSON library's text or raw binary on the terminal.
+TEST(PlanCli, FilesThatAreNotLengthsAreNamedSo) {
+  const fs::path manifest = scratch("manifest.jsonl");
+  std::ofstream(manifest) << R"({"id":"train-0","image":"a.png","conversations":[]})" << "\n";
+  expect_error(kQuick + "--batch 1 --data " + manifest.string(), "manifest.jsonl:1 is not a lengths record");
+  const fs::path binary = scratch("binary.bin");
+  std::ofstream(binary, std::ios::binary) << std::string("\x7f" "ELF\x02\x01\xff\n", 8);
+  const Result r = plan(kQuick + "--batch 1 --data " + binary.string());
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("\\x7fELF\\x02\\x01\\xff"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find('\xff'), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("json.exception"), std::string::npos) << r.output;
+  const Result c = plan(kQuick + "--batch 1 --coeffs " + binary.string());
+  EXPECT_EQ(c.status, 1) << c.output;
+  EXPECT_EQ(c.output.find('\xff'), std::string::npos) << c.output;
+  EXPECT_NE(c.output.find("is not JSON (at byte"), std::string::npos) << c.output;
+}
+
 TEST(PlanCli, CostCoefficientsFile) {
   const fs::path good = scratch("coeffs.json");
   std::ofstream(good) << R"({"sec_per_flop": 1e-10, "sec_per_att_flop": 3e-10, "sec_per_byte_intra": 2e-10,
