@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "core/check.h"
@@ -151,6 +154,46 @@ TEST(Config, ChoicesAreParsedOnceAndWrittenByName) {
   // dhp-waves is a reference for `dhp plan`, not a strategy a run can train with.
   EXPECT_THROW(parse_config("[parallel]\nstrategy = \"dhp-waves\"\n", "c.toml"), Error);
   EXPECT_THROW(parse_config("[train]\nprecision = 16\n", "d.toml"), Error);
+}
+
+// An override is one TOML value: a line break would let the rest become other keys or whole
+// sections, which were dropped without a word.
+TEST(Config, OverrideWithALineBreakIsRefused) {
+  std::string msg = error_of([] { parse_config("", "a.toml", {"--train.steps=2\nbogus_key = 7"}); });
+  EXPECT_NE(msg.find("must be a single TOML value"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;  // shown escaped
+  msg = error_of([] { parse_config("", "a.toml", {"--train.steps=2\n[optim]\nlr = 9.5"}); });
+  EXPECT_NE(msg.find("must be a single TOML value"), std::string::npos) << msg;
+  msg = error_of([] { parse_config("", "a.toml", {"--optim.lr=0.5 bogus = 1"}); });
+  EXPECT_FALSE(msg.empty());
+}
+
+// Type errors name the type given; a number too large for 64 bits is out of range; a table
+// given to a key is named as such, not as an unknown section; a NUL in a value is named.
+TEST(Config, MessagesNameWhatWasGiven) {
+  std::string msg = error_of([] { parse_config("[train]\nsteps = 3.5\n", "t.toml"); });
+  EXPECT_NE(msg.find("must be an integer, got a float"), std::string::npos) << msg;
+  msg = error_of([] { parse_config("", "t.toml", {"--model.tie_embeddings=1"}); });
+  EXPECT_NE(msg.find("must be a boolean (true or false), got an integer"), std::string::npos) << msg;
+  msg = error_of([] { parse_config("", "t.toml", {"--train.steps=99999999999999999999"}); });
+  EXPECT_NE(msg.find("out of range"), std::string::npos) << msg;
+  msg = error_of([] { parse_config("[optim]\nlr = {x=1}\n", "t.toml"); });
+  EXPECT_NE(msg.find("'optim.lr' must be a number, got a table"), std::string::npos) << msg;
+  msg = error_of([] { parse_config("[checkpoint]\ndir = \"ck\\u0000evil\"\n", "t.toml"); });
+  EXPECT_NE(msg.find("holds a NUL character: \"ck\\0evil\""), std::string::npos) << msg;
+}
+
+// A config path that is a FIFO or a folder is named as such (a FIFO used to block forever).
+TEST(Config, ConfigFileMustBeARegularFile) {
+  const std::string dir = ::testing::TempDir() + "dhp_config_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string fifo = dir + "/c.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  std::string msg = error_of([&] { load_config(fifo); });
+  EXPECT_NE(msg.find("is not a regular file"), std::string::npos) << msg;
+  msg = error_of([&] { load_config(dir); });
+  EXPECT_NE(msg.find("is a folder"), std::string::npos) << msg;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

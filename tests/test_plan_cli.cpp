@@ -106,6 +106,17 @@ TEST(PlanCli, DataFilesAreValidated) {
   expect_error(kQuick + "--data " + scratch("missing.txt").string(), "cannot read");
 }
 
+// An empty (or comment-only) config file is all defaults, which is rarely what was meant: a
+// warning says so and where such a run would write.
+TEST(PlanCli, EmptyConfigFileIsWarnedAbout) {
+  const fs::path empty = scratch("empty.toml");
+  std::ofstream(empty) << "# nothing here yet\n";
+  const Result r = plan(kQuick + "--batch 4 --config " + empty.string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("holds no keys"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("runs/demo/checkpoints"), std::string::npos) << r.output;
+}
+
 // A data manifest or a binary file passed as lengths: named as not a lengths record, with the
 // line's bytes escaped, never the JSON library's text or raw binary on the terminal.
 TEST(PlanCli, FilesThatAreNotLengthsAreNamedSo) {

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -17,6 +19,7 @@
 #include <variant>
 
 #include "core/check.h"
+#include "core/text.h"
 #include "kernels/backend.h"
 #include "parallel/strategy.h"
 
@@ -232,12 +235,30 @@ const char* type_name(const Ref& r) {
   }
 }
 
+// What a TOML value is, in words, for "must be X, got Y".
+const char* node_type_name(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "a date or time";
+  }
+}
+
 // Stores `node` into the key's member after checking its type and range.
 void assign(const Key& key, const toml::node& node, const std::string& at) {
   auto bad_type = [&] {
     return Error(fmt::format("{}: '{}' must be {}, got {}", at, key.path(), type_name(key.ref),
-                             node.type() == toml::node_type::string ? "a string" : "another type"));
+                             node_type_name(node)));
   };
+  // A NUL would end the value early wherever it is used as a C string (a path), and end any
+  // message that quotes it.
+  if (const auto* text = node.as_string())
+    DHP_CHECK(text->get().find('\0') == std::string::npos, "{}: '{}' holds a NUL character: \"{}\"", at,
+              key.path(), printable(text->get()));
   auto in_range = [&](double x) {
     DHP_CHECK(x >= key.lo && x <= key.hi, "{}: '{}' = {} is out of range [{}, {}]", at, key.path(),
               x, key.lo, key.hi);
@@ -309,6 +330,8 @@ void apply_table(const Schema& s, const toml::table& tbl, const std::string& pre
     std::string path = prefix.empty() ? name : prefix + "." + name;
     std::string at = where(file, node.source());
     if (node.is_table()) {
+      // `lr = {x = 1}` is a key given a table, not an unknown section.
+      if (const Key* key = s.find(path)) assign(*key, node, at);
       DHP_CHECK(s.is_section(path), "{}: unknown section [{}]{}", at, path, suggestion(s, path));
       apply_table(s, *node.as_table(), path, file);
       continue;
@@ -326,11 +349,15 @@ void apply_table(const Schema& s, const toml::table& tbl, const std::string& pre
 void apply_override(const Schema& s, std::string text) {
   if (text.rfind("--", 0) == 0) text = text.substr(2);
   auto eq = text.find('=');
-  std::string at = fmt::format("command-line override '--{}'", text);
+  std::string at = fmt::format("command-line override '--{}'", printable(text));
   DHP_CHECK(eq != std::string::npos, "{}: expected --section.key=value", at);
   std::string path = text.substr(0, eq), value = text.substr(eq + 1);
   const Key* key = find_key(s, path, at);
-  DHP_CHECK(key, "{}: unknown key '{}'{}", at, path, suggestion(s, path));
+  DHP_CHECK(key, "{}: unknown key '{}'{}", at, printable(path), suggestion(s, path));
+  // A line break would let the rest of the text become other keys or sections of the TOML
+  // document the value is parsed in, which would then be dropped without a word.
+  DHP_CHECK(value.find_first_of("\n\r") == std::string::npos,
+            "{}: the value must be a single TOML value (it holds a line break)", at);
   // The value is TOML (so 1e-3, true, "x" mean what they mean in the file); a bare word that
   // is not valid TOML is taken as a string, so --parallel.strategy=pow2 needs no quotes.
   std::optional<toml::table> parsed;
@@ -338,6 +365,14 @@ void apply_override(const Schema& s, std::string text) {
     parsed = toml::parse("v = " + value);
   } catch (const toml::parse_error&) {
   }
+  DHP_CHECK(!parsed || parsed->size() == 1, "{}: the value must be a single TOML value", at);
+  // Digits that do not parse are an integer beyond 64 bits, not a string.
+  const bool integral = std::holds_alternative<int*>(key->ref) || std::holds_alternative<int64_t*>(key->ref) ||
+                        std::holds_alternative<uint64_t*>(key->ref);
+  const bool digits = value.find_first_not_of("+-0123456789_") == std::string::npos &&
+                      value.find_first_of("0123456789") != std::string::npos;
+  DHP_CHECK(parsed || !integral || !digits, "{}: '{}' = {} is out of range [{}, {}]", at, key->path(), value,
+            key->lo, key->hi);
   const bool takes_string = std::holds_alternative<std::string*>(key->ref) || std::holds_alternative<Choice>(key->ref);
   if (parsed && !(takes_string && !(*parsed)["v"].is_string())) {
     assign(*key, *parsed->get("v"), at);
@@ -432,13 +467,33 @@ Config parse_config(const std::string& text, const std::string& name,
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  // A folder opens as an empty stream, which would silently mean "all defaults".
-  DHP_CHECK(!std::filesystem::is_directory(path), "config file '{}' is a folder, not a TOML file",
-            path);
+  // A folder opens as an empty stream, which would silently mean "all defaults"; a FIFO or a
+  // device would block or never end.
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  DHP_CHECK(st.type() != std::filesystem::file_type::not_found, "config file '{}' not found", printable(path));
+  DHP_CHECK(st.type() != std::filesystem::file_type::directory, "config file '{}' is a folder, not a TOML file",
+            printable(path));
+  DHP_CHECK(st.type() == std::filesystem::file_type::regular, "config file '{}' is not a regular file",
+            printable(path));
+  constexpr size_t kMaxConfigBytes = 16 << 20;  // far above any configuration
+  const auto size = std::filesystem::file_size(path, ec);
+  DHP_CHECK(!ec && size <= kMaxConfigBytes, "config file '{}' has {} bytes, more than a configuration "
+            "({} MiB at most)", printable(path), size, kMaxConfigBytes >> 20);
   std::ifstream in(path);
-  DHP_CHECK(in.good(), "config file '{}' not found or not readable", path);
+  DHP_CHECK(in.good(), "config file '{}' is not readable: {}", printable(path), std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
+  // An empty file means every default, which is rarely what was meant (and writes where the
+  // demo writes): say so, once.
+  bool empty = false;
+  try {
+    empty = toml::parse(ss.str(), path).empty();
+  } catch (const toml::parse_error&) {  // reported by parse_config, with its line
+  }
+  if (empty)
+    spdlog::warn("config file '{}' holds no keys: every setting is the built-in default (checkpoints in "
+                 "'{}', metrics in '{}')", printable(path), CheckpointConfig{}.dir, LogConfig{}.metrics);
   return parse_config(ss.str(), path, overrides);
 }
 
