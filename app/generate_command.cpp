@@ -8,6 +8,7 @@
 #include "app/cli.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "core/text.h"
 #include "data/image.h"
 #include "data/layout.h"
 #include "data/manifest.h"
@@ -15,6 +16,7 @@
 #include "data/tokenizer.h"
 #include "kernels/backend.h"
 #include "trainer/checkpoint.h"
+#include "trainer/limits.h"
 
 namespace dhp {
 namespace {
@@ -29,8 +31,14 @@ struct GenerateOptions {
   int max_tokens = 64;
   double temperature = 0.0;
   double top_p = 1.0;
-  uint64_t seed = 0;
+  int64_t seed = 0;  // signed so that a negative seed is refused, not wrapped to 2^64 - 1
 };
+
+// The KV cache generate() holds: keys and values of every layer for the prompt and every new
+// token, plus per-token metadata (model/attention.h, KvCacheAttention).
+int64_t kv_cache_bytes(const ModelConfig& m, DType t, int64_t tokens) {
+  return tokens * (2 * int64_t(m.layers) * m.kv_dim() * int64_t(dtype_size(t)) + 3 * int64_t(sizeof(int32_t)));
+}
 
 // The prompt in the training layout (the manifest's own turn rule): <bos>, text pieces, an
 // <img> ... </img> block wherever the text says <image> (or all images first when it never
@@ -84,6 +92,9 @@ void add_generate_command(CLI::App& app) {
     DHP_CHECK(std::isfinite(o->top_p) && o->top_p > 0 && o->top_p <= 1,
               "--top-p {}: must be in (0, 1]", o->top_p);
     DHP_CHECK(o->max_tokens >= 1, "--max-tokens {}: must be 1 or more", o->max_tokens);
+    DHP_CHECK(o->seed >= 0, "--seed {}: must be 0 or more", o->seed);
+    // The data path refuses such text too; the tokenizer would turn it into unknown pieces.
+    DHP_CHECK(valid_utf8(o->prompt), "--prompt is not valid UTF-8: \"{}\"", printable(o->prompt));
     const std::string path = resolve_checkpoint(o->checkpoint, o->dir);
     Config cfg = checkpoint_config(path);
     auto backend = make_backend(cfg.train.device, backend_options(cfg));
@@ -92,11 +103,20 @@ void add_generate_command(CLI::App& app) {
     Tokenizer tok(cfg.data.tokenizer);
     check_tokenizer(path, st.tokenizer_hash, tok);
     Batch prompt = build_prompt(*o, tok, cfg.model.vision, cfg.data.max_image_pixels);
+    const int64_t memory = available_memory_bytes();
+    const int64_t need = kv_cache_bytes(cfg.model, backend->ops().dtype(), prompt.T + o->max_tokens);
+    if (memory > 0 && need > memory / 2) {
+      const int64_t fit = memory / 2 / kv_cache_bytes(cfg.model, backend->ops().dtype(), 1) - prompt.T;
+      throw Error(fmt::format("--max-tokens {} needs a KV cache of {:.1f} GiB with this prompt of {} tokens; at "
+                              "most {} new tokens fit in half of this machine's {:.1f} GiB",
+                              o->max_tokens, double(need) / (1 << 30), prompt.T, std::max<int64_t>(fit, 0),
+                              double(memory) / (1 << 30)));
+    }
     SamplingOptions so;
     so.max_new_tokens = o->max_tokens;
     so.temperature = o->temperature;
     so.top_p = o->top_p;
-    so.seed = o->seed;
+    so.seed = uint64_t(o->seed);
     fmt::print("{}\n", tok.decode(model.generate(prompt, Tokenizer::kEos, so)));
   });
 }

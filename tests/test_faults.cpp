@@ -288,6 +288,18 @@ TEST(Faults, SamplingOptionsAndOversizedImagesAreValidated) {
     EXPECT_TRUE(contains(r.output, "dhp: error: --")) << bad << "\n" << r.output;
   }
   EXPECT_EQ(run_dhp(base + " --temperature 0.7 --top-p 0.9 --max-tokens 4", dir).status, 0);
+  // A seed below zero (it wrapped to 2^64 - 1), a prompt that is not UTF-8 (the data path
+  // refuses such text too), and a KV cache larger than the machine, named by its option.
+  Outcome r = run_dhp(base + " --temperature 1 --seed -1", dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--seed -1: must be 0 or more")) << r.output;
+  r = run_dhp(base + " --prompt \"$(printf \"\\377\\376bad\")\"", dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--prompt is not valid UTF-8: \"\\xff\\xfebad\"")) << r.output;
+  r = run_dhp(base + " --max-tokens 2000000000", dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--max-tokens 2000000000 needs a KV cache of") && contains(r.output, "fit"))
+      << r.output;
 
   // A PNG whose header claims 20000 x 20000 pixels is refused from the header alone, before
   // the decoder allocates gigabytes for it.
@@ -298,8 +310,8 @@ TEST(Faults, SamplingOptionsAndOversizedImagesAreValidated) {
   be32(16, 20000);
   be32(20, 20000);
   write_text(dir / "huge.png", png);
-  const Outcome r = run_dhp("generate --checkpoint auto --dir " + cfg.checkpoint.dir + " --image " +
-                            (dir / "huge.png").string(), dir);
+  r = run_dhp("generate --checkpoint auto --dir " + cfg.checkpoint.dir + " --image " + (dir / "huge.png").string(),
+              dir);
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "20000x20000")) << r.output;
   const std::string msg = error_of([&] { load_image((dir / "huge.png").string(), cfg.model.vision, kDefaultMaxImagePixels); });
@@ -704,6 +716,23 @@ TEST(Faults, SafetensorsThatBreakTheFormatAreRefused) {
   msg = write("binary.safetensors", std::string("{\"a\x01\xff\xfe"), "");
   EXPECT_TRUE(contains(msg, "not valid JSON (at byte")) << msg;
   EXPECT_EQ(msg.find('\xff'), std::string::npos) << msg;
+}
+
+// An --init path that is a folder or a FIFO is named as what it is, not "not found" (and a
+// FIFO is never opened, where it would block).
+TEST(Faults, InitPathThatIsNotAFileIsNamed) {
+  const auto dir = run_dir("init_path");
+  const Config cfg = small_config(1, dir);
+  auto backend = make_cpu_backend({1});
+  Model m(cfg.model, *backend);
+  fs::create_directories(dir / "folder");
+  ASSERT_EQ(::mkfifo((dir / "w.fifo").c_str(), 0644), 0);
+  std::string msg = error_of([&] { load_weights((dir / "folder").string(), m); });
+  EXPECT_TRUE(contains(msg, "is a folder")) << msg;
+  msg = error_of([&] { load_weights((dir / "w.fifo").string(), m); });
+  EXPECT_TRUE(contains(msg, "is not a regular file")) << msg;
+  msg = error_of([&] { load_weights((dir / "none.safetensors").string(), m); });
+  EXPECT_TRUE(contains(msg, "not found")) << msg;
 }
 
 }  // namespace

@@ -248,7 +248,14 @@ void export_safetensors(const Model& model, const Config& cfg, const std::string
 }
 
 void load_weights(const std::string& path, Model& model) {
-  DHP_CHECK(std::filesystem::is_regular_file(path), "weights file '{}' not found", path);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_type type = fs::status(path, ec).type();
+  DHP_CHECK(type != fs::file_type::not_found, "weights file '{}' not found", printable(path));
+  DHP_CHECK(type != fs::file_type::directory, "weights file '{}' is a folder, not a safetensors or .h5 file",
+            printable(path));
+  // A FIFO or a device would block or never end.
+  DHP_CHECK(type == fs::file_type::regular, "weights file '{}' is not a regular file", printable(path));
   if (std::filesystem::path(path).extension() == ".h5")
     load_checkpoint(path, model, nullptr);
   else
