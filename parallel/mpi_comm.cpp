@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <set>
 
 #include "core/check.h"
 #include "parallel/peer_wait.h"
@@ -62,26 +63,103 @@ void finalize_at_exit() {
   if (!finalized) MPI_Finalize();
 }
 
-// Completes requests, polling as PeerPoll says (parallel/peer_wait.h). A wait longer than
-// `timeout` seconds is an error naming this rank and what it waited for (a dead or stopped
-// peer).
-void wait_all(std::vector<MPI_Request>& reqs, MPI_Status* status, int rank, double timeout,
-              const std::function<std::string()>& what) {
+// Who is still there, when a wait has run out. A wait that times out says which peer
+// requests are open, but in a collective every rank waits for every other, so that names no
+// one. Instead the rank sends a probe to every other rank; every rank polling in any wait
+// answers probes at once (answer_probes), so a rank that stays silent through a short grace is
+// stopped, dead or busy far from any wait. Tags above every tag the engine uses (ring
+// attention and the image exchange reach 31001), on dhp's own communicator.
+constexpr int kProbeTag = 32760;
+constexpr int kAnswerTag = 32761;
+constexpr double kProbeGraceSeconds = 3.0;
+const char kProbeByte = 1;  // static: a freed send request may still read it
+
+void answer_probes(MPI_Comm comm) {
+  for (;;) {
+    int pending = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kProbeTag, comm, &pending, &st) != MPI_SUCCESS || !pending) return;
+    char byte = 0;
+    MPI_Recv(&byte, 1, MPI_CHAR, st.MPI_SOURCE, kProbeTag, comm, MPI_STATUS_IGNORE);
+    MPI_Request answer;
+    MPI_Isend(&kProbeByte, 1, MPI_CHAR, st.MPI_SOURCE, kAnswerTag, comm, &answer);
+    MPI_Request_free(&answer);
+  }
+}
+
+// The ranks that do not answer a probe within the grace (answering others' probes meanwhile).
+std::vector<int> silent_ranks(MPI_Comm comm, int rank, int size) {
+  std::vector<MPI_Request> answers(size_t(size), MPI_REQUEST_NULL);
+  std::vector<char> got(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    MPI_Request probe;
+    MPI_Isend(&kProbeByte, 1, MPI_CHAR, r, kProbeTag, comm, &probe);
+    MPI_Request_free(&probe);  // a stopped rank never takes it; nothing to wait for
+    MPI_Irecv(&got[size_t(r)], 1, MPI_CHAR, r, kAnswerTag, comm, &answers[size_t(r)]);
+  }
+  // Per rank: an answer, or a receive that failed (the transport saw the rank die), or none yet.
+  enum class Heard { nothing, answer, failure };
+  std::vector<Heard> heard(size_t(size), Heard::nothing);
+  heard[size_t(rank)] = Heard::answer;
+  for (PeerPoll poll;; poll.pause()) {
+    answer_probes(comm);
+    bool waiting = false;
+    for (int r = 0; r < size; ++r) {
+      if (heard[size_t(r)] != Heard::nothing) continue;
+      int done = 0;
+      // A receive the transport ends because the rank died may report success without data:
+      // only the answer's byte counts.
+      if (MPI_Test(&answers[size_t(r)], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) heard[size_t(r)] = Heard::failure;
+      else if (done) heard[size_t(r)] = got[size_t(r)] == kProbeByte ? Heard::answer : Heard::failure;
+      else waiting = true;
+    }
+    if (!waiting || poll.seconds() > kProbeGraceSeconds) break;
+  }
+  std::vector<int> silent;
+  for (int r = 0; r < size; ++r) {
+    if (heard[size_t(r)] == Heard::answer) continue;
+    silent.push_back(r);
+    if (heard[size_t(r)] == Heard::nothing) {
+      // A cancelled receive completes without writing, so `got` may go.
+      MPI_Cancel(&answers[size_t(r)]);
+      MPI_Wait(&answers[size_t(r)], MPI_STATUS_IGNORE);
+    }
+  }
+  return silent;
+}
+
+// Who did not answer, in words, for the timeout's message.
+std::string silent_ranks_text(MPI_Comm comm, int rank, int size) {
+  const std::vector<int> silent = silent_ranks(comm, rank, size);
+  if (silent.empty())
+    return "every rank answered a check of who is still there, so one is far behind or waits on "
+           "another";
+  return fmt::format("rank{} {} did not answer a check of who is still there (stopped, dead or far "
+                     "behind)", silent.size() > 1 ? "s" : "", fmt::join(silent, ", "));
+}
+
+// Completes requests, polling as PeerPoll says (parallel/peer_wait.h) and answering other
+// ranks' probes meanwhile. A wait longer than `timeout` seconds is an error naming this rank,
+// what it waited for and the ranks that no longer answer.
+void wait_all(std::vector<MPI_Request>& reqs, MPI_Status* status, MPI_Comm comm, int rank, int size,
+              double timeout, const std::function<std::string()>& what) {
   for (PeerPoll poll;; poll.pause()) {
     int done = 0;
     mpi_check(MPI_Testall(int(reqs.size()), reqs.data(), &done, status), "MPI_Testall");
     if (done) return;
+    answer_probes(comm);
     if (poll.seconds() > timeout)
-      throw Error(fmt::format("rank {}: no answer within {:.0f} s while waiting for {} (a rank "
-                              "died, stopped or is far behind; parallel.timeout_s)",
-                              rank, timeout, what()));
+      throw Error(fmt::format("rank {}: no answer within {:.0f} s while waiting for {} "
+                              "(parallel.timeout_s): {}",
+                              rank, timeout, what(), silent_ranks_text(comm, rank, size)));
   }
 }
 
 class MpiExchange final : public PendingExchange {
  public:
-  MpiExchange(std::vector<Transfer> transfers, MPI_Comm comm, int rank, double timeout)
-      : transfers_(std::move(transfers)), rank_(rank), timeout_(timeout) {
+  MpiExchange(std::vector<Transfer> transfers, MPI_Comm comm, int rank, int size, double timeout)
+      : transfers_(std::move(transfers)), comm_(comm), rank_(rank), size_(size), timeout_(timeout) {
     requests_.resize(transfers_.size(), MPI_REQUEST_NULL);
     for (size_t i = 0; i < transfers_.size(); ++i) {
       const Transfer& t = transfers_[i];
@@ -102,13 +180,14 @@ class MpiExchange final : public PendingExchange {
   }
   void wait() override {
     std::vector<MPI_Status> status(requests_.size());
-    wait_all(requests_, status.data(), rank_, timeout_, [&] {
-      std::vector<std::string> peers;
+    wait_all(requests_, status.data(), comm_, rank_, size_, timeout_, [&] {
+      // One entry per peer and direction: a ring step posts several transfers to one peer.
+      std::set<std::pair<int, bool>> open;
       for (size_t i = 0; i < transfers_.size(); ++i)
-        if (requests_[i] != MPI_REQUEST_NULL)
-          peers.push_back(fmt::format("{} rank {}", transfers_[i].kind == Transfer::Send ? "a send to"
-                                                                                         : "a receive from",
-                                      transfers_[i].peer));
+        if (requests_[i] != MPI_REQUEST_NULL) open.insert({transfers_[i].peer, transfers_[i].kind == Transfer::Send});
+      std::vector<std::string> peers;
+      for (const auto& [peer, send] : open)
+        peers.push_back(fmt::format("{} rank {}", send ? "a send to" : "a receive from", peer));
       return fmt::format("{}", fmt::join(peers, ", "));
     });
     done_ = true;
@@ -125,7 +204,8 @@ class MpiExchange final : public PendingExchange {
  private:
   std::vector<Transfer> transfers_;
   std::vector<MPI_Request> requests_;
-  int rank_;
+  MPI_Comm comm_;
+  int rank_, size_;
   double timeout_;
   bool done_ = false;
 };
@@ -133,8 +213,8 @@ class MpiExchange final : public PendingExchange {
 // Reductions in flight (start_all_reduce, start_reduce): one request per slice of the buffer.
 class MpiCollective final : public PendingExchange {
  public:
-  MpiCollective(std::vector<MPI_Request> requests, int rank, double timeout)
-      : requests_(std::move(requests)), rank_(rank), timeout_(timeout) {}
+  MpiCollective(std::vector<MPI_Request> requests, MPI_Comm comm, int rank, int size, double timeout)
+      : requests_(std::move(requests)), comm_(comm), rank_(rank), size_(size), timeout_(timeout) {}
   ~MpiCollective() override {
     // As MpiExchange: never wait on a dead peer while an error unwinds.
     if (!done_ && std::uncaught_exceptions() == 0)
@@ -142,7 +222,7 @@ class MpiCollective final : public PendingExchange {
   }
   void wait() override {
     if (done_) return;
-    wait_all(requests_, MPI_STATUSES_IGNORE, rank_, timeout_,
+    wait_all(requests_, MPI_STATUSES_IGNORE, comm_, rank_, size_, timeout_,
              [] { return std::string("an overlapped reduction with every rank"); });
     done_ = true;
   }
@@ -156,7 +236,8 @@ class MpiCollective final : public PendingExchange {
 
  private:
   std::vector<MPI_Request> requests_;
-  int rank_;
+  MPI_Comm comm_;
+  int rank_, size_;
   double timeout_;
   bool done_ = false;
 };
@@ -208,7 +289,7 @@ class MpiCommunicator final : public Communicator {
                                reduce_type(type), op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_,
                                &r.back()), "MPI_Iallreduce");
     }
-    return std::make_unique<MpiCollective>(std::move(r), rank_, timeout_);
+    return std::make_unique<MpiCollective>(std::move(r), comm_, rank_, size_, timeout_);
   }
   std::unique_ptr<PendingExchange> start_reduce(void* buf, int64_t count, DataType type,
                                                 int root) override {
@@ -222,7 +303,7 @@ class MpiCommunicator final : public Communicator {
       mpi_check(MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : p, p, n, reduce_type(type), MPI_SUM, root,
                             comm_, &r.back()), "MPI_Ireduce");
     }
-    return std::make_unique<MpiCollective>(std::move(r), rank_, timeout_);
+    return std::make_unique<MpiCollective>(std::move(r), comm_, rank_, size_, timeout_);
   }
   void reduce_scatter(const void* send, void* recv, int64_t count, DataType type) override {
     std::vector<MPI_Request> r(1);
@@ -263,12 +344,12 @@ class MpiCommunicator final : public Communicator {
     for (const Transfer& t : transfers)
       DHP_CHECK(t.peer >= 0 && t.peer < size_, "rank {}: transfer to rank {} in a world of {}",
                 rank_, t.peer, size_);
-    return std::make_unique<MpiExchange>(transfers, comm_, rank_, timeout_);
+    return std::make_unique<MpiExchange>(transfers, comm_, rank_, size_, timeout_);
   }
 
  private:
   void finish(std::vector<MPI_Request>& r, const char* what) {
-    wait_all(r, MPI_STATUSES_IGNORE, rank_, timeout_,
+    wait_all(r, MPI_STATUSES_IGNORE, comm_, rank_, size_, timeout_,
              [what] { return fmt::format("{} with every rank", what); });
   }
   MPI_Comm comm_ = MPI_COMM_NULL;

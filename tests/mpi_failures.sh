@@ -7,7 +7,7 @@
 set -euo pipefail
 dhp=$1
 work=$(mktemp -d)
-trap 'pkill -KILL -f "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'pkill -KILL -f "$work" 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 "$dhp" data synth --out "$work/data" --preset video-longtail --train 96 --val 8 --seed 5 \
@@ -43,19 +43,22 @@ rank_pid() {
   done
 }
 
-for sig in STOP KILL; do
-  log="$work/$sig.log"
+# Rank 0 stopped too: it holds no special role in a collective, and the others must name it.
+for run in STOP:2 STOP:0 KILL:2; do
+  sig=${run%:*} v=${run#*:}
+  log="$work/$sig$v.log"
   mpirun -np 3 --oversubscribe "$dhp" train --config "$work/run.toml" \
-    --checkpoint.dir="$work/$sig/ck" --log.metrics="$work/$sig/metrics.jsonl" >"$log" 2>&1 &
+    --checkpoint.dir="$work/$sig$v/ck" --log.metrics="$work/$sig$v/metrics.jsonl" >"$log" 2>&1 &
   job=$!
   # Let a few steps run, so the signal lands in the middle of training.
   for _ in $(seq 300); do
-    [ -f "$work/$sig/metrics.jsonl" ] && [ "$(wc -l < "$work/$sig/metrics.jsonl")" -ge 3 ] && break
+    [ -f "$work/$sig$v/metrics.jsonl" ] && [ "$(wc -l < "$work/$sig$v/metrics.jsonl")" -ge 3 ] && break
     sleep 0.1
   done
-  victim=$(rank_pid "$job" 2)
-  others="$(rank_pid "$job" 0) $(rank_pid "$job" 1)"
-  [ -n "$victim" ] || { cat "$log"; echo "rank 2 not found"; exit 1; }
+  victim=$(rank_pid "$job" "$v")
+  others=""
+  for r in 0 1 2; do [ "$r" = "$v" ] || others="$others $(rank_pid "$job" "$r")"; done
+  [ -n "$victim" ] || { cat "$log"; echo "rank $v not found"; exit 1; }
   t0=$(date +%s.%N)
   kill -"$sig" "$victim"
   # The other ranks must go by themselves; a stopped rank cannot, so it is killed after.
@@ -72,12 +75,17 @@ for sig in STOP KILL; do
   rc=$?
   set -e
   elapsed=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')
-  echo "SIG$sig to rank 2: the other ranks were gone after $elapsed s; job exit status $rc"
+  echo "SIG$sig to rank $v: the other ranks were gone after $elapsed s; job exit status $rc"
   [ "$rc" -ne 0 ] || { cat "$log"; echo "the job must fail"; exit 1; }
   # timeout_s (5 s) plus the step in flight and the job's tear-down: never a hang.
   awk -v e="$elapsed" 'BEGIN{exit !(e < 45)}' || { cat "$log"; echo "too slow"; exit 1; }
   if [ "$sig" = STOP ]; then
     grep -q "no answer within 5 s" "$log" || { cat "$log"; echo "no timeout message"; exit 1; }
+    # The first survivor to give up names the stopped rank, whatever it was waiting for. (It then
+    # takes the job down: the launcher wakes the stopped rank to end it, so a later survivor's
+    # check may hear it.)
+    grep -m1 "no answer within" "$log" | grep -qE "ranks? ([0-9]+, )*$v(, [0-9]+)* did not answer a check" ||
+      { cat "$log"; echo "rank $v is not named"; exit 1; }
     grep -m1 "no answer within" "$log"
   else
     grep -qiE "rank 2|signal 9|killed" "$log" || { cat "$log"; echo "the dead rank is not named"; exit 1; }
