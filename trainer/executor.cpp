@@ -102,13 +102,55 @@ void Executor::submit(const StepWork& work, bool blank_images) {
   loader_.submit(work.my_loads(), blank_images);
 }
 
+// Adds this rank's encoded images of a routed group to its batch and prepares the exchange
+// of their rows. `loaded` holds one load per image the rank encodes, in `encode` order.
+void Executor::encode_routed(const GroupWork& g, const Sample* loaded, Batch& b) {
+  const ImageRouting& route = g.routing;
+  DHP_ASSERT(int64_t(route.slot.size()) == b.T);
+  b.image_slot = route.slot;
+  b.image_rows = route.rows_received();
+  // An image whose load failed (skip mode) is left out and its rows are sent as zeros.
+  std::vector<int64_t> first_row(route.encode.size(), -1);
+  int64_t rows = 0;
+  for (size_t e = 0; e < route.encode.size(); ++e) {
+    const Sample& s = loaded[e];
+    const GroupImage& im = route.images[size_t(route.encode[e])];
+    if (s.skipped || s.images.size() != 1) {
+      spdlog::warn("sample {}: the image at tokens [{}, {}) did not load; on its ring those "
+                   "tokens are zeros and the rest of the sample trains", im.sample,
+                   im.span.first, im.span.first + im.span.tokens);
+      continue;
+    }
+    append_image(b, s.images[0], model_.config().vision);
+    first_row[e] = rows;
+    rows += im.span.tokens;
+    ++images_encoded_;
+  }
+  images_.prepare(g.ring, route.send_rows(first_row), route.recv, rows, model_.config().dim);
+}
+
+// Busy time as GroupTiming defines it, from the group's start on both clocks.
+GroupTiming Executor::time_group(const GroupWork& g, Clock::time_point wall0, double cpu0) {
+  // A device runs the group's kernels after the host has queued them: its busy time is the
+  // wall time once they are done.
+  const bool on_device = model_.backend().device() != Device::CPU;
+  if (on_device) model_.backend().synchronize();
+  const double cpu = thread_cpu_seconds() - cpu0;
+  const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
+  double wait = 0.0, wait_cpu = 0.0;
+  if (g.ring.size() > 1) wait += ring_.wait_seconds(), wait_cpu += ring_.wait_cpu_seconds();
+  if (g.routed) wait += images_.wait_seconds(), wait_cpu += images_.wait_cpu_seconds();
+  const bool one_thread = !on_device && model_.backend().threads() == 1;
+  const double busy = one_thread ? cpu - wait_cpu : wall - wait;
+  return GroupTiming{g.group, std::max(0.0, busy), wait};
+}
+
 StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
                         const std::function<void(const std::vector<Sample>&)>& after,
                         const GradsFinal& last_final) {
   std::vector<Sample> samples = loader_.next();
   timings_.clear();
   images_encoded_ = 0;
-  const int64_t C = model_.config().dim;
   size_t at = 0;
   std::vector<Sample> group_samples;
   for (const GroupWork& g : work.mine) {
@@ -122,33 +164,10 @@ StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
     // pack() numbers documents by piece; the ring needs the group's sequence index, the same
     // on every rank, so that the two zigzag pieces of a sequence are one document.
     for (auto& d : b.doc) d = g.docs[size_t(d)];
-    if (g.routed) {
-      const ImageRouting& route = g.routing;
-      DHP_ASSERT(int64_t(route.slot.size()) == b.T);
-      b.image_slot = route.slot;
-      b.image_rows = route.rows_received();
-      // This rank's images, encoded in `encode` order; an image whose load failed (skip
-      // mode) is left out and its rows are sent as zeros.
-      std::vector<int64_t> first_row(route.encode.size(), -1);
-      int64_t rows = 0;
-      for (size_t e = 0; e < route.encode.size(); ++e) {
-        const Sample& s = samples[at + n + e];
-        const GroupImage& im = route.images[size_t(route.encode[e])];
-        if (s.skipped || s.images.size() != 1) {
-          spdlog::warn("sample {}: the image at tokens [{}, {}) did not load; on its ring those "
-                       "tokens are zeros and the rest of the sample trains", im.sample,
-                       im.span.first, im.span.first + im.span.tokens);
-          continue;
-        }
-        append_image(b, s.images[0], model_.config().vision);
-        first_row[e] = rows;
-        rows += im.span.tokens;
-        ++images_encoded_;
-      }
-      images_.prepare(g.ring, route.send_rows(first_row), route.recv, rows, C);
-    } else {
+    if (g.routed)
+      encode_routed(g, &samples[at + n], b);
+    else
       images_encoded_ += int64_t(b.images.size());
-    }
     const DeviceBatch& db = model_.upload(b);
     const bool ring = g.ring.size() > 1;
     const GradsFinal none;
@@ -156,18 +175,7 @@ StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
     if (ring) ring_.regroup(g.ring);
     model_.run(db, loss_scale, backward, ring ? &ring_ : nullptr, g.routed ? &images_ : nullptr,
                final);
-    // A device runs the group's kernels after the host has queued them: its busy time is the
-    // wall time once they are done.
-    const bool on_device = model_.backend().device() != Device::CPU;
-    if (on_device) model_.backend().synchronize();
-    const double cpu = thread_cpu_seconds() - cpu0;
-    const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
-    double wait = 0.0, wait_cpu = 0.0;
-    if (ring) wait += ring_.wait_seconds(), wait_cpu += ring_.wait_cpu_seconds();
-    if (g.routed) wait += images_.wait_seconds(), wait_cpu += images_.wait_cpu_seconds();
-    const bool one_thread = !on_device && model_.backend().threads() == 1;
-    const double busy = one_thread ? cpu - wait_cpu : wall - wait;
-    timings_.push_back(GroupTiming{g.group, std::max(0.0, busy), wait});
+    timings_.push_back(time_group(g, wall0, cpu0));
     if (after) {
       group_samples.assign(std::make_move_iterator(samples.begin() + long(at)),
                            std::make_move_iterator(samples.begin() + long(at + n)));

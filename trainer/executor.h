@@ -15,6 +15,7 @@
 // gradient is exact.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -90,6 +91,10 @@ class Executor {
   const std::vector<GroupTiming>& last_timings() const { return timings_; }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  void encode_routed(const GroupWork& g, const Sample* loaded, Batch& b);
+  GroupTiming time_group(const GroupWork& g, Clock::time_point wall0, double cpu0);
+
   Model& model_;
   Communicator& comm_;
   BatchLoader loader_;
