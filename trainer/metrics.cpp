@@ -14,6 +14,29 @@
 
 namespace dhp {
 
+void to_json(nlohmann::json& j, const StepRecord& r) {
+  j = {{"step", r.step},
+       {"loss", r.loss},
+       {"lr", r.lr},
+       {"grad_norm", r.grad_norm},
+       {"tokens_per_s", r.tokens_per_s},
+       {"samples_per_s", r.samples_per_s},
+       {"elapsed_s", r.elapsed_s},
+       {"loader_wait_s", r.loader_wait_s},
+       {"groups", r.groups},
+       {"max_degree", r.max_degree},
+       {"degrees", r.degrees},
+       {"plan_s", r.plan_s},
+       {"predicted_s", r.predicted_s},
+       {"measured_s", r.measured_s},
+       {"cost_error", r.cost_error},
+       {"rank_busy_s", r.rank_busy_s},
+       {"ring_wait_s", r.ring_wait_s},
+       {"step_s", r.step_s},
+       {"imbalance", r.imbalance},
+       {"threads", r.threads}};
+}
+
 ProgressBar::ProgressBar(int64_t total, bool enabled)
     : total_(total), on_(enabled && isatty(STDERR_FILENO)) {}
 

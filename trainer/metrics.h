@@ -13,6 +13,7 @@
 
 namespace dhp {
 
+// One training step as the metrics file and the log report it.
 struct StepRecord {
   int64_t step = 0;
   double loss = 0.0;
@@ -36,6 +37,9 @@ struct StepRecord {
   double imbalance = 1.0;  // slowest rank's compute time over the mean of all ranks
   int threads = 0;         // compute threads this rank used for the step
 };
+
+// The step's line of the metrics file. busy_s is left out: rank_busy_s holds every rank's.
+void to_json(nlohmann::json& j, const StepRecord& r);
 
 // One line that redraws itself on a terminal; silent when stderr is not one.
 class ProgressBar {

@@ -343,17 +343,7 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
 
 void Run::record(const StepRecord& rec) {
   if (!rank0_) return;
-  metrics_->write({{"step", rec.step}, {"loss", rec.loss}, {"lr", rec.lr},
-                  {"grad_norm", rec.grad_norm}, {"tokens_per_s", rec.tokens_per_s},
-                  {"samples_per_s", rec.samples_per_s}, {"elapsed_s", rec.elapsed_s},
-                  {"loader_wait_s", rec.loader_wait_s}, {"groups", rec.groups},
-                  {"max_degree", rec.max_degree}, {"degrees", rec.degrees},
-                  {"plan_s", rec.plan_s},
-                  {"predicted_s", rec.predicted_s}, {"measured_s", rec.measured_s},
-                  {"cost_error", rec.cost_error}, {"rank_busy_s", rec.rank_busy_s},
-                  {"ring_wait_s", rec.ring_wait_s},
-                  {"step_s", rec.step_s}, {"imbalance", rec.imbalance},
-                  {"threads", rec.threads}});
+  metrics_->write(rec);
   if (rec.step % cfg_.log.every == 0 || rec.step == cfg_.train.steps || rec.step == 1) {
     bar_.clear();
     spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
