@@ -1,17 +1,5 @@
-// Checkpoints: one HDF5 file per save holding everything an exact resume needs, written so
-// that a crash at any moment leaves the previous checkpoint loadable.
-//
-// Layout (format_version 1):
-//   /                 attributes format = "dhp-checkpoint", format_version
-//   /config           the resolved configuration as TOML text
-//   /params/<name>    every parameter under its model-spec name, full (unsharded) shape
-//   /optim/m/<name>   AdamW first moments     /optim/v/<name>  second moments
-//   /state            attributes step, seed, batch_size, sampler_epoch, sampler_position,
-//                     dataset_size, tokenizer_hash (FNV-1a of the tokenizer file)
-//   /cost_model       the online refit's state as JSON text (parallel/cost_model.h CostState);
-//                     absent when the run did not refit
-// Every dataset carries a 64-bit checksum attribute verified on load, so a file damaged on
-// disk is refused rather than loaded. Nothing depends on the world size.
+// The checkpoints of a run's folder, written so that a crash at any moment leaves the
+// previous checkpoint loadable (the file itself: checkpoint_file.h).
 //
 // Saving writes NAME.h5.tmp, fsyncs it, renames it to NAME.h5, then writes the completion
 // marker NAME.done holding the step; only checkpoints whose marker, name and recorded step
@@ -19,26 +7,15 @@
 // operating system's reason.
 #pragma once
 
-#include <cstdint>
 #include <string>
 #include <vector>
 
-#include "data/sampler.h"
 #include "model/model.h"
+#include "trainer/checkpoint_file.h"
 #include "trainer/config.h"
 #include "trainer/optimizer.h"
 
 namespace dhp {
-
-struct TrainState {
-  int64_t step = 0;        // optimizer steps completed
-  uint64_t seed = 0;       // the run's seed (weights, sampler)
-  int64_t batch_size = 0;  // global batch size of the steps so far
-  SamplerState sampler;    // where the next global batch starts in the sample stream
-  int64_t dataset_size = 0;  // samples the sampler shuffled (a different set changes the stream)
-  uint64_t tokenizer_hash = 0;  // hash of the tokenizer file's bytes; 0 = not recorded
-  std::string cost_state;       // CostState JSON; "" = none
-};
 
 // Saves into cfg.checkpoint.dir and deletes all but the newest cfg.checkpoint.keep complete
 // checkpoints. Returns the path written.
@@ -51,20 +28,5 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 // "auto" = the newest complete checkpoint of cfg.checkpoint.dir (throws if none); otherwise a
 // path to a .h5 file or to a directory holding checkpoints.
 std::string resolve_checkpoint(const std::string& what, const std::string& default_dir);
-
-// The configuration stored in a checkpoint (to rebuild the model it was saved from).
-Config checkpoint_config(const std::string& path);
-
-// Loads weights (and, when opt is given, moments and step) after checking the format, every
-// name and shape, and every checksum. Throws dhp::Error naming the file and the problem.
-TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt);
-
-class Tokenizer;
-// Refuses a tokenizer whose file differs from the one the checkpoint was trained with (a
-// replaced file at the same path would silently change what every token id means).
-void check_tokenizer(const std::string& checkpoint, uint64_t recorded, const Tokenizer& tok);
-
-// Refuses a resume whose configuration changed the model's shape, naming the key.
-void check_same_model(const Config& saved, const Config& now, const std::string& path);
 
 }  // namespace dhp
