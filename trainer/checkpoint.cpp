@@ -142,4 +142,45 @@ std::string resolve_checkpoint(const std::string& what, const std::string& defau
   return all.back();
 }
 
+CheckpointManager::CheckpointManager(const Config& cfg, Communicator& comm)
+    : cfg_(cfg), comm_(comm), rank0_(comm.rank() == 0) {
+  if (rank0_) lock_.emplace(cfg.checkpoint.dir);
+}
+
+std::string CheckpointManager::resume_path(const std::string& resume) const {
+  const std::string& dir = cfg_.checkpoint.dir;
+  const bool resuming = !resume.empty() && (resume != "auto" || !fs::is_directory(dir) ||
+                                            !list_checkpoints(dir).empty());
+  if (resuming) return resolve_checkpoint(resume, dir);
+  if (!resume.empty() && rank0_)
+    spdlog::info("--resume auto: '{}' holds no checkpoint yet; starting a fresh run", dir);
+  const auto existing = list_checkpoints(dir);
+  DHP_CHECK(existing.empty(),
+            "checkpoint.dir '{}' already holds checkpoints of another run (newest: {}); "
+            "continue that run with --resume auto, or set checkpoint.dir to a new folder",
+            dir, existing.back());
+  return "";
+}
+
+bool CheckpointManager::periodic(int64_t step) const {
+  const int64_t every = cfg_.checkpoint.every;
+  return every > 0 && step % every == 0 && step < cfg_.train.steps;
+}
+
+std::string CheckpointManager::save(const Model& model, const AdamW& opt, const TrainState& state,
+                                    bool last) {
+  std::string path;
+  if (rank0_) {
+    try {
+      path = save_checkpoint(cfg_, model, &opt, state);
+      spdlog::info("checkpoint saved: {}", path);
+    } catch (const Error& e) {
+      if (last) throw;
+      spdlog::warn("{}; training goes on and saves again at the next interval", e.what());
+    }
+  }
+  comm_.barrier();
+  return path;
+}
+
 }  // namespace dhp

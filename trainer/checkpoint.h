@@ -1,5 +1,6 @@
 // The checkpoints of a run's folder, written so that a crash at any moment leaves the
-// previous checkpoint loadable (the file itself: checkpoint_file.h).
+// previous checkpoint loadable (the file itself: checkpoint_file.h), and the manager that
+// decides for a training run when they are written, kept and resumed from.
 //
 // Saving writes NAME.h5.tmp, fsyncs it, renames it to NAME.h5, then writes the completion
 // marker NAME.done holding the step; only checkpoints whose marker, name and recorded step
@@ -7,13 +8,17 @@
 // operating system's reason.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/model.h"
+#include "parallel/communicator.h"
 #include "trainer/checkpoint_file.h"
 #include "trainer/config.h"
 #include "trainer/optimizer.h"
+#include "trainer/run_lock.h"
 
 namespace dhp {
 
@@ -28,5 +33,37 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 // "auto" = the newest complete checkpoint of cfg.checkpoint.dir (throws if none); otherwise a
 // path to a .h5 file or to a directory holding checkpoints.
 std::string resolve_checkpoint(const std::string& what, const std::string& default_dir);
+
+// A training run's checkpoints (torchtitan's CheckpointManager): the folder's lock, which
+// checkpoint the run resumes from, when it saves, how many it keeps (save_checkpoint), and
+// whether a failed save ends the run.
+class CheckpointManager {
+ public:
+  // Rank 0 locks cfg.checkpoint.dir for the manager's lifetime (RunLock): a folder that is
+  // another run's or cannot be written is an error before anything else of the run happens.
+  CheckpointManager(const Config& cfg, Communicator& comm);
+
+  // The checkpoint a run resumes from, or "" for a fresh run. `resume`: "" (fresh), "auto"
+  // (the folder's newest) or a path. `auto` on a folder without a checkpoint yet starts
+  // afresh, so a job killed before its first save is resubmitted unchanged; a fresh run
+  // refuses a folder that holds another run's checkpoints.
+  std::string resume_path(const std::string& resume) const;
+
+  // Whether the run saves after `step` (1-based) on its way: every checkpoint.every steps,
+  // the last step excepted (the run ends with its own save).
+  bool periodic(int64_t step) const;
+
+  // Saves on rank 0 while the other ranks wait; every rank gets the path ("" on the others
+  // and when a periodic save failed). The save a run ends with (last) must succeed; a
+  // periodic one that fails (a full disk) warns, and training goes on to try again at the
+  // next interval. The optimizer's moments must be whole (AdamW::gather_moments).
+  std::string save(const Model& model, const AdamW& opt, const TrainState& state, bool last);
+
+ private:
+  const Config& cfg_;
+  Communicator& comm_;
+  const bool rank0_;
+  std::optional<RunLock> lock_;
+};
 
 }  // namespace dhp

@@ -28,7 +28,6 @@
 #include "trainer/limits.h"
 #include "trainer/metrics.h"
 #include "trainer/optimizer.h"
-#include "trainer/run_lock.h"
 #include "trainer/weights.h"
 
 namespace dhp {
@@ -63,9 +62,9 @@ class Run {
   // they refine the same cost profile.
   void restore_costs(const std::string& saved);
   void evaluate(int64_t step, TrainResult* out);
-  // The save a run ends with (last) must succeed; a periodic one that fails (a full disk)
-  // warns, and training goes on to try again at the next interval.
+  // The save a run ends with (last) must succeed (CheckpointManager::save).
   std::string save(int64_t step, bool last);
+  bool periodic_save(int64_t step) const { return checkpoints_.periodic(step); }
   void clear_bar() { bar_.clear(); }
 
  private:
@@ -73,7 +72,7 @@ class Run {
   Communicator& comm_;
   const bool rank0_;
   const Clock::time_point t_start_ = Clock::now();
-  std::optional<RunLock> lock_;  // rank 0 holds the checkpoint folder for the run's lifetime
+  CheckpointManager checkpoints_;
   std::unique_ptr<Backend> backend_;
   Tokenizer tokenizer_;
   std::unique_ptr<Dataset> train_set_, val_set_;
@@ -111,10 +110,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
     : cfg_(cfg),
       comm_(comm),
       rank0_(comm.rank() == 0),
-      lock_([&]() -> std::optional<RunLock> {
-        if (rank0_) return std::optional<RunLock>(std::in_place, cfg.checkpoint.dir);
-        return std::nullopt;
-      }()),
+      checkpoints_(cfg, comm),
       backend_(make_backend(cfg.train.device, backend_options(cfg))),
       tokenizer_(cfg.data.tokenizer),
       train_set_(open_train_set(cfg, tokenizer_)),
@@ -132,17 +128,9 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
     opt_.set_overlap(int64_t(cfg.parallel.bucket_mb * double(1 << 20)) / int64_t(sizeof(float)));
   model_.initialise(cfg.train.seed);
   std::optional<SamplerState> resumed_sampler;
-  // `--resume auto` on a folder without a checkpoint yet starts afresh, so a job killed
-  // before its first save is resubmitted with the same command.
-  const bool resuming =
-      !topt.resume.empty() &&
-      (topt.resume != "auto" || !std::filesystem::is_directory(cfg.checkpoint.dir) ||
-       !list_checkpoints(cfg.checkpoint.dir).empty());
-  if (!topt.resume.empty() && !resuming && rank0_)
-    spdlog::info("--resume auto: '{}' holds no checkpoint yet; starting a fresh run",
-                 cfg.checkpoint.dir);
+  const std::string path = checkpoints_.resume_path(topt.resume);
+  const bool resuming = !path.empty();
   if (resuming) {
-    const std::string path = resolve_checkpoint(topt.resume, cfg.checkpoint.dir);
     check_same_model(checkpoint_config(path), cfg, path);
     TrainState st = load_checkpoint(path, model_, &opt_);
     check_tokenizer(path, st.tokenizer_hash, tokenizer_);
@@ -164,12 +152,6 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
               "--stop-after {} is not after step {}, where this run resumes", topt.stop_after,
               first_step_);
     if (rank0_) spdlog::info("resumed from {} at step {}", path, first_step_);
-  } else {
-    const auto existing = list_checkpoints(cfg.checkpoint.dir);
-    DHP_CHECK(existing.empty(),
-              "checkpoint.dir '{}' already holds checkpoints of another run (newest: {}); "
-              "continue that run with --resume auto, or set checkpoint.dir to a new folder",
-              cfg.checkpoint.dir, existing.back());
   }
   if (!resuming && !topt.init.empty()) {
     load_weights(topt.init, model_);
@@ -385,20 +367,9 @@ std::string Run::save(int64_t step, bool last) {
   if (cfg_.parallel.refit)
     st.cost_state = CostState{cfg_.parallel.device, planner()->cost().coeffs(),
                               {observed_.begin(), observed_.end()}}.to_json().dump();
-  std::string path;
   opt_.gather_moments(comm_);  // a checkpoint holds the full state, whatever the sharding
-  if (rank0_) {
-    bar_.clear();
-    try {
-      path = save_checkpoint(cfg_, model_, &opt_, st);
-      spdlog::info("checkpoint saved: {}", path);
-    } catch (const Error& e) {
-      if (last) throw;
-      spdlog::warn("{}; training goes on and saves again at the next interval", e.what());
-    }
-  }
-  comm_.barrier();
-  return path;
+  bar_.clear();
+  return checkpoints_.save(model_, opt_, st, last);
 }
 
 }  // namespace
@@ -446,8 +417,7 @@ TrainResult train(const Config& cfg, Communicator& comm, const TrainOptions& top
                      interrupted ? " (signal)" : "");
       return result;
     }
-    if (cfg.checkpoint.every > 0 && rec.step % cfg.checkpoint.every == 0 &&
-        rec.step < cfg.train.steps) {
+    if (run.periodic_save(rec.step)) {
       const std::string saved = run.save(rec.step, false);
       if (!saved.empty()) result.checkpoint = saved;
     }
