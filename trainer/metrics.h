@@ -2,13 +2,16 @@
 // the log lines of steps and evaluations.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "trainer/config.h"
 #include "trainer/evaluate.h"
 
 namespace dhp {
@@ -71,5 +74,27 @@ class MetricsFile {
 // Logs an evaluation (and its blanked-image twin, when given) and records it in the metrics.
 void log_eval(const char* what, int64_t step, const EvalResult& r, const EvalResult* blank,
               MetricsFile& metrics);
+
+// What a training run reports, from rank 0 only: every step in the metrics file, a log line
+// every log.every steps (and the first and last), the progress bar, and the evaluations.
+class RunReport {
+ public:
+  RunReport(const Config& cfg, bool rank0);
+  // Opens the metrics file once the step the run starts from is known: a resumed run keeps
+  // the lines its interrupted run wrote up to that step.
+  void start(int64_t first_step);
+  void step(const StepRecord& rec);
+  void eval(int64_t step, const EvalResult& r, const EvalResult* blank);
+  // Clears the progress bar so that a log line can take its row.
+  void clear() { bar_.clear(); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  const Config& cfg_;
+  const bool rank0_;
+  ProgressBar bar_;
+  std::optional<MetricsFile> metrics_;
+  Clock::time_point t_start_;
+};
 
 }  // namespace dhp
