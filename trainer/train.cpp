@@ -43,11 +43,11 @@ class Run {
  public:
   Run(const Config& cfg, Communicator& comm, const TrainOptions& topt);
   int64_t first_step() const { return first_step_; }
-  std::shared_ptr<const Planner> planner() const { return planner_.current(); }
-  // This rank's share of the global batch of `step`, decided from sample lengths alone. Every
-  // rank must plan a step with the same planner (see train()).
-  StepWork plan(int64_t step, const Planner& planner) const;
-  void submit(const StepWork& work) { exec_.submit(work, false); }
+  // Plans `step` and starts decoding this rank's samples of it on a background thread, so that
+  // both overlap the step before it. Call it on the training thread, between the same two
+  // steps on every rank: the plan uses the planner of that moment on every rank, whatever
+  // refit lands while it is being made.
+  std::future<StepWork> plan_ahead(int64_t step);
   // One optimizer step over `work` (submitted earlier).
   StepRecord step(int64_t step, const StepWork& work);
   void record(const StepRecord& rec) { report_.step(rec); }
@@ -62,6 +62,8 @@ class Run {
   // sample stream stopped.
   SamplerState resume(const std::string& path, const TrainOptions& topt);
   void log_setup() const;
+  // This rank's share of the global batch of `step`, decided from sample lengths alone.
+  StepWork plan(int64_t step, const Planner& planner) const;
   // Forward and backward over this rank's groups of `work`.
   StepStats compute(const StepWork& work, float loss_scale);
   // Every rank's busy time and this rank's ring waits: how unevenly the work was spread.
@@ -187,6 +189,14 @@ StepWork Run::plan(int64_t step, const Planner& planner) const {
   return plan_step(planner, *train_set_, ids, comm_.rank());
 }
 
+std::future<StepWork> Run::plan_ahead(int64_t step) {
+  return std::async(std::launch::async, [this, step, planner = planner_.current()] {
+    StepWork w = plan(step, *planner);
+    exec_.submit(w, false);
+    return w;
+  });
+}
+
 StepStats Run::compute(const StepWork& work, float loss_scale) {
   model_.zero_grads();
   GradsFinal final;
@@ -266,7 +276,7 @@ void Run::evaluate(int64_t step, TrainResult* out) {
   if (!val_set_ || val_set_->size() == 0) return;
   EvalOptions o{cfg_.train.batch_size, cfg_.eval.max_samples, false, cfg_.data.workers};
   o.exact_match = out && cfg_.eval.exact_match;  // generation only at the final evaluation
-  const std::shared_ptr<const Planner> planner = this->planner();
+  const std::shared_ptr<const Planner> planner = planner_.current();
   const EvalResult r = dhp::evaluate(model_, *val_set_, o, comm_, *planner);
   EvalResult b;
   if (cfg_.eval.blank_images) {
@@ -310,22 +320,11 @@ TrainResult train(const Config& cfg, Communicator& comm, const TrainOptions& top
   TrainResult result;
   result.last_step = first;
 
-  // The plan of step s+1 is made, and its samples start decoding, on a background thread
-  // while step s computes.
-  auto plan_ahead = [&](int64_t step) {
-    // The planner is taken here, on the training thread, between the same two steps on every
-    // rank: a refit that lands while the plan is being made does not change this plan.
-    return std::async(std::launch::async, [&run, step, planner = run.planner()] {
-      StepWork w = run.plan(step, *planner);
-      run.submit(w);
-      return w;
-    });
-  };
   std::future<StepWork> next;
-  if (first < cfg.train.steps) next = plan_ahead(first);
+  if (first < cfg.train.steps) next = run.plan_ahead(first);
   for (int64_t step = first; step < cfg.train.steps; ++step) {
     const StepWork cur = next.get();
-    if (step + 1 < cfg.train.steps) next = plan_ahead(step + 1);
+    if (step + 1 < cfg.train.steps) next = run.plan_ahead(step + 1);
     const StepRecord rec = run.step(step, cur);
     result.steps.push_back(rec);
     result.last_step = rec.step;
