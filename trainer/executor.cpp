@@ -45,6 +45,40 @@ std::vector<Piece> StepWork::my_loads() const {
   return out;
 }
 
+namespace {
+
+// Group g of `plan` as `rank` runs it; `ranges` are the rank's tokens in the group.
+GroupWork group_work(const Plan& plan, int g, int rank, const std::vector<TokenRange>& ranges,
+                     const Dataset& data) {
+  const PlanGroup& grp = plan.groups()[size_t(g)];
+  GroupWork gw;
+  gw.group = g;
+  for (int i = 0; i < grp.cp; ++i) gw.ring.push_back(grp.first_rank + i);
+  for (const TokenRange& r : ranges) {
+    const auto at = std::find(grp.seqs.begin(), grp.seqs.end(), r.seq);
+    DHP_ASSERT(at != grp.seqs.end());
+    const int32_t doc = int32_t(at - grp.seqs.begin());
+    // The last rank of a ring (and the only one of a group of one) holds two adjacent
+    // chunks: one piece, so that a sample is never cut where no other rank takes over.
+    if (!gw.pieces.empty() && gw.docs.back() == doc && gw.pieces.back().end == r.begin) {
+      gw.pieces.back().end = r.end;
+      continue;
+    }
+    gw.pieces.push_back(Piece{plan.seqs()[size_t(r.seq)].id, r.begin, r.end, false});
+    gw.docs.push_back(doc);
+  }
+  if (grp.cp > 1) {
+    gw.routing = route_images(plan, g, rank - grp.first_rank,
+                              [&](int64_t id) { return data.image_spans(id); });
+    gw.routed = !gw.routing.empty();
+    if (gw.routed)
+      for (Piece& p : gw.pieces) p.text_only = true;
+  }
+  return gw;
+}
+
+}  // namespace
+
 StepWork plan_step(const Planner& planner, const Dataset& data, const std::vector<int64_t>& ids,
                    int rank) {
   const auto t0 = Clock::now();
@@ -59,33 +93,9 @@ StepWork plan_step(const Planner& planner, const Dataset& data, const std::vecto
   w.samples = int64_t(ids.size());
   w.plan = planner.plan(shapes);
   for (int g : w.plan.groups_of(rank)) {
-    const PlanGroup& grp = w.plan.groups()[size_t(g)];
     const std::vector<TokenRange> ranges = w.plan.ranges(g, rank);
     if (ranges.empty()) continue;  // one of the group's idle ranks
-    GroupWork gw;
-    gw.group = g;
-    for (int i = 0; i < grp.cp; ++i) gw.ring.push_back(grp.first_rank + i);
-    for (const TokenRange& r : ranges) {
-      const auto at = std::find(grp.seqs.begin(), grp.seqs.end(), r.seq);
-      DHP_ASSERT(at != grp.seqs.end());
-      const int32_t doc = int32_t(at - grp.seqs.begin());
-      // The last rank of a ring (and the only one of a group of one) holds two adjacent
-      // chunks: one piece, so that a sample is never cut where no other rank takes over.
-      if (!gw.pieces.empty() && gw.docs.back() == doc && gw.pieces.back().end == r.begin) {
-        gw.pieces.back().end = r.end;
-        continue;
-      }
-      gw.pieces.push_back(Piece{w.plan.seqs()[size_t(r.seq)].id, r.begin, r.end, false});
-      gw.docs.push_back(doc);
-    }
-    if (grp.cp > 1) {
-      gw.routing = route_images(w.plan, g, rank - grp.first_rank,
-                                [&](int64_t id) { return data.image_spans(id); });
-      gw.routed = !gw.routing.empty();
-      if (gw.routed)
-        for (Piece& p : gw.pieces) p.text_only = true;
-    }
-    w.mine.push_back(std::move(gw));
+    w.mine.push_back(group_work(w.plan, g, rank, ranges, data));
   }
   w.plan_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return w;
