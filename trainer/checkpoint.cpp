@@ -50,6 +50,31 @@ void prune(const fs::path& dir, int keep) {
   }
 }
 
+// A save that cannot fit fails before it writes anything: a disk that fills mid-write is
+// handled by the save, but a full disk known in advance needs no partial file at all.
+void check_free_space(const fs::path& dir, const Model& model, bool with_moments, int64_t step) {
+  struct statvfs fs_info {};
+  if (::statvfs(dir.c_str(), &fs_info) != 0) return;
+  const double need = double(model.n_params()) * sizeof(float) * (with_moments ? 3 : 1) + (1 << 20);
+  const double free = double(fs_info.f_bavail) * double(fs_info.f_frsize);
+  DHP_CHECK(need <= free,
+            "checkpoint of step {} not saved: it needs about {:.1f} MB and '{}' has {:.1f} MB "
+            "free: {}",
+            step, need / 1e6, dir.string(), free / 1e6, std::strerror(ENOSPC));
+}
+
+// The completion marker of a renamed checkpoint, durable: it holds the step, which listing
+// checks against the name and the file's contents.
+void write_marker(const fs::path& h5, int64_t step) {
+  {
+    std::ofstream marker(marker_of(h5));
+    marker << step << "\n";
+    marker.close();
+    DHP_CHECK(marker.good(), "cannot write '{}': {}", marker_of(h5).string(), std::strerror(errno));
+  }
+  fsync_path(marker_of(h5).string(), false);
+}
+
 }  // namespace
 
 std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* opt,
@@ -63,17 +88,7 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
   prune(dir, cfg.checkpoint.keep);
   const fs::path final_path = dir / fmt::format("step-{:08d}.h5", st.step);
   const fs::path tmp = fs::path(final_path.string() + ".tmp");
-  // A save that cannot fit fails before it writes anything: a disk that fills mid-write is
-  // handled below, but a full disk known in advance needs no partial file at all.
-  struct statvfs fs_info {};
-  if (::statvfs(dir.c_str(), &fs_info) == 0) {
-    const double need = double(model.n_params()) * sizeof(float) * (opt ? 3 : 1) + (1 << 20);
-    const double free = double(fs_info.f_bavail) * double(fs_info.f_frsize);
-    DHP_CHECK(need <= free,
-              "checkpoint of step {} not saved: it needs about {:.1f} MB and '{}' has {:.1f} MB "
-              "free: {}",
-              st.step, need / 1e6, dir.string(), free / 1e6, std::strerror(ENOSPC));
-  }
+  check_free_space(dir, model, opt != nullptr, st.step);
   // An older save of the same step is no longer complete once we start overwriting it.
   fs::remove(marker_of(final_path), ec);
   DHP_CHECK(!ec, "cannot remove '{}': {}", marker_of(final_path).string(), ec.message());
@@ -91,14 +106,7 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
                             e.what()));
   }
   commit_rename(tmp.string(), final_path.string());
-  {
-    std::ofstream marker(marker_of(final_path));
-    marker << st.step << "\n";
-    marker.close();
-    DHP_CHECK(marker.good(), "cannot write '{}': {}", marker_of(final_path).string(),
-              std::strerror(errno));
-  }
-  fsync_path(marker_of(final_path).string(), false);
+  write_marker(final_path, st.step);
   fsync_path(dir.string(), true);
 
   prune(dir, cfg.checkpoint.keep);
