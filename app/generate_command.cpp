@@ -13,8 +13,8 @@
 #include "data/manifest.h"
 #include "data/pack.h"
 #include "data/tokenizer.h"
-#include "kernels/backend.h"
 #include "trainer/checkpoint.h"
+#include "trainer/inference.h"
 
 namespace dhp {
 namespace {
@@ -85,19 +85,16 @@ void add_generate_command(CLI::App& app) {
               "--top-p {}: must be in (0, 1]", o->top_p);
     DHP_CHECK(o->max_tokens >= 1, "--max-tokens {}: must be 1 or more", o->max_tokens);
     const std::string path = resolve_checkpoint(o->checkpoint, o->dir);
-    Config cfg = checkpoint_config(path);
-    auto backend = make_backend(cfg.train.device, backend_options(cfg));
-    Model model(cfg.model, *backend);
-    const TrainState st = load_checkpoint(path, model, nullptr);
-    Tokenizer tok(cfg.data.tokenizer);
-    check_tokenizer(path, st.tokenizer_hash, tok);
-    Batch prompt = build_prompt(*o, tok, cfg.model.vision, cfg.data.max_image_pixels);
+    const LoadedModel m = load_for_inference(path, inference_config(path, {}));
+    Tokenizer tok(m.cfg.data.tokenizer);
+    check_tokenizer(path, m.state.tokenizer_hash, tok);
+    Batch prompt = build_prompt(*o, tok, m.cfg.model.vision, m.cfg.data.max_image_pixels);
     SamplingOptions so;
     so.max_new_tokens = o->max_tokens;
     so.temperature = o->temperature;
     so.top_p = o->top_p;
     so.seed = o->seed;
-    fmt::print("{}\n", tok.decode(model.generate(prompt, Tokenizer::kEos, so)));
+    fmt::print("{}\n", tok.decode(m.model->generate(prompt, Tokenizer::kEos, so)));
   });
 }
 
