@@ -36,9 +36,9 @@ double seconds_since(Clock::time_point t0) {
 }
 
 // Everything a training run holds between steps. train() below is the loop over steps; the
-// pieces it calls are the methods: plan, step (load, micro-steps, reduce, update), record,
-// evaluate and save. Checkpoints, the refitted planner and the reports are members of their
-// own (CheckpointManager, OnlinePlanner, RunReport).
+// pieces it calls are the methods: plan_ahead, step (load, micro-steps, reduce, update),
+// record, evaluate and save. Checkpoints, the refitted planner and the reports are members
+// with jobs of their own (CheckpointManager, OnlinePlanner, RunReport).
 class Run {
  public:
   Run(const Config& cfg, Communicator& comm, const TrainOptions& topt);
@@ -346,6 +346,7 @@ TrainResult train(const Config& cfg, Communicator& comm, const TrainOptions& top
     }
   }
   run.clear_bar();
+  // A resumed run that had no step left to take already has its checkpoint.
   if (result.last_step > first || first == 0) result.checkpoint = run.save(result.last_step, true);
   run.evaluate(result.last_step, &result);
   if (rank0) spdlog::info("done in {:.1f}s", seconds_since(t_start));
