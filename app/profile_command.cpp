@@ -1,14 +1,11 @@
-// `dhp profile`: the profiling pass of design.md §2.1. Times forward + backward of the CPU
-// model on micro-batches of many shapes (text lengths, packed documents, images of several
-// sizes and counts) on one rank, fits the cost model's coefficients to the measurements with
-// refit(), and prints measured against predicted times before and after the fit. The
-// coefficients go to a JSON file that `dhp plan --coeffs` (and the online refit, as its
-// prior) can use. Ring transfer and latency need more than one rank: they keep their prior.
+// `dhp profile`: the profiling pass of design.md §2.1 (trainer/profile.h) on one rank. Fits
+// the cost model's coefficients to the measured step times with refit(), and prints measured
+// against predicted times before and after the fit. The coefficients go to a JSON file that
+// `dhp plan --coeffs` (and the online refit, as its prior) can use. Ring transfer and latency
+// need more than one rank: they keep their prior.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -17,9 +14,6 @@
 
 #include "app/cli.h"
 #include "core/check.h"
-#include "core/clock.h"
-#include "kernels/backend.h"
-#include "model/model.h"
 #include "parallel/cost_model.h"
 #include "trainer/config.h"
 #include "trainer/profile.h"
@@ -38,37 +32,13 @@ void run_profile(const ProfileOptions& o) {
   DHP_CHECK(o.repeats >= 1 && o.repeats <= 100, "--repeats must be between 1 and 100, got {}", o.repeats);
   ModelConfig cfg;
   if (!o.config.empty()) cfg = load_config(o.config).model;
-  BackendOptions bo;
-  bo.threads = o.threads;
-  auto backend = make_cpu_backend(bo);
-  Model model(cfg, *backend);
-  model.initialise(1);
+  StepProfiler profiler(cfg, o.threads);
   const CostModel prior(cfg, device_profile("cpu"), 1, false);
   std::vector<TimingObservation> obs;
   fmt::print("dhp profile: model dim {} x {} layers, vision {} x {} layers, {} thread(s), median of {} runs\n\n",
              cfg.dim, cfg.layers, cfg.vision.dim, cfg.vision.layers, o.threads, o.repeats);
-  for (const ProfileShape& sh : profile_shapes(cfg, o.quick)) {
-    const Batch b = profile_batch(cfg, sh, uint64_t(obs.size()) + 1);
-    model.zero_grads();
-    model.step(b, 1.0f / float(std::max<int64_t>(1, b.loss_tokens())), true);  // warm-up
-    std::vector<double> t;
-    for (int r = 0; r < o.repeats; ++r) {
-      const auto w0 = std::chrono::steady_clock::now();
-      const double c0 = thread_cpu_seconds();
-      model.step(b, 1.0f / float(std::max<int64_t>(1, b.loss_tokens())), true);
-      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
-      // One thread: the thread's own CPU time, immune to other processes on the machine.
-      t.push_back(o.threads == 1 ? thread_cpu_seconds() - c0 : wall);
-    }
-    std::sort(t.begin(), t.end());
-    TimingObservation ob;
-    ob.degree = 1;
-    ob.seconds = t[t.size() / 2];
-    const int64_t vision_per_doc = int64_t(sh.images) * sh.grid * sh.grid / (cfg.vision.merge * cfg.vision.merge);
-    for (int d = 0; d < sh.docs; ++d)
-      ob.seqs.push_back({d, sh.text, vision_per_doc, int32_t(vision_per_doc > 0 ? sh.images : 0)});
-    obs.push_back(ob);
-  }
+  for (const ProfileShape& sh : profile_shapes(cfg, o.quick))
+    obs.push_back(profiler.measure(sh, o.repeats, uint64_t(obs.size()) + 1));
   const CostCoeffs fit = refit(prior, obs, 1e-3);
   CostModel fitted = prior;
   fitted.set_coeffs(fit);

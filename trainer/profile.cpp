@@ -1,5 +1,10 @@
 #include "trainer/profile.h"
 
+#include <algorithm>
+#include <chrono>
+
+#include "core/clock.h"
+
 namespace dhp {
 
 Batch profile_batch(const ModelConfig& cfg, const ProfileShape& sh, uint64_t seed) {
@@ -44,6 +49,44 @@ std::vector<ProfileShape> profile_shapes(const ModelConfig& cfg, bool quick) {
     for (int images : quick ? std::vector<int>{1} : std::vector<int>{1, 2, 4, 8}) out.push_back({1, 48, images, grid});
   if (!quick) out.push_back({4, 64, 2, 8 * m}), out.push_back({2, 512, 1, 16 * m});
   return out;
+}
+
+namespace {
+
+std::unique_ptr<Backend> cpu_backend(int threads) {
+  BackendOptions bo;
+  bo.threads = threads;
+  return make_cpu_backend(bo);
+}
+
+}  // namespace
+
+StepProfiler::StepProfiler(const ModelConfig& cfg, int threads)
+    : cfg_(cfg), threads_(threads), backend_(cpu_backend(threads)), model_(cfg, *backend_) {
+  model_.initialise(1);
+}
+
+TimingObservation StepProfiler::measure(const ProfileShape& sh, int repeats, uint64_t seed) {
+  const Batch b = profile_batch(cfg_, sh, seed);
+  model_.zero_grads();
+  model_.step(b, 1.0f / float(std::max<int64_t>(1, b.loss_tokens())), true);  // warm-up
+  std::vector<double> t;
+  for (int r = 0; r < repeats; ++r) {
+    const auto w0 = std::chrono::steady_clock::now();
+    const double c0 = thread_cpu_seconds();
+    model_.step(b, 1.0f / float(std::max<int64_t>(1, b.loss_tokens())), true);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    // One thread: the thread's own CPU time, immune to other processes on the machine.
+    t.push_back(threads_ == 1 ? thread_cpu_seconds() - c0 : wall);
+  }
+  std::sort(t.begin(), t.end());
+  TimingObservation ob;
+  ob.degree = 1;
+  ob.seconds = t[t.size() / 2];
+  const int64_t vision_per_doc = int64_t(sh.images) * sh.grid * sh.grid / (cfg_.vision.merge * cfg_.vision.merge);
+  for (int d = 0; d < sh.docs; ++d)
+    ob.seqs.push_back({d, sh.text, vision_per_doc, int32_t(vision_per_doc > 0 ? sh.images : 0)});
+  return ob;
 }
 
 }  // namespace dhp
