@@ -14,8 +14,8 @@
 #include "data/manifest.h"
 #include "data/pack.h"
 #include "data/tokenizer.h"
-#include "kernels/backend.h"
 #include "trainer/checkpoint.h"
+#include "trainer/inference.h"
 #include "trainer/limits.h"
 
 namespace dhp {
@@ -96,17 +96,15 @@ void add_generate_command(CLI::App& app) {
     // The data path refuses such text too; the tokenizer would turn it into unknown pieces.
     DHP_CHECK(valid_utf8(o->prompt), "--prompt is not valid UTF-8: \"{}\"", printable(o->prompt));
     const std::string path = resolve_checkpoint(o->checkpoint, o->dir);
-    Config cfg = checkpoint_config(path);
-    auto backend = make_backend(cfg.train.device, backend_options(cfg));
-    Model model(cfg.model, *backend);
-    const TrainState st = load_checkpoint(path, model, nullptr);
-    Tokenizer tok(cfg.data.tokenizer);
-    check_tokenizer(path, st.tokenizer_hash, tok);
-    Batch prompt = build_prompt(*o, tok, cfg.model.vision, cfg.data.max_image_pixels);
+    const LoadedModel m = load_for_inference(path, inference_config(path, {}));
+    Tokenizer tok(m.cfg.data.tokenizer);
+    check_tokenizer(path, m.state.tokenizer_hash, tok);
+    Batch prompt = build_prompt(*o, tok, m.cfg.model.vision, m.cfg.data.max_image_pixels);
+    const DType storage = m.backend->ops().dtype();
     const int64_t memory = available_memory_bytes();
-    const int64_t need = kv_cache_bytes(cfg.model, backend->ops().dtype(), prompt.T + o->max_tokens);
+    const int64_t need = kv_cache_bytes(m.cfg.model, storage, prompt.T + o->max_tokens);
     if (memory > 0 && need > memory / 2) {
-      const int64_t fit = memory / 2 / kv_cache_bytes(cfg.model, backend->ops().dtype(), 1) - prompt.T;
+      const int64_t fit = memory / 2 / kv_cache_bytes(m.cfg.model, storage, 1) - prompt.T;
       throw Error(fmt::format("--max-tokens {} needs a KV cache of {:.1f} GiB with this prompt of {} tokens; at "
                               "most {} new tokens fit in half of this machine's {:.1f} GiB",
                               o->max_tokens, double(need) / (1 << 30), prompt.T, std::max<int64_t>(fit, 0),
@@ -117,7 +115,7 @@ void add_generate_command(CLI::App& app) {
     so.temperature = o->temperature;
     so.top_p = o->top_p;
     so.seed = uint64_t(o->seed);
-    fmt::print("{}\n", tok.decode(model.generate(prompt, Tokenizer::kEos, so)));
+    fmt::print("{}\n", tok.decode(m.model->generate(prompt, Tokenizer::kEos, so)));
   });
 }
 

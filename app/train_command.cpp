@@ -20,6 +20,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/evaluate.h"
+#include "trainer/inference.h"
 #include "trainer/train.h"
 #include "trainer/weights.h"
 
@@ -38,29 +39,6 @@ void install_stop_handlers() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
-}
-
-// A model configured from the checkpoint itself, so eval and export need no config file.
-struct LoadedModel {
-  Config cfg;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Model> model;
-  TrainState state;
-};
-
-Config inference_config(const std::string& checkpoint, const std::vector<std::string>& overrides) {
-  Config cfg = checkpoint_config(checkpoint);
-  if (!overrides.empty()) cfg = parse_config(to_toml(cfg), checkpoint + ":/config", overrides);
-  return cfg;
-}
-
-LoadedModel load_for_inference(const std::string& checkpoint, const Config& cfg) {
-  LoadedModel m;
-  m.cfg = cfg;
-  m.backend = make_backend(m.cfg.train.device, backend_options(m.cfg));
-  m.model = std::make_unique<Model>(m.cfg.model, *m.backend);
-  m.state = load_checkpoint(checkpoint, *m.model, nullptr);
-  return m;
 }
 
 // The communicator of a run on `device`: on the CUDA backend with several ranks, the world

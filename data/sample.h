@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "data/image.h"
+#include "types/image_span.h"
 
 namespace dhp {
 
@@ -34,12 +35,6 @@ enum class ImageLoad {
   Decode,  // decode them into Sample::images
   Blank,   // decode them, then zero the pixels (evaluation without images)
   Skip,    // leave them out: the range's image tokens come from another rank's encoder
-};
-
-// Where one image's merged tokens lie in its document.
-struct ImageSpan {
-  int64_t first = 0;   // decoder position of its first image token
-  int64_t tokens = 0;  // merged tokens (its patches / merge²)
 };
 
 }  // namespace dhp

@@ -1,223 +1,25 @@
 #include "trainer/checkpoint.h"
 
-#include <fcntl.h>
-#include <hdf5.h>
 #include <sys/statvfs.h>
-#include <unistd.h>
-
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "core/check.h"
 #include "core/files.h"
 #include "core/log.h"
-#include "data/h5.h"
-#include "data/tokenizer.h"
 
 namespace dhp {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr int kFormatVersion = 1;
-constexpr const char* kFormat = "dhp-checkpoint";
-
-// HDF5 prints its own error stack on every failure; we report errors ourselves.
-void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
-
-// The operating system's reason for the HDF5 call that just failed ("No space left on
-// device"), which HDF5's file driver records in its error stack. Read at once: the next HDF5
-// call, a handle's close included, clears the stack.
-std::string hdf5_reason() {
-  std::string reason;
-  H5Ewalk2(
-      H5E_DEFAULT, H5E_WALK_DOWNWARD,
-      [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
-        auto& r = *static_cast<std::string*>(out);
-        const std::string desc = e->desc ? e->desc : "";
-        const std::string key = "error message = '";
-        const auto at = desc.find(key);
-        if (r.empty() && at != std::string::npos)
-          r = desc.substr(at + key.size(), desc.find('\'', at + key.size()) - at - key.size());
-        return 0;
-      },
-      &reason);
-  if (reason.empty() && errno != 0) reason = std::strerror(errno);
-  return reason.empty() ? "unknown HDF5 error" : reason;
-}
-
-// A failed write names what was being written and why it failed.
-void h5_check(bool ok, const std::string& what) {
-  if (!ok) throw Error(fmt::format("{}: {}", what, hdf5_reason()));
-}
-
-uint64_t checksum(const float* x, int64_t n) {
-  // FNV-1a over the bytes: cheap, and any flipped or truncated byte changes it.
-  uint64_t h = 0xcbf29ce484222325ull;
-  const auto* p = reinterpret_cast<const unsigned char*>(x);
-  for (int64_t i = 0; i < n * int64_t(sizeof(float)); ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
-void write_attr_i64(hid_t obj, const char* name, int64_t v) {
-  H5 space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5 a(H5Acreate2(obj, name, H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  h5_check(a.ok() && H5Awrite(a, H5T_NATIVE_INT64, &v) >= 0, fmt::format("writing attribute {}", name));
-}
-
-void write_attr_u64(hid_t obj, const char* name, uint64_t v) {
-  H5 space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5 a(H5Acreate2(obj, name, H5T_NATIVE_UINT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  h5_check(a.ok() && H5Awrite(a, H5T_NATIVE_UINT64, &v) >= 0, fmt::format("writing attribute {}", name));
-}
-
-bool read_attr(hid_t obj, const char* name, hid_t type, void* out) {
-  if (H5Aexists(obj, name) <= 0) return false;
-  H5 a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  return a.ok() && H5Aread(a, type, out) >= 0;
-}
-
-// A fixed-length string attribute, or "" when absent or not a string.
-std::string read_string_attr(hid_t obj, const char* name) {
-  if (H5Aexists(obj, name) <= 0) return "";
-  H5 a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  H5 type(H5Aget_type(a), H5Tclose);
-  if (H5Tget_class(type) != H5T_STRING || H5Tis_variable_str(type) > 0) return "";
-  std::string s(H5Tget_size(type), '\0');
-  if (H5Aread(a, type, s.data()) < 0) return "";
-  s.resize(std::strlen(s.c_str()));
-  return s;
-}
-
-hid_t string_type(size_t n) {
-  hid_t t = H5Tcopy(H5T_C_S1);
-  H5Tset_size(t, std::max<size_t>(n, 1));
-  return t;
-}
-
-void write_string(hid_t loc, const char* name, const std::string& s) {
-  H5 type(string_type(s.size()), H5Tclose);
-  H5 space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5 d(H5Dcreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
-  h5_check(d.ok() && H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.c_str()) >= 0,
-           fmt::format("writing {}", name));
-}
-
-std::string read_string(hid_t loc, const char* name, const std::string& path) {
-  DHP_CHECK(H5Lexists(loc, name, H5P_DEFAULT) > 0, "checkpoint '{}' has no {}", path, name);
-  H5 d(H5Dopen2(loc, name, H5P_DEFAULT), H5Dclose);
-  H5 type(H5Dget_type(d), H5Tclose);
-  std::string s(H5Tget_size(type), '\0');
-  H5 mem(string_type(s.size()), H5Tclose);
-  DHP_CHECK(H5Dread(d, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data()) >= 0,
-            "checkpoint '{}': cannot read {}", path, name);
-  s.resize(std::strlen(s.c_str()));
-  return s;
-}
-
-void write_tensor(hid_t group, const ParamSpec& spec, const float* x) {
-  std::vector<hsize_t> dims(spec.shape.begin(), spec.shape.end());
-  H5 space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
-  H5 d(H5Dcreate2(group, spec.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
-                  H5P_DEFAULT),
-       H5Dclose);
-  h5_check(d.ok() && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x) >= 0,
-           fmt::format("writing tensor {}", spec.name));
-  write_attr_u64(d, "checksum", checksum(x, spec.numel()));
-}
-
-void read_tensor(hid_t group, const std::string& gname, const ParamSpec& spec, float* x,
-                 const std::string& path) {
-  const std::string where = fmt::format("checkpoint '{}': {}/{}", path, gname, spec.name);
-  DHP_CHECK(H5Lexists(group, spec.name.c_str(), H5P_DEFAULT) > 0,
-            "{} is missing (was it saved by a different model configuration?)", where);
-  H5 d(H5Dopen2(group, spec.name.c_str(), H5P_DEFAULT), H5Dclose);
-  DHP_CHECK(d.ok(), "{} cannot be opened: the file is damaged", where);
-  H5 space(H5Dget_space(d), H5Sclose);
-  const int rank = H5Sget_simple_extent_ndims(space);
-  std::vector<hsize_t> dims(std::max(rank, 0));
-  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
-  std::vector<int64_t> shape(dims.begin(), dims.end());
-  DHP_CHECK(shape == spec.shape, "{} has shape [{}], the model expects [{}]", where,
-            fmt::join(shape, ", "), fmt::join(spec.shape, ", "));
-  DHP_CHECK(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x) >= 0,
-            "{} cannot be read: the file is damaged or truncated", where);
-  uint64_t want = 0;
-  DHP_CHECK(read_attr(d, "checksum", H5T_NATIVE_UINT64, &want), "{} has no checksum", where);
-  DHP_CHECK(checksum(x, spec.numel()) == want,
-            "{} does not match its checksum: the file is damaged; refusing to load it", where);
-  DHP_CHECK(std::all_of(x, x + spec.numel(), [](float f) { return std::isfinite(f); }),
-            "{} holds non-finite values (NaN or infinity): the run that saved it had diverged; "
-            "refusing to load it",
-            where);
-}
 
 fs::path marker_of(const fs::path& h5) {
   fs::path m = h5;
   return m.replace_extension(".done");
-}
-
-}  // namespace
-
-namespace {
-
-void write_checkpoint_file(const fs::path& tmp, const Config& cfg, const Model& model,
-                           const AdamW* opt, const TrainState& st) {
-  H5 file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-  h5_check(file.ok(), fmt::format("cannot create checkpoint file '{}'", tmp.string()));
-  {
-    H5 root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose);
-    H5 type(string_type(std::strlen(kFormat)), H5Tclose);
-    H5 space(H5Screate(H5S_SCALAR), H5Sclose);
-    H5 a(H5Acreate2(root, "format", type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-    h5_check(a.ok() && H5Awrite(a, type, kFormat) >= 0, "writing attribute format");
-    write_attr_i64(root, "format_version", kFormatVersion);
-  }
-  write_string(file, "config", to_toml(cfg));
-  {
-    H5 params(H5Gcreate2(file, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    const std::vector<float> p = model.download_params();
-    for (const auto& s : model.table().specs()) write_tensor(params, s, p.data() + s.offset);
-  }
-  if (opt) {
-    H5 optim(H5Gcreate2(file, "optim", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    write_attr_i64(optim, "step", opt->steps_taken());
-    H5 m(H5Gcreate2(optim, "m", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    H5 v(H5Gcreate2(optim, "v", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    const std::vector<float> hm = opt->download_m(), hv = opt->download_v();
-    for (const auto& s : model.table().specs()) {
-      write_tensor(m, s, hm.data() + s.offset);
-      write_tensor(v, s, hv.data() + s.offset);
-    }
-  }
-  {
-    H5 state(H5Gcreate2(file, "state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    write_attr_i64(state, "step", st.step);
-    write_attr_u64(state, "seed", st.seed);
-    write_attr_i64(state, "batch_size", st.batch_size);
-    write_attr_i64(state, "sampler_epoch", st.sampler.epoch);
-    write_attr_i64(state, "sampler_position", st.sampler.position);
-    write_attr_i64(state, "dataset_size", st.dataset_size);
-    if (st.tokenizer_hash != 0) write_attr_u64(state, "tokenizer_hash", st.tokenizer_hash);
-  }
-  if (!st.cost_state.empty()) write_string(file, "cost_model", st.cost_state);
-  h5_check(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, fmt::format("flushing '{}'", tmp.string()));
-}
-
-// The step a checkpoint file records in /state, or -1 when it cannot be read.
-int64_t recorded_step(const std::string& path) {
-  quiet_hdf5();
-  H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!file.ok() || H5Lexists(file, "state", H5P_DEFAULT) <= 0) return -1;
-  H5 state(H5Gopen2(file, "state", H5P_DEFAULT), H5Gclose);
-  int64_t step = -1;
-  return state.ok() && read_attr(state, "step", H5T_NATIVE_INT64, &step) ? step : -1;
 }
 
 // The step a file name step-NNNNNNNN.h5 claims, or -1 for another name.
@@ -248,11 +50,35 @@ void prune(const fs::path& dir, int keep) {
   }
 }
 
+// A save that cannot fit fails before it writes anything: a disk that fills mid-write is
+// handled by the save, but a full disk known in advance needs no partial file at all.
+void check_free_space(const fs::path& dir, const Model& model, bool with_moments, int64_t step) {
+  struct statvfs fs_info {};
+  if (::statvfs(dir.c_str(), &fs_info) != 0) return;
+  const double need = double(model.n_params()) * sizeof(float) * (with_moments ? 3 : 1) + (1 << 20);
+  const double free = double(fs_info.f_bavail) * double(fs_info.f_frsize);
+  DHP_CHECK(need <= free,
+            "checkpoint of step {} not saved: it needs about {:.1f} MB and '{}' has {:.1f} MB "
+            "free: {}",
+            step, need / 1e6, dir.string(), free / 1e6, std::strerror(ENOSPC));
+}
+
+// The completion marker of a renamed checkpoint, durable: it holds the step, which listing
+// checks against the name and the file's contents.
+void write_marker(const fs::path& h5, int64_t step) {
+  {
+    std::ofstream marker(marker_of(h5));
+    marker << step << "\n";
+    marker.close();
+    DHP_CHECK(marker.good(), "cannot write '{}': {}", marker_of(h5).string(), std::strerror(errno));
+  }
+  fsync_path(marker_of(h5).string(), false);
+}
+
 }  // namespace
 
 std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* opt,
                             const TrainState& st) {
-  quiet_hdf5();
   const fs::path dir = cfg.checkpoint.dir;
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -262,17 +88,7 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
   prune(dir, cfg.checkpoint.keep);
   const fs::path final_path = dir / fmt::format("step-{:08d}.h5", st.step);
   const fs::path tmp = fs::path(final_path.string() + ".tmp");
-  // A save that cannot fit fails before it writes anything: a disk that fills mid-write is
-  // handled below, but a full disk known in advance needs no partial file at all.
-  struct statvfs fs_info {};
-  if (::statvfs(dir.c_str(), &fs_info) == 0) {
-    const double need = double(model.n_params()) * sizeof(float) * (opt ? 3 : 1) + (1 << 20);
-    const double free = double(fs_info.f_bavail) * double(fs_info.f_frsize);
-    DHP_CHECK(need <= free,
-              "checkpoint of step {} not saved: it needs about {:.1f} MB and '{}' has {:.1f} MB "
-              "free: {}",
-              st.step, need / 1e6, dir.string(), free / 1e6, std::strerror(ENOSPC));
-  }
+  check_free_space(dir, model, opt != nullptr, st.step);
   // An older save of the same step is no longer complete once we start overwriting it.
   fs::remove(marker_of(final_path), ec);
   DHP_CHECK(!ec, "cannot remove '{}': {}", marker_of(final_path).string(), ec.message());
@@ -290,14 +106,7 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
                             e.what()));
   }
   commit_rename(tmp.string(), final_path.string());
-  {
-    std::ofstream marker(marker_of(final_path));
-    marker << st.step << "\n";
-    marker.close();
-    DHP_CHECK(marker.good(), "cannot write '{}': {}", marker_of(final_path).string(),
-              std::strerror(errno));
-  }
-  fsync_path(marker_of(final_path).string(), false);
+  write_marker(final_path, st.step);
   fsync_path(dir.string(), true);
 
   prune(dir, cfg.checkpoint.keep);
@@ -341,90 +150,45 @@ std::string resolve_checkpoint(const std::string& what, const std::string& defau
   return all.back();
 }
 
-Config checkpoint_config(const std::string& path) {
-  quiet_hdf5();
-  DHP_CHECK(fs::is_regular_file(path), "checkpoint '{}' not found", path);
-  H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
-  return parse_config(read_string(file, "config", path), path + ":/config");
+CheckpointManager::CheckpointManager(const Config& cfg, Communicator& comm)
+    : cfg_(cfg), comm_(comm), rank0_(comm.rank() == 0) {
+  if (rank0_) lock_.emplace(cfg.checkpoint.dir);
 }
 
-TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
-  quiet_hdf5();
-  DHP_CHECK(fs::is_regular_file(path), "checkpoint '{}' not found", path);
-  H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
-  H5 root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose);
-  int64_t version = 0;
-  DHP_CHECK(read_string_attr(root, "format") == kFormat &&
-                read_attr(root, "format_version", H5T_NATIVE_INT64, &version),
-            "'{}' is not a dhp checkpoint (no format = \"{}\" and format_version)", path, kFormat);
-  DHP_CHECK(version == kFormatVersion, "checkpoint '{}' has format version {}; this dhp reads {}",
-            path, version, kFormatVersion);
-  DHP_CHECK(H5Lexists(file, "params", H5P_DEFAULT) > 0, "checkpoint '{}' has no /params", path);
-  H5 params(H5Gopen2(file, "params", H5P_DEFAULT), H5Gclose);
-  std::vector<float> staged(model.n_params());  // loaded fully before anything is replaced
-  for (const auto& s : model.table().specs()) read_tensor(params, "params", s, staged.data() + s.offset, path);
+std::string CheckpointManager::resume_path(const std::string& resume) const {
+  const std::string& dir = cfg_.checkpoint.dir;
+  const bool resuming = !resume.empty() && (resume != "auto" || !fs::is_directory(dir) ||
+                                            !list_checkpoints(dir).empty());
+  if (resuming) return resolve_checkpoint(resume, dir);
+  if (!resume.empty() && rank0_)
+    spdlog::info("--resume auto: '{}' holds no checkpoint yet; starting a fresh run", dir);
+  const auto existing = list_checkpoints(dir);
+  DHP_CHECK(existing.empty(),
+            "checkpoint.dir '{}' already holds checkpoints of another run (newest: {}); "
+            "continue that run with --resume auto, or set checkpoint.dir to a new folder",
+            dir, existing.back());
+  return "";
+}
 
-  TrainState st;
-  H5 state(H5Gopen2(file, "state", H5P_DEFAULT), H5Gclose);
-  DHP_CHECK(state.ok() && read_attr(state, "step", H5T_NATIVE_INT64, &st.step) &&
-                read_attr(state, "seed", H5T_NATIVE_UINT64, &st.seed) &&
-                read_attr(state, "batch_size", H5T_NATIVE_INT64, &st.batch_size) &&
-                read_attr(state, "sampler_epoch", H5T_NATIVE_INT64, &st.sampler.epoch) &&
-                read_attr(state, "sampler_position", H5T_NATIVE_INT64, &st.sampler.position) &&
-                read_attr(state, "dataset_size", H5T_NATIVE_INT64, &st.dataset_size),
-            "checkpoint '{}': /state is missing or damaged", path);
-  read_attr(state, "tokenizer_hash", H5T_NATIVE_UINT64, &st.tokenizer_hash);  // 0: not recorded
-  st.sampler.seed = st.seed;
-  if (H5Lexists(file, "cost_model", H5P_DEFAULT) > 0) st.cost_state = read_string(file, "cost_model", path);
-  if (opt) {
-    DHP_CHECK(H5Lexists(file, "optim", H5P_DEFAULT) > 0,
-              "checkpoint '{}' holds weights only (no optimizer state): start a new run from it "
-              "with --init instead of resuming",
-              path);
-    H5 optim(H5Gopen2(file, "optim", H5P_DEFAULT), H5Gclose);
-    int64_t t = 0;
-    DHP_CHECK(read_attr(optim, "step", H5T_NATIVE_INT64, &t), "checkpoint '{}': no optimizer step", path);
-    H5 m(H5Gopen2(optim, "m", H5P_DEFAULT), H5Gclose);
-    H5 v(H5Gopen2(optim, "v", H5P_DEFAULT), H5Gclose);
-    DHP_CHECK(m.ok() && v.ok(), "checkpoint '{}': optimizer moments missing", path);
-    std::vector<float> sm(model.n_params()), sv(model.n_params());
-    for (const auto& s : model.table().specs()) {
-      read_tensor(m, "optim/m", s, sm.data() + s.offset, path);
-      read_tensor(v, "optim/v", s, sv.data() + s.offset, path);
+bool CheckpointManager::periodic(int64_t step) const {
+  const int64_t every = cfg_.checkpoint.every;
+  return every > 0 && step % every == 0 && step < cfg_.train.steps;
+}
+
+std::string CheckpointManager::save(const Model& model, const AdamW& opt, const TrainState& state,
+                                    bool last) {
+  std::string path;
+  if (rank0_) {
+    try {
+      path = save_checkpoint(cfg_, model, &opt, state);
+      spdlog::info("checkpoint saved: {}", path);
+    } catch (const Error& e) {
+      if (last) throw;
+      spdlog::warn("{}; training goes on and saves again at the next interval", e.what());
     }
-    opt->upload_moments(sm, sv);
-    opt->set_steps_taken(t);
   }
-  model.upload_params(staged);
-  return st;
-}
-
-void check_tokenizer(const std::string& path, uint64_t recorded, const Tokenizer& tok) {
-  if (recorded == 0) return;  // saved before checkpoints recorded their tokenizer
-  DHP_CHECK(recorded == tok.hash(),
-            "checkpoint '{}' was trained with another tokenizer than '{}' (the file's contents "
-            "changed since: hash {:016x} recorded, {:016x} now); token ids would mean other "
-            "words: restore the original file or set data.tokenizer to it",
-            path, tok.path(), recorded, tok.hash());
-}
-
-void check_same_model(const Config& saved, const Config& now, const std::string& path) {
-  auto model_lines = [](const Config& c) {
-    std::vector<std::string> lines;
-    std::istringstream in(format_config(c));
-    for (std::string l; std::getline(in, l);)
-      // The key, not the value: a path such as checkpoint.dir = "runs/model.v2" is no shape.
-      if (l.compare(l.find_first_not_of(' '), 6, "model.") == 0) lines.push_back(l);
-    return lines;
-  };
-  const auto a = model_lines(saved), b = model_lines(now);
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-    DHP_CHECK(a[i] == b[i],
-              "cannot resume from '{}': the model's shape changed ({} in the checkpoint, {} now); "
-              "resume with the checkpoint's model settings",
-              path, a[i].substr(a[i].find_first_not_of(' ')), b[i].substr(b[i].find_first_not_of(' ')));
+  comm_.barrier();
+  return path;
 }
 
 }  // namespace dhp

@@ -1,17 +1,6 @@
-// Checkpoints: one HDF5 file per save holding everything an exact resume needs, written so
-// that a crash at any moment leaves the previous checkpoint loadable.
-//
-// Layout (format_version 1):
-//   /                 attributes format = "dhp-checkpoint", format_version
-//   /config           the resolved configuration as TOML text
-//   /params/<name>    every parameter under its model-spec name, full (unsharded) shape
-//   /optim/m/<name>   AdamW first moments     /optim/v/<name>  second moments
-//   /state            attributes step, seed, batch_size, sampler_epoch, sampler_position,
-//                     dataset_size, tokenizer_hash (FNV-1a of the tokenizer file)
-//   /cost_model       the online refit's state as JSON text (parallel/cost_model.h CostState);
-//                     absent when the run did not refit
-// Every dataset carries a 64-bit checksum attribute verified on load, so a file damaged on
-// disk is refused rather than loaded. Nothing depends on the world size.
+// The checkpoints of a run's folder, written so that a crash at any moment leaves the
+// previous checkpoint loadable (the file itself: checkpoint_file.h), and the manager that
+// decides for a training run when they are written, kept and resumed from.
 //
 // Saving writes NAME.h5.tmp, fsyncs it, renames it to NAME.h5, then writes the completion
 // marker NAME.done holding the step; only checkpoints whose marker, name and recorded step
@@ -20,25 +9,18 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "data/sampler.h"
 #include "model/model.h"
+#include "parallel/communicator.h"
+#include "trainer/checkpoint_file.h"
 #include "trainer/config.h"
 #include "trainer/optimizer.h"
+#include "trainer/run_lock.h"
 
 namespace dhp {
-
-struct TrainState {
-  int64_t step = 0;        // optimizer steps completed
-  uint64_t seed = 0;       // the run's seed (weights, sampler)
-  int64_t batch_size = 0;  // global batch size of the steps so far
-  SamplerState sampler;    // where the next global batch starts in the sample stream
-  int64_t dataset_size = 0;  // samples the sampler shuffled (a different set changes the stream)
-  uint64_t tokenizer_hash = 0;  // hash of the tokenizer file's bytes; 0 = not recorded
-  std::string cost_state;       // CostState JSON; "" = none
-};
 
 // Saves into cfg.checkpoint.dir and deletes all but the newest cfg.checkpoint.keep complete
 // checkpoints. Returns the path written.
@@ -52,19 +34,36 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 // path to a .h5 file or to a directory holding checkpoints.
 std::string resolve_checkpoint(const std::string& what, const std::string& default_dir);
 
-// The configuration stored in a checkpoint (to rebuild the model it was saved from).
-Config checkpoint_config(const std::string& path);
+// A training run's checkpoints (torchtitan's CheckpointManager): the folder's lock, which
+// checkpoint the run resumes from, when it saves, how many it keeps (save_checkpoint), and
+// whether a failed save ends the run.
+class CheckpointManager {
+ public:
+  // Rank 0 locks cfg.checkpoint.dir for the manager's lifetime (RunLock): a folder that is
+  // another run's or cannot be written is an error before anything else of the run happens.
+  CheckpointManager(const Config& cfg, Communicator& comm);
 
-// Loads weights (and, when opt is given, moments and step) after checking the format, every
-// name and shape, and every checksum. Throws dhp::Error naming the file and the problem.
-TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt);
+  // The checkpoint a run resumes from, or "" for a fresh run. `resume`: "" (fresh), "auto"
+  // (the folder's newest) or a path. `auto` on a folder without a checkpoint yet starts
+  // afresh, so a job killed before its first save is resubmitted unchanged; a fresh run
+  // refuses a folder that holds another run's checkpoints.
+  std::string resume_path(const std::string& resume) const;
 
-class Tokenizer;
-// Refuses a tokenizer whose file differs from the one the checkpoint was trained with (a
-// replaced file at the same path would silently change what every token id means).
-void check_tokenizer(const std::string& checkpoint, uint64_t recorded, const Tokenizer& tok);
+  // Whether the run saves after `step` (1-based) on its way: every checkpoint.every steps,
+  // the last step excepted (the run ends with its own save).
+  bool periodic(int64_t step) const;
 
-// Refuses a resume whose configuration changed the model's shape, naming the key.
-void check_same_model(const Config& saved, const Config& now, const std::string& path);
+  // Saves on rank 0 while the other ranks wait; every rank gets the path ("" on the others
+  // and when a periodic save failed). The save a run ends with (last) must succeed; a
+  // periodic one that fails (a full disk) warns, and training goes on to try again at the
+  // next interval. The optimizer's moments must be whole (AdamW::gather_moments).
+  std::string save(const Model& model, const AdamW& opt, const TrainState& state, bool last);
+
+ private:
+  const Config& cfg_;
+  Communicator& comm_;
+  const bool rank0_;
+  std::optional<RunLock> lock_;
+};
 
 }  // namespace dhp

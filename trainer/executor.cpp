@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <memory>
 
 #include "core/check.h"
@@ -29,8 +28,8 @@ SeqShape shape_of(const Dataset& data, int64_t i) {
 
 std::vector<Piece> GroupWork::loads() const {
   std::vector<Piece> out = pieces;
-  for (int i : encode) {
-    const GroupImage& im = images[size_t(i)];
+  for (int i : routing.encode) {
+    const GroupImage& im = routing.images[size_t(i)];
     // The image's own token range overlaps no other image: the load decodes just this one.
     out.push_back(Piece{im.sample, im.span.first, im.span.first + im.span.tokens, false});
   }
@@ -48,78 +47,34 @@ std::vector<Piece> StepWork::my_loads() const {
 
 namespace {
 
-// Fixes a ring group's image routing from the plan (executor.h): which rank encodes each of
-// the group's images, what this rank loads, sends and receives, and where each received row
-// lands among its tokens. Every rank derives the same answer on its own.
-void route_images(const Plan& plan, const Dataset& data, int g, int me, GroupWork& gw) {
+// Group g of `plan` as `rank` runs it; `ranges` are the rank's tokens in the group.
+GroupWork group_work(const Plan& plan, int g, int rank, const std::vector<TokenRange>& ranges,
+                     const Dataset& data) {
   const PlanGroup& grp = plan.groups()[size_t(g)];
-  for (size_t doc = 0; doc < grp.seqs.size(); ++doc) {
-    const int64_t id = plan.seqs()[size_t(grp.seqs[doc])].id;
-    if (data.images(id) == 0) continue;
-    for (const ImageSpan& span : data.image_spans(id))
-      gw.images.push_back(GroupImage{int32_t(doc), id, span, 0});
-  }
-  if (gw.images.empty()) return;
-  gw.routed = true;
-  const int d = int(gw.ring.size());
-  std::vector<int64_t> sizes;
-  for (const GroupImage& im : gw.images) sizes.push_back(im.span.tokens);
-  const std::vector<int> enc = assign_images(sizes, d);
-  std::vector<int32_t> mine(gw.images.size(), -1);  // index into encode
-  for (size_t i = 0; i < gw.images.size(); ++i) {
-    gw.images[i].encoder = enc[i];
-    if (enc[i] == me) {
-      mine[i] = int32_t(gw.encode.size());
-      gw.encode.push_back(int(i));
+  GroupWork gw;
+  gw.group = g;
+  for (int i = 0; i < grp.cp; ++i) gw.ring.push_back(grp.first_rank + i);
+  for (const TokenRange& r : ranges) {
+    const auto at = std::find(grp.seqs.begin(), grp.seqs.end(), r.seq);
+    DHP_ASSERT(at != grp.seqs.end());
+    const int32_t doc = int32_t(at - grp.seqs.begin());
+    // The last rank of a ring (and the only one of a group of one) holds two adjacent
+    // chunks: one piece, so that a sample is never cut where no other rank takes over.
+    if (!gw.pieces.empty() && gw.docs.back() == doc && gw.pieces.back().end == r.begin) {
+      gw.pieces.back().end = r.end;
+      continue;
     }
+    gw.pieces.push_back(Piece{plan.seqs()[size_t(r.seq)].id, r.begin, r.end, false});
+    gw.docs.push_back(doc);
   }
-  // Every member's token ranges, to find the holder of each image token.
-  std::vector<std::vector<TokenRange>> held(static_cast<size_t>(d));
-  for (int r = 0; r < d; ++r) {
-    held[size_t(r)] = plan.ranges(g, gw.ring[size_t(r)]);
-    DHP_ASSERT(!held[size_t(r)].empty());  // a ring member without tokens would stall the ring
+  if (grp.cp > 1) {
+    gw.routing = route_images(plan, g, rank - grp.first_rank,
+                              [&](int64_t id) { return data.image_spans(id); });
+    gw.routed = !gw.routing.empty();
+    if (gw.routed)
+      for (Piece& p : gw.pieces) p.text_only = true;
   }
-  auto holder = [&](int32_t doc, int64_t pos) {
-    const int32_t seq = grp.seqs[size_t(doc)];
-    for (int r = 0; r < d; ++r)
-      for (const TokenRange& tr : held[size_t(r)])
-        if (tr.seq == seq && pos >= tr.begin && pos < tr.end) return r;
-    DHP_ASSERT(false && "a token that no rank of its group holds");
-    return -1;
-  };
-  // Rows in (doc, position) order — the images are in that order and rows within an image
-  // follow positions — which is the order both ends of every pair use.
-  gw.send.assign(size_t(d), {});
-  gw.recv.assign(size_t(d), 0);
-  struct Received {
-    int encoder;
-    int32_t doc;
-    int64_t pos;
-  };
-  std::vector<Received> received;  // rows this rank holds, in (doc, position) order
-  for (size_t i = 0; i < gw.images.size(); ++i) {
-    const GroupImage& im = gw.images[i];
-    for (int64_t j = 0; j < im.span.tokens; ++j) {
-      const int h = holder(im.doc, im.span.first + j);
-      if (im.encoder == me) gw.send[size_t(h)].push_back({mine[i], int32_t(j)});
-      if (h == me) {
-        ++gw.recv[size_t(im.encoder)];
-        received.push_back({im.encoder, im.doc, im.span.first + j});
-      }
-    }
-  }
-  // Received rows are laid out member by member, each in (doc, position) order.
-  std::vector<int64_t> offset(size_t(d), 0);
-  for (int r = 1; r < d; ++r) offset[size_t(r)] = offset[size_t(r - 1)] + gw.recv[size_t(r - 1)];
-  std::map<std::pair<int32_t, int64_t>, int32_t> row_of;  // (doc, position) -> received row
-  for (const Received& r : received) row_of[{r.doc, r.pos}] = int32_t(offset[size_t(r.encoder)]++);
-  for (size_t p = 0; p < gw.pieces.size(); ++p) {
-    gw.pieces[p].text_only = true;
-    for (int64_t pos = gw.pieces[p].begin; pos < gw.pieces[p].end; ++pos) {
-      const auto at = row_of.find({gw.docs[p], pos});
-      gw.slot.push_back(at == row_of.end() ? -1 : at->second);
-    }
-  }
+  return gw;
 }
 
 }  // namespace
@@ -138,27 +93,9 @@ StepWork plan_step(const Planner& planner, const Dataset& data, const std::vecto
   w.samples = int64_t(ids.size());
   w.plan = planner.plan(shapes);
   for (int g : w.plan.groups_of(rank)) {
-    const PlanGroup& grp = w.plan.groups()[size_t(g)];
     const std::vector<TokenRange> ranges = w.plan.ranges(g, rank);
     if (ranges.empty()) continue;  // one of the group's idle ranks
-    GroupWork gw;
-    gw.group = g;
-    for (int i = 0; i < grp.cp; ++i) gw.ring.push_back(grp.first_rank + i);
-    for (const TokenRange& r : ranges) {
-      const auto at = std::find(grp.seqs.begin(), grp.seqs.end(), r.seq);
-      DHP_ASSERT(at != grp.seqs.end());
-      const int32_t doc = int32_t(at - grp.seqs.begin());
-      // The last rank of a ring (and the only one of a group of one) holds two adjacent
-      // chunks: one piece, so that a sample is never cut where no other rank takes over.
-      if (!gw.pieces.empty() && gw.docs.back() == doc && gw.pieces.back().end == r.begin) {
-        gw.pieces.back().end = r.end;
-        continue;
-      }
-      gw.pieces.push_back(Piece{w.plan.seqs()[size_t(r.seq)].id, r.begin, r.end, false});
-      gw.docs.push_back(doc);
-    }
-    if (grp.cp > 1) route_images(w.plan, data, g, rank - grp.first_rank, gw);
-    w.mine.push_back(std::move(gw));
+    w.mine.push_back(group_work(w.plan, g, rank, ranges, data));
   }
   w.plan_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return w;
@@ -175,20 +112,61 @@ void Executor::submit(const StepWork& work, bool blank_images) {
   loader_.submit(work.my_loads(), blank_images);
 }
 
+// Adds this rank's encoded images of a routed group to its batch and prepares the exchange
+// of their rows. `loaded` holds one load per image the rank encodes, in `encode` order.
+void Executor::encode_routed(const GroupWork& g, const Sample* loaded, Batch& b) {
+  const ImageRouting& route = g.routing;
+  DHP_ASSERT(int64_t(route.slot.size()) == b.T);
+  b.image_slot = route.slot;
+  b.image_rows = route.rows_received();
+  // An image whose load failed (skip mode) is left out and its rows are sent as zeros.
+  std::vector<int64_t> first_row(route.encode.size(), -1);
+  int64_t rows = 0;
+  for (size_t e = 0; e < route.encode.size(); ++e) {
+    const Sample& s = loaded[e];
+    const GroupImage& im = route.images[size_t(route.encode[e])];
+    if (s.skipped || s.images.size() != 1) {
+      spdlog::warn("sample {}: the image at tokens [{}, {}) did not load; on its ring those "
+                   "tokens are zeros and the rest of the sample trains", im.sample,
+                   im.span.first, im.span.first + im.span.tokens);
+      continue;
+    }
+    append_image(b, s.images[0], model_.config().vision);
+    first_row[e] = rows;
+    rows += im.span.tokens;
+    ++images_encoded_;
+  }
+  images_.prepare(g.ring, route.send_rows(first_row), route.recv, rows, model_.config().dim);
+}
+
+// Busy time as GroupTiming defines it, from the group's start on both clocks.
+GroupTiming Executor::time_group(const GroupWork& g, Clock::time_point wall0, double cpu0) {
+  // A device runs the group's kernels after the host has queued them: its busy time is the
+  // wall time once they are done.
+  const bool on_device = model_.backend().device() != Device::CPU;
+  if (on_device) model_.backend().synchronize();
+  const double cpu = thread_cpu_seconds() - cpu0;
+  const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
+  double wait = 0.0, wait_cpu = 0.0;
+  if (g.ring.size() > 1) wait += ring_.wait_seconds(), wait_cpu += ring_.wait_cpu_seconds();
+  if (g.routed) wait += images_.wait_seconds(), wait_cpu += images_.wait_cpu_seconds();
+  const bool one_thread = !on_device && model_.backend().threads() == 1;
+  const double busy = one_thread ? cpu - wait_cpu : wall - wait;
+  return GroupTiming{g.group, std::max(0.0, busy), wait};
+}
+
 StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
                         const std::function<void(const std::vector<Sample>&)>& after,
                         const GradsFinal& last_final) {
   std::vector<Sample> samples = loader_.next();
   timings_.clear();
   images_encoded_ = 0;
-  const int64_t C = model_.config().dim;
   size_t at = 0;
   std::vector<Sample> group_samples;
-  std::vector<std::vector<int32_t>> send;
   for (const GroupWork& g : work.mine) {
     const auto wall0 = Clock::now();
     const double cpu0 = thread_cpu_seconds();
-    const size_t n = g.pieces.size(), n_loads = n + g.encode.size();
+    const size_t n = g.pieces.size(), n_loads = n + g.routing.encode.size();
     DHP_ASSERT(at + n_loads <= samples.size());
     ptrs_.clear();
     for (size_t k = 0; k < n; ++k) ptrs_.push_back(&samples[at + k]);
@@ -196,37 +174,10 @@ StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
     // pack() numbers documents by piece; the ring needs the group's sequence index, the same
     // on every rank, so that the two zigzag pieces of a sequence are one document.
     for (auto& d : b.doc) d = g.docs[size_t(d)];
-    if (g.routed) {
-      DHP_ASSERT(int64_t(g.slot.size()) == b.T);
-      b.image_slot = g.slot;
-      b.image_rows = 0;
-      for (int64_t r : g.recv) b.image_rows += r;
-      // This rank's images, encoded in `encode` order; an image whose load failed (skip
-      // mode) is left out and its rows are sent as zeros.
-      std::vector<int64_t> first_row(g.encode.size(), -1);
-      int64_t rows = 0;
-      for (size_t e = 0; e < g.encode.size(); ++e) {
-        const Sample& s = samples[at + n + e];
-        if (s.skipped || s.images.size() != 1) {
-          const GroupImage& im = g.images[size_t(g.encode[e])];
-          spdlog::warn("sample {}: the image at tokens [{}, {}) did not load; on its ring those "
-                       "tokens are zeros and the rest of the sample trains", im.sample,
-                       im.span.first, im.span.first + im.span.tokens);
-          continue;
-        }
-        append_image(b, s.images[0], model_.config().vision);
-        first_row[e] = rows;
-        rows += g.images[size_t(g.encode[e])].span.tokens;
-        ++images_encoded_;
-      }
-      send.assign(g.send.size(), {});
-      for (size_t r = 0; r < g.send.size(); ++r)
-        for (auto [e, j] : g.send[r])
-          send[r].push_back(first_row[size_t(e)] < 0 ? -1 : int32_t(first_row[size_t(e)] + j));
-      images_.prepare(g.ring, send, g.recv, rows, C);
-    } else {
+    if (g.routed)
+      encode_routed(g, &samples[at + n], b);
+    else
       images_encoded_ += int64_t(b.images.size());
-    }
     const DeviceBatch& db = model_.upload(b);
     const bool ring = g.ring.size() > 1;
     const GradsFinal none;
@@ -234,18 +185,7 @@ StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
     if (ring) ring_.regroup(g.ring);
     model_.run(db, loss_scale, backward, ring ? &ring_ : nullptr, g.routed ? &images_ : nullptr,
                final);
-    // A device runs the group's kernels after the host has queued them: its busy time is the
-    // wall time once they are done.
-    const bool on_device = model_.backend().device() != Device::CPU;
-    if (on_device) model_.backend().synchronize();
-    const double cpu = thread_cpu_seconds() - cpu0;
-    const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
-    double wait = 0.0, wait_cpu = 0.0;
-    if (ring) wait += ring_.wait_seconds(), wait_cpu += ring_.wait_cpu_seconds();
-    if (g.routed) wait += images_.wait_seconds(), wait_cpu += images_.wait_cpu_seconds();
-    const bool one_thread = !on_device && model_.backend().threads() == 1;
-    const double busy = one_thread ? cpu - wait_cpu : wall - wait;
-    timings_.push_back(GroupTiming{g.group, std::max(0.0, busy), wait});
+    timings_.push_back(time_group(g, wall0, cpu0));
     if (after) {
       group_samples.assign(std::make_move_iterator(samples.begin() + long(at)),
                            std::make_move_iterator(samples.begin() + long(at + n)));

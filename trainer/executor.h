@@ -8,13 +8,14 @@
 // decoder attention is a ring over the group's ranks (local attention for a group of one).
 // Gradients accumulate over the groups; the caller sums them over ranks once per step.
 //
-// Inside a ring group every image is encoded once, on the rank assign_images gives it (by
-// patch count), and its merged tokens travel to the ranks holding their positions
-// (parallel/image_exchange.h): a rank decodes the images it encodes and the text of its
+// Inside a ring group every image is encoded once, on the rank the routing gives it (by
+// patch count, parallel/image_routing.h), and its merged tokens travel to the ranks holding
+// their positions (parallel/image_exchange.h): a rank decodes the images it encodes and the text of its
 // pieces, nothing else. Gradients of the tokens come back the same way, so the summed
 // gradient is exact.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "model/model.h"
 #include "parallel/communicator.h"
 #include "parallel/image_exchange.h"
+#include "parallel/image_routing.h"
 #include "parallel/plan.h"
 #include "parallel/planner.h"
 #include "parallel/ring_attention.h"
@@ -33,14 +35,6 @@ namespace dhp {
 // What the planner knows of a sample: lengths from the dataset's index, no pixels.
 SeqShape shape_of(const Dataset& data, int64_t i);
 
-// An image of a ring group.
-struct GroupImage {
-  int32_t doc = 0;      // the group's sequence index
-  int64_t sample = 0;   // dataset index
-  ImageSpan span;       // where its merged tokens lie in the sequence
-  int encoder = 0;      // ring index of the rank that encodes it
-};
-
 // One group of the plan, as this rank runs it.
 struct GroupWork {
   int group = 0;              // index into Plan::groups()
@@ -48,15 +42,9 @@ struct GroupWork {
   std::vector<Piece> pieces;  // this rank's token ranges, in order
   std::vector<int32_t> docs;  // the group's sequence index of each piece: the ring's doc id
   // Ring groups with images: the images move between ranks (routed = true). Then `pieces`
-  // are text only, `encode` lists the images this rank encodes (indices into `images`, one
-  // load each after the pieces), and the routing is fixed here from the plan alone:
+  // are text only and each image this rank encodes is one load after them.
   bool routed = false;
-  std::vector<GroupImage> images;  // every image of the group, by (doc, position)
-  std::vector<int> encode;
-  // Per ring member, the rows this rank sends it: (index into `encode`, row of that image).
-  std::vector<std::vector<std::pair<int32_t, int32_t>>> send;
-  std::vector<int64_t> recv;  // per ring member, rows this rank receives from it
-  std::vector<int32_t> slot;  // (tokens of the pieces) received row of each image token, or -1
+  ImageRouting routing;
   std::vector<Piece> loads() const;  // pieces, then one load per image to encode
 };
 
@@ -103,6 +91,10 @@ class Executor {
   const std::vector<GroupTiming>& last_timings() const { return timings_; }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  void encode_routed(const GroupWork& g, const Sample* loaded, Batch& b);
+  GroupTiming time_group(const GroupWork& g, Clock::time_point wall0, double cpu0);
+
   Model& model_;
   Communicator& comm_;
   BatchLoader loader_;

@@ -1,6 +1,7 @@
 #include "trainer/metrics.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,29 @@
 #include "core/log.h"
 
 namespace dhp {
+
+void to_json(nlohmann::json& j, const StepRecord& r) {
+  j = {{"step", r.step},
+       {"loss", r.loss},
+       {"lr", r.lr},
+       {"grad_norm", r.grad_norm},
+       {"tokens_per_s", r.tokens_per_s},
+       {"samples_per_s", r.samples_per_s},
+       {"elapsed_s", r.elapsed_s},
+       {"loader_wait_s", r.loader_wait_s},
+       {"groups", r.groups},
+       {"max_degree", r.max_degree},
+       {"degrees", r.degrees},
+       {"plan_s", r.plan_s},
+       {"predicted_s", r.predicted_s},
+       {"measured_s", r.measured_s},
+       {"cost_error", r.cost_error},
+       {"rank_busy_s", r.rank_busy_s},
+       {"ring_wait_s", r.ring_wait_s},
+       {"step_s", r.step_s},
+       {"imbalance", r.imbalance},
+       {"threads", r.threads}};
+}
 
 ProgressBar::ProgressBar(int64_t total, bool enabled)
     : total_(total), on_(enabled && isatty(STDERR_FILENO)) {}
@@ -86,5 +110,33 @@ void log_eval(const char* what, int64_t step, const EvalResult& r, const EvalRes
   metrics.write(j);
 }
 
+RunReport::RunReport(const Config& cfg, bool rank0)
+    : cfg_(cfg), rank0_(rank0), bar_(cfg.train.steps, rank0 && cfg.log.progress) {}
+
+void RunReport::start(int64_t first_step) {
+  metrics_.emplace(cfg_.log.metrics, rank0_, first_step);
+  t_start_ = Clock::now();
+}
+
+void RunReport::step(const StepRecord& rec) {
+  if (!rank0_) return;
+  metrics_->write(rec);
+  if (rec.step % cfg_.log.every == 0 || rec.step == cfg_.train.steps || rec.step == 1) {
+    bar_.clear();
+    spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
+                 "{:.1f} samples/s | wait {:.0f} ms | {} groups, degrees {} | plan {:.1f} ms, "
+                 "predicted {:.3f}s, measured {:.3f}s (cost model error {:.0f}%) | {:.1f}s",
+                 rec.step, cfg_.train.steps, rec.loss, rec.lr, rec.grad_norm, rec.tokens_per_s,
+                 rec.samples_per_s, 1e3 * rec.loader_wait_s, rec.groups, fmt::join(rec.degrees, ","),
+                 1e3 * rec.plan_s, rec.predicted_s, rec.measured_s, 100 * rec.cost_error,
+                 rec.elapsed_s);
+  }
+  bar_.draw(rec.step, std::chrono::duration<double>(Clock::now() - t_start_).count(), rec.loss);
+}
+
+void RunReport::eval(int64_t step, const EvalResult& r, const EvalResult* blank) {
+  bar_.clear();
+  if (rank0_) log_eval("val", step, r, blank, *metrics_);
+}
 
 }  // namespace dhp

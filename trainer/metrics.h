@@ -2,15 +2,47 @@
 // the log lines of steps and evaluations.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "trainer/config.h"
 #include "trainer/evaluate.h"
 
 namespace dhp {
+
+// One training step as the metrics file and the log report it.
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0.0;
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  double tokens_per_s = 0.0;
+  double samples_per_s = 0.0;
+  double elapsed_s = 0.0;
+  double loader_wait_s = 0.0;
+  int64_t groups = 0;        // groups of the step's plan (all ranks)
+  int max_degree = 1;        // the widest ring of the plan
+  std::vector<int> degrees;  // ring degree of every group of the plan, widest first
+  double plan_s = 0.0;       // planner wall time
+  double predicted_s = 0.0;  // the plan's predicted makespan
+  double measured_s = 0.0;   // the plan's schedule replayed with the measured group times
+  double cost_error = 0.0;   // mean |predicted - measured| / measured over the step's groups
+  double busy_s = 0.0;       // this rank's compute time (thread CPU time, waits left out)
+  std::vector<double> rank_busy_s;  // every rank's busy_s
+  double ring_wait_s = 0.0;  // this rank's time waiting for ring neighbours
+  double step_s = 0.0;
+  double imbalance = 1.0;  // slowest rank's compute time over the mean of all ranks
+  int threads = 0;         // compute threads this rank used for the step
+};
+
+// The step's line of the metrics file. busy_s is left out: rank_busy_s holds every rank's.
+void to_json(nlohmann::json& j, const StepRecord& r);
 
 // One line that redraws itself on a terminal; silent when stderr is not one.
 class ProgressBar {
@@ -42,5 +74,27 @@ class MetricsFile {
 // Logs an evaluation (and its blanked-image twin, when given) and records it in the metrics.
 void log_eval(const char* what, int64_t step, const EvalResult& r, const EvalResult* blank,
               MetricsFile& metrics);
+
+// What a training run reports, from rank 0 only: every step in the metrics file, a log line
+// every log.every steps (and the first and last), the progress bar, and the evaluations.
+class RunReport {
+ public:
+  RunReport(const Config& cfg, bool rank0);
+  // Opens the metrics file once the step the run starts from is known: a resumed run keeps
+  // the lines its interrupted run wrote up to that step.
+  void start(int64_t first_step);
+  void step(const StepRecord& rec);
+  void eval(int64_t step, const EvalResult& r, const EvalResult* blank);
+  // Clears the progress bar so that a log line can take its row.
+  void clear() { bar_.clear(); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  const Config& cfg_;
+  const bool rank0_;
+  ProgressBar bar_;
+  std::optional<MetricsFile> metrics_;
+  Clock::time_point t_start_;
+};
 
 }  // namespace dhp

@@ -10,32 +10,9 @@
 
 #include "parallel/communicator.h"
 #include "trainer/config.h"
+#include "trainer/metrics.h"
 
 namespace dhp {
-
-struct StepRecord {
-  int64_t step = 0;
-  double loss = 0.0;
-  double lr = 0.0;
-  double grad_norm = 0.0;
-  double tokens_per_s = 0.0;
-  double samples_per_s = 0.0;
-  double elapsed_s = 0.0;
-  double loader_wait_s = 0.0;
-  int64_t groups = 0;        // groups of the step's plan (all ranks)
-  int max_degree = 1;        // the widest ring of the plan
-  std::vector<int> degrees;  // ring degree of every group of the plan, widest first
-  double plan_s = 0.0;       // planner wall time
-  double predicted_s = 0.0;  // the plan's predicted makespan
-  double measured_s = 0.0;   // the plan's schedule replayed with the measured group times
-  double cost_error = 0.0;   // mean |predicted - measured| / measured over the step's groups
-  double busy_s = 0.0;       // this rank's compute time (thread CPU time, waits left out)
-  std::vector<double> rank_busy_s;  // every rank's busy_s
-  double ring_wait_s = 0.0;  // this rank's time waiting for ring neighbours
-  double step_s = 0.0;
-  double imbalance = 1.0;  // slowest rank's compute time over the mean of all ranks
-  int threads = 0;         // compute threads this rank used for the step
-};
 
 struct TrainResult {
   std::vector<StepRecord> steps;

@@ -1,0 +1,60 @@
+// One checkpoint file: HDF5 holding everything an exact resume needs.
+//
+// Layout (format_version 1):
+//   /                 attributes format = "dhp-checkpoint", format_version
+//   /config           the resolved configuration as TOML text
+//   /params/<name>    every parameter under its model-spec name, full (unsharded) shape
+//   /optim/m/<name>   AdamW first moments     /optim/v/<name>  second moments
+//   /state            attributes step, seed, batch_size, sampler_epoch, sampler_position,
+//                     dataset_size, tokenizer_hash (FNV-1a of the tokenizer file)
+//   /cost_model       the online refit's state as JSON text (parallel/cost_model.h CostState);
+//                     absent when the run did not refit
+// Every dataset carries a 64-bit checksum attribute verified on load, so a file damaged on
+// disk is refused rather than loaded. Nothing depends on the world size.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "data/sampler.h"
+#include "model/model.h"
+#include "trainer/config.h"
+#include "trainer/optimizer.h"
+
+namespace dhp {
+
+struct TrainState {
+  int64_t step = 0;        // optimizer steps completed
+  uint64_t seed = 0;       // the run's seed (weights, sampler)
+  int64_t batch_size = 0;  // global batch size of the steps so far
+  SamplerState sampler;    // where the next global batch starts in the sample stream
+  int64_t dataset_size = 0;  // samples the sampler shuffled (a different set changes the stream)
+  uint64_t tokenizer_hash = 0;  // hash of the tokenizer file's bytes; 0 = not recorded
+  std::string cost_state;       // CostState JSON; "" = none
+};
+
+// Writes and flushes a whole checkpoint at `path`. A failure throws dhp::Error with the
+// operating system's reason and may leave a partial file for the caller to remove.
+void write_checkpoint_file(const std::filesystem::path& path, const Config& cfg,
+                           const Model& model, const AdamW* opt, const TrainState& state);
+
+// The step a checkpoint file records in /state, or -1 when it cannot be read.
+int64_t recorded_step(const std::string& path);
+
+// The configuration stored in a checkpoint (to rebuild the model it was saved from).
+Config checkpoint_config(const std::string& path);
+
+// Loads weights (and, when opt is given, moments and step) after checking the format, every
+// name and shape, and every checksum. Throws dhp::Error naming the file and the problem.
+TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt);
+
+class Tokenizer;
+// Refuses a tokenizer whose file differs from the one the checkpoint was trained with (a
+// replaced file at the same path would silently change what every token id means).
+void check_tokenizer(const std::string& checkpoint, uint64_t recorded, const Tokenizer& tok);
+
+// Refuses a resume whose configuration changed the model's shape, naming the key.
+void check_same_model(const Config& saved, const Config& now, const std::string& path);
+
+}  // namespace dhp
