@@ -107,7 +107,7 @@ Candidate static_layout(const BatchCosts& b, int c) {
       }
       PlanGroup g;
       g.seqs.assign(list.begin() + i, list.begin() + e);
-      g.first_rank = r * c, g.degree = c, g.cp = c, g.start_ns = clock;
+      g.first_rank = r * c, g.ranks = c, g.ring_degree = c, g.start_ns = clock;
       g.time_ns = b.group_time(g.seqs, c, inter);
       clock += g.time_ns;
       out.groups.push_back(std::move(g));

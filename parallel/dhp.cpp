@@ -393,14 +393,14 @@ std::vector<PlanGroup> barrier_groups(const BatchCosts& b, const Solution& sol, 
       PlanGroup g;
       g.wave = w;
       g.first_rank = first[k];
-      g.degree = deg.degree[k];
-      g.cp = deg.cp[k];
+      g.ranks = deg.degree[k];
+      g.ring_degree = deg.cp[k];
       g.seqs = sol.groups[sol.waves[w][k]].seqs;
       std::sort(g.seqs.begin(), g.seqs.end());
       g.start_ns = start;
       g.time_ns = deg.time[k];
-      if (!b.cost().inter(g.cp) && b.spans_nodes(g.first_rank, g.cp)) {
-        g.time_ns = b.group_time(g.seqs, g.cp, true);
+      if (!b.cost().inter(g.ring_degree) && b.spans_nodes(g.first_rank, g.ring_degree)) {
+        g.time_ns = b.group_time(g.seqs, g.ring_degree, true);
         *node_local = false;
       }
       end = std::max(end, start + g.time_ns);
@@ -419,7 +419,7 @@ std::vector<PlanGroup> barrier_groups(const BatchCosts& b, const Solution& sol, 
 // it (degree > cp) are released. By induction over the waves every start is no later than
 // its barrier start, so the makespan never exceeds the barrier schedule's.
 std::vector<PlanGroup> compact(std::vector<PlanGroup> groups, int n) {
-  for (PlanGroup& g : groups) g.degree = g.cp;
+  for (PlanGroup& g : groups) g.ranks = g.ring_degree;
   retime_asap(groups, n);  // in wave order
   return groups;
 }
@@ -530,7 +530,7 @@ class Moldable {
     // first sequence's index.
     std::stable_sort(jobs.begin(), jobs.end(), [&](const Job& x, const Job& y) {
       if (x.time != y.time) return x.time > y.time;
-      if (x.degree != y.degree) return x.degree > y.degree;
+      if (x.ranks != y.ranks) return x.ranks > y.ranks;
       return x.seqs[0] < y.seqs[0];
     });
     b_.charge(int64_t(jobs.size()) / 4 + 1);
@@ -608,8 +608,8 @@ Candidate search(const BatchCosts& b, const ParallelConfig& par, Degrees ds, int
         const PlanGroup& g = waves[i];
         // A ring re-priced across nodes goes back to its node-local price: the list
         // scheduler keeps it inside a node.
-        const int64_t t = b.cost().inter(g.cp) || !b.spans_nodes(g.first_rank, g.cp) ? g.time_ns : b.group_time(g.seqs, g.cp);
-        jobs.push_back({g.seqs, g.cp, g.cp, t});
+        const int64_t t = b.cost().inter(g.ring_degree) || !b.spans_nodes(g.first_rank, g.ring_degree) ? g.time_ns : b.group_time(g.seqs, g.ring_degree);
+        jobs.push_back({g.seqs, g.ring_degree, g.ring_degree, t});
       }
       int64_t span = 0;
       consider(list_schedule(b, jobs, n, par.ranks_per_node, &span), "waves-list");
@@ -742,7 +742,7 @@ Plan Planner::plan_dhp_waves(const std::vector<SeqShape>& batch, PlanStats* stat
   }
   bool node_local = true;
   auto groups = detail::barrier_groups(b, sol, world_, par_.ranks_per_node, &node_local);
-  for (auto& g : groups) g.peak_bytes = b.group_bytes(g.seqs, g.cp);
+  for (auto& g : groups) g.peak_bytes = b.group_bytes(g.seqs, g.ring_degree);
   st.evaluations = b.evaluations();
   if (stats) *stats = st;
   return Plan(Strategy::dhp_waves, world_, batch, std::move(groups), b.lower_bound(), "waves");

@@ -36,8 +36,8 @@ void deal_encoders(int d, int me, ImageRouting& r) {
 // Every ring member's token ranges, to find the member holding each image token.
 class Holders {
  public:
-  Holders(const Plan& plan, int g) : grp_(plan.groups()[size_t(g)]), held_(size_t(grp_.cp)) {
-    for (int r = 0; r < grp_.cp; ++r) {
+  Holders(const Plan& plan, int g) : grp_(plan.groups()[size_t(g)]), held_(size_t(grp_.ring_degree)) {
+    for (int r = 0; r < grp_.ring_degree; ++r) {
       held_[size_t(r)] = plan.ranges(g, grp_.first_rank + r);
       DHP_ASSERT(!held_[size_t(r)].empty());  // a ring member without tokens would stall the ring
     }
@@ -46,7 +46,7 @@ class Holders {
   // The ring index of the member holding position `pos` of the group's sequence `doc`.
   int of(int32_t doc, int64_t pos) const {
     const int32_t seq = grp_.seqs[size_t(doc)];
-    for (int r = 0; r < grp_.cp; ++r)
+    for (int r = 0; r < grp_.ring_degree; ++r)
       for (const TokenRange& tr : held_[size_t(r)])
         if (tr.seq == seq && pos >= tr.begin && pos < tr.end) return r;
     DHP_ASSERT(false && "a token that no rank of its group holds");
@@ -108,7 +108,7 @@ ImageRouting route_images(const Plan& plan, int g, int me, const ImageSpansOf& s
   ImageRouting out;
   out.images = images_of(plan, grp, spans_of);
   if (out.images.empty()) return out;
-  const int d = grp.cp;
+  const int d = grp.ring_degree;
   deal_encoders(d, me, out);
   std::vector<int32_t> mine(out.images.size(), -1);  // index into encode
   for (size_t e = 0; e < out.encode.size(); ++e) mine[size_t(out.encode[e])] = int32_t(e);

@@ -26,9 +26,9 @@ int64_t retime_asap(std::vector<PlanGroup>& groups, int world) {
   int64_t makespan = 0;
   for (PlanGroup& g : groups) {
     int64_t start = 0;
-    for (int r = g.first_rank; r < g.first_rank + g.degree; ++r) start = std::max(start, free_at[size_t(r)]);
+    for (int r = g.first_rank; r < g.first_rank + g.ranks; ++r) start = std::max(start, free_at[size_t(r)]);
     g.start_ns = start;
-    for (int r = g.first_rank; r < g.first_rank + g.degree; ++r) free_at[size_t(r)] = start + g.time_ns;
+    for (int r = g.first_rank; r < g.first_rank + g.ranks; ++r) free_at[size_t(r)] = start + g.time_ns;
     makespan = std::max(makespan, start + g.time_ns);
   }
   return makespan;
@@ -41,11 +41,11 @@ Plan::Plan(Strategy strategy, int world, std::vector<SeqShape> seqs, std::vector
   summary_.groups = int(groups_.size());
   int64_t busy = 0;
   for (const auto& g : groups_) {
-    DHP_ASSERT(g.degree >= 1 && g.cp >= 1 && g.cp <= g.degree);
-    DHP_ASSERT(g.first_rank >= 0 && g.first_rank + g.degree <= world_);
+    DHP_ASSERT(g.ranks >= 1 && g.ring_degree >= 1 && g.ring_degree <= g.ranks);
+    DHP_ASSERT(g.first_rank >= 0 && g.first_rank + g.ranks <= world_);
     summary_.makespan_ns = std::max(summary_.makespan_ns, g.start_ns + g.time_ns);
     summary_.waves = std::max(summary_.waves, g.wave + 1);
-    busy += g.time_ns * g.cp;
+    busy += g.time_ns * g.ring_degree;
   }
   const double total = double(summary_.makespan_ns) * world_;
   summary_.idle_fraction = total > 0 ? 1.0 - double(busy) / total : 0.0;
@@ -55,16 +55,16 @@ std::vector<TokenRange> Plan::ranges(int g, int rank) const {
   const PlanGroup& grp = groups_.at(size_t(g));
   std::vector<TokenRange> out;
   const int i = rank - grp.first_rank;
-  if (i < 0 || i >= grp.cp) return out;
+  if (i < 0 || i >= grp.ring_degree) return out;
   for (int32_t s : grp.seqs)
-    for (auto [b, e] : zigzag_ranges(seqs_[size_t(s)].tokens(), grp.cp, i)) out.push_back({s, b, e});
+    for (auto [b, e] : zigzag_ranges(seqs_[size_t(s)].tokens(), grp.ring_degree, i)) out.push_back({s, b, e});
   return out;
 }
 
 std::vector<int> Plan::groups_of(int rank) const {
   std::vector<int> out;
   for (int g = 0; g < int(groups_.size()); ++g)
-    if (rank >= groups_[g].first_rank && rank < groups_[g].first_rank + groups_[g].degree) out.push_back(g);
+    if (rank >= groups_[g].first_rank && rank < groups_[g].first_rank + groups_[g].ranks) out.push_back(g);
   std::stable_sort(out.begin(), out.end(),
                    [&](int a, int b) { return groups_[a].start_ns < groups_[b].start_ns; });
   return out;
@@ -84,9 +84,9 @@ nlohmann::json Plan::to_json() const {
     const PlanGroup& grp = groups_[g];
     nlohmann::json o;
     o["wave"] = grp.wave;
-    o["ranks"] = {grp.first_rank, grp.first_rank + grp.degree};
-    o["degree"] = grp.degree;
-    o["cp"] = grp.cp;
+    o["ranks"] = {grp.first_rank, grp.first_rank + grp.ranks};
+    o["degree"] = grp.ranks;
+    o["cp"] = grp.ring_degree;
     o["start_ns"] = grp.start_ns;
     o["time_ns"] = grp.time_ns;
     o["peak_bytes"] = grp.peak_bytes;
@@ -94,7 +94,7 @@ nlohmann::json Plan::to_json() const {
     for (int32_t s : grp.seqs)
       samples.push_back({{"id", seqs_[s].id}, {"text", seqs_[s].text_tokens}, {"vision", seqs_[s].vision_tokens}});
     auto& shards = o["shards"] = nlohmann::json::array();
-    for (int i = 0; i < grp.cp; ++i) {
+    for (int i = 0; i < grp.ring_degree; ++i) {
       nlohmann::json r = nlohmann::json::array();
       for (const auto& t : ranges(g, grp.first_rank + i)) r.push_back({seqs_[t.seq].id, t.begin, t.end});
       shards.push_back({{"rank", grp.first_rank + i}, {"ranges", r}});
@@ -119,7 +119,7 @@ std::string Plan::to_string() const {
     if (g.seqs.size() > 6) ids += fmt::format(",... ({} more)", g.seqs.size() - 6);
     out += fmt::format("  wave {:>2}  ranks {:>4}-{:<4} d={:<4} cp={:<4} {:>8} tokens  {:>10.3f} ms  "
                        "{:>7.2f} GiB  samples {}\n",
-                       g.wave, g.first_rank, g.first_rank + g.degree - 1, g.degree, g.cp, tokens,
+                       g.wave, g.first_rank, g.first_rank + g.ranks - 1, g.ranks, g.ring_degree, tokens,
                        g.time_ns * 1e-6, g.peak_bytes / double(int64_t(1) << 30), ids);
   }
   return out;

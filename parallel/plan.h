@@ -32,9 +32,9 @@ struct TokenRange {
 struct PlanGroup {
   int wave = 0;              // micro-step depth: 1 + the largest wave before it on any of its
                              // ranks (0 if none); strictly increasing along every rank
-  int first_rank = 0;        // the group owns ranks [first_rank, first_rank + degree)
-  int degree = 1;
-  int cp = 1;                // ring degree: the first cp ranks of the group hold tokens
+  int first_rank = 0;        // the group owns ranks [first_rank, first_rank + ranks)
+  int ranks = 1;             // ranks the group owns (a placement may leave some idle)
+  int ring_degree = 1;       // the ring's degree: the first ring_degree ranks hold tokens
   std::vector<int32_t> seqs; // indices into Plan::seqs(), in processing order
   int64_t start_ns = 0;      // predicted start, from the beginning of the step
   int64_t time_ns = 0;       // predicted duration

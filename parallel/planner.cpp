@@ -219,11 +219,11 @@ std::vector<PlanGroup> list_schedule(const BatchCosts& b, const std::vector<Job>
   out.reserve(jobs.size());
   for (const Job& job : jobs) {
     int64_t cost = 0;
-    const auto slot = tl.best_block(job.degree, &cost);
+    const auto slot = tl.best_block(job.ranks, &cost);
     b.charge(1 + cost / 64);
-    tl.occupy(slot.first, job.degree, slot.start + job.time);
+    tl.occupy(slot.first, job.ranks, slot.start + job.time);
     PlanGroup g;
-    g.first_rank = slot.first, g.degree = job.degree, g.cp = job.cp, g.seqs = job.seqs;
+    g.first_rank = slot.first, g.ranks = job.ranks, g.ring_degree = job.ring_degree, g.seqs = job.seqs;
     g.start_ns = slot.start, g.time_ns = job.time;
     out.push_back(std::move(g));
   }
@@ -261,14 +261,14 @@ std::vector<PlanGroup> merge_runs(const BatchCosts& b, std::vector<PlanGroup> gr
     PlanGroup& a = groups[g];
     // One rank holds everything: bytes add up exactly. Wider rings: the exact group bytes.
     int64_t act = 0, tokens = 0;
-    if (a.cp == 1)
+    if (a.ring_degree == 1)
       for (int32_t s : a.seqs) act += b.one_rank_bytes(s), tokens += b.seq(s).tokens();
     bool merged = false;
     int64_t end = a.start_ns + a.time_ns;
     for (int h = next[g]; h >= 0; h = next[h]) {
       const PlanGroup& c = groups[h];
-      if (c.first_rank != a.first_rank || c.degree != a.degree || c.cp != a.cp || c.start_ns != end) break;
-      if (a.cp == 1) {
+      if (c.first_rank != a.first_rank || c.ranks != a.ranks || c.ring_degree != a.ring_degree || c.start_ns != end) break;
+      if (a.ring_degree == 1) {
         int64_t act2 = act, tok2 = tokens;
         for (int32_t s : c.seqs) act2 += b.one_rank_bytes(s), tok2 += b.seq(s).tokens();
         if (mem.rank_bytes(act2, tok2) > mem.capacity()) break;
@@ -277,14 +277,14 @@ std::vector<PlanGroup> merge_runs(const BatchCosts& b, std::vector<PlanGroup> gr
       } else {
         std::vector<int32_t> both = a.seqs;
         both.insert(both.end(), c.seqs.begin(), c.seqs.end());
-        if (b.group_bytes(both, a.cp) > mem.capacity()) break;
+        if (b.group_bytes(both, a.ring_degree) > mem.capacity()) break;
         a.seqs = std::move(both);
       }
       end = c.start_ns + c.time_ns;
       dead[h] = 1;
       merged = true;
     }
-    if (merged) a.time_ns = b.group_time(a.seqs, a.cp, b.spans_nodes(a.first_rank, a.cp) || b.cost().inter(a.cp));
+    if (merged) a.time_ns = b.group_time(a.seqs, a.ring_degree, b.spans_nodes(a.first_rank, a.ring_degree) || b.cost().inter(a.ring_degree));
   }
   std::vector<PlanGroup> out;
   out.reserve(size_t(G));
@@ -302,10 +302,10 @@ std::vector<PlanGroup> finish_groups(const BatchCosts& b, std::vector<PlanGroup>
   std::vector<int> depth(size_t(world), 0);
   for (PlanGroup& g : groups) {
     g.wave = 0;
-    for (int r = g.first_rank; r < g.first_rank + g.degree; ++r) g.wave = std::max(g.wave, depth[r]);
-    for (int r = g.first_rank; r < g.first_rank + g.degree; ++r) depth[r] = g.wave + 1;
+    for (int r = g.first_rank; r < g.first_rank + g.ranks; ++r) g.wave = std::max(g.wave, depth[r]);
+    for (int r = g.first_rank; r < g.first_rank + g.ranks; ++r) depth[r] = g.wave + 1;
     std::sort(g.seqs.begin(), g.seqs.end());
-    g.peak_bytes = b.group_bytes(g.seqs, g.cp);
+    g.peak_bytes = b.group_bytes(g.seqs, g.ring_degree);
   }
   return groups;
 }
@@ -411,12 +411,12 @@ std::vector<std::string> Planner::check(const Plan& plan) const {
   for (int g = 0; g < int(groups.size()); ++g) {
     const PlanGroup& grp = groups[g];
     wave_groups[grp.wave].push_back(g);
-    if (grp.first_rank < 0 || grp.first_rank + grp.degree > world_ || grp.cp < 1 || grp.cp > grp.degree)
+    if (grp.first_rank < 0 || grp.first_rank + grp.ranks > world_ || grp.ring_degree < 1 || grp.ring_degree > grp.ranks)
       bad.push_back(fmt::format("group {}: ranks {}+{} (cp {}) outside the world of {}", g, grp.first_rank,
-                                grp.degree, grp.cp, world_));
+                                grp.ranks, grp.ring_degree, world_));
     for (int32_t s : grp.seqs)
       if (s >= 0 && s < int32_t(seqs.size())) ++seen[size_t(s)];
-    if (grp.cp < 1 || grp.cp > grp.degree || grp.first_rank < 0 || grp.first_rank + grp.cp > world_) continue;
+    if (grp.ring_degree < 1 || grp.ring_degree > grp.ranks || grp.first_rank < 0 || grp.first_rank + grp.ring_degree > world_) continue;
     bool seqs_ok = true;
     for (int32_t s : grp.seqs) seqs_ok &= s >= 0 && s < int32_t(seqs.size());
     if (!seqs_ok) {
@@ -427,29 +427,29 @@ std::vector<std::string> Planner::check(const Plan& plan) const {
     for (int32_t s : grp.seqs) members.push_back(&seqs[size_t(s)]);
     // Time: the cost model's price of this micro-batch on this ring where it is placed.
     const int rpn = std::clamp(par_.ranks_per_node, 1, world_);
-    const bool spans = grp.first_rank / rpn != (grp.first_rank + grp.cp - 1) / rpn;
+    const bool spans = grp.first_rank / rpn != (grp.first_rank + grp.ring_degree - 1) / rpn;
     // dhp's and pow2's own placement keeps rings of at most a node's ranks inside a node; a
     // static layout (the static strategy, or dhp adopting it) and the barrier reference may
     // lay one across two nodes, priced at inter-node bandwidth (checked below).
     const bool may_span = traits(plan.strategy()).rings_may_span_nodes || traits(plan.placement()).rings_may_span_nodes;
-    if (spans && grp.cp <= rpn && !may_span)
-      bad.push_back(fmt::format("group {}: its ring of {} ranks from rank {} spans two nodes of {} ranks", g, grp.cp,
+    if (spans && grp.ring_degree <= rpn && !may_span)
+      bad.push_back(fmt::format("group {}: its ring of {} ranks from rank {} spans two nodes of {} ranks", g, grp.ring_degree,
                                 grp.first_rank, rpn));
     {
       GroupCost acc;
       for (const SeqShape* s : members) acc.add(cost_.prepare(*s));
-      const int64_t want = cost_.ticks(acc, grp.cp, spans || cost_.inter(grp.cp));
+      const int64_t want = cost_.ticks(acc, grp.ring_degree, spans || cost_.inter(grp.ring_degree));
       if (!grp.seqs.empty() && grp.time_ns != want)
         bad.push_back(fmt::format("group {}: time {} ns, but the cost model prices its {} sequences on {} ranks{} "
-                                  "at {} ns", g, grp.time_ns, grp.seqs.size(), grp.cp,
+                                  "at {} ns", g, grp.time_ns, grp.seqs.size(), grp.ring_degree,
                                   spans ? " across nodes" : "", want));
     }
     // Token ranges: the union over the ring's ranks covers each sequence exactly once.
     // Memory: each rank's decoder tokens from its ranges, plus the most patches any rank of
     // the ring encodes (images are whole on a rank).
-    const int64_t patch_bytes = memory_.max_rank_patches(members, grp.cp) * memory_.bytes_per_patch();
+    const int64_t patch_bytes = memory_.max_rank_patches(members, grp.ring_degree) * memory_.bytes_per_patch();
     std::map<int32_t, std::vector<std::pair<int64_t, int64_t>>> cover;
-    for (int i = 0; i < grp.cp; ++i) {
+    for (int i = 0; i < grp.ring_degree; ++i) {
       int64_t tokens = 0;
       for (const auto& r : plan.ranges(g, grp.first_rank + i)) {
         cover[r.seq].push_back({r.begin, r.end});
@@ -494,10 +494,10 @@ std::vector<std::string> Planner::check(const Plan& plan) const {
   });
   for (int g : order) {
     const PlanGroup& grp = groups[g];
-    if (grp.first_rank < 0 || grp.first_rank + grp.degree > world_) continue;
+    if (grp.first_rank < 0 || grp.first_rank + grp.ranks > world_) continue;
     int64_t ready = 0;
     int wave = 0;
-    for (int r = grp.first_rank; r < grp.first_rank + grp.degree; ++r) {
+    for (int r = grp.first_rank; r < grp.first_rank + grp.ranks; ++r) {
       if (grp.start_ns < free_at[r])
         bad.push_back(fmt::format("rank {}: group {} starts at {} before the previous one ends at {}", r, g,
                                   grp.start_ns, free_at[r]));
@@ -509,7 +509,7 @@ std::vector<std::string> Planner::check(const Plan& plan) const {
       bad.push_back(fmt::format("group {}: starts at {}, but its ranks are all free at {}", g, grp.start_ns, ready));
     if (grp.wave != wave)
       bad.push_back(fmt::format("group {}: wave {}, but its micro-step depth is {}", g, grp.wave, wave));
-    for (int r = grp.first_rank; r < grp.first_rank + grp.degree; ++r)
+    for (int r = grp.first_rank; r < grp.first_rank + grp.ranks; ++r)
       free_at[r] = grp.start_ns + grp.time_ns, depth[r] = grp.wave + 1;
   }
   if (barrier) {
@@ -518,7 +518,7 @@ std::vector<std::string> Planner::check(const Plan& plan) const {
       int sum = 0;
       int64_t end = wave_start;
       for (int g : gs) {
-        sum += groups[g].degree;
+        sum += groups[g].ranks;
         end = std::max(end, groups[g].start_ns + groups[g].time_ns);
         if (groups[g].start_ns != wave_start)
           bad.push_back(fmt::format("wave {} group {}: starts at {}, not at the barrier {}", w, g,

@@ -108,8 +108,8 @@ class Timelines {
 // One unit for the list scheduler: sequences run together, in this order, on a ring.
 struct Job {
   std::vector<int32_t> seqs;
-  int degree = 1;   // ranks the group owns
-  int cp = 1;       // ranks its ring uses (<= degree)
+  int ranks = 1;        // ranks the group owns
+  int ring_degree = 1;  // ranks its ring uses (<= ranks)
   int64_t time = 0;
 };
 

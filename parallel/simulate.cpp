@@ -60,8 +60,8 @@ StrategyReport simulate(const Planner& planner, Strategy strategy, const BatchSo
     r.groups += s.groups;
     r.waves += s.waves;
     r.max_waves = std::max(r.max_waves, s.waves);
-    for (const auto& g : plan.groups()) ++r.degrees[g.cp];
-    if (traits(strategy).degrees == RingDegrees::fixed && !plan.groups().empty()) r.static_cp = plan.groups()[0].cp;
+    for (const auto& g : plan.groups()) ++r.degrees[g.ring_degree];
+    if (traits(strategy).degrees == RingDegrees::fixed && !plan.groups().empty()) r.static_cp = plan.groups()[0].ring_degree;
   }
   const double n = std::max(1, steps);
   r.step_s /= n, r.bound_s /= n, r.idle /= n, r.groups /= n, r.waves /= n, r.evaluations /= n;

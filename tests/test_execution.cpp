@@ -116,7 +116,7 @@ StepResult one_step(int n, const std::string& strategy, const std::string& preci
     if (comm.rank() != 0) return;
     out.loss = loss;
     out.grads.assign(model.grads(), model.grads() + model.n_params());
-    for (const auto& g : work.plan.groups()) out.max_cp = std::max(out.max_cp, g.cp);
+    for (const auto& g : work.plan.groups()) out.max_cp = std::max(out.max_cp, g.ring_degree);
     // Every sample of the batch, once: its pieces over all ranks tile [0, length).
     for (int64_t id : ids) DHP_CHECK(data->length(id) > 0, "sample {} is empty", id);
     for (int64_t id : ids) out.batch_images += data->images(id);
@@ -447,7 +447,7 @@ TEST(ImageRouting, AnImageThatFailsOnItsEncoderLosesOnlyItself) {
       for (const auto& g : work.plan.groups())
         for (int32_t s : g.seqs) {
           const int64_t id = work.plan.seqs()[size_t(s)].id;
-          if (victim < 0 && g.cp > 1 && set->images(id) > 0) victim = id, n = w;
+          if (victim < 0 && g.ring_degree > 1 && set->images(id) > 0) victim = id, n = w;
         }
     }
     ASSERT_GE(victim, 0) << "no plan of 2 to 6 ranks puts images on a ring";

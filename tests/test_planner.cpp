@@ -219,7 +219,7 @@ TEST(Planner, StaticTriesEveryDivisor) {
     }
     auto plan = p.plan_static(batch, c);
     expect_valid(p, plan, batch);
-    for (const auto& g : plan.groups()) EXPECT_EQ(g.degree, c);
+    for (const auto& g : plan.groups()) EXPECT_EQ(g.ranks, c);
   }
 }
 
@@ -270,13 +270,13 @@ TEST(Planner, AnyIntegerDegreeNextToOtherGroups) {
     for (int32_t s : g.seqs)
       if (dhp.seqs()[s].id == 1) long_group = &g;
   ASSERT_NE(long_group, nullptr);
-  EXPECT_FALSE(std::has_single_bit(unsigned(long_group->cp))) << "the document runs on " << long_group->cp << " ranks";
-  EXPECT_GE(long_group->cp, 5);
+  EXPECT_FALSE(std::has_single_bit(unsigned(long_group->ring_degree))) << "the document runs on " << long_group->ring_degree << " ranks";
+  EXPECT_GE(long_group->ring_degree, 5);
   // Other groups run at the same time on the remaining ranks.
   int beside = 0;
   for (const auto& g : dhp.groups())
     if (&g != long_group && g.start_ns < long_group->start_ns + long_group->time_ns &&
-        (g.first_rank >= long_group->first_rank + long_group->degree || g.first_rank + g.degree <= long_group->first_rank))
+        (g.first_rank >= long_group->first_rank + long_group->ranks || g.first_rank + g.ranks <= long_group->first_rank))
       ++beside;
   EXPECT_GE(beside, 1);
   EXPECT_EQ(st.candidate.rfind("any/", 0), 0u) << st.candidate;
@@ -346,14 +346,14 @@ void expect_as_soon_as_possible(const Plan& plan) {
     const PlanGroup& x = groups[g];
     int64_t ready = 0;
     int wave = 0;
-    for (int r = x.first_rank; r < x.first_rank + x.degree; ++r) {
+    for (int r = x.first_rank; r < x.first_rank + x.ranks; ++r) {
       ASSERT_LE(free_at[r], x.start_ns) << plan.strategy() << " rank " << r << " group " << g;
       ready = std::max(ready, free_at[r]);
       wave = std::max(wave, depth[r]);
     }
     EXPECT_EQ(x.start_ns, ready) << plan.strategy() << " group " << g;
     EXPECT_EQ(x.wave, wave) << plan.strategy() << " group " << g;
-    for (int r = x.first_rank; r < x.first_rank + x.degree; ++r) free_at[r] = x.start_ns + x.time_ns, depth[r] = x.wave + 1;
+    for (int r = x.first_rank; r < x.first_rank + x.ranks; ++r) free_at[r] = x.start_ns + x.time_ns, depth[r] = x.wave + 1;
   }
   EXPECT_EQ(plan.makespan_ns(), *std::max_element(free_at.begin(), free_at.end())) << plan.strategy();
 }
@@ -388,7 +388,7 @@ TEST(Schedule, BarrierFreeInvariantsOnRandomInstances) {
         // Never worse than the barrier schedule of the same wave solution, whenever that one
         // is priced correctly (no ring of <= a node's ranks straddling two nodes).
         const bool node_local = std::none_of(waves.groups().begin(), waves.groups().end(), [&](const PlanGroup& g) {
-          return g.cp <= rpn && g.first_rank / rpn != (g.first_rank + g.cp - 1) / rpn;
+          return g.ring_degree <= rpn && g.first_rank / rpn != (g.first_rank + g.ring_degree - 1) / rpn;
         });
         if (node_local) {
           ++compared;
@@ -398,8 +398,8 @@ TEST(Schedule, BarrierFreeInvariantsOnRandomInstances) {
           EXPECT_LE(g.peak_bytes, p->memory().capacity());
           // A ring of at most a node's ranks stays inside one node (unless dhp adopted a
           // static layout, whose replicas are priced across nodes when they span two).
-          if (g.cp <= rpn && dhp.candidate().find("static") == std::string::npos) {
-            EXPECT_EQ(g.first_rank / rpn, (g.first_rank + g.cp - 1) / rpn) << "N=" << n;
+          if (g.ring_degree <= rpn && dhp.candidate().find("static") == std::string::npos) {
+            EXPECT_EQ(g.first_rank / rpn, (g.first_rank + g.ring_degree - 1) / rpn) << "N=" << n;
           }
         }
         if (need <= int(std::bit_floor(unsigned(p->world())))) {
@@ -438,7 +438,7 @@ TEST(Schedule, CheckRejectsBrokenSchedules) {
   // A group priced as the cost model prices it where it is placed.
   auto group = [&](int wave, int first, int degree, std::vector<int32_t> s, int64_t start, int64_t time = -1) {
     PlanGroup g;
-    g.wave = wave, g.first_rank = first, g.degree = degree, g.cp = degree, g.seqs = std::move(s);
+    g.wave = wave, g.first_rank = first, g.ranks = degree, g.ring_degree = degree, g.seqs = std::move(s);
     GroupCost acc;
     for (int32_t x : g.seqs) acc.add(p.cost().prepare(seqs[size_t(x)]));
     const bool spans = first / 4 != (first + degree - 1) / 4;

@@ -53,7 +53,7 @@ GroupWork group_work(const Plan& plan, int g, int rank, const std::vector<TokenR
   const PlanGroup& grp = plan.groups()[size_t(g)];
   GroupWork gw;
   gw.group = g;
-  for (int i = 0; i < grp.cp; ++i) gw.ring.push_back(grp.first_rank + i);
+  for (int i = 0; i < grp.ring_degree; ++i) gw.ring.push_back(grp.first_rank + i);
   for (const TokenRange& r : ranges) {
     const auto at = std::find(grp.seqs.begin(), grp.seqs.end(), r.seq);
     DHP_ASSERT(at != grp.seqs.end());
@@ -67,7 +67,7 @@ GroupWork group_work(const Plan& plan, int g, int rank, const std::vector<TokenR
     gw.pieces.push_back(Piece{plan.seqs()[size_t(r.seq)].id, r.begin, r.end, false});
     gw.docs.push_back(doc);
   }
-  if (grp.cp > 1) {
+  if (grp.ring_degree > 1) {
     gw.routing = route_images(plan, g, rank - grp.first_rank,
                               [&](int64_t id) { return data.image_spans(id); });
     gw.routed = !gw.routing.empty();

@@ -124,7 +124,7 @@ void RunReport::step(const StepRecord& rec) {
   if (rec.step % cfg_.log.every == 0 || rec.step == cfg_.train.steps || rec.step == 1) {
     bar_.clear();
     spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
-                 "{:.1f} samples/s | wait {:.0f} ms | {} groups, degrees {} | plan {:.1f} ms, "
+                 "{:.1f} samples/s | wait {:.0f} ms | {} groups, ring degrees {} | plan {:.1f} ms, "
                  "predicted {:.3f}s, measured {:.3f}s (cost model error {:.0f}%) | {:.1f}s",
                  rec.step, cfg_.train.steps, rec.loss, rec.lr, rec.grad_norm, rec.tokens_per_s,
                  rec.samples_per_s, 1e3 * rec.loader_wait_s, rec.groups, fmt::join(rec.degrees, ","),

@@ -233,7 +233,7 @@ double Run::global_loss(const StepStats& local, int64_t step, const StepWork& wo
 // The plan's shape as the step's record reports it.
 void describe_plan(const StepWork& work, StepRecord& rec) {
   rec.groups = int64_t(work.plan.groups().size());
-  for (const auto& g : work.plan.groups()) rec.degrees.push_back(g.cp);
+  for (const auto& g : work.plan.groups()) rec.degrees.push_back(g.ring_degree);
   std::sort(rec.degrees.begin(), rec.degrees.end(), std::greater<>());
   rec.max_degree = rec.degrees.empty() ? 1 : rec.degrees.front();
   rec.plan_s = work.plan_seconds;
