@@ -20,6 +20,7 @@
 
 #include "core/check.h"
 #include "core/hash.h"
+#include "core/input.h"
 #include "core/log.h"
 #include "data/image.h"
 #include "data/shard_format.h"
@@ -242,14 +243,13 @@ std::string build_key(const BuildOptions& o, const std::string& image_root, int6
   DHP_CHECK(o.workers >= 1 && o.shard_bytes > 0, "need --workers >= 1 and a positive shard size");
   DHP_CHECK(!o.out_dir.empty(), "--out is required");
   DHP_CHECK(!fs::is_directory(o.manifest), "manifest '{}' is a folder, not a JSONL file",
-            o.manifest);
-  std::ifstream in(o.manifest, std::ios::binary);
-  DHP_CHECK(in.good(), "manifest '{}' not found or not readable", o.manifest);
+            printable(o.manifest));
   // One pass over the manifest: its hash ties committed shards to these exact bytes.
+  LineReader in("manifest", o.manifest);
   uint64_t h = kFnvSeed;
   int64_t n_lines = 0, size = 0;
   std::string line;
-  while (std::getline(in, line)) {
+  while (in.next(line)) {
     h = fnv1a(line.data(), line.size(), h);
     h = fnv1a("\n", 1, h);
     size += int64_t(line.size()) + 1;
@@ -388,10 +388,10 @@ BuildSummary build_dataset(const BuildOptions& o) {
   rules.max_tokens = o.max_tokens;
   rules.max_image_pixels = o.max_image_pixels;
 
-  std::ifstream in(o.manifest, std::ios::binary);
+  LineReader in("manifest", o.manifest);
   std::string text;
   int64_t line_no = 0;
-  while (line_no < first_line && std::getline(in, text)) ++line_no;
+  while (line_no < first_line && in.next(text)) ++line_no;
 
   Pool pool(o.workers);
   ShardWriter writer(o.out_dir);
@@ -405,7 +405,7 @@ BuildSummary build_dataset(const BuildOptions& o) {
   std::vector<LineResult> results;
   while (!stopped) {
     texts.clear();
-    while (texts.size() < batch && std::getline(in, text)) texts.push_back(std::move(text));
+    while (texts.size() < batch && in.next(text)) texts.push_back(std::move(text));
     if (texts.empty()) break;
     results.assign(texts.size(), {});
     pool.run(int64_t(texts.size()), [&](int64_t i) {
