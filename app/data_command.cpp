@@ -47,6 +47,8 @@ void add_synth(CLI::App* data) {
   synth->add_option("--scale", opt->scale, "Preset image sides times this")->capture_default_str();
   synth->add_option("--factor", opt->factor, "Preset sizes snap to multiples of this (patch * merge)")
       ->capture_default_str();
+  synth->add_flag("--force", opt->force,
+                  "Write over the files of a folder that is not empty (an earlier synth)");
   synth->callback([opt] {
     set_up_logging(0, 1, "info");
     synthesize(*opt);

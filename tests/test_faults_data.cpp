@@ -44,6 +44,25 @@ std::string build_args(const std::string& manifest, const fs::path& out) {
          out.string();
 }
 
+TEST(DataFaults, SynthRefusesAFolderThatIsNotEmpty) {
+  const auto dir = run_dir("synth-over");
+  fs::create_directories(dir / "set");
+  write_text(dir / "set" / "train.jsonl", "mine\n");
+  const Outcome r = run_dhp("data synth --out " + (dir / "set").string() + " --train 2 --val 1", dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "is not empty")) << r.output;
+  EXPECT_TRUE(contains(r.output, "--force")) << r.output;
+  EXPECT_EQ(read_text(dir / "set" / "train.jsonl"), "mine\n");
+  // --force writes over it, as a request to regenerate.
+  const Outcome f =
+      run_dhp("data synth --out " + (dir / "set").string() + " --train 2 --val 1 --force", dir);
+  EXPECT_EQ(f.status, 0) << f.output;
+  EXPECT_NE(read_text(dir / "set" / "train.jsonl"), "mine\n");
+  // A new or empty folder needs nothing.
+  fs::create_directories(dir / "empty");
+  EXPECT_EQ(run_dhp("data synth --out " + (dir / "empty").string() + " --train 2 --val 1", dir).status, 0);
+}
+
 TEST(DataFaults, AManifestThatIsNotARegularFileIsRefusedNotWaitedOn) {
   const auto dir = run_dir("manifest-fifo");
   ASSERT_EQ(::mkfifo((dir / "m.fifo").c_str(), 0644), 0);
