@@ -91,6 +91,9 @@ void add_build(CLI::App* data) {
     o.on_error = cfg.data.on_error;
     o.allow_absolute_paths = cfg.data.allow_absolute_paths;
     DHP_CHECK(*shard_mb > 0, "--shard-mb must be positive");
+    // -1 is the library's "no limit", which only leaving the option out may ask for.
+    DHP_CHECK(build->count("--max-shards") == 0 || o.max_new_shards >= 1,
+              "--max-shards must be >= 1, not {}", o.max_new_shards);
     o.shard_bytes = std::max<int64_t>(1, int64_t(*shard_mb * 1024 * 1024));
     const BuildSummary s = build_dataset(o);
     if (!s.complete) {

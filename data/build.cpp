@@ -22,6 +22,7 @@
 #include "core/hash.h"
 #include "core/input.h"
 #include "core/log.h"
+#include "data/config.h"
 #include "data/image.h"
 #include "data/shard_format.h"
 #include "data/shard_io.h"
@@ -240,7 +241,11 @@ std::string build_key(const BuildOptions& o, const std::string& image_root, int6
             "data.on_error must be \"skip\" or \"fail\", not \"{}\"", o.on_error);
   DHP_CHECK(o.reencode == "none" || o.reencode == "png" || o.reencode == "jpeg",
             "--reencode must be none, png or jpeg, not '{}'", o.reencode);
-  DHP_CHECK(o.workers >= 1 && o.shard_bytes > 0, "need --workers >= 1 and a positive shard size");
+  DHP_CHECK(o.workers >= 1 && o.workers <= kMaxDataWorkers,
+            "--workers must be between 1 and {}, not {}", kMaxDataWorkers, o.workers);
+  DHP_CHECK(o.shard_bytes > 0, "the shard size must be positive");
+  DHP_CHECK(o.max_new_shards == -1 || o.max_new_shards >= 1,
+            "--max-shards must be >= 1, not {}", o.max_new_shards);
   DHP_CHECK(!o.out_dir.empty(), "--out is required");
   DHP_CHECK(!fs::is_directory(o.manifest), "manifest '{}' is a folder, not a JSONL file",
             printable(o.manifest));

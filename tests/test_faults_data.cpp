@@ -63,6 +63,23 @@ TEST(DataFaults, SynthRefusesAFolderThatIsNotEmpty) {
   EXPECT_EQ(run_dhp("data synth --out " + (dir / "empty").string() + " --train 2 --val 1", dir).status, 0);
 }
 
+TEST(DataFaults, BuildWorkersAndMaxShardsAreBounded) {
+  const auto dir = run_dir("build-bounds");
+  const std::string m = (synth_dir() / "val.jsonl").string();
+  Outcome r = run_dhp(build_args(m, dir / "a") + " --workers 100000", dir, "", kHangTimeout);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--workers must be between 1 and 256")) << r.output;
+  r = run_dhp(build_args(m, dir / "b") + " --workers 0", dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--workers must be between 1 and 256")) << r.output;
+  r = run_dhp(build_args(m, dir / "c") + " --max-shards -1", dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--max-shards must be >= 1")) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "c" / kIndexFile));
+  r = run_dhp(build_args(m, dir / "d") + " --max-shards 0", dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+}
+
 TEST(DataFaults, AManifestThatIsNotARegularFileIsRefusedNotWaitedOn) {
   const auto dir = run_dir("manifest-fifo");
   ASSERT_EQ(::mkfifo((dir / "m.fifo").c_str(), 0644), 0);
