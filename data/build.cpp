@@ -285,6 +285,11 @@ std::string read_text(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
+// "missing image" when one reason covers every skipped line, else each reason with its count.
+std::string skip_reasons(const std::map<std::string, int64_t>& counts) {
+  return counts.size() == 1 ? counts.begin()->first : format_counts(counts);
+}
+
 // Committed shards of an earlier run, in order; removes leftovers of an interrupted write.
 int64_t committed_shards(const fs::path& dir, int64_t* end_line) {
   for (const auto& e : fs::directory_iterator(dir))
@@ -342,6 +347,12 @@ void finish(const BuildOptions& o, const fs::path& dir, int64_t n_shards, const 
   report += "# line\treason\tdetail\n";
   for (const auto& r : x.skipped) report += fmt::format("{}\t{}\t{}\n", r.line, r.reason, r.detail);
   write_file_atomic((dir / kReportFile).string(), report);
+  // Refused before the index marks the build complete: an empty data set would only fail
+  // later, at training time.
+  DHP_CHECK(x.size() > 0, "manifest '{}' holds no usable sample ({} of {} lines skipped: {}); "
+            "see {}",
+            printable(o.manifest), x.skipped.size(), sum.lines, skip_reasons(sum.skipped),
+            (dir / kReportFile).string());
   write_index(dir.string(), x);  // last: its presence marks the build complete
   sum.complete = true;
 }

@@ -80,6 +80,18 @@ TEST(DataFaults, BuildWorkersAndMaxShardsAreBounded) {
   EXPECT_EQ(r.status, 1) << r.output;
 }
 
+TEST(DataFaults, ABuildWithNoUsableSampleFails) {
+  const auto dir = run_dir("build-none");
+  write_text(dir / "bad.jsonl",
+             "{\"id\":\"x\",\"image\":\"nope.png\",\"conversations\":[{\"from\":\"human\",\"value\":"
+             "\"<image>hi\"},{\"from\":\"gpt\",\"value\":\"a\"}]}\n");
+  const Outcome r = run_dhp(build_args((dir / "bad.jsonl").string(), dir / "out"), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "no usable sample (1 of 1 lines skipped: missing image")) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "out" / kIndexFile));
+  EXPECT_TRUE(contains(read_text(dir / "out" / kReportFile), "missing image"));
+}
+
 TEST(DataFaults, AManifestThatIsNotARegularFileIsRefusedNotWaitedOn) {
   const auto dir = run_dir("manifest-fifo");
   ASSERT_EQ(::mkfifo((dir / "m.fifo").c_str(), 0644), 0);
