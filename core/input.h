@@ -60,7 +60,6 @@ class LineReader {
   // The next line without its '\n'; false at the end of the file.
   bool next(std::string& line);
   int64_t line_no() const { return line_no_; }
-  int64_t bytes_read() const { return offset_; }
 
  private:
   void check_stop() const;
