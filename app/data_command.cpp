@@ -48,6 +48,8 @@ void add_synth(CLI::App* data) {
   synth->add_option("--scale", opt->scale, "Preset image sides times this")->capture_default_str();
   synth->add_option("--factor", opt->factor, "Preset sizes snap to multiples of this (patch * merge)")
       ->capture_default_str();
+  synth->add_flag("--force", opt->force,
+                  "Write over the files of a folder that is not empty (an earlier synth)");
   synth->callback([opt] {
     set_up_logging(0, 1, "info");
     synthesize(*opt);
@@ -90,6 +92,9 @@ void add_build(CLI::App* data) {
     o.on_error = cfg.data.on_error;
     o.allow_absolute_paths = cfg.data.allow_absolute_paths;
     DHP_CHECK(*shard_mb > 0, "--shard-mb must be positive");
+    // -1 is the library's "no limit", which only leaving the option out may ask for.
+    DHP_CHECK(build->count("--max-shards") == 0 || o.max_new_shards >= 1,
+              "--max-shards must be >= 1, not {}", o.max_new_shards);
     o.shard_bytes = std::max<int64_t>(1, int64_t(*shard_mb * 1024 * 1024));
     const BuildSummary s = build_dataset(o);
     if (!s.complete) {

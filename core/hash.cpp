@@ -1,22 +1,22 @@
 #include "core/hash.h"
 
-#include <fstream>
 #include <vector>
 
 #include "core/check.h"
+#include "core/input.h"
 
 namespace dhp {
 
 uint64_t hash_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  DHP_CHECK(in.good(), "'{}' not found or not readable", path);
+  const InputFile in("file", path);
   std::vector<char> buf(1 << 20);
   uint64_t h = kFnvSeed;
-  while (in) {
-    in.read(buf.data(), std::streamsize(buf.size()));
-    h = fnv1a(buf.data(), size_t(in.gcount()), h);
+  for (int64_t at = 0;;) {
+    const int64_t n = in.read_at(buf.data(), int64_t(buf.size()), at);
+    if (n == 0) return h;
+    h = fnv1a(buf.data(), size_t(n), h);
+    at += n;
   }
-  return h;
 }
 
 }  // namespace dhp

@@ -16,7 +16,8 @@ inline uint64_t fnv1a(const void* data, size_t n, uint64_t h = kFnvSeed) {
   return h;
 }
 
-// Hash of a whole file's bytes; throws dhp::Error when it cannot be read.
+// Hash of a whole file's bytes; throws dhp::Error when it cannot be read or is not a regular
+// file.
 uint64_t hash_file(const std::string& path);
 
 }  // namespace dhp

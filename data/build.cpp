@@ -20,7 +20,9 @@
 
 #include "core/check.h"
 #include "core/hash.h"
+#include "core/input.h"
 #include "core/log.h"
+#include "data/config.h"
 #include "data/image.h"
 #include "data/shard_format.h"
 #include "data/shard_io.h"
@@ -239,17 +241,20 @@ std::string build_key(const BuildOptions& o, const std::string& image_root, int6
             "data.on_error must be \"skip\" or \"fail\", not \"{}\"", o.on_error);
   DHP_CHECK(o.reencode == "none" || o.reencode == "png" || o.reencode == "jpeg",
             "--reencode must be none, png or jpeg, not '{}'", o.reencode);
-  DHP_CHECK(o.workers >= 1 && o.shard_bytes > 0, "need --workers >= 1 and a positive shard size");
+  DHP_CHECK(o.workers >= 1 && o.workers <= kMaxDataWorkers,
+            "--workers must be between 1 and {}, not {}", kMaxDataWorkers, o.workers);
+  DHP_CHECK(o.shard_bytes > 0, "the shard size must be positive");
+  DHP_CHECK(o.max_new_shards == -1 || o.max_new_shards >= 1,
+            "--max-shards must be >= 1, not {}", o.max_new_shards);
   DHP_CHECK(!o.out_dir.empty(), "--out is required");
   DHP_CHECK(!fs::is_directory(o.manifest), "manifest '{}' is a folder, not a JSONL file",
-            o.manifest);
-  std::ifstream in(o.manifest, std::ios::binary);
-  DHP_CHECK(in.good(), "manifest '{}' not found or not readable", o.manifest);
+            printable(o.manifest));
   // One pass over the manifest: its hash ties committed shards to these exact bytes.
+  LineReader in("manifest", o.manifest);
   uint64_t h = kFnvSeed;
   int64_t n_lines = 0, size = 0;
   std::string line;
-  while (std::getline(in, line)) {
+  while (in.next(line)) {
     h = fnv1a(line.data(), line.size(), h);
     h = fnv1a("\n", 1, h);
     size += int64_t(line.size()) + 1;
@@ -278,6 +283,11 @@ std::string build_key(const BuildOptions& o, const std::string& image_root, int6
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// "missing image" when one reason covers every skipped line, else each reason with its count.
+std::string skip_reasons(const std::map<std::string, int64_t>& counts) {
+  return counts.size() == 1 ? counts.begin()->first : format_counts(counts);
 }
 
 // Committed shards of an earlier run, in order; removes leftovers of an interrupted write.
@@ -337,6 +347,12 @@ void finish(const BuildOptions& o, const fs::path& dir, int64_t n_shards, const 
   report += "# line\treason\tdetail\n";
   for (const auto& r : x.skipped) report += fmt::format("{}\t{}\t{}\n", r.line, r.reason, r.detail);
   write_file_atomic((dir / kReportFile).string(), report);
+  // Refused before the index marks the build complete: an empty data set would only fail
+  // later, at training time.
+  DHP_CHECK(x.size() > 0, "manifest '{}' holds no usable sample ({} of {} lines skipped: {}); "
+            "see {}",
+            printable(o.manifest), x.skipped.size(), sum.lines, skip_reasons(sum.skipped),
+            (dir / kReportFile).string());
   write_index(dir.string(), x);  // last: its presence marks the build complete
   sum.complete = true;
 }
@@ -388,10 +404,10 @@ BuildSummary build_dataset(const BuildOptions& o) {
   rules.max_tokens = o.max_tokens;
   rules.max_image_pixels = o.max_image_pixels;
 
-  std::ifstream in(o.manifest, std::ios::binary);
+  LineReader in("manifest", o.manifest);
   std::string text;
   int64_t line_no = 0;
-  while (line_no < first_line && std::getline(in, text)) ++line_no;
+  while (line_no < first_line && in.next(text)) ++line_no;
 
   Pool pool(o.workers);
   ShardWriter writer(o.out_dir);
@@ -405,7 +421,7 @@ BuildSummary build_dataset(const BuildOptions& o) {
   std::vector<LineResult> results;
   while (!stopped) {
     texts.clear();
-    while (texts.size() < batch && std::getline(in, text)) texts.push_back(std::move(text));
+    while (texts.size() < batch && in.next(text)) texts.push_back(std::move(text));
     if (texts.empty()) break;
     results.assign(texts.size(), {});
     pool.run(int64_t(texts.size()), [&](int64_t i) {

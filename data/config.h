@@ -8,6 +8,10 @@
 
 namespace dhp {
 
+// Most decode threads a data loader or a build may start: beyond the cores of any machine
+// this runs on, and few enough that a mistyped count cannot exhaust threads and memory.
+inline constexpr int kMaxDataWorkers = 256;
+
 struct DataConfig {
   std::string train = "data/demo/train.jsonl";  // JSONL manifest, or a `dhp data build` folder
   std::string val = "data/demo/val.jsonl";          // held-out manifest ("" = none)

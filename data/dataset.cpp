@@ -3,10 +3,9 @@
 #include <opencv2/core.hpp>
 
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "core/check.h"
+#include "core/input.h"
 #include "core/log.h"
 #include "data/layout.h"
 #include "data/tokenizer.h"
@@ -46,16 +45,14 @@ Sample Dataset::guarded_load(int64_t i, int64_t begin, int64_t end, bool skip,
 JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image_root,
                            const Tokenizer& tok, const ImageGeometry& geometry, int64_t max_tokens,
                            const std::string& on_error, int64_t max_image_pixels,
-                           bool allow_absolute_paths)
+                           bool allow_absolute_paths, const volatile int* stop)
     : geometry_(geometry), skip_(on_error == "skip") {
   DHP_CHECK(on_error == "skip" || on_error == "fail",
             "data.on_error must be \"skip\" or \"fail\", not \"{}\"", on_error);
   DHP_CHECK(!fs::is_directory(manifest),
             "manifest '{}' is a folder, not a JSONL file (nor a folder built by `dhp data build`)",
-            manifest);
-  std::ifstream in(manifest);
-  DHP_CHECK(in.good(), "manifest '{}' not found or not readable (set data.train / data.val)",
-            manifest);
+            printable(manifest));
+  LineReader in("manifest", manifest, " (set data.train / data.val)", stop);
   LineRules rules;
   rules.image_root = image_root.empty() ? manifest_folder(manifest) : fs::path(image_root);
   rules.allow_absolute_paths = allow_absolute_paths;
@@ -63,9 +60,9 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
   rules.max_tokens = max_tokens;
   rules.max_image_pixels = max_image_pixels;
   std::string line;
-  int64_t line_no = 0, n_skipped = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
+  int64_t n_skipped = 0;
+  while (in.next(line)) {
+    const int64_t line_no = in.line_no();
     if (blank_line(line)) continue;
     ParsedLine p;
     try {
@@ -91,6 +88,7 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
     layout_loss_.insert(layout_loss_.end(), p.loss.begin(), p.loss.end());
     e.layout_end = int64_t(layout_.size());
     e.image_begin = int64_t(image_paths_.size());
+    image_root_ = p.root;
     for (size_t k = 0; k < p.paths.size(); ++k) {
       image_paths_.push_back(p.paths[k]);
       image_sizes_.push_back(p.sizes[k]);
@@ -153,7 +151,7 @@ Sample JsonlDataset::load_range(int64_t i, int64_t begin, int64_t end, ImageLoad
   return guarded_load(i, begin, end, skip_, [&] {
     auto decode = [&](int64_t k) {
       const std::string& path = image_paths_[size_t(e.image_begin + k)];
-      const std::vector<uint8_t> bytes = read_image_file(path);
+      const std::vector<uint8_t> bytes = read_image_file(path, image_root_);
       const cv::Mat bgr = decode_image(bytes.data(), bytes.size(), path);
       return prepare_checked(bgr, image_sizes_[size_t(e.image_begin + k)], path, geometry_);
     };

@@ -73,10 +73,12 @@ class JsonlDataset final : public Dataset {
   // max_image_pixels: an image with more pixels (by its header) is skipped; 0 = no limit.
   // Every image is decoded once here, so a line is usable exactly when `dhp data build` would
   // store it. allow_absolute_paths: accept absolute image paths (else "bad image path").
+  // The manifest must be a regular file with lines of at most kMaxLineBytes; loading stops
+  // with an error once *stop is non-zero (the trainer's SIGTERM flag).
   JsonlDataset(const std::string& manifest, const std::string& image_root,
                const Tokenizer& tokenizer, const ImageGeometry& geometry, int64_t max_tokens,
                const std::string& on_error, int64_t max_image_pixels = kDefaultMaxImagePixels,
-               bool allow_absolute_paths = false);
+               bool allow_absolute_paths = false, const volatile int* stop = nullptr);
 
   int64_t size() const override { return int64_t(entries_.size()); }
   int64_t length(int64_t i) const override;
@@ -104,6 +106,7 @@ class JsonlDataset final : public Dataset {
   std::vector<int32_t> layout_;        // (sum of text tokens + images)
   std::vector<uint8_t> layout_loss_;   // (same)
   std::vector<std::string> image_paths_;
+  std::string image_root_;              // resolved: every load stays inside it
   std::vector<ImageSize> image_sizes_;  // header sizes, checked against the decoded pixels
   std::vector<int64_t> image_tokens_;   // predicted from the header sizes
   std::vector<Entry> entries_;
@@ -115,8 +118,10 @@ class JsonlDataset final : public Dataset {
 struct DataConfig;
 
 // Opens `path` by what it is: a folder built by `dhp data build` (it holds index.h5) as a
-// ShardDataset, anything else as a JSONL manifest. Limits and on_error come from `data`.
+// ShardDataset, anything else as a JSONL manifest. Limits and on_error come from `data`;
+// reading a manifest stops with an error once *stop is non-zero.
 std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataConfig& data,
-                                      const Tokenizer& tokenizer, const ImageGeometry& geometry);
+                                      const Tokenizer& tokenizer, const ImageGeometry& geometry,
+                                      const volatile int* stop = nullptr);
 
 }  // namespace dhp

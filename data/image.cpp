@@ -6,10 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
+#include <cstdio>
 
 #include "core/check.h"
+#include "core/input.h"
 
 namespace dhp {
 
@@ -22,11 +22,32 @@ uint32_t be32(const unsigned char* b) {
 }
 uint32_t be16(const unsigned char* b) { return (uint32_t(b[0]) << 8) | b[1]; }
 
-ImageSize png_size(std::ifstream& in, const std::string& path) {
+// Reads a header in order through the one descriptor that was opened and checked.
+class HeaderReader {
+ public:
+  explicit HeaderReader(const InputFile& f) : f_(f) {}
+  int64_t read(unsigned char* out, int64_t n) {
+    const int64_t got = f_.read_at(out, n, pos_);
+    pos_ += got;
+    return got;
+  }
+  int get() {
+    unsigned char c = 0;
+    return read(&c, 1) == 1 ? c : EOF;
+  }
+  void seek(int64_t pos) { pos_ = pos; }
+  void skip(int64_t n) { pos_ += n; }
+  bool good() const { return pos_ <= f_.size(); }
+
+ private:
+  const InputFile& f_;
+  int64_t pos_ = 0;
+};
+
+ImageSize png_size(HeaderReader& in, const std::string& path) {
   // signature(8) | chunk length(4) | "IHDR" | width(4) | height(4): IHDR must come first.
   unsigned char b[24];
-  in.read(reinterpret_cast<char*>(b), 24);
-  DHP_CHECK(in.gcount() == 24, "image '{}': truncated PNG header", path);
+  DHP_CHECK(in.read(b, 24) == 24, "image '{}': truncated PNG header", path);
   DHP_CHECK(std::equal(b + 12, b + 16, "IHDR"), "image '{}': PNG without an IHDR chunk", path);
   const uint32_t w = be32(b + 16), h = be32(b + 20);
   DHP_CHECK(w > 0 && h > 0 && w < (1u << 31) && h < (1u << 31),
@@ -39,8 +60,8 @@ bool is_sof(int m) {
   return m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
 }
 
-ImageSize jpeg_size(std::ifstream& in, const std::string& path) {
-  in.seekg(2);
+ImageSize jpeg_size(HeaderReader& in, const std::string& path) {
+  in.seek(2);
   for (;;) {
     int c = in.get();
     DHP_CHECK(c != EOF, "image '{}': truncated JPEG header (no frame header found)", path);
@@ -52,20 +73,18 @@ ImageSize jpeg_size(std::ifstream& in, const std::string& path) {
     DHP_CHECK(m != 0xD9 && m != 0xDA,
               "image '{}': JPEG has no frame header before its scan data", path);
     unsigned char len_b[2];
-    in.read(reinterpret_cast<char*>(len_b), 2);
-    DHP_CHECK(in.gcount() == 2, "image '{}': truncated JPEG header", path);
+    DHP_CHECK(in.read(len_b, 2) == 2, "image '{}': truncated JPEG header", path);
     const uint32_t len = be16(len_b);
     DHP_CHECK(len >= 2, "image '{}': malformed JPEG segment length", path);
     if (is_sof(m)) {
       unsigned char b[5];  // precision(1) | height(2) | width(2)
-      in.read(reinterpret_cast<char*>(b), 5);
-      DHP_CHECK(in.gcount() == 5, "image '{}': truncated JPEG frame header", path);
+      DHP_CHECK(in.read(b, 5) == 5, "image '{}': truncated JPEG frame header", path);
       const uint32_t h = be16(b + 1), w = be16(b + 3);
       // A zero height means "defined later by DNL", which no decoder we use supports.
       DHP_CHECK(w > 0 && h > 0, "image '{}': JPEG frame header gives size {}x{}", path, w, h);
       return {int(h), int(w)};
     }
-    in.seekg(len - 2, std::ios::cur);
+    in.skip(len - 2);
     DHP_CHECK(in.good(), "image '{}': truncated JPEG header", path);
   }
 }
@@ -109,34 +128,28 @@ int64_t image_tokens(int H, int W, const ImageGeometry& v) {
 
 namespace {
 
-// Checked before opening: opening a FIFO blocks until a writer comes, a device never ends.
-void require_regular_file(const std::string& path) {
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  DHP_CHECK(std::filesystem::exists(st), "image '{}' not found", path);
-  DHP_CHECK(std::filesystem::is_regular_file(st),
-            "image '{}' is not a regular file (a folder, FIFO or device); refusing to read it",
-            path);
+// An image inside `root` is opened without leaving it, at every load: a file swapped for a
+// symlink out of the root after the manifest was checked is refused, never read.
+InputFile open_image(const std::string& path, const std::string& root) {
+  const std::string prefix = root == "/" ? root : root + "/";
+  if (!root.empty() && path.compare(0, prefix.size(), prefix) == 0)
+    return InputFile("image", root, path, "");
+  return InputFile("image", path);
 }
 
 }  // namespace
 
-ImageSize read_image_size(const std::string& path) {
-  require_regular_file(path);
-  std::ifstream in(path, std::ios::binary);
-  DHP_CHECK(in.good(), "image '{}' not found or not readable", path);
+ImageSize read_image_size(const std::string& path, const std::string& root) {
+  const InputFile f = open_image(path, root);
+  HeaderReader in(f);
   unsigned char sig[8];
-  in.read(reinterpret_cast<char*>(sig), 8);
-  const auto n = in.gcount();
+  const int64_t n = in.read(sig, 8);
   static constexpr unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
   if (n == 8 && std::equal(sig, sig + 8, kPng)) {
-    in.seekg(0);
+    in.seek(0);
     return png_size(in, path);
   }
-  if (n >= 3 && sig[0] == 0xFF && sig[1] == 0xD8 && sig[2] == 0xFF) {
-    in.clear();
-    return jpeg_size(in, path);
-  }
+  if (n >= 3 && sig[0] == 0xFF && sig[1] == 0xD8 && sig[2] == 0xFF) return jpeg_size(in, path);
   throw Error(fmt::format("image '{}' is neither PNG nor JPEG (or its header is truncated)",
                           path));
 }
@@ -170,19 +183,14 @@ PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v) {
   return out;
 }
 
-std::vector<uint8_t> read_image_file(const std::string& path) {
-  require_regular_file(path);
-  std::ifstream in(path, std::ios::binary);
-  DHP_CHECK(in.good(), "image '{}' is not readable", path);
-  in.seekg(0, std::ios::end);
-  const auto size = int64_t(in.tellg());
-  DHP_CHECK(size >= 0 && size <= kMaxImageFileBytes,
+std::vector<uint8_t> read_image_file(const std::string& path, const std::string& root) {
+  const InputFile f = open_image(path, root);
+  const int64_t size = f.size();
+  DHP_CHECK(size <= kMaxImageFileBytes,
             "image '{}' is {} bytes, more than the {} an image file may have", path, size,
             kMaxImageFileBytes);
-  in.seekg(0);
   std::vector<uint8_t> bytes(static_cast<size_t>(size));
-  in.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(size));
-  DHP_CHECK(in.gcount() == size, "image '{}' could not be read whole", path);
+  DHP_CHECK(f.read_at(bytes.data(), size, 0) == size, "image '{}' could not be read whole", path);
   return bytes;
 }
 

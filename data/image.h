@@ -27,15 +27,17 @@ int64_t image_tokens(int H, int W, const ImageGeometry& v);
 // Reads only the PNG IHDR or JPEG SOFn header (no pixel decode). Throws dhp::Error naming the
 // file for a missing file, one that is not a regular file (a FIFO would block the open
 // forever, a device would never end), another format, or a truncated or malformed header.
-ImageSize read_image_size(const std::string& path);
+// A `path` inside the folder `root` is opened without leaving it: a symlink or ".." that
+// leads out of `root` is an error (core/input.h).
+ImageSize read_image_size(const std::string& path, const std::string& root = "");
 
 // Largest image file read whole: far beyond any photo, small enough that a wrong path cannot
 // make a reader allocate without bound.
 inline constexpr int64_t kMaxImageFileBytes = int64_t(1) << 30;
 
-// The bytes of an image file: regular files only, at most kMaxImageFileBytes. Throws
-// dhp::Error naming the file otherwise.
-std::vector<uint8_t> read_image_file(const std::string& path);
+// The bytes of an image file: regular files only, at most kMaxImageFileBytes, confined to
+// `root` as read_image_size is. Throws dhp::Error naming the file otherwise.
+std::vector<uint8_t> read_image_file(const std::string& path, const std::string& root = "");
 
 struct PreparedImage {
   int grid_h = 0, grid_w = 0;   // patches per column / per row

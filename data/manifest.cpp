@@ -50,7 +50,7 @@ std::vector<std::string> image_list(const json& j) {
 // Where image `rel` lives. A relative path must stay inside the image root once "..", "." and
 // symlinks are resolved: a manifest from elsewhere must not be able to read (and a build to
 // embed) arbitrary files. Absolute paths only when the configuration allows them.
-fs::path resolve_image(const std::string& rel, const LineRules& rules) {
+fs::path resolve_image(const std::string& rel, const LineRules& rules, std::string& root_out) {
   if (rel.find('\0') != std::string::npos)
     throw LineError{"bad image path", "the image path holds a NUL character"};
   const fs::path given(rel);
@@ -71,6 +71,7 @@ fs::path resolve_image(const std::string& rel, const LineRules& rules) {
   if (ec)
     throw LineError{"unreadable image",
                     fmt::format("'{}': {}", (root / given).string(), ec.message())};
+  root_out = root.string();
   const auto diverge = std::mismatch(root.begin(), root.end(), p.begin(), p.end()).first;
   if (diverge != root.end())
     throw LineError{"bad image path", fmt::format("'{}' leads outside the image root '{}' (to "
@@ -90,7 +91,7 @@ std::vector<uint8_t> read_line_image(const ParsedLine& line, size_t k, cv::Mat* 
   const std::string& path = line.paths[k];
   std::vector<uint8_t> bytes;
   try {
-    bytes = read_image_file(path);
+    bytes = read_image_file(path, line.root);
   } catch (const Error& e) {
     throw LineError{"missing image", e.what()};
   }
@@ -185,12 +186,12 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
     out.name = "line " + std::to_string(line_no);
 
   for (const auto& rel : image_list(j)) {
-    const fs::path p = resolve_image(rel, rules);
+    const fs::path p = resolve_image(rel, rules, out.root);
     std::error_code ec;
     if (!fs::exists(p, ec)) throw LineError{"missing image", p.string()};
     ImageSize s;
     try {
-      s = read_image_size(p.string());
+      s = read_image_size(p.string(), out.root);
     } catch (const Error& err) {
       throw LineError{"unreadable image", err.what()};
     }

@@ -43,6 +43,8 @@ struct ParsedLine {
   std::vector<int32_t> layout;
   std::vector<uint8_t> loss;        // (layout) 1 on answer tokens
   std::vector<std::string> paths;   // resolved image paths
+  std::string root;                 // the image root, resolved: paths inside it are read
+                                    // without leaving it (core/input.h)
   std::vector<ImageSize> sizes;     // header sizes
   int64_t vision_tokens = 0;        // image tokens of all images
   int64_t text_tokens = 0;          // every other decoder token: <bos>, <eos>, <img>, </img>

@@ -13,7 +13,8 @@ namespace dhp {
 namespace fs = std::filesystem;
 
 std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataConfig& d,
-                                      const Tokenizer& tokenizer, const ImageGeometry& geometry) {
+                                      const Tokenizer& tokenizer, const ImageGeometry& geometry,
+                                      const volatile int* stop) {
   if (fs::is_directory(path)) {
     DHP_CHECK(fs::exists(fs::path(path) / kIndexFile),
               "'{}' is a folder without {}: pass a JSONL manifest, or a folder built by `dhp "
@@ -23,7 +24,8 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataConfig&
                                           d.max_image_pixels);
   }
   return std::make_unique<JsonlDataset>(path, d.image_root, tokenizer, geometry, d.max_tokens,
-                                        d.on_error, d.max_image_pixels, d.allow_absolute_paths);
+                                        d.on_error, d.max_image_pixels, d.allow_absolute_paths,
+                                        stop);
 }
 
 }  // namespace dhp

@@ -1,9 +1,5 @@
 #include "data/shard_dataset.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <bit>
 #include <filesystem>
 
@@ -11,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/hash.h"
+#include "core/input.h"
 #include "core/log.h"
 #include "data/config.h"
 #include "data/image.h"
@@ -28,31 +25,20 @@ static_assert(std::endian::native == std::endian::little,
 // One open shard file for the duration of a load.
 class ShardFile {
  public:
-  ShardFile(const std::string& path, int64_t expected_size) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    DHP_CHECK(fd_ >= 0, "shard '{}' is missing or unreadable", path);
-    struct stat st {};
-    DHP_CHECK(::fstat(fd_, &st) == 0 && int64_t(st.st_size) == expected_size,
-              "shard '{}' has {} bytes, the index expects {} (truncated or replaced)", path,
-              int64_t(st.st_size), expected_size);
+  ShardFile(const std::string& path, int64_t expected_size) : path_(path), file_("shard", path) {
+    DHP_CHECK(file_.size() == expected_size,
+              "shard '{}' has {} bytes, the index expects {} (truncated or replaced)",
+              printable(path), file_.size(), expected_size);
   }
-  ~ShardFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  ShardFile(const ShardFile&) = delete;
-  ShardFile& operator=(const ShardFile&) = delete;
   void read(void* out, int64_t bytes, int64_t offset) const {
-    auto* p = static_cast<char*>(out);
-    while (bytes > 0) {
-      const ssize_t n = ::pread(fd_, p, size_t(bytes), off_t(offset));
-      DHP_CHECK(n > 0, "shard '{}': cannot read {} bytes at offset {}", path_, bytes, offset);
-      p += n, bytes -= n, offset += n;
-    }
+    DHP_CHECK(file_.read_at(out, bytes, offset) == bytes,
+              "shard '{}': cannot read {} bytes at offset {} (truncated)", printable(path_), bytes,
+              offset);
   }
 
  private:
   std::string path_;
-  int fd_ = -1;
+  InputFile file_;
 };
 
 namespace {

@@ -4,10 +4,10 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
 
 #include "core/check.h"
 #include "core/files.h"
+#include "core/input.h"
 
 namespace dhp {
 
@@ -15,6 +15,18 @@ namespace {
 
 // HDF5 prints its own error stack on every failure; we report errors ourselves.
 void quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+herr_t innermost(unsigned n, const H5E_error2_t* e, void* out) {
+  if (n == 0 && e->desc) *static_cast<std::string*>(out) = e->desc;
+  return 0;
+}
+
+// Why the last HDF5 call failed, as HDF5 says it where the error was detected.
+std::string hdf5_reason() {
+  std::string reason;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, innermost, &reason);
+  return "HDF5: " + (reason.empty() ? std::string("no reason given") : printable(reason));
+}
 
 }  // namespace
 
@@ -94,21 +106,30 @@ void H5Writer::close() {
 
 H5Reader::H5Reader(const std::string& path) : path_(path) {
   quiet();
-  DHP_CHECK(std::filesystem::exists(path), "'{}' not found", path);
+  // Checked here because HDF5 opens without O_NONBLOCK: a FIFO would block it for ever.
+  InputFile("HDF5 file", path);
   file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  DHP_CHECK(file_ >= 0, "'{}' is not a readable HDF5 file (damaged or truncated?)", path);
+  DHP_CHECK(file_ >= 0, "'{}' is not a readable HDF5 file (damaged or truncated?; {})",
+            printable(path), hdf5_reason());
 }
 
 H5Reader::~H5Reader() {
   if (file_ >= 0) H5Fclose(file_);
 }
 
-bool H5Reader::has(const char* name) const { return H5Lexists(file_, name, H5P_DEFAULT) > 0; }
+bool H5Reader::has(const char* name) const {
+  // Negative when the file's structure cannot be read at all, which is damage, not absence.
+  const htri_t found = H5Lexists(file_, name, H5P_DEFAULT);
+  DHP_CHECK(found >= 0, "'{}' is damaged: looking up {} failed ({}); rebuild it",
+            printable(path_), name, hdf5_reason());
+  return found > 0;
+}
 
 hid_t H5Reader::open(const char* name) const {
   DHP_CHECK(has(name), "'{}' has no dataset {} (not built by this version of dhp?)", path_, name);
   const hid_t d = H5Dopen2(file_, name, H5P_DEFAULT);
-  DHP_CHECK(d >= 0, "'{}': dataset {} cannot be opened (damaged file)", path_, name);
+  DHP_CHECK(d >= 0, "'{}' is damaged: dataset {} cannot be opened ({})", printable(path_), name,
+            hdf5_reason());
   return d;
 }
 
@@ -130,7 +151,8 @@ std::vector<T> read_all(hid_t file_d, hid_t mem_type, int64_t n, const std::stri
   std::vector<T> out(size_t(std::max<int64_t>(n, 0)));
   if (n > 0)
     DHP_CHECK(H5Dread(file_d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0,
-              "'{}': cannot read dataset {} (damaged file)", path, name);
+              "'{}' is damaged: dataset {} cannot be read ({})", printable(path), name,
+              hdf5_reason());
   return out;
 }
 
@@ -151,8 +173,15 @@ std::string H5Reader::text(const char* name) const {
   return std::string(b.begin(), b.end());
 }
 
+void H5Reader::check_attribute(const char* name) const {
+  const htri_t found = H5Aexists(file_, name);
+  DHP_CHECK(found >= 0, "'{}' is damaged: looking up attribute {} failed ({}); rebuild it",
+            printable(path_), name, hdf5_reason());
+  DHP_CHECK(found > 0, "'{}' has no attribute {}", path_, name);
+}
+
 int64_t H5Reader::attr_i64(const char* name) const {
-  DHP_CHECK(H5Aexists(file_, name) > 0, "'{}' has no attribute {}", path_, name);
+  check_attribute(name);
   H5 a(H5Aopen(file_, name, H5P_DEFAULT), H5Aclose);
   int64_t v = 0;
   DHP_CHECK(a.ok() && H5Aread(a, H5T_NATIVE_INT64, &v) >= 0, "'{}': cannot read attribute {}",
@@ -161,7 +190,7 @@ int64_t H5Reader::attr_i64(const char* name) const {
 }
 
 std::string H5Reader::attr_str(const char* name) const {
-  DHP_CHECK(H5Aexists(file_, name) > 0, "'{}' has no attribute {}", path_, name);
+  check_attribute(name);
   H5 a(H5Aopen(file_, name, H5P_DEFAULT), H5Aclose);
   H5 type(H5Aget_type(a), H5Tclose);
   DHP_CHECK(H5Tget_class(type) == H5T_STRING, "'{}': attribute {} is not a string", path_, name);

@@ -44,7 +44,8 @@ class H5Writer {
 
 class H5Reader {
  public:
-  // Throws dhp::Error when the file is missing or not HDF5.
+  // Throws dhp::Error when the file is missing, not a regular file, or not HDF5; reads of a
+  // damaged file throw an error that says so with HDF5's reason.
   explicit H5Reader(const std::string& path);
   ~H5Reader();
   H5Reader(const H5Reader&) = delete;
@@ -65,6 +66,7 @@ class H5Reader {
 
  private:
   hid_t open(const char* name) const;
+  void check_attribute(const char* name) const;
   int64_t rows(hid_t d, int64_t cols) const;
   std::string path_;
   hid_t file_ = -1;

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <vector>
 
+#include "core/input.h"
+
 #include "core/check.h"
 #include "core/log.h"
 #include "core/rng.h"
@@ -230,12 +232,21 @@ std::vector<std::string> write_split(const SynthOptions& opt, const std::string&
 }  // namespace
 
 void synthesize(const SynthOptions& opt) {
+  std::error_code ec;
+  const auto st = fs::symlink_status(opt.out_dir, ec);
+  if (fs::exists(st)) {
+    DHP_CHECK(fs::is_directory(fs::status(opt.out_dir, ec)), "--out '{}' exists and is not a folder",
+              printable(opt.out_dir));
+    DHP_CHECK(opt.force || fs::is_empty(opt.out_dir, ec),
+              "--out '{}' is not empty: choose an empty --out, or pass --force to write a data "
+              "set over its files (its tokenizer.model and manifests are replaced)",
+              printable(opt.out_dir));
+  }
   if (!opt.preset.empty()) return synthesize_preset(opt);
   DHP_CHECK(opt.train > 0 && opt.val >= 0, "synth: need train > 0 and val >= 0 samples");
   DHP_CHECK(opt.min_side >= 32 && opt.min_side <= opt.max_side && opt.max_side <= 4096,
             "synth: need 32 <= min_side <= max_side <= 4096 (got {} and {})", opt.min_side,
             opt.max_side);
-  std::error_code ec;
   fs::create_directories(fs::path(opt.out_dir) / "images", ec);
   DHP_CHECK(!ec, "cannot create '{}': {}", opt.out_dir, ec.message());
 

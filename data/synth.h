@@ -24,10 +24,12 @@ struct SynthOptions {
   std::string preset;    // "" = the demo set above; else a length preset
   double scale = 1.0;    // preset image sides are multiplied by this (>= 32 pixels)
   int factor = 28;       // patch * merge the preset's sizes are snapped to (presets.h)
+  bool force = false;    // write into a folder that is not empty (else refused)
 };
 
 // Writes out_dir/{train,val}.jsonl, out_dir/images/*.png|*.jpg and out_dir/tokenizer.model.
-// The same options give byte-identical files.
+// The same options give byte-identical files. An out_dir that is not empty is refused unless
+// opt.force: replacing a data set's tokenizer would orphan every checkpoint trained on it.
 void synthesize(const SynthOptions& opt);
 // The preset branch of synthesize(): `train` and `val` samples of opt.preset.
 void synthesize_preset(const SynthOptions& opt);

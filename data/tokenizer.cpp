@@ -3,13 +3,12 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
-#include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <unordered_map>
 
 #include "core/check.h"
 #include "core/hash.h"
+#include "core/input.h"
 
 namespace dhp {
 
@@ -34,12 +33,11 @@ class VectorIterator : public sentencepiece::SentenceIterator {
 
 Tokenizer::Tokenizer(const std::string& model_path)
     : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()), path_(model_path) {
-  DHP_CHECK(std::filesystem::is_regular_file(model_path),
-            "tokenizer '{}' not found (set data.tokenizer, or create one with `dhp data synth`)",
-            model_path);
   // Loaded from the bytes it hashes, so the hash describes exactly the model in use.
-  std::ifstream in(model_path, std::ios::binary);
-  const std::string bytes{std::istreambuf_iterator<char>(in), {}};
+  const std::string bytes =
+      InputFile("tokenizer", model_path,
+                " (set data.tokenizer, or create one with `dhp data synth`)")
+          .read_all(kMaxTokenizerBytes, "the size cap of a tokenizer file");
   hash_ = fnv1a(bytes.data(), bytes.size());
   const auto st = sp_->LoadFromSerializedProto(bytes);
   DHP_CHECK(st.ok(), "tokenizer '{}' is not a valid SentencePiece model: {}", model_path,

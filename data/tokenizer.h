@@ -12,12 +12,16 @@ class SentencePieceProcessor;
 
 namespace dhp {
 
+// Largest tokenizer file read: SentencePiece models are a few MB; the cap keeps a wrong path
+// (a disk image, a log) from being read whole into memory.
+inline constexpr int64_t kMaxTokenizerBytes = int64_t(256) << 20;
+
 class Tokenizer {
  public:
   static constexpr int32_t kPad = 0, kUnk = 1, kBos = 2, kEos = 3, kImg = 4, kImgEnd = 5;
 
-  // Throws dhp::Error when the file is missing, is not a SentencePiece model, or does not
-  // reserve the ids above.
+  // Throws dhp::Error when the file is missing, not a regular file, over kMaxTokenizerBytes,
+  // not a SentencePiece model, or does not reserve the ids above.
   explicit Tokenizer(const std::string& model_path);
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;

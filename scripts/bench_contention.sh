@@ -11,7 +11,7 @@ steps=${1:-40}
 dhp=./build/dhp
 [ -x "$dhp" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
 if [ ! -f data/demo/tokenizer.model ]; then
-  "$dhp" data synth --out data/demo --train 8000 --val 300 >/dev/null
+  "$dhp" data synth --out data/demo --train 8000 --val 300 --force >/dev/null
 fi
 work=$(mktemp -d)
 busy_pid=""

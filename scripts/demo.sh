@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh build
 if [ ! -f data/demo/tokenizer.model ] || [ "$(wc -l < data/demo/train.jsonl)" -ne 8000 ]; then
-  ./build/dhp data synth --out data/demo --train 8000 --val 300
+  ./build/dhp data synth --out data/demo --train 8000 --val 300 --force
 fi
 # Each demo run starts afresh: its checkpoints and metrics go to runs/demo/.
 rm -rf runs/demo

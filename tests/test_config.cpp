@@ -180,7 +180,7 @@ TEST(Config, MessagesNameWhatWasGiven) {
   msg = error_of([] { parse_config("[optim]\nlr = {x=1}\n", "t.toml"); });
   EXPECT_NE(msg.find("'optim.lr' must be a number, got a table"), std::string::npos) << msg;
   msg = error_of([] { parse_config("[checkpoint]\ndir = \"ck\\u0000evil\"\n", "t.toml"); });
-  EXPECT_NE(msg.find("holds a NUL character: \"ck\\0evil\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("holds a NUL character: \"ck\\x00evil\""), std::string::npos) << msg;
 }
 
 // A config path that is a FIFO or a folder is named as such (a FIFO used to block forever).

@@ -24,6 +24,7 @@
 #include "data/tokenizer.h"
 #include "parallel/mpi_comm.h"
 #include "tests/error_of.h"
+#include "tests/run_dhp.h"
 #include "tests/train_fixture.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
@@ -36,46 +37,15 @@ namespace dhp {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::contains;
 using testing::error_of;
+using testing::Outcome;
+using testing::read_text;
+using testing::run_dhp;
 using testing::run_dir;
 using testing::small_config;
 using testing::synth_dir;
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
-}
-
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
-struct Outcome {
-  int status = -1;  // exit status, or 128 + signal when the process was killed
-  std::string output;  // stdout and stderr together
-};
-
-// Runs `args` (the dhp executable is prepended) through the shell, with `prefix` shell
-// commands before it (a limit, a cd), under a timeout so that a hang fails instead of
-// blocking the suite.
-Outcome run_dhp(const std::string& args, const fs::path& out_dir, const std::string& prefix = "") {
-  const fs::path log = out_dir / "dhp_output.txt";
-  const std::string cmd = "sh -c " + quoted(prefix + " exec timeout 120 " + DHP_BINARY + " " + args) +
-                          " > " + log.string() + " 2>&1";
-  const int raw = std::system(cmd.c_str());
-  Outcome r;
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  r.output = read_text(log);
-  return r;
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using testing::write_text;
 
 // A run configuration file holding `cfg`, for the executable.
 std::string config_file(const Config& cfg, const fs::path& dir) {

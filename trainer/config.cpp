@@ -126,7 +126,7 @@ class Schema {
     str("tokenizer", d.tokenizer);
     num("max_tokens", d.max_tokens, 8, big);
     num("max_image_pixels", d.max_image_pixels, 1, big);
-    num("workers", d.workers, 0, 256);
+    num("workers", d.workers, 0, kMaxDataWorkers);
     str("on_error", d.on_error, {"skip", "fail"});
     flag("allow_absolute_paths", d.allow_absolute_paths);
 

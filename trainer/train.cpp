@@ -93,11 +93,12 @@ class Run {
   }
 };
 
-std::unique_ptr<Dataset> open_train_set(const Config& cfg, const Tokenizer& tok) {
+std::unique_ptr<Dataset> open_train_set(const Config& cfg, const Tokenizer& tok,
+                                        const volatile int* stop) {
   DHP_CHECK(tok.vocab_size() <= cfg.model.vocab_size,
             "{}: model.vocab_size ({}) is smaller than the tokenizer's vocabulary ({} in {})",
             cfg.source, cfg.model.vocab_size, tok.vocab_size(), cfg.data.tokenizer);
-  auto set = open_dataset(cfg.data.train, cfg.data, tok, cfg.model.vision);
+  auto set = open_dataset(cfg.data.train, cfg.data, tok, cfg.model.vision, stop);
   DHP_CHECK(set->size() > 0, "data.train '{}' holds no usable sample", cfg.data.train);
   check_batch_fits(cfg, *set, available_memory_bytes());
   return set;
@@ -110,9 +111,10 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
       checkpoints_(cfg, comm),
       backend_(make_backend(cfg.train.device, backend_options(cfg))),
       tokenizer_(cfg.data.tokenizer),
-      train_set_(open_train_set(cfg, tokenizer_)),
+      train_set_(open_train_set(cfg, tokenizer_, topt.stop_flag)),
       val_set_(cfg.data.val.empty() ? nullptr
-                                    : open_dataset(cfg.data.val, cfg.data, tokenizer_, cfg.model.vision)),
+                                    : open_dataset(cfg.data.val, cfg.data, tokenizer_,
+                                                   cfg.model.vision, topt.stop_flag)),
       model_(cfg.model, *backend_),
       opt_(model_.table(), cfg.optim, *backend_,
            cfg.parallel.zero1 ? OptimizerShard{comm.rank(), comm.size()} : OptimizerShard{}),

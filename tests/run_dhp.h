@@ -1,0 +1,53 @@
+// Running the dhp executable (DHP_BINARY) from a test: its exit status and everything it
+// printed, under a timeout so that a hang fails the test instead of blocking the suite.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace dhp::testing {
+
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+inline void write_text(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+}
+
+inline std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+inline bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+struct Outcome {
+  int status = -1;  // exit status, or 128 + signal when the process was killed
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `args` (the dhp executable is prepended) through the shell, with `prefix` shell
+// commands before it (a limit, a cd). A run past `timeout_s` ends with status 124.
+inline Outcome run_dhp(const std::string& args, const std::filesystem::path& out_dir,
+                       const std::string& prefix = "", int timeout_s = 120) {
+  const std::filesystem::path log = out_dir / "dhp_output.txt";
+  const std::string cmd = "sh -c " +
+                          quoted(prefix + " exec timeout -k 5 " + std::to_string(timeout_s) +
+                                 " " + DHP_BINARY + " " + args) +
+                          " > " + log.string() + " 2>&1";
+  const int raw = std::system(cmd.c_str());
+  Outcome r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  r.output = read_text(log);
+  return r;
+}
+
+}  // namespace dhp::testing
