@@ -3,12 +3,16 @@
 // at its exit status and message, because "exit 1 with a message" rather than an abort, a
 // segfault or a hang is exactly what is being tested.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -29,6 +33,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/limits.h"
+#include "trainer/metrics.h"
 #include "trainer/run_lock.h"
 #include "trainer/train.h"
 #include "trainer/weights.h"
@@ -196,15 +201,42 @@ TEST(Faults, FailedWritesOfResultsAreNeverSilent) {
               dir, "ulimit -f 8;");
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "File too large")) << r.output;
-  // Metrics on a full device: a warning, once, and training goes on.
+  // Metrics on a device: refused before the first step (a device is never written through).
   const Config m = small_config(3, run_dir("silent_metrics"), {"--log.metrics=/dev/full",
                                                               "--log.level=info",
                                                               "--eval.exact_match=false"});
   r = run_dhp("train -c " + config_file(m, dir), dir);
-  EXPECT_EQ(r.status, 0) << r.output;
-  const size_t first = r.output.find("log.metrics: writing '/dev/full' failed");
-  EXPECT_NE(first, std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("log.metrics: writing", first + 1), std::string::npos) << r.output;
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "log.metrics '/dev/full' is a device")) << r.output;
+}
+
+// A metrics write that fails mid-run (here past the file size limit): a warning, once, and
+// training goes on without the file.
+TEST(Faults, AFailedMetricsWriteWarnsOnceAndTrainingGoesOn) {
+  const auto dir = run_dir("metrics_limit");
+  std::ostringstream logs;
+  const auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(logs)));
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit old_limit{};
+  ::getrlimit(RLIMIT_FSIZE, &old_limit);
+  {
+    MetricsFile metrics((dir / "m.jsonl").string(), true, 0);
+    rlimit small = old_limit;
+    small.rlim_cur = 4096;
+    ::setrlimit(RLIMIT_FSIZE, &small);
+    for (int step = 1; step <= 200; ++step) metrics.write(nlohmann::json{{"step", step}, {"pad", std::string(100, 'x')}});
+    ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  }
+  std::signal(SIGXFSZ, old_handler);
+  spdlog::set_default_logger(previous);
+  const std::string text = logs.str();
+  const size_t first = text.find("log.metrics: writing");
+  EXPECT_NE(first, std::string::npos) << text;
+  EXPECT_TRUE(contains(text, "File too large")) << text;
+  EXPECT_EQ(text.find("log.metrics: writing", first + 1), std::string::npos) << text;
+  EXPECT_LE(fs::file_size(dir / "m.jsonl"), 4096u);
 }
 
 TEST(Faults, AReplacedTokenizerIsRefused) {
@@ -703,6 +735,37 @@ TEST(Faults, InitPathThatIsNotAFileIsNamed) {
   EXPECT_TRUE(contains(msg, "is not a regular file")) << msg;
   msg = error_of([&] { load_weights((dir / "none.safetensors").string(), m); });
   EXPECT_TRUE(contains(msg, "not found")) << msg;
+}
+
+// log.metrics is never destroyed: a second run on the same file is refused while the first
+// holds it; a fresh run moves an earlier run's records aside instead of truncating them; a
+// resume drops only the records after its step; a file that is not dhp metrics is refused.
+TEST(Faults, MetricsFilesAreLockedAndNeverTruncated) {
+  const auto dir = run_dir("metrics_rules");
+  const std::string m = (dir / "m.jsonl").string();
+  {
+    MetricsFile first(m, true, 0);
+    first.write(nlohmann::json{{"step", 1}});
+    const std::string msg = error_of([&] { MetricsFile second(m, true, 0); });
+    EXPECT_TRUE(contains(msg, "is in use by another run") && contains(msg, "pid")) << msg;
+  }
+  // A fresh run: the earlier records move to m.jsonl.1.
+  write_text(m, "{\"step\":1}\n{\"step\":2}\n");
+  { MetricsFile fresh(m, true, 0); }
+  EXPECT_EQ(read_text(dir / "m.jsonl.1"), "{\"step\":1}\n{\"step\":2}\n");
+  EXPECT_EQ(read_text(m), "");
+  // A resume from step 2: steps up to 2 stay, a damaged line among them too, step 3 goes.
+  write_text(m, "{\"step\":1}\n{\"st\x01\n{\"step\":2}\n{\"eval\":\"val\",\"step\":2}\n{\"step\":3}\n");
+  { MetricsFile resumed(m, true, 2); }
+  EXPECT_EQ(read_text(m), "{\"step\":1}\n{\"st\x01\n{\"step\":2}\n{\"eval\":\"val\",\"step\":2}\n");
+  // Not metrics: refused and left as it was, on a fresh run and on a resume.
+  const std::string notes = "my notes\n" + std::string(64, '\xff') + "\n";
+  write_text(dir / "notes.jsonl", notes);
+  for (int64_t step : {0, 5}) {
+    const std::string msg = error_of([&] { MetricsFile bad((dir / "notes.jsonl").string(), true, step); });
+    EXPECT_TRUE(contains(msg, "log.metrics") && contains(msg, "not an earlier output")) << msg;
+    EXPECT_EQ(read_text(dir / "notes.jsonl"), notes);
+  }
 }
 
 }  // namespace

@@ -9,8 +9,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/check.h"
+#include "core/files.h"
 #include "core/log.h"
 
 namespace dhp {
@@ -57,23 +59,56 @@ void ProgressBar::clear() {
   drawn_ = false;
 }
 
+namespace {
+
+// A file of dhp metrics: its first line is a JSON object with a step (an empty file counts).
+bool holds_metrics(const std::string& path) {
+  const std::string head = read_head(path, 1 << 20);
+  const std::string first = head.substr(0, head.find('\n'));
+  if (first.empty()) return head.empty();
+  const auto j = nlohmann::json::parse(first, nullptr, false);
+  return j.is_object() && j.contains("step");
+}
+
+// The lines of an earlier run's file up to `step`: later lines are this run's to write again.
+// Lines that do not parse stay (a damaged line is no reason to lose the ones after it).
+std::string lines_up_to(const std::string& path, int64_t step) {
+  std::ifstream in(path, std::ios::binary);
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("step", int64_t(0)) > step) continue;
+    kept += line + "\n";
+  }
+  return kept;
+}
+
+}  // namespace
+
 MetricsFile::MetricsFile(const std::string& path, bool enabled, int64_t resumed_step) {
   if (!enabled || path.empty()) return;
   auto parent = std::filesystem::path(path).parent_path();
   std::error_code ec;
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
   DHP_CHECK(!ec, "log.metrics: cannot create the folder of '{}': {}", path, ec.message());
+  // Never a device, FIFO, folder or link, and never another program's file.
+  check_output_path(path, "log.metrics", holds_metrics, false);
+  // One run per metrics file, as per checkpoint folder: two runs appending to one file
+  // interleave and truncate each other's records.
+  lock_.emplace(path + ".lock", fmt::format("log.metrics '{}'", path));
   std::string kept;
   if (resumed_step > 0) {
-    std::ifstream in(path);
-    for (std::string line; std::getline(in, line);) {
-      const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.value("step", int64_t(0)) <= resumed_step) kept += line + "\n";
-    }
+    kept = lines_up_to(path, resumed_step);
+  } else if (std::filesystem::file_size(path, ec) > 0 && !ec) {
+    // A fresh run keeps an earlier run's records: moved aside, never truncated.
+    const std::string old = path + ".1";
+    check_output_path(old, "log.metrics (the earlier run's records)", holds_metrics, false);
+    commit_rename(path, old);
+    spdlog::warn("log.metrics: '{}' held an earlier run's metrics; they are now in '{}'", path, old);
   }
-  out_.open(path, std::ios::trunc);
+  write_file_atomic(path, kept);
+  out_.open(path, std::ios::app);
   DHP_CHECK(out_.good(), "log.metrics: cannot write '{}': {}", path, std::strerror(errno));
-  out_ << kept;
   path_ = path;
 }
 

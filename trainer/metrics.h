@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trainer/config.h"
+#include "trainer/run_lock.h"
 #include "trainer/evaluate.h"
 
 namespace dhp {
@@ -61,12 +62,16 @@ class ProgressBar {
 class MetricsFile {
  public:
   // A resumed run keeps the records up to the step it resumes from and drops the ones the
-  // interrupted run wrote after its checkpoint, which this run writes again.
+  // interrupted run wrote after its checkpoint, which this run writes again; a fresh run moves
+  // an earlier run's records to PATH.1. The file is locked for the run (PATH.lock), and
+  // anything at PATH that is not a dhp metrics file (a device, a folder, another program's
+  // data) is refused, never truncated.
   MetricsFile(const std::string& path, bool enabled, int64_t resumed_step);
   // A failed write is reported once and ends the file; training goes on without it.
   void write(const nlohmann::json& j);
 
  private:
+  std::optional<RunLock> lock_;
   std::ofstream out_;
   std::string path_;
 };

@@ -34,20 +34,29 @@ RunLock::RunLock(const std::string& dir) {
   DHP_CHECK(!ec, "checkpoint.dir '{}' cannot be created: {}", dir, ec.message());
   DHP_CHECK(fs::is_directory(dir), "checkpoint.dir '{}' is not a folder", dir);
   const std::string path = (fs::path(dir) / kRunLockFile).string();
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  DHP_CHECK(fd_ >= 0,
-            "checkpoint.dir '{}' is not writable ({}: {}); checkpoints could not be saved, so "
-            "the run does not start",
-            dir, path, std::strerror(errno));
+  lock(path, fmt::format("checkpoint.dir '{}'", dir),
+       "two runs on one folder would delete each other's checkpoints: wait for it to end or choose "
+       "another folder",
+       "checkpoints could not be saved, so the run does not start");
+}
+
+RunLock::RunLock(const std::string& lock_path, const std::string& what) {
+  lock(lock_path, what,
+       "two runs writing one file would destroy each other's records: wait for it to end or choose "
+       "another path",
+       "the run does not start");
+}
+
+void RunLock::lock(const std::string& path, const std::string& what, const std::string& why,
+                   const std::string& consequence) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  DHP_CHECK(fd_ >= 0, "{} is not writable ({}: {}); {}", what, path, std::strerror(errno), consequence);
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     const std::string who = holder_of(fd_);
     ::close(fd_);
     fd_ = -1;
-    DHP_CHECK(err != EWOULDBLOCK,
-              "checkpoint.dir '{}' is in use by another run ({}); two runs on one folder would "
-              "delete each other's checkpoints: wait for it to end or choose another folder",
-              dir, who);
+    DHP_CHECK(err != EWOULDBLOCK, "{} is in use by another run ({}); {}", what, who, why);
     throw Error(fmt::format("cannot lock '{}': {}", path, std::strerror(err)));
   }
   char host[256] = {};
@@ -63,9 +72,7 @@ RunLock::RunLock(const std::string& dir) {
     const int err = errno;
     ::close(fd_);
     fd_ = -1;
-    throw Error(fmt::format("checkpoint.dir '{}' is not writable ({}: {}); checkpoints could "
-                            "not be saved, so the run does not start",
-                            dir, path, std::strerror(err)));
+    throw Error(fmt::format("{} is not writable ({}: {}); {}", what, path, std::strerror(err), consequence));
   }
 }
 

@@ -16,11 +16,16 @@ class RunLock {
   // be created or written, or when another process holds the lock (naming its pid, host and
   // start time as that process recorded them).
   explicit RunLock(const std::string& dir);
+  // The same lock on the file `lock_path`, for another output two runs must not share (the
+  // metrics file); `what` names that output in messages.
+  RunLock(const std::string& lock_path, const std::string& what);
   ~RunLock();
   RunLock(const RunLock&) = delete;
   RunLock& operator=(const RunLock&) = delete;
 
  private:
+  void lock(const std::string& path, const std::string& what, const std::string& why,
+            const std::string& consequence);
   int fd_ = -1;
 };
 
