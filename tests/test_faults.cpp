@@ -501,6 +501,11 @@ TEST(Faults, StopAfterMustBeAStepThisRunReaches) {
     EXPECT_EQ(r.status, 1) << bad << "\n" << r.output;
     EXPECT_TRUE(contains(r.output, "--stop-after " + bad)) << r.output;
   }
+  // Past the last step: it would never be reached.
+  const Outcome past = run_dhp("train -c " + conf + " --stop-after 50", dir);
+  EXPECT_EQ(past.status, 1) << past.output;
+  EXPECT_TRUE(contains(past.output, "--stop-after 50 is past the last step of this run (train.steps = 2)"))
+      << past.output;
   auto world = start_world(nullptr, nullptr);
   Communicator& comm = *world;
   TrainOptions first;
@@ -766,6 +771,34 @@ TEST(Faults, MetricsFilesAreLockedAndNeverTruncated) {
     EXPECT_TRUE(contains(msg, "log.metrics") && contains(msg, "not an earlier output")) << msg;
     EXPECT_EQ(read_text(dir / "notes.jsonl"), notes);
   }
+}
+
+// A data or evaluation error that stops a run of one rank saves the trained state first (an
+// emergency save), so the steps since the last checkpoint are not lost; the message says where.
+TEST(Faults, AnErrorThatStopsTheRunSavesTheStateFirst) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("emergency");
+  // A held-out set whose stored images went bad after it was built: its evaluation at step 2
+  // fails in on_error = "fail" mode, after two steps trained and none saved.
+  BuildOptions o;
+  o.manifest = (synth_dir() / "val.jsonl").string();
+  o.out_dir = (dir / "built").string();
+  o.tokenizer = (synth_dir() / "tokenizer.model").string();
+  o.vision = small_config(1, dir).model.vision;
+  o.progress = false;
+  ASSERT_TRUE(build_dataset(o).complete);
+  damage_every_image(dir / "built");
+  const Config cfg = small_config(4, dir, {"--data.val=" + (dir / "built").string(), "--data.on_error=fail",
+                                           "--eval.every=2", "--checkpoint.every=0", "--eval.exact_match=false"});
+  const std::string msg = error_of([&] { train(cfg, comm); });
+  EXPECT_TRUE(contains(msg, "checksum")) << msg;
+  EXPECT_TRUE(contains(msg, "emergency save: the state after step 2")) << msg;
+  const auto saved = list_checkpoints(cfg.checkpoint.dir);
+  ASSERT_EQ(saved.size(), 1u) << msg;
+  auto backend = make_cpu_backend({1});
+  Model m(cfg.model, *backend);
+  EXPECT_EQ(load_checkpoint(saved[0], m, nullptr).step, 2);
 }
 
 }  // namespace

@@ -55,6 +55,10 @@ class Run {
   bool periodic_save(int64_t step) const { return checkpoints_.periodic(step); }
   // The save a run ends with (last) must succeed (CheckpointManager::save).
   std::string save(int64_t step, bool last);
+  // After an error that stopped the run with `done` the last completed step and `saved` the
+  // step the newest checkpoint holds: the state of `done` saved first where one rank can save
+  // it alone, and the message saying what was kept.
+  std::string rescue(int64_t done, int64_t saved, const std::string& what);
   void clear_bar() { report_.clear(); }
 
  private:
@@ -304,6 +308,26 @@ std::string Run::save(int64_t step, bool last) {
   return checkpoints_.save(model_, opt_, st, last);
 }
 
+std::string Run::rescue(int64_t done, int64_t saved, const std::string& what) {
+  if (done <= saved) return what;
+  const std::string last = saved > 0 ? fmt::format("step {}", saved) : "no checkpoint yet";
+  // The state is whole between steps: an error in a step's loads or compute comes before its
+  // update, one in an evaluation after it. Several ranks cannot save together once one of
+  // them has failed (the others are waiting for it), so only a run of one rank saves here.
+  if (comm_.size() > 1)
+    return fmt::format("{}\n(the {} steps since the last checkpoint ({}) were not saved: after an error on "
+                       "one rank the ranks cannot save together)", what, done - saved, last);
+  try {
+    const std::string path = save(done, true);
+    spdlog::warn("emergency save: the state after step {} is in {}", done, path);
+    return fmt::format("{}\n(emergency save: the state after step {} is in '{}'; fix the cause and continue "
+                       "with --resume auto)", what, done, path);
+  } catch (const Error& e) {
+    return fmt::format("{}\n(the emergency save after step {} failed too: {}; the last checkpoint is {})",
+                       what, done, e.what(), last);
+  }
+}
+
 // A signal reaches the ranks at slightly different moments: they agree to stop after the
 // same step, so that all of them take part in the one checkpoint.
 bool stop_requested(const TrainOptions& topt, Communicator& comm) {
@@ -315,6 +339,11 @@ bool stop_requested(const TrainOptions& topt, Communicator& comm) {
 }  // namespace
 
 TrainResult train(const Config& cfg, Communicator& comm, const TrainOptions& topt) {
+  // Checked before anything is opened or locked: a stop that is never reached would train to
+  // the end while the user expected a checkpoint at that step.
+  DHP_CHECK(topt.stop_after < 0 || topt.stop_after <= cfg.train.steps,
+            "--stop-after {} is past the last step of this run (train.steps = {})", topt.stop_after,
+            cfg.train.steps);
   const auto t_start = Clock::now();
   const bool rank0 = comm.rank() == 0;
   Run run(cfg, comm, topt);
@@ -322,35 +351,43 @@ TrainResult train(const Config& cfg, Communicator& comm, const TrainOptions& top
   TrainResult result;
   result.last_step = first;
 
-  std::future<StepWork> next;
-  if (first < cfg.train.steps) next = run.plan_ahead(first);
-  for (int64_t step = first; step < cfg.train.steps; ++step) {
-    const StepWork cur = next.get();
-    if (step + 1 < cfg.train.steps) next = run.plan_ahead(step + 1);
-    const StepRecord rec = run.step(step, cur);
-    result.steps.push_back(rec);
-    result.last_step = rec.step;
-    run.record(rec);
+  // Steps done and saved, for the message (and the emergency save) when an error stops the run.
+  int64_t done = first, saved = first;
+  try {
+    std::future<StepWork> next;
+    if (first < cfg.train.steps) next = run.plan_ahead(first);
+    for (int64_t step = first; step < cfg.train.steps; ++step) {
+      const StepWork cur = next.get();
+      if (step + 1 < cfg.train.steps) next = run.plan_ahead(step + 1);
+      const StepRecord rec = run.step(step, cur);
+      result.steps.push_back(rec);
+      result.last_step = done = rec.step;
+      run.record(rec);
 
-    if (cfg.eval.every > 0 && rec.step % cfg.eval.every == 0 && rec.step < cfg.train.steps)
-      run.evaluate(rec.step, nullptr);
-    const bool interrupted = stop_requested(topt, comm);
-    if (interrupted || rec.step == topt.stop_after) {
-      result.checkpoint = run.save(rec.step, true);
-      if (rank0)
-        spdlog::info("stopping after step {}{}; resume with --resume auto", rec.step,
-                     interrupted ? " (signal)" : "");
-      return result;
+      if (cfg.eval.every > 0 && rec.step % cfg.eval.every == 0 && rec.step < cfg.train.steps)
+        run.evaluate(rec.step, nullptr);
+      const bool interrupted = stop_requested(topt, comm);
+      if (interrupted || rec.step == topt.stop_after) {
+        result.checkpoint = run.save(rec.step, true);
+        saved = rec.step;
+        if (rank0)
+          spdlog::info("stopping after step {}{}; resume with --resume auto", rec.step,
+                       interrupted ? " (signal)" : "");
+        return result;
+      }
+      if (run.periodic_save(rec.step)) {
+        const std::string path = run.save(rec.step, false);
+        if (!path.empty()) result.checkpoint = path, saved = rec.step;
+      }
     }
-    if (run.periodic_save(rec.step)) {
-      const std::string saved = run.save(rec.step, false);
-      if (!saved.empty()) result.checkpoint = saved;
-    }
+    run.clear_bar();
+    // A resumed run that had no step left to take already has its checkpoint.
+    if (result.last_step > first || first == 0) result.checkpoint = run.save(result.last_step, true);
+    saved = result.last_step;
+    run.evaluate(result.last_step, &result);
+  } catch (const Error& e) {
+    throw Error(run.rescue(done, saved, e.what()));
   }
-  run.clear_bar();
-  // A resumed run that had no step left to take already has its checkpoint.
-  if (result.last_step > first || first == 0) result.checkpoint = run.save(result.last_step, true);
-  run.evaluate(result.last_step, &result);
   if (rank0) spdlog::info("done in {:.1f}s", seconds_since(t_start));
   return result;
 }
