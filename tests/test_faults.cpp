@@ -27,9 +27,11 @@
 #include "data/shard_format.h"
 #include "data/tokenizer.h"
 #include "parallel/mpi_comm.h"
+#include "parallel/threaded_comm.h"
 #include "tests/error_of.h"
 #include "tests/run_dhp.h"
 #include "tests/train_fixture.h"
+#include "trainer/agreement.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/limits.h"
@@ -799,6 +801,47 @@ TEST(Faults, AnErrorThatStopsTheRunSavesTheStateFirst) {
   auto backend = make_cpu_backend({1});
   Model m(cfg.model, *backend);
   EXPECT_EQ(load_checkpoint(saved[0], m, nullptr).step, 2);
+}
+
+// Ranks started with different settings or data stop at once, every one of them, naming the
+// rank and the first key that differs (instead of waiting for parallel.timeout_s, or training
+// on silently with another learning rate on one rank's ZeRO-1 block).
+TEST(Faults, RanksThatDisagreeStopAtOnce) {
+  const auto dir = run_dir("agree");
+  const Config base = small_config(2, dir);
+  fs::copy_file(synth_dir() / "train.jsonl", dir / "train.jsonl");
+  std::string other = read_text(dir / "train.jsonl");
+  other[other.find("\"gpt\"") + 16] ^= 1;  // one caption's letter
+  write_text(dir / "other.jsonl", other);
+  struct Case {
+    std::vector<std::string> rank2;
+    std::string says;
+  };
+  const Case cases[] = {
+      {{"--model.dim=32"}, "model.dim = 32 there, 64 on rank 0"},
+      {{"--optim.lr=0.5"}, "optim.lr = 0.5 there"},
+      {{"--train.seed=99"}, "train.seed = 99 there"},
+      {{"--data.train=" + (dir / "other.jsonl").string()}, "data.train (its contents)"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> messages(3);
+    run_threaded(3, [&](Communicator& comm) {
+      const Config cfg = comm.rank() == 2 ? small_config(2, dir, c.rank2) : base;
+      messages[size_t(comm.rank())] = error_of([&] { check_ranks_agree(cfg, comm); });
+    });
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_TRUE(contains(messages[size_t(r)], "rank 2: its configuration differs from rank 0's")) << messages[size_t(r)];
+      EXPECT_TRUE(contains(messages[size_t(r)], c.says)) << messages[size_t(r)];
+    }
+  }
+  // Per-process keys may differ; the same data under another path is the same data.
+  fs::copy_file(synth_dir() / "train.jsonl", dir / "copy.jsonl");
+  run_threaded(3, [&](Communicator& comm) {
+    const Config cfg = comm.rank() == 1 ? small_config(2, dir, {"--train.threads=1", "--log.every=7",
+                                                                "--data.train=" + (dir / "copy.jsonl").string()})
+                                        : base;
+    EXPECT_EQ(error_of([&] { check_ranks_agree(cfg, comm); }), "");
+  });
 }
 
 }  // namespace

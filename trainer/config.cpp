@@ -530,6 +530,14 @@ std::string format_config(const Config& cfg) {
   return out;
 }
 
+std::vector<std::pair<std::string, std::string>> config_entries(const Config& cfg) {
+  Config copy = cfg;
+  Schema s(copy);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& k : s.keys()) out.emplace_back(k.path(), value_text(k.ref, true));
+  return out;
+}
+
 std::string to_toml(const Config& cfg) {
   Config copy = cfg;
   Schema s(copy);

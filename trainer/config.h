@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/config.h"
@@ -88,5 +89,9 @@ std::string format_config(const Config& cfg);
 
 // The resolved configuration as TOML text that parse_config() reads back to the same values.
 std::string to_toml(const Config& cfg);
+
+// Every key of the schema with its value as TOML writes it ("section.key", "value"), in the
+// schema's order.
+std::vector<std::pair<std::string, std::string>> config_entries(const Config& cfg);
 
 }  // namespace dhp

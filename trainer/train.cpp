@@ -18,6 +18,7 @@
 #include "kernels/backend.h"
 #include "model/model.h"
 #include "parallel/planner.h"
+#include "trainer/agreement.h"
 #include "trainer/checkpoint.h"
 #include "trainer/evaluate.h"
 #include "trainer/executor.h"
@@ -344,6 +345,7 @@ TrainResult train(const Config& cfg, Communicator& comm, const TrainOptions& top
   DHP_CHECK(topt.stop_after < 0 || topt.stop_after <= cfg.train.steps,
             "--stop-after {} is past the last step of this run (train.steps = {})", topt.stop_after,
             cfg.train.steps);
+  check_ranks_agree(cfg, comm);
   const auto t_start = Clock::now();
   const bool rank0 = comm.rank() == 0;
   Run run(cfg, comm, topt);

@@ -1,0 +1,95 @@
+#include "trainer/agreement.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "core/check.h"
+#include "core/hash.h"
+#include "data/shard_format.h"
+
+namespace dhp {
+namespace {
+
+// A data path's contents as a hash: a built folder by its index (which holds every sample's
+// checksums), a manifest or a tokenizer by its bytes; "" for no file.
+std::string contents_hash(const std::string& path) {
+  if (path.empty()) return "none";
+  namespace fs = std::filesystem;
+  const std::string file = fs::is_directory(path) ? (fs::path(path) / kIndexFile).string() : path;
+  return fmt::format("{:016x}", hash_file(file));
+}
+
+// Messages travel in a fixed-size buffer.
+constexpr size_t kMessageBytes = 2048;
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> agreement_terms(const Config& cfg) {
+  static const char* const kPerProcess[] = {"train.threads", "train.adapt_threads"};
+  static const char* const kByContents[] = {"data.train", "data.val", "data.tokenizer"};
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& [key, value] : config_entries(cfg)) {
+    if (key.rfind("log.", 0) == 0 || key == "data.image_root") continue;
+    if (std::find(std::begin(kPerProcess), std::end(kPerProcess), key) != std::end(kPerProcess)) continue;
+    if (std::find(std::begin(kByContents), std::end(kByContents), key) != std::end(kByContents)) continue;
+    out.emplace_back(key, value);
+  }
+  out.emplace_back("data.train (its contents)", contents_hash(cfg.data.train));
+  out.emplace_back("data.val (its contents)", contents_hash(cfg.data.val));
+  out.emplace_back("data.tokenizer (its contents)", contents_hash(cfg.data.tokenizer));
+  return out;
+}
+
+void check_ranks_agree(const Config& cfg, Communicator& comm) {
+  if (comm.size() == 1) return;
+  // A rank that cannot even read its files takes part all the same, with its reason as its
+  // terms, so that the others stop with it instead of waiting for it.
+  std::vector<std::pair<std::string, std::string>> mine;
+  try {
+    mine = agreement_terms(cfg);
+  } catch (const Error& e) {
+    mine = {{"its data files", std::string("unreadable: ") + e.what()}};
+  }
+  std::string text;
+  for (const auto& [key, value] : mine) text += key + '\x1f' + value + '\x1e';
+  // Rank 0's terms to everyone, then each rank's first differing term to everyone.
+  int64_t n = int64_t(text.size());
+  comm.broadcast(&n, 1, DataType::I64, 0);
+  std::string theirs(size_t(n), '\0');
+  if (comm.rank() == 0) theirs = text;
+  comm.broadcast(theirs.data(), n, DataType::U8, 0);
+  std::vector<std::pair<std::string, std::string>> ref;
+  for (size_t at = 0; at < theirs.size();) {
+    const size_t sep = theirs.find('\x1f', at), end = theirs.find('\x1e', at);
+    DHP_ASSERT(sep != std::string::npos && end != std::string::npos && sep < end);
+    ref.emplace_back(theirs.substr(at, sep - at), theirs.substr(sep + 1, end - sep - 1));
+    at = end + 1;
+  }
+  std::string why;
+  for (size_t i = 0; i < std::max(mine.size(), ref.size()) && why.empty(); ++i) {
+    if (i < mine.size() && i < ref.size() && mine[i] == ref[i]) continue;
+    if (i < mine.size() && i < ref.size() && mine[i].first == ref[i].first)
+      why = fmt::format("rank {}: its configuration differs from rank 0's: {} = {} there, {} on rank 0",
+                        comm.rank(), mine[i].first, mine[i].second, ref[i].second);
+    else
+      why = fmt::format("rank {}: its configuration differs from rank 0's at {} (another dhp version?)",
+                        comm.rank(), i < mine.size() ? mine[i].first : ref[i].first);
+  }
+  std::vector<int32_t> differs(size_t(comm.size()));
+  const int32_t me = why.empty() ? 0 : 1;
+  comm.all_gather(&me, differs.data(), 1, DataType::I32);
+  const auto first = std::find(differs.begin(), differs.end(), 1);
+  if (first == differs.end()) return;
+  const int root = int(first - differs.begin());
+  std::string message(kMessageBytes, '\0');
+  if (comm.rank() == root) std::memcpy(message.data(), why.data(), std::min(why.size(), kMessageBytes - 1));
+  comm.broadcast(message.data(), int64_t(kMessageBytes), DataType::U8, root);
+  message.resize(std::strlen(message.c_str()));
+  const int others = int(std::count(differs.begin(), differs.end(), 1)) - 1;
+  throw Error(others > 0 ? fmt::format("{} (and {} more rank{})", message, others, others > 1 ? "s" : "") : message);
+}
+
+}  // namespace dhp

@@ -1,0 +1,30 @@
+// Ranks agree before they start. Every rank of a job reads its own configuration, data and
+// tokenizer; a rank started with another model, seed, batch size or learning rate, or with a
+// data file that differs by one caption, would either wait on collectives that never match
+// (a hang until parallel.timeout_s) or train silently on something else (ZeRO-1 applying
+// another learning rate to its block). So at start-up the ranks compare the resolved
+// configuration key by key with rank 0's, and the contents of the data and tokenizer files
+// by hash; a difference stops every rank at once, naming the rank and the first key.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "parallel/communicator.h"
+#include "trainer/config.h"
+
+namespace dhp {
+
+// What the ranks must agree on, as (key, value) in a fixed order: every configuration key
+// except those that are per process by nature ([log], which only rank 0 writes;
+// train.threads and train.adapt_threads, a node's cores), with the data and tokenizer paths
+// replaced by their contents' hashes (nodes may hold their own copies).
+std::vector<std::pair<std::string, std::string>> agreement_terms(const Config& cfg);
+
+// Throws dhp::Error on every rank when a rank's terms differ from rank 0's:
+// "rank 2: its configuration differs from rank 0's: model.dim = 128 there, 64 on rank 0".
+// Collective: every rank calls it once, before anything else talks to the other ranks.
+void check_ranks_agree(const Config& cfg, Communicator& comm);
+
+}  // namespace dhp
