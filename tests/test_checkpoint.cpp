@@ -86,6 +86,44 @@ TEST(Checkpoint, ResumeIsBitExact) {
   EXPECT_EQ(straight.final_accuracy, b.final_accuracy);
 }
 
+// --resume auto treats a newest checkpoint whose contents fail their checksum as it treats a
+// truncated one: a warning, and the checkpoint before it.
+TEST(Checkpoint, ResumeAutoPassesOverACheckpointThatFailsItsChecksum) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("resume_damaged");
+  const Config cfg = small_config(3, dir, {"--checkpoint.every=1", "--checkpoint.keep=3",
+                                           "--eval.exact_match=false"});
+  train(cfg, comm);
+  const auto all = list_checkpoints(cfg.checkpoint.dir);
+  ASSERT_EQ(all.size(), 3u);
+  hsize_t offset = 0;
+  {
+    hid_t f = H5Fopen(all.back().c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, "params/layers.1.mlp.w2.weight", H5P_DEFAULT);
+    offset = H5Dget_offset(d);
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  {
+    std::fstream io(all.back(), std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(std::streamoff(offset + 17));
+    char c = 0;
+    io.read(&c, 1);
+    c ^= 0x10;
+    io.seekp(std::streamoff(offset + 17));
+    io.write(&c, 1);
+  }
+  TrainOptions o;
+  o.resume = "auto";
+  TrainResult r;
+  EXPECT_EQ(error_of([&] { r = train(small_config(4, dir, {"--checkpoint.every=1", "--checkpoint.keep=3",
+                                                          "--eval.exact_match=false"}), comm, o); }), "");
+  ASSERT_FALSE(r.steps.empty());
+  EXPECT_EQ(r.steps.front().step, 3);  // resumed after step 2, the step 3 checkpoint passed over
+  EXPECT_EQ(r.last_step, 4);
+}
+
 TEST(Checkpoint, ResumeRefusesAChangedModelShapeNamingTheKey) {
   auto world = start_world(nullptr, nullptr);
   Communicator& comm = *world;

@@ -113,7 +113,7 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
   return final_path.string();
 }
 
-std::vector<std::string> list_checkpoints(const std::string& dir) {
+std::vector<std::string> list_checkpoints(const std::string& dir, bool warn) {
   // Ordered by the step each file records, not by its name: a file renamed to a higher step
   // must neither be resumed from nor push the real newest checkpoint out of retention.
   std::vector<std::pair<int64_t, std::string>> found;
@@ -128,7 +128,8 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
     marker >> marked;
     const int64_t recorded = recorded_step(p.string());
     if (recorded != named || marked != named) {
-      spdlog::warn("ignoring checkpoint '{}': its name says step {}, its completion marker {} "
+      if (warn)
+        spdlog::warn("ignoring checkpoint '{}': its name says step {}, its completion marker {} "
                    "and its contents {}; it was renamed or damaged",
                    p.string(), named, marked, recorded);
       continue;
@@ -141,11 +142,11 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return out;
 }
 
-std::string resolve_checkpoint(const std::string& what, const std::string& default_dir) {
+std::string resolve_checkpoint(const std::string& what, const std::string& default_dir, bool warn) {
   const std::string dir = what == "auto" ? default_dir : what;
   if (what != "auto" && fs::is_regular_file(what)) return what;
   DHP_CHECK(fs::is_directory(dir), "no checkpoint at '{}' (neither a file nor a directory)", dir);
-  auto all = list_checkpoints(dir);
+  auto all = list_checkpoints(dir, warn);
   DHP_CHECK(!all.empty(), "no complete checkpoint in '{}'", dir);
   return all.back();
 }
@@ -158,16 +159,25 @@ CheckpointManager::CheckpointManager(const Config& cfg, Communicator& comm)
 std::string CheckpointManager::resume_path(const std::string& resume) const {
   const std::string& dir = cfg_.checkpoint.dir;
   const bool resuming = !resume.empty() && (resume != "auto" || !fs::is_directory(dir) ||
-                                            !list_checkpoints(dir).empty());
-  if (resuming) return resolve_checkpoint(resume, dir);
+                                            !list_checkpoints(dir, rank0_).empty());
+  if (resuming) return resolve_checkpoint(resume, dir, rank0_);
   if (!resume.empty() && rank0_)
     spdlog::info("--resume auto: '{}' holds no checkpoint yet; starting a fresh run", dir);
-  const auto existing = list_checkpoints(dir);
+  const auto existing = list_checkpoints(dir, false);
   DHP_CHECK(existing.empty(),
             "checkpoint.dir '{}' already holds checkpoints of another run (newest: {}); "
             "continue that run with --resume auto, or set checkpoint.dir to a new folder",
             dir, existing.back());
   return "";
+}
+
+std::vector<std::string> CheckpointManager::resume_candidates(const std::string& resume) const {
+  const std::string path = resume_path(resume);
+  if (path.empty() || resume != "auto") return path.empty() ? std::vector<std::string>{} : std::vector{path};
+  // Every rank reads the same files and reaches the same verdicts; rank 0 alone says so.
+  std::vector<std::string> all = list_checkpoints(cfg_.checkpoint.dir, false);  // resume_path warned
+  std::reverse(all.begin(), all.end());
+  return all;
 }
 
 bool CheckpointManager::periodic(int64_t step) const {

@@ -28,11 +28,11 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
                             const TrainState& state);
 
 // Complete checkpoints of a directory, oldest first ("" entries never).
-std::vector<std::string> list_checkpoints(const std::string& dir);
+std::vector<std::string> list_checkpoints(const std::string& dir, bool warn = true);
 
 // "auto" = the newest complete checkpoint of cfg.checkpoint.dir (throws if none); otherwise a
 // path to a .h5 file or to a directory holding checkpoints.
-std::string resolve_checkpoint(const std::string& what, const std::string& default_dir);
+std::string resolve_checkpoint(const std::string& what, const std::string& default_dir, bool warn = true);
 
 // A training run's checkpoints (torchtitan's CheckpointManager): the folder's lock, which
 // checkpoint the run resumes from, when it saves, how many it keeps (save_checkpoint), and
@@ -48,6 +48,10 @@ class CheckpointManager {
   // afresh, so a job killed before its first save is resubmitted unchanged; a fresh run
   // refuses a folder that holds another run's checkpoints.
   std::string resume_path(const std::string& resume) const;
+  // With `auto`, every complete checkpoint of the folder, newest first: one whose contents
+  // fail to load (a checksum) is passed over for the one before it, as a truncated one is.
+  // Otherwise resume_path alone (or nothing).
+  std::vector<std::string> resume_candidates(const std::string& resume) const;
 
   // Whether the run saves after `step` (1-based) on its way: every checkpoint.every steps,
   // the last step excepted (the run ends with its own save).

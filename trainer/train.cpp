@@ -66,6 +66,9 @@ class Run {
   // Loads the checkpoint at `path` and checks that this run continues it; returns where its
   // sample stream stopped.
   SamplerState resume(const std::string& path, const TrainOptions& topt);
+  // resume() from the first of `paths` whose contents load: a damaged checkpoint (a checksum)
+  // is passed over with a warning for the one before it.
+  SamplerState resume_newest(const std::vector<std::string>& paths, const TrainOptions& topt);
   void log_setup() const;
   // This rank's share of the global batch of `step`, decided from sample lengths alone.
   StepWork plan(int64_t step, const Planner& planner) const;
@@ -132,9 +135,9 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
     opt_.set_overlap(int64_t(cfg.parallel.bucket_mb * double(1 << 20)) / int64_t(sizeof(float)));
   model_.initialise(cfg.train.seed);
   std::optional<SamplerState> resumed_sampler;
-  const std::string path = checkpoints_.resume_path(topt.resume);
-  if (!path.empty()) {
-    resumed_sampler = resume(path, topt);
+  const std::vector<std::string> candidates = checkpoints_.resume_candidates(topt.resume);
+  if (!candidates.empty()) {
+    resumed_sampler = resume_newest(candidates, topt);
   } else if (!topt.init.empty()) {
     load_weights(topt.init, model_);
     if (rank0_) spdlog::info("initialised weights from {}", topt.init);
@@ -145,9 +148,32 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
   log_setup();
 }
 
+// What load_checkpoint found wrong with a file's contents, as opposed to a run that does not
+// continue it (another model, seed or data), which no older checkpoint would cure.
+class DamagedCheckpoint : public Error {
+ public:
+  using Error::Error;
+};
+
+SamplerState Run::resume_newest(const std::vector<std::string>& paths, const TrainOptions& topt) {
+  for (size_t i = 0;; ++i) {
+    try {
+      return resume(paths[i], topt);
+    } catch (const DamagedCheckpoint& e) {
+      if (i + 1 == paths.size()) throw;
+      if (rank0_) spdlog::warn("{}; resuming from the checkpoint before it, '{}'", e.what(), paths[i + 1]);
+    }
+  }
+}
+
 SamplerState Run::resume(const std::string& path, const TrainOptions& topt) {
   check_same_model(checkpoint_config(path), cfg_, path);
-  TrainState st = load_checkpoint(path, model_, &opt_);
+  TrainState st;
+  try {
+    st = load_checkpoint(path, model_, &opt_);
+  } catch (const Error& e) {
+    throw DamagedCheckpoint(e.what());
+  }
   check_tokenizer(path, st.tokenizer_hash, tokenizer_);
   DHP_CHECK(st.seed == cfg_.train.seed,
             "cannot resume from '{}': it was trained with train.seed = {}, this run has {}; "
