@@ -84,7 +84,10 @@ void add_generate_command(CLI::App& app) {
   sub->add_option("--top-p", o->top_p, "Nucleus sampling mass (with temperature > 0)")
       ->capture_default_str();
   sub->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
-  sub->callback([o] {
+  // Any key of the checkpoint's configuration can be overridden (--data.tokenizer=PATH when
+  // the run's relative path does not hold from here).
+  sub->allow_extras();
+  sub->callback([sub, o] {
     set_up_logging(0, 1, "warn");
     // NaN passes every comparison, so a range check alone would let it through to sampling.
     DHP_CHECK(std::isfinite(o->temperature) && o->temperature >= 0,
@@ -96,9 +99,9 @@ void add_generate_command(CLI::App& app) {
     // The data path refuses such text too; the tokenizer would turn it into unknown pieces.
     DHP_CHECK(valid_utf8(o->prompt), "--prompt is not valid UTF-8: \"{}\"", printable(o->prompt));
     const std::string path = resolve_checkpoint(o->checkpoint, o->dir);
-    const LoadedModel m = load_for_inference(path, inference_config(path, {}));
-    Tokenizer tok(m.cfg.data.tokenizer);
-    check_tokenizer(path, m.state.tokenizer_hash, tok);
+    const LoadedModel m = load_for_inference(path, inference_config(path, sub->remaining()));
+    const std::unique_ptr<Tokenizer> tokenizer = inference_tokenizer(path, m);
+    const Tokenizer& tok = *tokenizer;
     Batch prompt = build_prompt(*o, tok, m.cfg.model.vision, m.cfg.data.max_image_pixels);
     const DType storage = m.backend->ops().dtype();
     const int64_t memory = available_memory_bytes();

@@ -141,8 +141,8 @@ void add_eval_command(CLI::App& app, const CliHooks& hooks) {
     comm.follow(*m.backend);
     const std::string manifest = data->empty() ? m.cfg.data.val : *data;
     DHP_CHECK(!manifest.empty(), "no data to evaluate: pass --data or set data.val");
-    Tokenizer tok(m.cfg.data.tokenizer);
-    check_tokenizer(path, m.state.tokenizer_hash, tok);
+    const std::unique_ptr<Tokenizer> tokenizer = inference_tokenizer(path, m);
+    const Tokenizer& tok = *tokenizer;
     const std::unique_ptr<Dataset> data = open_dataset(manifest, m.cfg.data, tok, m.cfg.model.vision);
     const Dataset& ds = *data;
     EvalOptions eo{m.cfg.train.batch_size, m.cfg.eval.max_samples, false, m.cfg.data.workers,
@@ -195,12 +195,13 @@ void add_export_command(CLI::App& app) {
   auto force = std::make_shared<bool>(false);
   sub->add_flag("--force", *force,
                 "Replace files at -o and its config.json that are not an earlier dhp export");
-  sub->callback([checkpoint, dir, out, force] {
+  sub->allow_extras();  // --section.key=value overrides of the checkpoint's configuration
+  sub->callback([sub, checkpoint, dir, out, force] {
     set_up_logging(0, 1, "info");
     const std::string config_path = (std::filesystem::path(*out).parent_path() / "config.json").string();
     check_export_paths(*out, config_path, *force);
     const std::string path = resolve_checkpoint(*checkpoint, *dir);
-    LoadedModel m = load_for_inference(path, inference_config(path, {}));
+    LoadedModel m = load_for_inference(path, inference_config(path, sub->remaining()));
     export_safetensors(*m.model, m.cfg, *out, config_path, *force);
     spdlog::info("exported {} tensors from {} to {} (+ {})", m.model->table().specs().size(), path,
                  *out, config_path);

@@ -844,5 +844,32 @@ TEST(Faults, RanksThatDisagreeStopAtOnce) {
   });
 }
 
+// A checkpoint whose run named its tokenizer by a relative path is usable from any folder:
+// the message says what is relative to what, and --data.tokenizer= (any key) overrides it in
+// generate, eval and export.
+TEST(Faults, ACheckpointIsUsableFromAnotherFolder) {
+  const auto dir = run_dir("elsewhere");
+  fs::create_directories(dir / "run" / "tok");
+  fs::copy_file(synth_dir() / "tokenizer.model", dir / "run" / "tok" / "tokenizer.model");
+  const std::string conf = config_file(small_config(1, dir, {"--eval.exact_match=false"}), dir);
+  Outcome r = run_dhp("train -c " + conf + " --data.tokenizer=tok/tokenizer.model", dir,
+                      "cd " + (dir / "run").string() + " &&");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string ck = "--checkpoint auto --dir " + small_config(1, dir).checkpoint.dir;
+  const std::string img = (synth_dir() / "images" / "val-000000.png").string();
+  const std::string away = "cd " + (dir / "elsewhere").string() + " &&";
+  fs::create_directories(dir / "elsewhere");
+  r = run_dhp("generate " + ck + " --image " + img, dir, away);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "'tok/tokenizer.model' is relative to the folder its run started in") &&
+              contains(r.output, "--data.tokenizer=PATH")) << r.output;
+  const std::string tok = " --data.tokenizer=" + (dir / "run" / "tok" / "tokenizer.model").string();
+  EXPECT_EQ(run_dhp("generate " + ck + " --image " + img + tok, dir, away).status, 0);
+  r = run_dhp("eval " + ck + " --data " + (synth_dir() / "val.jsonl").string() + tok, dir, away);
+  EXPECT_EQ(r.status, 0) << r.output;
+  r = run_dhp("export " + ck + " -o " + (dir / "exp" / "m.safetensors").string() + " --train.device=cpu", dir, away);
+  EXPECT_EQ(r.status, 0) << r.output;
+}
+
 }  // namespace
 }  // namespace dhp

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "data/tokenizer.h"
 #include "model/model.h"
 #include "trainer/checkpoint_file.h"
 #include "trainer/config.h"
@@ -25,5 +26,10 @@ Config inference_config(const std::string& checkpoint, const std::vector<std::st
 
 // The checkpoint's weights in a model of `cfg` on the backend cfg.train.device names.
 LoadedModel load_for_inference(const std::string& checkpoint, const Config& cfg);
+
+// The tokenizer of m.cfg.data.tokenizer, checked against the one the checkpoint recorded. A
+// relative path in a checkpoint is relative to the folder its run started in: when it is not
+// found from here, the message says so and how to point at it (--data.tokenizer=PATH).
+std::unique_ptr<Tokenizer> inference_tokenizer(const std::string& checkpoint, const LoadedModel& m);
 
 }  // namespace dhp
