@@ -115,3 +115,24 @@ mpirun -np 2 --oversubscribe "$dhp" train --config "$work/run.toml" --resume aut
   --checkpoint.dir="$work/TERM/ck" --train.steps="$(( $(wc -l < "$work/TERM/metrics.jsonl") + 1 ))" \
   --log.metrics= >"$work/TERM-resume.log" 2>&1 || { cat "$work/TERM-resume.log"; echo "resume failed"; exit 1; }
 echo "SIGTERM to all 3 ranks: exit 0, one checkpoint ($(basename "$(ls "$work/TERM/ck"/*.h5)")), resumed on 2 ranks"
+
+# SIGTERM to mpirun instead of the ranks: it forwards the signal; the ranks save one
+# checkpoint together and stop (mpirun itself exits 1 for having been signalled: README).
+mpirun -np 3 --oversubscribe "$dhp" train --config "$work/run.toml" \
+  --checkpoint.dir="$work/MPIRUN/ck" --log.metrics="$work/MPIRUN/metrics.jsonl" >"$work/MPIRUN.log" 2>&1 &
+job=$!
+for _ in $(seq 300); do
+  [ -f "$work/MPIRUN/metrics.jsonl" ] && [ "$(wc -l < "$work/MPIRUN/metrics.jsonl")" -ge 3 ] && break
+  sleep 0.1
+done
+kill -TERM "$job"
+set +e
+timeout 60 tail --pid="$job" -f /dev/null
+wait "$job"
+rc=$?
+set -e
+grep -q "stopping after step [0-9]* (signal)" "$work/MPIRUN.log" || { cat "$work/MPIRUN.log"; echo "mpirun SIGTERM: no agreed stop"; exit 1; }
+n=$(ls "$work/MPIRUN/ck"/*.h5 | wc -l)
+[ "$n" -eq 1 ] && [ -f "$(ls "$work/MPIRUN/ck"/*.h5 | sed 's/\.h5$/.done/')" ] ||
+  { ls "$work/MPIRUN/ck"; echo "mpirun SIGTERM: $n checkpoints, expected 1 complete"; exit 1; }
+echo "SIGTERM to mpirun: the ranks saved $(basename "$(ls "$work/MPIRUN/ck"/*.h5)") and stopped; mpirun exit status $rc"
