@@ -33,6 +33,14 @@ every = 1
 TOML
 } > "$work/run.toml"
 
+# until_steps DIR: waits until DIR/metrics.jsonl records 3 steps (a run in mid-training).
+until_steps() {
+  for _ in $(seq 300); do
+    [ -f "$1/metrics.jsonl" ] && [ "$(wc -l < "$1/metrics.jsonl")" -ge 3 ] && return
+    sleep 0.1
+  done
+}
+
 # rank_pid MPIRUN_PID RANK: the pid of a rank, read from its environment.
 rank_pid() {
   for p in $(pgrep -P "$1"); do
@@ -51,10 +59,7 @@ for run in STOP:2 STOP:0 KILL:2; do
     --checkpoint.dir="$work/$sig$v/ck" --log.metrics="$work/$sig$v/metrics.jsonl" >"$log" 2>&1 &
   job=$!
   # Let a few steps run, so the signal lands in the middle of training.
-  for _ in $(seq 300); do
-    [ -f "$work/$sig$v/metrics.jsonl" ] && [ "$(wc -l < "$work/$sig$v/metrics.jsonl")" -ge 3 ] && break
-    sleep 0.1
-  done
+  until_steps "$work/$sig$v"
   victim=$(rank_pid "$job" "$v")
   others=""
   for r in 0 1 2; do [ "$r" = "$v" ] || others="$others $(rank_pid "$job" "$r")"; done
@@ -98,10 +103,7 @@ done
 mpirun -np 3 --oversubscribe "$dhp" train --config "$work/run.toml" \
   --checkpoint.dir="$work/TERM/ck" --log.metrics="$work/TERM/metrics.jsonl" >"$work/TERM.log" 2>&1 &
 job=$!
-for _ in $(seq 300); do
-  [ -f "$work/TERM/metrics.jsonl" ] && [ "$(wc -l < "$work/TERM/metrics.jsonl")" -ge 3 ] && break
-  sleep 0.1
-done
+until_steps "$work/TERM"
 for r in 0 1 2; do kill -TERM "$(rank_pid "$job" "$r")"; done
 set +e
 timeout 60 tail --pid="$job" -f /dev/null
@@ -116,23 +118,3 @@ mpirun -np 2 --oversubscribe "$dhp" train --config "$work/run.toml" --resume aut
   --log.metrics= >"$work/TERM-resume.log" 2>&1 || { cat "$work/TERM-resume.log"; echo "resume failed"; exit 1; }
 echo "SIGTERM to all 3 ranks: exit 0, one checkpoint ($(basename "$(ls "$work/TERM/ck"/*.h5)")), resumed on 2 ranks"
 
-# SIGTERM to mpirun instead of the ranks: it forwards the signal; the ranks save one
-# checkpoint together and stop (mpirun itself exits 1 for having been signalled: README).
-mpirun -np 3 --oversubscribe "$dhp" train --config "$work/run.toml" \
-  --checkpoint.dir="$work/MPIRUN/ck" --log.metrics="$work/MPIRUN/metrics.jsonl" >"$work/MPIRUN.log" 2>&1 &
-job=$!
-for _ in $(seq 300); do
-  [ -f "$work/MPIRUN/metrics.jsonl" ] && [ "$(wc -l < "$work/MPIRUN/metrics.jsonl")" -ge 3 ] && break
-  sleep 0.1
-done
-kill -TERM "$job"
-set +e
-timeout 60 tail --pid="$job" -f /dev/null
-wait "$job"
-rc=$?
-set -e
-grep -q "stopping after step [0-9]* (signal)" "$work/MPIRUN.log" || { cat "$work/MPIRUN.log"; echo "mpirun SIGTERM: no agreed stop"; exit 1; }
-n=$(ls "$work/MPIRUN/ck"/*.h5 | wc -l)
-[ "$n" -eq 1 ] && [ -f "$(ls "$work/MPIRUN/ck"/*.h5 | sed 's/\.h5$/.done/')" ] ||
-  { ls "$work/MPIRUN/ck"; echo "mpirun SIGTERM: $n checkpoints, expected 1 complete"; exit 1; }
-echo "SIGTERM to mpirun: the ranks saved $(basename "$(ls "$work/MPIRUN/ck"/*.h5)") and stopped; mpirun exit status $rc"

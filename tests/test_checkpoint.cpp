@@ -45,6 +45,27 @@ std::vector<float> weights_of(const std::string& checkpoint) {
   return std::vector<float>(m.params(), m.params() + m.n_params());
 }
 
+// Flips one bit inside a tensor's stored data (past its first elements), as a disk might: the
+// file stays a readable HDF5 file and only the tensor's checksum can tell.
+void flip_tensor_byte(const std::string& file, const char* tensor) {
+  hsize_t offset = 0;
+  {
+    hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, tensor, H5P_DEFAULT);
+    offset = H5Dget_offset(d);
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  ASSERT_GT(offset, 0u);
+  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(std::streamoff(offset + 17));
+  char c = 0;
+  io.read(&c, 1);
+  c ^= 0x10;
+  io.seekp(std::streamoff(offset + 17));
+  io.write(&c, 1);
+}
+
 TEST(Checkpoint, ResumeIsBitExact) {
   auto world = start_world(nullptr, nullptr);
   Communicator& comm = *world;
@@ -97,23 +118,7 @@ TEST(Checkpoint, ResumeAutoPassesOverACheckpointThatFailsItsChecksum) {
   train(cfg, comm);
   const auto all = list_checkpoints(cfg.checkpoint.dir);
   ASSERT_EQ(all.size(), 3u);
-  hsize_t offset = 0;
-  {
-    hid_t f = H5Fopen(all.back().c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    hid_t d = H5Dopen2(f, "params/layers.1.mlp.w2.weight", H5P_DEFAULT);
-    offset = H5Dget_offset(d);
-    H5Dclose(d);
-    H5Fclose(f);
-  }
-  {
-    std::fstream io(all.back(), std::ios::in | std::ios::out | std::ios::binary);
-    io.seekg(std::streamoff(offset + 17));
-    char c = 0;
-    io.read(&c, 1);
-    c ^= 0x10;
-    io.seekp(std::streamoff(offset + 17));
-    io.write(&c, 1);
-  }
+  flip_tensor_byte(all.back(), "params/layers.1.mlp.w2.weight");
   TrainOptions o;
   o.resume = "auto";
   TrainResult r;
@@ -217,26 +222,9 @@ TEST(Checkpoint, DamagedOrTruncatedFilesAreRefused) {
   }
 
   // One flipped byte inside a tensor's data: the checksum catches it.
-  hsize_t offset = 0;
-  {
-    hid_t f = H5Fopen(good.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    hid_t d = H5Dopen2(f, "params/layers.1.mlp.w2.weight", H5P_DEFAULT);
-    offset = H5Dget_offset(d);
-    H5Dclose(d);
-    H5Fclose(f);
-  }
-  ASSERT_GT(offset, 0u);
   const fs::path flipped = dir / "flipped.h5";
   fs::copy_file(good, flipped, fs::copy_options::overwrite_existing);
-  {
-    std::fstream io(flipped, std::ios::in | std::ios::out | std::ios::binary);
-    io.seekg(std::streamoff(offset + 17));
-    char c = 0;
-    io.read(&c, 1);
-    c ^= 0x10;
-    io.seekp(std::streamoff(offset + 17));
-    io.write(&c, 1);
-  }
+  flip_tensor_byte(flipped.string(), "params/layers.1.mlp.w2.weight");
   std::string msg = error_of([&] { load_checkpoint(flipped.string(), model, nullptr); });
   EXPECT_NE(msg.find("checksum"), std::string::npos) << msg;
   EXPECT_NE(msg.find("layers.1.mlp.w2.weight"), std::string::npos) << msg;

@@ -448,19 +448,24 @@ void damage_every_image(const fs::path& built) {
   }
 }
 
-TEST(Faults, NoUsableSampleInAStepOrAnEvaluationIsAnError) {
-  auto world = start_world(nullptr, nullptr);
-  Communicator& comm = *world;
-  const auto dir = run_dir("allbad");
+// The held-out set built into dir/built with every stored image then damaged; its path.
+std::string built_and_damaged(const fs::path& dir) {
   BuildOptions o;
   o.manifest = (synth_dir() / "val.jsonl").string();
   o.out_dir = (dir / "built").string();
   o.tokenizer = (synth_dir() / "tokenizer.model").string();
   o.vision = small_config(1, dir).model.vision;
   o.progress = false;
-  ASSERT_TRUE(build_dataset(o).complete);
+  EXPECT_TRUE(build_dataset(o).complete);
   damage_every_image(dir / "built");
-  const std::string built = (dir / "built").string();
+  return o.out_dir;
+}
+
+TEST(Faults, NoUsableSampleInAStepOrAnEvaluationIsAnError) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("allbad");
+  const std::string built = built_and_damaged(dir);
   std::string msg = error_of([&] {
     train(small_config(2, dir, {"--data.train=" + built, "--data.val=", "--data.on_error=skip"}), comm);
   });
@@ -783,15 +788,7 @@ TEST(Faults, AnErrorThatStopsTheRunSavesTheStateFirst) {
   const auto dir = run_dir("emergency");
   // A held-out set whose stored images went bad after it was built: its evaluation at step 2
   // fails in on_error = "fail" mode, after two steps trained and none saved.
-  BuildOptions o;
-  o.manifest = (synth_dir() / "val.jsonl").string();
-  o.out_dir = (dir / "built").string();
-  o.tokenizer = (synth_dir() / "tokenizer.model").string();
-  o.vision = small_config(1, dir).model.vision;
-  o.progress = false;
-  ASSERT_TRUE(build_dataset(o).complete);
-  damage_every_image(dir / "built");
-  const Config cfg = small_config(4, dir, {"--data.val=" + (dir / "built").string(), "--data.on_error=fail",
+  const Config cfg = small_config(4, dir, {"--data.val=" + built_and_damaged(dir), "--data.on_error=fail",
                                            "--eval.every=2", "--checkpoint.every=0", "--eval.exact_match=false"});
   const std::string msg = error_of([&] { train(cfg, comm); });
   EXPECT_TRUE(contains(msg, "checksum")) << msg;
