@@ -180,13 +180,17 @@ TEST(Faults, ResumeTrustsTheRecordedStepNotTheFileName) {
   EXPECT_EQ(load_checkpoint(after[1], *std::make_unique<Model>(cfg.model, *make_cpu_backend({1})), nullptr).step, 3);
 }
 
-TEST(Faults, FailedWritesOfResultsAreNeverSilent) {
+// A small run of `steps` steps trained in `dir`; the options that name its checkpoint.
+std::string trained_checkpoint(const fs::path& dir, int64_t steps) {
   auto world = start_world(nullptr, nullptr);
-  Communicator& comm = *world;
+  const Config cfg = small_config(steps, dir, {"--eval.exact_match=false"});
+  train(cfg, *world);
+  return "--checkpoint auto --dir " + cfg.checkpoint.dir;
+}
+
+TEST(Faults, FailedWritesOfResultsAreNeverSilent) {
   const auto dir = run_dir("silent");
-  const Config cfg = small_config(2, dir, {"--eval.exact_match=false"});
-  train(cfg, comm);
-  const std::string ck = "--checkpoint auto --dir " + cfg.checkpoint.dir;
+  const std::string ck = trained_checkpoint(dir, 2);
   // A full device: an error before any work (a device is never written through, see
   // OutputsNeverReplaceWhatDhpDidNotWrite).
   Outcome r = run_dhp("eval " + ck + " --json /dev/full", dir);
@@ -616,12 +620,8 @@ TEST(Faults, AListUnderImageIsAccepted) {
 // refused, and so is another program's file (a user's notes, a config.json beside the export)
 // unless --force; an earlier output of the same command is replaced.
 TEST(Faults, OutputsNeverReplaceWhatDhpDidNotWrite) {
-  auto world = start_world(nullptr, nullptr);
-  Communicator& comm = *world;
   const auto dir = run_dir("foreign_outputs");
-  const Config cfg = small_config(1, dir, {"--eval.exact_match=false"});
-  train(cfg, comm);
-  const std::string ck = "--checkpoint auto --dir " + cfg.checkpoint.dir;
+  const std::string ck = trained_checkpoint(dir, 1);
   auto is_fifo = [](const fs::path& p) { return fs::status(p).type() == fs::file_type::fifo; };
   // A FIFO (and, as root, a device node like /dev/null) at -o: refused and left as it was.
   ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0644), 0);
