@@ -16,6 +16,7 @@
 
 #include "app/cli.h"
 #include "core/check.h"
+#include "core/input.h"
 #include "core/text.h"
 #include "data/presets.h"
 #include "parallel/planner.h"
@@ -42,12 +43,13 @@ struct PlanOptions {
 
 // One sample per line: "vision_tokens text_tokens [images]" or a JSON object with those keys.
 std::vector<SeqShape> read_lengths(const std::string& path) {
-  std::ifstream in(path);
-  DHP_CHECK(in.good(), "--data: cannot read '{}'", path);
+  // A regular file only (a FIFO would block), read line by line with a cap.
+  LineReader in("--data", path);
   std::vector<SeqShape> out;
   std::set<int64_t> ids;
   std::string line;
-  for (int64_t no = 1; std::getline(in, line); ++no) {
+  while (in.next(line)) {
+    const int64_t no = in.line_no();
     if (line.find_first_not_of(" \t\r") == std::string::npos || line[0] == '#') continue;
     DHP_CHECK(int64_t(out.size()) < int64_t(kMaxBatch) * 64, "{}: more than {} samples", path,
               int64_t(kMaxBatch) * 64);
@@ -176,11 +178,10 @@ void run_plan(const PlanOptions& o) {
   if (!o.recompute.empty()) par.recompute = o.recompute == "on";
   CostModel cost(model, device_profile(par.cost_profile), par.ranks_per_node, par.recompute);
   if (!o.coeffs.empty()) {
-    std::ifstream in(o.coeffs);
-    DHP_CHECK(in.good(), "--coeffs: cannot read '{}'", o.coeffs);
+    const std::string text = InputFile("--coeffs", o.coeffs).read_all(int64_t(64) << 20, "--coeffs");
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(in);
+      j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::parse_error& e) {
       throw Error(fmt::format("--coeffs: '{}' is not JSON (at byte {}); pass the file dhp profile --out wrote",
                               o.coeffs, e.byte));

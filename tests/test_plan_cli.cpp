@@ -1,7 +1,9 @@
 // `dhp plan` from the command line: every bad input is a clear error with exit status 1,
 // never a hang, an abort, an allocation failure or a silently replaced value.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -103,7 +105,12 @@ TEST(PlanCli, DataFilesAreValidated) {
   expect_error(kQuick + "--batch 4 --data " + few.string(), "fewer than --batch 4");
   const Result ok = plan(kQuick + "--batch 3 --data " + few.string());
   EXPECT_EQ(ok.status, 0) << ok.output;
-  expect_error(kQuick + "--data " + scratch("missing.txt").string(), "cannot read");
+  expect_error(kQuick + "--data " + scratch("missing.txt").string(), "not found");
+  // A FIFO is refused, never waited on (the 60 s timeout would show a hang as status -1).
+  const fs::path fifo = scratch("lengths.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  expect_error(kQuick + "--data " + fifo.string(), "is not a regular file");
+  expect_error(kQuick + "--coeffs " + fifo.string(), "is not a regular file");
 }
 
 // An empty (or comment-only) config file is all defaults, which is rarely what was meant: a
