@@ -4,12 +4,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 
 #include "core/check.h"
+#include "core/input.h"
 
 namespace dhp {
 
@@ -84,23 +86,15 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
 }
 
 std::string read_head(const std::string& path, size_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return "";
-  struct stat st {};
-  std::string out;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-    out.resize(std::min<size_t>(max_bytes, size_t(st.st_size)));
-    size_t done = 0;
-    while (done < out.size()) {
-      const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      done += size_t(n);
-    }
-    out.resize(done);
+  // Only ever asked of a path check_output_path found to be a regular file, not a link.
+  try {
+    const InputFile file("file", path);
+    std::string out(std::min<size_t>(max_bytes, size_t(file.size())), '\0');
+    out.resize(size_t(file.read_at(out.data(), int64_t(out.size()), 0)));
+    return out;
+  } catch (const Error&) {
+    return "";
   }
-  ::close(fd);
-  return out;
 }
 
 void check_output_path(const std::string& path, std::string_view what,

@@ -4,21 +4,17 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
-#include <filesystem>
 #include <functional>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <spdlog/spdlog.h>
 #include <toml++/toml.h>
 #include <variant>
 
 #include "core/check.h"
+#include "core/input.h"
 #include "core/text.h"
 #include "kernels/backend.h"
 #include "parallel/strategy.h"
@@ -467,34 +463,21 @@ Config parse_config(const std::string& text, const std::string& name,
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  // A folder opens as an empty stream, which would silently mean "all defaults"; a FIFO or a
-  // device would block or never end.
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  DHP_CHECK(st.type() != std::filesystem::file_type::not_found, "config file '{}' not found", printable(path));
-  DHP_CHECK(st.type() != std::filesystem::file_type::directory, "config file '{}' is a folder, not a TOML file",
-            printable(path));
-  DHP_CHECK(st.type() == std::filesystem::file_type::regular, "config file '{}' is not a regular file",
-            printable(path));
-  constexpr size_t kMaxConfigBytes = 16 << 20;  // far above any configuration
-  const auto size = std::filesystem::file_size(path, ec);
-  DHP_CHECK(!ec && size <= kMaxConfigBytes, "config file '{}' has {} bytes, more than a configuration "
-            "({} MiB at most)", printable(path), size, kMaxConfigBytes >> 20);
-  std::ifstream in(path);
-  DHP_CHECK(in.good(), "config file '{}' is not readable: {}", printable(path), std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
+  // A regular file, as every input (core/input.h): a folder would read as empty, silently
+  // meaning "all defaults"; a FIFO or a device would block or never end.
+  constexpr int64_t kMaxConfigBytes = 16 << 20;  // far above any configuration
+  const std::string text = InputFile("config file", path).read_all(kMaxConfigBytes, "16 MiB for a configuration");
   // An empty file means every default, which is rarely what was meant (and writes where the
   // demo writes): say so, once.
   bool empty = false;
   try {
-    empty = toml::parse(ss.str(), path).empty();
+    empty = toml::parse(text, path).empty();
   } catch (const toml::parse_error&) {  // reported by parse_config, with its line
   }
   if (empty)
     spdlog::warn("config file '{}' holds no keys: every setting is the built-in default (checkpoints in "
                  "'{}', metrics in '{}')", printable(path), CheckpointConfig{}.dir, LogConfig{}.metrics);
-  return parse_config(ss.str(), path, overrides);
+  return parse_config(text, path, overrides);
 }
 
 int compute_threads(const Config& cfg) {

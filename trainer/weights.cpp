@@ -14,6 +14,7 @@
 #include "core/bf16.h"
 #include "core/check.h"
 #include "core/files.h"
+#include "core/input.h"
 #include "core/text.h"
 #include "trainer/checkpoint.h"
 
@@ -60,20 +61,17 @@ json model_config_json(const Config& c) {
                       {"max_pixels", v.max_pixels}}}};
 }
 
-void load_safetensors(const std::string& path, Model& model) {
-  std::ifstream in(path, std::ios::binary);
-  DHP_CHECK(in.good(), "cannot open weights file '{}'", path);
-  const auto file_size = int64_t(std::filesystem::file_size(path));
+void load_safetensors(const InputFile& in, const std::string& path, Model& model) {
+  const int64_t file_size = in.size();
   uint64_t n = 0;
-  in.read(reinterpret_cast<char*>(&n), 8);
-  DHP_CHECK(in.good() && file_size >= 8 && n > 1,
+  DHP_CHECK(in.read_at(&n, 8, 0) == 8 && n > 1,
             "'{}' is not a safetensors file (bad header length: the file has {} bytes)", path, file_size);
   // Compared unsigned: a length near 2^64 must not wrap to a small or negative size.
   DHP_CHECK(n <= uint64_t(file_size - 8),
             "'{}' is not a safetensors file (bad header length: {} exceeds the file's {} bytes; truncated?)",
             path, n, file_size);
   std::string text(n, '\0');
-  in.read(text.data(), std::streamsize(n));
+  in.read_at(text.data(), int64_t(n), 8);
   // Duplicate names are refused (as the reference loader does): the JSON library would keep
   // the last one silently, loading whichever bytes it points at.
   std::set<std::string> names;
@@ -139,9 +137,8 @@ void load_safetensors(const std::string& path, Model& model) {
               path, spec.name);
     extents.push_back({{off[0], off[1]}, spec.name});
     std::vector<char> raw(off[1] - off[0]);
-    in.seekg(data_start + off[0]);
-    in.read(raw.data(), std::streamsize(raw.size()));
-    DHP_CHECK(in.good(), "'{}': cannot read tensor '{}' (truncated file?)", path, spec.name);
+    DHP_CHECK(in.read_at(raw.data(), int64_t(raw.size()), data_start + off[0]) == int64_t(raw.size()),
+              "'{}': cannot read tensor '{}' (truncated file?)", path, spec.name);
     float* dst = staged.data() + spec.offset;
     for (int64_t i = 0; i < spec.numel(); ++i) {
       if (width == 4) {
@@ -248,18 +245,12 @@ void export_safetensors(const Model& model, const Config& cfg, const std::string
 }
 
 void load_weights(const std::string& path, Model& model) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::file_type type = fs::status(path, ec).type();
-  DHP_CHECK(type != fs::file_type::not_found, "weights file '{}' not found", printable(path));
-  DHP_CHECK(type != fs::file_type::directory, "weights file '{}' is a folder, not a safetensors or .h5 file",
-            printable(path));
-  // A FIFO or a device would block or never end.
-  DHP_CHECK(type == fs::file_type::regular, "weights file '{}' is not a regular file", printable(path));
+  // A regular file, as every input (core/input.h): a FIFO or a device would block or never end.
+  const InputFile file("weights file", path);
   if (std::filesystem::path(path).extension() == ".h5")
     load_checkpoint(path, model, nullptr);
   else
-    load_safetensors(path, model);
+    load_safetensors(file, path, model);
 }
 
 }  // namespace dhp
