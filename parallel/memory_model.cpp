@@ -19,7 +19,8 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   const int64_t d = m.dim, q = m.q_dim(), kv = m.kv_dim(), dv = v.dim;
   m2_ = v.merge * v.merge;
   // Parameter count of model-spec.md's table.
-  const int64_t dec = int64_t(m.layers) * (d * q + 2 * d * kv + q * d + 3 * d * m.ffn + 2 * d) +
+  const int64_t qkv_bias = m.attention_bias ? q + 2 * kv : 0;
+  const int64_t dec = int64_t(m.layers) * (d * q + 2 * d * kv + q * d + 3 * d * m.ffn + 2 * d + qkv_bias) +
                       int64_t(m.vocab_size) * d * (m.tie_embeddings ? 1 : 2) + d;
   const int64_t vis = v.patch_numel() * dv + dv + int64_t(v.layers) * (4 * dv * dv + 3 * dv * v.ffn + 2 * dv) +
                       dv + m2_ * dv * d + d + d * d + d;
