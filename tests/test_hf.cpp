@@ -17,7 +17,11 @@
 #include "core/input.h"
 #include "model/model.h"
 #include "tests/error_of.h"
+#include "parallel/mpi_comm.h"
 #include "tests/model_fixtures.h"
+#include "tests/train_fixture.h"
+#include "trainer/checkpoint.h"
+#include "trainer/train.h"
 #include "trainer/hf_checkpoint.h"
 #include "trainer/safetensors.h"
 
@@ -449,6 +453,42 @@ TEST(HfExport, TokenizerFilesAndOutputRules) {
   tok.added.push_back({"<video>", cfg.vocab_size});
   msg = error_of([&] { export_hf_checkpoint(m, o); });
   EXPECT_NE(msg.find("<video>"), std::string::npos) << msg;
+}
+
+// model.init: the decoder's shape and weights from the folder (the vocabulary the larger of the
+// TOML's and the file's), the vision tower and projector seeded as in a fresh run; the run's
+// checkpoint records it, so a resume and an export see the same model.
+TEST(HfTrain, StartsFromTheFolder) {
+  auto world = start_world(nullptr, nullptr);
+  const fs::path ck = fixture("train", "--hidden 64 --heads 4 --kv 2 --ffn 128 --dtype bf16 --vocab 320");
+  const fs::path dir = testing::run_dir("hf_init");
+  // Zero steps: the run saves the weights it started from.
+  const Config cfg = testing::small_config(0, dir, {"--model.init=" + ck.string(), "--model.dim=16"});
+  const TrainResult r = train(cfg, *world);
+  const Config saved = checkpoint_config(r.checkpoint);
+  EXPECT_EQ(saved.model.dim, 64);
+  EXPECT_EQ(saved.model.vocab_size, 320);
+  EXPECT_DOUBLE_EQ(saved.model.rms_norm_eps, 1e-5);
+  EXPECT_EQ(saved.model.vision.dim, cfg.model.vision.dim);
+  auto backend = make_cpu_backend({1});
+  Model m(saved.model, *backend);
+  load_checkpoint(r.checkpoint, m, nullptr);
+  const auto file = read_all(ck / "model.safetensors");
+  for (const auto& b : hf_name_map(saved.model)) {
+    const ParamSpec& s = m.table().get(b.dhp);
+    EXPECT_EQ(0, std::memcmp(m.params() + s.offset, file.at(b.hf).data(), size_t(s.numel()) * 4)) << b.dhp;
+  }
+  std::vector<float> seeded(size_t(m.n_params()));
+  m.table().initialise(seeded.data(), cfg.train.seed);
+  const ParamSpec& pe = m.table().get("vision.patch_embed.weight");
+  EXPECT_EQ(0, std::memcmp(m.params() + pe.offset, seeded.data() + pe.offset, size_t(pe.numel()) * 4));
+  // And it trains.
+  const fs::path dir2 = testing::run_dir("hf_init2");
+  const TrainResult two = train(testing::small_config(2, dir2, {"--model.init=" + ck.string()}), *world);
+  ASSERT_EQ(two.steps.size(), 2u);
+  EXPECT_TRUE(std::isfinite(two.steps.back().loss));
+  fs::remove_all(dir);
+  fs::remove_all(dir2);
 }
 
 // A real checkpoint, when one is at hand: DHP_HF_CHECKPOINT=/path/to/TinyLlama-1.1B.
