@@ -496,7 +496,7 @@ TEST(HfSmoke, RealCheckpointLoadsAndPredicts) {
   const char* path = std::getenv("DHP_HF_CHECKPOINT");
   if (!path || !*path) GTEST_SKIP() << "DHP_HF_CHECKPOINT names no Hugging Face folder";
   const ModelConfig cfg = read_hf_config(path, testing::tiny_config(), 0).model;
-  auto backend = make_cpu_backend({0});
+  auto backend = make_cpu_backend({2});
   Model m(cfg, *backend);
   m.initialise(1);
   const HfImport r = import_hf_checkpoint(path, m);

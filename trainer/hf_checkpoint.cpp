@@ -347,7 +347,16 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
   auto source = [&](const Located& at) {
     return map_of.at(at.shard)->data() + at.shard->header.data_start + at.entry->begin;
   };
-  for (const auto& b : map) {
+  auto prefetch = [&](size_t i) {
+    if (i >= map.size()) return;
+    const Located& at = ck.tensors.at(map[i].hf);
+    const int64_t first_byte = at.shard->header.data_start + at.entry->begin;
+    map_of.at(at.shard)->prefetch(first_byte, first_byte + at.entry->end - at.entry->begin);
+  };
+  prefetch(0);
+  for (size_t i = 0; i < map.size(); ++i) {
+    const HfBinding& b = map[i];
+    prefetch(i + 1);
     const Located& at = ck.tensors.at(b.hf);
     const int64_t bad = first_non_finite(source(at), at.entry->dtype, at.entry->numel());
     const int64_t first_byte = at.shard->header.data_start + at.entry->begin;
@@ -357,8 +366,10 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
   }
 
   // Converted a chunk at a time: the arena plus one chunk is all that is held, and each
-  // chunk's mapped pages leave the resident set once converted.
+  // chunk's mapped pages leave the resident set once converted. The CPU backend's arena is
+  // host memory: chunks are converted straight into it.
   constexpr int64_t kChunk = int64_t(1) << 22;  // floats (16 MiB)
+  const bool host = backend.device() == Device::CPU;
   std::vector<float> staged;
   std::set<std::string> done;
   for (const auto& b : map) {
@@ -372,11 +383,12 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
     std::vector<double> column_sum(grow ? size_t(d) : 0, 0.0);  // (d)
     for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
       const int64_t k = std::min(kChunk, n - i0);
-      staged.resize(size_t(k));
-      widen_to_f32(staged.data(), m.data() + first_byte + i0 * width, at.entry->dtype, k);
+      if (!host) staged.resize(size_t(k));
+      float* dst = host ? arena + spec.offset + i0 : staged.data();
+      widen_to_f32(dst, m.data() + first_byte + i0 * width, at.entry->dtype, k);
       if (grow)
-        for (int64_t i = 0; i < k; ++i) column_sum[size_t((i0 + i) % d)] += staged[size_t(i)];
-      backend.upload(arena + spec.offset + i0, staged.data(), size_t(k) * sizeof(float));
+        for (int64_t i = 0; i < k; ++i) column_sum[size_t((i0 + i) % d)] += dst[i];
+      if (!host) backend.upload(arena + spec.offset + i0, dst, size_t(k) * sizeof(float));
       m.release(first_byte + i0 * width, first_byte + (i0 + k) * width);
     }
     if (grow) {

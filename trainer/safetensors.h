@@ -62,6 +62,9 @@ class MappedFile {
   const char* data() const { return data_; }
   int64_t size() const { return size_; }
   void release(int64_t begin, int64_t end) const;
+  // Asks the kernel to start reading a range now (asynchronous readahead), so that the disk
+  // works on the next tensor while this one is converted.
+  void prefetch(int64_t begin, int64_t end) const;
 
  private:
   char* data_ = nullptr;
