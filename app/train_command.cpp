@@ -101,7 +101,10 @@ void add_train_command(CLI::App& app, const CliHooks& hooks) {
     Communicator& comm = *world;
     set_up_logging(comm.rank(), comm.size(), cfg.log.level);
     if (comm.rank() == 0) spdlog::info("resolved configuration ({}):\n{}", cfg.source, format_config(cfg));
-    DHP_CHECK(opt->resume.empty() || opt->init.empty(), "--resume and --init exclude each other");
+    // A Hugging Face --init is model.init, part of the configuration a resume rebuilds the
+    // model from: it goes with --resume. Other weights would be replaced by the checkpoint's.
+    DHP_CHECK(opt->resume.empty() || o.init.empty(), "--resume and --init exclude each other "
+              "(except for a Hugging Face folder, which sets the model's shape)");
     DHP_CHECK(sub->count("--stop-after") == 0 || opt->stop_after >= 1,
               "--stop-after {}: the step to stop after must be 1 or more", opt->stop_after);
     install_stop_handlers();
