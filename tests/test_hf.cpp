@@ -19,6 +19,7 @@
 #include "tests/error_of.h"
 #include "parallel/mpi_comm.h"
 #include "tests/model_fixtures.h"
+#include "tests/run_dhp.h"
 #include "tests/train_fixture.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train.h"
@@ -482,6 +483,21 @@ TEST(HfTrain, StartsFromTheFolder) {
   m.table().initialise(seeded.data(), cfg.train.seed);
   const ParamSpec& pe = m.table().get("vision.patch_embed.weight");
   EXPECT_EQ(0, std::memcmp(m.params() + pe.offset, seeded.data() + pe.offset, size_t(pe.numel()) * 4));
+  // `dhp export --format hf` of that checkpoint: by default in the dtype the run started from,
+  // so the decoder's bytes are the folder's; a foreign file in the folder is refused by name.
+  const fs::path out = dir / "hf";
+  testing::Outcome e = testing::run_dhp("export --format hf --checkpoint " + r.checkpoint + " -o " + out.string(), dir);
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_EQ(json::parse(std::ifstream(out / "config.json"))["torch_dtype"], "bfloat16");
+  EXPECT_EQ(tensor_bytes(ck), tensor_bytes(out));
+  EXPECT_TRUE(fs::exists(out / "tokenizer.model") && fs::exists(out / "tokenizer_config.json"));
+  const fs::path foreign = dir / "foreign";
+  fs::create_directories(foreign);
+  std::ofstream(foreign / "tokenizer_config.json") << "{}";
+  e = testing::run_dhp("export --format hf --checkpoint " + r.checkpoint + " -o " + foreign.string(), dir);
+  EXPECT_NE(e.status, 0);
+  EXPECT_TRUE(testing::contains(e.output, "tokenizer_config.json")) << e.output;
+  EXPECT_FALSE(fs::exists(foreign / "model.safetensors"));
   // And it trains.
   const fs::path dir2 = testing::run_dir("hf_init2");
   const TrainResult two = train(testing::small_config(2, dir2, {"--model.init=" + ck.string()}), *world);

@@ -63,17 +63,12 @@ std::string with_layer(std::string pattern, int i) {
   return pattern;
 }
 
-// Files dhp writes into an export folder are listed here, so a later export may replace them
-// (and only them) without --force.
-constexpr const char* kExportManifest = "dhp_export.json";
-constexpr const char* kProducer = "dhp";
-
 const char* const kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
 
 // config.json read with every value's type checked, errors naming the key and the file.
 class ConfigJson {
  public:
-  ConfigJson(const std::string& dir) : path_((fs::path(dir) / "config.json").string()) {
+  explicit ConfigJson(const std::string& dir) : path_((fs::path(dir) / "config.json").string()) {
     const InputFile in("Hugging Face config", path_);
     const std::string text = in.read_all(int64_t(16) << 20, "16 MiB");
     j_ = json::parse(text, nullptr, false);

@@ -19,6 +19,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+// Files dhp writes into an export folder are listed here, so a later export may replace them
+// (and only them) without --force.
 constexpr const char* kManifest = "dhp_export.json";
 constexpr const char* kProducer = "dhp";
 // The names an export may write, whatever its shard count: what the path check looks at.
