@@ -15,7 +15,7 @@ namespace dhp {
 //   <bos> human text ... <img> [image tokens] </img> ... gpt answer <eos>
 struct Sample {
   int64_t id = 0;                      // dataset index
-  std::vector<int32_t> tokens;         // (L) token ids; image tokens hold Tokenizer::kPad
+  std::vector<int32_t> tokens;         // (L) token ids; image tokens hold the pad id
   std::vector<uint8_t> loss_mask;      // (L) 1 on answer tokens and the final <eos>
   std::vector<int32_t> image_of;       // (L) index into `images` for image tokens, -1 on text
   std::vector<PreparedImage> images;   // whole images whose tokens the piece holds, in order

@@ -125,6 +125,8 @@ class Schema {
     num("workers", d.workers, 0, kMaxDataWorkers);
     str("on_error", d.on_error, {"skip", "fail"});
     flag("allow_absolute_paths", d.allow_absolute_paths);
+    choice("template", d.chat_template, kChatTemplateNames);
+    str("added_tokens", d.added_tokens);
 
     sec_ = "train";
     auto& t = c.train;

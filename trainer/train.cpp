@@ -118,7 +118,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
       rank0_(comm.rank() == 0),
       checkpoints_(cfg, comm),
       backend_(make_backend(cfg.train.device, backend_options(cfg))),
-      tokenizer_(cfg.data.tokenizer),
+      tokenizer_(cfg.data.tokenizer, cfg.data.added_tokens),
       train_set_(open_train_set(cfg, tokenizer_, topt.stop_flag)),
       val_set_(cfg.data.val.empty() ? nullptr
                                     : open_dataset(cfg.data.val, cfg.data, tokenizer_,
@@ -174,7 +174,7 @@ SamplerState Run::resume(const std::string& path, const TrainOptions& topt) {
   } catch (const Error& e) {
     throw DamagedCheckpoint(e.what());
   }
-  check_tokenizer(path, st.tokenizer_hash, tokenizer_);
+  check_tokenizer(path, st, tokenizer_);
   DHP_CHECK(st.seed == cfg_.train.seed,
             "cannot resume from '{}': it was trained with train.seed = {}, this run has {}; "
             "the weights and the sample order come from the seed",
@@ -308,6 +308,7 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
 void Run::evaluate(int64_t step, TrainResult* out) {
   if (!val_set_ || val_set_->size() == 0) return;
   EvalOptions o{cfg_.train.batch_size, cfg_.eval.max_samples, false, cfg_.data.workers};
+  o.eos = tokenizer_.ids().eos;
   o.exact_match = out && cfg_.eval.exact_match;  // generation only at the final evaluation
   const std::shared_ptr<const Planner> planner = planner_.current();
   const EvalResult r = dhp::evaluate(model_, *val_set_, o, comm_, *planner);
@@ -329,7 +330,8 @@ void Run::evaluate(int64_t step, TrainResult* out) {
 std::string Run::save(int64_t step, bool last) {
   const TrainState st{step, cfg_.train.seed, cfg_.train.batch_size,
                       sampler_->state_at(position_of(step)), train_set_->size(), tokenizer_.hash(),
-                      planner_.saved()};
+                      planner_.saved(), format_special_ids(tokenizer_.ids()),
+                      format_added_tokens(tokenizer_.added_tokens())};
   opt_.gather_moments(comm_);  // a checkpoint holds the full state, whatever the sharding
   report_.clear();
   return checkpoints_.save(model_, opt_, st, last);
