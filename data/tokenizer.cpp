@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "core/hash.h"
 #include "core/input.h"
+#include "core/text.h"
 
 namespace dhp {
 
@@ -132,7 +133,13 @@ std::vector<AddedToken> parse_added_tokens(const std::string& text, const std::s
 Tokenizer::Tokenizer(const std::string& model_path, const std::string& added_tokens)
     : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()), path_(model_path) {
   std::error_code ec;
-  if (fs::is_directory(model_path, ec)) path_ = (fs::path(model_path) / "tokenizer.model").string();
+  if (fs::is_directory(model_path, ec)) {
+    path_ = (fs::path(model_path) / "tokenizer.model").string();
+    DHP_CHECK(fs::exists(path_, ec),
+              "tokenizer '{}' is a folder without tokenizer.model (a Hugging Face checkpoint "
+              "folder holds one; else set data.tokenizer to the model file)",
+              printable(model_path));
+  }
   // Loaded from the bytes it hashes, so the hash describes exactly the model in use.
   const std::string bytes =
       InputFile("tokenizer", path_,

@@ -184,7 +184,7 @@ TEST_F(TokenizerTest, MissingFilesAndConfiguredLists) {
   const fs::path empty = *root_ / "empty";
   fs::create_directories(empty);
   std::string msg = error_of([&] { Tokenizer t(empty.string()); });
-  EXPECT_TRUE(contains(msg, (empty / "tokenizer.model").string())) << msg;
+  EXPECT_TRUE(contains(msg, empty.string() + "' is a folder without tokenizer.model")) << msg;
   // No added_tokens.json: the tokens the layout needs (covered above); "none": unk pads.
   const Tokenizer none(llama(), "none");
   EXPECT_TRUE(none.added_tokens().empty());
@@ -235,6 +235,11 @@ TEST_F(TokenizerTest, TemplatesGiveTheDocumentedIds) {
   const Tokenizer dh(dhp_model());
   const Tokenizer ll(llama());
   const int32_t pad = ll.ids().pad;
+  // The fixtures' sizes docs/data.md quotes: 631 pieces + <image> 631 + <pad> 632; 200.
+  EXPECT_EQ(ll.vocab_size(), 633);
+  EXPECT_EQ(ll.ids().image, 631);
+  EXPECT_EQ(pad, 632);
+  EXPECT_EQ(dh.vocab_size(), 200);
 
   const Laid d = lay(ChatTemplate::Dhp, kOneTurn, dh);
   EXPECT_EQ(d.ids, (std::vector<int32_t>{-1, 67, 20, 115, 10, 43, 195, 11, 40, 72, 180}));
@@ -276,6 +281,14 @@ TEST_F(TokenizerTest, TemplatesGiveTheDocumentedIds) {
   EXPECT_EQ(ep.image_of, (std::vector<int32_t>{-1, 0, 0, 0, 0, -1, -1, -1, -1, -1}));
   StoredLayout s1{one.ids.data(), one.loss.data(), int64_t(one.ids.size()), {4}, ll.ids()};
   EXPECT_EQ(full_length(s1), 1 + 47 - 1 + 4 + 1);
+  const Sample e1 = expand_layout(s1, 0, full_length(s1), nullptr, 2, ImageLoad::Skip);
+  std::vector<int32_t> want1 = {1};
+  want1.insert(want1.end(), system.begin(), system.end());
+  for (int32_t id : {294, 612, 594, pad, pad, pad, pad, 594, 13, 542, 273, 368, 263, 296, 626,
+                     297, 612, 264, 293, 325, 611, 2})
+    want1.push_back(id);
+  EXPECT_EQ(e1.tokens, want1);
+  EXPECT_EQ(e1.loss_mask, mask(int(want1.size()) - 5, 5));
   const std::vector<ImageSpan> spans = image_spans(s1);
   ASSERT_EQ(spans.size(), 1u);
   EXPECT_EQ(spans[0].first, 1 + 32);  // <bos> and the 32 ids before the placeholder
