@@ -206,6 +206,9 @@ TEST(Image, PatchLayoutKnownPixels) {
 
 TEST_F(DataTest, TokenizerReservedIdsAndRoundTrip) {
   Tokenizer tok(tokenizer());
+  // dhp's own model: the reserved ids every earlier data set and checkpoint was made with.
+  EXPECT_EQ(format_special_ids(tok.ids()), "pad=0 unk=1 bos=2 eos=3 image=-1 img=4 /img=5");
+  EXPECT_TRUE(tok.added_tokens().empty());
   EXPECT_GT(tok.vocab_size(), 6);
   EXPECT_LE(tok.vocab_size(), 160);
   const std::string text = "two red circles at the top left and a blue square on the right.";
