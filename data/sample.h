@@ -13,6 +13,7 @@ namespace dhp {
 // One document in model-spec.md's layout, or a token range [begin, begin + tokens.size()) of
 // it (a piece: the plan may give a rank only part of a long sequence):
 //   <bos> human text ... <img> [image tokens] </img> ... gpt answer <eos>
+// (the markers only when the tokenizer's table has them; data/chat_template.h for the text)
 struct Sample {
   int64_t id = 0;                      // dataset index
   std::vector<int32_t> tokens;         // (L) token ids; image tokens hold the pad id
