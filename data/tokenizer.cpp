@@ -160,7 +160,9 @@ Tokenizer::Tokenizer(const std::string& model_path, const std::string& added_tok
   const std::string listed = (fs::path(path_).parent_path() / kAddedTokensFile).string();
   std::string source;  // for messages
   if (added_tokens == "auto" && fs::exists(listed, ec)) {
-    added_ = read_added_tokens_file(listed);
+    // Some conversions restate pieces of the model itself ({"</s>": 2}): those add nothing.
+    for (AddedToken& t : read_added_tokens_file(listed))
+      if (piece_id(*sp_, t.text) != t.id) added_.push_back(std::move(t));
     source = listed;
   } else if (added_tokens == "auto") {
     const bool markers = piece_id(*sp_, "<img>") >= 0 && piece_id(*sp_, "</img>") >= 0;

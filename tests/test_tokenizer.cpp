@@ -167,10 +167,13 @@ TEST_F(TokenizerTest, AWrongAddedTokenIdIsRefusedByNameIdAndFile) {
   msg = error_of([&] { Tokenizer t(inside.string()); });
   EXPECT_TRUE(contains(msg, "'<image>' has id 5")) << msg;
 
-  // A token that is already a piece of the model.
+  // A token that is already a piece of the model, under another id; restated under its own
+  // id it adds nothing.
   const fs::path piece = llama_folder("piece", fmt::format("{{\"</s>\": {}}}", n));
   msg = error_of([&] { Tokenizer t(piece.string()); });
   EXPECT_TRUE(contains(msg, "already piece 2")) << msg;
+  const fs::path restated = llama_folder("restated", fmt::format("{{\"</s>\": 2, \"<image>\": {}}}", n));
+  EXPECT_EQ(Tokenizer(restated.string()).added_tokens(), (std::vector<AddedToken>{{"<image>", n}}));
 
   for (const std::string bad : {"[1, 2]", "{\"<image>\": \"32000\"}", "not json"}) {
     const fs::path d = llama_folder("bad", bad);
@@ -325,6 +328,23 @@ TEST_F(TokenizerTest, TemplatesAreTheDocumentedPieces) {
   // plain drops the instruction text and keeps its images.
   EXPECT_EQ(lay(ChatTemplate::Plain, {{"human", "<image><image> Describe."}, {"gpt", "Two."}}, ll).ids,
             cat({{-1, -2}, enc("Two.")}));
+}
+
+// What `dhp generate` feeds the model: the training layout up to where the answer starts.
+TEST_F(TokenizerTest, PromptsAreTheTrainingLayoutUpToTheAnswer) {
+  const Tokenizer ll(llama());
+  const Tokenizer dh(dhp_model());
+  const std::string question = kOneTurn[0].value;
+  for (const auto& [t, tok] : {std::pair{ChatTemplate::LlavaV1, &ll}, std::pair{ChatTemplate::Dhp, &dh},
+                               std::pair{ChatTemplate::Plain, &ll}}) {
+    SCOPED_TRACE(std::string(template_name(t)));
+    Laid prompt;
+    EXPECT_EQ(layout_prompt(t, question, *tok, prompt.ids, prompt.loss), 1);
+    const Laid full = lay(t, kOneTurn, *tok);
+    const size_t answer = size_t(std::find(full.loss.begin(), full.loss.end(), 1) - full.loss.begin());
+    EXPECT_EQ(prompt.ids, std::vector<int32_t>(full.ids.begin(), full.ids.begin() + long(answer)));
+    EXPECT_EQ(std::count(prompt.loss.begin(), prompt.loss.end(), 1), 0);
+  }
 }
 
 TEST_F(TokenizerTest, ConversationsATemplateCannotLayOutAreRefused) {
