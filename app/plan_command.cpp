@@ -166,9 +166,10 @@ void run_plan(const PlanOptions& o) {
   const std::vector<Strategy> strategies = parse_strategies(o.strategies);
   ModelConfig model;
   ParallelConfig par;
+  ParamGroups groups;
   if (!o.config.empty()) {
     Config cfg = load_config(o.config);
-    model = cfg.model, par = cfg.parallel;
+    model = cfg.model, par = cfg.parallel, groups = cfg.optim.groups;
   }
   if (!o.model_profile.empty()) model = model_profile(o.model_profile);
   if (!o.device.empty()) par.cost_profile = o.device;
@@ -188,7 +189,7 @@ void run_plan(const PlanOptions& o) {
     }
     cost.set_coeffs(CostCoeffs::from_json(j.contains("coeffs") ? j["coeffs"] : j));
   }
-  Planner planner(cost, par, o.world);
+  Planner planner(cost, par, o.world, groups);
   const BatchSource batches = make_batches(o, model.vision.factor());
 
   std::vector<StrategyReport> rows;

@@ -62,10 +62,13 @@ void VisionPath::backward(const ModelWeights& p, const ModelParams& g, const Dev
   const int64_t dv = v.dim, d = cfg_.dim, m = v.merge, pn = v.patch_numel();
   const int64_t P = b.P, N = b.N;
   if (P == 0) return;
+  // A frozen encoder (null gradients) needs nothing below the projector's first layer.
+  const bool encoder = g.patch_embed_w != nullptr;
   ops_.linear_backward(dg1_, g.fc2_w, g.fc2_b, dtokens_, g1_, p.fc2_w, N, d, d, false);
   ops_.gelu_backward(dg1_, dg1_, f1_, N * d);
-  ops_.linear_backward(dmerged_, g.fc1_w, g.fc1_b, dg1_, merged_, p.fc1_w, N, m * m * dv, d,
-                       false);
+  ops_.linear_backward(encoder ? dmerged_ : Act(), g.fc1_w, g.fc1_b, dg1_, merged_, p.fc1_w, N,
+                       m * m * dv, d, false);
+  if (!encoder) return;
   ops_.patch_merge_backward(xn_, dmerged_, b.merge, b.n_images, dv, int(m));  // xn_ = d(xn)
   ops_.rmsnorm_backward(dx_, g.vision_norm, xn_, x_final_, p.vision_norm, rstd_, P, dv);
   const RopePos rope{nullptr, b.patch_row, b.patch_col};
