@@ -58,6 +58,29 @@ bool any_nonzero(const float* a, int64_t n) {
   return false;
 }
 
+// A null weight gradient skips that gradient and nothing else: the input gradient is the same
+// bits (the frozen-weight path of rmsnorm_backward and linear_backward).
+TEST(FrozenOps, NullWeightGradientsLeaveTheInputGradientAlone) {
+  auto backend = make_cpu_backend({2});
+  const Ops& ops = backend->ops();
+  const int64_t T = 13, C = 24, O = 20;
+  Rng rng(1);
+  const std::vector<float> x = testing::random_vec(rng, T * C), w = testing::random_vec(rng, C),
+                           dy = testing::random_vec(rng, T * C), W = testing::random_vec(rng, O * C),
+                           dyl = testing::random_vec(rng, T * O);
+  std::vector<float> y(T * C), rstd(T), dx1(T * C), dx2(T * C), dw(C, 0.0f);
+  ops.rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), T, C);
+  ops.rmsnorm_backward(dx1.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), T, C);
+  ops.rmsnorm_backward(dx2.data(), nullptr, dy.data(), x.data(), w.data(), rstd.data(), T, C);
+  EXPECT_TRUE(any_nonzero(dw.data(), C));
+  EXPECT_TRUE(same_bits(dx1.data(), dx2.data(), T * C));
+  std::vector<float> dW(O * C, 0.0f), db(O, 0.0f);
+  ops.linear_backward(dx1.data(), dW.data(), db.data(), dyl.data(), x.data(), W.data(), T, C, O, false);
+  ops.linear_backward(dx2.data(), nullptr, nullptr, dyl.data(), x.data(), W.data(), T, C, O, false);
+  EXPECT_TRUE(any_nonzero(dW.data(), O * C) && any_nonzero(db.data(), O));
+  EXPECT_TRUE(same_bits(dx1.data(), dx2.data(), T * C));
+}
+
 TEST(ParamGroupTable, EveryNameHasTheGroupOfItsPrefix) {
   EXPECT_EQ(group_of("vision.layers.0.attn.wq.weight"), ParamGroup::Vision);
   EXPECT_EQ(group_of("vision.layers.0.attn.wq.bias"), ParamGroup::Vision);
