@@ -57,9 +57,9 @@ class Model {
   // Elements of the gradient arena: the trainable parameters, at their grad_offset.
   int64_t n_grads() const { return table_.trainable_total(); }
   // Device pointers to the fp32 parameter (master weights, n_params floats) and gradient
-  // (n_grads floats) arenas. The forward and backward passes read a working copy in the ops' storage dtype
-  // (the master arena itself when that is fp32); taking the mutable pointer marks the copy
-  // stale, and the next pass refreshes it.
+  // (n_grads floats) arenas. The forward and backward passes read a working copy in the ops'
+  // storage dtype (the master arena itself when that is fp32); taking the mutable pointer
+  // marks the copy stale, and the next pass refreshes it.
   float* params() {
     weights_stale_ = true;
     return params_.as<float>();

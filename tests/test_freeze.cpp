@@ -216,6 +216,37 @@ TEST(FrozenOptimizer, FrozenWeightsStayBitForBitAndHoldNoMoments) {
   }
 }
 
+// The global norm that clipping divides by counts the trainable parameters only: it is the
+// norm of the unfrozen model's gradients over those parameters.
+TEST(FrozenOptimizer, ClippingNormCountsTrainableParametersOnly) {
+  const ModelConfig cfg = tiny_config();
+  const Batch b = make_batch(sample_docs(), cfg, 6);
+  auto backend = make_cpu_backend({1});
+  Model full(cfg, *backend);
+  randomise(full, 13);
+  full.zero_grads();
+  full.step(b, 1.0f / float(b.loss_tokens()), true);
+  for (const auto& [name, groups] : freezings()) {
+    run_threaded(1, [&](Communicator& comm) {
+      Model m(cfg, *backend, groups);
+      randomise(m, 13);
+      m.zero_grads();
+      m.step(b, 1.0f / float(b.loss_tokens()), true);
+      AdamW opt(m.table(), plain_adamw(), *backend);
+      double want = 0.0, all = 0.0;
+      for (const auto& s : m.table().specs())
+        for (int64_t i = s.offset; i < s.offset + s.numel(); ++i) {
+          const double g = full.grads()[i];
+          all += g * g;
+          if (s.trainable) want += g * g;
+        }
+      const double norm = opt.reduce(m.grads(), comm);
+      EXPECT_NEAR(norm, std::sqrt(want), 1e-6 * std::sqrt(want)) << name;
+      EXPECT_LT(norm, std::sqrt(all) * (1 - 1e-4)) << name;
+    });
+  }
+}
+
 // AdamW's first step moves each weight by lr·g/(|g| + eps) (bias-corrected moments, no decay):
 // lr·sign(g) where |g| >> eps. A group's lr_scale multiplies exactly that.
 TEST(FrozenOptimizer, LrScaleMultipliesTheGroupsUpdate) {
