@@ -168,7 +168,17 @@ SamplerState Run::resume_newest(const std::vector<std::string>& paths, const Tra
 }
 
 SamplerState Run::resume(const std::string& path, const TrainOptions& topt) {
-  check_same_model(checkpoint_config(path), cfg_, path);
+  const Config saved = checkpoint_config(path);
+  check_same_model(saved, cfg_, path);
+  // Any change of freezing resumes (the checkpoint holds every parameter, frozen ones with
+  // zero moments); say what it means for the moments.
+  for (size_t g = 0; g < kParamGroups && rank0_; ++g) {
+    const bool was = saved.optim.groups.group[g].trainable, now = cfg_.optim.groups.group[g].trainable;
+    if (was != now)
+      spdlog::info("parameter group {} was {} in '{}' and is {} now: {}", kParamGroupNames[g],
+                   was ? "trainable" : "frozen", path, now ? "trainable" : "frozen",
+                   now ? "its AdamW moments start at zero" : "its AdamW moments are dropped");
+  }
   TrainState st;
   try {
     st = load_checkpoint(path, model_, &opt_);
