@@ -100,7 +100,7 @@ void Model::carve(int64_t T, int64_t P, int64_t N, int64_t R, bool backward) {
   const int64_t d = cfg_.dim, V = cfg_.vocab_size, rows = std::min(T, kLogitRows);
   const DType t = dtype_;
   arena_.carve([&](Carver& c) {
-    vision_.carve(c, P, N, backward);
+    vision_.carve(c, P, N, backward, g_.patch_embed_w != nullptr);
     for (auto& a : acts_) a = carve_block_acts(c, dims_, T, t);
     x_final_ = c.take(T * d, t);
     xf_ = c.take(T * d, t);

@@ -18,7 +18,7 @@ VisionPath::VisionPath(const ModelConfig& cfg, const Ops& ops)
   acts_.resize(v.layers);
 }
 
-void VisionPath::carve(Carver& c, int64_t P, int64_t N, bool backward) {
+void VisionPath::carve(Carver& c, int64_t P, int64_t N, bool backward, bool encoder_grads) {
   const int64_t dv = cfg_.vision.dim, d = cfg_.dim, m = cfg_.vision.merge;
   const DType t = ops_.dtype();
   patches_ = c.take(P * cfg_.vision.patch_numel(), t);
@@ -31,11 +31,12 @@ void VisionPath::carve(Carver& c, int64_t P, int64_t N, bool backward) {
   g1_ = c.take(N * d, t);
   tokens_ = c.take(N * d, t);
   if (!backward) return;
-  scratch_ = carve_block_scratch(c, dims_, P, t);
   dtokens_ = c.take(N * d, t);
+  dg1_ = c.take(N * d, t);
+  if (!encoder_grads) return;
+  scratch_ = carve_block_scratch(c, dims_, P, t);
   dx_ = c.take(P * dv, t);
   dmerged_ = c.take(N * m * m * dv, t);
-  dg1_ = c.take(N * d, t);
 }
 
 void VisionPath::forward(const ModelWeights& p, const DeviceBatch& b) {
