@@ -159,7 +159,7 @@ void add_eval_command(CLI::App& app, const CliHooks& hooks) {
     const std::unique_ptr<Dataset> data = open_dataset(manifest, m.cfg.data, tok, m.cfg.model.vision);
     const Dataset& ds = *data;
     EvalOptions eo{m.cfg.train.batch_size, m.cfg.eval.max_samples, false, m.cfg.data.workers,
-                   m.cfg.eval.exact_match};
+                   m.cfg.eval.exact_match, tok.ids().eos};
     const Planner planner(m.cfg.model, m.cfg.parallel, comm.size());
     EvalResult real = evaluate(*m.model, ds, eo, comm, planner);
     eo.blank_images = true;
@@ -238,18 +238,17 @@ void add_export_command(CLI::App& app) {
         if (!from.empty()) o.dtype = from;
       }
       o.max_position_embeddings = m.cfg.data.max_tokens;
-      // The run's SentencePiece model with the reserved ids of data/tokenizer.h.
+      // The run's tokenizer: its SentencePiece model, special ids and added tokens.
       HfTokenizerFiles tok;
-      tok.sentencepiece_model = m.cfg.data.tokenizer;
-      tok.pad = {"<pad>", Tokenizer::kPad};
-      tok.unk = {"<unk>", Tokenizer::kUnk};
-      tok.bos = {"<s>", Tokenizer::kBos};
-      tok.eos = {"</s>", Tokenizer::kEos};
-      tok.model_max_length = m.cfg.data.max_tokens;
       std::error_code ec;
-      if (std::filesystem::is_regular_file(tok.sentencepiece_model, ec)) o.tokenizer = &tok;
-      else spdlog::warn("the run's tokenizer '{}' is not found from here: the export has no tokenizer files",
-                        tok.sentencepiece_model);
+      if (std::filesystem::exists(m.cfg.data.tokenizer, ec)) {
+        const Tokenizer t(m.cfg.data.tokenizer, m.cfg.data.added_tokens);
+        tok = hf_tokenizer_files(t.files(), m.cfg.data.max_tokens);
+        o.tokenizer = &tok;
+      } else {
+        spdlog::warn("the run's tokenizer '{}' is not found from here: the export has no tokenizer "
+                     "files (pass --data.tokenizer=PATH)", m.cfg.data.tokenizer);
+      }
       export_hf_checkpoint(*m.model, o);
       spdlog::info("exported the decoder of {} to {} as {} ({} tensors)", path, o.dir, o.dtype,
                    hf_name_map(m.cfg.model).size());

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "data/tokenizer.h"
 #include "model/model.h"
 #include "trainer/config.h"
 
@@ -95,6 +96,12 @@ struct HfTokenizerFiles {
   bool add_bos = true;              // the tokenizer starts every text with bos
   int64_t model_max_length = 4096;  // the run's data.max_tokens
 };
+
+// The files of a run's tokenizer (data/tokenizer.h, Tokenizer::files) in that form. Special
+// tokens take SentencePiece's default pieces (<unk>, <s>, </s>, and <pad> when the model holds
+// a pad piece: dhp's trainer and Llama's tokenizers both use them); a pad that is an added
+// token takes its text; no pad stays none.
+HfTokenizerFiles hf_tokenizer_files(const TokenizerFiles& files, int64_t model_max_length);
 
 struct HfExportOptions {
   std::string dir;                                // the output folder

@@ -135,6 +135,21 @@ json model_config(const ModelConfig& m, const HfExportOptions& o) {
 
 }  // namespace
 
+HfTokenizerFiles hf_tokenizer_files(const TokenizerFiles& f, int64_t model_max_length) {
+  HfTokenizerFiles t;
+  t.sentencepiece_model = f.model_path;
+  t.unk = {"<unk>", f.ids.unk};
+  t.bos = {"<s>", f.ids.bos};
+  t.eos = {"</s>", f.ids.eos};
+  if (f.model_has_pad) t.pad = {"<pad>", f.ids.pad};
+  for (const AddedToken& a : f.added) {
+    t.added.push_back({a.text, a.id});
+    if (!f.model_has_pad && a.id == f.ids.pad) t.pad = {a.text, a.id};
+  }
+  t.model_max_length = model_max_length;
+  return t;
+}
+
 void check_hf_export_paths(const HfExportOptions& o) {
   DHP_CHECK(!o.dir.empty(), "export: -o/--out names no folder");
   DHP_CHECK(o.dtype == "F32" || o.dtype == "BF16" || o.dtype == "F16",

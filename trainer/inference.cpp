@@ -47,9 +47,9 @@ std::unique_ptr<Tokenizer> inference_tokenizer(const std::string& checkpoint, co
             "the checkpoint's data.tokenizer '{}' is relative to the folder its run started in and is "
             "not found from here ({}): run from that folder, or pass --data.tokenizer=PATH",
             printable(path), fs::current_path(ec).string());
-  auto tok = std::make_unique<Tokenizer>(path);
-  // A Hugging Face folder records no tokenizer hash to compare with.
-  if (!is_hf_folder(checkpoint)) check_tokenizer(checkpoint, m.state.tokenizer_hash, *tok);
+  auto tok = std::make_unique<Tokenizer>(path, m.cfg.data.added_tokens);
+  // A Hugging Face folder records no tokenizer to compare with.
+  if (!is_hf_folder(checkpoint)) check_tokenizer(checkpoint, m.state, *tok);
   return tok;
 }
 
