@@ -194,17 +194,17 @@ Checkpoint open_checkpoint(const std::string& dir) {
 
 // Why a config.json does not describe `cfg`'s decoder, or "".
 std::string shape_difference(const ModelConfig& want, const ModelConfig& file) {
-  const std::pair<const char*, std::pair<double, double>> keys[] = {
-      {"dim", {want.dim, file.dim}},
-      {"layers", {want.layers, file.layers}},
-      {"heads", {want.heads, file.heads}},
-      {"kv_heads", {want.kv_heads, file.kv_heads}},
-      {"head_dim", {want.hd(), file.hd()}},
-      {"ffn", {want.ffn, file.ffn}},
-      {"rope_theta", {want.rope_theta, file.rope_theta}},
-      {"rms_norm_eps", {want.rms_norm_eps, file.rms_norm_eps}},
-      {"tie_embeddings", {want.tie_embeddings, file.tie_embeddings}},
-      {"attention_bias", {want.attention_bias, file.attention_bias}},
+  const std::pair<const char*, std::pair<std::string, std::string>> keys[] = {
+      {"dim", {fmt::format("{}", want.dim), fmt::format("{}", file.dim)}},
+      {"layers", {fmt::format("{}", want.layers), fmt::format("{}", file.layers)}},
+      {"heads", {fmt::format("{}", want.heads), fmt::format("{}", file.heads)}},
+      {"kv_heads", {fmt::format("{}", want.kv_heads), fmt::format("{}", file.kv_heads)}},
+      {"head_dim", {fmt::format("{}", want.hd()), fmt::format("{}", file.hd())}},
+      {"ffn", {fmt::format("{}", want.ffn), fmt::format("{}", file.ffn)}},
+      {"rope_theta", {fmt::format("{}", want.rope_theta), fmt::format("{}", file.rope_theta)}},
+      {"rms_norm_eps", {fmt::format("{}", want.rms_norm_eps), fmt::format("{}", file.rms_norm_eps)}},
+      {"tie_embeddings", {fmt::format("{}", want.tie_embeddings), fmt::format("{}", file.tie_embeddings)}},
+      {"attention_bias", {fmt::format("{}", want.attention_bias), fmt::format("{}", file.attention_bias)}},
   };
   for (const auto& [key, v] : keys)
     if (v.first != v.second) return fmt::format("model.{} is {} here, {} in the checkpoint", key, v.first, v.second);
