@@ -456,8 +456,8 @@ TEST(HfExport, TokenizerFilesAndOutputRules) {
   EXPECT_NE(msg.find("<video>"), std::string::npos) << msg;
 }
 
-// model.init: the decoder's shape and weights from the folder (the vocabulary the larger of the
-// TOML's and the file's), the vision tower and projector seeded as in a fresh run; the run's
+// model.init: the decoder's shape and weights from the folder (the vocabulary the file's, the
+// run's tokenizer being smaller), the vision tower and projector seeded as in a fresh run; the run's
 // checkpoint records it, so a resume and an export see the same model.
 TEST(HfTrain, StartsFromTheFolder) {
   auto world = start_world(nullptr, nullptr);

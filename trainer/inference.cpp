@@ -1,5 +1,6 @@
 #include "trainer/inference.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/check.h"
@@ -14,6 +15,13 @@ Config inference_config(const std::string& checkpoint, const std::vector<std::st
     // The defaults with the overrides, the decoder from the folder's config.json.
     Config cfg = parse_config("", checkpoint, overrides);
     cfg.model.init = checkpoint;
+    // The folder's own tokenizer, unless the command line names another.
+    const bool named = std::any_of(overrides.begin(), overrides.end(), [](const std::string& o) {
+      return o.find("data.tokenizer=") != std::string::npos;
+    });
+    std::error_code ec;
+    if (!named && std::filesystem::is_regular_file(std::filesystem::path(checkpoint) / "tokenizer.model", ec))
+      cfg.data.tokenizer = checkpoint;
     apply_hf_init(cfg);
     return cfg;
   }
