@@ -5,24 +5,11 @@
 # gone. Then SIGTERM to every rank mid-run: one checkpoint, loadable, and exit 0.
 #   tests/mpi_failures.sh DHP_BINARY
 set -euo pipefail
-dhp=$1
-work=$(mktemp -d)
+source "$(dirname "$0")/mpi_lib.sh" "$1"
 trap 'pkill -KILL -f "$work" 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-"$dhp" data synth --out "$work/data" --preset video-longtail --train 96 --val 8 --seed 5 \
-  --scale 0.1 --factor 16 >/dev/null
-{ cat "$(dirname "$0")/small_model.toml"; cat <<TOML
-[data]
-train = "$work/data/train.jsonl"
-val = ""
-tokenizer = "$work/data/tokenizer.model"
-workers = 0
-max_tokens = 1500
-[train]
-steps = 100000
-batch_size = 8
-threads = 1
+synth_longtail "$work/data"
+small_run_toml "$work/data" 100000 > "$work/run.toml" <<TOML
 [parallel]
 timeout_s = 5
 [checkpoint]
@@ -31,7 +18,6 @@ every = 0
 progress = false
 every = 1
 TOML
-} > "$work/run.toml"
 
 # until_steps DIR: waits until DIR/metrics.jsonl records 3 steps (a run in mid-training).
 until_steps() {

@@ -6,40 +6,21 @@
 # must chart the metrics the runs wrote.
 #   tests/mpi_ranks_match.sh DHP_BINARY SOURCE_DIR
 set -euo pipefail
-dhp=$1
+source "$(dirname "$0")/mpi_lib.sh" "$1"
 src=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 
-"$dhp" data synth --out "$work/data" --preset video-longtail --train 96 --val 16 --seed 5 \
-  --scale 0.1 --factor 16 >/dev/null
-{ cat "$(dirname "$0")/small_model.toml"; cat <<TOML
-[data]
-train = "$work/data/train.jsonl"
-val = "$work/data/val.jsonl"
-tokenizer = "$work/data/tokenizer.model"
-workers = 0
-max_tokens = 1500
-[train]
-steps = 8
-batch_size = 8
-threads = 1
+synth_longtail "$work/data"
+small_run_toml "$work/data" 8 "$work/data/val.jsonl" > "$work/run.toml" <<TOML
 [parallel]
 bucket_mb = 0.02  # many gradient buckets, reduced while backward runs
 [log]
 progress = false
 TOML
-} > "$work/run.toml"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-"$dhp" train --config "$work/run.toml" --log.metrics="$work/one/metrics.jsonl" \
-  --checkpoint.dir="$work/one/ckpt" >"$work/one.log" 2>&1 || { cat "$work/one.log"; exit 1; }
+train_run "$work/one.log" -- --config "$work/run.toml" --log.metrics="$work/one/metrics.jsonl" \
+  --checkpoint.dir="$work/one/ckpt"
 # Batches of 8 samples: a long sample outgrows a rank's share of the work, so the planner
 # puts it on a ring of 2 (on 2 ranks) or 3 (on 3 ranks) in some steps. The cost model is not
 # refitted here: plans then follow the lengths alone, not this machine's timing noise.
-export_weights() {  # run-dir
-  "$dhp" export --checkpoint "$1/ckpt" --out "$1/model.safetensors" >/dev/null 2>&1 \
-    || { echo "export of $1 failed" >&2; exit 1; }
-}
 export_weights "$work/one"
 runs=()
 # static-2: the static strategy with every group a ring of 2 (static_cp = 0 picks 1 here).
@@ -55,9 +36,9 @@ for spec in dhp:2 dhp:3 pow2:2 pow2:3 static:2 static:3 static-2:2 dhp-replicate
     dhp-after) extra=(--parallel.overlap_grads=false) ;;
   esac
   r="$work/$name-$n"
-  mpirun -np "$n" --oversubscribe "$dhp" train --config "$work/run.toml" --parallel.refit=false \
-    --parallel.strategy="$strategy" "${extra[@]}" --log.metrics="$r/metrics.jsonl" \
-    --checkpoint.dir="$r/ckpt" >"$r.log" 2>&1 || { cat "$r.log"; exit 1; }
+  train_run "$r.log" mpirun -np "$n" --oversubscribe -- --config "$work/run.toml" \
+    --parallel.refit=false --parallel.strategy="$strategy" "${extra[@]}" \
+    --log.metrics="$r/metrics.jsonl" --checkpoint.dir="$r/ckpt"
   case $name in
     dhp-after) grep -q "summed after backward" "$r.log" ;;
     *) grep -q "summed in [0-9]* buckets" "$r.log" ;;
@@ -66,47 +47,21 @@ for spec in dhp:2 dhp:3 pow2:2 pow2:3 static:2 static:3 static-2:2 dhp-replicate
   runs+=("$name:$n:$r")
 done
 
-/usr/bin/python3 - "$work/one" "${runs[@]}" <<'PY'
-import json, struct, sys
-import numpy as np
-def steps(d):
-    return [r for r in map(json.loads, open(d + "/metrics.jsonl")) if "eval" not in r]
-def weights(d):
-    with open(d + "/model.safetensors", "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = t["data_offsets"]
-        out[name] = np.frombuffer(data[a:b], dtype=np.float32)
-    return out
-one_dir = sys.argv[1]
+/usr/bin/python3 - "$tests/reference" "$work/one" "${runs[@]}" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from mpi_runs import same_losses, same_weights, steps, weights
+one_dir = sys.argv[2]
 one, w_one = steps(one_dir), weights(one_dir)
 assert w_one, "the 1-rank export holds no tensor"
-assert len(one) == 8, len(one)
-for spec in sys.argv[2:]:
+for spec in sys.argv[3:]:
     strategy, n, d = spec.split(":", 2)
     n = int(n)
     other = steps(d)
-    assert len(other) == 8, (spec, len(other))
-    for i, (a, b) in enumerate(zip(one, other), 1):
-        x, y = a["loss"], b["loss"]
-        # The first step's loss is a sum in another order (fp32, ~1e-6 relative); Adam
-        # amplifies the gradients' rounding differences slightly over the later steps.
-        tol = 1e-5 if i == 1 else 1e-4
-        assert abs(x - y) <= tol * abs(x), f"{strategy}, step {i}: 1 rank {x}, {n} ranks {y}"
+    same_losses(one, other, f"{strategy} on {n} ranks", 8)
     losses = ", ".join("%.5f" % r["loss"] for r in other)
     print(f"{strategy} on {n} ranks: losses {losses}; degrees {[r['degrees'] for r in other]}")
-    # After 8 optimizer steps the weights agree within 1e-4 relative to the tensor's scale.
-    w = weights(d)
-    assert w.keys() == w_one.keys(), spec
-    for name, ref in w_one.items():
-        err = float(np.max(np.abs(w[name] - ref)))
-        scale = float(np.max(np.abs(ref))) or 1.0
-        assert err <= 1e-4 * scale, f"{strategy} on {n} ranks: {name} differs by {err} (scale {scale})"
+    same_weights(w_one, weights(d), f"{strategy} on {n} ranks")
     widest = max(r["max_degree"] for r in other)
     if strategy == "static":
         # The smallest degree that fits every sample (static_cp = 0), the same in every step.

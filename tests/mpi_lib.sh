@@ -1,0 +1,53 @@
+# What the tests/mpi_*.sh scripts share; sourced by them after `set -euo pipefail`:
+#   source "$(dirname "$0")/mpi_lib.sh" DHP_BINARY
+# Sets `dhp`, `tests` (this folder) and `work` (a scratch folder, removed on exit unless KEEP
+# is set), lets mpirun run as root, and defines the functions below.
+dhp=$1
+tests=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+work=$(mktemp -d)
+trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+# synth_longtail DIR: the long-tail data set of the multi-process tests, scaled down so that
+# a few of its samples outgrow one rank's share of a batch of 8 (the planner rings them).
+synth_longtail() {
+  "$dhp" data synth --out "$1" --preset video-longtail --train 96 --val 8 --seed 5 \
+    --scale 0.1 --factor 16 >/dev/null
+}
+
+# small_run_toml DATA_DIR STEPS [VAL] [DATA_KEYS]: the small model of small_model.toml on
+# DATA_DIR's training set, one thread per rank, batches of 8; VAL is the held-out set (none
+# by default), DATA_KEYS more [data] lines; the TOML on standard input (more sections) follows.
+small_run_toml() {
+  cat "$tests/small_model.toml"
+  cat <<TOML
+[data]
+train = "$1/train.jsonl"
+val = "${3:-}"
+tokenizer = "$1/tokenizer.model"
+workers = 0
+max_tokens = 1500
+${4:-}
+[train]
+steps = $2
+batch_size = 8
+threads = 1
+TOML
+  cat
+}
+
+# train_run LOG [mpirun -np N ...] -- ARGS: runs `dhp train ARGS` (under the launcher words
+# before --, if any), its output in LOG, printed when it fails.
+train_run() {
+  local log=$1 launcher=()
+  shift
+  while [ "$1" != "--" ]; do launcher+=("$1"); shift; done
+  shift
+  "${launcher[@]}" "$dhp" train "$@" >"$log" 2>&1 || { cat "$log"; exit 1; }
+}
+
+# export_weights RUN_DIR: RUN_DIR/model.safetensors from the newest checkpoint of RUN_DIR/ckpt.
+export_weights() {
+  "$dhp" export --checkpoint "$1/ckpt" --out "$1/model.safetensors" >/dev/null 2>&1 \
+    || { echo "export of $1 failed" >&2; exit 1; }
+}

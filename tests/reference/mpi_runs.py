@@ -1,0 +1,50 @@
+"""What the tests/mpi_*.sh scripts compare: the metrics and the exported weights of runs of the
+same training on different numbers of ranks, plans or settings."""
+import json
+import struct
+
+import numpy as np
+
+
+def steps(run_dir):
+    """The step records of RUN_DIR/metrics.jsonl (evaluations left out)."""
+    return [r for r in map(json.loads, open(run_dir + "/metrics.jsonl")) if "eval" not in r]
+
+
+def safetensors(path, dtype=np.float32):
+    """{name: (dtype, shape, raw bytes)} of a safetensors file."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    return {k: (t["dtype"], t["shape"], data[t["data_offsets"][0]:t["data_offsets"][1]])
+            for k, t in header.items() if k != "__metadata__"}
+
+
+def weights(run_dir):
+    """RUN_DIR/model.safetensors (a dhp export: F32) as flat arrays by name."""
+    return {k: np.frombuffer(raw, dtype=np.float32)
+            for k, (_, _, raw) in safetensors(run_dir + "/model.safetensors").items()}
+
+
+def same_losses(one, other, label, n_steps):
+    """Every step's loss within fp32 rounding of the one-rank run's."""
+    assert len(one) == n_steps, (label, "1 rank", len(one))
+    assert len(other) == n_steps, (label, len(other))
+    for i, (a, b) in enumerate(zip(one, other), 1):
+        x, y = a["loss"], b["loss"]
+        # The first step's loss is a sum in another order (fp32, ~1e-6 relative); Adam
+        # amplifies the gradients' rounding differences slightly over the later steps.
+        tol = 1e-5 if i == 1 else 1e-4
+        assert abs(x - y) <= tol * abs(x), f"{label}, step {i}: 1 rank {x}, here {y}"
+
+
+def same_weights(w_one, w, label, skip=lambda name: False):
+    """After a few optimizer steps the weights agree within 1e-4 of each tensor's scale."""
+    assert w.keys() == w_one.keys(), label
+    for name, ref in w_one.items():
+        if skip(name):
+            continue
+        err = float(np.max(np.abs(w[name] - ref)))
+        scale = float(np.max(np.abs(ref))) or 1.0
+        assert err <= 1e-4 * scale, f"{label}: {name} differs by {err} (scale {scale})"
