@@ -91,6 +91,7 @@ void add_build(CLI::App* data) {
     o.max_image_pixels = cfg.data.max_image_pixels;
     o.on_error = cfg.data.on_error;
     o.allow_absolute_paths = cfg.data.allow_absolute_paths;
+    o.video = cfg.data.video;
     DHP_CHECK(*shard_mb > 0, "--shard-mb must be positive");
     // -1 is the library's "no limit", which only leaving the option out may ask for.
     DHP_CHECK(build->count("--max-shards") == 0 || o.max_new_shards >= 1,

@@ -22,6 +22,7 @@ struct DataConfig {
   int workers = 1;                 // background decode threads
   std::string on_error = "skip";   // "skip" | "fail"
   bool allow_absolute_paths = false;  // image paths may be absolute (else confined to the root)
+  VideoRules video;                // video_fps, min_frames, max_frames, video_max_pixels
 };
 
 }  // namespace dhp
