@@ -104,7 +104,7 @@ VideoReader::VideoReader(const std::string& path, const std::string& root, bool 
   DHP_CHECK(fs::exists(fd_path),
             "cannot decode video '{}': {} is missing (is /proc mounted?)", path, fd_path);
   cap_ = std::make_unique<cv::VideoCapture>();
-  if (file_->size() == 0 || !cap_->open(fd_path, cv::CAP_FFMPEG))
+  if (file_->size() == 0 || !reopen())
     throw LineError{"unreadable video",
                     fmt::format("'{}' is not a video FFmpeg can open (empty, unknown container "
                                 "or codec)",
@@ -122,10 +122,24 @@ VideoReader::VideoReader(const std::string& path, const std::string& root, bool 
 
 VideoReader::~VideoReader() = default;
 
+bool VideoReader::reopen() {
+  next_ = 0;
+  return cap_->open(fmt::format("/proc/self/fd/{}", file_->fd()), cv::CAP_FFMPEG);
+}
+
+bool VideoReader::first_frame_decodes() {
+  if (!reopen()) return false;
+  cv::Mat m;
+  const bool ok = cap_->read(m) && !m.empty();
+  next_ = ok ? 1 : 0;
+  return ok;
+}
+
 cv::Mat VideoReader::frame(int64_t index) {
   DHP_CHECK(index >= 0, "video '{}': frame {}", path_, index);
   auto fail = [&](const std::string& what) {
-    if (!any_)
+    // Nothing decoded yet: tell a clip that breaks off later from one with no usable frame.
+    if (!any_ && (index == 0 || !first_frame_decodes()))
       return LineError{"corrupt video",
                        fmt::format("'{}': no frame decodes ({}; the container states {} "
                                    "frames)",
@@ -137,14 +151,17 @@ cv::Mat VideoReader::frame(int64_t index) {
   };
   if (index >= info_.frames) throw fail("past the stated frame count");
   if (seek_ && (index < next_ || index - next_ > kSeekGap)) {
-    if (!cap_->set(cv::CAP_PROP_POS_FRAMES, double(index))) throw fail("seeking there failed");
-    ++seeks_;
-    next_ = index;
-  } else if (index < next_) {
-    // Without seeking, going back means decoding from the start again.
-    cap_->set(cv::CAP_PROP_POS_FRAMES, 0.0);
-    next_ = 0;
+    if (cap_->set(cv::CAP_PROP_POS_FRAMES, double(index))) {
+      ++seeks_;
+      next_ = index;
+    } else {
+      // A container without a usable index (a cut-off AVI loses it): decode forward from
+      // the start instead, for this clip from now on.
+      seek_ = false;
+      if (!reopen()) throw fail("it cannot be reopened after a failed seek");
+    }
   }
+  if (index < next_ && !reopen()) throw fail("it cannot be reopened to go back");
   for (; next_ < index; ++next_, ++decoded_)
     if (!cap_->grab()) throw fail("the stream ends before it");
   cv::Mat out;

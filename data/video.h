@@ -99,6 +99,8 @@ class VideoReader {
   int64_t seeks() const { return seeks_; }
 
  private:
+  bool reopen();               // back to frame 0 with a fresh decoder
+  bool first_frame_decodes();  // reopens and decodes frame 0
   std::string path_;
   std::unique_ptr<InputFile> file_;
   std::unique_ptr<cv::VideoCapture> cap_;
