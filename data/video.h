@@ -34,7 +34,8 @@ struct ParsedLine;
 struct VideoRules {
   double fps = 1.0;                          // data.video_fps: frames sampled per second
   int min_frames = 4;                        // data.min_frames (fewer when the clip has fewer)
-  int max_frames = 64;                       // data.max_frames
+  int max_frames = 768;                      // data.max_frames (Qwen2-VL's cap): the pixel
+                                             // budget, not the count, bounds a clip's tokens
   int64_t max_pixels = int64_t(8) << 20;     // data.video_max_pixels: all frames of one video
 };
 

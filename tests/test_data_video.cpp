@@ -74,7 +74,8 @@ class VideoTest : public DataTest {
 };
 
 TEST(VideoSampling, FramesFollowRateDurationAndLimits) {
-  VideoRules r;  // 1 fps, 4 .. 64 frames
+  VideoRules r;  // 1 fps, from 4 frames
+  r.max_frames = 64;
   // 10 s at 10 fps: ten frames at the centres of ten 1-s slices.
   EXPECT_EQ(sample_frames(100, 10, r), (std::vector<int64_t>{5, 15, 25, 35, 45, 55, 65, 75, 85, 95}));
   // 2 s: two by the rate, lifted to min_frames.
@@ -173,6 +174,7 @@ TEST_F(VideoTest, ManifestVideoBecomesTimestampedFramesInMarkerOrder) {
   Tokenizer tok(tokenizer());
   JsonlDataset ds(m, "", tok, geometry_, 4096, "fail");
   ASSERT_EQ(ds.size(), 2);
+  EXPECT_EQ(VideoRules{}.max_frames, 768);  // the defaults below: 1 fps, 4 .. 768 frames
   EXPECT_EQ(ds.images(0), 1 + 6);
   EXPECT_EQ(ds.images(1), 12);
   const std::vector<int64_t> want = sample_frames(60, 10, VideoRules{});
