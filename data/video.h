@@ -125,7 +125,6 @@ class FrameReader {
   // video's sampled frames, so a clip whose stated frame count overshoots what the file
   // holds is caught before its lengths are trusted ("truncated video").
   void check_end(const std::string& path, const FrameRef& ref);
-  const VideoReader* current() const { return reader_.get(); }
 
  private:
   VideoReader& open(const std::string& path);

@@ -469,28 +469,43 @@ TEST(ImageRouting, AnImageThatFailsOnItsEncoderLosesOnlyItself) {
   fs::path bad_file;
   std::vector<int64_t> ids;
   for (int64_t i = 0; i < cfg.train.batch_size; ++i) ids.push_back(i);
-  // A world size whose plan puts a sample with images on a ring, and that sample.
+  // A world size whose plan puts a sample with images on a ring, and that sample: a video
+  // clip when one is on a ring (the batch ends with the set's longest clip), so the file that
+  // goes bad is the clip and every frame of it fails on the rank that encodes it.
   int n = 0;
-  int64_t victim = -1;
+  int64_t victim = -1, victim_images = 0;
+  bool victim_is_clip = false;
   {
     Tokenizer tok(cfg.data.tokenizer);
     auto set = open_dataset(cfg.data.train, cfg.data, tok, cfg.model.vision);
-    for (int w = 2; w <= 6 && victim < 0; ++w) {
+    const std::set<std::string> clips = clip_ids();
+    int64_t longest = -1;
+    for (int64_t i = 0; i < set->size(); ++i)
+      if (clips.count(set->name(i)) && (longest < 0 || set->length(i) > set->length(longest)))
+        longest = i;
+    ASSERT_GE(longest, 0);
+    if (std::find(ids.begin(), ids.end(), longest) == ids.end()) ids.back() = longest;
+    for (int w = 2; w <= 6 && !victim_is_clip; ++w) {
       const StepWork work = plan_step(Planner(cfg.model, cfg.parallel, w), *set, ids, 0);
       for (const auto& g : work.plan.groups())
         for (int32_t s : g.seqs) {
           const int64_t id = work.plan.seqs()[size_t(s)].id;
-          if (victim < 0 && g.ring_degree > 1 && set->images(id) > 0) victim = id, n = w;
+          if (g.ring_degree < 2 || set->images(id) == 0 || victim_is_clip) continue;
+          if (victim < 0 || clips.count(set->name(id)))
+            victim = id, n = w, victim_is_clip = clips.count(set->name(id)) > 0;
         }
     }
     ASSERT_GE(victim, 0) << "no plan of 2 to 6 ranks puts images on a ring";
+    EXPECT_TRUE(victim_is_clip) << "no plan of 2 to 6 ranks puts a video clip on a ring";
+    victim_images = set->images(victim);
     std::ifstream in(data / "train.jsonl");
     std::string line;
     for (int64_t i = 0; i <= victim; ++i) std::getline(in, line);
     const auto j = nlohmann::json::parse(line);
     ASSERT_EQ(j["id"].get<std::string>(), set->name(victim));
-    bad_file = data / (j.contains("images") ? j["images"][0].get<std::string>()
-                                            : j["image"].get<std::string>());
+    bad_file = data / (j.contains("video")    ? j["video"].get<std::string>()
+                       : j.contains("images") ? j["images"][0].get<std::string>()
+                                              : j["image"].get<std::string>());
   }
 
   std::mutex mu;
@@ -521,8 +536,10 @@ TEST(ImageRouting, AnImageThatFailsOnItsEncoderLosesOnlyItself) {
       loss = sums[0] / sums[1];
     }
   });
-  EXPECT_EQ(bad, 1);
-  EXPECT_EQ(encoded, images - 1);
+  // Each failed image (every frame of a clip) is lost alone; the rest of the batch trains.
+  const int64_t lost = victim_is_clip ? victim_images : 1;
+  EXPECT_EQ(bad, lost);
+  EXPECT_EQ(encoded, images - lost);
   EXPECT_TRUE(std::isfinite(loss));
 }
 
