@@ -16,6 +16,7 @@
 #include <iterator>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "core/check.h"
@@ -171,6 +172,12 @@ LineResult process_line(const std::string& text, int64_t line_no, const Tokenize
     // pixels the JSONL path decodes.
     std::vector<cv::Mat> frames;
     check_line_frames(r.parsed, &frames);
+    std::set<std::string> clips;  // each clip's bytes count once as input read
+    for (size_t k = 0; k < r.parsed.paths.size(); ++k)
+      if (r.parsed.frames[k].index >= 0 && clips.insert(r.parsed.paths[k]).second) {
+        std::error_code ec;
+        r.bytes_read += int64_t(fs::file_size(r.parsed.paths[k], ec));
+      }
     for (size_t k = 0; k < r.parsed.paths.size(); ++k) {
       const std::string& path = r.parsed.paths[k];
       if (r.parsed.frames[k].index >= 0) {

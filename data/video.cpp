@@ -21,9 +21,11 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// A target at most this many frames ahead is reached by decoding forward: a seek lands on
-// the keyframe before it and decodes forward anyway, and costs a demuxer reset on top.
-constexpr int64_t kSeekGap = 4;
+// A target at most this many frames ahead is reached by decoding forward. OpenCV's FFmpeg
+// seek jumps to 16 frames before the target, then back to the keyframe before that, and
+// decodes forward from there, so a seek costs at least 17 decodes plus a demuxer reset: it
+// pays only for gaps well past that (docs/data.md has the measurements).
+constexpr int64_t kSeekGap = 32;
 
 std::unique_ptr<InputFile> open_video_file(const std::string& path, const std::string& root) {
   const std::string prefix = root == "/" ? root : root + "/";

@@ -91,12 +91,14 @@ class VideoReader {
 
   const VideoInfo& info() const { return info_; }
   const std::string& path() const { return path_; }
-  // Frame `index` (BGR, info().size). Jumps there by seeking when it lies more than a few
-  // frames ahead or behind, else decodes forward. Throws LineError: "corrupt video" when no
+  // Frame `index` (BGR, info().size). Jumps there by seeking when it lies behind or more than
+  // 32 frames ahead, else decodes forward. Throws LineError: "corrupt video" when no
   // frame has decoded yet (zero decodable frames) or a frame has another size, "truncated
   // video" when the clip ends (or breaks off) before `index`.
   cv::Mat frame(int64_t index);
-  int64_t decoded() const { return decoded_; }  // frames decoded so far, skipped ones included
+  // Frames decoded by reading forward (those read past included); the decoding a seek does
+  // inside OpenCV (from the keyframe before target - 16 on) is not seen here.
+  int64_t decoded() const { return decoded_; }
   int64_t seeks() const { return seeks_; }
 
  private:
