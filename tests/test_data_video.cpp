@@ -140,9 +140,10 @@ TEST(VideoSampling, PixelBudgetShrinksLongClipsAndKeepsTheResizeRule) {
 }
 
 TEST_F(VideoTest, ContainerProbeAndSeekingAgreeWithDecodingForward) {
-  for (const std::string codec : {"MJPG", "mp4v"}) {
+  // avc1: H.264 through libx264, which Debian's FFmpeg carries.
+  for (const std::string codec : {"MJPG", "mp4v", "avc1"}) {
     SCOPED_TRACE(codec);
-    const fs::path clip = dir_ / (codec == "MJPG" ? "c.avi" : "c.mp4");
+    const fs::path clip = dir_ / (codec == "MJPG" ? "c.avi" : "c-" + codec + ".mp4");
     write_clip(clip, 150, 12, 48, 64, codec);
     VideoReader seek(clip.string(), "");
     EXPECT_EQ(seek.info().frames, 150);
@@ -292,6 +293,20 @@ TEST_F(VideoTest, BadVideosAreSkippedWithTheirReasonsByBothPaths) {
     write_file(dir_ / "nodecode.avi", bytes);
   }
   write_file(dir_ / "notvideo.mp4", "this is a text file, not a video\n");
+  // A bad header: the RIFF signature and the AVI header list overwritten.
+  {
+    std::string bytes = read_file(dir_ / "full.avi");
+    for (size_t k = 0; k < 64; ++k) bytes[k] = char(0x5A);
+    write_file(dir_ / "badheader.avi", bytes);
+  }
+  // An unknown codec: the stream's codec tags renamed to one no decoder has.
+  {
+    std::string bytes = read_file(dir_ / "full.avi");
+    const std::string head = bytes.substr(0, 4096);
+    for (size_t at = head.find("MJPG"); at != std::string::npos; at = head.find("MJPG", at + 1))
+      bytes.replace(at, 4, "QQZZ");
+    write_file(dir_ / "unknowncodec.avi", bytes);
+  }
   write_clip(dir_ / "big.avi", 12, 10, 224, 256);         // 57344 pixels a frame
   write_clip(dir_ / "long.avi", 400, 10, 128, 128);       // 40 s: 40 frames of 25 tokens
   ASSERT_EQ(mkfifo((dir_ / "fifo.avi").c_str(), 0600), 0);
@@ -306,6 +321,8 @@ TEST_F(VideoTest, BadVideosAreSkippedWithTheirReasonsByBothPaths) {
       {"truncated", ", \"video\": \"truncated.avi\"", "<video>", "truncated video"},
       {"nodecode", ", \"video\": \"nodecode.avi\"", "<video>", "corrupt video"},
       {"notvideo", ", \"video\": \"notvideo.mp4\"", "<video>", "unreadable video"},
+      {"badheader", ", \"video\": \"badheader.avi\"", "<video>", "unreadable video"},
+      {"unknowncodec", ", \"video\": \"unknowncodec.avi\"", "<video>", "unreadable video"},
       {"big", ", \"video\": \"big.avi\"", "<video>", "video too large"},
       {"toolong", ", \"video\": \"long.avi\"", "<video>", "too long"},
       {"fifo", ", \"video\": \"fifo.avi\"", "<video>", "unreadable video"},
