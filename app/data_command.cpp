@@ -87,6 +87,8 @@ void add_build(CLI::App* data) {
     if (o.manifest.empty()) o.manifest = cfg.data.train;
     if (o.image_root.empty()) o.image_root = cfg.data.image_root;
     if (o.tokenizer.empty()) o.tokenizer = cfg.data.tokenizer;
+    o.added_tokens = cfg.data.added_tokens;
+    o.chat = cfg.data.chat_template;
     o.vision = cfg.model.vision;
     o.max_tokens = cfg.data.max_tokens;
     o.max_image_pixels = cfg.data.max_image_pixels;
@@ -140,7 +142,7 @@ void add_stats(CLI::App* data) {
       t = lengths_of(read_index(*path));  // lengths as built: no tokenizer or model needed
     } else {
       const Config cfg = data_config(*config, stats->remaining());
-      Tokenizer tok(cfg.data.tokenizer);
+      Tokenizer tok(cfg.data.tokenizer, cfg.data.added_tokens);
       t = lengths_of(*open_dataset(*path, cfg.data, tok, cfg.model.vision));
     }
     fmt::print("{}: {} samples\n\n{}", *path, t.size(), describe_lengths(t));

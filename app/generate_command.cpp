@@ -40,17 +40,17 @@ int64_t kv_cache_bytes(const ModelConfig& m, DType t, int64_t tokens) {
   return tokens * (2 * int64_t(m.layers) * m.kv_dim() * int64_t(dtype_size(t)) + 3 * int64_t(sizeof(int32_t)));
 }
 
-// The prompt in the training layout (the manifest's own turn rule): <bos>, text pieces, an
-// <img> ... </img> block wherever the text says <image> (or all images first when it never
-// does, as LLaVA prompts read).
-Batch build_prompt(const GenerateOptions& o, const Tokenizer& tok, const VisionConfig& v,
-                   int64_t max_image_pixels) {
+// The prompt in the training layout of data.template: <bos>, text pieces, an image's tokens
+// wherever the text says <image> (or all images first when it never does, as LLaVA prompts
+// read), up to where the answer starts.
+Batch build_prompt(const GenerateOptions& o, const Tokenizer& tok, ChatTemplate chat,
+                   const VisionConfig& v, int64_t max_image_pixels) {
   std::string text = o.prompt;
   if (text.find(kMarker) == std::string::npos)
     for (size_t i = 0; i < o.images.size(); ++i) text = kMarker + "\n" + text;
   std::vector<int32_t> layout;
   std::vector<uint8_t> loss;
-  const int64_t markers = append_turn(text, false, tok, 0, layout, loss);
+  const int64_t markers = layout_prompt(chat, text, tok, layout, loss);
   DHP_CHECK(markers == int64_t(o.images.size()),
             "the prompt has {} <image> markers for {} --image files", markers, o.images.size());
   std::vector<PreparedImage> images;
@@ -62,6 +62,7 @@ Batch build_prompt(const GenerateOptions& o, const Tokenizer& tok, const VisionC
   s.layout = layout.data();
   s.loss = loss.data();
   s.n = int64_t(layout.size());
+  s.ids = tok.ids();
   // Everything but the closing <eos>: the model writes the rest.
   Sample prompt = expand_layout(s, 0, full_length(s) - 1,
                                 [&](int64_t i) { return images[size_t(i)]; }, v.merge,
@@ -102,7 +103,8 @@ void add_generate_command(CLI::App& app) {
     const LoadedModel m = load_for_inference(path, inference_config(path, sub->remaining()));
     const std::unique_ptr<Tokenizer> tokenizer = inference_tokenizer(path, m);
     const Tokenizer& tok = *tokenizer;
-    Batch prompt = build_prompt(*o, tok, m.cfg.model.vision, m.cfg.data.max_image_pixels);
+    Batch prompt = build_prompt(*o, tok, m.cfg.data.chat_template, m.cfg.model.vision,
+                                m.cfg.data.max_image_pixels);
     const DType storage = m.backend->ops().dtype();
     const int64_t memory = available_memory_bytes();
     const int64_t need = kv_cache_bytes(m.cfg.model, storage, prompt.T + o->max_tokens);
@@ -118,7 +120,7 @@ void add_generate_command(CLI::App& app) {
     so.temperature = o->temperature;
     so.top_p = o->top_p;
     so.seed = uint64_t(o->seed);
-    fmt::print("{}\n", tok.decode(m.model->generate(prompt, Tokenizer::kEos, so)));
+    fmt::print("{}\n", tok.decode(m.model->generate(prompt, tok.ids().eos, so)));
   });
 }
 

@@ -166,9 +166,10 @@ void run_plan(const PlanOptions& o) {
   const std::vector<Strategy> strategies = parse_strategies(o.strategies);
   ModelConfig model;
   ParallelConfig par;
+  ParamGroups groups;
   if (!o.config.empty()) {
     Config cfg = load_config(o.config);
-    model = cfg.model, par = cfg.parallel;
+    model = cfg.model, par = cfg.parallel, groups = cfg.optim.groups;
   }
   if (!o.model_profile.empty()) model = model_profile(o.model_profile);
   if (!o.device.empty()) par.cost_profile = o.device;
@@ -188,7 +189,7 @@ void run_plan(const PlanOptions& o) {
     }
     cost.set_coeffs(CostCoeffs::from_json(j.contains("coeffs") ? j["coeffs"] : j));
   }
-  Planner planner(cost, par, o.world);
+  Planner planner(cost, par, o.world, groups);
   const BatchSource batches = make_batches(o, model.vision.factor());
 
   std::vector<StrategyReport> rows;
@@ -217,6 +218,12 @@ void run_plan(const PlanOptions& o) {
                         {"device", par.cost_profile}, {"memory_gb", par.memory_gb}, {"recompute", par.recompute},
                         {"ranks_per_node", par.ranks_per_node}, {"budget_ms", par.planner_budget_ms},
                         {"coeffs", planner.cost().coeffs().to_json()}};
+    const MemoryModel& mem = planner.memory();
+    j["memory"] = {{"parameters", mem.parameters()},
+                   {"trainable_parameters", mem.trainable_parameters()},
+                   {"static_bytes", mem.static_bytes()},
+                   {"gradient_bytes", mem.gradient_bytes()},
+                   {"optimizer_bytes", mem.optimizer_bytes()}};
     for (const auto& r : rows) j["strategies"].push_back(r.to_json());
     if (!failures.empty()) j["failed"] = failures;
     if (o.show_plan) j["first_plan"] = planner.plan_dhp(batches(0)).to_json();
@@ -226,9 +233,14 @@ void run_plan(const PlanOptions& o) {
   fmt::print("dhp plan: {} ranks ({} per node), device {} with {} GiB, {} steps of {} samples from {}\n",
              o.world, par.ranks_per_node, par.cost_profile, par.memory_gb, o.steps, o.batch,
              o.data.empty() ? "preset " + o.preset : o.data);
-  fmt::print("model: dim {} x {} layers, vision {} x {} layers; {} parameters; recompute {}\n\n", model.dim,
-             model.layers, model.vision.dim, model.vision.layers, planner.memory().parameters(),
-             par.recompute ? "on" : "off");
+  const MemoryModel& mem = planner.memory();
+  const double mib = double(1 << 20);
+  fmt::print("model: dim {} x {} layers, vision {} x {} layers; {} parameters ({} trainable); recompute {}\n",
+             model.dim, model.layers, model.vision.dim, model.vision.layers, mem.parameters(),
+             mem.trainable_parameters(), par.recompute ? "on" : "off");
+  fmt::print("per rank: weights, gradients and optimizer state {:.2f} MiB (gradients {:.2f}, optimizer {:.2f}{})\n\n",
+             double(mem.static_bytes()) / mib, double(mem.gradient_bytes()) / mib,
+             double(mem.optimizer_bytes()) / mib, par.zero1 ? ", ZeRO-1" : "");
   fmt::print("{}", format_reports(rows));
   for (auto& [k, v] : failures.items()) fmt::print("{}: not possible: {}\n", k, v.get<std::string>());
   if (o.show_plan) fmt::print("\nfirst step's dhp plan:\n{}", planner.plan_dhp(batches(0)).to_string());

@@ -146,7 +146,7 @@ void add_eval_command(CLI::App& app, const CliHooks& hooks) {
     const std::unique_ptr<Dataset> data = open_dataset(manifest, m.cfg.data, tok, m.cfg.model.vision);
     const Dataset& ds = *data;
     EvalOptions eo{m.cfg.train.batch_size, m.cfg.eval.max_samples, false, m.cfg.data.workers,
-                   m.cfg.eval.exact_match};
+                   m.cfg.eval.exact_match, tok.ids().eos};
     const Planner planner(m.cfg.model, m.cfg.parallel, comm.size());
     EvalResult real = evaluate(*m.model, ds, eo, comm, planner);
     eo.blank_images = true;

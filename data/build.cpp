@@ -260,7 +260,8 @@ class Progress {
 };
 
 // Checks the options and the folder; returns the build key that any resumed run must match.
-std::string build_key(const BuildOptions& o, const std::string& image_root, int64_t* lines) {
+std::string build_key(const BuildOptions& o, const std::string& image_root,
+                      const std::string& tok_hash, int64_t* lines) {
   DHP_CHECK(o.on_error == "skip" || o.on_error == "fail",
             "data.on_error must be \"skip\" or \"fail\", not \"{}\"", o.on_error);
   DHP_CHECK(o.reencode == "none" || o.reencode == "png" || o.reencode == "jpeg",
@@ -290,7 +291,7 @@ std::string build_key(const BuildOptions& o, const std::string& image_root, int6
   j["manifest_hash"] = hex(h);
   j["manifest_bytes"] = size;
   j["image_root"] = fs::absolute(image_root).lexically_normal().string();
-  j["tokenizer_hash"] = hex(hash_file(o.tokenizer));
+  j["tokenizer_hash"] = tok_hash;
   j["patch"] = o.vision.patch;
   j["merge"] = o.vision.merge;
   j["min_pixels"] = o.vision.min_pixels;
@@ -301,6 +302,7 @@ std::string build_key(const BuildOptions& o, const std::string& image_root, int6
   j["reencode"] = o.reencode;
   // Only when set, so that the keys of builds made before the option existed still match.
   if (o.allow_absolute_paths) j["allow_absolute_paths"] = true;
+  if (o.chat != ChatTemplate::Dhp) j["template"] = template_name(o.chat);
   // The video keys decide the layout of video lines; only when changed from their defaults,
   // for the same reason.
   const VideoRules dv;
@@ -346,6 +348,7 @@ void finish(const BuildOptions& o, const fs::path& dir, int64_t n_shards, const 
   x.max_tokens = o.max_tokens;
   x.max_image_pixels = o.max_image_pixels;
   x.tokenizer_hash = tok_hash;
+  x.chat_template = template_name(o.chat);
   x.build_key = key;
   for (int64_t k = 0; k < n_shards; ++k) {
     std::vector<int64_t> ext;
@@ -395,7 +398,9 @@ BuildSummary build_dataset(const BuildOptions& o) {
   const std::string image_root =
       o.image_root.empty() ? manifest_folder(o.manifest).string() : o.image_root;
   int64_t total_lines = 0;
-  const std::string key = build_key(o, image_root, &total_lines);
+  const Tokenizer tok(o.tokenizer, o.added_tokens);
+  const std::string tok_hash = hex(tok.hash());
+  const std::string key = build_key(o, image_root, tok_hash, &total_lines);
   const fs::path dir(o.out_dir);
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -416,7 +421,6 @@ BuildSummary build_dataset(const BuildOptions& o) {
   int64_t first_line = 0;
   int64_t next_shard = committed_shards(dir, &first_line);
   sum.resumed_shards = next_shard;
-  const std::string tok_hash = hex(hash_file(o.tokenizer));
   if (fs::exists(dir / kIndexFile)) {  // already complete: just summarise
     finish(o, dir, next_shard, key, tok_hash, sum);
     sum.shards = next_shard;
@@ -427,13 +431,13 @@ BuildSummary build_dataset(const BuildOptions& o) {
     spdlog::info("build: resuming after {} committed shard(s), at manifest line {}", next_shard,
                  first_line + 1);
 
-  Tokenizer tok(o.tokenizer);
   LineRules rules;
   rules.image_root = image_root;
   rules.allow_absolute_paths = o.allow_absolute_paths;
   rules.vision = o.vision;
   rules.max_tokens = o.max_tokens;
   rules.max_image_pixels = o.max_image_pixels;
+  rules.chat = o.chat;
   rules.video = o.video;
 
   LineReader in("manifest", o.manifest);

@@ -21,7 +21,9 @@ struct BuildOptions {
   std::string image_root;          // "" = the manifest's folder
   bool allow_absolute_paths = false;  // absolute image paths (else confined to image_root)
   std::string out_dir;
-  std::string tokenizer;           // SentencePiece model file
+  std::string tokenizer;           // SentencePiece model file (or a folder holding one)
+  std::string added_tokens = "auto";  // data.added_tokens (data/tokenizer.h)
+  ChatTemplate chat = ChatTemplate::Dhp;  // data.template: recorded, checked when opened
   ImageGeometry vision;             // the resize rule behind the vision-token counts
   int64_t max_tokens = 4096;       // longer samples are skipped ("too long")
   int64_t max_image_pixels = kDefaultMaxImagePixels;

@@ -22,6 +22,8 @@ struct DataConfig {
   int workers = 1;                 // background decode threads
   std::string on_error = "skip";   // "skip" | "fail"
   bool allow_absolute_paths = false;  // image paths may be absolute (else confined to the root)
+  ChatTemplate chat_template = ChatTemplate::Dhp;  // data.template: how turns are laid out
+  std::string added_tokens = "auto";  // "auto" | "none" | "<image>,<pad>": data/tokenizer.h
   VideoRules video;                // video_fps, min_frames, max_frames, video_max_pixels
 };
 

@@ -38,7 +38,7 @@ Sample Dataset::guarded_load(int64_t i, int64_t begin, int64_t end, bool skip,
     // Few enough that every one is worth a line: data going bad after indexing is rare.
     spdlog::warn("sample {} ('{}') skipped: {}", i, name(i), e.what());
     ++bad_loads_;
-    return placeholder_sample(i, begin, end, length(i));
+    return placeholder_sample(i, begin, end, length(i), ids_.pad);
   }
 }
 
@@ -46,8 +46,9 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
                            const Tokenizer& tok, const ImageGeometry& geometry, int64_t max_tokens,
                            const std::string& on_error, int64_t max_image_pixels,
                            bool allow_absolute_paths, const volatile int* stop,
-                           const VideoRules& video)
+                           ChatTemplate chat, const VideoRules& video)
     : geometry_(geometry), skip_(on_error == "skip") {
+  ids_ = tok.ids();
   DHP_CHECK(on_error == "skip" || on_error == "fail",
             "data.on_error must be \"skip\" or \"fail\", not \"{}\"", on_error);
   DHP_CHECK(!fs::is_directory(manifest),
@@ -60,6 +61,7 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
   rules.vision = geometry;
   rules.max_tokens = max_tokens;
   rules.max_image_pixels = max_image_pixels;
+  rules.chat = chat;
   rules.video = video;
   std::string line;
   int64_t n_skipped = 0;
@@ -140,6 +142,7 @@ StoredLayout JsonlDataset::stored_layout(int64_t i) const {
   s.loss = layout_loss_.data() + e.layout_begin;
   s.n = e.layout_end - e.layout_begin;
   s.image_tokens.assign(image_tokens_.begin() + e.image_begin, image_tokens_.begin() + e.image_end);
+  s.ids = ids_;
   return s;
 }
 

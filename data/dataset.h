@@ -60,6 +60,9 @@ class Dataset {
   int64_t bad_loads() const { return bad_loads_.load(); }
 
  protected:
+  // The tokenizer's special ids: what the layout expands to and what placeholders hold.
+  SpecialIds ids_;
+
   // Runs `load` under the on_error policy, as load_range promises.
   Sample guarded_load(int64_t i, int64_t begin, int64_t end, bool skip,
                       const std::function<Sample()>& load) const;
@@ -76,12 +79,13 @@ class JsonlDataset final : public Dataset {
   // Every image is decoded once here, so a line is usable exactly when `dhp data build` would
   // store it. allow_absolute_paths: accept absolute image paths (else "bad image path").
   // The manifest must be a regular file with lines of at most kMaxLineBytes; loading stops
-  // with an error once *stop is non-zero (the trainer's SIGTERM flag).
+  // with an error once *stop is non-zero (the trainer's SIGTERM flag). `chat` lays out the
+  // turns (data/chat_template.h).
   JsonlDataset(const std::string& manifest, const std::string& image_root,
                const Tokenizer& tokenizer, const ImageGeometry& geometry, int64_t max_tokens,
                const std::string& on_error, int64_t max_image_pixels = kDefaultMaxImagePixels,
                bool allow_absolute_paths = false, const volatile int* stop = nullptr,
-               const VideoRules& video = VideoRules());
+               ChatTemplate chat = ChatTemplate::Dhp, const VideoRules& video = VideoRules());
 
   int64_t size() const override { return int64_t(entries_.size()); }
   int64_t length(int64_t i) const override;

@@ -8,14 +8,16 @@
 namespace dhp {
 
 int64_t full_length(const StoredLayout& s) {
+  const int64_t markers = s.ids.markers() ? 2 : 0;
   int64_t L = 2;  // <bos>, <eos>
   for (int64_t t = 0; t < s.n; ++t)
-    L += s.layout[t] >= 0 ? 1 : 2 + s.image_tokens[size_t(-s.layout[t] - 1)];
+    L += s.layout[t] >= 0 ? 1 : markers + s.image_tokens[size_t(-s.layout[t] - 1)];
   return L;
 }
 
 std::vector<ImageSpan> image_spans(const StoredLayout& s) {
   std::vector<ImageSpan> spans(s.image_tokens.size());
+  const int64_t marker = s.ids.markers() ? 1 : 0;
   int64_t t = 1;  // after <bos>
   for (int64_t i = 0; i < s.n; ++i) {
     const int32_t v = s.layout[i];
@@ -24,8 +26,8 @@ std::vector<ImageSpan> image_spans(const StoredLayout& s) {
       continue;
     }
     const size_t k = size_t(-v - 1);
-    spans[k] = {t + 1, s.image_tokens[k]};  // after <img>
-    t += 2 + s.image_tokens[k];
+    spans[k] = {t + marker, s.image_tokens[k]};  // after <img>, if any
+    t += 2 * marker + s.image_tokens[k];
   }
   return spans;
 }
@@ -77,7 +79,8 @@ Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
     }
     ++t;
   };
-  put(Tokenizer::kBos, 0, -1);
+  const SpecialIds& ids = s.ids;
+  put(ids.bos, 0, -1);
   for (int64_t i = 0; i < s.n && t <= end; ++i) {
     const int32_t v = s.layout[i];
     if (v >= 0) {
@@ -86,20 +89,20 @@ Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
     }
     const int64_t k = -v - 1;
     const int64_t n = s.image_tokens[size_t(k)];
-    put(Tokenizer::kImg, 0, -1);
+    if (ids.markers()) put(ids.img_begin, 0, -1);
     // Image tokens are emitted in one block, clipped to the range; they never carry loss, so
     // a range ending just before one keeps next_target = -1.
     const int64_t a = std::max(t, begin), b = std::min(t + n, end);
     if (a < b) {
       const int32_t rel = int32_t(k - k_first);
-      out.tokens.insert(out.tokens.end(), size_t(b - a), Tokenizer::kPad);
+      out.tokens.insert(out.tokens.end(), size_t(b - a), ids.pad);
       out.loss_mask.insert(out.loss_mask.end(), size_t(b - a), 0);
       out.image_of.insert(out.image_of.end(), size_t(b - a), rel);
     }
     t += n;
-    put(Tokenizer::kImgEnd, 0, -1);
+    if (ids.markers()) put(ids.img_end, 0, -1);
   }
-  put(Tokenizer::kEos, 1, -1);
+  put(ids.eos, 1, -1);
   DHP_ASSERT(int64_t(out.tokens.size()) == end - begin);
   return out;
 }
@@ -134,13 +137,14 @@ Sample slice_sample(const Sample& full, int64_t begin, int64_t end) {
   return out;
 }
 
-Sample placeholder_sample(int64_t id, int64_t begin, int64_t end, int64_t full_length) {
+Sample placeholder_sample(int64_t id, int64_t begin, int64_t end, int64_t full_length,
+                          int32_t pad) {
   Sample out;
   out.id = id;
   out.begin = begin;
   out.full_length = full_length;
   out.skipped = true;
-  out.tokens.assign(size_t(end - begin), Tokenizer::kPad);
+  out.tokens.assign(size_t(end - begin), pad);
   out.loss_mask.assign(size_t(end - begin), 0);
   out.image_of.assign(size_t(end - begin), -1);
   return out;

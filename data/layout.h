@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "data/sample.h"
+#include "data/tokenizer.h"
 
 namespace dhp {
 
@@ -16,9 +17,11 @@ struct StoredLayout {
   const uint8_t* loss = nullptr;    // (n) 1 on answer tokens
   int64_t n = 0;
   std::vector<int64_t> image_tokens;  // merged tokens of each image, predicted from its size
+  SpecialIds ids;  // the tokenizer's table: bos, eos, pad, and the image markers if it has them
 };
 
-// Decoder tokens of the whole document: <bos> ... <eos> with <img> n_k </img> per image.
+// Decoder tokens of the whole document: <bos> ... <eos> with n_k image tokens per image,
+// between <img> and </img> when the table has markers.
 int64_t full_length(const StoredLayout& s);
 
 // Where each image's tokens lie in the document, in image order.
@@ -37,7 +40,8 @@ Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
 Sample slice_sample(const Sample& full, int64_t begin, int64_t end);
 
 // A sample whose data went bad: the same number of tokens (so every rank's plan and packs
-// stay valid) but <pad> everywhere, no images and no loss, so it teaches nothing.
-Sample placeholder_sample(int64_t id, int64_t begin, int64_t end, int64_t full_length);
+// stay valid) but `pad` everywhere, no images and no loss, so it teaches nothing.
+Sample placeholder_sample(int64_t id, int64_t begin, int64_t end, int64_t full_length,
+                          int32_t pad);
 
 }  // namespace dhp

@@ -17,7 +17,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 const std::string kMarker = "<image>";
-const std::string kVideoTag = "<video>";
 
 std::string trim(const std::string& s) {
   const auto b = s.find_first_not_of(" \t\r\n");
@@ -156,7 +155,7 @@ int64_t append_turn(const std::string& value, bool answer, const Tokenizer& tok,
   int64_t markers = 0;
   size_t at = 0;
   for (;;) {
-    const size_t next_image = value.find(kMarker, at), next_video = value.find(kVideoTag, at);
+    const size_t next_image = value.find(kMarker, at), next_video = value.find(std::string(kVideoTag), at);
     const size_t next = std::min(next_image, next_video);
     const std::string text =
         trim(value.substr(at, next == std::string::npos ? std::string::npos : next - at));
@@ -169,11 +168,11 @@ int64_t append_turn(const std::string& value, bool answer, const Tokenizer& tok,
     const bool video = next == next_video;
     if (answer)
       throw LineError{"bad format", fmt::format("an {} marker in an answer",
-                                                video ? kVideoTag : kMarker)};
+                                                video ? std::string(kVideoTag) : kMarker)};
     if (video && !allow_video) throw LineError{"bad format", "a <video> marker (no video here)"};
     layout.push_back(video ? kVideoMarker : -int32_t(markers_before + ++markers));
     loss.push_back(0);
-    at = next + (video ? kVideoTag : kMarker).size();
+    at = next + (video ? kVideoTag.size() : kMarker.size());
   }
   return markers;
 }
@@ -214,24 +213,22 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
   if (!j.contains("conversations") || !j["conversations"].is_array() ||
       j["conversations"].empty())
     throw LineError{"bad format", "no \"conversations\" array"};
-  int64_t markers = 0, answer_tokens = 0;
+  std::vector<Turn> turns;
   for (const auto& turn : j["conversations"]) {
     if (!turn.is_object() || !turn.contains("from") || !turn["from"].is_string() ||
         !turn.contains("value") || !turn["value"].is_string())
       throw LineError{"bad format", "a turn lacks a string \"from\" or \"value\""};
-    const std::string from = turn["from"].get<std::string>();
-    const bool answer = from == "gpt" || from == "assistant";
-    if (!answer && from != "human" && from != "user" && from != "system")
-      throw LineError{"bad format", "unknown speaker \"" + from + "\""};
-    const size_t before = out.layout.size();
-    markers += append_turn(turn["value"].get<std::string>(), answer, tok, markers, out.layout,
-                           out.loss, /*allow_video=*/true);
-    if (answer) answer_tokens += int64_t(out.layout.size() - before);  // answers hold no images
+    Turn t{turn["from"].get<std::string>(), turn["value"].get<std::string>()};
+    if (!t.answer() && t.from != "human" && t.from != "user" && t.from != "system")
+      throw LineError{"bad format", "unknown speaker \"" + t.from + "\""};
+    turns.push_back(std::move(t));
   }
+  const LaidOut laid = layout_conversation(rules.chat, turns, tok, out.layout, out.loss);
+  const int64_t markers = laid.markers;
   if (markers != int64_t(out.paths.size()))
     throw LineError{"image count mismatch", fmt::format("{} <image> markers for {} images",
                                                         markers, out.paths.size())};
-  if (answer_tokens == 0) throw LineError{"empty text", "no answer text to learn from"};
+  if (laid.answer_tokens == 0) throw LineError{"empty text", "no answer text to learn from"};
 
   std::vector<std::string> videos;
   for (const auto& rel : video_list(j))
@@ -241,10 +238,13 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
   place_videos(out, image_paths, image_sizes, videos, tok, rules.vision, rules.video,
                rules.max_image_pixels);
 
-  markers = int64_t(out.paths.size());  // images and video frames
-  out.text_tokens = 2 + int64_t(out.layout.size()) - markers + 2 * markers;  // <bos> <eos> <img> </img>
+  const int64_t images = int64_t(out.paths.size());  // image files and video frames
+  // <bos> <eos>, and <img> </img> around each image when the tokenizer has them.
+  out.text_tokens = 2 + int64_t(out.layout.size()) - images +
+                    (tok.ids().markers() ? 2 * images : 0);
   for (const auto& s : out.sizes) out.vision_tokens += image_tokens(s.h, s.w, rules.vision);
-  out.loss_tokens = answer_tokens + 1;
+  out.loss_tokens = 1;  // the final <eos>
+  for (const uint8_t l : out.loss) out.loss_tokens += l;
   if (out.length() > rules.max_tokens)
     throw LineError{"too long", fmt::format("{} tokens > data.max_tokens = {}", out.length(),
                                             rules.max_tokens)};

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "data/chat_template.h"
 #include "data/image.h"
 #include "data/video.h"
 #include "types/image_geometry.h"
@@ -37,13 +38,15 @@ struct LineRules {
   ImageGeometry vision;               // the resize rule that gives vision tokens
   int64_t max_tokens = 4096;         // longer samples are "too long"
   int64_t max_image_pixels = 0;      // H*W above it is "image too large"; 0 = no limit
+  ChatTemplate chat = ChatTemplate::Dhp;  // how the turns are laid out (data.template)
   VideoRules video;                  // frame sampling and pixel budget of "video" entries
 };
 
 struct ParsedLine {
   std::string name;                 // the "id" field, or "line N"
-  // Text tokens with each image as one placeholder -(k+1), standing for
-  // <img> [tokens of image k] </img>; <bos>/<eos> are not stored.
+  // Text tokens with each image as one placeholder -(k+1), standing for the tokens of image k
+  // (between <img> and </img> when the tokenizer has markers); <bos> and the final <eos> are
+  // not stored.
   std::vector<int32_t> layout;
   std::vector<uint8_t> loss;        // (layout) 1 on answer tokens
   std::vector<std::string> paths;   // resolved image paths
@@ -52,7 +55,7 @@ struct ParsedLine {
   std::vector<ImageSize> sizes;     // header sizes; a video frame's stored size
   std::vector<FrameRef> frames;     // per image: which video frame it is (index -1: a file)
   int64_t vision_tokens = 0;        // image tokens of all images
-  int64_t text_tokens = 0;          // every other decoder token: <bos>, <eos>, <img>, </img>
+  int64_t text_tokens = 0;          // every other decoder token: <bos>, <eos>, markers
   int64_t loss_tokens = 0;          // answer tokens and the final <eos>
   int64_t length() const { return vision_tokens + text_tokens; }
 };
@@ -78,7 +81,7 @@ std::filesystem::path manifest_folder(const std::string& manifest);
 // a <video> marker becomes kVideoMarker (parse_line expands it into frames) and does not
 // count; with allow_video = false (`dhp generate`) it is refused.
 // loss gets `answer` for every text token. Returns the number of markers; throws LineError
-// for a marker in an answer. `dhp generate` lays out its prompt with it too.
+// for a marker in an answer. The dhp chat template (chat_template.h) is this, turn by turn.
 int64_t append_turn(const std::string& value, bool answer, const Tokenizer& tok,
                     int64_t markers_before, std::vector<int32_t>& layout,
                     std::vector<uint8_t>& loss, bool allow_video = false);

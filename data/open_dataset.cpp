@@ -21,11 +21,11 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataConfig&
               "data build` (rerunning an interrupted build finishes it)",
               path, kIndexFile);
     return std::make_unique<ShardDataset>(path, tokenizer, geometry, d.max_tokens, d.on_error,
-                                          d.max_image_pixels);
+                                          d.max_image_pixels, d.chat_template);
   }
   return std::make_unique<JsonlDataset>(path, d.image_root, tokenizer, geometry, d.max_tokens,
                                         d.on_error, d.max_image_pixels, d.allow_absolute_paths,
-                                        stop, d.video);
+                                        stop, d.chat_template, d.video);
 }
 
 }  // namespace dhp

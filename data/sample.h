@@ -13,9 +13,10 @@ namespace dhp {
 // One document in model-spec.md's layout, or a token range [begin, begin + tokens.size()) of
 // it (a piece: the plan may give a rank only part of a long sequence):
 //   <bos> human text ... <img> [image tokens] </img> ... gpt answer <eos>
+// (the markers only when the tokenizer's table has them; data/chat_template.h for the text)
 struct Sample {
   int64_t id = 0;                      // dataset index
-  std::vector<int32_t> tokens;         // (L) token ids; image tokens hold Tokenizer::kPad
+  std::vector<int32_t> tokens;         // (L) token ids; image tokens hold the pad id
   std::vector<uint8_t> loss_mask;      // (L) 1 on answer tokens and the final <eos>
   std::vector<int32_t> image_of;       // (L) index into `images` for image tokens, -1 on text
   std::vector<PreparedImage> images;   // whole images whose tokens the piece holds, in order

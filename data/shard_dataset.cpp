@@ -49,14 +49,20 @@ std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
 
 ShardDataset::ShardDataset(const std::string& dir, const Tokenizer& tok, const ImageGeometry& geometry,
                            int64_t max_tokens, const std::string& on_error,
-                           int64_t max_image_pixels)
+                           int64_t max_image_pixels, ChatTemplate chat)
     : dir_(dir), x_(read_index(dir)), geometry_(geometry), skip_(on_error == "skip") {
+  ids_ = tok.ids();
   DHP_CHECK(on_error == "skip" || on_error == "fail",
             "data.on_error must be \"skip\" or \"fail\", not \"{}\"", on_error);
-  DHP_CHECK(hex(hash_file(tok.path())) == x_.tokenizer_hash,
-            "'{}' was built with another tokenizer than '{}': the stored token ids would mean "
-            "other words; rebuild it or set data.tokenizer to the model it was built with",
-            dir, tok.path());
+  DHP_CHECK(hex(tok.hash()) == x_.tokenizer_hash,
+            "'{}' was built with another tokenizer than '{}' (or other added tokens: {}): the "
+            "stored token ids would mean other words; rebuild it or set data.tokenizer (and "
+            "data.added_tokens) to what it was built with",
+            dir, tok.path(), format_added_tokens(tok.added_tokens()));
+  DHP_CHECK(x_.chat_template == template_name(chat),
+            "'{}' was built with the chat template '{}', this run's data.template is '{}': the "
+            "stored text is laid out for the other; rebuild it or set data.template = \"{}\"",
+            dir, x_.chat_template, template_name(chat), x_.chat_template);
   const bool same_rule = x_.vision.patch == geometry.patch &&
                          x_.vision.merge == geometry.merge &&
                          x_.vision.min_pixels == geometry.min_pixels &&
@@ -151,6 +157,7 @@ void ShardDataset::read_text(int64_t i, const ShardFile& f, Text& out) const {
   out.view.loss = out.loss.data();
   out.view.n = n;
   out.view.image_tokens.assign(image_tokens_.begin() + ib, image_tokens_.begin() + ib + n_img);
+  out.view.ids = ids_;
   const int64_t L_stored = full_length(out.view);
   DHP_CHECK(L_stored == length(i), "shard '{}': manifest line {} lays out {} tokens, the index says {}",
             shard_path(i), x_.at(row, kLine), L_stored, length(i));

@@ -22,10 +22,12 @@ class ShardDataset final : public Dataset {
   // model file it was built with (the stored token ids would mean other words). Vision
   // tokens are recomputed from the stored image sizes with `model`'s resize rule, so a
   // different [geometry] needs no rebuild. Samples over max_tokens, or with an image
-  // over max_image_pixels, are skipped and counted.
+  // over max_image_pixels, are skipped and counted. `chat` must be the template it was built
+  // with (the stored layout holds that template's text).
   ShardDataset(const std::string& dir, const Tokenizer& tokenizer, const ImageGeometry& geometry,
                int64_t max_tokens, const std::string& on_error,
-               int64_t max_image_pixels = kDefaultMaxImagePixels);
+               int64_t max_image_pixels = kDefaultMaxImagePixels,
+               ChatTemplate chat = ChatTemplate::Dhp);
 
   int64_t size() const override { return int64_t(rows_.size()); }
   int64_t length(int64_t i) const override;

@@ -120,6 +120,7 @@ void write_index(const std::string& dir, const ShardIndex& x) {
     w.attr("max_tokens", x.max_tokens);
     w.attr("max_image_pixels", x.max_image_pixels);
     w.attr("tokenizer_hash", x.tokenizer_hash);
+    w.attr("chat_template", x.chat_template);
     w.attr("build_key", x.build_key);
     w.i32("shard", x.shard);
     w.i64("samples", x.samples, kSampleCols);
@@ -149,6 +150,7 @@ ShardIndex read_index(const std::string& dir) {
   x.max_tokens = r.attr_i64("max_tokens");
   x.max_image_pixels = r.attr_i64("max_image_pixels");
   x.tokenizer_hash = r.attr_str("tokenizer_hash");
+  if (r.has_attr("chat_template")) x.chat_template = r.attr_str("chat_template");
   x.build_key = r.attr_str("build_key");
   x.shard = r.i32("shard");
   x.samples = r.i64("samples", kSampleCols);

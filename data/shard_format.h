@@ -87,7 +87,9 @@ struct ShardIndex {
   // Settings the lengths were computed and the lines filtered with.
   ImageGeometry vision;
   int64_t max_tokens = 0, max_image_pixels = 0;
-  std::string tokenizer_hash;    // of the tokenizer model file, hex
+  std::string tokenizer_hash;    // Tokenizer::hash() (model file and added tokens), hex
+  std::string chat_template = "dhp";  // data.template the layouts were made with (builds from
+                                      // before templates existed hold none: "dhp")
   std::string build_key;         // everything the build depended on (build.json)
 
   int64_t size() const { return int64_t(shard.size()); }

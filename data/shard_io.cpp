@@ -180,6 +180,13 @@ void H5Reader::check_attribute(const char* name) const {
   DHP_CHECK(found > 0, "'{}' has no attribute {}", path_, name);
 }
 
+bool H5Reader::has_attr(const char* name) const {
+  const htri_t found = H5Aexists(file_, name);
+  DHP_CHECK(found >= 0, "'{}' is damaged: looking up attribute {} failed ({}); rebuild it",
+            printable(path_), name, hdf5_reason());
+  return found > 0;
+}
+
 int64_t H5Reader::attr_i64(const char* name) const {
   check_attribute(name);
   H5 a(H5Aopen(file_, name, H5P_DEFAULT), H5Aclose);

@@ -56,6 +56,7 @@ class H5Reader {
   std::vector<int32_t> i32(const char* name) const;
   std::vector<uint8_t> u8(const char* name) const;
   std::string text(const char* name) const;
+  bool has_attr(const char* name) const;
   int64_t attr_i64(const char* name) const;
   std::string attr_str(const char* name) const;
   // File offset of a dataset's raw bytes and their count (offset -1 for an empty dataset).

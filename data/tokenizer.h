@@ -1,4 +1,13 @@
-// SentencePiece tokenizer with the reserved ids of model-spec.md's sequence layout.
+// SentencePiece tokenizer with a table of special ids read from the model, plus tokens added
+// after its vocabulary.
+//
+// Two kinds of model load:
+//   - dhp's own (train_tokenizer, `dhp data synth`): pad 0, unk 1, bos 2, eos 3, <img> 4,
+//     </img> 5 reserved in the model; model-spec.md's layout with image markers.
+//   - a pretrained model (Llama-2 style: unk 0, bos 1, eos 2, no pad, byte fallback): its own
+//     ids, no image markers (an image's tokens stand where its <image> was), and added tokens
+//     appended after the SentencePiece vocabulary as LLaVA does (<image> = n, <pad> = n + 1
+//     for an n-piece model), from an added_tokens.json beside the model or data.added_tokens.
 #pragma once
 
 #include <cstdint>
@@ -16,30 +25,92 @@ namespace dhp {
 // (a disk image, a log) from being read whole into memory.
 inline constexpr int64_t kMaxTokenizerBytes = int64_t(256) << 20;
 
+// The ids the sequence layout and generation use. The defaults are dhp's own table, which
+// checkpoints and shards written before the table was recorded were made with.
+struct SpecialIds {
+  int32_t pad = 0;        // padding and image-token placeholders
+  int32_t unk = 1;
+  int32_t bos = 2;
+  int32_t eos = 3;
+  int32_t image = -1;     // the <image> token of LLaVA's convention (-1: none)
+  int32_t img_begin = 4;  // <img> / </img> around an image's tokens (-1: no markers)
+  int32_t img_end = 5;
+  bool markers() const { return img_begin >= 0; }
+  bool operator==(const SpecialIds&) const = default;
+};
+
+// "pad=0 unk=1 bos=2 eos=3 image=-1 img=4 /img=5": what checkpoints record.
+std::string format_special_ids(const SpecialIds& ids);
+// The inverse; throws dhp::Error naming `what` for text that is not such a record.
+SpecialIds parse_special_ids(const std::string& text, const std::string& what);
+
+// A token matched as a whole string in text before SentencePiece runs, with an id after the
+// SentencePiece vocabulary.
+struct AddedToken {
+  std::string text;
+  int32_t id = 0;
+  bool operator==(const AddedToken&) const = default;
+};
+
+// JSON list [["<image>", 32000], ...]: what checkpoints record.
+std::string format_added_tokens(const std::vector<AddedToken>& tokens);
+std::vector<AddedToken> parse_added_tokens(const std::string& json, const std::string& what);
+
+// What an export needs to write Hugging Face's tokenizer files.
+struct TokenizerFiles {
+  std::string model_path;            // the SentencePiece model file (tokenizer.model)
+  SpecialIds ids;
+  std::vector<AddedToken> added;     // in id order, consecutive from sentencepiece_size
+  int sentencepiece_size = 0;        // pieces of the SentencePiece model
+  bool model_has_pad = false;        // pad is one of the model's pieces (else an added token
+                                     // or, with neither, unk)
+};
+
+// The file beside a tokenizer model that lists its added tokens ({"<image>": 32000, ...}).
+inline constexpr const char* kAddedTokensFile = "added_tokens.json";
+
 class Tokenizer {
  public:
-  static constexpr int32_t kPad = 0, kUnk = 1, kBos = 2, kEos = 3, kImg = 4, kImgEnd = 5;
-
-  // Throws dhp::Error when the file is missing, not a regular file, over kMaxTokenizerBytes,
-  // not a SentencePiece model, or does not reserve the ids above.
-  explicit Tokenizer(const std::string& model_path);
+  // model_path: a SentencePiece model file, or a folder holding tokenizer.model (a Hugging
+  // Face checkpoint folder). added_tokens: "auto" = the folder's added_tokens.json when
+  // present, else what LLaVA's layout needs (<image>, then <pad> when the model has no pad;
+  // nothing for a model with dhp's reserved ids); "none"; or a comma-separated list appended
+  // in order. Throws dhp::Error when a file is missing, not a regular file, over
+  // kMaxTokenizerBytes, not a SentencePiece model, has no bos or eos, or lists an added token
+  // whose id does not follow the vocabulary (naming the token, the id and the file).
+  explicit Tokenizer(const std::string& model_path, const std::string& added_tokens = "auto");
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
 
-  // Thread-safe (SentencePiece's encode/decode are const).
+  // Added tokens are cut out of the text first (leftmost, longest first), each becoming its
+  // id; the text between them is encoded by SentencePiece piece by piece. Thread-safe.
   std::vector<int32_t> encode(const std::string& text) const;
-  // Ids outside the vocabulary (a model may have a larger output layer) decode as <unk>.
+  // Added tokens decode to their text; ids outside the vocabulary (a model may have a larger
+  // output layer) decode as <unk>.
   std::string decode(const std::vector<int32_t>& ids) const;
+  // SentencePiece pieces plus added tokens.
   int vocab_size() const;
+  // vocab_size() rounded up to a multiple of `multiple`: the rows an embedding needs.
+  int padded_vocab_size(int multiple = 64) const;
+  const SpecialIds& ids() const { return ids_; }
+  const std::vector<AddedToken>& added_tokens() const { return added_; }
+  TokenizerFiles files() const;
+  // The model file actually read (for a folder: its tokenizer.model).
   const std::string& path() const { return path_; }
-  // FNV-1a of the model file's bytes: checkpoints record it to detect a replaced tokenizer.
+  // FNV-1a of the model file's bytes, continued over the added tokens when there are any:
+  // checkpoints and shards record it to detect a replaced tokenizer.
   uint64_t hash() const { return hash_; }
 
  private:
+  void encode_pieces(const std::string& text, std::vector<int32_t>& out) const;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
   std::string path_;
   uint64_t hash_ = 0;
+  SpecialIds ids_;
+  std::vector<AddedToken> added_;
+  int sp_size_ = 0;
+  bool model_has_pad_ = false;
 };
 
 // Trains a BPE model on `texts` and writes it to model_path, reserving the ids above (a

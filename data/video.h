@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "data/image.h"
@@ -151,6 +152,9 @@ void place_videos(ParsedLine& line, const std::vector<std::string>& image_paths,
                   const std::vector<ImageSize>& image_sizes,
                   const std::vector<std::string>& videos, const Tokenizer& tok,
                   const ImageGeometry& vision, const VideoRules& rules, int64_t max_image_pixels);
+
+// The marker that places the next video in a human turn.
+inline constexpr std::string_view kVideoTag = "<video>";
 
 // The layout value of a <video> marker before place_videos: below every image placeholder.
 inline constexpr int32_t kVideoMarker = INT32_MIN;

@@ -21,7 +21,8 @@ class Ops {
   virtual DType dtype() const { return DType::F32; }
 
   // Weight and bias gradients (dW, db) are fp32 and accumulate; the bias is in the activation
-  // dtype, as the weights.
+  // dtype, as the weights. A null gradient (dW, db, dw, or dx of linear_backward) is not
+  // computed: a frozen parameter, or an input nothing trainable lies below.
   virtual void linear_forward(Act y, CAct x, CAct W, CAct b, int64_t T, int64_t in,
                               int64_t out) const = 0;
   virtual void linear_backward(Act dx, float* dW, float* db, CAct dy, CAct x, CAct W, int64_t T,

@@ -39,30 +39,30 @@ int32_t pick_token(const std::vector<float>& logits, double temperature, double 
 }
 }  // namespace
 
-Model::Model(const ModelConfig& cfg, Backend& backend)
+Model::Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups)
     : cfg_(cfg),
       backend_(backend),
       ops_(backend.ops()),
-      table_(cfg_),
+      table_(cfg_, groups),
       dtype_(ops_.dtype()),
       params_(backend, sizeof(float) * size_t(table_.total())),
-      grads_(backend, sizeof(float) * size_t(table_.total())),
+      grads_(backend, sizeof(float) * size_t(table_.trainable_total())),
       work_(backend, dtype_ == DType::F32 ? 0 : dtype_size(dtype_) * size_t(table_.total())),
       stats_(backend, sizeof(CrossEntropyStats)),
       w_(bind_params(table_, cfg_,
                      dtype_ == DType::F32 ? Act(params_.as<float>()) : Act(work_.data(), dtype_))),
-      g_(bind_params(table_, cfg_, grads_.as<float>())),
+      g_(bind_grads(table_, cfg_, grads_.as<float>())),
       dims_{cfg_.dim, cfg_.heads, cfg_.kv_heads, cfg_.hd(), cfg_.ffn, cfg_.rope_theta},
       vision_(cfg_, ops_),
       local_attn_(ops_),
       uploader_(backend, cfg_),
       arena_(backend) {
   acts_.resize(cfg_.layers);
-  if (const ParamSpec* h = table_.find("lm_head.weight")) lm_head_at_ = h->offset;
-  final_norm_at_ = table_.get("final_norm.weight").offset;
-  tok_embed_at_ = table_.get("tok_embed.weight").offset;
+  if (const ParamSpec* h = table_.find("lm_head.weight")) lm_head_at_ = h->grad_offset;
+  final_norm_at_ = table_.get("final_norm.weight").grad_offset;
+  tok_embed_at_ = table_.get("tok_embed.weight").grad_offset;
   for (int l = 0; l < cfg_.layers; ++l)
-    layer_at_.push_back(table_.get("layers." + std::to_string(l) + ".attn_norm.weight").offset);
+    layer_at_.push_back(table_.get("layers." + std::to_string(l) + ".attn_norm.weight").grad_offset);
   backend_.zero(params_.data(), params_.bytes());
   backend_.zero(grads_.data(), grads_.bytes());
   backend_.zero(stats_.data(), stats_.bytes());
@@ -100,7 +100,7 @@ void Model::carve(int64_t T, int64_t P, int64_t N, int64_t R, bool backward) {
   const int64_t d = cfg_.dim, V = cfg_.vocab_size, rows = std::min(T, kLogitRows);
   const DType t = dtype_;
   arena_.carve([&](Carver& c) {
-    vision_.carve(c, P, N, backward);
+    vision_.carve(c, P, N, backward, g_.patch_embed_w != nullptr);
     for (auto& a : acts_) a = carve_block_acts(c, dims_, T, t);
     x_final_ = c.take(T * d, t);
     xf_ = c.take(T * d, t);
@@ -166,8 +166,15 @@ void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention
                    attn, l);
     done_from(layer_at_[size_t(l)]);
   }
-  ops_.embedding_backward(g_.tok_embed, dx_, b.ids, T, d);
+  if (g_.tok_embed) ops_.embedding_backward(g_.tok_embed, dx_, b.ids, T, d);
   done_from(tok_embed_at_);
+  // Below the token embedding only the image path is left: nothing to do when it is frozen
+  // (every rank of a ring has the same groups, so the routed exchange is skipped by all).
+  const bool image_grads = g_.fc1_w || g_.patch_embed_w;
+  if (!image_grads) {
+    done_from(0);
+    return;
+  }
   if (route) {
     // Every routed row is held by exactly one position of this pack.
     ops_.gather_rows(drows_, dx_, b.image_slot, T, d);

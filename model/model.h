@@ -41,7 +41,10 @@ using GradsFinal = std::function<void(int64_t offset)>;
 
 class Model {
  public:
-  Model(const ModelConfig& cfg, Backend& backend);
+  // `groups`: which parameter groups train. A frozen parameter has no gradient: the backward
+  // pass skips its weight-gradient GEMM, and the whole pass below the lowest trainable
+  // parameter (the vision tower when it and the projector are frozen).
+  Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups = {});
   // A copy would share nothing but the config; weights live on a device. Copy explicitly
   // through params() when that is what is meant.
   Model(const Model&) = delete;
@@ -51,10 +54,12 @@ class Model {
   const ParamTable& table() const { return table_; }
   Backend& backend() const { return backend_; }
   int64_t n_params() const { return table_.total(); }
-  // Device pointers to the fp32 parameter (master weights) and gradient arenas (n_params floats
-  // each). The forward and backward passes read a working copy in the ops' storage dtype
-  // (the master arena itself when that is fp32); taking the mutable pointer marks the copy
-  // stale, and the next pass refreshes it.
+  // Elements of the gradient arena: the trainable parameters, at their grad_offset.
+  int64_t n_grads() const { return table_.trainable_total(); }
+  // Device pointers to the fp32 parameter (master weights, n_params floats) and gradient
+  // (n_grads floats) arenas. The forward and backward passes read a working copy in the ops'
+  // storage dtype (the master arena itself when that is fp32); taking the mutable pointer
+  // marks the copy stale, and the next pass refreshes it.
   float* params() {
     weights_stale_ = true;
     return params_.as<float>();
@@ -111,8 +116,8 @@ class Model {
   ModelWeights w_;  // the working weights
   ModelParams g_;
   BlockDims dims_;
-  // Where the backward pass completes gradients, for GradsFinal: the first offset of the
-  // lm_head (-1 when tied), the final norm, each decoder layer and the token embedding.
+  // Where the backward pass completes gradients, for GradsFinal: the first gradient offset of
+  // the lm_head (-1 when tied), the final norm, each decoder layer and the token embedding.
   int64_t lm_head_at_ = -1, final_norm_at_ = 0, tok_embed_at_ = 0;
   std::vector<int64_t> layer_at_;
   VisionPath vision_;

@@ -24,15 +24,29 @@ int64_t ParamSpec::numel() const {
   return n;
 }
 
+std::optional<ParamGroup> group_of(const std::string& name) {
+  auto starts = [&](std::string_view prefix) { return name.rfind(prefix, 0) == 0; };
+  if (starts("vision.")) return ParamGroup::Vision;
+  if (starts("projector.")) return ParamGroup::Projector;
+  if (starts("tok_embed.") || starts("lm_head.")) return ParamGroup::Embeddings;
+  if (starts("layers.") || starts("final_norm.")) return ParamGroup::Language;
+  return std::nullopt;
+}
+
 void ParamTable::add(std::string name, std::vector<int64_t> shape, Init init, bool decay,
                      float std) {
+  const std::optional<ParamGroup> group = group_of(name);
+  DHP_CHECK(group, "parameter '{}' belongs to no parameter group (model/params.cpp group_of)",
+            name);
   ParamSpec p{std::move(name), std::move(shape), init, std, decay, total_};
+  p.group = *group;
+  p.trainable = groups_.trainable(*group);
   // Keep every tensor 16-float aligned so rows of SIMD loads never straddle two tensors.
   total_ += (p.numel() + 15) / 16 * 16;
   specs_.push_back(std::move(p));
 }
 
-ParamTable::ParamTable(const ModelConfig& c) {
+ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups_(groups) {
   const auto& v = c.vision;
   const int64_t dv = v.dim, d = c.dim;
   auto block = [&](const std::string& pre, int64_t C, int64_t qd, int64_t kvd, int64_t F,
@@ -64,6 +78,19 @@ ParamTable::ParamTable(const ModelConfig& c) {
     block("layers." + std::to_string(i) + ".", d, c.q_dim(), c.kv_dim(), c.ffn, c.layers);
   add("final_norm.weight", {d}, Init::Ones, false);
   if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, d}, Init::Normal, true);
+  // The gradient layout: trainable parameters in table order, aligned as in the arena, so
+  // that with nothing frozen it is the arena's own layout.
+  for (auto& p : specs_) {
+    p.grad_offset = trainable_total_;
+    if (p.trainable) trainable_total_ += (p.numel() + 15) / 16 * 16;
+  }
+}
+
+int64_t ParamTable::group_numel(ParamGroup g) const {
+  int64_t n = 0;
+  for (const auto& p : specs_)
+    if (p.group == g) n += p.numel();
+  return n;
 }
 
 const ParamSpec* ParamTable::find(const std::string& name) const {
@@ -98,9 +125,11 @@ void ParamTable::initialise(float* arena, uint64_t seed) const {
   }
 }
 
-template <class P>
-ModelParamsOf<P> bind_params(const ParamTable& t, const ModelConfig& c, P arena) {
-  auto at = [&](const std::string& name) { return arena + t.get(name).offset; };
+namespace {
+
+// Every parameter's pointer as at(name) gives it.
+template <class P, class At>
+ModelParamsOf<P> bind_with(const ModelConfig& c, const At& at) {
   auto block = [&](const std::string& pre) {
     return BlockParamsOf<P>{at(pre + "attn_norm.weight"), at(pre + "attn.wq.weight"),
                        at(pre + "attn.wk.weight"),   at(pre + "attn.wv.weight"),
@@ -123,6 +152,20 @@ ModelParamsOf<P> bind_params(const ParamTable& t, const ModelConfig& c, P arena)
   p.final_norm = at("final_norm.weight");
   p.lm_head = c.tie_embeddings ? p.tok_embed : at("lm_head.weight");
   return p;
+}
+
+}  // namespace
+
+template <class P>
+ModelParamsOf<P> bind_params(const ParamTable& t, const ModelConfig& c, P arena) {
+  return bind_with<P>(c, [&](const std::string& name) { return arena + t.get(name).offset; });
+}
+
+ModelParams bind_grads(const ParamTable& t, const ModelConfig& c, float* arena) {
+  return bind_with<float*>(c, [&](const std::string& name) -> float* {
+    const ParamSpec& s = t.get(name);
+    return s.trainable ? arena + s.grad_offset : nullptr;
+  });
 }
 
 template ModelParams bind_params(const ParamTable&, const ModelConfig&, float*);

@@ -1,13 +1,17 @@
-// The one parameter table (model-spec.md "Parameter names"): every tensor's name, shape, flags
-// and initialiser, carved out of one contiguous arena. Gradients and optimizer moments are
-// arenas of the same layout, so one offset addresses a parameter in all of them.
+// The one parameter table (model-spec.md "Parameter names"): every tensor's name, shape, flags,
+// group and initialiser, carved out of one contiguous arena. Gradients and optimizer moments
+// exist for trainable parameters only: they live in a second, compact layout (grad_offset)
+// that runs over the trainable parameters in table order. With every group trainable the two
+// layouts coincide, so one offset addresses a parameter in all arenas.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/op_types.h"
+#include "types/param_group.h"
 #include "types/model_config.h"
 
 namespace dhp {
@@ -21,14 +25,26 @@ struct ParamSpec {
   float std = 0.02f;           // for Init::Normal
   bool decay = false;          // AdamW weight decay applies
   int64_t offset = 0;          // elements from the start of the arena
+  ParamGroup group = ParamGroup::Language;  // from the name's prefix
+  bool trainable = true;       // its group trains in this run
+  // Elements from the start of the gradient (and moment) layout; for a frozen parameter the
+  // offset the next trainable one has, so "every gradient at >= grad_offset" stays meaningful.
+  int64_t grad_offset = 0;
   int64_t numel() const;
 };
 
 class ParamTable {
  public:
-  explicit ParamTable(const ModelConfig& cfg);
+  // `groups` says which groups train; a parameter whose name falls in no group is an error.
+  explicit ParamTable(const ModelConfig& cfg, const ParamGroups& groups = {});
   const std::vector<ParamSpec>& specs() const { return specs_; }
   int64_t total() const { return total_; }
+  // Elements of the gradient and moment layout: the trainable parameters.
+  int64_t trainable_total() const { return trainable_total_; }
+  bool all_trainable() const { return trainable_total_ == total_; }
+  // Elements of the parameters of group g (unpadded).
+  int64_t group_numel(ParamGroup g) const;
+  const ParamGroups& groups() const { return groups_; }
   // Throws dhp::Error for an unknown name.
   const ParamSpec& get(const std::string& name) const;
   const ParamSpec* find(const std::string& name) const;
@@ -41,8 +57,12 @@ class ParamTable {
  private:
   void add(std::string name, std::vector<int64_t> shape, Init init, bool decay, float std = 0.02f);
   std::vector<ParamSpec> specs_;
-  int64_t total_ = 0;
+  int64_t total_ = 0, trainable_total_ = 0;
+  ParamGroups groups_;
 };
+
+// The group a parameter name belongs to, by its prefix; nullopt for a name of no group.
+std::optional<ParamGroup> group_of(const std::string& name);
 
 // Pointers into an arena for one transformer block: P is float* for the fp32 arenas (master
 // weights, gradients) and Act for the working weights in the ops' storage dtype.
@@ -84,5 +104,8 @@ using ModelWeights = ModelParamsOf<Act>;
 // P is float* or Act.
 template <class P>
 ModelParamsOf<P> bind_params(const ParamTable& table, const ModelConfig& cfg, P arena);
+// Pointers into a gradient arena of trainable_total() floats: null for a frozen parameter,
+// which tells the backward pass to skip that gradient.
+ModelParams bind_grads(const ParamTable& table, const ModelConfig& cfg, float* arena);
 
 }  // namespace dhp

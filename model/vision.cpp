@@ -18,7 +18,7 @@ VisionPath::VisionPath(const ModelConfig& cfg, const Ops& ops)
   acts_.resize(v.layers);
 }
 
-void VisionPath::carve(Carver& c, int64_t P, int64_t N, bool backward) {
+void VisionPath::carve(Carver& c, int64_t P, int64_t N, bool backward, bool encoder_grads) {
   const int64_t dv = cfg_.vision.dim, d = cfg_.dim, m = cfg_.vision.merge;
   const DType t = ops_.dtype();
   patches_ = c.take(P * cfg_.vision.patch_numel(), t);
@@ -31,11 +31,12 @@ void VisionPath::carve(Carver& c, int64_t P, int64_t N, bool backward) {
   g1_ = c.take(N * d, t);
   tokens_ = c.take(N * d, t);
   if (!backward) return;
-  scratch_ = carve_block_scratch(c, dims_, P, t);
   dtokens_ = c.take(N * d, t);
+  dg1_ = c.take(N * d, t);
+  if (!encoder_grads) return;
+  scratch_ = carve_block_scratch(c, dims_, P, t);
   dx_ = c.take(P * dv, t);
   dmerged_ = c.take(N * m * m * dv, t);
-  dg1_ = c.take(N * d, t);
 }
 
 void VisionPath::forward(const ModelWeights& p, const DeviceBatch& b) {
@@ -62,10 +63,13 @@ void VisionPath::backward(const ModelWeights& p, const ModelParams& g, const Dev
   const int64_t dv = v.dim, d = cfg_.dim, m = v.merge, pn = v.patch_numel();
   const int64_t P = b.P, N = b.N;
   if (P == 0) return;
+  // A frozen encoder (null gradients) needs nothing below the projector's first layer.
+  const bool encoder = g.patch_embed_w != nullptr;
   ops_.linear_backward(dg1_, g.fc2_w, g.fc2_b, dtokens_, g1_, p.fc2_w, N, d, d, false);
   ops_.gelu_backward(dg1_, dg1_, f1_, N * d);
-  ops_.linear_backward(dmerged_, g.fc1_w, g.fc1_b, dg1_, merged_, p.fc1_w, N, m * m * dv, d,
-                       false);
+  ops_.linear_backward(encoder ? dmerged_ : Act(), g.fc1_w, g.fc1_b, dg1_, merged_, p.fc1_w, N,
+                       m * m * dv, d, false);
+  if (!encoder) return;
   ops_.patch_merge_backward(xn_, dmerged_, b.merge, b.n_images, dv, int(m));  // xn_ = d(xn)
   ops_.rmsnorm_backward(dx_, g.vision_norm, xn_, x_final_, p.vision_norm, rstd_, P, dv);
   const RopePos rope{nullptr, b.patch_row, b.patch_col};

@@ -21,8 +21,10 @@ class VisionPath {
  public:
   VisionPath(const ModelConfig& cfg, const Ops& ops);
 
-  // Takes this pass's buffers for P patches and N merged tokens from the model's arena.
-  void carve(Carver& c, int64_t P, int64_t N, bool backward);
+  // Takes this pass's buffers for P patches and N merged tokens from the model's arena. With
+  // encoder_grads false (the encoder frozen) backward stops at the projector: the encoder's
+  // backward buffers are not taken.
+  void carve(Carver& c, int64_t P, int64_t N, bool backward, bool encoder_grads = true);
   // Image tokens (N, d) of every image of the batch, in the batch's image order, into tokens().
   void forward(const ModelWeights& w, const DeviceBatch& b);
   // Reads the gradient of the image tokens from dtokens(); accumulates parameter gradients.

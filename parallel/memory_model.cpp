@@ -9,7 +9,7 @@
 namespace dhp {
 
 MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int world, double memory_gb,
-                         bool zero1, bool recompute) {
+                         bool zero1, bool recompute, const ParamGroups& groups) {
   DHP_CHECK(world >= 1, "the world size must be at least 1, got {}", world);
   DHP_CHECK(std::isfinite(memory_gb) && memory_gb > 0 && memory_gb <= kMaxMemoryGb,
             "memory per device (parallel.memory_gb) = {} GiB: it must be a positive number of GiB, at most {}",
@@ -18,14 +18,28 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   const auto& v = m.vision;
   const int64_t d = m.dim, q = m.q_dim(), kv = m.kv_dim(), dv = v.dim;
   m2_ = v.merge * v.merge;
-  // Parameter count of model-spec.md's table.
-  const int64_t dec = int64_t(m.layers) * (d * q + 2 * d * kv + q * d + 3 * d * m.ffn + 2 * d) +
-                      int64_t(m.vocab_size) * d * (m.tie_embeddings ? 1 : 2) + d;
-  const int64_t vis = v.patch_numel() * dv + dv + int64_t(v.layers) * (4 * dv * dv + 3 * dv * v.ffn + 2 * dv) +
-                      dv + m2_ * dv * d + d + d * d + d;
-  params_ = dec + vis;
+  // Parameter count of model-spec.md's table, by group (types/param_group.h).
+  auto& n = group_params_;
+  n[size_t(ParamGroup::Language)] =
+      int64_t(m.layers) * (d * q + 2 * d * kv + q * d + 3 * d * m.ffn + 2 * d) + d;
+  n[size_t(ParamGroup::Embeddings)] = int64_t(m.vocab_size) * d * (m.tie_embeddings ? 1 : 2);
+  n[size_t(ParamGroup::Vision)] =
+      v.patch_numel() * dv + dv + int64_t(v.layers) * (4 * dv * dv + 3 * dv * v.ffn + 2 * dv) + dv;
+  n[size_t(ParamGroup::Projector)] = m2_ * dv * d + d + d * d + d;
+  params_ = trainable_ = 0;
+  for (size_t g = 0; g < kParamGroups; ++g) {
+    params_ += n[g];
+    if (groups.group[g].trainable) trainable_ += n[g];
+  }
+  // The optimizer shards the trainable parameters only (trainer/optimizer.h). A profile's
+  // optimizer bytes beyond the two fp32 moments are an fp32 master copy of a weight stored in
+  // a narrower dtype: a frozen parameter keeps that copy (the weights are read from it) but
+  // no moments.
   const int64_t shards = zero1 ? world : 1;
-  static_ = params_ * (dev.weight_bytes + dev.grad_bytes) + (params_ * dev.optim_bytes + shards - 1) / shards;
+  const int64_t master = std::max(0, dev.optim_bytes - 8);
+  grad_bytes_ = trainable_ * dev.grad_bytes;
+  optim_bytes_ = (trainable_ * dev.optim_bytes + shards - 1) / shards;
+  static_ = params_ * dev.weight_bytes + (params_ - trainable_) * master + grad_bytes_ + optim_bytes_;
   // Elements a layer keeps per token for backward: input, two norm outputs, q, k, v,
   // attention output, residual, and the three SwiGLU hidden tensors. Recompute keeps only
   // each layer's input and rebuilds one layer at a time.

@@ -1,6 +1,7 @@
 // Memory model of design.md §2.2: bytes one rank needs to run its share of a group.
 //
-//   static (weights + gradients + optimizer state, the latter / N under ZeRO-1)
+//   static (weights of every parameter + gradients and optimizer state of the trainable ones,
+//   the latter / N under ZeRO-1: frozen groups hold neither)
 //   + decoder activations per token held (a rank of a ring of degree c holds at most
 //     ceil(L/c) tokens of a sequence of L: zigzag split, plan.h)
 //   + vision activations per patch of the images the rank encodes: images are never split,
@@ -16,6 +17,7 @@
 
 #include "parallel/cost_model.h"
 #include "types/model_config.h"
+#include "types/param_group.h"
 
 namespace dhp {
 
@@ -26,10 +28,16 @@ inline constexpr double kMaxMemoryGb = double(int64_t(1) << 20);
 class MemoryModel {
  public:
   MemoryModel(const ModelConfig& model, const DeviceProfile& device, int world, double memory_gb,
-              bool zero1, bool recompute = false);
+              bool zero1, bool recompute = false, const ParamGroups& groups = {});
 
   int64_t capacity() const { return capacity_; }
   int64_t parameters() const { return params_; }
+  int64_t trainable_parameters() const { return trainable_; }
+  // Parameters of one group (model-spec.md's table).
+  int64_t group_parameters(ParamGroup g) const { return group_params_[size_t(g)]; }
+  // Of static_bytes(): the gradients, and the optimizer state this rank holds.
+  int64_t gradient_bytes() const { return grad_bytes_; }
+  int64_t optimizer_bytes() const { return optim_bytes_; }
   int64_t static_bytes() const { return static_; }
   int64_t bytes_per_token() const { return per_token_; }   // decoder token
   int64_t bytes_per_patch() const { return per_patch_; }   // vision patch before the merge
@@ -60,7 +68,9 @@ class MemoryModel {
   int merge2() const { return m2_; }
 
  private:
-  int64_t capacity_, params_, static_, per_token_, per_patch_, logits_per_token_, fixed_;
+  int64_t capacity_, params_, trainable_, static_, per_token_, per_patch_, logits_per_token_, fixed_;
+  int64_t grad_bytes_, optim_bytes_;
+  int64_t group_params_[kParamGroups];
   int64_t logits_chunk_;
   int m2_;
 };

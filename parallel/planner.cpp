@@ -312,12 +312,14 @@ std::vector<PlanGroup> finish_groups(const BatchCosts& b, std::vector<PlanGroup>
 
 }  // namespace detail
 
-Planner::Planner(const ModelConfig& model, const ParallelConfig& par, int world)
-    : Planner(CostModel(model, device_profile(par.cost_profile), par.ranks_per_node, par.recompute), par, world) {}
+Planner::Planner(const ModelConfig& model, const ParallelConfig& par, int world,
+                 const ParamGroups& groups)
+    : Planner(CostModel(model, device_profile(par.cost_profile), par.ranks_per_node, par.recompute), par, world,
+              groups) {}
 
-Planner::Planner(const CostModel& cost, const ParallelConfig& par, int world)
-    : cost_(cost), memory_(cost.model(), cost.device(), world, par.memory_gb, par.zero1, par.recompute),
-      par_(par), world_(world) {
+Planner::Planner(const CostModel& cost, const ParallelConfig& par, int world, const ParamGroups& groups)
+    : cost_(cost), memory_(cost.model(), cost.device(), world, par.memory_gb, par.zero1, par.recompute, groups),
+      par_(par), world_(world), groups_(groups) {
   DHP_CHECK(world >= 1 && world <= kMaxWorld, "the world size must be between 1 and {} ranks, got {}", kMaxWorld,
             world);
   DHP_CHECK(par.ranks_per_node >= 1, "parallel.ranks_per_node must be at least 1, got {}", par.ranks_per_node);

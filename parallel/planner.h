@@ -67,10 +67,13 @@ struct PlanStats {
 
 class Planner {
  public:
-  // Cost and memory models from the model config and parallel.cost_profile / memory_gb / zero1.
-  Planner(const ModelConfig& model, const ParallelConfig& par, int world);
+  // Cost and memory models from the model config and parallel.cost_profile / memory_gb / zero1;
+  // `groups` says which parameters train (the memory model counts their gradients and moments).
+  Planner(const ModelConfig& model, const ParallelConfig& par, int world,
+          const ParamGroups& groups = {});
   // With an explicit cost model, e.g. one whose coefficients were refitted.
-  Planner(const CostModel& cost, const ParallelConfig& par, int world);
+  Planner(const CostModel& cost, const ParallelConfig& par, int world,
+          const ParamGroups& groups = {});
 
   // The strategy of parallel.strategy (static uses parallel.static_cp).
   Plan plan(const std::vector<SeqShape>& batch, PlanStats* stats = nullptr) const;
@@ -105,6 +108,7 @@ class Planner {
   const CostModel& cost() const { return cost_; }
   const MemoryModel& memory() const { return memory_; }
   const ParallelConfig& config() const { return par_; }
+  const ParamGroups& groups() const { return groups_; }
   int world() const { return world_; }
 
  private:
@@ -114,6 +118,7 @@ class Planner {
   MemoryModel memory_;
   ParallelConfig par_;
   int world_;
+  ParamGroups groups_;
 };
 
 // Contiguous, node-aware placement of one wave: first rank of each group, given degrees

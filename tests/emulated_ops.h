@@ -71,10 +71,11 @@ class EmulatedOps : public Ops {
     if (T <= 0) return;
     with([&](auto s) {
       using S = decltype(s);
-      run(cuda::norm::dw_launch(C), emu::floats_for<cuda::norm::DwShared>(), [&](float* sm) {
-        cuda::norm::dw_block(dw, as<S>(dy), as<S>(x), rstd, T, C,
-                             shared_as<cuda::norm::DwShared>(sm));
-      });
+      if (dw)
+        run(cuda::norm::dw_launch(C), emu::floats_for<cuda::norm::DwShared>(), [&](float* sm) {
+          cuda::norm::dw_block(dw, as<S>(dy), as<S>(x), rstd, T, C,
+                               shared_as<cuda::norm::DwShared>(sm));
+        });
       run(cuda::norm::rows_launch(T), cuda::norm::kRowSharedFloats, [&](float* sm) {
         cuda::norm::dx_block(as<S>(dx), as<S>(dy), as<S>(x), as<S>(w), rstd, C, sm);
       });

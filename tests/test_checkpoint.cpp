@@ -150,6 +150,30 @@ TEST(Checkpoint, ResumeRefusesAChangedModelShapeNamingTheKey) {
   EXPECT_NE(msg.find("training samples"), std::string::npos) << msg;
 }
 
+TEST(Checkpoint, RecordsTheTokenizerTableAndRefusesAResumeWithOtherAddedTokens) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("tokenizer_table");
+  const std::vector<std::string> wide = {"--model.vocab_size=192"};
+  train(small_config(2, dir, wide), comm);
+  const std::string ck = list_checkpoints((dir / "checkpoints").string()).back();
+  const Config cfg = checkpoint_config(ck);
+  auto backend = make_cpu_backend({1});
+  Model m(cfg.model, *backend);
+  const TrainState st = load_checkpoint(ck, m, nullptr);
+  EXPECT_EQ(st.special_ids, "pad=0 unk=1 bos=2 eos=3 image=-1 img=4 /img=5");
+  EXPECT_EQ(st.added_tokens, "[]");
+  TrainOptions o;
+  o.resume = "auto";
+  std::vector<std::string> more = wide;
+  more.push_back("--data.added_tokens=<extra>");
+  const std::string msg = error_of([&] { train(small_config(4, dir, more), comm, o); });
+  EXPECT_NE(msg.find("added tokens [], tokenizer"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("<extra>"), std::string::npos) << msg;
+  // Negative control: the same resume with the recorded tokens continues.
+  EXPECT_EQ(train(small_config(4, dir, wide), comm, o).steps.size(), 2u);
+}
+
 TEST(Checkpoint, ShapeCheckIgnoresModelInOtherKeysValues) {
   // Only model.* keys are the model's shape; "model." inside a path of another key is not.
   const Config saved = parse_config("", "a.toml", {"--checkpoint.dir=runs/model.v1", "--data.train=a.jsonl"});

@@ -206,7 +206,7 @@ TEST_F(VideoTest, ManifestVideoBecomesTimestampedFramesInMarkerOrder) {
       const std::vector<int32_t> stamp = tok.encode(frame_timestamp(double(want[(k - first_frame) % 6]) / 10));
       const int64_t img_at = spans[k].first - 1;
       ASSERT_GE(img_at, int64_t(stamp.size()));
-      EXPECT_EQ(s.tokens[size_t(img_at)], Tokenizer::kImg);
+      EXPECT_EQ(s.tokens[size_t(img_at)], tok.ids().img_begin);
       EXPECT_TRUE(std::equal(stamp.begin(), stamp.end(), s.tokens.begin() + img_at - int64_t(stamp.size())))
           << "frame " << k;
     }
@@ -237,7 +237,7 @@ TEST_F(VideoTest, BuiltShardsEqualTheJsonlPathAndHoldDecodedFrames) {
   DataConfig dc;
   dc.video.max_pixels = 30 * 28 * 28 * 4;  // 30 frames of 2x2 merged patches at most
   JsonlDataset direct(m, "", tok, geometry_, 4096, "fail", kDefaultMaxImagePixels, false, nullptr,
-                      dc.video);
+                      ChatTemplate::Dhp, dc.video);
   BuildOptions o;
   o.manifest = m;
   o.out_dir = (dir_ / "built").string();

@@ -43,15 +43,17 @@ const std::filesystem::path& longtail_dir() {
   return dir.path;
 }
 
-Config longtail_config(const std::string& strategy, int64_t steps, const std::filesystem::path& out) {
+Config longtail_config(const std::string& strategy, int64_t steps, const std::filesystem::path& out,
+                       std::vector<std::string> extra = {}) {
   const std::string d = longtail_dir().string();
-  return parse_config(testing::kSmallModelToml, "test.toml",
-                      {"--train.steps=" + std::to_string(steps), "--train.threads=1",
+  std::vector<std::string> o = {"--train.steps=" + std::to_string(steps), "--train.threads=1",
                        "--train.batch_size=24", "--data.train=" + d + "/train.jsonl",
                        "--data.val=", "--data.tokenizer=" + d + "/tokenizer.model",
                        "--data.max_tokens=1500", "--data.workers=1",
                        "--parallel.strategy=" + strategy, "--eval.blank_images=false",
-                       "--checkpoint.dir=" + (out / "checkpoints").string()});
+                       "--checkpoint.dir=" + (out / "checkpoints").string()};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return parse_config(testing::kSmallModelToml, "test.toml", o);
 }
 
 // train() on n threaded ranks; the result rank 0 returned.
@@ -99,7 +101,8 @@ std::set<std::string> clip_ids() {
 
 // One training step's forward and backward over the first batch on n ranks; gradients and
 // loss summed over ranks as the trainer does.
-StepResult one_step(int n, const std::string& strategy, const std::string& precision = "fp32") {
+StepResult one_step(int n, const std::string& strategy, const std::string& precision = "fp32",
+                    const ParamGroups& groups = {}) {
   const Config cfg = longtail_config(strategy, 1, testing::run_dir("unused"));
   StepResult out;
   std::mutex mu;
@@ -109,9 +112,9 @@ StepResult one_step(int n, const std::string& strategy, const std::string& preci
     auto backend = make_cpu_backend(opt);
     Tokenizer tok(cfg.data.tokenizer);
     auto data = open_dataset(cfg.data.train, cfg.data, tok, cfg.model.vision);
-    Model model(cfg.model, *backend);
+    Model model(cfg.model, *backend, groups);
     model.initialise(cfg.train.seed);
-    const Planner planner(cfg.model, cfg.parallel, n);
+    const Planner planner(cfg.model, cfg.parallel, n, groups);
     std::vector<int64_t> ids;
     for (int64_t i = 0; i < cfg.train.batch_size; ++i) ids.push_back(i);
     // The batch ends with the set's longest video clip: the sample a ring is for.
@@ -128,7 +131,7 @@ StepResult one_step(int n, const std::string& strategy, const std::string& preci
     model.zero_grads();
     const float scale = 1.0f / float(work.loss_tokens);
     double loss = exec.run(work, scale, true).loss_sum * scale;
-    comm.all_reduce_sum(model.grads(), model.n_params());
+    comm.all_reduce_sum(model.grads(), model.n_grads());
     comm.all_reduce_sum(&loss, 1);
     std::lock_guard lk(mu);
     out.images_encoded += exec.last_images_encoded();
@@ -140,7 +143,7 @@ StepResult one_step(int n, const std::string& strategy, const std::string& preci
       for (const auto& p : g.pieces) out.covered[p.sample].push_back({p.begin, p.end});
     if (comm.rank() != 0) return;
     out.loss = loss;
-    out.grads.assign(model.grads(), model.grads() + model.n_params());
+    out.grads.assign(model.grads(), model.grads() + model.n_grads());
     for (const auto& g : work.plan.groups()) out.max_cp = std::max(out.max_cp, g.ring_degree);
     // Every sample of the batch, once: its pieces over all ranks tile [0, length).
     for (int64_t id : ids) DHP_CHECK(data->length(id) > 0, "sample {} is empty", id);
@@ -198,6 +201,50 @@ TEST_P(PlanInvariance, LossAndGradientsDoNotDependOnTheRanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, PlanInvariance, ::testing::Values("dhp", "static", "pow2"));
+
+ParamGroups freeze(std::initializer_list<ParamGroup> groups) {
+  ParamGroups p;
+  for (ParamGroup g : groups) p[g].trainable = false;
+  return p;
+}
+
+// Frozen groups keep the plans invariant. LLaVA's stage 1 (only the projector trains: the
+// gradient crosses every frozen decoder layer, ring attention and the routed image rows) and
+// stage 2 (vision frozen): on one rank the trainable parameters' gradients are the unfrozen
+// model's bit for bit, and 2 to 6 ranks under every strategy give what one rank gives.
+TEST(PlanInvariance, HoldsWithFrozenGroups) {
+  const ModelConfig model = longtail_config("dhp", 1, testing::run_dir("unused")).model;
+  const StepResult full = one_step(1, "dhp");
+  for (const ParamGroups& groups :
+       {freeze({ParamGroup::Language, ParamGroup::Embeddings, ParamGroup::Vision}),
+        freeze({ParamGroup::Vision})}) {
+    const ParamTable table(model, groups);
+    const StepResult one = one_step(1, "dhp", "fp32", groups);
+    EXPECT_EQ(one.loss, full.loss);
+    ASSERT_EQ(int64_t(one.grads.size()), table.trainable_total());
+    double gmax = 0.0;
+    for (const auto& s : table.specs()) {
+      if (!s.trainable) continue;
+      for (int64_t i = 0; i < s.numel(); ++i) {
+        ASSERT_EQ(one.grads[size_t(s.grad_offset + i)], full.grads[size_t(s.offset + i)]) << s.name;
+        gmax = std::max(gmax, double(std::abs(one.grads[size_t(s.grad_offset + i)])));
+      }
+    }
+    ASSERT_GT(gmax, 0.0);
+    for (const std::string strategy : {"dhp", "static", "pow2"}) {
+      const StepResult first = strategy == "dhp" ? one : one_step(1, strategy, "fp32", groups);
+      for (int n : {2, 3, 6}) {
+        const StepResult r = one_step(n, strategy, "fp32", groups);
+        EXPECT_NEAR(r.loss, first.loss, 1e-5 * std::abs(first.loss)) << strategy << ", " << n << " ranks";
+        ASSERT_EQ(r.grads.size(), first.grads.size());
+        for (size_t i = 0; i < r.grads.size(); ++i)
+          ASSERT_NEAR(r.grads[i], first.grads[i], 1e-5 * std::abs(first.grads[i]) + 1e-6 * gmax)
+              << strategy << ", " << n << " ranks, gradient element " << i;
+        EXPECT_EQ(r.images_encoded, r.batch_images) << n << " ranks";
+      }
+    }
+  }
+}
 
 // Relative L2 distance between two gradient vectors.
 double gradient_gap(const std::vector<float>& a, const std::vector<float>& b) {
@@ -355,6 +402,96 @@ TEST(Zero1, MatchesReplicatedAdamW) {
     for (size_t i = 0; i < weights[0].size(); ++i)
       ASSERT_NEAR(weights[1][i], weights[0][i], 1e-6 * std::max(1.0f, std::abs(weights[0][i])))
           << n << " ranks, weight " << i;
+  }
+}
+
+// The training loop with groups frozen: ZeRO-1 sharding the trainable ranges only (the
+// embeddings frozen cut them into pieces) matches replicated AdamW, and every frozen weight
+// of the final checkpoint is its initial value bit for bit.
+TEST(Zero1, MatchesReplicatedWithFrozenGroups) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> freezings = {
+      {"vision", {"--optim.groups.vision.trainable=false"}},
+      {"embeddings", {"--optim.groups.embeddings.trainable=false", "--optim.groups.projector.lr_scale=0.5"}}};
+  for (const auto& [name, overrides] : freezings) {
+    for (int n : {2, 3}) {
+      std::vector<double> losses[2];
+      std::vector<float> weights[2];
+      Config cfg;
+      for (int zero = 0; zero < 2; ++zero) {
+        const auto dir = testing::run_dir("zero1_frozen_" + name + std::to_string(n) + "_" + std::to_string(zero));
+        cfg = longtail_config("dhp", 4, dir, overrides);
+        cfg.parallel.zero1 = zero == 1;
+        cfg.parallel.refit = false;
+        const TrainResult r0 = train_on(n, cfg);
+        for (const auto& s : r0.steps) losses[zero].push_back(s.loss);
+        weights[zero] = weights_of(r0.checkpoint, cfg);
+      }
+      ASSERT_EQ(losses[0].size(), 4u);
+      for (size_t s = 0; s < 4; ++s)
+        EXPECT_NEAR(losses[1][s], losses[0][s], 1e-6 * std::abs(losses[0][s])) << name << ", " << n << " ranks";
+      auto backend = make_cpu_backend({1});
+      Model init(cfg.model, *backend, cfg.optim.groups);
+      init.initialise(cfg.train.seed);
+      const std::vector<float> w0 = init.download_params();
+      for (const auto& s : init.table().specs()) {
+        bool moved = false;
+        for (int64_t i = s.offset; i < s.offset + s.numel(); ++i) {
+          ASSERT_NEAR(weights[1][i], weights[0][i], 1e-6 * std::max(1.0f, std::abs(weights[0][i])))
+              << name << ", " << n << " ranks: " << s.name;
+          if (!s.trainable) {
+            ASSERT_EQ(weights[1][i], w0[i]) << name << ": frozen " << s.name << " moved";
+          }
+          moved = moved || weights[1][i] != w0[i];
+        }
+        if (s.trainable) {
+          EXPECT_TRUE(moved) << name << ": " << s.name << " did not train";
+        }
+      }
+    }
+  }
+}
+
+// A run trained with the vision tower frozen resumes, on another world size with and without
+// ZeRO-1: with the same freezing it continues the same losses (the trainable moments were
+// saved and restored); with the tower trainable it trains the tower from zero moments.
+TEST(ResumeAcrossWorlds, ResumeWithAnotherFreezing) {
+  auto config = [&](const std::filesystem::path& dir, bool frozen, bool zero1) {
+    Config c = longtail_config("dhp", 6, dir);
+    c.checkpoint.every = 3;
+    c.parallel.zero1 = zero1;
+    c.optim.groups[ParamGroup::Vision].trainable = !frozen;
+    return c;
+  };
+  const auto base_dir = testing::run_dir("resume_frozen_base");
+  const Config base = config(base_dir, true, true);
+  const TrainResult straight = train_on(2, base);
+  ASSERT_EQ(straight.steps.size(), 6u);
+  const std::vector<float> w3 = weights_of((base_dir / "checkpoints" / "step-00000003.h5").string(), base);
+  for (const bool frozen : {true, false}) {
+    for (const int n : {3, 1}) {
+      const bool zero1 = n == 3;
+      const std::string tag = std::string(frozen ? "frozen_" : "thawed_") + std::to_string(n);
+      const auto dir = testing::run_dir("resume_frozen_" + tag);
+      std::filesystem::create_directories(dir / "checkpoints");
+      std::filesystem::copy(base_dir / "checkpoints" / "step-00000003.h5", dir / "checkpoints");
+      std::filesystem::copy(base_dir / "checkpoints" / "step-00000003.done", dir / "checkpoints");
+      const Config cfg = config(dir, frozen, zero1);
+      TrainOptions o;
+      o.resume = "auto";
+      const TrainResult resumed = train_on(n, cfg, o);
+      ASSERT_EQ(resumed.steps.size(), 3u) << tag;
+      for (size_t s = 0; s < 3 && frozen; ++s) {
+        EXPECT_NEAR(resumed.steps[s].loss, straight.steps[s + 3].loss,
+                    1e-5 * std::abs(straight.steps[s + 3].loss)) << tag << ", step " << s + 4;
+      }
+      const std::vector<float> w = weights_of(resumed.checkpoint, cfg);
+      const ParamTable table(cfg.model);
+      for (const auto& s : table.specs()) {
+        if (s.group != ParamGroup::Vision) continue;
+        const bool same = std::equal(w.begin() + s.offset, w.begin() + s.offset + s.numel(), w3.begin() + s.offset);
+        EXPECT_EQ(same, frozen) << tag << ": " << s.name;
+      }
+    }
   }
 }
 

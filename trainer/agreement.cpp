@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/hash.h"
 #include "data/shard_format.h"
+#include "data/tokenizer.h"
 
 namespace dhp {
 namespace {
@@ -20,6 +21,18 @@ std::string contents_hash(const std::string& path) {
   namespace fs = std::filesystem;
   const std::string file = fs::is_directory(path) ? (fs::path(path) / kIndexFile).string() : path;
   return fmt::format("{:016x}", hash_file(file));
+}
+
+// A tokenizer by its model's bytes and those of the added_tokens.json beside it, if any; a
+// folder (a Hugging Face checkpoint's) by the tokenizer.model in it.
+std::string tokenizer_contents_hash(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path model = fs::is_directory(path) ? fs::path(path) / "tokenizer.model" : fs::path(path);
+  std::string h = fmt::format("{:016x}", hash_file(model.string()));
+  const fs::path added = model.parent_path() / kAddedTokensFile;
+  std::error_code ec;
+  if (fs::exists(added, ec)) h += fmt::format(" + {:016x}", hash_file(added.string()));
+  return h;
 }
 
 // Messages travel in a fixed-size buffer.
@@ -39,7 +52,7 @@ std::vector<std::pair<std::string, std::string>> agreement_terms(const Config& c
   }
   out.emplace_back("data.train (its contents)", contents_hash(cfg.data.train));
   out.emplace_back("data.val (its contents)", contents_hash(cfg.data.val));
-  out.emplace_back("data.tokenizer (its contents)", contents_hash(cfg.data.tokenizer));
+  out.emplace_back("data.tokenizer (its contents)", tokenizer_contents_hash(cfg.data.tokenizer));
   return out;
 }
 

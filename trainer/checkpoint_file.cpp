@@ -95,6 +95,13 @@ hid_t string_type(size_t n) {
   return t;
 }
 
+void write_string_attr(hid_t obj, const char* name, const std::string& s) {
+  H5 type(string_type(s.size()), H5Tclose);
+  H5 space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5 a(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  h5_check(a.ok() && H5Awrite(a, type, s.c_str()) >= 0, fmt::format("writing attribute {}", name));
+}
+
 void write_string(hid_t loc, const char* name, const std::string& s) {
   H5 type(string_type(s.size()), H5Tclose);
   H5 space(H5Screate(H5S_SCALAR), H5Sclose);
@@ -193,6 +200,8 @@ void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, 
     write_attr_i64(state, "sampler_position", st.sampler.position);
     write_attr_i64(state, "dataset_size", st.dataset_size);
     if (st.tokenizer_hash != 0) write_attr_u64(state, "tokenizer_hash", st.tokenizer_hash);
+    if (!st.special_ids.empty()) write_string_attr(state, "special_ids", st.special_ids);
+    if (!st.added_tokens.empty()) write_string_attr(state, "added_tokens", st.added_tokens);
   }
   if (!st.cost_state.empty()) write_string(file, "cost_model", st.cost_state);
   h5_check(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, fmt::format("flushing '{}'", tmp.string()));
@@ -243,6 +252,8 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
                 read_attr(state, "dataset_size", H5T_NATIVE_INT64, &st.dataset_size),
             "checkpoint '{}': /state is missing or damaged", path);
   read_attr(state, "tokenizer_hash", H5T_NATIVE_UINT64, &st.tokenizer_hash);  // 0: not recorded
+  st.special_ids = read_string_attr(state, "special_ids");     // "": not recorded
+  st.added_tokens = read_string_attr(state, "added_tokens");
   st.sampler.seed = st.seed;
   if (H5Lexists(file, "cost_model", H5P_DEFAULT) > 0) st.cost_state = read_string(file, "cost_model", path);
   if (opt) {
@@ -268,7 +279,34 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
   return st;
 }
 
-void check_tokenizer(const std::string& path, uint64_t recorded, const Tokenizer& tok) {
+void check_tokenizer(const std::string& path, const TrainState& st, const Tokenizer& tok) {
+  // Checkpoints from before the table was recorded were all trained with dhp's own table.
+  const SpecialIds saved = st.special_ids.empty()
+                               ? SpecialIds{}
+                               : parse_special_ids(st.special_ids, path + ":/state special_ids");
+  const SpecialIds now = tok.ids();
+  std::string differ;
+  const std::pair<const char*, int32_t SpecialIds::*> fields[] = {
+      {"pad", &SpecialIds::pad},     {"unk", &SpecialIds::unk},
+      {"bos", &SpecialIds::bos},     {"eos", &SpecialIds::eos},
+      {"image", &SpecialIds::image}, {"<img>", &SpecialIds::img_begin},
+      {"</img>", &SpecialIds::img_end}};
+  for (const auto& [name, field] : fields)
+    if (saved.*field != now.*field)
+      differ += fmt::format("{}{} is {} in the checkpoint, {} now", differ.empty() ? "" : "; ",
+                            name, saved.*field, now.*field);
+  DHP_CHECK(differ.empty(),
+            "checkpoint '{}' was trained with other special token ids than tokenizer '{}' "
+            "gives: {}; use the tokenizer (and data.added_tokens) it was trained with",
+            path, tok.path(), differ);
+  const std::vector<AddedToken> added =
+      st.added_tokens.empty() ? std::vector<AddedToken>{}
+                              : parse_added_tokens(st.added_tokens, path + ":/state added_tokens");
+  DHP_CHECK(added == tok.added_tokens(),
+            "checkpoint '{}' was trained with the added tokens {}, tokenizer '{}' now has {}; "
+            "set data.added_tokens (or the added_tokens.json beside the model) to match",
+            path, format_added_tokens(added), tok.path(), format_added_tokens(tok.added_tokens()));
+  const uint64_t recorded = st.tokenizer_hash;
   if (recorded == 0) return;  // saved before checkpoints recorded their tokenizer
   DHP_CHECK(recorded == tok.hash(),
             "checkpoint '{}' was trained with another tokenizer than '{}' (the file's contents "

@@ -6,7 +6,8 @@
 //   /params/<name>    every parameter under its model-spec name, full (unsharded) shape
 //   /optim/m/<name>   AdamW first moments     /optim/v/<name>  second moments
 //   /state            attributes step, seed, batch_size, sampler_epoch, sampler_position,
-//                     dataset_size, tokenizer_hash (FNV-1a of the tokenizer file)
+//                     dataset_size, tokenizer_hash (Tokenizer::hash()), special_ids
+//                     (format_special_ids), added_tokens (format_added_tokens; absent: none)
 //   /cost_model       the online refit's state as JSON text (parallel/cost_model.h CostState);
 //                     absent when the run did not refit
 // Every dataset carries a 64-bit checksum attribute verified on load, so a file damaged on
@@ -32,6 +33,9 @@ struct TrainState {
   int64_t dataset_size = 0;  // samples the sampler shuffled (a different set changes the stream)
   uint64_t tokenizer_hash = 0;  // hash of the tokenizer file's bytes; 0 = not recorded
   std::string cost_state;       // CostState JSON; "" = none
+  std::string special_ids;      // format_special_ids of the tokenizer; "" = not recorded
+                                // (then dhp's own table, which every earlier run used)
+  std::string added_tokens;     // format_added_tokens; "" = not recorded (none)
 };
 
 // Writes and flushes a whole checkpoint at `path`. A failure throws dhp::Error with the
@@ -50,9 +54,10 @@ Config checkpoint_config(const std::string& path);
 TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt);
 
 class Tokenizer;
-// Refuses a tokenizer whose file differs from the one the checkpoint was trained with (a
-// replaced file at the same path would silently change what every token id means).
-void check_tokenizer(const std::string& checkpoint, uint64_t recorded, const Tokenizer& tok);
+// Refuses a tokenizer whose special ids, added tokens or file differ from those the checkpoint
+// was trained with (a replaced file at the same path would silently change what every token
+// id means), naming what differs.
+void check_tokenizer(const std::string& checkpoint, const TrainState& st, const Tokenizer& tok);
 
 // Refuses a resume whose configuration changed the model's shape, naming the key.
 void check_same_model(const Config& saved, const Config& now, const std::string& path);

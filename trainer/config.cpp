@@ -50,9 +50,10 @@ class Schema {
       if (k.path() == path) return &k;
     return nullptr;
   }
+  // A section with keys, or one holding such sections ([optim.groups] holds [optim.groups.vision]).
   bool is_section(const std::string& s) const {
     for (const auto& k : keys_)
-      if (k.section == s) return true;
+      if (k.section == s || k.section.rfind(s + ".", 0) == 0) return true;
     return false;
   }
 
@@ -125,6 +126,8 @@ class Schema {
     num("workers", d.workers, 0, kMaxDataWorkers);
     str("on_error", d.on_error, {"skip", "fail"});
     flag("allow_absolute_paths", d.allow_absolute_paths);
+    choice("template", d.chat_template, kChatTemplateNames);
+    str("added_tokens", d.added_tokens);
     num("video_fps", d.video.fps, 0.001, 1000);
     num("min_frames", d.video.min_frames, 1, 100000);
     num("max_frames", d.video.max_frames, 1, 100000);
@@ -150,6 +153,11 @@ class Schema {
     num("beta2", o.beta2, 0, 0.999999);
     num("eps", o.eps, 0, 1);
     num("grad_clip", o.grad_clip, 0, 1e6);
+    for (size_t g = 0; g < kParamGroups; ++g) {
+      sec_ = "optim.groups." + std::string(kParamGroupNames[g]);
+      flag("trainable", o.groups.group[g].trainable);
+      num("lr_scale", o.groups.group[g].lr_scale, 0, 1e3);
+    }
 
     sec_ = "parallel";
     auto& p = c.parallel;
@@ -209,6 +217,13 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 std::string suggestion(const Schema& s, const std::string& path) {
   // Keys that existed once: say what replaced them rather than a near spelling.
+  const std::string groups = "optim.groups.";
+  if (path.rfind(groups, 0) == 0) {
+    const std::string name = path.substr(groups.size(), path.find('.', groups.size()) - groups.size());
+    if (std::find(kParamGroupNames.begin(), kParamGroupNames.end(), name) == kParamGroupNames.end())
+      return fmt::format(" ('{}' is no parameter group; the groups are: {})", printable(name),
+                         fmt::join(kParamGroupNames, ", "));
+  }
   if (path == "train.micro_tokens")
     return " (it is gone: the planner sizes every rank's micro-batches with its memory model, "
            "whose capacity is parallel.memory_gb)";
@@ -411,6 +426,16 @@ void validate(const Config& c) {
             "are saved in", f);
   DHP_CHECK(c.optim.min_lr <= c.optim.lr, "{}: optim.min_lr ({}) exceeds optim.lr ({})", f,
             c.optim.min_lr, c.optim.lr);
+  DHP_CHECK(c.optim.groups.any_trainable(),
+            "{}: every parameter group is frozen (optim.groups.{{{}}}.trainable = false): nothing "
+            "would train", f, fmt::join(kParamGroupNames, ","));
+  for (size_t g = 0; g < kParamGroups; ++g) {
+    const GroupSettings& s = c.optim.groups.group[g];
+    DHP_CHECK(!s.trainable || s.lr_scale > 0,
+              "{}: optim.groups.{}.lr_scale = 0 with trainable = true: set trainable = false to "
+              "freeze the group (a frozen group holds no gradients or optimizer state)",
+              f, kParamGroupNames[g]);
+  }
 }
 
 // A TOML basic string: quotes, backslashes and control characters escaped, so that

@@ -12,6 +12,7 @@
 #include "kernels/backend.h"
 #include "parallel/config.h"
 #include "types/model_config.h"
+#include "types/param_group.h"
 
 namespace dhp {
 
@@ -35,6 +36,7 @@ struct OptimConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double grad_clip = 1.0;           // global-norm clipping; 0 = off
+  ParamGroups groups;               // [optim.groups.<name>]: trainable, lr_scale
 };
 
 struct CheckpointConfig {

@@ -16,13 +16,13 @@ namespace {
 // the reference: the first run of loss-masked tokens. A run that ends the document ends with
 // <eos>, which the model must produce too (generation stops there); a run that a later turn
 // follows must match token for token over its length.
-bool answer_matches(Model& model, const Sample& s) {
+bool answer_matches(Model& model, const Sample& s, int32_t eos) {
   const auto first = std::find(s.loss_mask.begin(), s.loss_mask.end(), 1);
   if (first == s.loss_mask.end()) return false;
   const size_t a = size_t(first - s.loss_mask.begin());
   size_t e = a;
   while (e < s.loss_mask.size() && s.loss_mask[e]) ++e;
-  const bool ends_document = e == s.tokens.size() && s.tokens.back() == Tokenizer::kEos;
+  const bool ends_document = e == s.tokens.size() && s.tokens.back() == eos;
   Sample prompt;
   prompt.id = s.id;
   prompt.tokens.assign(s.tokens.begin(), s.tokens.begin() + a);
@@ -32,7 +32,7 @@ bool answer_matches(Model& model, const Sample& s) {
   const std::vector<int32_t> answer(s.tokens.begin() + a, s.tokens.begin() + (ends_document ? e - 1 : e));
   SamplingOptions greedy;
   greedy.max_new_tokens = int(answer.size()) + (ends_document ? 1 : 0);
-  return model.generate(pack({&prompt}, model.config().vision), ends_document ? Tokenizer::kEos : -1,
+  return model.generate(pack({&prompt}, model.config().vision), ends_document ? eos : -1,
                         greedy) == answer;
 }
 
@@ -57,7 +57,7 @@ EvalResult evaluate(Model& model, const Dataset& data, const EvalOptions& opt,
       // A placeholder for data that went bad has no answer; a sample split over a ring has no
       // rank holding its whole prompt.
       if (s.skipped || s.begin != 0 || int64_t(s.tokens.size()) != s.full_length) continue;
-      stats[3] += answer_matches(model, s);
+      stats[3] += answer_matches(model, s, opt.eos);
       stats[4] += 1;
     }
   };

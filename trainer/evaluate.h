@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "data/dataset.h"
+#include "data/tokenizer.h"
 #include "model/model.h"
 #include "parallel/communicator.h"
 #include "parallel/planner.h"
@@ -29,6 +30,7 @@ struct EvalOptions {
   bool blank_images = false;
   int workers = 1;              // decode threads
   bool exact_match = false;     // also generate every answer greedily and compare it whole
+  int32_t eos = SpecialIds{}.eos;  // the tokenizer's <eos>: where a generated answer ends
 };
 
 // The data set in batches of opt.batch samples, each planned and run forward through the

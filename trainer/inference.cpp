@@ -30,8 +30,8 @@ std::unique_ptr<Tokenizer> inference_tokenizer(const std::string& checkpoint, co
             "the checkpoint's data.tokenizer '{}' is relative to the folder its run started in and is "
             "not found from here ({}): run from that folder, or pass --data.tokenizer=PATH",
             printable(path), fs::current_path(ec).string());
-  auto tok = std::make_unique<Tokenizer>(path);
-  check_tokenizer(checkpoint, m.state.tokenizer_hash, *tok);
+  auto tok = std::make_unique<Tokenizer>(path, m.cfg.data.added_tokens);
+  check_tokenizer(checkpoint, m.state, *tok);
   return tok;
 }
 

@@ -23,9 +23,10 @@ double rebuilt_makespan(const Plan& plan, const std::vector<double>& seconds) {
 
 OnlinePlanner::OnlinePlanner(const Config& cfg, Communicator& comm)
     : cfg_(cfg.parallel),
+      groups_(cfg.optim.groups),
       comm_(comm),
       rank0_(comm.rank() == 0),
-      planner_(std::make_shared<const Planner>(cfg.model, cfg.parallel, comm.size())) {}
+      planner_(std::make_shared<const Planner>(cfg.model, cfg.parallel, comm.size(), groups_)) {}
 
 std::shared_ptr<const Planner> OnlinePlanner::current() const {
   std::lock_guard lk(mu_);
@@ -33,7 +34,7 @@ std::shared_ptr<const Planner> OnlinePlanner::current() const {
 }
 
 void OnlinePlanner::replace(const CostModel& cost) {
-  auto next = std::make_shared<const Planner>(cost, cfg_, comm_.size());
+  auto next = std::make_shared<const Planner>(cost, cfg_, comm_.size(), groups_);
   std::lock_guard lk(mu_);
   planner_ = std::move(next);
 }

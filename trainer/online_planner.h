@@ -46,6 +46,7 @@ class OnlinePlanner {
   void replace(const CostModel& cost);
 
   const ParallelConfig& cfg_;
+  const ParamGroups groups_;  // which parameters train: the memory model counts their state
   Communicator& comm_;
   const bool rank0_;
   mutable std::mutex mu_;

@@ -19,7 +19,7 @@ AdamW::AdamW(const ParamTable& table, const OptimConfig& cfg, Backend& backend,
              OptimizerShard shard)
     : table_(table), cfg_(cfg), backend_(backend), shard_(shard) {
   DHP_ASSERT(shard.world >= 1 && shard.rank >= 0 && shard.rank < shard.world);
-  const int64_t n = table.total();
+  const int64_t n = n_ = table.trainable_total();
   block_ = n / shard.world;
   tail_ = n - block_ * shard.world;
   m_ = DeviceBuffer(backend, sizeof(float) * size_t(block_ + tail_));
@@ -39,15 +39,16 @@ double AdamW::squared_norm(const float* x, int64_t n) const {
 }
 
 double AdamW::grad_norm(const float* grads) const {
-  return std::sqrt(squared_norm(grads, table_.total()));
+  return std::sqrt(squared_norm(grads, n_));
 }
 
 void AdamW::clip(float* grads, double norm) const {
   if (cfg_.grad_clip <= 0.0 || norm <= cfg_.grad_clip) return;
-  backend_.ops().scale_inplace(grads, float(cfg_.grad_clip / (norm + 1e-6)), table_.total());
+  backend_.ops().scale_inplace(grads, float(cfg_.grad_clip / (norm + 1e-6)), n_);
 }
 
 AdamWStep AdamW::step_of(const ParamSpec& p, double lr) const {
+  lr *= table_.groups()[p.group].lr_scale;
   return AdamWStep{float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps),
                    p.decay ? float(cfg_.weight_decay) : 0.0f, t_};
 }
@@ -56,20 +57,22 @@ void AdamW::update(float* params, const float* grads, double lr) {
   DHP_ASSERT(!sharded());
   ++t_;
   for (const auto& p : table_.specs())
-    backend_.ops().adamw_update(params + p.offset, grads + p.offset, m() + p.offset,
-                                v() + p.offset, p.numel(), step_of(p, lr));
+    if (p.trainable)
+      backend_.ops().adamw_update(params + p.offset, grads + p.grad_offset, m() + p.grad_offset,
+                                  v() + p.grad_offset, p.numel(), step_of(p, lr));
 }
 
 void AdamW::set_overlap(int64_t bucket_elements) {
   buckets_.clear();
   if (bucket_elements <= 0) return;
   const auto& specs = table_.specs();
-  int64_t end = table_.total(), size = 0;
+  int64_t end = n_, size = 0;
   for (auto it = specs.rbegin(); it != specs.rend(); ++it) {
+    if (!it->trainable) continue;
     size += it->numel();
     if (size >= bucket_elements) {
-      buckets_.push_back({it->offset, end});
-      end = it->offset;
+      buckets_.push_back({it->grad_offset, end});
+      end = it->grad_offset;
       size = 0;
     }
   }
@@ -127,7 +130,7 @@ double AdamW::reduce(float* grads, Communicator& comm) {
     return sharded_norm(grads, comm);
   }
   if (!sharded()) {
-    comm.all_reduce_sum(grads, table_.total());
+    comm.all_reduce_sum(grads, n_);
     return grad_norm(grads);
   }
   const int64_t W = shard_.world;
@@ -151,25 +154,51 @@ void AdamW::apply(float* params, float* grads, double lr, double norm, Communica
   }
   ++t_;
   for (const auto& p : table_.specs()) {
-    const int64_t begin = p.offset, end = p.offset + p.numel();
+    if (!p.trainable) continue;
+    const int64_t begin = p.grad_offset, end = p.grad_offset + p.numel();
+    float* w = params + (p.offset - p.grad_offset);  // w + a: the weight of gradient offset a
     // The part of the parameter in this rank's block, then the part in the shared tail.
     int64_t a = std::max(begin, lo), b = std::min(end, lo + block_);
     if (a < b)
-      backend_.ops().adamw_update(params + a, g + (a - lo), m() + (a - lo), v() + (a - lo), b - a,
+      backend_.ops().adamw_update(w + a, g + (a - lo), m() + (a - lo), v() + (a - lo), b - a,
                                   step_of(p, lr));
     a = std::max(begin, tail0), b = std::min(end, tail0 + tail_);
     if (a < b)
-      backend_.ops().adamw_update(params + a, grads + a, m() + block_ + (a - tail0),
+      backend_.ops().adamw_update(w + a, grads + a, m() + block_ + (a - tail0),
                                   v() + block_ + (a - tail0), b - a, step_of(p, lr));
   }
-  comm.all_gather(params + lo, params, block_, DataType::F32);
+  gather_params(params, grads, comm);
+}
+
+void AdamW::gather_params(float* params, float* grads, Communicator& comm) {
+  const int64_t W = shard_.world, lo = int64_t(shard_.rank) * block_;
+  if (table_.all_trainable()) {  // the two layouts coincide: gather in place
+    comm.all_gather(params + lo, params, block_, DataType::F32);
+    return;
+  }
+  // Each piece [a, b) of the gradient layout that lies in `range` copied between the layouts.
+  auto pieces = [&](int64_t r0, int64_t r1, bool to_grads) {
+    for (const auto& p : table_.specs()) {
+      if (!p.trainable) continue;
+      const int64_t a = std::max(p.grad_offset, r0), b = std::min(p.grad_offset + p.numel(), r1);
+      if (a >= b) continue;
+      float* w = params + (p.offset - p.grad_offset) + a;
+      if (to_grads) backend_.copy(grads + a, w, sizeof(float) * size_t(b - a));
+      else backend_.copy(w, grads + a, sizeof(float) * size_t(b - a));
+    }
+  };
+  // The tail was updated identically on every rank; only the blocks travel.
+  pieces(lo, lo + block_, true);
+  comm.all_gather(grads + lo, grads, block_, DataType::F32);
+  pieces(0, lo, false);
+  pieces(lo + block_, W * block_, false);
 }
 
 std::vector<float> AdamW::gather(const DeviceBuffer& b, Communicator& comm) const {
   const int64_t W = shard_.world;
   DeviceBuffer all(backend_, sizeof(float) * size_t(W * block_));
   comm.all_gather(b.data(), all.data(), block_, DataType::F32);
-  std::vector<float> host(size_t(table_.total()));
+  std::vector<float> host(static_cast<size_t>(n_));
   backend_.download(host.data(), all.data(), all.bytes());
   if (tail_ > 0)
     backend_.download(host.data() + W * block_, b.as<float>() + block_, sizeof(float) * size_t(tail_));
@@ -182,33 +211,48 @@ void AdamW::gather_moments(Communicator& comm) {
   full_v_ = gather(v_, comm);
 }
 
+std::vector<float> AdamW::to_arena_layout(const std::vector<float>& compact) const {
+  DHP_ASSERT(int64_t(compact.size()) == n_);
+  std::vector<float> full(size_t(table_.total()), 0.0f);
+  for (const auto& p : table_.specs())
+    if (p.trainable)
+      std::copy_n(compact.begin() + p.grad_offset, p.numel(), full.begin() + p.offset);
+  return full;
+}
+
 std::vector<float> AdamW::download_m() const {
   if (sharded()) {
-    DHP_ASSERT(!full_m_.empty());  // gather_moments first
-    return full_m_;
+    DHP_ASSERT(!full_m_.empty() || n_ == 0);  // gather_moments first
+    return to_arena_layout(full_m_);
   }
-  std::vector<float> host(size_t(table_.total()));
+  std::vector<float> host(static_cast<size_t>(n_));
   backend_.download(host.data(), m_.data(), m_.bytes());
-  return host;
+  return to_arena_layout(host);
 }
 
 std::vector<float> AdamW::download_v() const {
   if (sharded()) {
-    DHP_ASSERT(!full_v_.empty());
-    return full_v_;
+    DHP_ASSERT(!full_v_.empty() || n_ == 0);
+    return to_arena_layout(full_v_);
   }
-  std::vector<float> host(size_t(table_.total()));
+  std::vector<float> host(static_cast<size_t>(n_));
   backend_.download(host.data(), v_.data(), v_.bytes());
-  return host;
+  return to_arena_layout(host);
 }
 
 void AdamW::upload_moments(const std::vector<float>& m, const std::vector<float>& v) {
   DHP_ASSERT(int64_t(m.size()) == table_.total() && int64_t(v.size()) == table_.total());
   const int64_t lo = int64_t(shard_.rank) * block_, tail0 = int64_t(shard_.world) * block_;
+  // A frozen parameter's moments are dropped; one trainable now but frozen when the
+  // checkpoint was written finds zeros there and starts afresh.
+  std::vector<float> compact(static_cast<size_t>(n_));
   for (auto [dst, src] : {std::pair{&m_, &m}, std::pair{&v_, &v}}) {
-    backend_.upload(dst->data(), src->data() + lo, sizeof(float) * size_t(block_));
+    for (const auto& p : table_.specs())
+      if (p.trainable)
+        std::copy_n(src->begin() + p.offset, p.numel(), compact.begin() + p.grad_offset);
+    backend_.upload(dst->data(), compact.data() + lo, sizeof(float) * size_t(block_));
     if (tail_ > 0)
-      backend_.upload(dst->as<float>() + block_, src->data() + tail0, sizeof(float) * size_t(tail_));
+      backend_.upload(dst->as<float>() + block_, compact.data() + tail0, sizeof(float) * size_t(tail_));
   }
 }
 

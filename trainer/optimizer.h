@@ -2,12 +2,20 @@
 // gradient clipping and the warm-up + cosine learning-rate schedule, replicated on every rank
 // or sharded over the ranks (ZeRO-1, parallel.zero1).
 //
-// ZeRO-1: the flat parameter arena of n elements is cut into one contiguous block of
+// Frozen parameter groups (optim.groups.<name>.trainable = false) have no gradient, moment,
+// weight decay or update: everything below runs over the gradient layout of the parameter
+// table (ParamSpec::grad_offset), which holds the trainable parameters only, and an update
+// maps a gradient offset back to its parameter's offset in the weight arena. The learning
+// rate of each parameter is the schedule's times its group's lr_scale.
+//
+// ZeRO-1: the flat gradient arena of n trainable elements is cut into one contiguous block of
 // s = floor(n / N) elements per rank, plus a tail of n - N·s < N elements that every rank
 // keeps. Gradients are reduce-scattered (each rank receives the sum of its block) and the
 // tail all-reduced; the global norm is summed from the blocks; each rank updates its block
 // and the tail, and the parameters are all-gathered. Moments exist for a rank's block and the
-// tail only: optimizer memory per rank falls by N.
+// tail only: optimizer memory per rank falls by N. With a frozen group the updated block is
+// gathered through the gradient arena (its sums are spent by then) and copied back to the
+// weights, whose layout differs from the gradients' there.
 //
 // Overlapped reduction (parallel.overlap_grads, where the communicator overlaps collectives):
 // the arena is cut into buckets of about parallel.bucket_mb, from its end, at parameter
@@ -68,12 +76,14 @@ class AdamW {
   // Bytes of moments this rank holds.
   int64_t state_bytes() const { return int64_t(m_.bytes() + v_.bytes()); }
 
-  // The full moments on the host for a checkpoint. Sharded, every rank first calls
-  // gather_moments (a collective); then download_* return the gathered copies.
+  // The full moments on the host for a checkpoint, in the weight arena's layout (table total
+  // floats) with zeros for frozen parameters. Sharded, every rank first calls gather_moments
+  // (a collective); then download_* return the gathered copies.
   void gather_moments(Communicator& comm);
   std::vector<float> download_m() const;
   std::vector<float> download_v() const;
-  // Full moments from a checkpoint: a sharded rank keeps its block and the tail.
+  // Full moments from a checkpoint (weight arena layout): the trainable parameters' are kept,
+  // a sharded rank keeps its block and the tail.
   void upload_moments(const std::vector<float>& m, const std::vector<float>& v);
   // Device pointers to the moments this rank holds (all of them when not sharded).
   float* m() { return m_.as<float>(); }
@@ -95,11 +105,16 @@ class AdamW {
     int64_t begin, end;  // [begin, end) of the arena
   };
   void start(const Bucket& b);
+  // The compact moments (gradient layout) gathered onto the host.
   std::vector<float> gather(const DeviceBuffer& b, Communicator& comm) const;
+  std::vector<float> to_arena_layout(const std::vector<float>& compact) const;
+  // After a sharded update of frozen-group runs: the parameters of every block all-gathered.
+  void gather_params(float* params, float* grads, Communicator& comm);
   const ParamTable& table_;
   OptimConfig cfg_;
   Backend& backend_;
   OptimizerShard shard_;
+  int64_t n_ = 0;                 // elements of the gradient layout (trainable parameters)
   int64_t block_ = 0, tail_ = 0;  // s and n - N·s; unsharded: n and 0
   DeviceBuffer m_, v_;            // (block + tail) moments
   DeviceBuffer grad_block_;       // (block) this rank's summed gradient under ZeRO-1

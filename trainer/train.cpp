@@ -1,6 +1,7 @@
 #include "trainer/train.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -118,12 +119,12 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
       rank0_(comm.rank() == 0),
       checkpoints_(cfg, comm),
       backend_(make_backend(cfg.train.device, backend_options(cfg))),
-      tokenizer_(cfg.data.tokenizer),
+      tokenizer_(cfg.data.tokenizer, cfg.data.added_tokens),
       train_set_(open_train_set(cfg, tokenizer_, topt.stop_flag)),
       val_set_(cfg.data.val.empty() ? nullptr
                                     : open_dataset(cfg.data.val, cfg.data, tokenizer_,
                                                    cfg.model.vision, topt.stop_flag)),
-      model_(cfg.model, *backend_),
+      model_(cfg.model, *backend_, cfg.optim.groups),
       opt_(model_.table(), cfg.optim, *backend_,
            cfg.parallel.zero1 ? OptimizerShard{comm.rank(), comm.size()} : OptimizerShard{}),
       planner_(cfg, comm),
@@ -167,14 +168,24 @@ SamplerState Run::resume_newest(const std::vector<std::string>& paths, const Tra
 }
 
 SamplerState Run::resume(const std::string& path, const TrainOptions& topt) {
-  check_same_model(checkpoint_config(path), cfg_, path);
+  const Config saved = checkpoint_config(path);
+  check_same_model(saved, cfg_, path);
+  // Any change of freezing resumes (the checkpoint holds every parameter, frozen ones with
+  // zero moments); say what it means for the moments.
+  for (size_t g = 0; g < kParamGroups && rank0_; ++g) {
+    const bool was = saved.optim.groups.group[g].trainable, now = cfg_.optim.groups.group[g].trainable;
+    if (was != now)
+      spdlog::info("parameter group {} was {} in '{}' and is {} now: {}", kParamGroupNames[g],
+                   was ? "trainable" : "frozen", path, now ? "trainable" : "frozen",
+                   now ? "its AdamW moments start at zero" : "its AdamW moments are dropped");
+  }
   TrainState st;
   try {
     st = load_checkpoint(path, model_, &opt_);
   } catch (const Error& e) {
     throw DamagedCheckpoint(e.what());
   }
-  check_tokenizer(path, st.tokenizer_hash, tokenizer_);
+  check_tokenizer(path, st, tokenizer_);
   DHP_CHECK(st.seed == cfg_.train.seed,
             "cannot resume from '{}': it was trained with train.seed = {}, this run has {}; "
             "the weights and the sample order come from the seed",
@@ -197,11 +208,25 @@ SamplerState Run::resume(const std::string& path, const TrainOptions& topt) {
 
 void Run::log_setup() const {
   if (!rank0_) return;
-  const double mib = double(1 << 20), full = 2.0 * 4.0 * double(model_.n_params()) / mib;
-  spdlog::info("optimizer state: {:.2f} MiB per rank{}", double(opt_.state_bytes()) / mib,
+  const double mib = double(1 << 20), full = 2.0 * 4.0 * double(model_.n_grads()) / mib;
+  spdlog::info("optimizer state: {:.2f} MiB per rank{}; gradients: {:.2f} MiB",
+               double(opt_.state_bytes()) / mib,
                opt_.sharded() ? fmt::format(" (ZeRO-1 over {} ranks; {:.2f} MiB unsharded)",
                                             comm_.size(), full)
-                              : "");
+                              : "",
+               4.0 * double(model_.n_grads()) / mib);
+  if (!model_.table().all_trainable()) {
+    std::vector<std::string> frozen;
+    int64_t trained = 0, all = 0;
+    for (size_t g = 0; g < kParamGroups; ++g) {
+      const int64_t n = model_.table().group_numel(ParamGroup(g));
+      all += n;
+      if (cfg_.optim.groups.group[g].trainable) trained += n;
+      else frozen.push_back(fmt::format("{} ({:.3f} M)", kParamGroupNames[g], double(n) / 1e6));
+    }
+    spdlog::info("frozen: {}; {:.3f} M of {:.3f} M parameters train", fmt::join(frozen, ", "),
+                 double(trained) / 1e6, double(all) / 1e6);
+  }
   if (comm_.size() > 1)
     spdlog::info("gradients: {}", opt_.overlaps()
                                       ? fmt::format("summed in {} buckets of ~{} MiB while backward runs",
@@ -308,6 +333,7 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
 void Run::evaluate(int64_t step, TrainResult* out) {
   if (!val_set_ || val_set_->size() == 0) return;
   EvalOptions o{cfg_.train.batch_size, cfg_.eval.max_samples, false, cfg_.data.workers};
+  o.eos = tokenizer_.ids().eos;
   o.exact_match = out && cfg_.eval.exact_match;  // generation only at the final evaluation
   const std::shared_ptr<const Planner> planner = planner_.current();
   const EvalResult r = dhp::evaluate(model_, *val_set_, o, comm_, *planner);
@@ -329,7 +355,8 @@ void Run::evaluate(int64_t step, TrainResult* out) {
 std::string Run::save(int64_t step, bool last) {
   const TrainState st{step, cfg_.train.seed, cfg_.train.batch_size,
                       sampler_->state_at(position_of(step)), train_set_->size(), tokenizer_.hash(),
-                      planner_.saved()};
+                      planner_.saved(), format_special_ids(tokenizer_.ids()),
+                      format_added_tokens(tokenizer_.added_tokens())};
   opt_.gather_moments(comm_);  // a checkpoint holds the full state, whatever the sharding
   report_.clear();
   return checkpoints_.save(model_, opt_, st, last);

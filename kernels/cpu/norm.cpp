@@ -31,6 +31,7 @@ void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, con
     float* dxt = dx + t * C;
     for (int64_t c = 0; c < C; ++c) dxt[c] = r * (w[c] * dyt[c] - xt[c] * r * mean);
   }
+  if (!dw) return;  // a frozen weight
   // Columns are independent: one thread per column block, rows in order.
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < C; ++c) {

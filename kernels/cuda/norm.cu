@@ -41,9 +41,11 @@ void rmsnorm_backward(cudaStream_t stream, S* dx, float* dw, const S* dy, const 
                       const float* rstd, int64_t T, int64_t C) {
   if (T <= 0) return;
   // dw first: dx may alias dy (the model reuses gradient buffers).
-  const LaunchDims ldw = norm::dw_launch(C);
-  rmsnorm_dw_kernel<<<ldw.grid(), ldw.block(), 0, stream>>>(dw, dy, x, rstd, T, C);
-  DHP_CUDA_CHECK_LAUNCH();
+  if (dw) {  // null for a frozen weight
+    const LaunchDims ldw = norm::dw_launch(C);
+    rmsnorm_dw_kernel<<<ldw.grid(), ldw.block(), 0, stream>>>(dw, dy, x, rstd, T, C);
+    DHP_CUDA_CHECK_LAUNCH();
+  }
   const LaunchDims ldx = norm::rows_launch(T);
   rmsnorm_dx_kernel<<<ldx.grid(), ldx.block(), 0, stream>>>(dx, dy, x, w, rstd, C);
   DHP_CUDA_CHECK_LAUNCH();

@@ -1,0 +1,179 @@
+#include "data/chat_template.h"
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+#include "data/manifest.h"
+#include "data/tokenizer.h"
+#include "data/video.h"
+
+namespace dhp {
+
+namespace {
+
+int64_t count_markers(const std::string& text) {
+  int64_t n = 0;
+  for (size_t at = text.find(kImageMarker); at != std::string::npos;
+       at = text.find(kImageMarker, at + kImageMarker.size()))
+    ++n;
+  return n;
+}
+
+// Where the next <image> (or, when allowed, <video>) marker at or after `at` starts; npos when
+// none. *video says which it is.
+size_t next_marker(const std::string& text, size_t at, bool allow_video, bool* video) {
+  const size_t image = text.find(kImageMarker, at);
+  const size_t clip = allow_video ? text.find(kVideoTag, at) : std::string::npos;
+  *video = clip < image;
+  return std::min(image, clip);
+}
+
+size_t marker_size(bool video) { return video ? kVideoTag.size() : kImageMarker.size(); }
+
+void push(std::vector<int32_t>& layout, std::vector<uint8_t>& loss, const std::vector<int32_t>& ids,
+          bool answer) {
+  layout.insert(layout.end(), ids.begin(), ids.end());
+  loss.insert(loss.end(), ids.size(), uint8_t(answer));
+}
+
+// Encodes `text` chunk by chunk around its <image> markers (as they stand: LLaVA keeps the
+// spaces and newlines next to its image token), each marker becoming the next placeholder
+// (a <video> marker kVideoMarker, when allowed: parse_line expands it into frames).
+int64_t encode_with_images(const std::string& text, const Tokenizer& tok, int64_t markers_before,
+                           std::vector<int32_t>& layout, std::vector<uint8_t>& loss,
+                           bool allow_video = false) {
+  int64_t k = 0;
+  size_t at = 0;
+  for (;;) {
+    bool video = false;
+    const size_t next = next_marker(text, at, allow_video, &video);
+    push(layout, loss,
+         tok.encode(text.substr(at, next == std::string::npos ? std::string::npos : next - at)),
+         false);
+    if (next == std::string::npos) return k;
+    layout.push_back(video ? kVideoMarker : -int32_t(markers_before + ++k));
+    loss.push_back(0);
+    at = next + marker_size(video);
+  }
+}
+
+int64_t answer_text(const Turn& turn, const Tokenizer& tok, std::vector<int32_t>& layout,
+                    std::vector<uint8_t>& loss) {
+  if (turn.value.find(kImageMarker) != std::string::npos)
+    throw LineError{"bad format", "an <image> marker in an answer"};
+  if (turn.value.find(kVideoTag) != std::string::npos)
+    throw LineError{"bad format", "an <video> marker in an answer"};
+  const std::vector<int32_t> ids = tok.encode(turn.value);
+  push(layout, loss, ids, true);
+  return int64_t(ids.size());
+}
+
+LaidOut layout_llava_v1(const std::vector<Turn>& turns, const Tokenizer& tok,
+                        std::vector<int32_t>& layout, std::vector<uint8_t>& loss) {
+  std::string system(kVicunaSystem);
+  size_t first = 0;
+  if (!turns.empty() && turns[0].from == "system") system = turns[0].value, first = 1;
+  const size_t n = turns.size() - first;
+  bool alternating = n > 0 && n % 2 == 0;
+  for (size_t i = first; i < turns.size() && alternating; ++i)
+    alternating = turns[i].answer() == ((i - first) % 2 == 1) && turns[i].from != "system";
+  if (!alternating)
+    throw LineError{"bad format",
+                    "the llava_v1 template takes alternating human and gpt turns, starting "
+                    "with human and ending with gpt (after an optional first system turn)"};
+  LaidOut out;
+  for (size_t r = 0; r < n / 2; ++r) {
+    const Turn& human = turns[first + 2 * r];
+    const std::string instruction =
+        (r == 0 ? system + " " : std::string()) + "USER: " + human.value + " ASSISTANT:";
+    out.markers += encode_with_images(instruction, tok, out.markers, layout, loss,
+                                      /*allow_video=*/true);
+    out.answer_tokens += answer_text(turns[first + 2 * r + 1], tok, layout, loss);
+    // The last answer's </s> is the document's closing <eos> (expand_layout adds it).
+    if (2 * r + 2 < n) {
+      layout.push_back(tok.ids().eos);
+      loss.push_back(1);
+    }
+  }
+  return out;
+}
+
+LaidOut layout_plain(const std::vector<Turn>& turns, const Tokenizer& tok,
+                     std::vector<int32_t>& layout, std::vector<uint8_t>& loss) {
+  if (turns.size() != 2 || turns[0].answer() || turns[0].from == "system" || !turns[1].answer())
+    throw LineError{"bad format",
+                    "the plain template takes one human turn (its images) and one gpt turn "
+                    "(the caption)"};
+  LaidOut out;
+  // The human turn's text is LLaVA's placeholder instruction: only its images (and videos)
+  // are kept, in marker order.
+  const std::string& human = turns[0].value;
+  bool video = false;
+  for (size_t at = next_marker(human, 0, true, &video); at != std::string::npos;
+       at = next_marker(human, at + marker_size(video), true, &video)) {
+    layout.push_back(video ? kVideoMarker : -int32_t(++out.markers));
+    loss.push_back(0);
+  }
+  out.answer_tokens = answer_text(turns[1], tok, layout, loss);
+  return out;
+}
+
+}  // namespace
+
+std::string_view template_name(ChatTemplate t) {
+  for (const auto& [value, name] : kChatTemplateNames)
+    if (value == t) return name;
+  DHP_ASSERT(false);
+  return {};
+}
+
+ChatTemplate parse_template(std::string_view name) {
+  std::string names;
+  for (const auto& [value, text] : kChatTemplateNames) {
+    if (text == name) return value;
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", text);
+  }
+  throw Error(fmt::format("unknown chat template '{}' (known: {})", name, names));
+}
+
+LaidOut layout_conversation(ChatTemplate t, const std::vector<Turn>& turns, const Tokenizer& tok,
+                            std::vector<int32_t>& layout, std::vector<uint8_t>& loss) {
+  switch (t) {
+    case ChatTemplate::LlavaV1:
+      return layout_llava_v1(turns, tok, layout, loss);
+    case ChatTemplate::Plain:
+      return layout_plain(turns, tok, layout, loss);
+    case ChatTemplate::Dhp:
+      break;
+  }
+  LaidOut out;
+  for (const Turn& turn : turns) {
+    const size_t before = layout.size();
+    out.markers += append_turn(turn.value, turn.answer(), tok, out.markers, layout, loss,
+                               /*allow_video=*/true);
+    if (turn.answer()) out.answer_tokens += int64_t(layout.size() - before);  // answers hold no images
+  }
+  return out;
+}
+
+int64_t layout_prompt(ChatTemplate t, const std::string& prompt, const Tokenizer& tok,
+                      std::vector<int32_t>& layout, std::vector<uint8_t>& loss) {
+  switch (t) {
+    case ChatTemplate::LlavaV1:
+      return encode_with_images(std::string(kVicunaSystem) + " USER: " + prompt + " ASSISTANT:",
+                                tok, 0, layout, loss);
+    case ChatTemplate::Plain: {
+      const int64_t markers = count_markers(prompt);
+      for (int64_t k = 0; k < markers; ++k) {
+        layout.push_back(-int32_t(k + 1));
+        loss.push_back(0);
+      }
+      return markers;
+    }
+    case ChatTemplate::Dhp:
+      break;
+  }
+  return append_turn(prompt, false, tok, 0, layout, loss);
+}
+
+}  // namespace dhp

@@ -1,0 +1,69 @@
+// Chat templates: how a conversation's turns become the stored layout (text ids with one
+// placeholder -(k+1) per image; <bos> and the final <eos> are added by expand_layout).
+//   dhp       model-spec.md's layout: each turn's trimmed text, images where their <image>
+//             markers stand, loss on the answers (and the final <eos>).
+//   llava_v1  Vicuna v1.1 as LLaVA-1.5 trains it:
+//               <bos>{system} USER: {human} ASSISTANT: {gpt}</s>USER: {human} ASSISTANT: {gpt}</s>
+//             with each image's tokens where its <image> marker stands; loss on every answer
+//             and the </s> (<eos>) after it.
+//   plain     LLaVA's pretraining stage: the human turn's images, then the caption, then
+//             <eos>; the human turn's text is dropped; loss on the caption and <eos>.
+// Each piece of text between images, answers and <eos> is encoded by the tokenizer on its own
+// (as LLaVA tokenizes the chunks around its image token), so SentencePiece's word-boundary
+// prefix starts each piece. docs/data.md shows every template with the ids it gives.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace dhp {
+
+class Tokenizer;
+
+enum class ChatTemplate { Dhp, LlavaV1, Plain };
+
+inline constexpr std::array<std::pair<ChatTemplate, std::string_view>, 3> kChatTemplateNames = {{
+    {ChatTemplate::Dhp, "dhp"},
+    {ChatTemplate::LlavaV1, "llava_v1"},
+    {ChatTemplate::Plain, "plain"},
+}};
+
+std::string_view template_name(ChatTemplate t);
+// Throws dhp::Error for a name that is not in kChatTemplateNames, listing them.
+ChatTemplate parse_template(std::string_view name);
+
+// The marker that places the next image in a human turn.
+inline constexpr std::string_view kImageMarker = "<image>";
+
+// The system line of Vicuna v1.1 (llava_v1), used unless the conversation starts with a
+// "system" turn.
+inline constexpr std::string_view kVicunaSystem =
+    "A chat between a curious human and an artificial intelligence assistant. The assistant "
+    "gives helpful, detailed, and polite answers to the human's questions.";
+
+struct Turn {
+  std::string from;   // "human" | "user" | "system" | "gpt" | "assistant"
+  std::string value;
+  bool answer() const { return from == "gpt" || from == "assistant"; }
+};
+
+struct LaidOut {
+  int64_t markers = 0;         // <image> markers placed (images the conversation uses)
+  int64_t answer_tokens = 0;   // answer text tokens (loss-carrying, <eos> tokens excluded)
+};
+
+// Appends the conversation to layout/loss under template `t`. Throws LineError ("bad format")
+// for a conversation the template cannot lay out (naming why), or for a marker in an answer.
+LaidOut layout_conversation(ChatTemplate t, const std::vector<Turn>& turns, const Tokenizer& tok,
+                            std::vector<int32_t>& layout, std::vector<uint8_t>& loss);
+
+// The layout of a one-turn prompt for generation, up to where the answer starts (for
+// llava_v1: the system line, " USER: {prompt} ASSISTANT:"). Returns the markers placed.
+int64_t layout_prompt(ChatTemplate t, const std::string& prompt, const Tokenizer& tok,
+                      std::vector<int32_t>& layout, std::vector<uint8_t>& loss);
+
+}  // namespace dhp
