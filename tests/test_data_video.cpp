@@ -17,6 +17,7 @@
 #include <fstream>
 
 #include "data/build.h"
+#include "data/chat_template.h"
 #include "data/config.h"
 #include "data/dataset.h"
 #include "data/layout.h"
@@ -389,6 +390,33 @@ TEST_F(VideoTest, VideoThatGoesBadAfterIndexingCostsOnlyItsSample) {
   EXPECT_EQ(skip.bad_loads(), 1);
   EXPECT_FALSE(skip.load(1, false).skipped);
   EXPECT_THROW(fail.load(0, false), Error);
+}
+
+// Every chat template places a clip's frames where its <video> marker stands.
+TEST_F(VideoTest, EveryChatTemplateLaysOutClips) {
+  write_clip(dir_ / "clip.avi", 50, 10, 48, 64);  // 5 s: five frames
+  const cv::Mat img(56, 56, CV_8UC3, cv::Scalar(0, 0, 255));
+  ASSERT_TRUE(cv::imwrite((dir_ / "a.png").string(), img));
+  const std::string m = manifest_of(
+      "m.jsonl", video_line("v", ", \"image\": \"a.png\", \"video\": \"clip.avi\"",
+                            "<video> and <image> compared"));
+  Tokenizer tok(tokenizer());
+  for (const ChatTemplate t : {ChatTemplate::Dhp, ChatTemplate::LlavaV1, ChatTemplate::Plain}) {
+    SCOPED_TRACE(std::string(template_name(t)));
+    JsonlDataset ds(m, "", tok, geometry_, 4096, "fail", kDefaultMaxImagePixels, false, nullptr, t);
+    ASSERT_EQ(ds.images(0), 6);
+    const Sample s = ds.load(0, false);
+    EXPECT_EQ(int64_t(s.tokens.size()), ds.length(0));
+    // The frames come first (their marker does), in time order; then the red image.
+    for (size_t k = 0; k < 5; ++k) EXPECT_EQ(frame_shown(s.images[k]), 5 + 10 * int(k)) << k;
+    EXPECT_EQ(s.images[5].pixels[0], 255);
+    // plain keeps no text of the human turn: the frames' timestamps are all that is left of it.
+    if (t == ChatTemplate::Plain) {
+      const std::vector<ImageSpan> spans = ds.image_spans(0);
+      const std::vector<int32_t> stamp = tok.encode(frame_timestamp(0.5));
+      EXPECT_EQ(spans[0].first, 1 + int64_t(stamp.size()) + 1);  // <bos> 0.5s <img>
+    }
+  }
 }
 
 TEST_F(VideoTest, GenerateLayoutRefusesVideoMarkers) {
