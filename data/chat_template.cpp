@@ -62,7 +62,7 @@ int64_t answer_text(const Turn& turn, const Tokenizer& tok, std::vector<int32_t>
   if (turn.value.find(kImageMarker) != std::string::npos)
     throw LineError{"bad format", "an <image> marker in an answer"};
   if (turn.value.find(kVideoTag) != std::string::npos)
-    throw LineError{"bad format", "an <video> marker in an answer"};
+    throw LineError{"bad format", "a <video> marker in an answer"};
   const std::vector<int32_t> ids = tok.encode(turn.value);
   push(layout, loss, ids, true);
   return int64_t(ids.size());

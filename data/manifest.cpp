@@ -78,9 +78,8 @@ fs::path resolve_media(const std::string& rel, const LineRules& rules, std::stri
   root_out = root.string();
   const auto diverge = std::mismatch(root.begin(), root.end(), p.begin(), p.end()).first;
   if (diverge != root.end())
-    throw LineError{bad, fmt::format("'{}' leads outside the image root '{}' (to "
-                                                  "'{}')",
-                                                  rel, root.string(), p.string())};
+    throw LineError{bad, fmt::format("'{}' leads outside the image root '{}' (to '{}')", rel,
+                                     root.string(), p.string())};
   return p;
 }
 
@@ -155,7 +154,8 @@ int64_t append_turn(const std::string& value, bool answer, const Tokenizer& tok,
   int64_t markers = 0;
   size_t at = 0;
   for (;;) {
-    const size_t next_image = value.find(kMarker, at), next_video = value.find(std::string(kVideoTag), at);
+    const size_t next_image = value.find(kMarker, at);
+    const size_t next_video = value.find(kVideoTag, at);
     const size_t next = std::min(next_image, next_video);
     const std::string text =
         trim(value.substr(at, next == std::string::npos ? std::string::npos : next - at));
@@ -167,8 +167,8 @@ int64_t append_turn(const std::string& value, bool answer, const Tokenizer& tok,
     if (next == std::string::npos) break;
     const bool video = next == next_video;
     if (answer)
-      throw LineError{"bad format", fmt::format("an {} marker in an answer",
-                                                video ? std::string(kVideoTag) : kMarker)};
+      throw LineError{"bad format", video ? "a <video> marker in an answer"
+                                          : "an <image> marker in an answer"};
     if (video && !allow_video) throw LineError{"bad format", "a <video> marker (no video here)"};
     layout.push_back(video ? kVideoMarker : -int32_t(markers_before + ++markers));
     loss.push_back(0);

@@ -2,7 +2,7 @@
 // of presets.h. Each sample's image sizes, image count and text lengths come from
 // preset_sample(); the pixels and words come from the demo's shapes scenes, so a model can
 // still learn from them, and the files exercise the whole pipeline (PNG and JPEG, many images
-// per sample, long texts) at realistic proportions.
+// per sample, video clips, long texts) at realistic proportions.
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
@@ -101,7 +101,8 @@ std::vector<std::string> write_preset_split(const SynthOptions& opt, const Prese
       clip = write_clip(dir, id, m, int64_t(n_img) * kClipFps, rng.uniform() < kMp4Share);
     }
     for (size_t k = 0; k < n_img && !video; ++k) {
-      const int h = scaled(ss.images[k].height, opt.scale), w = scaled(ss.images[k].width, opt.scale);
+      const int h = scaled(ss.images[k].height, opt.scale);
+      const int w = scaled(ss.images[k].width, opt.scale);
       const Scene scene = make_scene_of_size(rng, h, w);
       if (k == 0) first_caption = caption(scene);
       // No noise: it would make big PNGs that say nothing more about the pipeline.

@@ -113,7 +113,8 @@ VideoReader::VideoReader(const std::string& path, const std::string& root, bool 
                                 path)};
   info_.frames = std::llround(cap_->get(cv::CAP_PROP_FRAME_COUNT));
   info_.fps = cap_->get(cv::CAP_PROP_FPS);
-  info_.size = {int(cap_->get(cv::CAP_PROP_FRAME_HEIGHT)), int(cap_->get(cv::CAP_PROP_FRAME_WIDTH))};
+  info_.size = {int(cap_->get(cv::CAP_PROP_FRAME_HEIGHT)),
+                int(cap_->get(cv::CAP_PROP_FRAME_WIDTH))};
   if (info_.frames <= 0 || !(info_.fps > 0 && info_.fps < 1e4) || info_.size.h <= 0 ||
       info_.size.w <= 0)
     throw LineError{"unreadable video",
