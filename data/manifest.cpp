@@ -169,7 +169,7 @@ int64_t append_turn(const std::string& value, bool answer, const Tokenizer& tok,
     if (answer)
       throw LineError{"bad format", video ? "a <video> marker in an answer"
                                           : "an <image> marker in an answer"};
-    if (video && !allow_video) throw LineError{"bad format", "a <video> marker (no video here)"};
+    if (video && !allow_video) throw LineError{"bad format", "a <video> marker where only images can go"};
     layout.push_back(video ? kVideoMarker : -int32_t(markers_before + ++markers));
     loss.push_back(0);
     at = next + (video ? kVideoTag.size() : kMarker.size());

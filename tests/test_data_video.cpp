@@ -471,6 +471,13 @@ TEST_F(VideoTest, VideoLongtailPresetWritesClipsThatBuildAndTrain) {
   ASSERT_EQ(r.status, 0) << r.output;
   const std::string metrics = read_file(dir_ / "m.jsonl");
   EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 3) << metrics;
+  // Generation takes image files only: a <video> in its prompt is a message, not a crash.
+  r = run_dhp("generate --dir " + (dir_ / "ck").string() + " --prompt \"What moves in <video>?\"",
+              dir_);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("--prompt: a <video> marker where only images can go"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace
