@@ -269,6 +269,24 @@ TEST_F(VideoTest, BuiltShardsEqualTheJsonlPathAndHoldDecodedFrames) {
   EXPECT_EQ(long0.images[0].grid_w, 4);
   EXPECT_EQ(direct.vision_tokens(0), 30 * 2);
   EXPECT_EQ(image_tokens(120, 160, geometry_), 4 * 6);
+  // --reencode jpeg stores frames as JPEG: same lengths and grids, pixels within JPEG's error.
+  BuildOptions oj = o;
+  oj.out_dir = (dir_ / "built-jpeg").string();
+  oj.reencode = "jpeg";
+  ASSERT_TRUE(build_dataset(oj).complete);
+  ShardDataset jpeg(oj.out_dir, tok, geometry_, 4096, "fail");
+  for (int64_t i = 0; i < 3; ++i) {
+    const Sample a = jpeg.load(i, false), b = shards.load(i, false);
+    EXPECT_EQ(a.tokens, b.tokens);
+    ASSERT_EQ(a.images.size(), b.images.size());
+    for (size_t k = 0; k < a.images.size(); ++k) {
+      ASSERT_EQ(a.images[k].pixels.size(), b.images[k].pixels.size());
+      int worst = 0;
+      for (size_t x = 0; x < a.images[k].pixels.size(); ++x)
+        worst = std::max(worst, std::abs(int(a.images[k].pixels[x]) - int(b.images[k].pixels[x])));
+      EXPECT_LE(worst, 24) << "sample " << i << " image " << k;
+    }
+  }
   // Training reads shards only: with the clips gone the built set still loads.
   fs::remove(dir_ / "long.avi");
   fs::remove(dir_ / "short.mp4");
