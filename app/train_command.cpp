@@ -20,6 +20,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/evaluate.h"
+#include "trainer/hf_checkpoint.h"
 #include "trainer/inference.h"
 #include "trainer/train.h"
 #include "trainer/weights.h"
@@ -79,22 +80,34 @@ void add_train_command(CLI::App& app, const CliHooks& hooks) {
   sub->add_option("--resume", opt->resume,
                   "Continue from a checkpoint: 'auto' (newest in checkpoint.dir) or a path");
   sub->add_option("--init", opt->init,
-                  "Start from existing weights (a safetensors export or a checkpoint)");
+                  "Start from existing weights: a safetensors export, a checkpoint, or a Hugging "
+                  "Face folder (its config.json sets the decoder's shape; same as model.init)");
   sub->add_option("--stop-after", opt->stop_after,
                   "Save a checkpoint and stop after this step (for time-limited allocations)");
   sub->allow_extras();
   sub->callback([sub, config, opt, &hooks] {
     auto world = start_world(nullptr, nullptr);
     Config cfg = load_config(*config, sub->remaining());
+    TrainOptions o = *opt;
+    if (is_hf_folder(o.init)) {
+      DHP_CHECK(cfg.model.init.empty() || cfg.model.init == o.init,
+                "--init {} and model.init {} both name weights to start from", o.init, cfg.model.init);
+      cfg.model.init = o.init;
+      o.init.clear();
+    }
+    // Before the table is printed: the decoder's shape is config.json's.
+    apply_hf_init(cfg);
     world = communicator_for(std::move(world), cfg.train.device, hooks);
     Communicator& comm = *world;
     set_up_logging(comm.rank(), comm.size(), cfg.log.level);
     if (comm.rank() == 0) spdlog::info("resolved configuration ({}):\n{}", cfg.source, format_config(cfg));
-    DHP_CHECK(opt->resume.empty() || opt->init.empty(), "--resume and --init exclude each other");
+    // A Hugging Face --init is model.init, part of the configuration a resume rebuilds the
+    // model from: it goes with --resume. Other weights would be replaced by the checkpoint's.
+    DHP_CHECK(opt->resume.empty() || o.init.empty(), "--resume and --init exclude each other "
+              "(except for a Hugging Face folder, which sets the model's shape)");
     DHP_CHECK(sub->count("--stop-after") == 0 || opt->stop_after >= 1,
               "--stop-after {}: the step to stop after must be 1 or more", opt->stop_after);
     install_stop_handlers();
-    TrainOptions o = *opt;
     o.stop_flag = &g_stop_requested;
     try {
       train(cfg, comm, o);
@@ -184,20 +197,63 @@ void add_export_command(CLI::App& app) {
   auto dir = std::make_shared<std::string>("runs/demo/checkpoints");
   auto format = std::make_shared<std::string>("safetensors");
   auto out = std::make_shared<std::string>("runs/demo/export/model.safetensors");
-  sub->add_option("--checkpoint", *checkpoint, "Checkpoint file, directory, or 'auto'")
+  auto dtype = std::make_shared<std::string>();
+  auto shard = std::make_shared<int64_t>(int64_t(2) << 30);
+  sub->add_option("--checkpoint", *checkpoint,
+                  "Checkpoint file, directory, 'auto', or a Hugging Face folder")
       ->capture_default_str();
   sub->add_option("--dir", *dir, "Where 'auto' looks")->capture_default_str();
-  sub->add_option("--format", *format, "Output format")
-      ->check(CLI::IsMember({"safetensors"}))
+  sub->add_option("--format", *format,
+                  "safetensors: every tensor under dhp's names, one file; hf: the decoder as a "
+                  "Hugging Face folder (docs/pretrained.md)")
+      ->check(CLI::IsMember({"safetensors", "hf"}))
       ->capture_default_str();
-  sub->add_option("-o,--out", *out, "Output file; config.json is written beside it")
+  sub->add_option("-o,--out", *out,
+                  "Output file (safetensors; config.json is written beside it) or folder (hf)")
+      ->capture_default_str();
+  sub->add_option("--dtype", *dtype,
+                  "hf: f32, bf16 or f16 (default: the dtype of the Hugging Face folder the run "
+                  "started from, else f32)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  sub->add_option("--max-shard-bytes", *shard, "hf: larger exports are cut into shards of at most this")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   auto force = std::make_shared<bool>(false);
-  sub->add_flag("--force", *force,
-                "Replace files at -o and its config.json that are not an earlier dhp export");
+  sub->add_flag("--force",
+                *force, "Replace files at -o (and its config.json) that dhp did not write");
   sub->allow_extras();  // --section.key=value overrides of the checkpoint's configuration
-  sub->callback([sub, checkpoint, dir, out, force] {
+  sub->callback([sub, checkpoint, dir, format, out, dtype, shard, force] {
     set_up_logging(0, 1, "info");
+    if (*format == "hf") {
+      HfExportOptions o;
+      o.dir = sub->count("--out") ? *out : std::string("runs/demo/export/hf");
+      o.max_shard_bytes = *shard;
+      o.force = *force;
+      if (!dtype->empty()) o.dtype = *dtype == "f32" ? "F32" : *dtype == "bf16" ? "BF16" : "F16";
+      check_hf_export_paths(o);
+      const std::string path = resolve_checkpoint(*checkpoint, *dir);
+      LoadedModel m = load_for_inference(path, inference_config(path, sub->remaining()));
+      if (dtype->empty() && !m.cfg.model.init.empty()) {
+        const std::string from = hf_checkpoint_dtype(m.cfg.model.init);
+        if (!from.empty()) o.dtype = from;
+      }
+      o.max_position_embeddings = m.cfg.data.max_tokens;
+      // The run's tokenizer: its SentencePiece model, special ids and added tokens.
+      HfTokenizerFiles tok;
+      std::error_code ec;
+      if (std::filesystem::exists(m.cfg.data.tokenizer, ec)) {
+        const Tokenizer t(m.cfg.data.tokenizer, m.cfg.data.added_tokens);
+        tok = hf_tokenizer_files(t.files(), m.cfg.data.max_tokens);
+        o.tokenizer = &tok;
+      } else {
+        spdlog::warn("the run's tokenizer '{}' is not found from here: the export has no tokenizer "
+                     "files (pass --data.tokenizer=PATH)", m.cfg.data.tokenizer);
+      }
+      export_hf_checkpoint(*m.model, o);
+      spdlog::info("exported the decoder of {} to {} as {} ({} tensors)", path, o.dir, o.dtype,
+                   hf_name_map(m.cfg.model).size());
+      return;
+    }
     const std::string config_path = (std::filesystem::path(*out).parent_path() / "config.json").string();
     check_export_paths(*out, config_path, *force);
     const std::string path = resolve_checkpoint(*checkpoint, *dir);

@@ -27,8 +27,10 @@ class Ops {
                               int64_t out) const = 0;
   virtual void linear_backward(Act dx, float* dW, float* db, CAct dy, CAct x, CAct W, int64_t T,
                                int64_t in, int64_t out, bool accumulate_dx) const = 0;
-  virtual void rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T,
-                               int64_t C) const = 0;
+  // eps: model.rms_norm_eps in the decoder (Hugging Face checkpoints bring their own),
+  // cpu::kRmsEps in the vision encoder.
+  virtual void rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C,
+                               float eps) const = 0;
   virtual void rmsnorm_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, const float* rstd,
                                 int64_t T, int64_t C) const = 0;
   virtual void rope_forward(Act x, const int32_t* pos, int64_t T, int H, int hd,

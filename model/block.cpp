@@ -54,17 +54,17 @@ BlockScratch carve_block_scratch(Carver& c, const BlockDims& d, int64_t T, DType
 void block_forward(const Ops& ops, const BlockDims& d, const BlockWeights& w, const BlockActs& a,
                    Act out, int64_t T, RopePos rope, Attention& attn, int layer) {
   const int64_t C = d.C, qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd, F = d.F;
-  ops.rmsnorm_forward(a.xn1, a.rstd1, a.x_in, w.attn_norm, T, C);
-  ops.linear_forward(a.q, a.xn1, w.wq, nullptr, T, C, qd);
-  ops.linear_forward(a.k, a.xn1, w.wk, nullptr, T, C, kvd);
-  ops.linear_forward(a.v, a.xn1, w.wv, nullptr, T, C, kvd);
+  ops.rmsnorm_forward(a.xn1, a.rstd1, a.x_in, w.attn_norm, T, C, d.eps);
+  ops.linear_forward(a.q, a.xn1, w.wq, w.bq, T, C, qd);
+  ops.linear_forward(a.k, a.xn1, w.wk, w.bk, T, C, kvd);
+  ops.linear_forward(a.v, a.xn1, w.wv, w.bv, T, C, kvd);
   rope_apply(ops, a.q, T, d.Hq, d, rope, false);
   rope_apply(ops, a.k, T, d.Hkv, d, rope, false);
   attn.forward(layer, a.att, a.lse, a.q, a.k, a.v, d.attn());
   ops.linear_forward(a.h, a.att, w.wo, nullptr, T, qd, C);
   ops.add_inplace(a.h, a.x_in, T * C);
 
-  ops.rmsnorm_forward(a.xn2, a.rstd2, a.h, w.mlp_norm, T, C);
+  ops.rmsnorm_forward(a.xn2, a.rstd2, a.h, w.mlp_norm, T, C, d.eps);
   ops.linear_forward(a.a, a.xn2, w.w1, nullptr, T, C, F);
   ops.linear_forward(a.b, a.xn2, w.w3, nullptr, T, C, F);
   ops.swiglu_forward(a.g, a.a, a.b, T * F);
@@ -89,9 +89,10 @@ void block_backward(const Ops& ops, const BlockDims& d, const BlockWeights& w,
   attn.backward(layer, s.dq, s.dk, s.dv, s.datt, a.att, a.lse, a.q, a.k, a.v, d.attn());
   rope_apply(ops, s.dq, T, d.Hq, d, rope, true);
   rope_apply(ops, s.dk, T, d.Hkv, d, rope, true);
-  ops.linear_backward(s.dxn, gw.wq, nullptr, s.dq, a.xn1, w.wq, T, C, qd, false);
-  ops.linear_backward(s.dxn, gw.wk, nullptr, s.dk, a.xn1, w.wk, T, C, kvd, true);
-  ops.linear_backward(s.dxn, gw.wv, nullptr, s.dv, a.xn1, w.wv, T, C, kvd, true);
+  // The biases are added before RoPE, so their gradients are those of the unrotated q and k.
+  ops.linear_backward(s.dxn, gw.wq, gw.bq, s.dq, a.xn1, w.wq, T, C, qd, false);
+  ops.linear_backward(s.dxn, gw.wk, gw.bk, s.dk, a.xn1, w.wk, T, C, kvd, true);
+  ops.linear_backward(s.dxn, gw.wv, gw.bv, s.dv, a.xn1, w.wv, T, C, kvd, true);
   ops.rmsnorm_backward(s.dtmp, gw.attn_norm, s.dxn, a.x_in, w.attn_norm, a.rstd1, T, C);
   ops.add_inplace(dx, s.dtmp, T * C);  // dx = d(x_in)
 }

@@ -17,6 +17,7 @@ struct BlockDims {
   int Hq, Hkv, hd;
   int64_t F;      // SwiGLU hidden size
   double theta;   // RoPE base
+  float eps;      // RMSNorm eps
   AttnDims attn() const { return {Hq, Hkv, hd}; }
 };
 

@@ -52,7 +52,8 @@ Model::Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups
       w_(bind_params(table_, cfg_,
                      dtype_ == DType::F32 ? Act(params_.as<float>()) : Act(work_.data(), dtype_))),
       g_(bind_grads(table_, cfg_, grads_.as<float>())),
-      dims_{cfg_.dim, cfg_.heads, cfg_.kv_heads, cfg_.hd(), cfg_.ffn, cfg_.rope_theta},
+      dims_{cfg_.dim, cfg_.heads, cfg_.kv_heads, cfg_.hd(), cfg_.ffn, cfg_.rope_theta,
+            float(cfg_.rms_norm_eps)},
       vision_(cfg_, ops_),
       local_attn_(ops_),
       uploader_(backend, cfg_),
@@ -128,7 +129,7 @@ void Model::forward_hidden(const DeviceBatch& b, Attention& attn, ImageRoute* ro
   const RopePos rope{b.pos, nullptr, nullptr};
   for (int l = 0; l < cfg_.layers; ++l)
     block_forward(ops_, dims_, w_.layers[l], acts_[l], stream(l + 1), T, rope, attn, l);
-  ops_.rmsnorm_forward(xf_, rstd_, x_final_, w_.final_norm, T, d);
+  ops_.rmsnorm_forward(xf_, rstd_, x_final_, w_.final_norm, T, d, dims_.eps);
 }
 
 void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention* attn_in,

@@ -50,7 +50,7 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
   const auto& v = c.vision;
   const int64_t dv = v.dim, d = c.dim;
   auto block = [&](const std::string& pre, int64_t C, int64_t qd, int64_t kvd, int64_t F,
-                   int n_layers) {
+                   int n_layers, bool qkv_bias) {
     // Output projections are scaled by 1/sqrt(2·layers) so the residual stream's variance
     // does not grow with depth (model-spec.md "Initialisation").
     const float out_std = 0.02f / std::sqrt(2.0f * float(std::max(1, n_layers)));
@@ -58,6 +58,11 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
     add(pre + "attn.wq.weight", {qd, C}, Init::Normal, true);
     add(pre + "attn.wk.weight", {kvd, C}, Init::Normal, true);
     add(pre + "attn.wv.weight", {kvd, C}, Init::Normal, true);
+    if (qkv_bias) {
+      add(pre + "attn.wq.bias", {qd}, Init::Zeros, false);
+      add(pre + "attn.wk.bias", {kvd}, Init::Zeros, false);
+      add(pre + "attn.wv.bias", {kvd}, Init::Zeros, false);
+    }
     add(pre + "attn.wo.weight", {C, qd}, Init::Normal, true, out_std);
     add(pre + "mlp_norm.weight", {C}, Init::Ones, false);
     add(pre + "mlp.w1.weight", {F, C}, Init::Normal, true);
@@ -67,7 +72,7 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
   add("vision.patch_embed.weight", {dv, v.patch_numel()}, Init::Normal, true);
   add("vision.patch_embed.bias", {dv}, Init::Zeros, false);
   for (int i = 0; i < v.layers; ++i)
-    block("vision.layers." + std::to_string(i) + ".", dv, dv, dv, v.ffn, v.layers);
+    block("vision.layers." + std::to_string(i) + ".", dv, dv, dv, v.ffn, v.layers, false);
   add("vision.norm.weight", {dv}, Init::Ones, false);
   add("projector.fc1.weight", {d, int64_t(v.merge) * v.merge * dv}, Init::Normal, true);
   add("projector.fc1.bias", {d}, Init::Zeros, false);
@@ -75,7 +80,8 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
   add("projector.fc2.bias", {d}, Init::Zeros, false);
   add("tok_embed.weight", {c.vocab_size, d}, Init::Normal, true);
   for (int i = 0; i < c.layers; ++i)
-    block("layers." + std::to_string(i) + ".", d, c.q_dim(), c.kv_dim(), c.ffn, c.layers);
+    block("layers." + std::to_string(i) + ".", d, c.q_dim(), c.kv_dim(), c.ffn, c.layers,
+          c.attention_bias);
   add("final_norm.weight", {d}, Init::Ones, false);
   if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, d}, Init::Normal, true);
   // The gradient layout: trainable parameters in table order, aligned as in the arena, so
@@ -127,15 +133,18 @@ void ParamTable::initialise(float* arena, uint64_t seed) const {
 
 namespace {
 
-// Every parameter's pointer as at(name) gives it.
+// Every parameter's pointer as at(name) gives it; the q/k/v biases only where the table has
+// them (model.attention_bias).
 template <class P, class At>
-ModelParamsOf<P> bind_with(const ModelConfig& c, const At& at) {
+ModelParamsOf<P> bind_with(const ParamTable& t, const ModelConfig& c, const At& at) {
+  auto maybe = [&](const std::string& name) { return t.find(name) ? at(name) : P(nullptr); };
   auto block = [&](const std::string& pre) {
     return BlockParamsOf<P>{at(pre + "attn_norm.weight"), at(pre + "attn.wq.weight"),
                        at(pre + "attn.wk.weight"),   at(pre + "attn.wv.weight"),
                        at(pre + "attn.wo.weight"),   at(pre + "mlp_norm.weight"),
                        at(pre + "mlp.w1.weight"),    at(pre + "mlp.w2.weight"),
-                       at(pre + "mlp.w3.weight")};
+                       at(pre + "mlp.w3.weight"),    maybe(pre + "attn.wq.bias"),
+                       maybe(pre + "attn.wk.bias"),  maybe(pre + "attn.wv.bias")};
   };
   ModelParamsOf<P> p;
   p.patch_embed_w = at("vision.patch_embed.weight");
@@ -158,11 +167,11 @@ ModelParamsOf<P> bind_with(const ModelConfig& c, const At& at) {
 
 template <class P>
 ModelParamsOf<P> bind_params(const ParamTable& t, const ModelConfig& c, P arena) {
-  return bind_with<P>(c, [&](const std::string& name) { return arena + t.get(name).offset; });
+  return bind_with<P>(t, c, [&](const std::string& name) { return arena + t.get(name).offset; });
 }
 
 ModelParams bind_grads(const ParamTable& t, const ModelConfig& c, float* arena) {
-  return bind_with<float*>(c, [&](const std::string& name) -> float* {
+  return bind_with<float*>(t, c, [&](const std::string& name) -> float* {
     const ParamSpec& s = t.get(name);
     return s.trainable ? arena + s.grad_offset : nullptr;
   });

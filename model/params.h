@@ -77,6 +77,9 @@ struct BlockParamsOf {
   P w1;         // (F, C)
   P w2;         // (C, F)
   P w3;         // (F, C)
+  P bq;         // (Hq·hd) or null: q/k/v biases (model.attention_bias, decoder only)
+  P bk;         // (Hkv·hd) or null
+  P bv;         // (Hkv·hd) or null
 };
 
 // Every parameter of the model as pointers into one arena.

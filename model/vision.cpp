@@ -1,5 +1,7 @@
 #include "model/vision.h"
 
+#include "kernels/cpu/norm.h"
+
 namespace dhp {
 
 PixelNorm pixel_norm() {
@@ -14,7 +16,7 @@ PixelNorm pixel_norm() {
 VisionPath::VisionPath(const ModelConfig& cfg, const Ops& ops)
     : cfg_(cfg), ops_(ops), attn_(ops) {
   const auto& v = cfg.vision;
-  dims_ = BlockDims{v.dim, v.heads, v.heads, v.head_dim(), v.ffn, cfg.rope_theta};
+  dims_ = BlockDims{v.dim, v.heads, v.heads, v.head_dim(), v.ffn, cfg.rope_theta, cpu::kRmsEps};
   acts_.resize(v.layers);
 }
 
@@ -51,7 +53,7 @@ void VisionPath::forward(const ModelWeights& p, const DeviceBatch& b) {
   const RopePos rope{nullptr, b.patch_row, b.patch_col};
   for (int l = 0; l < v.layers; ++l)
     block_forward(ops_, dims_, p.vision_layers[l], acts_[l], stream(l + 1), P, rope, attn_, l);
-  ops_.rmsnorm_forward(xn_, rstd_, x_final_, p.vision_norm, P, dv);
+  ops_.rmsnorm_forward(xn_, rstd_, x_final_, p.vision_norm, P, dv, cpu::kRmsEps);
   ops_.patch_merge_forward(merged_, xn_, b.merge, b.n_images, dv, int(m));
   ops_.linear_forward(f1_, merged_, p.fc1_w, p.fc1_b, N, m * m * dv, d);
   ops_.gelu_forward(g1_, f1_, N * d);

@@ -20,8 +20,9 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   m2_ = v.merge * v.merge;
   // Parameter count of model-spec.md's table, by group (types/param_group.h).
   auto& n = group_params_;
+  const int64_t qkv_bias = m.attention_bias ? q + 2 * kv : 0;  // model.attention_bias
   n[size_t(ParamGroup::Language)] =
-      int64_t(m.layers) * (d * q + 2 * d * kv + q * d + 3 * d * m.ffn + 2 * d) + d;
+      int64_t(m.layers) * (d * q + 2 * d * kv + q * d + 3 * d * m.ffn + 2 * d + qkv_bias) + d;
   n[size_t(ParamGroup::Embeddings)] = int64_t(m.vocab_size) * d * (m.tie_embeddings ? 1 : 2);
   n[size_t(ParamGroup::Vision)] =
       v.patch_numel() * dv + dv + int64_t(v.layers) * (4 * dv * dv + 3 * dv * v.ffn + 2 * dv) + dv;

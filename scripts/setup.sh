@@ -16,6 +16,7 @@ packages=(
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   libopenmpi-dev openmpi-bin
   python3-torch  # the independent PyTorch reference of tests/test_reference.cpp
+  python3-sentencepiece  # the Llama-style tokenizer of the Hugging Face fixtures (tests/reference/make_hf_fixture.py)
   python3-matplotlib  # scripts/plot_metrics.py
 )
 missing=()

@@ -57,12 +57,13 @@ class EmulatedOps : public Ops {
       });
     });
   }
-  void rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C) const override {
+  void rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C,
+                       float eps) const override {
     if (T <= 0) return;
     with([&](auto s) {
       using S = decltype(s);
       run(cuda::norm::rows_launch(T), cuda::norm::kRowSharedFloats, [&](float* sm) {
-        cuda::norm::forward_block(as<S>(y), rstd, as<S>(x), as<S>(w), C, sm);
+        cuda::norm::forward_block(as<S>(y), rstd, as<S>(x), as<S>(w), C, eps, sm);
       });
     });
   }

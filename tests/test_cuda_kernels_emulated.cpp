@@ -107,7 +107,7 @@ TEST(CudaEmulated, RmsNormDwWithinItsSummationBound) {
     auto x = random_vec(rng, sz(T * C)), w = random_vec(rng, sz(C));
     auto dy = random_vec(rng, sz(T * C)), dw0 = random_vec(rng, sz(C));
     std::vector<float> y(sz(T * C)), rstd(sz(T)), dx(sz(T * C)), dw = dw0, edw = dw0;
-    cpu::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), T, C);
+    cpu::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), T, C, cpu::kRmsEps);
     cpu::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), T, C);
     ops.rmsnorm_backward(dx.data(), edw.data(), dy.data(), x.data(), w.data(), rstd.data(), T, C);
     for (int64_t c = 0; c < C; ++c) {

@@ -85,7 +85,7 @@ TEST(RMSNorm, Forward) {
   const int64_t T = 4, C = 8;
   auto x = random_vec(rng, T * C, 2.0f), w = random_vec(rng, C);
   std::vector<float> y(T * C), rstd(T);
-  rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), T, C);
+  rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), T, C, kRmsEps);
   double ms = 0;
   for (int64_t c = 0; c < C; ++c) ms += double(x[c]) * x[c];
   EXPECT_NEAR(y[1], x[1] / std::sqrt(ms / C + 1e-6) * w[1], 1e-5);

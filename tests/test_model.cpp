@@ -52,10 +52,8 @@ TEST(Model, SameSeedSameWeightsAndSpecNames) {
 
 class ModelGradients : public ::testing::TestWithParam<bool> {};
 
-TEST_P(ModelGradients, EveryParameterTensor) {
+void expect_every_gradient(const ModelConfig& cfg) {
   auto backend = make_cpu_backend({1});
-  ModelConfig cfg = tiny_config();
-  cfg.tie_embeddings = GetParam();
   Model model(cfg, *backend);
   randomise(model, 17);
   Batch b = make_batch(sample_docs(), cfg, 3);
@@ -74,6 +72,26 @@ TEST_P(ModelGradients, EveryParameterTensor) {
     expect_gradient(spec.name, x, g, loss, 6);
     std::copy(x.begin(), x.end(), model.params() + spec.offset);
   }
+}
+
+TEST_P(ModelGradients, EveryParameterTensor) {
+  ModelConfig cfg = tiny_config();
+  cfg.tie_embeddings = GetParam();
+  expect_every_gradient(cfg);
+}
+
+// The decoder's q/k/v biases (Hugging Face Qwen2 checkpoints) and a non-default RMSNorm eps:
+// the biases' gradients by finite differences like every other tensor.
+TEST(ModelGradientsOfAdditions, QkvBiasesAndNormEps) {
+  ModelConfig cfg = tiny_config();
+  cfg.attention_bias = true;
+  cfg.rms_norm_eps = 1e-2;
+  auto backend = make_cpu_backend({1});
+  Model probe(cfg, *backend);
+  ASSERT_TRUE(probe.table().find("layers.0.attn.wk.bias"));
+  ASSERT_FALSE(probe.table().find("vision.layers.0.attn.wk.bias"));
+  EXPECT_FALSE(probe.table().get("layers.1.attn.wq.bias").decay);
+  expect_every_gradient(cfg);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tied, ModelGradients, ::testing::Values(false, true));
@@ -371,6 +389,33 @@ TEST(Model, Bf16StorageTracksFp32) {
   // loss where it was, 20 times the rounding's 2e-3 from fp32's (1.4e-4 measured).
   EXPECT_GT(std::abs(ha.loss_sum - sa.loss_sum), 0.02 * std::abs(sa.loss_sum));
   EXPECT_NEAR(hb.loss_sum, ha.loss_sum, 2e-3 * std::abs(ha.loss_sum));
+}
+
+// The same bf16 staging with the decoder's q/k/v biases and a non-default eps: the bias is in
+// the storage dtype like the weights, its gradient fp32.
+TEST(Model, Bf16StorageTracksFp32WithQkvBiases) {
+  ModelConfig cfg = tiny_config();
+  cfg.attention_bias = true;
+  cfg.rms_norm_eps = 1e-2;
+  auto f32 = make_cpu_backend({1});
+  BackendOptions opt;
+  opt.precision = Precision::bf16;
+  auto b16 = make_cpu_backend(opt);
+  Model a(cfg, *f32), b(cfg, *b16);
+  randomise(a, 19);
+  randomise(b, 19);
+  const Batch batch = make_batch(sample_docs(), cfg, 3);
+  const float scale = 1.0f / float(batch.loss_tokens());
+  a.zero_grads();
+  b.zero_grads();
+  const StepStats sa = a.step(batch, scale, true), sb = b.step(batch, scale, true);
+  // The tolerances of Bf16StorageTracksFp32: bf16's rounding through the same depth.
+  EXPECT_NEAR(sb.loss_sum, sa.loss_sum, 2e-3 * std::abs(sa.loss_sum));
+  std::string where;
+  EXPECT_LT(worst_gradient_gap(a, b, &where), 5e-2) << where;
+  const ParamSpec& bias = b.table().get("layers.0.attn.wv.bias");
+  EXPECT_TRUE(std::any_of(b.grads() + bias.offset, b.grads() + bias.offset + bias.numel(),
+                          [](float g) { return g != 0.0f; }));
 }
 
 }  // namespace

@@ -37,6 +37,7 @@ void dump(const fs::path& dir, const Model& m, const Batch& b) {
   json cfg = {{"dim", c.dim}, {"layers", c.layers}, {"heads", c.heads}, {"kv_heads", c.kv_heads},
               {"head_dim", c.head_dim}, {"ffn", c.ffn}, {"vocab_size", c.vocab_size},
               {"rope_theta", c.rope_theta}, {"tie_embeddings", c.tie_embeddings},
+              {"rms_norm_eps", c.rms_norm_eps},
               {"vision", {{"patch", c.vision.patch}, {"dim", c.vision.dim},
                           {"layers", c.vision.layers}, {"heads", c.vision.heads},
                           {"ffn", c.vision.ffn}, {"merge", c.vision.merge}}}};
@@ -107,6 +108,16 @@ TEST_P(Reference, LossAndGradientsMatchPyTorch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tied, Reference, ::testing::Values(false, true));
+
+// dhp's additions for Hugging Face decoders: q/k/v biases (randomised, so their gradients and
+// their place before RoPE matter) and an rms_norm_eps large enough to move every norm.
+TEST(ReferenceHf, AttentionBiasesAndNormEpsMatchPyTorch) {
+  ModelConfig cfg = testing::tiny_config();
+  cfg.attention_bias = true;
+  cfg.rms_norm_eps = 1e-2;
+  cfg.rope_theta = 37.0;
+  expect_matches_pytorch(cfg, testing::sample_docs(), "bias_eps");
+}
 
 // The tiny configuration's vision head dim is 4: each half of the 2-D RoPE has one frequency,
 // so a wrong exponent there is invisible, and one vision layer over small grids barely moves

@@ -145,6 +145,9 @@ std::vector<std::string> list_checkpoints(const std::string& dir, bool warn) {
 std::string resolve_checkpoint(const std::string& what, const std::string& default_dir, bool warn) {
   const std::string dir = what == "auto" ? default_dir : what;
   if (what != "auto" && fs::is_regular_file(what)) return what;
+  // A folder with config.json is a Hugging Face checkpoint (trainer/hf_checkpoint.h), which
+  // eval, generate and export read as they read a checkpoint.
+  if (what != "auto" && fs::exists(fs::path(what) / "config.json")) return what;
   DHP_CHECK(fs::is_directory(dir), "no checkpoint at '{}' (neither a file nor a directory)", dir);
   auto all = list_checkpoints(dir, warn);
   DHP_CHECK(!all.empty(), "no complete checkpoint in '{}'", dir);

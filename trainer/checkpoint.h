@@ -31,7 +31,8 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
 std::vector<std::string> list_checkpoints(const std::string& dir, bool warn = true);
 
 // "auto" = the newest complete checkpoint of cfg.checkpoint.dir (throws if none); otherwise a
-// path to a .h5 file or to a directory holding checkpoints.
+// path to a .h5 file, to a directory holding checkpoints, or to a Hugging Face folder (returned
+// as it is).
 std::string resolve_checkpoint(const std::string& what, const std::string& default_dir, bool warn = true);
 
 // A training run's checkpoints (torchtitan's CheckpointManager): the folder's lock, which

@@ -104,6 +104,9 @@ class Schema {
     num("vocab_size", m.vocab_size, 8, 1 << 24);
     num("rope_theta", m.rope_theta, 1, 1e12);
     flag("tie_embeddings", m.tie_embeddings);
+    flag("attention_bias", m.attention_bias);
+    num("rms_norm_eps", m.rms_norm_eps, 1e-12, 0.1);
+    str("init", m.init);
     sec_ = "model.vision";
     auto& v = c.model.vision;
     num("patch", v.patch, 1, 256);

@@ -1,13 +1,30 @@
 #include "trainer/inference.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/check.h"
+#include "core/log.h"
 #include "core/text.h"
+#include "trainer/hf_checkpoint.h"
 
 namespace dhp {
 
 Config inference_config(const std::string& checkpoint, const std::vector<std::string>& overrides) {
+  if (is_hf_folder(checkpoint)) {
+    // The defaults with the overrides, the decoder from the folder's config.json.
+    Config cfg = parse_config("", checkpoint, overrides);
+    cfg.model.init = checkpoint;
+    // The folder's own tokenizer, unless the command line names another.
+    const bool named = std::any_of(overrides.begin(), overrides.end(), [](const std::string& o) {
+      return o.find("data.tokenizer=") != std::string::npos;
+    });
+    std::error_code ec;
+    if (!named && std::filesystem::is_regular_file(std::filesystem::path(checkpoint) / "tokenizer.model", ec))
+      cfg.data.tokenizer = checkpoint;
+    apply_hf_init(cfg);
+    return cfg;
+  }
   Config cfg = checkpoint_config(checkpoint);
   if (!overrides.empty()) cfg = parse_config(to_toml(cfg), checkpoint + ":/config", overrides);
   return cfg;
@@ -18,6 +35,14 @@ LoadedModel load_for_inference(const std::string& checkpoint, const Config& cfg)
   m.cfg = cfg;
   m.backend = make_backend(m.cfg.train.device, backend_options(m.cfg));
   m.model = std::make_unique<Model>(m.cfg.model, *m.backend);
+  if (is_hf_folder(checkpoint)) {
+    // The decoder from the folder; the vision tower and projector it does not hold are seeded.
+    m.model->initialise(m.cfg.train.seed);
+    const HfImport r = import_hf_checkpoint(checkpoint, *m.model);
+    spdlog::info("imported {} decoder tensors ({}) from {}; {} tensors seeded", r.imported.size(), r.dtype,
+                 checkpoint, r.initialised.size());
+    return m;
+  }
   m.state = load_checkpoint(checkpoint, *m.model, nullptr);
   return m;
 }
@@ -31,7 +56,8 @@ std::unique_ptr<Tokenizer> inference_tokenizer(const std::string& checkpoint, co
             "not found from here ({}): run from that folder, or pass --data.tokenizer=PATH",
             printable(path), fs::current_path(ec).string());
   auto tok = std::make_unique<Tokenizer>(path, m.cfg.data.added_tokens);
-  check_tokenizer(checkpoint, m.state, *tok);
+  // A Hugging Face folder records no tokenizer to compare with.
+  if (!is_hf_folder(checkpoint)) check_tokenizer(checkpoint, m.state, *tok);
   return tok;
 }
 

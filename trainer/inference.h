@@ -21,7 +21,8 @@ struct LoadedModel {
   TrainState state;
 };
 
-// The checkpoint's configuration with `overrides` ("section.key=value") applied.
+// The checkpoint's configuration with `overrides` ("section.key=value") applied. For a Hugging
+// Face folder: the defaults with the overrides, and the decoder's keys from its config.json.
 Config inference_config(const std::string& checkpoint, const std::vector<std::string>& overrides);
 
 // The checkpoint's weights in a model of `cfg` on the backend cfg.train.device names.

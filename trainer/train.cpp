@@ -23,6 +23,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/evaluate.h"
 #include "trainer/executor.h"
+#include "trainer/hf_checkpoint.h"
 #include "trainer/limits.h"
 #include "trainer/metrics.h"
 #include "trainer/online_planner.h"
@@ -139,6 +140,19 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
   const std::vector<std::string> candidates = checkpoints_.resume_candidates(topt.resume);
   if (!candidates.empty()) {
     resumed_sampler = resume_newest(candidates, topt);
+  } else if (!cfg.model.init.empty()) {
+    DHP_CHECK(topt.init.empty(), "--init {} and model.init {} both name weights to start from",
+              topt.init, cfg.model.init);
+    const HfImport r = import_hf_checkpoint(cfg.model.init, model_);
+    if (rank0_) {
+      spdlog::info("imported {} decoder tensors ({}) from {}: {}", r.imported.size(), r.dtype,
+                   cfg.model.init, fmt::join(r.imported, ", "));
+      spdlog::info("kept their seeded initialisation ({} tensors not in the checkpoint): {}",
+                   r.initialised.size(), fmt::join(r.initialised, ", "));
+      if (r.grown_rows > 0)
+        spdlog::info("vocabulary grown from {} to {} rows; the new rows start at the mean of the "
+                     "checkpoint's rows", r.file_vocab, cfg.model.vocab_size);
+    }
   } else if (!topt.init.empty()) {
     load_weights(topt.init, model_);
     if (rank0_) spdlog::info("initialised weights from {}", topt.init);
@@ -392,7 +406,10 @@ bool stop_requested(const TrainOptions& topt, Communicator& comm) {
 
 }  // namespace
 
-TrainResult train(const Config& cfg, Communicator& comm, const TrainOptions& topt) {
+TrainResult train(const Config& given, Communicator& comm, const TrainOptions& topt) {
+  // A Hugging Face model.init sets the decoder's shape (a no-op when the caller applied it).
+  Config cfg = given;
+  apply_hf_init(cfg);
   // Checked before anything is opened or locked: a stop that is never reached would train to
   // the end while the user expected a checkpoint at that step.
   DHP_CHECK(topt.stop_after < 0 || topt.stop_after <= cfg.train.steps,

@@ -24,7 +24,8 @@ void check_export_paths(const std::string& path, const std::string& config_path,
 
 // Loads weights from a safetensors file (F32, F16 or BF16 tensors) or a dhp checkpoint (.h5).
 // Every parameter must be present with the model's shape; unknown names are an error too, so a
-// mismatched file is never half-loaded. Nothing is changed when it throws.
+// mismatched file is never half-loaded. Nothing is changed when it throws. A Hugging Face
+// folder (trainer/hf_checkpoint.h) loads the decoder's tensors and leaves the others as they are.
 void load_weights(const std::string& path, Model& model);
 
 }  // namespace dhp

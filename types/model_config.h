@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "types/image_geometry.h"
 
@@ -27,6 +28,12 @@ struct ModelConfig {
   int vocab_size = 512;
   double rope_theta = 10000.0;
   bool tie_embeddings = false;
+  // Names added by dhp beyond model-spec.md (docs/pretrained.md), for Hugging Face decoders:
+  bool attention_bias = false;   // q/k/v projections of the decoder carry biases (Qwen2)
+  double rms_norm_eps = 1e-6;    // eps of the decoder's RMSNorms; the vision encoder keeps 1e-6
+  // A Hugging Face folder the decoder starts from (trainer/hf_checkpoint.h): its config.json
+  // sets the decoder's shape, its tensors the decoder's weights. "" = none.
+  std::string init;
   VisionConfig vision;
 
   int hd() const { return head_dim > 0 ? head_dim : dim / heads; }

@@ -46,8 +46,9 @@ class CpuOps final : public Ops {
                        int64_t in, int64_t out, bool accumulate_dx) const override {
     cpu::linear_backward(f32(dx), dW, db, f32(dy), f32(x), f32(W), T, in, out, accumulate_dx);
   }
-  void rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C) const override {
-    cpu::rmsnorm_forward(f32(y), rstd, f32(x), f32(w), T, C);
+  void rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C,
+                       float eps) const override {
+    cpu::rmsnorm_forward(f32(y), rstd, f32(x), f32(w), T, C, eps);
   }
   void rmsnorm_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, const float* rstd, int64_t T,
                         int64_t C) const override {

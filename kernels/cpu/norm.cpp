@@ -4,13 +4,14 @@
 
 namespace dhp::cpu {
 
-void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t T, int64_t C) {
+void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t T, int64_t C,
+                     float eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     const float* xt = x + t * C;
     double ss = 0.0;
     for (int64_t c = 0; c < C; ++c) ss += double(xt[c]) * xt[c];
-    float r = 1.0f / std::sqrt(float(ss / C) + kRmsEps);
+    float r = 1.0f / std::sqrt(float(ss / C) + eps);
     rstd[t] = r;
     float* yt = y + t * C;
     for (int64_t c = 0; c < C; ++c) yt[c] = xt[c] * r * w[c];

@@ -70,9 +70,10 @@ class StagedOps final : public Ops {
     const In sx(dW ? x : CAct(), T * in), sW(dx ? W : CAct(), out * in);
     f_.linear_backward(sdx, dW, db, In(dy, T * out), sx, sW, T, in, out, accumulate_dx);
   }
-  void rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C) const override {
+  void rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C,
+                       float eps) const override {
     Out sy(y, T * C, false);
-    f_.rmsnorm_forward(sy, rstd, In(x, T * C), In(w, C), T, C);
+    f_.rmsnorm_forward(sy, rstd, In(x, T * C), In(w, C), T, C, eps);
   }
   void rmsnorm_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, const float* rstd, int64_t T,
                         int64_t C) const override {

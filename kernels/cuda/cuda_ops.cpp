@@ -71,8 +71,9 @@ void CudaOps::linear_backward(Act dx, float* dW, float* db, CAct dy, CAct x, CAc
     __VA_ARGS__;                 \
   })
 
-void CudaOps::rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C) const {
-  DHP_STORAGE_CALL(cuda::rmsnorm_forward(stream_, as<S>(y), rstd, as<S>(x), as<S>(w), T, C));
+void CudaOps::rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C,
+                              float eps) const {
+  DHP_STORAGE_CALL(cuda::rmsnorm_forward(stream_, as<S>(y), rstd, as<S>(x), as<S>(w), T, C, eps));
 }
 
 void CudaOps::rmsnorm_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, const float* rstd,

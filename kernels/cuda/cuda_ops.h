@@ -27,7 +27,8 @@ class CudaOps final : public Ops {
                       int64_t out) const override;
   void linear_backward(Act dx, float* dW, float* db, CAct dy, CAct x, CAct W, int64_t T,
                        int64_t in, int64_t out, bool accumulate_dx) const override;
-  void rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C) const override;
+  void rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C,
+                       float eps) const override;
   void rmsnorm_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, const float* rstd, int64_t T,
                         int64_t C) const override;
   void rope_forward(Act x, const int32_t* pos, int64_t T, int H, int hd,

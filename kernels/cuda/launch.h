@@ -25,7 +25,7 @@ namespace dhp::cuda {
 // x, y (T, C); w (C); rstd (T).
 template <class S>
 void rmsnorm_forward(cudaStream_t stream, S* y, float* rstd, const S* x, const S* w, int64_t T,
-                     int64_t C);
+                     int64_t C, float eps);
 // dx is written; dw (fp32) accumulates, reduced over rows column by column in a fixed order
 // (no atomics): deterministic.
 template <class S>

@@ -6,9 +6,10 @@ namespace dhp::cuda {
 namespace {
 
 template <class S>
-__global__ void rmsnorm_forward_kernel(S* y, float* rstd, const S* x, const S* w, int64_t C) {
+__global__ void rmsnorm_forward_kernel(S* y, float* rstd, const S* x, const S* w, int64_t C,
+                                       float eps) {
   __shared__ float shared[norm::kRowSharedFloats];
-  norm::forward_block(y, rstd, x, w, C, shared);
+  norm::forward_block(y, rstd, x, w, C, eps, shared);
 }
 
 template <class S>
@@ -29,10 +30,10 @@ __global__ void rmsnorm_dw_kernel(float* dw, const S* dy, const S* x, const floa
 
 template <class S>
 void rmsnorm_forward(cudaStream_t stream, S* y, float* rstd, const S* x, const S* w, int64_t T,
-                     int64_t C) {
+                     int64_t C, float eps) {
   if (T <= 0) return;
   const LaunchDims l = norm::rows_launch(T);
-  rmsnorm_forward_kernel<<<l.grid(), l.block(), 0, stream>>>(y, rstd, x, w, C);
+  rmsnorm_forward_kernel<<<l.grid(), l.block(), 0, stream>>>(y, rstd, x, w, C, eps);
   DHP_CUDA_CHECK_LAUNCH();
 }
 
@@ -53,7 +54,7 @@ void rmsnorm_backward(cudaStream_t stream, S* dx, float* dw, const S* dy, const 
 
 #define DHP_NORM_INSTANCES(S)                                                                  \
   template void rmsnorm_forward<S>(cudaStream_t, S*, float*, const S*, const S*, int64_t,     \
-                                   int64_t);                                                  \
+                                   int64_t, float);                                           \
   template void rmsnorm_backward<S>(cudaStream_t, S*, float*, const S*, const S*, const S*,   \
                                     const float*, int64_t, int64_t);
 DHP_NORM_INSTANCES(float)

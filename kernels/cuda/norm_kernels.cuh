@@ -28,13 +28,13 @@ inline LaunchDims dw_launch(int64_t C) {
 // One block per row. T: the storage of x, y and w.
 template <class T>
 __device__ __forceinline__ void forward_block(T* y, float* rstd, const T* x, const T* w, int64_t C,
-                                              float* shared) {
+                                              float eps, float* shared) {
   const int64_t t = blockIdx.x;
   const T* xt = x + t * C;
   float ss = 0.0f;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += ld(xt[c]) * ld(xt[c]);
   ss = block_sum(ss, shared);
-  const float r = 1.0f / sqrtf(ss / float(C) + cpu::kRmsEps);
+  const float r = 1.0f / sqrtf(ss / float(C) + eps);
   if (threadIdx.x == 0) rstd[t] = r;
   T* yt = y + t * C;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) yt[c] = st<T>(ld(xt[c]) * r * ld(w[c]));

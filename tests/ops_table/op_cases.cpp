@@ -1,5 +1,7 @@
 // The rows of the op table (tests/ops_table/op_table.h): one builder per op, its tolerances
 // with their reasons, and the shapes each use takes.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <string>
 #include <utility>
@@ -116,8 +118,9 @@ OpCase linear(int64_t T, int64_t in, int64_t out, bool bias = true) {
   return c;
 }
 
-OpCase rmsnorm(int64_t T, int64_t C, float scale = 1.0f) {
-  OpCase c = named("rmsnorm", str(T) + "x" + str(C));
+// eps is model.rms_norm_eps; a large one with small inputs makes it move every output.
+OpCase rmsnorm(int64_t T, int64_t C, float scale = 1.0f, float eps = 1e-6f) {
+  OpCase c = named("rmsnorm", str(T) + "x" + str(C) + (eps != 1e-6f ? fmt::format(" eps={:g}", eps) : std::string()));
   c.make = [=](Rng& r) {
     return std::vector<Tensor>{act("x", uniform(r, sz(T * C), scale)), act("w", uniform(r, sz(C))),
                                act_out("y", sz(T * C)), f32_out("rstd", sz(T)),
@@ -125,7 +128,7 @@ OpCase rmsnorm(int64_t T, int64_t C, float scale = 1.0f) {
                                f32("dw", uniform(r, sz(C)))};
   };
   c.forward = [=](const Ops& o, const Args& a) {
-    o.rmsnorm_forward(a.act("y"), a.f32("rstd"), a.act("x"), a.act("w"), T, C);
+    o.rmsnorm_forward(a.act("y"), a.f32("rstd"), a.act("x"), a.act("w"), T, C, eps);
   };
   c.backward = [=](const Ops& o, const Args& a) {
     o.rmsnorm_backward(a.act("dx"), a.f32("dw"), a.act("dy"), a.act("x"), a.act("w"),
@@ -430,6 +433,7 @@ OpCase bias_gradient(int64_t T, int64_t C) {
 std::vector<OpCase> grad_cases() {
   return {linear(6, 5, 4),
           rmsnorm(4, 8, 2.0f),
+          rmsnorm(4, 8, 0.05f, 1e-2f),
           rope(5, 2, 8, false, {0, 1, 7, 2, 30}, {}, {}, 100.0),
           rope(5, 2, 8, true, {}, {0, 0, 1, 3, 2}, {0, 1, 0, 4, 5}),
           swiglu(30, 3.0f),
@@ -444,6 +448,7 @@ std::vector<OpCase> device_cases() {
   for (auto [T, C] : {std::pair<int64_t, int64_t>{1, 1}, {5, 7}, {64, 256}, {37, 1000}, {300, 1000},
                       {300, 2048}})
     v.push_back(rmsnorm(T, C));
+  v.push_back(rmsnorm(37, 1000, 0.05f, 1e-2f));
   for (auto [T, H, hd] : {std::tuple<int64_t, int, int>{1, 1, 2}, {9, 3, 8}, {70, 4, 64},
                           {33, 2, 128}, {300, 4, 128}}) {
     v.push_back(rope(T, H, hd, false));
@@ -482,6 +487,7 @@ std::vector<OpCase> emulated_cases() {
   for (auto [T, C] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {5, 300}, {40, 33}, {16, 256},
                       {2, 512}, {37, 300}})
     v.push_back(rmsnorm(T, C));
+  v.push_back(rmsnorm(5, 300, 0.05f, 1e-2f));  // the eps argument reaches the kernel
   for (auto [T, H, hd] : {std::tuple<int64_t, int, int>{1, 1, 2}, {9, 3, 8}, {13, 2, 10},
                           {70, 4, 64}, {11, 1, 128}, {37, 3, 64}}) {
     v.push_back(rope(T, H, hd, false));

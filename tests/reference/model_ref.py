@@ -15,8 +15,15 @@ import torch
 import torch.nn.functional as F
 
 
-def rms_norm(x, w):
-    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+def rms_norm(x, w, eps=1e-6):
+    """eps: the decoder's rms_norm_eps (dhp's addition; model-spec.md's 1e-6 by default)."""
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def proj(x, P, name):
+    """x·Wᵀ, plus the bias when the table has one (the decoder's q/k/v with attention_bias)."""
+    y = x @ P[name + ".weight"].T
+    return y + P[name + ".bias"] if name + ".bias" in P else y
 
 
 def rope(x, pos, theta):
@@ -33,9 +40,9 @@ def rope(x, pos, theta):
 
 def attention(x, P, pre, heads, kv_heads, hd, mask, rope_fn):
     T = x.shape[0]
-    q = rope_fn((x @ P[pre + "attn.wq.weight"].T).view(T, heads, hd))
-    k = rope_fn((x @ P[pre + "attn.wk.weight"].T).view(T, kv_heads, hd))
-    v = (x @ P[pre + "attn.wv.weight"].T).view(T, kv_heads, hd)
+    q = rope_fn(proj(x, P, pre + "attn.wq").view(T, heads, hd))
+    k = rope_fn(proj(x, P, pre + "attn.wk").view(T, kv_heads, hd))
+    v = proj(x, P, pre + "attn.wv").view(T, kv_heads, hd)
     k = k.repeat_interleave(heads // kv_heads, dim=1)
     v = v.repeat_interleave(heads // kv_heads, dim=1)
     scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(hd)
@@ -44,9 +51,9 @@ def attention(x, P, pre, heads, kv_heads, hd, mask, rope_fn):
     return out.reshape(T, heads * hd) @ P[pre + "attn.wo.weight"].T
 
 
-def block(x, P, pre, heads, kv_heads, hd, mask, rope_fn):
-    h = x + attention(rms_norm(x, P[pre + "attn_norm.weight"]), P, pre, heads, kv_heads, hd, mask, rope_fn)
-    y = rms_norm(h, P[pre + "mlp_norm.weight"])
+def block(x, P, pre, heads, kv_heads, hd, mask, rope_fn, eps=1e-6):
+    h = x + attention(rms_norm(x, P[pre + "attn_norm.weight"], eps), P, pre, heads, kv_heads, hd, mask, rope_fn)
+    y = rms_norm(h, P[pre + "mlp_norm.weight"], eps)
     gate = F.silu(y @ P[pre + "mlp.w1.weight"].T) * (y @ P[pre + "mlp.w3.weight"].T)
     return h + gate @ P[pre + "mlp.w2.weight"].T
 
@@ -102,10 +109,11 @@ def main(d):
     idx = torch.arange(T)
     mask = (doc[:, None] == doc[None, :]) & (idx[None, :] <= idx[:, None])
     hd = cfg["head_dim"] or cfg["dim"] // cfg["heads"]
+    eps = cfg.get("rms_norm_eps", 1e-6)
     for i in range(cfg["layers"]):
         x = block(x, P, f"layers.{i}.", cfg["heads"], cfg["kv_heads"], hd, mask,
-                  lambda t: rope(t, pos, cfg["rope_theta"]))
-    x = rms_norm(x, P["final_norm.weight"])
+                  lambda t: rope(t, pos, cfg["rope_theta"]), eps)
+    x = rms_norm(x, P["final_norm.weight"], eps)
     head = P["tok_embed.weight"] if cfg["tie_embeddings"] else P["lm_head.weight"]
     logits = x @ head.T
     keep = targets >= 0

@@ -1,0 +1,268 @@
+// export_hf_checkpoint and its output-path rules (trainer/hf_checkpoint.h).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/check.h"
+#include "core/files.h"
+#include "core/input.h"
+#include "core/text.h"
+#include "trainer/hf_checkpoint.h"
+#include "trainer/safetensors.h"
+
+namespace dhp {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// Files dhp writes into an export folder are listed here, so a later export may replace them
+// (and only them) without --force.
+constexpr const char* kManifest = "dhp_export.json";
+constexpr const char* kProducer = "dhp";
+// The names an export may write, whatever its shard count: what the path check looks at.
+const char* const kFixedFiles[] = {"config.json",          "generation_config.json",
+                                   "model.safetensors",    "model.safetensors.index.json",
+                                   "tokenizer.model",      "tokenizer_config.json",
+                                   "special_tokens_map.json", "added_tokens.json"};
+
+std::string torch_dtype(const std::string& d) {
+  return d == "BF16" ? "bfloat16" : d == "F16" ? "float16" : "float32";
+}
+
+// The files an earlier export listed, or empty when the manifest is not one of dhp's.
+std::set<std::string> earlier_files(const std::string& dir) {
+  std::set<std::string> out;
+  const json j = json::parse(read_head((fs::path(dir) / kManifest).string(), 1 << 20), nullptr, false);
+  if (!j.is_object() || j.value("producer", "") != kProducer || !j.contains("files") || !j["files"].is_array())
+    return out;
+  for (const auto& f : j["files"])
+    if (f.is_string()) out.insert(f.get<std::string>());
+  return out;
+}
+
+bool is_shard_name(const std::string& n) {
+  return n.rfind("model-", 0) == 0 && n.size() > 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0;
+}
+
+json special_entry(const std::string& text) {
+  return {{"content", text}, {"lstrip", false}, {"normalized", false}, {"rstrip", false},
+          {"single_word", false}};
+}
+
+// The tokenizer files transformers' LlamaTokenizer(Fast) reads: the special tokens by text,
+// every special and added token by id, and the added tokens' ids.
+std::vector<std::pair<std::string, std::string>> tokenizer_files(const HfTokenizerFiles& t,
+                                                                 int64_t vocab) {
+  json decoder = json::object(), map = json::object(), added = json::object(), cfg;
+  std::set<int32_t> ids;
+  auto note = [&](const std::string& text, int32_t id) {
+    DHP_CHECK(id >= 0 && id < vocab, "export: token '{}' has id {}, outside the model's vocabulary of {}",
+              printable(text), id, vocab);
+    json e = special_entry(text);
+    e["special"] = true;
+    decoder[std::to_string(id)] = e;
+  };
+  for (const auto& [key, tok] : {std::pair{"unk_token", &t.unk}, std::pair{"bos_token", &t.bos},
+                                 std::pair{"eos_token", &t.eos}, std::pair{"pad_token", &t.pad}}) {
+    if (tok->id < 0) {
+      cfg[key] = nullptr;
+      continue;
+    }
+    note(tok->text, tok->id);
+    map[key] = special_entry(tok->text);
+    cfg[key] = tok->text;
+  }
+  for (const auto& [text, id] : t.added) {
+    DHP_CHECK(ids.insert(id).second, "export: added token id {} appears twice", id);
+    note(text, id);
+    added[text] = id;
+  }
+  cfg["add_bos_token"] = t.add_bos;
+  cfg["add_eos_token"] = false;
+  cfg["added_tokens_decoder"] = decoder;
+  cfg["clean_up_tokenization_spaces"] = false;
+  cfg["legacy"] = false;
+  cfg["model_max_length"] = t.model_max_length;
+  cfg["padding_side"] = "right";
+  cfg["sp_model_kwargs"] = json::object();
+  cfg["tokenizer_class"] = "LlamaTokenizer";
+  return {{"tokenizer_config.json", cfg.dump(2) + "\n"},
+          {"special_tokens_map.json", map.dump(2) + "\n"},
+          {"added_tokens.json", added.dump(2) + "\n"}};
+}
+
+json model_config(const ModelConfig& m, const HfExportOptions& o) {
+  // Biases on q/k/v only are Qwen2's layout; transformers' Llama would bias o_proj too.
+  const bool qwen2 = m.attention_bias;
+  json c = {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+            {"model_type", qwen2 ? "qwen2" : "llama"},
+            {"hidden_size", m.dim},
+            {"intermediate_size", m.ffn},
+            {"num_hidden_layers", m.layers},
+            {"num_attention_heads", m.heads},
+            {"num_key_value_heads", m.kv_heads},
+            {"head_dim", m.hd()},
+            {"hidden_act", "silu"},
+            {"max_position_embeddings", o.max_position_embeddings},
+            {"initializer_range", 0.02},
+            {"rms_norm_eps", m.rms_norm_eps},
+            {"rope_theta", m.rope_theta},
+            {"rope_scaling", nullptr},
+            {"tie_word_embeddings", m.tie_embeddings},
+            {"vocab_size", m.vocab_size},
+            {"attention_dropout", 0.0},
+            {"use_cache", true},
+            {"torch_dtype", torch_dtype(o.dtype)}};
+  if (qwen2) {
+    c["use_sliding_window"] = false;
+    c["sliding_window"] = nullptr;
+    c["max_window_layers"] = m.layers;
+  } else {
+    c["attention_bias"] = false;
+    c["mlp_bias"] = false;
+    c["pretraining_tp"] = 1;
+  }
+  const HfTokenizerFiles* t = o.tokenizer;
+  c["bos_token_id"] = t && t->bos.id >= 0 ? json(t->bos.id) : json(nullptr);
+  c["eos_token_id"] = t && t->eos.id >= 0 ? json(t->eos.id) : json(nullptr);
+  if (t && t->pad.id >= 0) c["pad_token_id"] = t->pad.id;
+  return c;
+}
+
+}  // namespace
+
+HfTokenizerFiles hf_tokenizer_files(const TokenizerFiles& f, int64_t model_max_length) {
+  HfTokenizerFiles t;
+  t.sentencepiece_model = f.model_path;
+  t.unk = {"<unk>", f.ids.unk};
+  t.bos = {"<s>", f.ids.bos};
+  t.eos = {"</s>", f.ids.eos};
+  if (f.model_has_pad) t.pad = {"<pad>", f.ids.pad};
+  for (const AddedToken& a : f.added) {
+    t.added.push_back({a.text, a.id});
+    if (!f.model_has_pad && a.id == f.ids.pad) t.pad = {a.text, a.id};
+  }
+  t.model_max_length = model_max_length;
+  return t;
+}
+
+void check_hf_export_paths(const HfExportOptions& o) {
+  DHP_CHECK(!o.dir.empty(), "export: -o/--out names no folder");
+  DHP_CHECK(o.dtype == "F32" || o.dtype == "BF16" || o.dtype == "F16",
+            "export: dtype '{}' is not one of f32, bf16, f16", printable(o.dtype));
+  DHP_CHECK(o.max_shard_bytes > 0, "export: the shard size must be positive");
+  std::error_code ec;
+  const auto st = fs::symlink_status(o.dir, ec);
+  if (!fs::exists(st)) return;
+  DHP_CHECK(fs::is_directory(st), "export: -o/--out '{}' is not a folder (--format hf writes a folder)",
+            printable(o.dir));
+  const std::set<std::string> ours = earlier_files(o.dir);
+  auto is_ours = [&](const std::string& p) { return ours.count(fs::path(p).filename().string()) > 0; };
+  check_output_path((fs::path(o.dir) / kManifest).string(), "export: its file list",
+                    [](const std::string& p) {
+                      return earlier_files(fs::path(p).parent_path().string()).size() > 0;
+                    },
+                    o.force);
+  for (const char* f : kFixedFiles)
+    check_output_path((fs::path(o.dir) / f).string(), fmt::format("export: {}", f), is_ours, o.force);
+  for (const auto& e : fs::directory_iterator(o.dir, ec))
+    if (is_shard_name(e.path().filename().string()))
+      check_output_path(e.path().string(), "export: a shard", is_ours, o.force);
+}
+
+void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
+  check_hf_export_paths(o);
+  const ModelConfig& m = model.config();
+  // The tokenizer's files are made (and their ids checked) before anything is written.
+  std::vector<std::pair<std::string, std::string>> tok_files;
+  std::string sp_bytes;
+  if (o.tokenizer) {
+    tok_files = tokenizer_files(*o.tokenizer, m.vocab_size);
+    const InputFile sp("tokenizer model", o.tokenizer->sentencepiece_model);
+    sp_bytes = sp.read_all(int64_t(256) << 20, "256 MiB");
+  }
+  std::error_code ec;
+  fs::create_directories(o.dir, ec);
+  DHP_CHECK(!ec, "export: cannot create the folder '{}': {}", o.dir, ec.message());
+
+  // Tensors in the name map's order, cut into shards of at most max_shard_bytes (a tensor
+  // larger than that is a shard of its own).
+  const std::vector<HfBinding> map = hf_name_map(m);
+  const int width = safetensors_dtype_width(o.dtype);
+  std::vector<std::vector<const HfBinding*>> shards(1);
+  int64_t in_shard = 0, total = 0;
+  for (const auto& b : map) {
+    const int64_t bytes = model.table().get(b.dhp).numel() * width;
+    if (!shards.back().empty() && in_shard + bytes > o.max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(&b);
+    in_shard += bytes;
+    total += bytes;
+  }
+  const size_t n = shards.size();
+  auto shard_name = [&](size_t i) {
+    return n == 1 ? std::string("model.safetensors") : fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n);
+  };
+  std::vector<std::string> files = {"config.json", "generation_config.json"};
+  for (size_t i = 0; i < n; ++i) files.push_back(shard_name(i));
+  if (n > 1) files.push_back("model.safetensors.index.json");
+  if (o.tokenizer)
+    for (const char* f : {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"})
+      files.push_back(f);
+  // The list first, with what an earlier export left, so that a crash half way leaves every
+  // file dhp wrote recognisable as its own.
+  const std::set<std::string> before = earlier_files(o.dir);
+  auto write_manifest = [&](const std::set<std::string>& names) {
+    write_file_atomic((fs::path(o.dir) / kManifest).string(),
+                      json{{"producer", kProducer}, {"files", names}}.dump(2) + "\n");
+  };
+  std::set<std::string> listed(files.begin(), files.end());
+  listed.insert(before.begin(), before.end());
+  write_manifest(listed);
+
+  const float* arena = model.params();
+  Backend& backend = model.backend();
+  json weight_map = json::object();
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<SafetensorsOut> out;
+    for (const HfBinding* b : shards[i]) {
+      const ParamSpec& s = model.table().get(b->dhp);
+      out.push_back({b->hf, o.dtype, s.shape, [&, s](char* dst) {
+                       std::vector<float> host(size_t(s.numel()));
+                       backend.download(host.data(), arena + s.offset, host.size() * sizeof(float));
+                       narrow_from_f32(dst, host.data(), o.dtype, s.numel());
+                     }});
+      weight_map[b->hf] = shard_name(i);
+    }
+    write_safetensors((fs::path(o.dir) / shard_name(i)).string(), out, {{"format", "pt"}, {"producer", kProducer}});
+  }
+  if (n > 1)
+    write_file_atomic((fs::path(o.dir) / "model.safetensors.index.json").string(),
+                      json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
+  write_file_atomic((fs::path(o.dir) / "config.json").string(), model_config(m, o).dump(2) + "\n");
+  json gen = {{"_from_model_config", true}};
+  if (o.tokenizer) {
+    if (o.tokenizer->bos.id >= 0) gen["bos_token_id"] = o.tokenizer->bos.id;
+    if (o.tokenizer->eos.id >= 0) gen["eos_token_id"] = o.tokenizer->eos.id;
+    if (o.tokenizer->pad.id >= 0) gen["pad_token_id"] = o.tokenizer->pad.id;
+  }
+  write_file_atomic((fs::path(o.dir) / "generation_config.json").string(), gen.dump(2) + "\n");
+  if (o.tokenizer) {
+    write_file_atomic((fs::path(o.dir) / "tokenizer.model").string(), sp_bytes);
+    for (const auto& [name, text] : tok_files) write_file_atomic((fs::path(o.dir) / name).string(), text);
+  }
+  // Files of an earlier export that this one did not rewrite (shards of another count, a
+  // single file replaced by shards) would mislead a loader: they go, and the list is exact.
+  for (const auto& f : before)
+    if (!std::count(files.begin(), files.end(), f) && f.find('/') == std::string::npos)
+      fs::remove(fs::path(o.dir) / f, ec);
+  write_manifest(std::set<std::string>(files.begin(), files.end()));
+}
+
+}  // namespace dhp
