@@ -70,7 +70,8 @@ void add_build(CLI::App* data) {
   build->add_option("--tokenizer", opt->tokenizer, "SentencePiece model (default: data.tokenizer)");
   build->add_option("-c,--config", *config,
                     "Run configuration for [model.vision], data.max_tokens, "
-                    "data.max_image_pixels and data.on_error (default: built-in defaults)");
+                    "data.max_image_pixels, data.on_error and the video keys (video_fps, "
+                    "min_frames, max_frames, video_max_pixels) (default: built-in defaults)");
   build->add_option("--workers", opt->workers, "Decode / tokenize threads")->capture_default_str();
   build->add_option("--shard-mb", *shard_mb, "Shard size bound in MiB")->capture_default_str();
   build->add_option("--reencode", opt->reencode, "Image bytes: none (as they came) | png | jpeg")
@@ -93,6 +94,7 @@ void add_build(CLI::App* data) {
     o.max_image_pixels = cfg.data.max_image_pixels;
     o.on_error = cfg.data.on_error;
     o.allow_absolute_paths = cfg.data.allow_absolute_paths;
+    o.video = cfg.data.video;
     DHP_CHECK(*shard_mb > 0, "--shard-mb must be positive");
     // -1 is the library's "no limit", which only leaving the option out may ask for.
     DHP_CHECK(build->count("--max-shards") == 0 || o.max_new_shards >= 1,

@@ -50,7 +50,12 @@ Batch build_prompt(const GenerateOptions& o, const Tokenizer& tok, ChatTemplate 
     for (size_t i = 0; i < o.images.size(); ++i) text = kMarker + "\n" + text;
   std::vector<int32_t> layout;
   std::vector<uint8_t> loss;
-  const int64_t markers = layout_prompt(chat, text, tok, layout, loss);
+  int64_t markers = 0;
+  try {
+    markers = layout_prompt(chat, text, tok, layout, loss);
+  } catch (const LineError& e) {  // a <video> marker: generation takes images only
+    throw Error(fmt::format("--prompt: {}", e.detail));
+  }
   DHP_CHECK(markers == int64_t(o.images.size()),
             "the prompt has {} <image> markers for {} --image files", markers, o.images.size());
   std::vector<PreparedImage> images;

@@ -1,13 +1,17 @@
 // Data pipeline benchmarks: `dhp data build` throughput (lines/s, MB/s of input read) and
 // loader throughput (samples/s, tokens/s) from built shards and from the JSONL manifest, with
-// 1 and 2 worker threads. Run it on a synthetic set made by `dhp data synth --preset ...`
+// 1 and 2 worker threads, and for a set with video clips the decode time per clip with
+// seeking against decoding forward and the video frames the build stores per second per
+// worker. Run it on a synthetic set made by `dhp data synth --preset ...`
 // (see docs/data.md for the commands). Prints tables; asserts nothing.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +22,7 @@
 #include "data/loader.h"
 #include "data/shard_dataset.h"
 #include "data/tokenizer.h"
+#include "data/video.h"
 
 namespace {
 
@@ -42,18 +47,53 @@ void loader_row(const char* source, const Dataset& ds, int workers, int64_t samp
     return out;
   };
   const auto t0 = Clock::now();
-  int64_t submitted = 0, tokens = 0, patches = 0;
+  int64_t submitted = 0, tokens = 0, patches = 0, images = 0;
   for (; submitted < std::min<int64_t>(4, n_batches); ++submitted) loader.submit(ids(submitted), false);
   for (int64_t b = 0; b < n_batches; ++b) {
     for (const Sample& s : loader.next()) {
       tokens += int64_t(s.tokens.size());
       for (const auto& im : s.images) patches += im.n_patches();
+      images += int64_t(s.images.size());
     }
     if (submitted < n_batches) loader.submit(ids(submitted++), false);
   }
   const double t = seconds_since(t0);
-  if (print) fmt::print("{:<8}{:>8}{:>10}{:>12.0f}{:>14.0f}{:>14.0f}\n", source, workers, n, double(n) / t,
-             double(tokens) / t, double(patches) / t);
+  if (print) fmt::print("{:<8}{:>8}{:>10}{:>12.0f}{:>14.0f}{:>14.0f}{:>14.0f}\n", source, workers, n, double(n) / t,
+             double(tokens) / t, double(patches) / t, double(images) / t / workers);
+}
+
+// Every clip of the manifest decoded at its sampled frames, once seeking and once decoding
+// forward: the mean time per clip and the frames the decoder went through.
+void video_rows(const std::string& manifest, const std::string& root, const VideoRules& rules) {
+  std::ifstream in(manifest);
+  std::string line;
+  std::vector<std::string> clips;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    for (const auto& rel : video_list(j)) clips.push_back((fs::path(root) / rel).string());
+  }
+  if (clips.empty()) return;
+  fmt::print("\nvideo decode: {} clips, sampled at {} fps, {}..{} frames\n", clips.size(),
+             rules.fps, rules.min_frames, rules.max_frames);
+  fmt::print("{:<10}{:>10}{:>12}{:>10}{:>12}{:>14}\n", "mode", "frames", "decoded", "seeks",
+             "ms/clip", "frames/s");
+  // An unmeasured pass first, so both modes read the files from the page cache.
+  const bool modes[3] = {false, true, false};
+  for (int pass = 0; pass < 3; ++pass) {
+    const bool seek = modes[pass];
+    int64_t frames = 0, decoded = 0, seeks = 0;
+    const auto t0 = Clock::now();
+    for (const auto& path : clips) {
+      VideoReader r(path, "", seek);
+      for (int64_t f : sample_frames(r.info().frames, r.info().fps, rules)) r.frame(f), ++frames;
+      decoded += r.decoded();
+      seeks += r.seeks();
+    }
+    const double t = seconds_since(t0);
+    if (pass == 0) continue;
+    fmt::print("{:<10}{:>10}{:>12}{:>10}{:>12.2f}{:>14.0f}\n", seek ? "seek" : "forward", frames,
+               decoded, seeks, 1e3 * t / double(clips.size()), double(frames) / t);
+  }
 }
 
 }  // namespace
@@ -63,6 +103,7 @@ int main(int argc, char** argv) {
   std::string data, out = "/tmp/dhp_bench_data";
   int64_t load_samples = 4000, batch = 32;
   std::vector<int> workers = {1, 2};
+  std::vector<double> video_fps = {1.0, 0.25};
   ImageGeometry v;
   app.add_option("--data", data, "Folder written by `dhp data synth` (train.jsonl, tokenizer.model)")
       ->required();
@@ -70,6 +111,8 @@ int main(int argc, char** argv) {
   app.add_option("--workers", workers, "Worker counts to measure")->capture_default_str();
   app.add_option("--load-samples", load_samples, "Samples each loader row decodes")->capture_default_str();
   app.add_option("--batch", batch, "Samples per loader submission")->capture_default_str();
+  app.add_option("--video-fps", video_fps, "Sampling rates of the video decode rows")
+      ->capture_default_str();
   app.add_option("--patch", v.patch)->capture_default_str();
   app.add_option("--merge", v.merge)->capture_default_str();
   app.add_option("--min-pixels", v.min_pixels)->capture_default_str();
@@ -80,8 +123,8 @@ int main(int argc, char** argv) {
     const std::string manifest = (fs::path(data) / "train.jsonl").string();
     const std::string tok_path = (fs::path(data) / "tokenizer.model").string();
     fmt::print("build: {} ({} bytes of manifest)\n", manifest, fs::file_size(manifest));
-    fmt::print("{:<8}{:>10}{:>10}{:>10}{:>12}{:>10}{:>10}\n", "workers", "lines", "samples",
-               "seconds", "lines/s", "MB/s in", "shards");
+    fmt::print("{:<8}{:>10}{:>10}{:>10}{:>12}{:>10}{:>10}{:>16}\n", "workers", "lines", "samples",
+               "seconds", "lines/s", "MB/s in", "shards", "frames/s/worker");
     std::string built;
     for (int w : workers) {
       BuildOptions o;
@@ -95,9 +138,10 @@ int main(int argc, char** argv) {
       o.progress = false;
       fs::remove_all(o.out_dir);
       const BuildSummary s = build_dataset(o);
-      fmt::print("{:<8}{:>10}{:>10}{:>10.2f}{:>12.0f}{:>10.1f}{:>10}\n", w, s.processed_lines,
-                 s.samples, s.seconds, double(s.processed_lines) / s.seconds,
-                 double(s.input_bytes) / 1e6 / s.seconds, s.shards);
+      fmt::print("{:<8}{:>10}{:>10}{:>10.2f}{:>12.0f}{:>10.1f}{:>10}{:>16.0f}\n", w,
+                 s.processed_lines, s.samples, s.seconds,
+                 double(s.processed_lines) / s.seconds, double(s.input_bytes) / 1e6 / s.seconds,
+                 s.shards, double(s.video_frames) / s.seconds / w);
       built = o.out_dir;
     }
 
@@ -106,13 +150,18 @@ int main(int argc, char** argv) {
     JsonlDataset jsonl(manifest, "", tok, v, int64_t(1) << 20, "fail");
     fmt::print("\nloader: batches of {}, 4 in flight, patch {} merge {} pixels {}..{}\n", batch,
                v.patch, v.merge, v.min_pixels, v.max_pixels);
-    fmt::print("{:<8}{:>8}{:>10}{:>12}{:>14}{:>14}\n", "source", "workers", "samples",
-               "samples/s", "tokens/s", "patches/s");
+    fmt::print("{:<8}{:>8}{:>10}{:>12}{:>14}{:>14}{:>14}\n", "source", "workers", "samples",
+               "samples/s", "tokens/s", "patches/s", "images/s/wkr");
     // A first, unmeasured pass grows the heap once, so the first measured row does not pay
     // for page faults that later rows would not.
     loader_row("warm-up", shards, workers.back(), load_samples, batch, false);
     for (int w : workers) loader_row("shards", shards, w, load_samples, batch);
     for (int w : workers) loader_row("jsonl", jsonl, w, load_samples, batch);
+    for (double fps : video_fps) {
+      VideoRules rules;
+      rules.fps = fps;
+      video_rows(manifest, data, rules);
+    }
   } catch (const Error& e) {
     std::fprintf(stderr, "bench_data: %s\n", e.what());
     return 1;

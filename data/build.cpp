@@ -16,6 +16,7 @@
 #include <iterator>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "core/check.h"
@@ -151,6 +152,7 @@ struct LineResult {
   ParsedLine parsed;
   std::vector<std::vector<uint8_t>> blobs;  // encoded image bytes, as stored
   int64_t bytes_read = 0;
+  int64_t frames = 0;        // video frames decoded and stored
   std::exception_ptr fatal;  // not a bad line but a failure of the build itself
 };
 
@@ -165,8 +167,30 @@ LineResult process_line(const std::string& text, int64_t line_no, const Tokenize
   }
   try {
     r.parsed = parse_line(text, line_no, tok, rules);
+    // Video frames are decoded here, once, and stored at their final size, so training
+    // never runs FFmpeg. PNG unless --reencode jpeg: lossless, so a built set trains on the
+    // pixels the JSONL path decodes.
+    std::vector<cv::Mat> frames;
+    check_line_frames(r.parsed, &frames);
+    std::set<std::string> clips;  // each clip's bytes count once as input read
+    for (size_t k = 0; k < r.parsed.paths.size(); ++k)
+      if (r.parsed.frames[k].index >= 0 && clips.insert(r.parsed.paths[k]).second) {
+        std::error_code ec;
+        r.bytes_read += int64_t(fs::file_size(r.parsed.paths[k], ec));
+      }
     for (size_t k = 0; k < r.parsed.paths.size(); ++k) {
       const std::string& path = r.parsed.paths[k];
+      if (r.parsed.frames[k].index >= 0) {
+        std::vector<uint8_t> bytes;
+        const bool jpeg = reencode == "jpeg";
+        DHP_CHECK(cv::imencode(jpeg ? ".jpg" : ".png", frames[k], bytes,
+                               jpeg ? std::vector<int>{cv::IMWRITE_JPEG_QUALITY, kJpegQuality}
+                                    : std::vector<int>{cv::IMWRITE_PNG_COMPRESSION, 1}),
+                  "cannot encode frame {} of '{}'", r.parsed.frames[k].index, path);
+        r.blobs.push_back(std::move(bytes));
+        ++r.frames;
+        continue;
+      }
       // Every image is decoded once here, so corrupt and truncated files are caught at build
       // time rather than in the middle of a training run.
       cv::Mat bgr;
@@ -279,6 +303,13 @@ std::string build_key(const BuildOptions& o, const std::string& image_root,
   // Only when set, so that the keys of builds made before the option existed still match.
   if (o.allow_absolute_paths) j["allow_absolute_paths"] = true;
   if (o.chat != ChatTemplate::Dhp) j["template"] = template_name(o.chat);
+  // The video keys decide the layout of video lines; only when changed from their defaults,
+  // for the same reason.
+  const VideoRules dv;
+  if (o.video.fps != dv.fps) j["video_fps"] = o.video.fps;
+  if (o.video.min_frames != dv.min_frames) j["min_frames"] = o.video.min_frames;
+  if (o.video.max_frames != dv.max_frames) j["max_frames"] = o.video.max_frames;
+  if (o.video.max_pixels != dv.max_pixels) j["video_max_pixels"] = o.video.max_pixels;
   return j.dump(2) + "\n";
 }
 
@@ -407,6 +438,7 @@ BuildSummary build_dataset(const BuildOptions& o) {
   rules.max_tokens = o.max_tokens;
   rules.max_image_pixels = o.max_image_pixels;
   rules.chat = o.chat;
+  rules.video = o.video;
 
   LineReader in("manifest", o.manifest);
   std::string text;
@@ -443,6 +475,7 @@ BuildSummary build_dataset(const BuildOptions& o) {
       }
       sum.processed_lines++;
       sum.input_bytes += r.bytes_read;
+      if (!r.error) sum.video_frames += r.frames;
       cur.end_line = r.line;
       if (r.error) {
         if (o.on_error == "fail") {

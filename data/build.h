@@ -1,4 +1,4 @@
-// `dhp data build`: a JSONL manifest and its images -> HDF5 shards + a length index
+// `dhp data build`: a JSONL manifest and its images and videos -> HDF5 shards + a length index
 // (format in shard_format.h). Worker threads check, decode and tokenize lines; a writer
 // thread writes each finished shard while the workers go on. Deterministic: a shard ends
 // after the first line that brings it to the size bound, so shard boundaries and contents
@@ -27,6 +27,7 @@ struct BuildOptions {
   ImageGeometry vision;             // the resize rule behind the vision-token counts
   int64_t max_tokens = 4096;       // longer samples are skipped ("too long")
   int64_t max_image_pixels = kDefaultMaxImagePixels;
+  VideoRules video;                // frame sampling and pixel budget of video entries
   std::string on_error = "skip";   // "skip": count and report; "fail": stop at the first
   int workers = 1;                 // decode / tokenize threads
   int64_t shard_bytes = int64_t(256) << 20;  // a shard closes once it reaches this size
@@ -45,6 +46,7 @@ struct BuildSummary {
   int64_t processed_lines = 0;     // lines this run checked
   int64_t input_bytes = 0;         // manifest + image bytes this run read
   int64_t image_bytes = 0;         // image bytes in all shards
+  int64_t video_frames = 0;        // video frames this run decoded and stored
   std::map<std::string, int64_t> skipped;  // by reason (manifest.h)
   double seconds = 0;
 };

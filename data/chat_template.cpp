@@ -5,6 +5,7 @@
 #include "core/check.h"
 #include "data/manifest.h"
 #include "data/tokenizer.h"
+#include "data/video.h"
 
 namespace dhp {
 
@@ -18,6 +19,17 @@ int64_t count_markers(const std::string& text) {
   return n;
 }
 
+// Where the next <image> (or, when allowed, <video>) marker at or after `at` starts; npos when
+// none. *video says which it is.
+size_t next_marker(const std::string& text, size_t at, bool allow_video, bool* video) {
+  const size_t image = text.find(kImageMarker, at);
+  const size_t clip = allow_video ? text.find(kVideoTag, at) : std::string::npos;
+  *video = clip < image;
+  return std::min(image, clip);
+}
+
+size_t marker_size(bool video) { return video ? kVideoTag.size() : kImageMarker.size(); }
+
 void push(std::vector<int32_t>& layout, std::vector<uint8_t>& loss, const std::vector<int32_t>& ids,
           bool answer) {
   layout.insert(layout.end(), ids.begin(), ids.end());
@@ -25,20 +37,23 @@ void push(std::vector<int32_t>& layout, std::vector<uint8_t>& loss, const std::v
 }
 
 // Encodes `text` chunk by chunk around its <image> markers (as they stand: LLaVA keeps the
-// spaces and newlines next to its image token), each marker becoming the next placeholder.
+// spaces and newlines next to its image token), each marker becoming the next placeholder
+// (a <video> marker kVideoMarker, when allowed: parse_line expands it into frames).
 int64_t encode_with_images(const std::string& text, const Tokenizer& tok, int64_t markers_before,
-                           std::vector<int32_t>& layout, std::vector<uint8_t>& loss) {
+                           std::vector<int32_t>& layout, std::vector<uint8_t>& loss,
+                           bool allow_video = false) {
   int64_t k = 0;
   size_t at = 0;
   for (;;) {
-    const size_t next = text.find(kImageMarker, at);
+    bool video = false;
+    const size_t next = next_marker(text, at, allow_video, &video);
     push(layout, loss,
          tok.encode(text.substr(at, next == std::string::npos ? std::string::npos : next - at)),
          false);
     if (next == std::string::npos) return k;
-    layout.push_back(-int32_t(markers_before + ++k));
+    layout.push_back(video ? kVideoMarker : -int32_t(markers_before + ++k));
     loss.push_back(0);
-    at = next + kImageMarker.size();
+    at = next + marker_size(video);
   }
 }
 
@@ -46,6 +61,8 @@ int64_t answer_text(const Turn& turn, const Tokenizer& tok, std::vector<int32_t>
                     std::vector<uint8_t>& loss) {
   if (turn.value.find(kImageMarker) != std::string::npos)
     throw LineError{"bad format", "an <image> marker in an answer"};
+  if (turn.value.find(kVideoTag) != std::string::npos)
+    throw LineError{"bad format", "a <video> marker in an answer"};
   const std::vector<int32_t> ids = tok.encode(turn.value);
   push(layout, loss, ids, true);
   return int64_t(ids.size());
@@ -69,7 +86,8 @@ LaidOut layout_llava_v1(const std::vector<Turn>& turns, const Tokenizer& tok,
     const Turn& human = turns[first + 2 * r];
     const std::string instruction =
         (r == 0 ? system + " " : std::string()) + "USER: " + human.value + " ASSISTANT:";
-    out.markers += encode_with_images(instruction, tok, out.markers, layout, loss);
+    out.markers += encode_with_images(instruction, tok, out.markers, layout, loss,
+                                      /*allow_video=*/true);
     out.answer_tokens += answer_text(turns[first + 2 * r + 1], tok, layout, loss);
     // The last answer's </s> is the document's closing <eos> (expand_layout adds it).
     if (2 * r + 2 < n) {
@@ -87,10 +105,13 @@ LaidOut layout_plain(const std::vector<Turn>& turns, const Tokenizer& tok,
                     "the plain template takes one human turn (its images) and one gpt turn "
                     "(the caption)"};
   LaidOut out;
-  // The human turn's text is LLaVA's placeholder instruction: only its images are kept.
-  out.markers = count_markers(turns[0].value);
-  for (int64_t k = 0; k < out.markers; ++k) {
-    layout.push_back(-int32_t(k + 1));
+  // The human turn's text is LLaVA's placeholder instruction: only its images (and videos)
+  // are kept, in marker order.
+  const std::string& human = turns[0].value;
+  bool video = false;
+  for (size_t at = next_marker(human, 0, true, &video); at != std::string::npos;
+       at = next_marker(human, at + marker_size(video), true, &video)) {
+    layout.push_back(video ? kVideoMarker : -int32_t(++out.markers));
     loss.push_back(0);
   }
   out.answer_tokens = answer_text(turns[1], tok, layout, loss);
@@ -128,7 +149,8 @@ LaidOut layout_conversation(ChatTemplate t, const std::vector<Turn>& turns, cons
   LaidOut out;
   for (const Turn& turn : turns) {
     const size_t before = layout.size();
-    out.markers += append_turn(turn.value, turn.answer(), tok, out.markers, layout, loss);
+    out.markers += append_turn(turn.value, turn.answer(), tok, out.markers, layout, loss,
+                               /*allow_video=*/true);
     if (turn.answer()) out.answer_tokens += int64_t(layout.size() - before);  // answers hold no images
   }
   return out;

@@ -24,6 +24,7 @@ struct DataConfig {
   bool allow_absolute_paths = false;  // image paths may be absolute (else confined to the root)
   ChatTemplate chat_template = ChatTemplate::Dhp;  // data.template: how turns are laid out
   std::string added_tokens = "auto";  // "auto" | "none" | "<image>,<pad>": data/tokenizer.h
+  VideoRules video;                // video_fps, min_frames, max_frames, video_max_pixels
 };
 
 }  // namespace dhp

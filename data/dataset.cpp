@@ -46,7 +46,7 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
                            const Tokenizer& tok, const ImageGeometry& geometry, int64_t max_tokens,
                            const std::string& on_error, int64_t max_image_pixels,
                            bool allow_absolute_paths, const volatile int* stop,
-                           ChatTemplate chat)
+                           ChatTemplate chat, const VideoRules& video)
     : geometry_(geometry), skip_(on_error == "skip") {
   ids_ = tok.ids();
   DHP_CHECK(on_error == "skip" || on_error == "fail",
@@ -62,6 +62,7 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
   rules.max_tokens = max_tokens;
   rules.max_image_pixels = max_image_pixels;
   rules.chat = chat;
+  rules.video = video;
   std::string line;
   int64_t n_skipped = 0;
   while (in.next(line)) {
@@ -71,7 +72,9 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
     try {
       p = parse_line(line, line_no, tok, rules);
       // Decoded once here, as `dhp data build` does, so both paths accept the same lines.
-      for (size_t k = 0; k < p.paths.size(); ++k) read_line_image(p, k, nullptr);
+      for (size_t k = 0; k < p.paths.size(); ++k)
+        if (p.frames[k].index < 0) read_line_image(p, k, nullptr);
+      check_line_frames(p, nullptr);
     } catch (const LineError& err) {
       DHP_CHECK(on_error == "skip",
                 "{}:{}: {}: {} (set data.on_error = \"skip\" to skip such lines)", manifest,
@@ -95,6 +98,7 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
     for (size_t k = 0; k < p.paths.size(); ++k) {
       image_paths_.push_back(p.paths[k]);
       image_sizes_.push_back(p.sizes[k]);
+      image_frames_.push_back(p.frames[k]);
       image_tokens_.push_back(image_tokens(p.sizes[k].h, p.sizes[k].w, geometry));
     }
     e.image_end = int64_t(image_paths_.size());
@@ -153,8 +157,20 @@ Sample JsonlDataset::load_range(int64_t i, int64_t begin, int64_t end, ImageLoad
   DHP_CHECK(begin >= 0 && begin <= end && end <= e.length,
             "token range [{}, {}) is outside sample {}'s {} tokens", begin, end, i, e.length);
   return guarded_load(i, begin, end, skip_, [&] {
+    FrameReader frames(image_root_);  // one open clip per load, read forward
     auto decode = [&](int64_t k) {
       const std::string& path = image_paths_[size_t(e.image_begin + k)];
+      const FrameRef& ref = image_frames_[size_t(e.image_begin + k)];
+      if (ref.index >= 0) {
+        const ImageSize size = image_sizes_[size_t(e.image_begin + k)];
+        cv::Mat bgr;
+        try {
+          bgr = frames.read(path, ref, size);
+        } catch (const LineError& err) {
+          throw Error(fmt::format("{}: {}", err.reason, err.detail));
+        }
+        return prepare_checked(bgr, size, path, geometry_);
+      }
       const std::vector<uint8_t> bytes = read_image_file(path, image_root_);
       const cv::Mat bgr = decode_image(bytes.data(), bytes.size(), path);
       return prepare_checked(bgr, image_sizes_[size_t(e.image_begin + k)], path, geometry_);

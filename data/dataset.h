@@ -3,6 +3,8 @@
 //   {"id": "...", "image": "images/a.png" | "images": [...], "conversations":
 //    [{"from": "human", "value": "<image>\nDescribe the image."}, {"from": "gpt", "value": "..."}]}
 // A `<image>` marker in a human turn places the next image there; a sample may have none.
+// "video" / "videos" with `<video>` markers add video clips, laid out as frames
+// (data/video.h).
 #pragma once
 
 #include <atomic>
@@ -83,7 +85,7 @@ class JsonlDataset final : public Dataset {
                const Tokenizer& tokenizer, const ImageGeometry& geometry, int64_t max_tokens,
                const std::string& on_error, int64_t max_image_pixels = kDefaultMaxImagePixels,
                bool allow_absolute_paths = false, const volatile int* stop = nullptr,
-               ChatTemplate chat = ChatTemplate::Dhp);
+               ChatTemplate chat = ChatTemplate::Dhp, const VideoRules& video = VideoRules());
 
   int64_t size() const override { return int64_t(entries_.size()); }
   int64_t length(int64_t i) const override;
@@ -113,6 +115,7 @@ class JsonlDataset final : public Dataset {
   std::vector<std::string> image_paths_;
   std::string image_root_;              // resolved: every load stays inside it
   std::vector<ImageSize> image_sizes_;  // header sizes, checked against the decoded pixels
+  std::vector<FrameRef> image_frames_;  // which video frame an image is (index -1: a file)
   std::vector<int64_t> image_tokens_;   // predicted from the header sizes
   std::vector<Entry> entries_;
   std::map<std::string, int64_t> skipped_;

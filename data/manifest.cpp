@@ -47,17 +47,21 @@ std::vector<std::string> image_list(const json& j) {
   return out;
 }
 
-// Where image `rel` lives. A relative path must stay inside the image root once "..", "." and
-// symlinks are resolved: a manifest from elsewhere must not be able to read (and a build to
-// embed) arbitrary files. Absolute paths only when the configuration allows them.
-fs::path resolve_image(const std::string& rel, const LineRules& rules, std::string& root_out) {
+}  // namespace
+
+// A relative path must stay inside the image root once "..", "." and symlinks are resolved: a
+// manifest from elsewhere must not be able to read (and a build to embed) arbitrary files.
+// Absolute paths only when the configuration allows them.
+fs::path resolve_media(const std::string& rel, const LineRules& rules, std::string& root_out,
+                       const std::string& kind) {
+  const std::string bad = "bad " + kind + " path";
   if (rel.find('\0') != std::string::npos)
-    throw LineError{"bad image path", "the image path holds a NUL character"};
+    throw LineError{bad, "the " + kind + " path holds a NUL character"};
   const fs::path given(rel);
   if (given.is_absolute()) {
     if (!rules.allow_absolute_paths)
-      throw LineError{"bad image path",
-                      fmt::format("'{}' is absolute; image paths are relative to the image root "
+      throw LineError{bad,
+                      fmt::format("'{}' is absolute; media paths are relative to the image root "
                                   "(set data.allow_absolute_paths = true to allow them)",
                                   rel)};
     return given;
@@ -74,13 +78,10 @@ fs::path resolve_image(const std::string& rel, const LineRules& rules, std::stri
   root_out = root.string();
   const auto diverge = std::mismatch(root.begin(), root.end(), p.begin(), p.end()).first;
   if (diverge != root.end())
-    throw LineError{"bad image path", fmt::format("'{}' leads outside the image root '{}' (to "
-                                                  "'{}')",
-                                                  rel, root.string(), p.string())};
+    throw LineError{bad, fmt::format("'{}' leads outside the image root '{}' (to '{}')", rel,
+                                     root.string(), p.string())};
   return p;
 }
-
-}  // namespace
 
 fs::path manifest_folder(const std::string& manifest) {
   const fs::path parent = fs::path(manifest).parent_path();
@@ -149,11 +150,13 @@ std::string format_counts(const std::map<std::string, int64_t>& counts) {
 
 int64_t append_turn(const std::string& value, bool answer, const Tokenizer& tok,
                     int64_t markers_before, std::vector<int32_t>& layout,
-                    std::vector<uint8_t>& loss) {
+                    std::vector<uint8_t>& loss, bool allow_video) {
   int64_t markers = 0;
   size_t at = 0;
   for (;;) {
-    const size_t next = value.find(kMarker, at);
+    const size_t next_image = value.find(kMarker, at);
+    const size_t next_video = value.find(kVideoTag, at);
+    const size_t next = std::min(next_image, next_video);
     const std::string text =
         trim(value.substr(at, next == std::string::npos ? std::string::npos : next - at));
     if (!text.empty()) {
@@ -162,10 +165,14 @@ int64_t append_turn(const std::string& value, bool answer, const Tokenizer& tok,
       loss.insert(loss.end(), ids.size(), uint8_t(answer));
     }
     if (next == std::string::npos) break;
-    if (answer) throw LineError{"bad format", "an <image> marker in an answer"};
-    layout.push_back(-int32_t(markers_before + ++markers));
+    const bool video = next == next_video;
+    if (answer)
+      throw LineError{"bad format", video ? "a <video> marker in an answer"
+                                          : "an <image> marker in an answer"};
+    if (video && !allow_video) throw LineError{"bad format", "a <video> marker where only images can go"};
+    layout.push_back(video ? kVideoMarker : -int32_t(markers_before + ++markers));
     loss.push_back(0);
-    at = next + kMarker.size();
+    at = next + (video ? kVideoTag.size() : kMarker.size());
   }
   return markers;
 }
@@ -186,7 +193,7 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
     out.name = "line " + std::to_string(line_no);
 
   for (const auto& rel : image_list(j)) {
-    const fs::path p = resolve_image(rel, rules, out.root);
+    const fs::path p = resolve_media(rel, rules, out.root, "image");
     std::error_code ec;
     if (!fs::exists(p, ec)) throw LineError{"missing image", p.string()};
     ImageSize s;
@@ -223,9 +230,18 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
                                                         markers, out.paths.size())};
   if (laid.answer_tokens == 0) throw LineError{"empty text", "no answer text to learn from"};
 
+  std::vector<std::string> videos;
+  for (const auto& rel : video_list(j))
+    videos.push_back(resolve_media(rel, rules, out.root, "video").string());
+  const std::vector<std::string> image_paths = std::move(out.paths);
+  const std::vector<ImageSize> image_sizes = std::move(out.sizes);
+  place_videos(out, image_paths, image_sizes, videos, tok, rules.vision, rules.video,
+               rules.max_image_pixels);
+
+  const int64_t images = int64_t(out.paths.size());  // image files and video frames
   // <bos> <eos>, and <img> </img> around each image when the tokenizer has them.
-  out.text_tokens = 2 + int64_t(out.layout.size()) - markers +
-                    (tok.ids().markers() ? 2 * markers : 0);
+  out.text_tokens = 2 + int64_t(out.layout.size()) - images +
+                    (tok.ids().markers() ? 2 * images : 0);
   for (const auto& s : out.sizes) out.vision_tokens += image_tokens(s.h, s.w, rules.vision);
   out.loss_tokens = 1;  // the final <eos>
   for (const uint8_t l : out.loss) out.loss_tokens += l;

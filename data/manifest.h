@@ -12,6 +12,7 @@
 
 #include "data/chat_template.h"
 #include "data/image.h"
+#include "data/video.h"
 #include "types/image_geometry.h"
 
 namespace dhp {
@@ -22,7 +23,9 @@ class Tokenizer;
 // Dataset::skipped(); `detail` says what exactly is wrong. Reasons, all stable strings:
 //   "invalid json", "bad utf-8", "bad format", "bad image path", "missing image",
 //   "unreadable image", "corrupt image", "image too large", "empty text",
-//   "image count mismatch", "too long".
+//   "image count mismatch", "too long"; for videos (data/video.h) "bad video path",
+//   "missing video", "unreadable video", "corrupt video", "truncated video",
+//   "video too large", "video count mismatch".
 struct LineError {
   std::string reason, detail;
 };
@@ -36,6 +39,7 @@ struct LineRules {
   int64_t max_tokens = 4096;         // longer samples are "too long"
   int64_t max_image_pixels = 0;      // H*W above it is "image too large"; 0 = no limit
   ChatTemplate chat = ChatTemplate::Dhp;  // how the turns are laid out (data.template)
+  VideoRules video;                  // frame sampling and pixel budget of "video" entries
 };
 
 struct ParsedLine {
@@ -48,7 +52,8 @@ struct ParsedLine {
   std::vector<std::string> paths;   // resolved image paths
   std::string root;                 // the image root, resolved: paths inside it are read
                                     // without leaving it (core/input.h)
-  std::vector<ImageSize> sizes;     // header sizes
+  std::vector<ImageSize> sizes;     // header sizes; a video frame's stored size
+  std::vector<FrameRef> frames;     // per image: which video frame it is (index -1: a file)
   int64_t vision_tokens = 0;        // image tokens of all images
   int64_t text_tokens = 0;          // every other decoder token: <bos>, <eos>, markers
   int64_t loss_tokens = 0;          // answer tokens and the final <eos>
@@ -56,7 +61,8 @@ struct ParsedLine {
 };
 
 // Parses, validates (UTF-8, JSON shape, image paths, headers and pixel limit, markers, token
-// budget) and tokenizes one line. Throws LineError. Reads image headers, never pixels.
+// budget) and tokenizes one line. Throws LineError. Reads image headers and video containers,
+// never pixels; each video's frames become images in layout order (data/video.h).
 ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer& tok,
                       const LineRules& rules);
 
@@ -71,14 +77,22 @@ std::vector<uint8_t> read_line_image(const ParsedLine& line, size_t k, cv::Mat* 
 std::filesystem::path manifest_folder(const std::string& manifest);
 
 // Appends one conversation turn in the training layout: the trimmed text between <image>
-// markers tokenized, each marker as the next image placeholder -(markers_before + k + 1).
+// markers tokenized, each marker as the next image placeholder -(markers_before + k + 1);
+// a <video> marker becomes kVideoMarker (parse_line expands it into frames) and does not
+// count; with allow_video = false (`dhp generate`) it is refused.
 // loss gets `answer` for every text token. Returns the number of markers; throws LineError
 // for a marker in an answer. The dhp chat template (chat_template.h) is this, turn by turn.
 int64_t append_turn(const std::string& value, bool answer, const Tokenizer& tok,
                     int64_t markers_before, std::vector<int32_t>& layout,
-                    std::vector<uint8_t>& loss);
+                    std::vector<uint8_t>& loss, bool allow_video = false);
 
 bool valid_utf8(std::string_view s);
+
+// Where media file `rel` ("image" or "video", for the messages and the "bad ... path" reason)
+// lives: inside rules.image_root once "..", "." and symlinks are resolved, or absolute when
+// the rules allow it. root_out receives the resolved root. Throws LineError.
+std::filesystem::path resolve_media(const std::string& rel, const LineRules& rules,
+                                    std::string& root_out, const std::string& kind);
 
 // Default cap on H*W: 2^26 pixels (8192 x 8192), far above any resized image but low
 // enough that a malicious or broken header cannot make a decoder allocate gigabytes.

@@ -25,7 +25,7 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataConfig&
   }
   return std::make_unique<JsonlDataset>(path, d.image_root, tokenizer, geometry, d.max_tokens,
                                         d.on_error, d.max_image_pixels, d.allow_absolute_paths,
-                                        stop, d.chat_template);
+                                        stop, d.chat_template, d.video);
 }
 
 }  // namespace dhp

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -184,6 +185,46 @@ cv::Mat render(const Scene& s, Rng& rng, bool allow_noise) {
     }
   }
   return img;
+}
+
+Motion make_motion(Rng& rng, int h, int w) {
+  Motion m;
+  m.h = h;
+  m.w = w;
+  m.colour = int(rng.below(kColours.size()));
+  m.shape = int(rng.below(kShapes.size()));
+  m.side = std::max(kMinShape, std::min(h, w) / 4);
+  const int from = int(rng.below(9));
+  const int to = (from + 1 + int(rng.below(8))) % 9;  // any other cell
+  m.from_row = from / 3, m.from_col = from % 3, m.to_row = to / 3, m.to_col = to % 3;
+  m.background = cv::Scalar(double(rng.range(215, 255)), double(rng.range(215, 255)),
+                            double(rng.range(215, 255)));
+  return m;
+}
+
+cv::Mat render_motion(const Motion& m, double t) {
+  cv::Mat img(m.h, m.w, CV_8UC3, m.background);
+  // Cell centres, kept far enough from the border that the whole shape shows.
+  auto centre = [&](int i, int n) {
+    const int lo = m.side / 2 + 1, hi = n - m.side / 2 - 2;
+    return lo + (hi - lo) * i / 2;
+  };
+  const double y0 = centre(m.from_row, m.h), x0 = centre(m.from_col, m.w);
+  const double y1 = centre(m.to_row, m.h), x1 = centre(m.to_col, m.w);
+  draw_shape(img, m.shape, int(std::lround(y0 + (y1 - y0) * t)),
+             int(std::lround(x0 + (x1 - x0) * t)), m.side, kColours[m.colour].bgr);
+  return img;
+}
+
+std::string motion_caption(const Motion& m) {
+  // position() says "at the top left" / "on the right" / "in the center"; the motion reads
+  // "from the top left to the right".
+  auto place = [](int row, int col) {
+    const std::string p = position(row, 3, col, 3);
+    return p == "in the center" ? std::string("the center") : p.substr(p.find(' ') + 1);
+  };
+  return fmt::format("a {} {} moves from {} to {}.", kColours[m.colour].name, kShapes[m.shape],
+                     place(m.from_row, m.from_col), place(m.to_row, m.to_col));
 }
 
 std::string grammar_words() {

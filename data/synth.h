@@ -4,8 +4,9 @@
 //
 // With a length preset (presets.h: "captions", "mixed", "video-longtail") the same scenes
 // are drawn at the sizes and counts the preset gives each sample: low- and high-resolution
-// single images, multi-image samples, video-like frame sequences (one scene, shifted frame by
-// frame) and long text-only documents, with the preset's long tail of lengths.
+// single images, multi-image samples, real video clips (MJPEG/AVI and MPEG-4/MP4, written
+// with OpenCV's VideoWriter: one shape crossing the frame, captioned with what moves where)
+// and long text-only documents, with the preset's long tail of lengths.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +28,8 @@ struct SynthOptions {
   bool force = false;    // write into a folder that is not empty (else refused)
 };
 
-// Writes out_dir/{train,val}.jsonl, out_dir/images/*.png|*.jpg and out_dir/tokenizer.model.
+// Writes out_dir/{train,val}.jsonl, out_dir/images/*.png|*.jpg, out_dir/videos/*.avi|*.mp4 (presets
+// with video) and out_dir/tokenizer.model.
 // The same options give byte-identical files. An out_dir that is not empty is refused unless
 // opt.force: replacing a data set's tokenizer would orphan every checkpoint trained on it.
 void synthesize(const SynthOptions& opt);

@@ -2,10 +2,11 @@
 // of presets.h. Each sample's image sizes, image count and text lengths come from
 // preset_sample(); the pixels and words come from the demo's shapes scenes, so a model can
 // still learn from them, and the files exercise the whole pipeline (PNG and JPEG, many images
-// per sample, long texts) at realistic proportions.
+// per sample, video clips, long texts) at realistic proportions.
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+#include <opencv2/videoio.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -18,6 +19,7 @@
 #include "data/synth.h"
 #include "data/synth_scene.h"
 #include "data/tokenizer.h"
+#include "data/video.h"
 
 namespace dhp {
 
@@ -26,8 +28,9 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int kMinSide = 32;               // make_scene_of_size needs room for one shape
-constexpr double kJpegShare = 0.3;         // of single images; frames are always JPEG
-constexpr int kFrameShift = 3;             // pixels the scene moves per frame
+constexpr double kJpegShare = 0.3;         // of single images
+constexpr int kClipFps = 4;                // frames per second of a written clip
+constexpr double kMp4Share = 0.25;         // of clips, MPEG-4 in MP4; the rest MJPEG in AVI
 constexpr size_t kTokenizerPieces = 20000; // sentences the tokenizer trains on, at most
 
 // Sentences about random scenes until `words` words are reached (the BPE model of this tiny
@@ -48,6 +51,22 @@ std::string filler(Rng& rng, int64_t words, std::vector<std::string>* pieces) {
 
 int scaled(int side, double scale) {
   return std::max(kMinSide, int(std::lround(side * scale)));
+}
+
+// Writes the clip of `frames` frames of motion m at kClipFps; returns its path under `dir`.
+std::string write_clip(const fs::path& dir, const std::string& id, const Motion& m,
+                       int64_t frames, bool mp4) {
+  const std::string rel = fmt::format("videos/{}{}", id, mp4 ? ".mp4" : ".avi");
+  const std::string path = (dir / rel).string();
+  const int fourcc = mp4 ? cv::VideoWriter::fourcc('m', 'p', '4', 'v')
+                         : cv::VideoWriter::fourcc('M', 'J', 'P', 'G');
+  cv::VideoWriter out(path, cv::CAP_FFMPEG, fourcc, kClipFps, cv::Size(m.w, m.h));
+  DHP_CHECK(out.isOpened(), "cannot write video '{}' ({} with OpenCV's FFmpeg writer)", path,
+            mp4 ? "MPEG-4 in MP4" : "MJPEG in AVI");
+  for (int64_t f = 0; f < frames; ++f)
+    out.write(render_motion(m, frames > 1 ? double(f) / double(frames - 1) : 0.0));
+  out.release();
+  return rel;
 }
 
 std::vector<std::string> write_preset_split(const SynthOptions& opt, const PresetParams& p,
@@ -71,32 +90,35 @@ std::vector<std::string> write_preset_split(const SynthOptions& opt, const Prese
       return im.height == ss.images[0].height && im.width == ss.images[0].width;
     });
     std::vector<std::string> rels;
-    std::string first_caption;
-    cv::Mat base;
-    for (size_t k = 0; k < n_img; ++k) {
-      const int h = scaled(ss.images[k].height, opt.scale), w = scaled(ss.images[k].width, opt.scale);
-      cv::Mat img;
-      if (video && k > 0) {
-        const cv::Mat shift = (cv::Mat_<double>(2, 3) << 1, 0, double(int(k) * kFrameShift % w), 0, 1, 0);
-        cv::warpAffine(base, img, shift, base.size(), cv::INTER_NEAREST, cv::BORDER_WRAP);
-      } else {
-        const Scene scene = make_scene_of_size(rng, h, w);
-        if (k == 0) first_caption = caption(scene);
-        // No noise: it would make big PNGs that say nothing more about the pipeline.
-        img = render(scene, rng, false);
-        base = img;
-      }
-      const bool as_jpeg = video || rng.uniform() < kJpegShare;
+    std::string first_caption, clip;
+    if (video) {
+      // A real clip of n_img seconds, so data.video_fps = 1 samples the preset's frame count
+      // (up to data.max_frames). Even sides: the MPEG-4 encoder needs them.
+      const int h = scaled(ss.images[0].height, opt.scale) & ~1;
+      const int w = scaled(ss.images[0].width, opt.scale) & ~1;
+      const Motion m = make_motion(rng, h, w);
+      first_caption = motion_caption(m);
+      clip = write_clip(dir, id, m, int64_t(n_img) * kClipFps, rng.uniform() < kMp4Share);
+    }
+    for (size_t k = 0; k < n_img && !video; ++k) {
+      const int h = scaled(ss.images[k].height, opt.scale);
+      const int w = scaled(ss.images[k].width, opt.scale);
+      const Scene scene = make_scene_of_size(rng, h, w);
+      if (k == 0) first_caption = caption(scene);
+      // No noise: it would make big PNGs that say nothing more about the pipeline.
+      const cv::Mat img = render(scene, rng, false);
+      const bool as_jpeg = rng.uniform() < kJpegShare;
       const std::string rel = fmt::format("images/{}-{}{}", id, k, as_jpeg ? ".jpg" : ".png");
       const std::string path = (dir / rel).string();
       DHP_CHECK(cv::imwrite(path, img, as_jpeg ? jpg : png), "cannot write image '{}'", path);
       rels.push_back(rel);
     }
     const int64_t answer_words = std::max<int64_t>(1, ss.loss_tokens - 1);
+    // A clip's frames each carry a timestamp (about two tokens) besides <img> </img>.
     const int64_t prompt_words = std::max<int64_t>(
-        0, ss.text_tokens - 2 - 2 * int64_t(n_img) - answer_words);
-    std::string human;
-    for (size_t k = 0; k < n_img; ++k) human += "<image>";
+        0, ss.text_tokens - 2 - (video ? 4 : 2) * int64_t(n_img) - answer_words);
+    std::string human = video ? "<video>" : "";
+    for (size_t k = 0; k < rels.size(); ++k) human += "<image>";
     const std::string ask = n_img == 0 ? "Continue the story."
                             : video    ? "Describe the video."
                                        : kPrompts[rng.below(kPrompts.size())];
@@ -116,8 +138,9 @@ std::vector<std::string> write_preset_split(const SynthOptions& opt, const Prese
 
     nlohmann::ordered_json j;
     j["id"] = id;
-    if (n_img == 1) j["image"] = rels[0];
-    if (n_img > 1) j["images"] = rels;
+    if (rels.size() == 1) j["image"] = rels[0];
+    if (rels.size() > 1) j["images"] = rels;
+    if (video) j["video"] = clip;
     j["conversations"] = {{{"from", "human"}, {"value", human}},
                           {{"from", "gpt"}, {"value", answer}}};
     out << j.dump() << '\n';
@@ -140,11 +163,16 @@ void synthesize_preset(const SynthOptions& opt) {
   }
   std::error_code ec;
   fs::create_directories(fs::path(opt.out_dir) / "images", ec);
+  if (!ec) fs::create_directories(fs::path(opt.out_dir) / "videos", ec);
   DHP_CHECK(!ec, "cannot create '{}': {}", opt.out_dir, ec.message());
   std::vector<std::string> texts = write_preset_split(opt, p, "train", opt.train, 1);
   write_preset_split(opt, p, "val", opt.val, 2);
   texts.push_back(grammar_words());
-  texts.push_back("Continue the story. Describe the video.");
+  texts.push_back("Continue the story. Describe the video. moves from to the center");
+  // Frame timestamps (data/video.h), so they tokenize to digits rather than <unk>.
+  std::string stamps;
+  for (int t = 0; t < 600; t += 7) stamps += frame_timestamp(t * 0.5) + " ";
+  texts.push_back(stamps);
   train_tokenizer(texts, opt.vocab_size, (fs::path(opt.out_dir) / "tokenizer.model").string());
   spdlog::info("synth: wrote {} train and {} val samples of preset '{}' to {}", opt.train,
                opt.val, opt.preset, opt.out_dir);

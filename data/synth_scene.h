@@ -33,6 +33,21 @@ Scene make_scene_of_size(Rng& rng, int h, int w);
 cv::Mat render(const Scene& s, Rng& rng, bool allow_noise);
 // "two red circles at the top left and a blue square on the right."
 std::string caption(const Scene& s);
+// One shape crossing a light background in a straight line, from one cell of a 3 x 3 grid
+// to another: the content of the preset's video clips.
+struct Motion {
+  int h = 0, w = 0, colour = 0, shape = 0, side = 0;
+  int from_row = 0, from_col = 0, to_row = 0, to_col = 0;
+  cv::Scalar background;
+};
+// An h x w clip's motion (sides >= 32); start and end cells differ.
+Motion make_motion(Rng& rng, int h, int w);
+// The frame at time t in [0, 1]: the shape at the point t of the way between the cells'
+// centres.
+cv::Mat render_motion(const Motion& m, double t);
+// "a red circle moves from the top left to the bottom right."
+std::string motion_caption(const Motion& m);
+
 // Every word of the grammar once, for tokenizer training.
 std::string grammar_words();
 

@@ -11,7 +11,8 @@ steps=${1:-30}
 warm=5  # steps left out of the averages: arenas growing, the refit's first observations
 dhp=./build/dhp
 [ -x "$dhp" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
-[ -f data/longtail/train.jsonl ] || "$dhp" data synth --preset video-longtail --out data/longtail \
+# data/longtail/videos: a set made before the preset wrote real clips is made again.
+[ -f data/longtail/train.jsonl ] && [ -d data/longtail/videos ] || "$dhp" data synth --force --preset video-longtail --out data/longtail \
   --train 2000 --val 100 --scale 0.25 --factor 16 >/dev/null
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 work=$(mktemp -d)

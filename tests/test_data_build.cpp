@@ -24,6 +24,7 @@
 #include "data/shard_format.h"
 #include "data/stats.h"
 #include "data/tokenizer.h"
+#include "data/video.h"
 #include "tests/data_fixture.h"
 
 namespace dhp {
@@ -376,18 +377,25 @@ TEST_F(DataTest, PresetSynthFollowsThePresetAndIsDeterministic) {
   const PresetParams p = preset_params("mixed");
   std::ifstream in(*root_ / "preset-a" / "train.jsonl");
   std::string line;
-  int64_t i = 0, multi = 0, text_only = 0;
+  int64_t i = 0, multi = 0, text_only = 0, clips = 0;
   while (std::getline(in, line)) {
     const auto j = nlohmann::json::parse(line);
-    const size_t n = j.contains("images") ? j["images"].size() : j.contains("image") ? 1 : 0;
+    size_t n = j.contains("images") ? j["images"].size() : j.contains("image") ? 1 : 0;
+    // A video sample's frames are a clip of one second per frame at 4 frames per second.
+    if (j.contains("video")) {
+      const VideoReader v((*root_ / "preset-a" / j["video"].get<std::string>()).string(), "");
+      n = size_t(v.info().frames / 4);
+      ++clips;
+    }
     EXPECT_EQ(n, preset_sample(p, (int64_t(1) << 40) + i, o.seed, o.factor).images.size()) << i;
-    multi += n > 1;
+    multi += n > 1 && !j.contains("video");
     text_only += n == 0;
     ++i;
   }
   EXPECT_EQ(i, 40);
   EXPECT_GT(multi, 0);
   EXPECT_GT(text_only, 0);
+  EXPECT_GT(clips, 0);
 }
 
 

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "core/check.h"
 #include "core/rng.h"
@@ -26,8 +27,8 @@
 namespace dhp {
 namespace {
 
-// A long-tail set for the small model: captions of ~40 tokens next to multi-frame samples of
-// several hundred, synthesized once per test process.
+// A long-tail set for the small model: captions of ~40 tokens next to video clips of several
+// hundred, synthesized once per test process.
 const std::filesystem::path& longtail_dir() {
   static const testing::TempDataSet dir("dhp_test_longtail_", [] {
     SynthOptions o;
@@ -83,7 +84,20 @@ struct StepResult {
   int64_t batch_images = 0;    // images of the global batch
   int64_t images_encoded = 0;  // summed over ranks
   int64_t routed_groups = 0;   // ring groups whose images moved between ranks (over ranks)
+  std::map<int64_t, std::string> names;  // sample -> its manifest id
+  std::set<int64_t> on_rings;            // samples a ring of several ranks ran
 };
+
+// The manifest ids of the longtail set's video-clip samples.
+std::set<std::string> clip_ids() {
+  std::set<std::string> out;
+  std::ifstream in(longtail_dir() / "train.jsonl");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.find("\"video\":") != std::string::npos)
+      out.insert(line.substr(7, line.find('"', 7) - 7));  // {"id":"train-000006",...
+  return out;
+}
 
 // One training step's forward and backward over the first batch on n ranks; gradients and
 // loss summed over ranks as the trainer does.
@@ -103,6 +117,14 @@ StepResult one_step(int n, const std::string& strategy, const std::string& preci
     const Planner planner(cfg.model, cfg.parallel, n, groups);
     std::vector<int64_t> ids;
     for (int64_t i = 0; i < cfg.train.batch_size; ++i) ids.push_back(i);
+    // The batch ends with the set's longest video clip: the sample a ring is for.
+    const std::set<std::string> clips = clip_ids();
+    int64_t longest = -1;
+    for (int64_t i = 0; i < data->size(); ++i)
+      if (clips.count(data->name(i)) && (longest < 0 || data->length(i) > data->length(longest)))
+        longest = i;
+    DHP_CHECK(longest >= 0, "the longtail set holds no video clip");
+    if (std::find(ids.begin(), ids.end(), longest) == ids.end()) ids.back() = longest;
     const StepWork work = plan_step(planner, *data, ids, comm.rank());
     Executor exec(model, *data, 1, comm);
     exec.submit(work, false);
@@ -115,6 +137,9 @@ StepResult one_step(int n, const std::string& strategy, const std::string& preci
     out.images_encoded += exec.last_images_encoded();
     for (const auto& g : work.mine) out.routed_groups += g.routed;
     for (const auto& g : work.mine)
+      if (g.ring.size() > 1)
+        for (const auto& p : g.pieces) out.on_rings.insert(p.sample);
+    for (const auto& g : work.mine)
       for (const auto& p : g.pieces) out.covered[p.sample].push_back({p.begin, p.end});
     if (comm.rank() != 0) return;
     out.loss = loss;
@@ -123,6 +148,7 @@ StepResult one_step(int n, const std::string& strategy, const std::string& preci
     // Every sample of the batch, once: its pieces over all ranks tile [0, length).
     for (int64_t id : ids) DHP_CHECK(data->length(id) > 0, "sample {} is empty", id);
     for (int64_t id : ids) out.batch_images += data->images(id);
+    for (int64_t id : ids) out.names[id] = data->name(id);
   });
   return out;
 }
@@ -137,8 +163,12 @@ TEST_P(PlanInvariance, LossAndGradientsDoNotDependOnTheRanks) {
   for (float g : one.grads) gmax = std::max(gmax, double(std::abs(g)));
   int widest = 0;
   int64_t routed = 0;
+  const std::set<std::string> clips = clip_ids();
+  int64_t clips_in_batch = 0, clips_on_rings = 0;
+  for (const auto& [id, name] : one.names) clips_in_batch += clips.count(name);
   for (int n = 2; n <= 6; ++n) {
     const StepResult r = one_step(n, strategy);
+    for (int64_t id : r.on_rings) clips_on_rings += clips.count(r.names.at(id));
     widest = std::max(widest, r.max_cp);
     EXPECT_NEAR(r.loss, one.loss, 1e-5 * std::abs(one.loss)) << n << " ranks";
     ASSERT_EQ(r.grads.size(), one.grads.size());
@@ -161,7 +191,10 @@ TEST_P(PlanInvariance, LossAndGradientsDoNotDependOnTheRanks) {
   }
   EXPECT_EQ(one.images_encoded, one.batch_images);
   // The batch's longest samples outgrow a rank's share: some plans put them on rings.
+  // Real video clips (data/video.h) decoded on load, frames as images.
+  EXPECT_GT(clips_in_batch, 0);
   if (strategy != "static") {
+    EXPECT_GT(clips_on_rings, 0) << strategy << ": no video clip was split over a ring";
     EXPECT_GT(widest, 1) << strategy;
     EXPECT_GT(routed, 0) << strategy << ": no ring group held images";
   }
@@ -573,28 +606,43 @@ TEST(ImageRouting, AnImageThatFailsOnItsEncoderLosesOnlyItself) {
   fs::path bad_file;
   std::vector<int64_t> ids;
   for (int64_t i = 0; i < cfg.train.batch_size; ++i) ids.push_back(i);
-  // A world size whose plan puts a sample with images on a ring, and that sample.
+  // A world size whose plan puts a sample with images on a ring, and that sample: a video
+  // clip when one is on a ring (the batch ends with the set's longest clip), so the file that
+  // goes bad is the clip and every frame of it fails on the rank that encodes it.
   int n = 0;
-  int64_t victim = -1;
+  int64_t victim = -1, victim_images = 0;
+  bool victim_is_clip = false;
   {
     Tokenizer tok(cfg.data.tokenizer);
     auto set = open_dataset(cfg.data.train, cfg.data, tok, cfg.model.vision);
-    for (int w = 2; w <= 6 && victim < 0; ++w) {
+    const std::set<std::string> clips = clip_ids();
+    int64_t longest = -1;
+    for (int64_t i = 0; i < set->size(); ++i)
+      if (clips.count(set->name(i)) && (longest < 0 || set->length(i) > set->length(longest)))
+        longest = i;
+    ASSERT_GE(longest, 0);
+    if (std::find(ids.begin(), ids.end(), longest) == ids.end()) ids.back() = longest;
+    for (int w = 2; w <= 6 && !victim_is_clip; ++w) {
       const StepWork work = plan_step(Planner(cfg.model, cfg.parallel, w), *set, ids, 0);
       for (const auto& g : work.plan.groups())
         for (int32_t s : g.seqs) {
           const int64_t id = work.plan.seqs()[size_t(s)].id;
-          if (victim < 0 && g.ring_degree > 1 && set->images(id) > 0) victim = id, n = w;
+          if (g.ring_degree < 2 || set->images(id) == 0 || victim_is_clip) continue;
+          if (victim < 0 || clips.count(set->name(id)))
+            victim = id, n = w, victim_is_clip = clips.count(set->name(id)) > 0;
         }
     }
     ASSERT_GE(victim, 0) << "no plan of 2 to 6 ranks puts images on a ring";
+    EXPECT_TRUE(victim_is_clip) << "no plan of 2 to 6 ranks puts a video clip on a ring";
+    victim_images = set->images(victim);
     std::ifstream in(data / "train.jsonl");
     std::string line;
     for (int64_t i = 0; i <= victim; ++i) std::getline(in, line);
     const auto j = nlohmann::json::parse(line);
     ASSERT_EQ(j["id"].get<std::string>(), set->name(victim));
-    bad_file = data / (j.contains("images") ? j["images"][0].get<std::string>()
-                                            : j["image"].get<std::string>());
+    bad_file = data / (j.contains("video")    ? j["video"].get<std::string>()
+                       : j.contains("images") ? j["images"][0].get<std::string>()
+                                              : j["image"].get<std::string>());
   }
 
   std::mutex mu;
@@ -625,8 +673,10 @@ TEST(ImageRouting, AnImageThatFailsOnItsEncoderLosesOnlyItself) {
       loss = sums[0] / sums[1];
     }
   });
-  EXPECT_EQ(bad, 1);
-  EXPECT_EQ(encoded, images - 1);
+  // Each failed image (every frame of a clip) is lost alone; the rest of the batch trains.
+  const int64_t lost = victim_is_clip ? victim_images : 1;
+  EXPECT_EQ(bad, lost);
+  EXPECT_EQ(encoded, images - lost);
   EXPECT_TRUE(std::isfinite(loss));
 }
 

@@ -131,6 +131,10 @@ class Schema {
     flag("allow_absolute_paths", d.allow_absolute_paths);
     choice("template", d.chat_template, kChatTemplateNames);
     str("added_tokens", d.added_tokens);
+    num("video_fps", d.video.fps, 0.001, 1000);
+    num("min_frames", d.video.min_frames, 1, 100000);
+    num("max_frames", d.video.max_frames, 1, 100000);
+    num("video_max_pixels", d.video.max_pixels, 1, big);
 
     sec_ = "train";
     auto& t = c.train;
@@ -416,6 +420,9 @@ void validate(const Config& c) {
   DHP_CHECK(int64_t(v.factor()) * v.factor() <= v.max_pixels,
             "{}: model.vision.max_pixels ({}) is below one merged patch ({}x{} pixels)", f,
             v.max_pixels, v.factor(), v.factor());
+  DHP_CHECK(c.data.video.min_frames <= c.data.video.max_frames,
+            "{}: data.min_frames ({}) exceeds data.max_frames ({})", f, c.data.video.min_frames,
+            c.data.video.max_frames);
   DHP_CHECK(c.optim.eps > 0, "{}: optim.eps must be positive (it keeps AdamW's update from "
             "dividing by zero), got {}", f, c.optim.eps);
   DHP_CHECK(!c.checkpoint.dir.empty(), "{}: checkpoint.dir is empty: set the folder checkpoints "
