@@ -186,7 +186,7 @@ constexpr int W = 8, kAcc = 12;  // 16 ymm
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")
 namespace isa_avx512 {
-constexpr int W = 16, kAcc = 16;  // 32 zmm
+constexpr int W = 16, kAcc = 24;  // 32 zmm: 6 rows of 4 vectors (hd 64, a 64-key score row)
 #define DHP_ATTENTION_LANES 16
 #include "kernels/cpu/attention_tiles.inc"
 #undef DHP_ATTENTION_LANES
