@@ -314,6 +314,9 @@ std::vector<Case> stress_cases() {
     const Meta m = concat(parts);
     c.push_back({"many heads hd=" + std::to_string(hd), m, m, 16, 8, hd});
   }
+  // A document long enough that every query tile sees many key tiles: the backward pass then
+  // reads per-head copies of q, dout and K instead of the rows in place.
+  c.push_back({"long document", doc(0, 1000), doc(0, 1000), 2, 1, 64});
   // Many heads on image blocks (hd = 16, in place), next to a caption in the same document.
   {
     Meta m = concat({doc(0, 36, 0, 1, 0), doc(1, 50), doc(2, 100, 0, 1, 2)});
