@@ -434,9 +434,14 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   // continue across the heads of a kv group in ascending order; dQ across the batches.
   // slot_of[pair] numbers the pairs by key tile, so a batch's slots are contiguous; the kept
   // dS of a pair and head is at slot·Hq + head.
+  const bool copy = npairs >= 8 * std::max(nqt, nkt);
+  // Long documents take one kv head at a time (its query heads' dS kept together), the
+  // order whose reads of q, dout and K stay within one head's copies; short documents take
+  // every head of a batch together.
+  const int kv_step = copy ? 1 : sh.Hkv, hq_step = kv_step * group;
   std::vector<int64_t> batch{0};
   int64_t most_slots = 0;
-  const int64_t max_slots = std::max<int64_t>(1, g_kept_ds_floats / (tile * sh.Hq));
+  const int64_t max_slots = std::max<int64_t>(1, g_kept_ds_floats / (tile * hq_step));
   for (int64_t b = 0; b < nkt; ++b) {
     if (b > batch.back() && p.k_first[size_t(b) + 1] - p.k_first[size_t(batch.back())] > max_slots)
       batch.push_back(b);
@@ -454,7 +459,6 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   // query tile's dQ the K rows of many key tiles, so per-head contiguous copies pay for
   // themselves there (the 4096-token document's backward pass ran 10% slower on rows read in
   // place, 1 KiB apart). Short documents read each row a few times and skip the copies.
-  const bool copy = npairs >= 8 * std::max(nqt, nkt);
   const Rows qr = rows_in(ws.q, q, sh.Tq, sh.Hq, sh.hd, d.hdp, copy);
   const Rows dor = rows_in(ws.dout, dout, sh.Tq, sh.Hq, sh.hd, d.hdp, copy);
   const Rows kr = rows_in(ws.k, k, sh.Tk, sh.Hkv, sh.hd, d.hdp, copy);
@@ -464,7 +468,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   std::vector<float>& D = ws.D;    // (Hq, Tq) rowsum(dout · out): the softmax term
   std::vector<float>& ds = ws.ds;  // (slots of a batch, kB, kB)
   D.resize(size_t(sh.Hq * sh.Tq));
-  ds.resize(size_t(most_slots * sh.Hq * tile));
+  ds.resize(size_t(most_slots * hq_step * tile));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < sh.Tq; ++i)
     for (int h = 0; h < sh.Hq; ++h) {
@@ -474,11 +478,13 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
       for (int c = 0; c < sh.hd; ++c) s += a[c] * b[c];
       D[size_t(h * sh.Tq + i)] = s;
     }
+  for (int kv0 = 0; kv0 < sh.Hkv; kv0 += kv_step)
   for (size_t n = 0; n + 1 < batch.size(); ++n) {
     const int64_t kb0 = batch[n], kb1 = batch[n + 1];
     const int64_t first_slot = p.k_first[size_t(kb0)];
+    const int h0 = kv0 * group;
     auto kept = [&](int64_t pair, int h) {
-      return ds.data() + ((slot_of[size_t(pair)] - first_slot) * sh.Hq + h) * tile;
+      return ds.data() + ((slot_of[size_t(pair)] - first_slot) * hq_step + (h - h0)) * tile;
     };
 #pragma omp parallel
     {
@@ -490,7 +496,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
       scratch.resize(scratch_floats());
 #pragma omp for collapse(2) schedule(dynamic)
       for (int64_t b = kb0; b < kb1; ++b)
-        for (int kvh = 0; kvh < sh.Hkv; ++kvh) {
+        for (int kvh = kv0; kvh < kv0 + kv_step; ++kvh) {
           const Tile& t = p.kt[size_t(b)];
           const int64_t ktile = (kvh * nkt + b) * d.panel;
           for (int g = 0; g < group; ++g) {
@@ -523,7 +529,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         }
 #pragma omp for collapse(2) schedule(dynamic)
       for (int64_t a = 0; a < nqt; ++a)
-        for (int h = 0; h < sh.Hq; ++h) {
+        for (int h = h0; h < h0 + hq_step; ++h) {
           // This query tile's pairs with a key tile of the batch: a contiguous run, since
           // its pairs are sorted by key tile.
           int64_t lo = p.q_first[size_t(a)], hi = p.q_first[size_t(a) + 1];
