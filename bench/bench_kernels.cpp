@@ -1,5 +1,5 @@
-// GFLOP/s of every CPU op family on the shapes of the demo model, a 4x wider one and a long
-// sequence, side by side with the GEMM's on the same machine in the same run. The ops, their
+// GFLOP/s of every CPU op family on the shapes of the demo model, a 4x wider one (head dims
+// 32/16 as the demo's, and 64), a long document and a 16k-token mixed pack, side by side with the GEMM's on the same machine in the same run. The ops, their
 // inputs and FLOP counts are rows of the op table (tests/ops_table), called through the CPU
 // backend's Ops.
 //
@@ -8,7 +8,8 @@
 //
 // Busy time is the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID), so other processes on
 // a shared machine slow the figures less than wall time would; with --threads above 1 it
-// under-counts and the figures are not comparable. Each op repeats until min-seconds of CPU
+// under-counts and the figures are not comparable. Every table's title names the machine's
+// L2 cache per core, which decides how far the short-document attention rows are from the GEMM. Each op repeats until min-seconds of CPU
 // time have passed; the best of three such trials is printed.
 //
 // FLOPs counted (nominal, per call):
@@ -25,11 +26,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "core/clock.h"
 #include "kernels/backend.h"
@@ -43,6 +47,7 @@ using namespace dhp::cpu;
 
 
 double g_min_seconds = 0.2;
+std::string g_l2;  // "L2 1024 KiB per core", printed with every table
 std::string g_filter;  // only rows whose "op shape" contains it (the GEMM row always runs)
 
 // Seconds per call of one trial: repeats until g_min_seconds of CPU time have passed.
@@ -93,9 +98,9 @@ struct Table {
     rows.push_back({std::move(op), std::move(shape), flops, time_op(f, gemm)});
   }
   void print() const {
-    fmt::print("\n## {}\n\n| op | shape | ms/call | GFLOP/s | GEMM GFLOP/s meanwhile | % of GEMM |\n"
+    fmt::print("\n## {} ({})\n\n| op | shape | ms/call | GFLOP/s | GEMM GFLOP/s meanwhile | % of GEMM |\n"
                "|---|---|---:|---:|---:|---:|\n",
-               title);
+               title, g_l2);
     for (const auto& r : rows) {
       const double gf = r.flops / r.t.op / 1e9, gemm_gf = gemm_flops / r.t.gemm / 1e9;
       fmt::print("| {} | {} | {:.3f} | {:.1f} | {:.1f} | {:.0f}% |\n", r.op, r.shape, r.t.op * 1e3,
@@ -146,6 +151,32 @@ Pack image_pack(std::mt19937& rng, int64_t T, int lo, int hi) {
       p.col.push_back(int32_t(i % gw));
     }
     p.pairs += len * len;
+    ++d;
+  }
+  return p;
+}
+
+// A long pack of two kinds of documents, in random order: the demo's samples (an image block of
+// 16..64 tokens, then a caption of 20..80 tokens that sees the whole image causally) and text
+// documents of 1024..4096 tokens.
+Pack mixed_pack(std::mt19937& rng, int64_t T) {
+  Pack p;
+  int32_t d = 0;
+  std::uniform_int_distribution<int> kind(0, 3), image(16, 64), caption(20, 80), text(1024, 4096);
+  while (p.size() < T) {
+    const bool sample = kind(rng) != 0;
+    const int64_t b = sample ? image(rng) : 0;
+    const int64_t len = std::min<int64_t>(T - p.size(), sample ? b + caption(rng) : text(rng));
+    const int64_t nb = std::min(b, len), c = len - nb;
+    for (int64_t i = 0; i < len; ++i) {
+      p.doc.push_back(d);
+      p.idx.push_back(int32_t(i));
+      p.blk.push_back(i < nb ? d : -1);
+      p.row.push_back(0);
+      p.col.push_back(0);
+    }
+    // The block sees itself; caption token i (1-based) sees the block and i caption tokens.
+    p.pairs += nb * nb + c * nb + c * (c + 1) / 2;
     ++d;
   }
   return p;
@@ -208,10 +239,26 @@ void bench_model(const Ops& ops, const Model& m, int64_t T, int64_t patches) {
 void bench_long(const Ops& ops) {
   std::mt19937 rng(99);
   const int64_t T = 4096;
-  Table t("long sequence: one causal document of 4096 tokens, head dim 64");
+  Table t("long sequences, head dim 64: one causal document of 4096 tokens, a 16k-token mixed pack");
   bench_gemm(t, ops, T, 256, 1024);
   bench_attention(t, ops, causal_pack(rng, T, int(T), int(T)), 4, 2, 64, "one causal document");
+  bench_attention(t, ops, mixed_pack(rng, 4 * T), 8, 4, 64,
+                  "mixed pack: image+caption samples of 36..144 and text of 1k..4k");
   t.print();
+}
+
+// The L2 cache of one core, from the C library or else from sysfs.
+std::string l2_size() {
+  long bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (bytes <= 0) {
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index2/size");
+    std::string s;
+    if (f >> s && !s.empty()) {
+      const char unit = s.back();
+      bytes = std::stol(s) * (unit == 'K' ? 1024L : unit == 'M' ? 1024L * 1024 : 1L);
+    }
+  }
+  return bytes > 0 ? fmt::format("L2 {} KiB per core", bytes / 1024) : "L2 size unknown";
 }
 
 }  // namespace
@@ -233,10 +280,12 @@ int main(int argc, char** argv) {
                     : isa == "generic" ? AttnIsa::generic
                                        : AttnIsa::best);
   const AttnIsa used = attention_isa();
-  fmt::print("threads={} attention isa={}\n", threads,
-             used == AttnIsa::avx512 ? "avx512" : used == AttnIsa::avx2 ? "avx2" : "generic");
+  g_l2 = l2_size();
+  fmt::print("threads={} attention isa={} {}\n", threads,
+             used == AttnIsa::avx512 ? "avx512" : used == AttnIsa::avx2 ? "avx2" : "generic", g_l2);
   const Ops& ops = cpu->ops();
   bench_model(ops, {"demo (configs/demo.toml)", 128, 320, 160, 4, 2, 32, 64, 160, 4}, 1024, 2048);
   bench_model(ops, {"4x wider", 512, 1280, 160, 16, 8, 32, 256, 640, 16}, 1024, 2048);
+  bench_model(ops, {"4x wider, head dim 64", 512, 1280, 160, 8, 4, 64, 256, 640, 4}, 1024, 2048);
   bench_long(ops);
 }

@@ -305,6 +305,24 @@ std::vector<Case> stress_cases() {
     const Meta km = concat({doc(0, 90, 40, 2), doc(1, 30, 30), doc(7, 15, 0)});
     c.push_back({"remote keys", qm, km, 4, 2, 32});
   }
+  // Many heads on short documents, the shapes of a wide decoder: rows read and written in
+  // place at a stride of H·hd (hd = 32, 64), or through padded copies (hd = 24), each head
+  // a slice of a long row.
+  for (int hd : {32, 64, 24}) {
+    std::vector<Meta> parts;
+    for (int d = 0; d < 6; ++d) parts.push_back(doc(d, rng.range(20, 80)));
+    const Meta m = concat(parts);
+    c.push_back({"many heads hd=" + std::to_string(hd), m, m, 16, 8, hd});
+  }
+  // A document long enough that every query tile sees many key tiles: the backward pass then
+  // reads per-head copies of q, dout and K instead of the rows in place.
+  c.push_back({"long document", doc(0, 1000), doc(0, 1000), 2, 1, 64});
+  // Many heads on image blocks (hd = 16, in place), next to a caption in the same document.
+  {
+    Meta m = concat({doc(0, 36, 0, 1, 0), doc(1, 50), doc(2, 100, 0, 1, 2)});
+    for (int i = 80; i < 100; ++i) m.blk[size_t(36 + 50 + i)] = -1;
+    c.push_back({"many heads images", m, m, 12, 12, 16});
+  }
   // Keys all in the future of the queries: every row sees nothing.
   {
     const Meta qm = doc(0, 40, 0), km = doc(0, 70, 50);
@@ -382,9 +400,9 @@ TEST(AttentionTiles, SameBitsForAnyThreadCount) {
   omp_set_num_threads(omp_get_num_procs());
 }
 
-// Long sequences take the key tiles in batches so the kept dS stays bounded; dq then
-// continues across batches, which must not change a bit (batches of one key tile, of a few
-// tile pairs, and one batch for everything).
+// The backward pass takes the key tiles in batches so the kept dS of every head stays
+// bounded; dq then continues across batches, which must not change a bit (batches of one key
+// tile, of a few tile pairs, and one batch for everything).
 TEST(AttentionTiles, BatchesOfKeyTilesGiveTheSameBits) {
   Rng rng(13);
   const int64_t budget = attention_kept_ds_floats();
@@ -395,7 +413,7 @@ TEST(AttentionTiles, BatchesOfKeyTilesGiveTheSameBits) {
     std::vector<float> out(q.size()), lse(size_t(s.Hq * s.Tq));
     attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), c.qm.view(), c.km.view(), s);
     std::vector<std::vector<float>> first;
-    for (int64_t floats : {budget, int64_t(1), int64_t(3) * 64 * 64 * (c.Hq / c.Hkv)}) {
+    for (int64_t floats : {int64_t(1) << 40, budget, int64_t(1), int64_t(3) * 64 * 64 * c.Hq}) {
       set_attention_kept_ds_floats(floats);
       std::vector<float> dq(q.size(), 7.0f), dk(k.size(), 7.0f), dv(v.size(), 7.0f);
       attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),

@@ -5,8 +5,8 @@
 // itself assumes plain x86-64) and picks the widest the machine supports. Tests force the
 // narrower ones to check every variant on one machine.
 //
-// Kept dS: the backward pass keeps dS·scale of every visible tile pair of a batch of key tiles
-// between its two passes, batching the key tiles so that this stays under a budget. Tests set a
+// Kept dS: the backward pass keeps dS·scale of every visible tile pair and head of a batch of
+// key tiles between its two passes, batching the key tiles so that this stays under a budget. Tests set a
 // tiny budget to check that batching changes no bit.
 #pragma once
 
@@ -22,8 +22,8 @@ AttnIsa attention_isa();
 // AttnIsa::best restores the default.
 void set_attention_isa(AttnIsa isa);
 
-// Floats of dS kept at once by attention_backward (default 16 Mi: 64 MiB). At least one key
-// tile is taken per batch whatever the budget.
+// Floats of dS kept at once by attention_backward, over every head (default 128 Ki: 512 KiB,
+// to stay in a core's L2 cache). At least one key tile is taken per batch whatever the budget.
 int64_t attention_kept_ds_floats();
 void set_attention_kept_ds_floats(int64_t n);
 
