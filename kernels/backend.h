@@ -142,13 +142,17 @@ class Arena {
     reserve(measure.size());
     Carver real(buffer_.as<char>());
     layout(real);
+    carved_ = measure.size();
   }
   size_t capacity() const { return buffer_.bytes(); }
+  // Bytes the last layout took (capacity() also holds the headroom of growth).
+  size_t carved() const { return carved_; }
 
  private:
   void reserve(size_t bytes);
   Backend& backend_;
   DeviceBuffer buffer_;
+  size_t carved_ = 0;
 };
 
 // Backends by name ("cpu", and "cuda" where a build registers it). The registry is filled

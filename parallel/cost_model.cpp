@@ -224,9 +224,11 @@ void balance_images(std::span<const ImageClass> classes, int d, std::vector<Imag
   if (work) *work += steps;
 }
 
-CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_per_node, bool recompute)
+CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_per_node,
+                     Recompute mode)
     : model_(m), device_(dev), coeffs_(dev.coeffs), ranks_per_node_(std::max(1, ranks_per_node)),
-      recompute_(recompute) {
+      recompute_(mode) {
+  const bool recompute = mode == Recompute::full;
   const double d = m.dim, q = m.q_dim(), kv = m.kv_dim(), L = m.layers;
   const auto& v = m.vision;
   const double dv = v.dim;

@@ -9,7 +9,7 @@
 namespace dhp {
 
 MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int world, double memory_gb,
-                         bool zero1, bool recompute, const ParamGroups& groups) {
+                         bool zero1, Recompute recompute, const ParamGroups& groups) {
   DHP_CHECK(world >= 1, "the world size must be at least 1, got {}", world);
   DHP_CHECK(std::isfinite(memory_gb) && memory_gb > 0 && memory_gb <= kMaxMemoryGb,
             "memory per device (parallel.memory_gb) = {} GiB: it must be a positive number of GiB, at most {}",
@@ -41,18 +41,31 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   grad_bytes_ = trainable_ * dev.grad_bytes;
   optim_bytes_ = (trainable_ * dev.optim_bytes + shards - 1) / shards;
   static_ = params_ * dev.weight_bytes + (params_ - trainable_) * master + grad_bytes_ + optim_bytes_;
-  // Elements a layer keeps per token for backward: input, two norm outputs, q, k, v,
-  // attention output, residual, and the three SwiGLU hidden tensors. Recompute keeps only
-  // each layer's input and rebuilds one layer at a time.
-  const int64_t dec_layer = 4 * d + 2 * q + 2 * kv + 3 * int64_t(m.ffn);
-  const int64_t vis_layer = 8 * dv + 3 * int64_t(v.ffn);
-  const int64_t dec_elems = recompute ? int64_t(m.layers) * d + dec_layer : int64_t(m.layers) * dec_layer + d;
-  const int64_t vis_elems = (recompute ? int64_t(v.layers) * dv + vis_layer : int64_t(v.layers) * vis_layer) +
-                            v.patch_numel() + dv;
+  // Per token, what a block of width c, ffn f, q/kv widths qw/kvw and h query heads holds for
+  // backward (model/block.cpp): the layer input; the two norm outputs and the SwiGLU product
+  // (rebuilt under selective and full); q, k, v, the attention output, the residual and the
+  // two SwiGLU inputs (rebuilt under full); fp32 statistics: two rstd and h lse per token.
+  // Kept buffers count once per layer, rebuilt ones once per pass.
+  auto layers_bytes = [&](int64_t layers, int64_t c, int64_t f, int64_t qw, int64_t kvw,
+                          int64_t h) {
+    const int64_t act = dev.act_bytes;
+    const int64_t norms = 2 * c * act + 2 * 4, swiglu = f * act;
+    const int64_t linears = (2 * qw + 2 * kvw + c + 2 * f) * act + h * 4;
+    const int64_t input = c * act;
+    switch (recompute) {
+      case Recompute::off: return layers * (input + norms + swiglu + linears);
+      case Recompute::selective: return layers * (input + linears) + norms + swiglu;
+      case Recompute::full: return layers * input + norms + swiglu + linears;
+    }
+    return int64_t(0);
+  };
+  const int64_t dec_bytes = layers_bytes(m.layers, d, m.ffn, q, kv, m.heads) + d * dev.act_bytes;
+  const int64_t vis_bytes = layers_bytes(v.layers, dv, v.ffn, dv, dv, v.heads) +
+                            (v.patch_numel() + dv) * dev.act_bytes;
   // Ring buffers: K/V in flight and being used, and dK/dV likewise during backward.
   const int64_t ring_elems = 8 * kv;
-  per_token_ = (dec_elems + ring_elems) * dev.act_bytes;
-  per_patch_ = (vis_elems + 4 * dv) * dev.act_bytes + (2 * d * dev.act_bytes + m2_ - 1) / m2_;
+  per_token_ = dec_bytes + ring_elems * dev.act_bytes;
+  per_patch_ = vis_bytes + 4 * dv * dev.act_bytes + (2 * d * dev.act_bytes + m2_ - 1) / m2_;
   logits_per_token_ = int64_t(m.vocab_size) * 4 * 2;  // fp32 logits and their gradient
   logits_chunk_ = std::max<int64_t>(1, dev.logits_chunk);
   fixed_ = dev.workspace_bytes;

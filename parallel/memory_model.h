@@ -2,7 +2,8 @@
 //
 //   static (weights of every parameter + gradients and optimizer state of the trainable ones,
 //   the latter / N under ZeRO-1: frozen groups hold neither)
-//   + decoder activations per token held (a rank of a ring of degree c holds at most
+//   + decoder activations per token held (what the mode of parallel.recompute keeps: every
+//     layer's kept buffers, plus one set of the buffers it rebuilds; model/block.h) (a rank of a ring of degree c holds at most
 //     ceil(L/c) tokens of a sequence of L: zigzag split, plan.h)
 //   + vision activations per patch of the images the rank encodes: images are never split,
 //     they are dealt longest-first to the least loaded rank by patch count (balance_images),
@@ -18,6 +19,7 @@
 #include "parallel/cost_model.h"
 #include "types/model_config.h"
 #include "types/param_group.h"
+#include "types/recompute.h"
 
 namespace dhp {
 
@@ -28,7 +30,7 @@ inline constexpr double kMaxMemoryGb = double(int64_t(1) << 20);
 class MemoryModel {
  public:
   MemoryModel(const ModelConfig& model, const DeviceProfile& device, int world, double memory_gb,
-              bool zero1, bool recompute = false, const ParamGroups& groups = {});
+              bool zero1, Recompute recompute = Recompute::off, const ParamGroups& groups = {});
 
   int64_t capacity() const { return capacity_; }
   int64_t parameters() const { return params_; }

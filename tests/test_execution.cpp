@@ -83,13 +83,18 @@ struct StepResult {
   int64_t batch_images = 0;    // images of the global batch
   int64_t images_encoded = 0;  // summed over ranks
   int64_t routed_groups = 0;   // ring groups whose images moved between ranks (over ranks)
+  size_t activation_bytes = 0;  // the most activation bytes any rank's last pass carved
 };
 
 // One training step's forward and backward over the first batch on n ranks; gradients and
 // loss summed over ranks as the trainer does.
+// `engine`: the recompute mode the model runs; `planned`: the one the planner prices (the
+// plan, and so the rings, can differ between modes).
 StepResult one_step(int n, const std::string& strategy, const std::string& precision = "fp32",
-                    const ParamGroups& groups = {}) {
-  const Config cfg = longtail_config(strategy, 1, testing::run_dir("unused"));
+                    const ParamGroups& groups = {}, Recompute engine = Recompute::off,
+                    Recompute planned = Recompute::off) {
+  Config cfg = longtail_config(strategy, 1, testing::run_dir("unused"));
+  cfg.parallel.recompute = planned;
   StepResult out;
   std::mutex mu;
   run_threaded(n, [&](Communicator& comm) {
@@ -99,6 +104,7 @@ StepResult one_step(int n, const std::string& strategy, const std::string& preci
     Tokenizer tok(cfg.data.tokenizer);
     auto data = open_dataset(cfg.data.train, cfg.data, tok, cfg.model.vision);
     Model model(cfg.model, *backend, groups);
+    model.set_recompute(engine);
     model.initialise(cfg.train.seed);
     const Planner planner(cfg.model, cfg.parallel, n, groups);
     std::vector<int64_t> ids;
@@ -112,6 +118,7 @@ StepResult one_step(int n, const std::string& strategy, const std::string& preci
     comm.all_reduce_sum(model.grads(), model.n_grads());
     comm.all_reduce_sum(&loss, 1);
     std::lock_guard lk(mu);
+    out.activation_bytes = std::max(out.activation_bytes, model.activation_bytes());
     out.images_encoded += exec.last_images_encoded();
     for (const auto& g : work.mine) out.routed_groups += g.routed;
     for (const auto& g : work.mine)
@@ -247,6 +254,59 @@ TEST(PlanInvariance, Bf16StorageStaysWithinRoundingOnEveryPlan) {
   }
   EXPECT_GT(widest, 1);
   EXPECT_GT(routed, 0);
+}
+
+// Recompute rebuilds what backward reads with the same ops on the same inputs in the same
+// order, so on one plan the gradients are those of a pass that kept everything, bit for bit,
+// in fp32 and bf16 storage, on one rank and on rings of several degrees (full recompute
+// reruns the ring's forward exchange). Were a rebuilt buffer not rebuilt, backward would read
+// the last layer's values there, far from bit-identical; the arenas show the saving is real.
+TEST(PlanInvariance, RecomputeGivesTheSameGradientsBitForBit) {
+  for (const std::string precision : {"fp32", "bf16"}) {
+    int widest = 0;
+    for (int n : {1, 2, 4, 6}) {
+      const StepResult off = one_step(n, "dhp", precision);
+      ASSERT_FALSE(off.grads.empty());
+      size_t held = off.activation_bytes;
+      for (Recompute mode : {Recompute::selective, Recompute::full}) {
+        const StepResult r = one_step(n, "dhp", precision, {}, mode);
+        const std::string what = fmt::format("{} {} on {} ranks", recompute_name(mode), precision, n);
+        EXPECT_EQ(r.loss, off.loss) << what;
+        EXPECT_EQ(r.max_cp, off.max_cp) << what;
+        ASSERT_EQ(r.grads.size(), off.grads.size());
+        for (size_t i = 0; i < r.grads.size(); ++i)
+          ASSERT_EQ(r.grads[i], off.grads[i]) << what << ", gradient element " << i;
+        // off keeps more than selective, which keeps more than full.
+        EXPECT_LT(r.activation_bytes, held) << what;
+        held = r.activation_bytes;
+      }
+      widest = std::max(widest, off.max_cp);
+    }
+    EXPECT_GT(widest, 1) << "no plan used a ring";
+  }
+}
+
+// The plan-invariance axis of recompute: with the planner pricing the mode the engine runs
+// (its plans may differ from off's), every world gives one rank's loss and gradients.
+TEST(PlanInvariance, HoldsUnderEveryRecomputeMode) {
+  const StepResult one = one_step(1, "dhp");
+  double gmax = 0.0;
+  for (float g : one.grads) gmax = std::max(gmax, double(std::abs(g)));
+  for (Recompute mode : {Recompute::selective, Recompute::full}) {
+    int widest = 0;
+    for (int n : {2, 4, 6}) {
+      const StepResult r = one_step(n, "dhp", "fp32", {}, mode, mode);
+      widest = std::max(widest, r.max_cp);
+      const std::string what = fmt::format("{} on {} ranks", recompute_name(mode), n);
+      EXPECT_NEAR(r.loss, one.loss, 1e-5 * std::abs(one.loss)) << what;
+      ASSERT_EQ(r.grads.size(), one.grads.size());
+      for (size_t i = 0; i < r.grads.size(); ++i)
+        ASSERT_NEAR(r.grads[i], one.grads[i], 1e-5 * std::abs(one.grads[i]) + 1e-6 * gmax)
+            << what << ", parameter element " << i;
+      EXPECT_EQ(r.images_encoded, r.batch_images) << what;
+    }
+    EXPECT_GT(widest, 1) << recompute_name(mode);
+  }
 }
 
 }  // namespace

@@ -435,7 +435,7 @@ TEST(FrozenMemoryModel, CountsGradientsAndMomentsOfTrainableGroupsOnly) {
               << kParamGroupNames[g];
         EXPECT_EQ(all.trainable_parameters(), all.parameters());
         for (const auto& [name, groups] : freezings()) {
-          const MemoryModel m(cfg, dev, world, 80, zero1, false, groups);
+          const MemoryModel m(cfg, dev, world, 80, zero1, Recompute::off, groups);
           int64_t trainable = 0;
           for (size_t g = 0; g < kParamGroups; ++g)
             if (groups.group[g].trainable) trainable += table.group_numel(ParamGroup(g));

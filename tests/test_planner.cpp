@@ -151,8 +151,9 @@ std::vector<SeqShape> random_batch(std::mt19937_64& rng, int count, int64_t long
 }
 
 ParallelConfig par_for(const std::string& device, double gb, int rpn, bool recompute = false) {
+  // recompute: full, the mode the planner's tests size memory-bound plans with.
   ParallelConfig p;
-  p.recompute = recompute;
+  p.recompute = recompute ? Recompute::full : Recompute::off;
   p.cost_profile = device;
   p.memory_gb = gb;
   p.ranks_per_node = rpn;

@@ -135,6 +135,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
   comm.follow(*backend_);
   if (cfg.parallel.overlap_grads && comm.size() > 1 && comm.overlapping_collectives())
     opt_.set_overlap(int64_t(cfg.parallel.bucket_mb * double(1 << 20)) / int64_t(sizeof(float)));
+  model_.set_recompute(cfg.parallel.recompute);
   model_.initialise(cfg.train.seed);
   std::optional<SamplerState> resumed_sampler;
   const std::vector<std::string> candidates = checkpoints_.resume_candidates(topt.resume);
