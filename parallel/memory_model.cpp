@@ -45,28 +45,43 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // backward (model/block.cpp): the layer input; the two norm outputs and the SwiGLU product
   // (rebuilt under selective and full); q, k, v, the attention output, the residual and the
   // two SwiGLU inputs (rebuilt under full); fp32 statistics: two rstd and h lse per token.
-  // Kept buffers count once per layer, rebuilt ones once per pass.
+  // Kept buffers count once per layer, rebuilt ones once per pass; the backward scratch
+  // shared by the layers (BlockScratch) once.
+  const int64_t act = dev.act_bytes;
   auto layers_bytes = [&](int64_t layers, int64_t c, int64_t f, int64_t qw, int64_t kvw,
                           int64_t h) {
-    const int64_t act = dev.act_bytes;
     const int64_t norms = 2 * c * act + 2 * 4, swiglu = f * act;
     const int64_t linears = (2 * qw + 2 * kvw + c + 2 * f) * act + h * 4;
     const int64_t input = c * act;
+    const int64_t scratch = (3 * f + 2 * c + 2 * qw + 2 * kvw) * act;
     switch (recompute) {
-      case Recompute::off: return layers * (input + norms + swiglu + linears);
-      case Recompute::selective: return layers * (input + linears) + norms + swiglu;
-      case Recompute::full: return layers * input + norms + swiglu + linears;
+      case Recompute::off: return layers * (input + norms + swiglu + linears) + scratch;
+      case Recompute::selective: return layers * (input + linears) + norms + swiglu + scratch;
+      case Recompute::full: return layers * input + norms + swiglu + linears + scratch;
     }
     return int64_t(0);
   };
-  const int64_t dec_bytes = layers_bytes(m.layers, d, m.ffn, q, kv, m.heads) + d * dev.act_bytes;
-  const int64_t vis_bytes = layers_bytes(v.layers, dv, v.ffn, dv, dv, v.heads) +
-                            (v.patch_numel() + dv) * dev.act_bytes;
-  // Ring buffers: K/V in flight and being used, and dK/dV likewise during backward.
-  const int64_t ring_elems = 8 * kv;
-  per_token_ = dec_bytes + ring_elems * dev.act_bytes;
-  per_patch_ = vis_bytes + 4 * dv * dev.act_bytes + (2 * d * dev.act_bytes + m2_ - 1) / m2_;
-  logits_per_token_ = int64_t(m.vocab_size) * 4 * 2;  // fp32 logits and their gradient
+  // Decoder, per token (model/model.cpp): the layers; the final norm's input, output and
+  // their gradients and the stream's gradient (4 d) and its rstd; the batch's six int32
+  // columns (model/device_batch.cpp).
+  per_token_ = layers_bytes(m.layers, d, m.ffn, q, kv, m.heads) + 4 * d * act + 4 + 6 * 4;
+  // Vision, per patch before the merge (model/vision.cpp): the normalised pixels, the
+  // layers, the encoder norm's input, output and rstd, the stream's gradient, the merged
+  // rows and their gradient (m² patches make one), the projector's five (N, d) buffers and
+  // the image tokens' exchange buffer (per merged token); the batch's pixels (one byte a
+  // value) and four int32 columns.
+  per_patch_ = v.patch_numel() * act + layers_bytes(v.layers, dv, v.ffn, dv, dv, v.heads) +
+               (3 * dv + 2 * dv) * act + 4 + (6 * d * act + 4 + m2_ - 1) / m2_ +
+               v.patch_numel() + 4 * 4;
+  // A ring of degree c > 1 adds, per token of the rank (parallel/ring_attention.cpp, the
+  // larger backward set): two K/V blocks in flight, their fp32 dK/dV accumulators, dQ's fp32
+  // sum and one block's dQ, dK, dV parts; the routed image rows and their gradient
+  // (parallel/image_exchange.cpp, model.cpp); and per token of every other member its three
+  // int32 metadata columns.
+  ring_per_token_ = (4 * kv + q + 2 * kv) * act + (4 * kv + q) * 4 + 2 * d * act;
+  // Logits, one chunk at a time: (rows, V) in the storage dtype (the gradient overwrites
+  // them) and an fp32 lse per row.
+  logits_per_token_ = int64_t(m.vocab_size) * act + 4;
   logits_chunk_ = std::max<int64_t>(1, dev.logits_chunk);
   fixed_ = dev.workspace_bytes;
 }
@@ -85,7 +100,9 @@ int64_t MemoryModel::one_rank_bytes(const SeqShape& s) const {
 }
 
 int64_t MemoryModel::rank_bytes(int64_t activations, int64_t tokens) const {
-  return static_ + activations + std::min(tokens, logits_chunk_) * logits_per_token_ + fixed_;
+  // Arenas keep an eighth above the largest pass they have carved (kernels/backend.h).
+  const int64_t carved = activations + std::min(tokens, logits_chunk_) * logits_per_token_;
+  return static_ + carved + carved / 8 + fixed_;
 }
 
 int64_t MemoryModel::max_rank_patches(std::span<const ImageClass> sorted, int c) {
@@ -113,14 +130,15 @@ int64_t MemoryModel::max_rank_patches(std::span<const SeqShape* const> seqs, int
   return max_rank_patches(std::span<const ImageClass>(classes), c);
 }
 
-int64_t MemoryModel::bytes_for(int64_t tokens, int64_t patches) const {
-  return rank_bytes(sat(tokens, per_token_, patches, per_patch_), tokens);
+int64_t MemoryModel::bytes_for(int64_t tokens, int64_t patches, int c) const {
+  const int64_t ring = c > 1 ? ring_per_token_ + int64_t(c - 1) * 12 : 0;
+  return rank_bytes(sat(tokens, per_token_ + ring, patches, per_patch_), tokens);
 }
 
 int64_t MemoryModel::group_bytes(std::span<const SeqShape* const> seqs, int c) const {
   int64_t tokens = 0;
   for (const SeqShape* s : seqs) tokens += (s->tokens() + c - 1) / c;
-  return bytes_for(tokens, max_rank_patches(seqs, c));
+  return bytes_for(tokens, max_rank_patches(seqs, c), c);
 }
 
 int MemoryModel::min_degree(std::span<const SeqShape* const> seqs, int max_degree) const {

@@ -8,8 +8,12 @@
 //   + vision activations per patch of the images the rank encodes: images are never split,
 //     they are dealt longest-first to the least loaded rank by patch count (balance_images),
 //     and the rank with the most patches is the one that counts
-//   + logits buffer: min(tokens, chunk) x vocab in fp32, with its gradient
-//   + ring buffers (double-buffered K/V and dK/dV blocks, per decoder token) + workspace.
+//   + logits buffer: min(tokens, chunk) x vocab, its gradient in place
+//   + ring buffers on rings of degree > 1 (double-buffered K/V and dK/dV blocks, per decoder
+//     token, and the routed image rows)
+//   + an eighth of all those (the arenas' headroom) + workspace.
+// Every term mirrors a buffer the engine carves, so the prediction is compared with the
+// backend's measured high-water mark (Backend::peak_bytes; tests/test_memory_model.cpp).
 #pragma once
 
 #include <cstdint>
@@ -41,7 +45,8 @@ class MemoryModel {
   int64_t gradient_bytes() const { return grad_bytes_; }
   int64_t optimizer_bytes() const { return optim_bytes_; }
   int64_t static_bytes() const { return static_; }
-  int64_t bytes_per_token() const { return per_token_; }   // decoder token
+  int64_t bytes_per_token() const { return per_token_; }   // decoder token, on one rank
+  int64_t ring_bytes_per_token() const { return ring_per_token_; }  // added on a ring
   int64_t bytes_per_patch() const { return per_patch_; }   // vision patch before the merge
 
   // Activation bytes of the whole of s on one rank (decoder tokens and all its images).
@@ -54,8 +59,9 @@ class MemoryModel {
   int64_t max_rank_patches(std::span<const SeqShape* const> seqs, int c) const;
   // The same for image classes already sorted largest first with distinct patch counts.
   static int64_t max_rank_patches(std::span<const ImageClass> sorted, int c);
-  // The bytes of a rank holding `tokens` decoder tokens and encoding `patches` patches.
-  int64_t bytes_for(int64_t tokens, int64_t patches) const;
+  // The bytes of a rank holding `tokens` decoder tokens and encoding `patches` patches, on a
+  // ring of degree c.
+  int64_t bytes_for(int64_t tokens, int64_t patches, int c = 1) const;
   // The smallest ring degree <= max_degree at which the sequences fit; max_degree + 1 if none.
   int min_degree(std::span<const SeqShape* const> seqs, int max_degree) const;
   // One sequence alone.
@@ -71,6 +77,7 @@ class MemoryModel {
 
  private:
   int64_t capacity_, params_, trainable_, static_, per_token_, per_patch_, logits_per_token_, fixed_;
+  int64_t ring_per_token_;
   int64_t grad_bytes_, optim_bytes_;
   int64_t group_params_[kParamGroups];
   int64_t logits_chunk_;

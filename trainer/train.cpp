@@ -78,6 +78,8 @@ class Run {
   StepStats compute(const StepWork& work, float loss_scale);
   // Every rank's busy time and this rank's ring waits: how unevenly the work was spread.
   void record_busy(StepRecord& rec);
+  void record_memory(const StepWork& work, StepRecord& rec);
+  int64_t predicted_high_ = 0;  // the memory model's bytes for the fullest group run so far
   // The step's loss summed over the ranks, unscaled.
   double global_loss(const StepStats& local, int64_t step, const StepWork& work);
 
@@ -280,6 +282,24 @@ StepStats Run::compute(const StepWork& work, float loss_scale) {
   return exec_.run(work, loss_scale, true, {}, final);
 }
 
+// The memory model's prediction for this rank next to what its buffers reached, every rank's.
+// The arenas keep the largest pass they have run, so the prediction is the largest over this
+// rank's groups so far (static state alone before it runs one).
+void Run::record_memory(const StepWork& work, StepRecord& rec) {
+  int64_t& predicted = predicted_high_;
+  predicted = std::max(predicted, planner_.current()->memory().bytes_for(0, 0));
+  for (int g : work.plan.groups_of(comm_.rank()))
+    predicted = std::max(predicted, work.plan.groups()[size_t(g)].peak_bytes);
+  const double mb = double(1 << 20);
+  double mine[2] = {double(backend_->peak_bytes()) / mb, double(predicted) / mb};
+  std::vector<double> all(2 * size_t(comm_.size()));
+  comm_.all_gather(mine, all.data(), 2, DataType::F64);
+  for (int r = 0; r < comm_.size(); ++r) {
+    rec.rank_mem_peak_mb.push_back(all[2 * size_t(r)]);
+    rec.rank_mem_predicted_mb.push_back(all[2 * size_t(r) + 1]);
+  }
+}
+
 void Run::record_busy(StepRecord& rec) {
   double mine = 0.0, waited = 0.0;
   for (const GroupTiming& t : exec_.last_timings()) mine += t.busy_seconds, waited += t.wait_seconds;
@@ -315,6 +335,7 @@ void describe_plan(const StepWork& work, StepRecord& rec) {
 
 StepRecord Run::step(int64_t step, const StepWork& work) {
   const auto t_step = Clock::now();
+  backend_->reset_peak();
   const float scale = 1.0f / float(std::max<int64_t>(1, work.loss_tokens));
   const StepStats local = compute(work, scale);
   // Gradients summed over the ranks (reduce-scattered to each rank's block under ZeRO-1).
@@ -331,6 +352,7 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
   rec.grad_norm = norm;
   opt_.apply(model_.params(), model_.grads(), rec.lr, norm, comm_);
   rec.threads = backend_->threads();
+  record_memory(work, rec);
   backend_->adapt_to_load();
 
   rec.step_s = seconds_since(t_step);
