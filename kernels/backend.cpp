@@ -58,7 +58,7 @@ void Arena::reserve(size_t bytes) {
   // An eighth of headroom, so that shapes growing by a few tokens at a time do not reallocate
   // each time (each reallocation grows the arena by at least that much). The memory model
   // counts the same eighth (parallel/memory_model.h).
-  constexpr size_t kGranule = size_t(1) << 20;
+  constexpr size_t kGranule = size_t(64) << 10;
   const size_t want = bytes + bytes / 8;
   buffer_.reset();
   buffer_ = DeviceBuffer(backend_, (want + kGranule - 1) / kGranule * kGranule);

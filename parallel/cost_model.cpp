@@ -133,9 +133,9 @@ DeviceProfile device_profile(const std::string& name) {
     c.sec_per_weight_byte = 1.0 / 23.9e12;
     p.act_bytes = 4, p.weight_bytes = 4, p.grad_bytes = 4, p.optim_bytes = 8;
     // Workspace: every buffer the CPU ops use is carved from an arena the memory model counts;
-    // what is left is each arena's rounding to a MiB (model, batch, ring metadata and work,
-    // image exchange).
-    p.workspace_bytes = int64_t(5) << 20, p.logits_chunk = 1024;
+    // what is left is each arena's rounding to 64 KiB (model, batch, ring metadata and work,
+    // image exchange: kernels/backend.cpp).
+    p.workspace_bytes = int64_t(5 * 64) << 10, p.logits_chunk = 1024;
     return p;
   }
   // GPUs: bf16 compute and gradients, fp32 master weights and Adam moments (ZeRO-1 shards).

@@ -67,18 +67,20 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   per_token_ = layers_bytes(m.layers, d, m.ffn, q, kv, m.heads) + 4 * d * act + 4 + 6 * 4;
   // Vision, per patch before the merge (model/vision.cpp): the normalised pixels, the
   // layers, the encoder norm's input, output and rstd, the stream's gradient, the merged
-  // rows and their gradient (m² patches make one), the projector's five (N, d) buffers and
-  // the image tokens' exchange buffer (per merged token); the batch's pixels (one byte a
-  // value) and four int32 columns.
+  // rows and their gradient (m² patches make one), the projector's five (N, d) buffers (per
+  // merged token); the batch's pixels (one byte a value) and four int32 columns.
   per_patch_ = v.patch_numel() * act + layers_bytes(v.layers, dv, v.ffn, dv, dv, v.heads) +
-               (3 * dv + 2 * dv) * act + 4 + (6 * d * act + 4 + m2_ - 1) / m2_ +
+               (3 * dv + 2 * dv) * act + 4 + (5 * d * act + m2_ - 1) / m2_ +
                v.patch_numel() + 4 * 4;
-  // A ring of degree c > 1 adds, per token of the rank (parallel/ring_attention.cpp, the
-  // larger backward set): two K/V blocks in flight, their fp32 dK/dV accumulators, dQ's fp32
-  // sum and one block's dQ, dK, dV parts; the routed image rows and their gradient
-  // (parallel/image_exchange.cpp, model.cpp); and per token of every other member its three
-  // int32 metadata columns.
-  ring_per_token_ = (4 * kv + q + 2 * kv) * act + (4 * kv + q) * 4 + 2 * d * act;
+  // A ring of degree c > 1 adds, per token of the rank: in the ring's work arena
+  // (parallel/ring_attention.cpp, the larger backward set) two K/V blocks in flight, their
+  // fp32 dK/dV accumulators, dQ's fp32 sum and one block's dQ, dK, dV parts; in its metadata
+  // arena three int32 columns per token of every other member; the routed image rows'
+  // gradient in the model's arena; the routed rows themselves in the image exchange's arena
+  // (parallel/image_exchange.cpp), which also sends the merged tokens this rank encodes.
+  ring_per_token_ = (4 * kv + q + 2 * kv) * act + (4 * kv + q) * 4;
+  routed_per_token_ = d * act;
+  sent_per_patch_ = (d * act + 4 + m2_ - 1) / m2_;
   // Logits, one chunk at a time: (rows, V) in the storage dtype (the gradient overwrites
   // them) and an fp32 lse per row.
   logits_per_token_ = int64_t(m.vocab_size) * act + 4;
@@ -130,15 +132,36 @@ int64_t MemoryModel::max_rank_patches(std::span<const SeqShape* const> seqs, int
   return max_rank_patches(std::span<const ImageClass>(classes), c);
 }
 
+ArenaBytes MemoryModel::arenas_for(int64_t tokens, int64_t patches, int c) const {
+  ArenaBytes a;
+  const int64_t routed = c > 1 ? routed_per_token_ : 0;
+  a.model = sat(tokens, per_token_ + routed, patches, per_patch_) +
+            std::min(tokens, logits_chunk_) * logits_per_token_;
+  if (c > 1) {
+    a.ring = sat(tokens, ring_per_token_, tokens, int64_t(c - 1) * 12);
+    a.exchange = sat(tokens, routed_per_token_, patches, sent_per_patch_);
+  }
+  return a;
+}
+
+int64_t MemoryModel::held_bytes(const ArenaBytes& a) const {
+  int64_t total = static_ + fixed_;
+  for (int64_t b : {a.model, a.ring, a.exchange}) total += b + b / 8;
+  return total;
+}
+
 int64_t MemoryModel::bytes_for(int64_t tokens, int64_t patches, int c) const {
-  const int64_t ring = c > 1 ? ring_per_token_ + int64_t(c - 1) * 12 : 0;
-  return rank_bytes(sat(tokens, per_token_ + ring, patches, per_patch_), tokens);
+  return held_bytes(arenas_for(tokens, patches, c));
+}
+
+ArenaBytes MemoryModel::group_arenas(std::span<const SeqShape* const> seqs, int c) const {
+  int64_t tokens = 0;
+  for (const SeqShape* s : seqs) tokens += (s->tokens() + c - 1) / c;
+  return arenas_for(tokens, max_rank_patches(seqs, c), c);
 }
 
 int64_t MemoryModel::group_bytes(std::span<const SeqShape* const> seqs, int c) const {
-  int64_t tokens = 0;
-  for (const SeqShape* s : seqs) tokens += (s->tokens() + c - 1) / c;
-  return bytes_for(tokens, max_rank_patches(seqs, c), c);
+  return held_bytes(group_arenas(seqs, c));
 }
 
 int MemoryModel::min_degree(std::span<const SeqShape* const> seqs, int max_degree) const {

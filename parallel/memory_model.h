@@ -16,6 +16,7 @@
 // backend's measured high-water mark (Backend::peak_bytes; tests/test_memory_model.cpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -30,6 +31,17 @@ namespace dhp {
 // The most memory per device the planner accepts, in GiB (a PiB): beyond it byte counts
 // would overflow.
 inline constexpr double kMaxMemoryGb = double(int64_t(1) << 20);
+
+// The activation bytes a rank carves in each of its arenas for one pass: the model's
+// (activations, logits, backward scratch, batch), a ring's (K/V blocks, accumulators, the
+// members' metadata) and the image exchange's. Each arena keeps the largest pass it has run,
+// so a rank running several passes holds every arena's largest (ArenaBytes::max).
+struct ArenaBytes {
+  int64_t model = 0, ring = 0, exchange = 0;
+  ArenaBytes max(const ArenaBytes& o) const {
+    return {std::max(model, o.model), std::max(ring, o.ring), std::max(exchange, o.exchange)};
+  }
+};
 
 class MemoryModel {
  public:
@@ -62,6 +74,12 @@ class MemoryModel {
   // The bytes of a rank holding `tokens` decoder tokens and encoding `patches` patches, on a
   // ring of degree c.
   int64_t bytes_for(int64_t tokens, int64_t patches, int c = 1) const;
+  ArenaBytes arenas_for(int64_t tokens, int64_t patches, int c = 1) const;
+  // The arenas of the fullest rank of a ring of degree c running these sequences together.
+  ArenaBytes group_arenas(std::span<const SeqShape* const> seqs, int c) const;
+  // What a rank holds with these arenas: static state, each arena with its eighth of
+  // headroom (kernels/backend.h), and the workspace.
+  int64_t held_bytes(const ArenaBytes& a) const;
   // The smallest ring degree <= max_degree at which the sequences fit; max_degree + 1 if none.
   int min_degree(std::span<const SeqShape* const> seqs, int max_degree) const;
   // One sequence alone.
@@ -77,7 +95,7 @@ class MemoryModel {
 
  private:
   int64_t capacity_, params_, trainable_, static_, per_token_, per_patch_, logits_per_token_, fixed_;
-  int64_t ring_per_token_;
+  int64_t ring_per_token_, routed_per_token_, sent_per_patch_;
   int64_t grad_bytes_, optim_bytes_;
   int64_t group_params_[kParamGroups];
   int64_t logits_chunk_;

@@ -79,7 +79,7 @@ class Run {
   // Every rank's busy time and this rank's ring waits: how unevenly the work was spread.
   void record_busy(StepRecord& rec);
   void record_memory(const StepWork& work, StepRecord& rec);
-  int64_t predicted_high_ = 0;  // the memory model's bytes for the fullest group run so far
+  ArenaBytes arenas_high_;  // the memory model's arenas for the groups run so far
   // The step's loss summed over the ranks, unscaled.
   double global_loss(const StepStats& local, int64_t step, const StepWork& work);
 
@@ -283,13 +283,17 @@ StepStats Run::compute(const StepWork& work, float loss_scale) {
 }
 
 // The memory model's prediction for this rank next to what its buffers reached, every rank's.
-// The arenas keep the largest pass they have run, so the prediction is the largest over this
-// rank's groups so far (static state alone before it runs one).
+// Each arena keeps the largest pass it has run, so the prediction holds each arena's largest
+// over this rank's groups so far.
 void Run::record_memory(const StepWork& work, StepRecord& rec) {
-  int64_t& predicted = predicted_high_;
-  predicted = std::max(predicted, planner_.current()->memory().bytes_for(0, 0));
-  for (int g : work.plan.groups_of(comm_.rank()))
-    predicted = std::max(predicted, work.plan.groups()[size_t(g)].peak_bytes);
+  const MemoryModel& mem = planner_.current()->memory();
+  for (int g : work.plan.groups_of(comm_.rank())) {
+    const PlanGroup& grp = work.plan.groups()[size_t(g)];
+    std::vector<const SeqShape*> seqs;
+    for (int32_t s : grp.seqs) seqs.push_back(&work.plan.seqs()[size_t(s)]);
+    arenas_high_ = arenas_high_.max(mem.group_arenas(seqs, grp.ring_degree));
+  }
+  const int64_t predicted = mem.held_bytes(arenas_high_);
   const double mb = double(1 << 20);
   double mine[2] = {double(backend_->peak_bytes()) / mb, double(predicted) / mb};
   std::vector<double> all(2 * size_t(comm_.size()));
