@@ -40,7 +40,11 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   const int64_t master = std::max(0, dev.optim_bytes - 8);
   grad_bytes_ = trainable_ * dev.grad_bytes;
   optim_bytes_ = (trainable_ * dev.optim_bytes + shards - 1) / shards;
-  static_ = params_ * dev.weight_bytes + (params_ - trainable_) * master + grad_bytes_ + optim_bytes_;
+  // A ZeRO-1 shard is trainable / N elements, the last rank's also the remainder (< N); each
+  // rank of a sharded run also holds its block of the reduce-scattered gradients
+  // (trainer/optimizer.cpp).
+  shard_bytes_ = shards > 1 ? (shards - 1) * dev.optim_bytes + trainable_ / shards * dev.grad_bytes : 0;
+  static_ = params_ * dev.weight_bytes + (params_ - trainable_) * master + grad_bytes_ + optim_bytes_ + shard_bytes_;
   // Per token, what a block of width c, ffn f, q/kv widths qw/kvw and h query heads holds for
   // backward (model/block.cpp): the layer input; the two norm outputs and the SwiGLU product
   // (rebuilt under selective and full); q, k, v, the attention output, the residual and the

@@ -56,6 +56,9 @@ class MemoryModel {
   // Of static_bytes(): the gradients, and the optimizer state this rank holds.
   int64_t gradient_bytes() const { return grad_bytes_; }
   int64_t optimizer_bytes() const { return optim_bytes_; }
+  // Of static_bytes() under ZeRO-1 on several ranks: the block of reduce-scattered gradients
+  // a rank holds and the remainder elements of the last shard's optimizer state.
+  int64_t shard_bytes() const { return shard_bytes_; }
   int64_t static_bytes() const { return static_; }
   int64_t bytes_per_token() const { return per_token_; }   // decoder token, on one rank
   int64_t ring_bytes_per_token() const { return ring_per_token_; }  // added on a ring
@@ -96,7 +99,7 @@ class MemoryModel {
  private:
   int64_t capacity_, params_, trainable_, static_, per_token_, per_patch_, logits_per_token_, fixed_;
   int64_t ring_per_token_, routed_per_token_, sent_per_patch_;
-  int64_t grad_bytes_, optim_bytes_;
+  int64_t grad_bytes_, optim_bytes_, shard_bytes_;
   int64_t group_params_[kParamGroups];
   int64_t logits_chunk_;
   int m2_;

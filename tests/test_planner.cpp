@@ -895,3 +895,51 @@ TEST(Presets, DeterministicLongTailed) {
 
 }  // namespace
 }  // namespace dhp
+
+namespace dhp {
+namespace {
+
+// A sample too long for every rank in the run's recompute mode names the mode that would fit
+// it (the least recompute that does), or says that none does.
+TEST(Planner, ASampleThatDoesNotFitNamesTheRecomputeModeThatWould) {
+  ParallelConfig par;
+  par.cost_profile = "cpu";
+  par.memory_gb = 0.05;
+  const ModelConfig model;
+  auto fits = [&](Recompute mode, int64_t tokens) {
+    par.recompute = mode;
+    return Planner(model, par, 1).memory().min_degree(SeqShape{3, tokens, 0, 0}, 1) <= 1;
+  };
+  // The longest text sample off fits on one rank; one token more needs recompute.
+  int64_t lo = 1, hi = int64_t(1) << 24;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (fits(Recompute::off, mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  const int64_t longer = lo + 1;
+  ASSERT_FALSE(fits(Recompute::off, longer));
+  ASSERT_TRUE(fits(Recompute::full, longer));
+  par.recompute = Recompute::off;
+  const Planner off(model, par, 1);
+  std::string msg;
+  try {
+    off.min_degree(SeqShape{3, longer, 0, 0});
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  const std::string want = fits(Recompute::selective, longer) ? "selective" : "full";
+  EXPECT_NE(msg.find("sample 3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("parallel.recompute = \"" + want + "\" fits it on 1 rank"), std::string::npos) << msg;
+  // Far beyond what any mode fits.
+  msg.clear();
+  try {
+    off.min_degree(SeqShape{3, int64_t(1) << 24, 0, 0});
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("no recompute mode fits it either"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace dhp

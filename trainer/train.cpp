@@ -289,9 +289,13 @@ void Run::record_memory(const StepWork& work, StepRecord& rec) {
   const MemoryModel& mem = planner_.current()->memory();
   for (int g : work.plan.groups_of(comm_.rank())) {
     const PlanGroup& grp = work.plan.groups()[size_t(g)];
+    // This rank's own tokens; the images of the ring's fullest encoder.
+    int64_t tokens = 0;
+    for (const TokenRange& r : work.plan.ranges(g, comm_.rank())) tokens += r.end - r.begin;
     std::vector<const SeqShape*> seqs;
     for (int32_t s : grp.seqs) seqs.push_back(&work.plan.seqs()[size_t(s)]);
-    arenas_high_ = arenas_high_.max(mem.group_arenas(seqs, grp.ring_degree));
+    arenas_high_ = arenas_high_.max(
+        mem.arenas_for(tokens, mem.max_rank_patches(seqs, grp.ring_degree), grp.ring_degree));
   }
   const int64_t predicted = mem.held_bytes(arenas_high_);
   const double mb = double(1 << 20);
