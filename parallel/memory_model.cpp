@@ -76,10 +76,11 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   per_patch_ = v.patch_numel() * act + layers_bytes(v.layers, dv, v.ffn, dv, dv, v.heads) +
                (3 * dv + 2 * dv) * act + 4 + (5 * d * act + m2_ - 1) / m2_ +
                v.patch_numel() + 4 * 4;
-  // A ring of degree c > 1 adds, per token of the rank: in the ring's work arena
+  // A ring of degree c > 1 carves, per token of the rank: in the ring's work arena
   // (parallel/ring_attention.cpp, the larger backward set) two K/V blocks in flight, their
   // fp32 dK/dV accumulators, dQ's fp32 sum and one block's dQ, dK, dV parts; in its metadata
-  // arena three int32 columns per token of every other member; the routed image rows'
+  // arena three int32 columns per token of every other member (not priced: arenas_for); the
+  // routed image rows'
   // gradient in the model's arena; the routed rows themselves in the image exchange's arena
   // (parallel/image_exchange.cpp), which also sends the merged tokens this rank encodes.
   ring_per_token_ = (4 * kv + q + 2 * kv) * act + (4 * kv + q) * 4;
@@ -88,6 +89,11 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // Logits, one chunk at a time: (rows, V) in the storage dtype (the gradient overwrites
   // them) and an fp32 lse per row.
   logits_per_token_ = int64_t(m.vocab_size) * act + 4;
+  // Arenas keep an eighth above the largest pass they have carved (kernels/backend.h): every
+  // carved term is priced with it, so sums of per-sequence bytes stay exact.
+  for (int64_t* b : {&per_token_, &per_patch_, &ring_per_token_, &routed_per_token_, &sent_per_patch_,
+                     &logits_per_token_})
+    *b += (*b + 7) / 8;
   logits_chunk_ = std::max<int64_t>(1, dev.logits_chunk);
   fixed_ = dev.workspace_bytes;
 }
@@ -102,13 +108,11 @@ int64_t sat(int64_t a, int64_t b, int64_t c, int64_t d) {
 }  // namespace
 
 int64_t MemoryModel::one_rank_bytes(const SeqShape& s) const {
-  return sat(s.tokens(), per_token_, s.vision_tokens * m2_, per_patch_);
+  return sat(s.tokens(), bytes_per_token(), s.vision_tokens * m2_, bytes_per_patch());
 }
 
 int64_t MemoryModel::rank_bytes(int64_t activations, int64_t tokens) const {
-  // Arenas keep an eighth above the largest pass they have carved (kernels/backend.h).
-  const int64_t carved = activations + std::min(tokens, logits_chunk_) * logits_per_token_;
-  return static_ + carved + carved / 8 + fixed_;
+  return static_ + activations + std::min(tokens, logits_chunk_) * logits_per_token_ + fixed_;
 }
 
 int64_t MemoryModel::max_rank_patches(std::span<const ImageClass> sorted, int c) {
@@ -136,36 +140,42 @@ int64_t MemoryModel::max_rank_patches(std::span<const SeqShape* const> seqs, int
   return max_rank_patches(std::span<const ImageClass>(classes), c);
 }
 
-ArenaBytes MemoryModel::arenas_for(int64_t tokens, int64_t patches, int c) const {
+ArenaBytes MemoryModel::arenas_for(int64_t tokens, int64_t patches, int c, int64_t group_tokens) const {
   ArenaBytes a;
   const int64_t routed = c > 1 ? routed_per_token_ : 0;
   a.model = sat(tokens, per_token_ + routed, patches, per_patch_) +
             std::min(tokens, logits_chunk_) * logits_per_token_;
   if (c > 1) {
-    a.ring = sat(tokens, ring_per_token_, tokens, int64_t(c - 1) * 12);
+    // The other members' metadata: 3 int32 per token, with the arena's eighth.
+    a.ring = sat(tokens, ring_per_token_, std::max<int64_t>(0, group_tokens - tokens), 14);
     a.exchange = sat(tokens, routed_per_token_, patches, sent_per_patch_);
   }
   return a;
 }
 
 int64_t MemoryModel::held_bytes(const ArenaBytes& a) const {
-  int64_t total = static_ + fixed_;
-  for (int64_t b : {a.model, a.ring, a.exchange}) total += b + b / 8;
-  return total;
+  return static_ + a.model + a.ring + a.exchange + fixed_;
 }
 
-int64_t MemoryModel::bytes_for(int64_t tokens, int64_t patches, int c) const {
-  return held_bytes(arenas_for(tokens, patches, c));
+int64_t MemoryModel::bytes_for(int64_t tokens, int64_t patches, int) const {
+  // What the planner fits: the ring's buffers are counted on one rank too (where none is
+  // carved), so that bytes never grow with the degree and a group's bytes are the sum of its
+  // sequences', which the planner's searches rely on. The ring's copy of the other members'
+  // metadata (12 bytes per token of the group, under 0.1% of a token's activations) is
+  // covered by the ring buffers so counted.
+  return rank_bytes(sat(tokens, bytes_per_token(), patches, bytes_per_patch()), tokens);
 }
 
 ArenaBytes MemoryModel::group_arenas(std::span<const SeqShape* const> seqs, int c) const {
-  int64_t tokens = 0;
-  for (const SeqShape* s : seqs) tokens += (s->tokens() + c - 1) / c;
-  return arenas_for(tokens, max_rank_patches(seqs, c), c);
+  int64_t tokens = 0, all = 0;
+  for (const SeqShape* s : seqs) tokens += (s->tokens() + c - 1) / c, all += s->tokens();
+  return arenas_for(tokens, max_rank_patches(seqs, c), c, all);
 }
 
 int64_t MemoryModel::group_bytes(std::span<const SeqShape* const> seqs, int c) const {
-  return held_bytes(group_arenas(seqs, c));
+  int64_t tokens = 0;
+  for (const SeqShape* s : seqs) tokens += (s->tokens() + c - 1) / c;
+  return bytes_for(tokens, max_rank_patches(seqs, c), c);
 }
 
 int MemoryModel::min_degree(std::span<const SeqShape* const> seqs, int max_degree) const {

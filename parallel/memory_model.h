@@ -60,9 +60,9 @@ class MemoryModel {
   // a rank holds and the remainder elements of the last shard's optimizer state.
   int64_t shard_bytes() const { return shard_bytes_; }
   int64_t static_bytes() const { return static_; }
-  int64_t bytes_per_token() const { return per_token_; }   // decoder token, on one rank
-  int64_t ring_bytes_per_token() const { return ring_per_token_; }  // added on a ring
-  int64_t bytes_per_patch() const { return per_patch_; }   // vision patch before the merge
+  // Over every arena (a ring's and the image exchange's counted on one rank too):
+  int64_t bytes_per_token() const { return per_token_ + 2 * routed_per_token_ + ring_per_token_; }
+  int64_t bytes_per_patch() const { return per_patch_ + sent_per_patch_; }  // before the merge
 
   // Activation bytes of the whole of s on one rank (decoder tokens and all its images).
   int64_t one_rank_bytes(const SeqShape& s) const;
@@ -77,11 +77,15 @@ class MemoryModel {
   // The bytes of a rank holding `tokens` decoder tokens and encoding `patches` patches, on a
   // ring of degree c.
   int64_t bytes_for(int64_t tokens, int64_t patches, int c = 1) const;
-  ArenaBytes arenas_for(int64_t tokens, int64_t patches, int c = 1) const;
+  // The arenas a rank carves for one pass, exactly as the engine does (ring buffers only on a
+  // ring; group_tokens: every token of the ring's sequences, for its members' metadata). The
+  // planner fits with bytes_for/group_bytes, which count the ring's buffers on one rank too,
+  // so they are never below held_bytes of these.
+  ArenaBytes arenas_for(int64_t tokens, int64_t patches, int c, int64_t group_tokens) const;
   // The arenas of the fullest rank of a ring of degree c running these sequences together.
   ArenaBytes group_arenas(std::span<const SeqShape* const> seqs, int c) const;
-  // What a rank holds with these arenas: static state, each arena with its eighth of
-  // headroom (kernels/backend.h), and the workspace.
+  // What a rank holds with these arenas: static state, the arenas (their eighth of headroom
+  // included: kernels/backend.h), and the workspace.
   int64_t held_bytes(const ArenaBytes& a) const;
   // The smallest ring degree <= max_degree at which the sequences fit; max_degree + 1 if none.
   int min_degree(std::span<const SeqShape* const> seqs, int max_degree) const;

@@ -419,10 +419,11 @@ TEST(Schedule, BarrierFreeInvariantsOnRandomInstances) {
 }
 
 TEST(Schedule, BarrierFreeBeatsWavesWhenMemoryForcesMicroSteps) {
-  // 7B without recompute on 80 GiB: about 9.5k tokens of activations per rank, so the
-  // long-tail batch needs several micro-steps. Barriers make every rank wait for the slowest
-  // group of each wave; the barrier-free schedule only synchronises at the end.
-  Planner p(model_profile("7b"), par_for("h100", 80, 8), 64);
+  // 7B without recompute on 88 GiB: about 9k tokens of activations per rank (the memory
+  // model prices every buffer the engine carves), so the long-tail batch needs several
+  // micro-steps. Barriers make every rank wait for the slowest group of each wave; the
+  // barrier-free schedule only synchronises at the end.
+  Planner p(model_profile("7b"), par_for("h100", 88, 8), 64);
   auto batch = preset_batch("video-longtail", 512, 7);
   const Plan dhp = p.plan_dhp(batch), waves = p.plan_dhp_waves(batch);
   expect_valid(p, dhp, batch);
@@ -484,14 +485,14 @@ TEST(Schedule, CheckRejectsBrokenSchedules) {
   EXPECT_TRUE(p.check(Plan(Strategy::dhp_waves, 8, seqs, {w0, group(1, 0, 8, {1}, w0.time_ns)}, 0)).empty());
 }
 
-// Where memory forces wide rings (a 7B model without recompute on 17 ranks: 65k-token
-// videos need every rank), the bound is within 15% of the plan found (it was 2.9x below):
+// Where memory forces wide rings (a 7B model without recompute on 17 ranks of 88 GiB:
+// 65k-token videos need every rank), the bound is within 15% of the plan found (it was 2.9x below):
 // every sequence's rank-time at its memory-minimum degree or more, with the ring transfer
 // such rings cannot hide, and every sequence (not only the one with the most work) alone on
 // its best ring.
 TEST(Planner, LowerBoundIsTightWhereMemoryForcesWideRings) {
   const int n = 17;
-  Planner p(model_profile("7b"), par_for("h100", 80, 8), n);
+  Planner p(model_profile("7b"), par_for("h100", 88, 8), n);
   for (int step = 0; step < 3; ++step) {
     std::vector<SeqShape> batch;
     for (const auto& s : preset_samples(preset_params("video-longtail"), int64_t(step) * 512, 512, 1, 28))

@@ -293,9 +293,13 @@ void Run::record_memory(const StepWork& work, StepRecord& rec) {
     int64_t tokens = 0;
     for (const TokenRange& r : work.plan.ranges(g, comm_.rank())) tokens += r.end - r.begin;
     std::vector<const SeqShape*> seqs;
-    for (int32_t s : grp.seqs) seqs.push_back(&work.plan.seqs()[size_t(s)]);
+    int64_t all = 0;
+    for (int32_t s : grp.seqs) {
+      seqs.push_back(&work.plan.seqs()[size_t(s)]);
+      all += seqs.back()->tokens();
+    }
     arenas_high_ = arenas_high_.max(
-        mem.arenas_for(tokens, mem.max_rank_patches(seqs, grp.ring_degree), grp.ring_degree));
+        mem.arenas_for(tokens, mem.max_rank_patches(seqs, grp.ring_degree), grp.ring_degree, all));
   }
   const int64_t predicted = mem.held_bytes(arenas_high_);
   const double mb = double(1 << 20);
