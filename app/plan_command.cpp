@@ -33,7 +33,7 @@ constexpr int kMaxSteps = 100000;    // steps simulated
 struct PlanOptions {
   std::string data, preset = "video-longtail", config, model_profile, device, strategies = "dhp,static,pow2";
   int world = 64, batch = 512, steps = 20, ranks_per_node = 0;
-  std::string recompute;  // "", "on" or "off": overrides parallel.recompute
+  std::string recompute;  // "", or a mode of types/recompute.h (on = full): overrides parallel.recompute
   double memory_gb = 0, budget_ms = 0;
   bool memory_set = false, ranks_set = false, budget_set = false;
   std::string coeffs;     // JSON file of cost coefficients (dhp profile)
@@ -161,8 +161,8 @@ void run_plan(const PlanOptions& o) {
   DHP_CHECK(!o.ranks_set || o.ranks_per_node >= 1, "--ranks-per-node must be at least 1, got {}", o.ranks_per_node);
   DHP_CHECK(!o.budget_set || (std::isfinite(o.budget_ms) && o.budget_ms >= 0 && o.budget_ms <= 1e6),
             "--budget-ms must be between 0 and 1e6, got {}", o.budget_ms);
-  DHP_CHECK(o.recompute.empty() || o.recompute == "on" || o.recompute == "off", "--recompute: on or off, got '{}'",
-            o.recompute);
+  DHP_CHECK(o.recompute.empty() || o.recompute == "on" || find_recompute(o.recompute),
+            "--recompute: off, selective or full (on = full), got '{}'", o.recompute);
   const std::vector<Strategy> strategies = parse_strategies(o.strategies);
   ModelConfig model;
   ParallelConfig par;
@@ -176,7 +176,8 @@ void run_plan(const PlanOptions& o) {
   if (o.memory_set) par.memory_gb = o.memory_gb;
   if (o.ranks_set) par.ranks_per_node = o.ranks_per_node;
   if (o.budget_set) par.planner_budget_ms = o.budget_ms;
-  if (!o.recompute.empty()) par.recompute = o.recompute == "on";
+  if (!o.recompute.empty())
+    par.recompute = o.recompute == "on" ? Recompute::full : *find_recompute(o.recompute);
   CostModel cost(model, device_profile(par.cost_profile), par.ranks_per_node, par.recompute);
   if (!o.coeffs.empty()) {
     const std::string text = InputFile("--coeffs", o.coeffs).read_all(int64_t(64) << 20, "--coeffs");
@@ -215,7 +216,7 @@ void run_plan(const PlanOptions& o) {
   if (o.json) {
     nlohmann::json j = {{"world", o.world}, {"batch", o.batch}, {"steps", o.steps}, {"seed", o.seed},
                         {"source", o.data.empty() ? "preset:" + o.preset : o.data},
-                        {"device", par.cost_profile}, {"memory_gb", par.memory_gb}, {"recompute", par.recompute},
+                        {"device", par.cost_profile}, {"memory_gb", par.memory_gb}, {"recompute", recompute_name(par.recompute)},
                         {"ranks_per_node", par.ranks_per_node}, {"budget_ms", par.planner_budget_ms},
                         {"coeffs", planner.cost().coeffs().to_json()}};
     const MemoryModel& mem = planner.memory();
@@ -237,10 +238,24 @@ void run_plan(const PlanOptions& o) {
   const double mib = double(1 << 20);
   fmt::print("model: dim {} x {} layers, vision {} x {} layers; {} parameters ({} trainable); recompute {}\n",
              model.dim, model.layers, model.vision.dim, model.vision.layers, mem.parameters(),
-             mem.trainable_parameters(), par.recompute ? "on" : "off");
-  fmt::print("per rank: weights, gradients and optimizer state {:.2f} MiB (gradients {:.2f}, optimizer {:.2f}{})\n\n",
+             mem.trainable_parameters(), recompute_name(par.recompute));
+  fmt::print("per rank: weights, gradients and optimizer state {:.2f} MiB (gradients {:.2f}, optimizer {:.2f}{})\n",
              double(mem.static_bytes()) / mib, double(mem.gradient_bytes()) / mib,
              double(mem.optimizer_bytes()) / mib, par.zero1 ? ", ZeRO-1" : "");
+  // The longest text-only sample one rank holds in each recompute mode (bytes grow with the
+  // tokens: binary search).
+  std::vector<std::string> longest;
+  for (const auto& [mode, name] : kRecomputeNames) {
+    const MemoryModel m(model, device_profile(par.cost_profile), o.world, par.memory_gb, par.zero1, mode, groups);
+    int64_t lo = 0, hi = kMaxSampleTokens;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (m.group_bytes(SeqShape{0, mid, 0, 0}, 1) <= m.capacity()) lo = mid;
+      else hi = mid - 1;
+    }
+    longest.push_back(fmt::format("{} {}", name, lo));
+  }
+  fmt::print("longest text sample on one rank, tokens by parallel.recompute: {}\n\n", fmt::join(longest, ", "));
   fmt::print("{}", format_reports(rows));
   for (auto& [k, v] : failures.items()) fmt::print("{}: not possible: {}\n", k, v.get<std::string>());
   if (o.show_plan) fmt::print("\nfirst step's dhp plan:\n{}", planner.plan_dhp(batches(0)).to_string());
@@ -266,7 +281,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--strategies", opts->strategies,
                   "Comma-separated: dhp,static,pow2 and dhp-waves (dhp's waves as global barriers, for reference)")
       ->capture_default_str();
-  cmd->add_option("--recompute", opts->recompute, "Planner models with activation recompute: on or off "
+  cmd->add_option("--recompute", opts->recompute, "Planner models with activation recompute: off, selective or full (on = full) "
                                                   "(default: parallel.recompute)");
   cmd->add_option("--ranks-per-node", opts->ranks_per_node, "Ranks per node (default: parallel.ranks_per_node)")
       ->each([opts](const std::string&) { opts->ranks_set = true; });

@@ -41,7 +41,7 @@ void run_profile(const ProfileOptions& o) {
   ModelConfig cfg;
   if (!o.config.empty()) cfg = load_config(o.config).model;
   StepProfiler profiler(cfg, o.threads);
-  const CostModel prior(cfg, device_profile("cpu"), 1, false);
+  const CostModel prior(cfg, device_profile("cpu"), 1);
   std::vector<TimingObservation> obs;
   fmt::print("dhp profile: model dim {} x {} layers, vision {} x {} layers, {} thread(s), median of {} runs\n\n",
              cfg.dim, cfg.layers, cfg.vision.dim, cfg.vision.layers, o.threads, o.repeats);

@@ -72,7 +72,7 @@ void wall_time_table() {
              "always made | units per CPU ms | step/bound |\n");
   fmt::print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   ParallelConfig par;
-  par.cost_profile = "h200", par.memory_gb = 141, par.recompute = true, par.ranks_per_node = 8;
+  par.cost_profile = "h200", par.memory_gb = 141, par.recompute = Recompute::full, par.ranks_per_node = 8;
   for (auto [size, n] : {std::pair{128, 8}, {512, 64}, {512, 512}, {4096, 64}, {4096, 1024}, {16384, 4096}}) {
     Planner planner(model_profile("7b"), par, n);
     const int steps = size >= 16384 ? 5 : size >= 4096 ? 15 : 40;
@@ -115,7 +115,8 @@ void strategy_tables() {
     for (const char* preset : {"captions", "mixed", "video-longtail"}) {
       for (int n : {8, 12, 17, 24, 40, 64, 100}) {
         ParallelConfig par;
-        par.cost_profile = "h100", par.memory_gb = 80, par.ranks_per_node = 8, par.recompute = recompute;
+        par.cost_profile = "h100", par.memory_gb = 80, par.ranks_per_node = 8,
+        par.recompute = recompute ? Recompute::full : Recompute::off;
         Planner planner(model_profile("7b"), par, n);
         ParallelConfig rich = par;
         rich.planner_budget_ms = par.planner_budget_ms / Planner::kPow2Share;
@@ -163,7 +164,8 @@ void strategy_tables() {
 void headline() {
   for (bool recompute : {false, true}) {
     ParallelConfig par;
-    par.cost_profile = "h100", par.memory_gb = 80, par.ranks_per_node = 8, par.recompute = recompute;
+    par.cost_profile = "h100", par.memory_gb = 80, par.ranks_per_node = 8,
+        par.recompute = recompute ? Recompute::full : Recompute::off;
     Planner planner(model_profile("7b"), par, 64);
     auto bs = batches("video-longtail", 512, 20, 1);
     fmt::print("## video-longtail: 7b on 64 x h100 80 GiB (8 per node, {}), global batch 512, 20 steps, seed 1\n\n```\n",

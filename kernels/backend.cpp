@@ -27,7 +27,9 @@ std::optional<Precision> find_precision(std::string_view name) {
 }
 
 DeviceBuffer::DeviceBuffer(Backend& backend, size_t bytes)
-    : backend_(&backend), data_(bytes ? backend.allocate(bytes) : nullptr), bytes_(bytes) {}
+    : backend_(&backend), data_(bytes ? backend.allocate(bytes) : nullptr), bytes_(bytes) {
+  if (data_) backend.note_allocated(bytes);
+}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
@@ -43,16 +45,21 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 }
 
 void DeviceBuffer::reset() {
-  if (data_) backend_->deallocate(data_);
+  if (data_) {
+    backend_->deallocate(data_);
+    backend_->note_released(bytes_);
+  }
   data_ = nullptr;
   bytes_ = 0;
 }
 
 void Arena::reserve(size_t bytes) {
   if (bytes <= buffer_.bytes()) return;
-  // Round up so that shapes growing by a few tokens at a time do not reallocate each time.
-  constexpr size_t kGranule = size_t(1) << 20;
-  const size_t want = std::max(bytes + bytes / 8, buffer_.bytes() + buffer_.bytes() / 4);
+  // An eighth of headroom, so that shapes growing by a few tokens at a time do not reallocate
+  // each time (each reallocation grows the arena by at least that much). The memory model
+  // counts the same eighth (parallel/memory_model.h).
+  constexpr size_t kGranule = size_t(64) << 10;
+  const size_t want = bytes + bytes / 8;
   buffer_.reset();
   buffer_ = DeviceBuffer(backend_, (want + kGranule - 1) / kGranule * kGranule);
 }

@@ -4,6 +4,7 @@
 // never to a concrete device, so adding a device means adding files under kernels/.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -73,9 +74,24 @@ class Backend {
   virtual void* stream_handle() const { return nullptr; }
 
   int64_t allocations() const { return allocations_; }
+  // Bytes this backend's DeviceBuffers (arenas included) hold now, and the most they held
+  // since the backend was made or reset_peak() was last called: the measured side of the
+  // planner's memory model. Allocations outside DeviceBuffer (a library's own workspace) are
+  // not seen.
+  int64_t bytes_in_use() const { return in_use_; }
+  int64_t peak_bytes() const { return peak_; }
+  void reset_peak() { peak_ = in_use_; }
+  void note_allocated(size_t bytes) {
+    in_use_ += int64_t(bytes);
+    peak_ = std::max(peak_, in_use_);
+  }
+  void note_released(size_t bytes) { in_use_ -= int64_t(bytes); }
 
  protected:
   int64_t allocations_ = 0;
+
+ private:
+  int64_t in_use_ = 0, peak_ = 0;
 };
 
 // Move-only ownership of one device allocation.
@@ -142,13 +158,17 @@ class Arena {
     reserve(measure.size());
     Carver real(buffer_.as<char>());
     layout(real);
+    carved_ = measure.size();
   }
   size_t capacity() const { return buffer_.bytes(); }
+  // Bytes the last layout took (capacity() also holds the headroom of growth).
+  size_t carved() const { return carved_; }
 
  private:
   void reserve(size_t bytes);
   Backend& backend_;
   DeviceBuffer buffer_;
+  size_t carved_ = 0;
 };
 
 // Backends by name ("cpu", and "cuda" where a build registers it). The registry is filled

@@ -16,23 +16,62 @@ void rope_apply(const Ops& ops, Act x, int64_t T, int H, const BlockDims& d, Rop
 
 }  // namespace
 
-BlockActs carve_block_acts(Carver& c, const BlockDims& d, int64_t T, DType t) {
+namespace {
+// Which buffers a mode rebuilds in backward. x_in is always kept: it is the one thing a layer
+// cannot rebuild.
+struct Rebuilt {
+  bool norms;      // xn1, rstd1, xn2, rstd2: cheap pointwise ops of kept tensors
+  bool swiglu;     // g = silu(a)·b
+  bool linears;    // q, k, v, att, lse, h, a, b: the GEMMs' and the attention's outputs
+};
+Rebuilt rebuilt_by(Recompute mode) {
+  switch (mode) {
+    case Recompute::off: return {false, false, false};
+    case Recompute::selective: return {true, true, false};
+    case Recompute::full: return {true, true, true};
+  }
+  return {false, false, false};
+}
+
+// Takes each buffer from the carver when `own` says so, else from `from`.
+BlockActs carve_some(Carver& c, const BlockDims& d, int64_t T, DType t, Rebuilt own,
+                     const BlockActs& from) {
   const int64_t qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd;
-  BlockActs a;
+  BlockActs a = from;
+  if (own.norms) {
+    a.xn1 = c.take(T * d.C, t);
+    a.rstd1 = c.take<float>(T);
+  }
+  if (own.linears) {
+    a.q = c.take(T * qd, t);
+    a.k = c.take(T * kvd, t);
+    a.v = c.take(T * kvd, t);
+    a.att = c.take(T * qd, t);
+    a.lse = c.take<float>(int64_t(d.Hq) * T);
+    a.h = c.take(T * d.C, t);
+  }
+  if (own.norms) {
+    a.xn2 = c.take(T * d.C, t);
+    a.rstd2 = c.take<float>(T);
+  }
+  if (own.linears) {
+    a.a = c.take(T * d.F, t);
+    a.b = c.take(T * d.F, t);
+  }
+  if (own.swiglu) a.g = c.take(T * d.F, t);
+  return a;
+}
+}  // namespace
+
+BlockActs carve_block_rebuilt(Carver& c, const BlockDims& d, int64_t T, DType t, Recompute mode) {
+  return carve_some(c, d, T, t, rebuilt_by(mode), BlockActs{});
+}
+
+BlockActs carve_block_acts(Carver& c, const BlockDims& d, int64_t T, DType t, Recompute mode,
+                           const BlockActs& rebuilt) {
+  const Rebuilt r = rebuilt_by(mode);
+  BlockActs a = carve_some(c, d, T, t, Rebuilt{!r.norms, !r.swiglu, !r.linears}, rebuilt);
   a.x_in = c.take(T * d.C, t);
-  a.xn1 = c.take(T * d.C, t);
-  a.rstd1 = c.take<float>(T);
-  a.q = c.take(T * qd, t);
-  a.k = c.take(T * kvd, t);
-  a.v = c.take(T * kvd, t);
-  a.att = c.take(T * qd, t);
-  a.lse = c.take<float>(int64_t(d.Hq) * T);
-  a.h = c.take(T * d.C, t);
-  a.xn2 = c.take(T * d.C, t);
-  a.rstd2 = c.take<float>(T);
-  a.a = c.take(T * d.F, t);
-  a.b = c.take(T * d.F, t);
-  a.g = c.take(T * d.F, t);
   return a;
 }
 
@@ -74,8 +113,17 @@ void block_forward(const Ops& ops, const BlockDims& d, const BlockWeights& w, co
 
 void block_backward(const Ops& ops, const BlockDims& d, const BlockWeights& w,
                     const BlockParams& gw, const BlockActs& a, const BlockScratch& s, Act dx,
-                    int64_t T, RopePos rope, Attention& attn, int layer) {
+                    int64_t T, RopePos rope, Attention& attn, int layer, Recompute mode) {
   const int64_t C = d.C, qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd, F = d.F;
+  if (mode == Recompute::full) {
+    // The layer's output is not needed again (the next layer's input is kept): dtmp takes it
+    // before backward first writes there.
+    block_forward(ops, d, w, a, s.dtmp, T, rope, attn, layer);
+  } else if (mode == Recompute::selective) {
+    ops.rmsnorm_forward(a.xn1, a.rstd1, a.x_in, w.attn_norm, T, C, d.eps);
+    ops.rmsnorm_forward(a.xn2, a.rstd2, a.h, w.mlp_norm, T, C, d.eps);
+    ops.swiglu_forward(a.g, a.a, a.b, T * F);
+  }
   // MLP branch: dx holds d(out) = d(h) through the residual, plus what flows through the MLP.
   ops.linear_backward(s.dg, gw.w2, nullptr, dx, a.g, w.w2, T, F, C, false);
   ops.swiglu_backward(s.da, s.db, s.dg, a.a, a.b, T * F);

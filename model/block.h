@@ -9,6 +9,7 @@
 #include "kernels/backend.h"
 #include "model/attention_seam.h"
 #include "model/params.h"
+#include "types/recompute.h"
 
 namespace dhp {
 
@@ -29,7 +30,10 @@ struct RopePos {
 };
 
 // What the forward pass keeps for the backward pass, per block and micro-batch. Activations
-// are in the ops' storage dtype; the per-row statistics are fp32.
+// are in the ops' storage dtype; the per-row statistics are fp32. Under recompute
+// (types/recompute.h) the buffers a layer rebuilds in backward are one set shared by every
+// layer of the pass (carve_block_rebuilt): forward writes them and the next layer overwrites
+// them; backward rebuilds them just before it reads them.
 struct BlockActs {
   Act x_in;      // (T, C) block input (the first residual)
   Act xn1;       // (T, C) RMSNorm(x_in)
@@ -46,7 +50,11 @@ struct BlockActs {
   Act b;         // (T, F) x·W3
   Act g;         // (T, F) silu(a)·b
 };
-BlockActs carve_block_acts(Carver& c, const BlockDims& d, int64_t T, DType t);
+// The buffers `mode` rebuilds, once per pass (nothing under off).
+BlockActs carve_block_rebuilt(Carver& c, const BlockDims& d, int64_t T, DType t, Recompute mode);
+// One layer's buffers: those `mode` keeps are its own, the others are `rebuilt`'s.
+BlockActs carve_block_acts(Carver& c, const BlockDims& d, int64_t T, DType t,
+                           Recompute mode = Recompute::off, const BlockActs& rebuilt = {});
 
 // Scratch buffers of the backward pass, shared by every block of a pass.
 struct BlockScratch {
@@ -62,9 +70,13 @@ void block_forward(const Ops& ops, const BlockDims& d, const BlockWeights& w,
                    const BlockActs& acts, Act out, int64_t T, RopePos rope, Attention& attn,
                    int layer);
 
-// dx (T, C) holds d(out) on entry and d(x_in) on return.
+// dx (T, C) holds d(out) on entry and d(x_in) on return. `mode` is the one the acts were
+// carved for: the rebuilt buffers are recomputed first, by the same ops on the same inputs
+// as in forward, so the gradients are bit-identical to those of a pass that kept them. Under
+// full recompute that reruns the layer's attention forward (a ring's exchange included).
 void block_backward(const Ops& ops, const BlockDims& d, const BlockWeights& w,
                     const BlockParams& grad, const BlockActs& acts, const BlockScratch& s, Act dx,
-                    int64_t T, RopePos rope, Attention& attn, int layer);
+                    int64_t T, RopePos rope, Attention& attn, int layer,
+                    Recompute mode = Recompute::off);
 
 }  // namespace dhp

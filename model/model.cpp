@@ -101,8 +101,9 @@ void Model::carve(int64_t T, int64_t P, int64_t N, int64_t R, bool backward) {
   const int64_t d = cfg_.dim, V = cfg_.vocab_size, rows = std::min(T, kLogitRows);
   const DType t = dtype_;
   arena_.carve([&](Carver& c) {
-    vision_.carve(c, P, N, backward, g_.patch_embed_w != nullptr);
-    for (auto& a : acts_) a = carve_block_acts(c, dims_, T, t);
+    vision_.carve(c, P, N, backward, g_.patch_embed_w != nullptr, recompute_);
+    rebuilt_ = carve_block_rebuilt(c, dims_, T, t, recompute_);
+    for (auto& a : acts_) a = carve_block_acts(c, dims_, T, t, recompute_, rebuilt_);
     x_final_ = c.take(T * d, t);
     xf_ = c.take(T * d, t);
     rstd_ = c.take<float>(T);
@@ -164,7 +165,7 @@ void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention
   const RopePos rope{b.pos, nullptr, nullptr};
   for (int l = cfg_.layers - 1; l >= 0; --l) {
     block_backward(ops_, dims_, w_.layers[l], g_.layers[l], acts_[l], scratch_, dx_, T, rope,
-                   attn, l);
+                   attn, l, recompute_);
     done_from(layer_at_[size_t(l)]);
   }
   if (g_.tok_embed) ops_.embedding_backward(g_.tok_embed, dx_, b.ids, T, d);

@@ -68,6 +68,14 @@ class Model {
   const float* params() const { return params_.as<float>(); }
   const float* grads() const { return grads_.as<float>(); }
 
+  // What the passes keep for backward and rebuild (types/recompute.h); off until set. The
+  // gradients do not depend on it; the activation arena does.
+  void set_recompute(Recompute mode) { recompute_ = mode; }
+  Recompute recompute() const { return recompute_; }
+  // Bytes of activations the last pass carved (the arena itself holds the largest pass so
+  // far, with headroom: Arena).
+  size_t activation_bytes() const { return arena_.carved(); }
+
   void initialise(uint64_t seed);
   // The weights on the host (checkpoints, exports) and back; each synchronises with the device.
   std::vector<float> download_params() const;
@@ -124,7 +132,9 @@ class Model {
   LocalAttention local_attn_;
   BatchUploader uploader_;
   Arena arena_;                  // activations of the current shape
+  Recompute recompute_ = Recompute::off;
   std::vector<BlockActs> acts_;  // per decoder layer
+  BlockActs rebuilt_{};          // the buffers recompute rebuilds, shared by the layers
   BlockScratch scratch_{};
   Act x_final_;                  // (T, d) input of the final norm
   Act xf_;                       // (T, d) final-normed stream

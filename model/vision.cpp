@@ -20,11 +20,14 @@ VisionPath::VisionPath(const ModelConfig& cfg, const Ops& ops)
   acts_.resize(v.layers);
 }
 
-void VisionPath::carve(Carver& c, int64_t P, int64_t N, bool backward, bool encoder_grads) {
+void VisionPath::carve(Carver& c, int64_t P, int64_t N, bool backward, bool encoder_grads,
+                       Recompute mode) {
   const int64_t dv = cfg_.vision.dim, d = cfg_.dim, m = cfg_.vision.merge;
   const DType t = ops_.dtype();
   patches_ = c.take(P * cfg_.vision.patch_numel(), t);
-  for (auto& a : acts_) a = carve_block_acts(c, dims_, P, t);
+  mode_ = mode;
+  rebuilt_ = carve_block_rebuilt(c, dims_, P, t, mode);
+  for (auto& a : acts_) a = carve_block_acts(c, dims_, P, t, mode, rebuilt_);
   x_final_ = c.take(P * dv, t);
   xn_ = c.take(P * dv, t);
   rstd_ = c.take<float>(P);
@@ -77,7 +80,7 @@ void VisionPath::backward(const ModelWeights& p, const ModelParams& g, const Dev
   const RopePos rope{nullptr, b.patch_row, b.patch_col};
   for (int l = v.layers - 1; l >= 0; --l)
     block_backward(ops_, dims_, p.vision_layers[l], g.vision_layers[l], acts_[l], scratch_, dx_,
-                   P, rope, attn_, l);
+                   P, rope, attn_, l, mode_);
   ops_.linear_backward(nullptr, g.patch_embed_w, g.patch_embed_b, dx_, patches_,
                        p.patch_embed_w, P, pn, dv, false);
 }

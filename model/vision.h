@@ -24,7 +24,9 @@ class VisionPath {
   // Takes this pass's buffers for P patches and N merged tokens from the model's arena. With
   // encoder_grads false (the encoder frozen) backward stops at the projector: the encoder's
   // backward buffers are not taken.
-  void carve(Carver& c, int64_t P, int64_t N, bool backward, bool encoder_grads = true);
+  // `mode`: what the encoder's layers keep for backward (types/recompute.h).
+  void carve(Carver& c, int64_t P, int64_t N, bool backward, bool encoder_grads = true,
+             Recompute mode = Recompute::off);
   // Image tokens (N, d) of every image of the batch, in the batch's image order, into tokens().
   void forward(const ModelWeights& w, const DeviceBatch& b);
   // Reads the gradient of the image tokens from dtokens(); accumulates parameter gradients.
@@ -39,6 +41,8 @@ class VisionPath {
   BlockDims dims_;
   LocalAttention attn_;
   std::vector<BlockActs> acts_;  // per encoder layer
+  BlockActs rebuilt_{};          // the buffers recompute rebuilds, shared by the layers
+  Recompute mode_ = Recompute::off;  // of the last carve
   BlockScratch scratch_{};
   Act patches_;                  // (P, p·p·3) the normalised pixels in the storage dtype
   Act x_final_;                  // (P, dv) input of the encoder norm

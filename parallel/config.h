@@ -5,6 +5,7 @@
 #include <string>
 
 #include "parallel/strategy.h"
+#include "types/recompute.h"
 
 namespace dhp {
 
@@ -16,7 +17,8 @@ struct ParallelConfig {
   int static_cp = 0;               // static strategy's CP degree; 0 = smallest that fits
   double planner_budget_ms = 5.0;  // time the planner may spend improving a plan
   std::string cost_profile = "cpu";  // cost-model profile: "cpu" (measured) or a GPU name
-  bool recompute = false;          // planner's models: activations recomputed in backward
+  Recompute recompute = Recompute::off;  // activations rebuilt in backward (types/recompute.h):
+                                         // the engine runs it and the planner prices it
   bool refit = true;               // refit the cost model from measured group times each step
   int refit_window = 64;           // the most recent groups the refit uses
   bool overlap_grads = true;       // sum gradient buckets over ranks while backward goes on

@@ -132,7 +132,10 @@ DeviceProfile device_profile(const std::string& name) {
     c.sec_per_seq = 30.2e-6;
     c.sec_per_weight_byte = 1.0 / 23.9e12;
     p.act_bytes = 4, p.weight_bytes = 4, p.grad_bytes = 4, p.optim_bytes = 8;
-    p.workspace_bytes = int64_t(256) << 20, p.logits_chunk = 1024;
+    // Workspace: every buffer the CPU ops use is carved from an arena the memory model counts;
+    // what is left is each arena's rounding to 64 KiB (model, batch, ring metadata and work,
+    // image exchange: kernels/backend.cpp).
+    p.workspace_bytes = int64_t(5 * 64) << 10, p.logits_chunk = 1024;
     return p;
   }
   // GPUs: bf16 compute and gradients, fp32 master weights and Adam moments (ZeRO-1 shards).
@@ -224,9 +227,11 @@ void balance_images(std::span<const ImageClass> classes, int d, std::vector<Imag
   if (work) *work += steps;
 }
 
-CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_per_node, bool recompute)
+CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_per_node,
+                     Recompute mode)
     : model_(m), device_(dev), coeffs_(dev.coeffs), ranks_per_node_(std::max(1, ranks_per_node)),
-      recompute_(recompute) {
+      recompute_(mode) {
+  const bool recompute = mode == Recompute::full;
   const double d = m.dim, q = m.q_dim(), kv = m.kv_dim(), L = m.layers;
   const auto& v = m.vision;
   const double dv = v.dim;

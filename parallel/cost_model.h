@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "types/model_config.h"
+#include "types/recompute.h"
 
 namespace dhp {
 
@@ -148,8 +149,10 @@ class GroupCost {
 
 class CostModel {
  public:
+  // recompute: selective costs as off (its rebuilt ops are pointwise, memory-bound and small
+  // beside the GEMMs); full adds a forward pass, the ring's included.
   CostModel(const ModelConfig& model, const DeviceProfile& device, int ranks_per_node,
-            bool recompute = false);
+            Recompute recompute = Recompute::off);
 
   SeqCost prepare(const SeqShape& s) const;
 
@@ -198,7 +201,7 @@ class CostModel {
   const ModelConfig& model() const { return model_; }
   const DeviceProfile& device() const { return device_; }
   int ranks_per_node() const { return ranks_per_node_; }
-  bool recompute() const { return recompute_; }
+  Recompute recompute() const { return recompute_; }
   double decoder_weight_bytes() const { return dec_weight_bytes_; }
   double vision_weight_bytes() const { return vis_weight_bytes_; }
 
@@ -217,7 +220,7 @@ class CostModel {
   DeviceProfile device_;
   CostCoeffs coeffs_;
   int ranks_per_node_;
-  bool recompute_;
+  Recompute recompute_;
   int m2_;
   double dec_flops_per_token_, vis_flops_per_patch_, proj_flops_per_token_;
   double dec_att_per_pair_, vis_att_per_pair_, dec_bytes_per_token_, xfer_bytes_per_token_;

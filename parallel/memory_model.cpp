@@ -9,7 +9,7 @@
 namespace dhp {
 
 MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int world, double memory_gb,
-                         bool zero1, bool recompute, const ParamGroups& groups) {
+                         bool zero1, Recompute recompute, const ParamGroups& groups) {
   DHP_CHECK(world >= 1, "the world size must be at least 1, got {}", world);
   DHP_CHECK(std::isfinite(memory_gb) && memory_gb > 0 && memory_gb <= kMaxMemoryGb,
             "memory per device (parallel.memory_gb) = {} GiB: it must be a positive number of GiB, at most {}",
@@ -40,20 +40,60 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   const int64_t master = std::max(0, dev.optim_bytes - 8);
   grad_bytes_ = trainable_ * dev.grad_bytes;
   optim_bytes_ = (trainable_ * dev.optim_bytes + shards - 1) / shards;
-  static_ = params_ * dev.weight_bytes + (params_ - trainable_) * master + grad_bytes_ + optim_bytes_;
-  // Elements a layer keeps per token for backward: input, two norm outputs, q, k, v,
-  // attention output, residual, and the three SwiGLU hidden tensors. Recompute keeps only
-  // each layer's input and rebuilds one layer at a time.
-  const int64_t dec_layer = 4 * d + 2 * q + 2 * kv + 3 * int64_t(m.ffn);
-  const int64_t vis_layer = 8 * dv + 3 * int64_t(v.ffn);
-  const int64_t dec_elems = recompute ? int64_t(m.layers) * d + dec_layer : int64_t(m.layers) * dec_layer + d;
-  const int64_t vis_elems = (recompute ? int64_t(v.layers) * dv + vis_layer : int64_t(v.layers) * vis_layer) +
-                            v.patch_numel() + dv;
-  // Ring buffers: K/V in flight and being used, and dK/dV likewise during backward.
-  const int64_t ring_elems = 8 * kv;
-  per_token_ = (dec_elems + ring_elems) * dev.act_bytes;
-  per_patch_ = (vis_elems + 4 * dv) * dev.act_bytes + (2 * d * dev.act_bytes + m2_ - 1) / m2_;
-  logits_per_token_ = int64_t(m.vocab_size) * 4 * 2;  // fp32 logits and their gradient
+  // A ZeRO-1 shard is trainable / N elements, the last rank's also the remainder (< N); each
+  // rank of a sharded run also holds its block of the reduce-scattered gradients
+  // (trainer/optimizer.cpp).
+  shard_bytes_ = shards > 1 ? (shards - 1) * dev.optim_bytes + trainable_ / shards * dev.grad_bytes : 0;
+  static_ = params_ * dev.weight_bytes + (params_ - trainable_) * master + grad_bytes_ + optim_bytes_ + shard_bytes_;
+  // Per token, what a block of width c, ffn f, q/kv widths qw/kvw and h query heads holds for
+  // backward (model/block.cpp): the layer input; the two norm outputs and the SwiGLU product
+  // (rebuilt under selective and full); q, k, v, the attention output, the residual and the
+  // two SwiGLU inputs (rebuilt under full); fp32 statistics: two rstd and h lse per token.
+  // Kept buffers count once per layer, rebuilt ones once per pass; the backward scratch
+  // shared by the layers (BlockScratch) once.
+  const int64_t act = dev.act_bytes;
+  auto layers_bytes = [&](int64_t layers, int64_t c, int64_t f, int64_t qw, int64_t kvw,
+                          int64_t h) {
+    const int64_t norms = 2 * c * act + 2 * 4, swiglu = f * act;
+    const int64_t linears = (2 * qw + 2 * kvw + c + 2 * f) * act + h * 4;
+    const int64_t input = c * act;
+    const int64_t scratch = (3 * f + 2 * c + 2 * qw + 2 * kvw) * act;
+    switch (recompute) {
+      case Recompute::off: return layers * (input + norms + swiglu + linears) + scratch;
+      case Recompute::selective: return layers * (input + linears) + norms + swiglu + scratch;
+      case Recompute::full: return layers * input + norms + swiglu + linears + scratch;
+    }
+    return int64_t(0);
+  };
+  // Decoder, per token (model/model.cpp): the layers; the final norm's input, output and
+  // their gradients and the stream's gradient (4 d) and its rstd; the batch's six int32
+  // columns (model/device_batch.cpp).
+  per_token_ = layers_bytes(m.layers, d, m.ffn, q, kv, m.heads) + 4 * d * act + 4 + 6 * 4;
+  // Vision, per patch before the merge (model/vision.cpp): the normalised pixels, the
+  // layers, the encoder norm's input, output and rstd, the stream's gradient, the merged
+  // rows and their gradient (m² patches make one), the projector's five (N, d) buffers (per
+  // merged token); the batch's pixels (one byte a value) and four int32 columns.
+  per_patch_ = v.patch_numel() * act + layers_bytes(v.layers, dv, v.ffn, dv, dv, v.heads) +
+               (3 * dv + 2 * dv) * act + 4 + (5 * d * act + m2_ - 1) / m2_ +
+               v.patch_numel() + 4 * 4;
+  // A ring of degree c > 1 carves, per token of the rank: in the ring's work arena
+  // (parallel/ring_attention.cpp, the larger backward set) two K/V blocks in flight, their
+  // fp32 dK/dV accumulators, dQ's fp32 sum and one block's dQ, dK, dV parts; in its metadata
+  // arena three int32 columns per token of every other member (not priced: arenas_for); the
+  // routed image rows'
+  // gradient in the model's arena; the routed rows themselves in the image exchange's arena
+  // (parallel/image_exchange.cpp), which also sends the merged tokens this rank encodes.
+  ring_per_token_ = (4 * kv + q + 2 * kv) * act + (4 * kv + q) * 4;
+  routed_per_token_ = d * act;
+  sent_per_patch_ = (d * act + 4 + m2_ - 1) / m2_;
+  // Logits, one chunk at a time: (rows, V) in the storage dtype (the gradient overwrites
+  // them) and an fp32 lse per row.
+  logits_per_token_ = int64_t(m.vocab_size) * act + 4;
+  // Arenas keep an eighth above the largest pass they have carved (kernels/backend.h): every
+  // carved term is priced with it, so sums of per-sequence bytes stay exact.
+  for (int64_t* b : {&per_token_, &per_patch_, &ring_per_token_, &routed_per_token_, &sent_per_patch_,
+                     &logits_per_token_})
+    *b += (*b + 7) / 8;
   logits_chunk_ = std::max<int64_t>(1, dev.logits_chunk);
   fixed_ = dev.workspace_bytes;
 }
@@ -68,7 +108,7 @@ int64_t sat(int64_t a, int64_t b, int64_t c, int64_t d) {
 }  // namespace
 
 int64_t MemoryModel::one_rank_bytes(const SeqShape& s) const {
-  return sat(s.tokens(), per_token_, s.vision_tokens * m2_, per_patch_);
+  return sat(s.tokens(), bytes_per_token(), s.vision_tokens * m2_, bytes_per_patch());
 }
 
 int64_t MemoryModel::rank_bytes(int64_t activations, int64_t tokens) const {
@@ -100,14 +140,42 @@ int64_t MemoryModel::max_rank_patches(std::span<const SeqShape* const> seqs, int
   return max_rank_patches(std::span<const ImageClass>(classes), c);
 }
 
-int64_t MemoryModel::bytes_for(int64_t tokens, int64_t patches) const {
-  return rank_bytes(sat(tokens, per_token_, patches, per_patch_), tokens);
+ArenaBytes MemoryModel::arenas_for(int64_t tokens, int64_t patches, int c, int64_t group_tokens) const {
+  ArenaBytes a;
+  const int64_t routed = c > 1 ? routed_per_token_ : 0;
+  a.model = sat(tokens, per_token_ + routed, patches, per_patch_) +
+            std::min(tokens, logits_chunk_) * logits_per_token_;
+  if (c > 1) {
+    // The other members' metadata: 3 int32 per token, with the arena's eighth.
+    a.ring = sat(tokens, ring_per_token_, std::max<int64_t>(0, group_tokens - tokens), 14);
+    a.exchange = sat(tokens, routed_per_token_, patches, sent_per_patch_);
+  }
+  return a;
+}
+
+int64_t MemoryModel::held_bytes(const ArenaBytes& a) const {
+  return static_ + a.model + a.ring + a.exchange + fixed_;
+}
+
+int64_t MemoryModel::bytes_for(int64_t tokens, int64_t patches, int) const {
+  // What the planner fits: the ring's buffers are counted on one rank too (where none is
+  // carved), so that bytes never grow with the degree and a group's bytes are the sum of its
+  // sequences', which the planner's searches rely on. The ring's copy of the other members'
+  // metadata (12 bytes per token of the group, under 0.1% of a token's activations) is
+  // covered by the ring buffers so counted.
+  return rank_bytes(sat(tokens, bytes_per_token(), patches, bytes_per_patch()), tokens);
+}
+
+ArenaBytes MemoryModel::group_arenas(std::span<const SeqShape* const> seqs, int c) const {
+  int64_t tokens = 0, all = 0;
+  for (const SeqShape* s : seqs) tokens += (s->tokens() + c - 1) / c, all += s->tokens();
+  return arenas_for(tokens, max_rank_patches(seqs, c), c, all);
 }
 
 int64_t MemoryModel::group_bytes(std::span<const SeqShape* const> seqs, int c) const {
   int64_t tokens = 0;
   for (const SeqShape* s : seqs) tokens += (s->tokens() + c - 1) / c;
-  return bytes_for(tokens, max_rank_patches(seqs, c));
+  return bytes_for(tokens, max_rank_patches(seqs, c), c);
 }
 
 int MemoryModel::min_degree(std::span<const SeqShape* const> seqs, int max_degree) const {

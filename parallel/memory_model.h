@@ -2,15 +2,21 @@
 //
 //   static (weights of every parameter + gradients and optimizer state of the trainable ones,
 //   the latter / N under ZeRO-1: frozen groups hold neither)
-//   + decoder activations per token held (a rank of a ring of degree c holds at most
+//   + decoder activations per token held (what the mode of parallel.recompute keeps: every
+//     layer's kept buffers, plus one set of the buffers it rebuilds; model/block.h) (a rank of a ring of degree c holds at most
 //     ceil(L/c) tokens of a sequence of L: zigzag split, plan.h)
 //   + vision activations per patch of the images the rank encodes: images are never split,
 //     they are dealt longest-first to the least loaded rank by patch count (balance_images),
 //     and the rank with the most patches is the one that counts
-//   + logits buffer: min(tokens, chunk) x vocab in fp32, with its gradient
-//   + ring buffers (double-buffered K/V and dK/dV blocks, per decoder token) + workspace.
+//   + logits buffer: min(tokens, chunk) x vocab, its gradient in place
+//   + ring buffers on rings of degree > 1 (double-buffered K/V and dK/dV blocks, per decoder
+//     token, and the routed image rows)
+//   + an eighth of all those (the arenas' headroom) + workspace.
+// Every term mirrors a buffer the engine carves, so the prediction is compared with the
+// backend's measured high-water mark (Backend::peak_bytes; tests/test_memory_model.cpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -18,6 +24,7 @@
 #include "parallel/cost_model.h"
 #include "types/model_config.h"
 #include "types/param_group.h"
+#include "types/recompute.h"
 
 namespace dhp {
 
@@ -25,10 +32,21 @@ namespace dhp {
 // would overflow.
 inline constexpr double kMaxMemoryGb = double(int64_t(1) << 20);
 
+// The activation bytes a rank carves in each of its arenas for one pass: the model's
+// (activations, logits, backward scratch, batch), a ring's (K/V blocks, accumulators, the
+// members' metadata) and the image exchange's. Each arena keeps the largest pass it has run,
+// so a rank running several passes holds every arena's largest (ArenaBytes::max).
+struct ArenaBytes {
+  int64_t model = 0, ring = 0, exchange = 0;
+  ArenaBytes max(const ArenaBytes& o) const {
+    return {std::max(model, o.model), std::max(ring, o.ring), std::max(exchange, o.exchange)};
+  }
+};
+
 class MemoryModel {
  public:
   MemoryModel(const ModelConfig& model, const DeviceProfile& device, int world, double memory_gb,
-              bool zero1, bool recompute = false, const ParamGroups& groups = {});
+              bool zero1, Recompute recompute = Recompute::off, const ParamGroups& groups = {});
 
   int64_t capacity() const { return capacity_; }
   int64_t parameters() const { return params_; }
@@ -38,9 +56,13 @@ class MemoryModel {
   // Of static_bytes(): the gradients, and the optimizer state this rank holds.
   int64_t gradient_bytes() const { return grad_bytes_; }
   int64_t optimizer_bytes() const { return optim_bytes_; }
+  // Of static_bytes() under ZeRO-1 on several ranks: the block of reduce-scattered gradients
+  // a rank holds and the remainder elements of the last shard's optimizer state.
+  int64_t shard_bytes() const { return shard_bytes_; }
   int64_t static_bytes() const { return static_; }
-  int64_t bytes_per_token() const { return per_token_; }   // decoder token
-  int64_t bytes_per_patch() const { return per_patch_; }   // vision patch before the merge
+  // Over every arena (a ring's and the image exchange's counted on one rank too):
+  int64_t bytes_per_token() const { return per_token_ + 2 * routed_per_token_ + ring_per_token_; }
+  int64_t bytes_per_patch() const { return per_patch_ + sent_per_patch_; }  // before the merge
 
   // Activation bytes of the whole of s on one rank (decoder tokens and all its images).
   int64_t one_rank_bytes(const SeqShape& s) const;
@@ -52,8 +74,19 @@ class MemoryModel {
   int64_t max_rank_patches(std::span<const SeqShape* const> seqs, int c) const;
   // The same for image classes already sorted largest first with distinct patch counts.
   static int64_t max_rank_patches(std::span<const ImageClass> sorted, int c);
-  // The bytes of a rank holding `tokens` decoder tokens and encoding `patches` patches.
-  int64_t bytes_for(int64_t tokens, int64_t patches) const;
+  // The bytes of a rank holding `tokens` decoder tokens and encoding `patches` patches, on a
+  // ring of degree c.
+  int64_t bytes_for(int64_t tokens, int64_t patches, int c = 1) const;
+  // The arenas a rank carves for one pass, exactly as the engine does (ring buffers only on a
+  // ring; group_tokens: every token of the ring's sequences, for its members' metadata). The
+  // planner fits with bytes_for/group_bytes, which count the ring's buffers on one rank too,
+  // so they are never below held_bytes of these.
+  ArenaBytes arenas_for(int64_t tokens, int64_t patches, int c, int64_t group_tokens) const;
+  // The arenas of the fullest rank of a ring of degree c running these sequences together.
+  ArenaBytes group_arenas(std::span<const SeqShape* const> seqs, int c) const;
+  // What a rank holds with these arenas: static state, the arenas (their eighth of headroom
+  // included: kernels/backend.h), and the workspace.
+  int64_t held_bytes(const ArenaBytes& a) const;
   // The smallest ring degree <= max_degree at which the sequences fit; max_degree + 1 if none.
   int min_degree(std::span<const SeqShape* const> seqs, int max_degree) const;
   // One sequence alone.
@@ -69,7 +102,8 @@ class MemoryModel {
 
  private:
   int64_t capacity_, params_, trainable_, static_, per_token_, per_patch_, logits_per_token_, fixed_;
-  int64_t grad_bytes_, optim_bytes_;
+  int64_t ring_per_token_, routed_per_token_, sent_per_patch_;
+  int64_t grad_bytes_, optim_bytes_, shard_bytes_;
   int64_t group_params_[kParamGroups];
   int64_t logits_chunk_;
   int m2_;

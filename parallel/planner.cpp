@@ -338,12 +338,26 @@ Plan Planner::plan(const std::vector<SeqShape>& batch, PlanStats* stats) const {
 int Planner::min_degree(const SeqShape& s) const {
   validate_shape(s);
   const int d = memory_.min_degree(s, world_);
-  DHP_CHECK(d <= world_,
+  if (d <= world_) return d;
+  // Would another recompute mode fit it? The first that does (least recompute first) is named.
+  std::string other = "no recompute mode fits it either";
+  for (const auto& [mode, name] : kRecomputeNames) {
+    if (mode == par_.recompute) continue;
+    const MemoryModel m(cost_.model(), cost_.device(), world_, par_.memory_gb, par_.zero1, mode, groups_);
+    const int dm = m.min_degree(s, world_);
+    if (dm <= world_) {
+      other = fmt::format("parallel.recompute = \"{}\" fits it on {} rank{} ({:.2f} GiB each)", name, dm,
+                          dm == 1 ? "" : "s", m.group_bytes(s, dm) / double(int64_t(1) << 30));
+      break;
+    }
+  }
+  DHP_CHECK(false,
             "sample {} ({} tokens: {} text + {} vision) does not fit in {} GiB per rank even split over all "
-            "{} ranks (it needs {:.2f} GiB on each): raise parallel.memory_gb, use more ranks, or drop "
-            "samples this long (data.max_tokens)",
+            "{} ranks (it needs {:.2f} GiB on each with parallel.recompute = \"{}\"; {}): raise "
+            "parallel.memory_gb, use more ranks, change parallel.recompute, or drop samples this long "
+            "(data.max_tokens)",
             s.id, s.tokens(), s.text_tokens, s.vision_tokens, par_.memory_gb, world_,
-            memory_.group_bytes(s, world_) / double(int64_t(1) << 30));
+            memory_.group_bytes(s, world_) / double(int64_t(1) << 30), recompute_name(par_.recompute), other);
   return d;
 }
 

@@ -156,6 +156,29 @@ TEST(Config, ChoicesAreParsedOnceAndWrittenByName) {
   EXPECT_THROW(parse_config("[train]\nprecision = 16\n", "d.toml"), Error);
 }
 
+// parallel.recompute was a flag: true and false still read (as full and off), in files and
+// overrides; the modes read by name and are written by name; anything else names the choices.
+TEST(Config, RecomputeReadsModesAndTheOldBoolean) {
+  EXPECT_EQ(parse_config("", "a.toml").parallel.recompute, Recompute::off);
+  EXPECT_EQ(parse_config("[parallel]\nrecompute = true\n", "a.toml").parallel.recompute, Recompute::full);
+  EXPECT_EQ(parse_config("[parallel]\nrecompute = false\n", "a.toml").parallel.recompute, Recompute::off);
+  EXPECT_EQ(parse_config("[parallel]\nrecompute = \"selective\"\n", "a.toml").parallel.recompute,
+            Recompute::selective);
+  EXPECT_EQ(parse_config("", "a.toml", {"--parallel.recompute=true"}).parallel.recompute, Recompute::full);
+  EXPECT_EQ(parse_config("", "a.toml", {"--parallel.recompute=selective"}).parallel.recompute,
+            Recompute::selective);
+  EXPECT_EQ(parse_config("", "a.toml", {"--parallel.recompute=off"}).parallel.recompute, Recompute::off);
+  Config c = parse_config("[parallel]\nrecompute = \"full\"\n", "a.toml");
+  EXPECT_EQ(parse_config(to_toml(c), "b.toml").parallel.recompute, Recompute::full);
+  std::string msg = error_of([] { parse_config("[parallel]\nrecompute = \"some\"\n", "c.toml"); });
+  EXPECT_NE(msg.find("off, selective, full"), std::string::npos) << msg;
+  msg = error_of([] { parse_config("[parallel]\nrecompute = 1\n", "c.toml"); });
+  EXPECT_NE(msg.find("parallel.recompute"), std::string::npos) << msg;
+  // Other choices take no boolean.
+  EXPECT_THROW(parse_config("[parallel]\nstrategy = true\n", "c.toml"), Error);
+  EXPECT_THROW(parse_config("", "c.toml", {"--parallel.strategy=true"}), Error);
+}
+
 // An override is one TOML value: a line break would let the rest become other keys or whole
 // sections, which were dropped without a word.
 TEST(Config, OverrideWithALineBreakIsRefused) {

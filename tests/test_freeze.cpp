@@ -435,7 +435,7 @@ TEST(FrozenMemoryModel, CountsGradientsAndMomentsOfTrainableGroupsOnly) {
               << kParamGroupNames[g];
         EXPECT_EQ(all.trainable_parameters(), all.parameters());
         for (const auto& [name, groups] : freezings()) {
-          const MemoryModel m(cfg, dev, world, 80, zero1, false, groups);
+          const MemoryModel m(cfg, dev, world, 80, zero1, Recompute::off, groups);
           int64_t trainable = 0;
           for (size_t g = 0; g < kParamGroups; ++g)
             if (groups.group[g].trainable) trainable += table.group_numel(ParamGroup(g));
@@ -444,9 +444,15 @@ TEST(FrozenMemoryModel, CountsGradientsAndMomentsOfTrainableGroupsOnly) {
           EXPECT_EQ(m.trainable_parameters(), trainable) << name;
           EXPECT_EQ(m.gradient_bytes(), trainable * dev.grad_bytes) << name;
           EXPECT_EQ(m.optimizer_bytes(), (trainable * dev.optim_bytes + shards - 1) / shards) << name;
+          // A sharded rank also holds its block of the reduce-scattered gradients, and the
+          // last shard the remainder (< world elements) of the optimizer state.
+          EXPECT_EQ(m.shard_bytes(), shards > 1 ? (shards - 1) * dev.optim_bytes +
+                                                      trainable / shards * dev.grad_bytes
+                                                : 0)
+              << name;
           EXPECT_EQ(m.static_bytes(), m.parameters() * dev.weight_bytes +
                                           (m.parameters() - trainable) * master +
-                                          m.gradient_bytes() + m.optimizer_bytes())
+                                          m.gradient_bytes() + m.optimizer_bytes() + m.shard_bytes())
               << name;
           EXPECT_LT(m.static_bytes(), all.static_bytes()) << name;
           // The planner's memory model is the one of the run's groups.

@@ -151,8 +151,9 @@ std::vector<SeqShape> random_batch(std::mt19937_64& rng, int count, int64_t long
 }
 
 ParallelConfig par_for(const std::string& device, double gb, int rpn, bool recompute = false) {
+  // recompute: full, the mode the planner's tests size memory-bound plans with.
   ParallelConfig p;
-  p.recompute = recompute;
+  p.recompute = recompute ? Recompute::full : Recompute::off;
   p.cost_profile = device;
   p.memory_gb = gb;
   p.ranks_per_node = rpn;
@@ -418,10 +419,11 @@ TEST(Schedule, BarrierFreeInvariantsOnRandomInstances) {
 }
 
 TEST(Schedule, BarrierFreeBeatsWavesWhenMemoryForcesMicroSteps) {
-  // 7B without recompute on 80 GiB: about 9.5k tokens of activations per rank, so the
-  // long-tail batch needs several micro-steps. Barriers make every rank wait for the slowest
-  // group of each wave; the barrier-free schedule only synchronises at the end.
-  Planner p(model_profile("7b"), par_for("h100", 80, 8), 64);
+  // 7B without recompute on 88 GiB: about 9k tokens of activations per rank (the memory
+  // model prices every buffer the engine carves), so the long-tail batch needs several
+  // micro-steps. Barriers make every rank wait for the slowest group of each wave; the
+  // barrier-free schedule only synchronises at the end.
+  Planner p(model_profile("7b"), par_for("h100", 88, 8), 64);
   auto batch = preset_batch("video-longtail", 512, 7);
   const Plan dhp = p.plan_dhp(batch), waves = p.plan_dhp_waves(batch);
   expect_valid(p, dhp, batch);
@@ -483,14 +485,14 @@ TEST(Schedule, CheckRejectsBrokenSchedules) {
   EXPECT_TRUE(p.check(Plan(Strategy::dhp_waves, 8, seqs, {w0, group(1, 0, 8, {1}, w0.time_ns)}, 0)).empty());
 }
 
-// Where memory forces wide rings (a 7B model without recompute on 17 ranks: 65k-token
-// videos need every rank), the bound is within 15% of the plan found (it was 2.9x below):
+// Where memory forces wide rings (a 7B model without recompute on 17 ranks of 88 GiB:
+// 65k-token videos need every rank), the bound is within 15% of the plan found (it was 2.9x below):
 // every sequence's rank-time at its memory-minimum degree or more, with the ring transfer
 // such rings cannot hide, and every sequence (not only the one with the most work) alone on
 // its best ring.
 TEST(Planner, LowerBoundIsTightWhereMemoryForcesWideRings) {
   const int n = 17;
-  Planner p(model_profile("7b"), par_for("h100", 80, 8), n);
+  Planner p(model_profile("7b"), par_for("h100", 88, 8), n);
   for (int step = 0; step < 3; ++step) {
     std::vector<SeqShape> batch;
     for (const auto& s : preset_samples(preset_params("video-longtail"), int64_t(step) * 512, 512, 1, 28))
@@ -890,6 +892,54 @@ TEST(Presets, DeterministicLongTailed) {
     }
   }
   EXPECT_THROW(preset_params("nope"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace dhp
+
+namespace dhp {
+namespace {
+
+// A sample too long for every rank in the run's recompute mode names the mode that would fit
+// it (the least recompute that does), or says that none does.
+TEST(Planner, ASampleThatDoesNotFitNamesTheRecomputeModeThatWould) {
+  ParallelConfig par;
+  par.cost_profile = "cpu";
+  par.memory_gb = 0.05;
+  const ModelConfig model;
+  auto fits = [&](Recompute mode, int64_t tokens) {
+    par.recompute = mode;
+    return Planner(model, par, 1).memory().min_degree(SeqShape{3, tokens, 0, 0}, 1) <= 1;
+  };
+  // The longest text sample off fits on one rank; one token more needs recompute.
+  int64_t lo = 1, hi = int64_t(1) << 24;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (fits(Recompute::off, mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  const int64_t longer = lo + 1;
+  ASSERT_FALSE(fits(Recompute::off, longer));
+  ASSERT_TRUE(fits(Recompute::full, longer));
+  par.recompute = Recompute::off;
+  const Planner off(model, par, 1);
+  std::string msg;
+  try {
+    off.min_degree(SeqShape{3, longer, 0, 0});
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  const std::string want = fits(Recompute::selective, longer) ? "selective" : "full";
+  EXPECT_NE(msg.find("sample 3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("parallel.recompute = \"" + want + "\" fits it on 1 rank"), std::string::npos) << msg;
+  // Far beyond what any mode fits.
+  msg.clear();
+  try {
+    off.min_degree(SeqShape{3, int64_t(1) << 24, 0, 0});
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("no recompute mode fits it either"), std::string::npos) << msg;
 }
 
 }  // namespace

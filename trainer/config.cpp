@@ -26,6 +26,9 @@ namespace {
 struct Choice {
   std::function<std::string()> get;
   std::function<void(const std::string&)> set;
+  // Names a boolean stands for (false, true) where a key that was a flag became a choice;
+  // empty where a boolean is a type error.
+  std::string if_false, if_true;
 };
 
 using Ref = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, Choice>;
@@ -73,7 +76,8 @@ class Schema {
   }
   // names: (value, name) pairs; the value is parsed once here and kept as the enum.
   template <class E, class Names>
-  void choice(const char* name, E& ref, const Names& names) {
+  void choice(const char* name, E& ref, const Names& names, std::string if_false = {},
+              std::string if_true = {}) {
     std::vector<std::pair<E, std::string>> table;
     for (const auto& [value, text] : names) table.emplace_back(value, std::string(text));
     std::vector<std::string> choices;
@@ -87,7 +91,8 @@ class Schema {
              [&ref, table](const std::string& s) {
                for (const auto& [value, text] : table)
                  if (text == s) ref = value;
-             }};
+             },
+             std::move(if_false), std::move(if_true)};
     keys_.push_back(Key{sec_, name, Ref(std::move(c)), -INFINITY, INFINITY, std::move(choices)});
   }
 
@@ -174,7 +179,8 @@ class Schema {
     num("static_cp", p.static_cp, 0, 1 << 20);
     num("planner_budget_ms", p.planner_budget_ms, 0, 1e6);
     str("cost_profile", p.cost_profile);
-    flag("recompute", p.recompute);
+    // Was a flag: true and false still read, as full and off.
+    choice("recompute", p.recompute, kRecomputeNames, "off", "full");
     flag("refit", p.refit);
     num("refit_window", p.refit_window, 1, 1 << 20);
     num("timeout_s", p.timeout_s, 0.1, 1e7);
@@ -290,6 +296,10 @@ void assign(const Key& key, const toml::node& node, const std::string& at) {
       [&](const auto& alt) {
         using A = std::decay_t<decltype(alt)>;
         if constexpr (std::is_same_v<A, Choice>) {
+          if (auto b = node.value_exact<bool>(); b && !alt.if_true.empty()) {
+            alt.set(*b ? alt.if_true : alt.if_false);
+            return;
+          }
           auto v = node.value_exact<std::string>();
           if (!v) throw bad_type();
           one_of(*v);
@@ -392,7 +402,9 @@ void apply_override(const Schema& s, std::string text) {
   DHP_CHECK(parsed || !integral || !digits, "{}: '{}' = {} is out of range [{}, {}]", at, key->path(), value,
             key->lo, key->hi);
   const bool takes_string = std::holds_alternative<std::string*>(key->ref) || std::holds_alternative<Choice>(key->ref);
-  if (parsed && !(takes_string && !(*parsed)["v"].is_string())) {
+  const Choice* c = std::get_if<Choice>(&key->ref);
+  const bool boolean_choice = c && !c->if_true.empty() && parsed && (*parsed)["v"].is_boolean();
+  if (parsed && (boolean_choice || !(takes_string && !(*parsed)["v"].is_string()))) {
     assign(*key, *parsed->get("v"), at);
   } else {
     toml::value<std::string> as_string(value);

@@ -34,6 +34,8 @@ void to_json(nlohmann::json& j, const StepRecord& r) {
        {"measured_s", r.measured_s},
        {"cost_error", r.cost_error},
        {"rank_busy_s", r.rank_busy_s},
+       {"rank_mem_peak_mb", r.rank_mem_peak_mb},
+       {"rank_mem_predicted_mb", r.rank_mem_predicted_mb},
        {"ring_wait_s", r.ring_wait_s},
        {"step_s", r.step_s},
        {"imbalance", r.imbalance},

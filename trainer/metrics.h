@@ -40,6 +40,9 @@ struct StepRecord {
   double step_s = 0.0;
   double imbalance = 1.0;  // slowest rank's compute time over the mean of all ranks
   int threads = 0;         // compute threads this rank used for the step
+  // Every rank's device memory: the high-water mark its buffers reached during the step
+  // (Backend::peak_bytes), and what the planner's memory model predicted for its groups.
+  std::vector<double> rank_mem_peak_mb, rank_mem_predicted_mb;
 };
 
 // The step's line of the metrics file. busy_s is left out: rank_busy_s holds every rank's.

@@ -78,6 +78,8 @@ class Run {
   StepStats compute(const StepWork& work, float loss_scale);
   // Every rank's busy time and this rank's ring waits: how unevenly the work was spread.
   void record_busy(StepRecord& rec);
+  void record_memory(const StepWork& work, StepRecord& rec);
+  ArenaBytes arenas_high_;  // the memory model's arenas for the groups run so far
   // The step's loss summed over the ranks, unscaled.
   double global_loss(const StepStats& local, int64_t step, const StepWork& work);
 
@@ -135,6 +137,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
   comm.follow(*backend_);
   if (cfg.parallel.overlap_grads && comm.size() > 1 && comm.overlapping_collectives())
     opt_.set_overlap(int64_t(cfg.parallel.bucket_mb * double(1 << 20)) / int64_t(sizeof(float)));
+  model_.set_recompute(cfg.parallel.recompute);
   model_.initialise(cfg.train.seed);
   std::optional<SamplerState> resumed_sampler;
   const std::vector<std::string> candidates = checkpoints_.resume_candidates(topt.resume);
@@ -279,6 +282,36 @@ StepStats Run::compute(const StepWork& work, float loss_scale) {
   return exec_.run(work, loss_scale, true, {}, final);
 }
 
+// The memory model's prediction for this rank next to what its buffers reached, every rank's.
+// Each arena keeps the largest pass it has run, so the prediction holds each arena's largest
+// over this rank's groups so far.
+void Run::record_memory(const StepWork& work, StepRecord& rec) {
+  const MemoryModel& mem = planner_.current()->memory();
+  for (int g : work.plan.groups_of(comm_.rank())) {
+    const PlanGroup& grp = work.plan.groups()[size_t(g)];
+    // This rank's own tokens; the images of the ring's fullest encoder.
+    int64_t tokens = 0;
+    for (const TokenRange& r : work.plan.ranges(g, comm_.rank())) tokens += r.end - r.begin;
+    std::vector<const SeqShape*> seqs;
+    int64_t all = 0;
+    for (int32_t s : grp.seqs) {
+      seqs.push_back(&work.plan.seqs()[size_t(s)]);
+      all += seqs.back()->tokens();
+    }
+    arenas_high_ = arenas_high_.max(
+        mem.arenas_for(tokens, mem.max_rank_patches(seqs, grp.ring_degree), grp.ring_degree, all));
+  }
+  const int64_t predicted = mem.held_bytes(arenas_high_);
+  const double mb = double(1 << 20);
+  double mine[2] = {double(backend_->peak_bytes()) / mb, double(predicted) / mb};
+  std::vector<double> all(2 * size_t(comm_.size()));
+  comm_.all_gather(mine, all.data(), 2, DataType::F64);
+  for (int r = 0; r < comm_.size(); ++r) {
+    rec.rank_mem_peak_mb.push_back(all[2 * size_t(r)]);
+    rec.rank_mem_predicted_mb.push_back(all[2 * size_t(r) + 1]);
+  }
+}
+
 void Run::record_busy(StepRecord& rec) {
   double mine = 0.0, waited = 0.0;
   for (const GroupTiming& t : exec_.last_timings()) mine += t.busy_seconds, waited += t.wait_seconds;
@@ -314,6 +347,7 @@ void describe_plan(const StepWork& work, StepRecord& rec) {
 
 StepRecord Run::step(int64_t step, const StepWork& work) {
   const auto t_step = Clock::now();
+  backend_->reset_peak();
   const float scale = 1.0f / float(std::max<int64_t>(1, work.loss_tokens));
   const StepStats local = compute(work, scale);
   // Gradients summed over the ranks (reduce-scattered to each rank's block under ZeRO-1).
@@ -330,6 +364,7 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
   rec.grad_norm = norm;
   opt_.apply(model_.params(), model_.grads(), rec.lr, norm, comm_);
   rec.threads = backend_->threads();
+  record_memory(work, rec);
   backend_->adapt_to_load();
 
   rec.step_s = seconds_since(t_step);
