@@ -22,6 +22,7 @@
 #include "data/loader.h"
 #include "data/shard_dataset.h"
 #include "data/tokenizer.h"
+#include "data/manifest.h"
 #include "data/video.h"
 
 namespace {
@@ -70,7 +71,7 @@ void video_rows(const std::string& manifest, const std::string& root, const Vide
   std::vector<std::string> clips;
   while (std::getline(in, line)) {
     const auto j = nlohmann::json::parse(line);
-    for (const auto& rel : video_list(j)) clips.push_back((fs::path(root) / rel).string());
+    for (const auto& rel : media_list(j, "video")) clips.push_back((fs::path(root) / rel).string());
   }
   if (clips.empty()) return;
   fmt::print("\nvideo decode: {} clips, sampled at {} fps, {}..{} frames\n", clips.size(),

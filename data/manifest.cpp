@@ -25,12 +25,17 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
-std::vector<std::string> image_list(const json& j) {
-  const bool one = j.contains("image"), many = j.contains("images");
-  if (one && many) throw LineError{"bad format", "has both \"image\" and \"images\""};
+
+}  // namespace
+
+// LLaVA-style manifests put a list under "image" too, so both keys take either spelling.
+std::vector<std::string> media_list(const json& j, const std::string& kind) {
+  const std::string plural = kind + "s";
+  const bool one = j.contains(kind), many = j.contains(plural);
+  if (one && many)
+    throw LineError{"bad format", fmt::format("has both \"{}\" and \"{}\"", kind, plural)};
   std::vector<std::string> out;
-  // LLaVA-style manifests put a list under "image" too, so both keys take either spelling.
-  const char* key = one ? "image" : "images";
+  const std::string& key = one ? kind : plural;
   if (one && j[key].is_string()) {
     out.push_back(j[key].get<std::string>());
   } else if (one || many) {
@@ -43,11 +48,9 @@ std::vector<std::string> image_list(const json& j) {
     }
   }
   for (const auto& p : out)
-    if (p.empty()) throw LineError{"bad format", "empty image path"};
+    if (p.empty()) throw LineError{"bad format", fmt::format("empty {} path", kind)};
   return out;
 }
-
-}  // namespace
 
 // A relative path must stay inside the image root once "..", "." and symlinks are resolved: a
 // manifest from elsewhere must not be able to read (and a build to embed) arbitrary files.
@@ -192,7 +195,7 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
   else
     out.name = "line " + std::to_string(line_no);
 
-  for (const auto& rel : image_list(j)) {
+  for (const auto& rel : media_list(j, "image")) {
     const fs::path p = resolve_media(rel, rules, out.root, "image");
     std::error_code ec;
     if (!fs::exists(p, ec)) throw LineError{"missing image", p.string()};
@@ -231,7 +234,7 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
   if (laid.answer_tokens == 0) throw LineError{"empty text", "no answer text to learn from"};
 
   std::vector<std::string> videos;
-  for (const auto& rel : video_list(j))
+  for (const auto& rel : media_list(j, "video"))
     videos.push_back(resolve_media(rel, rules, out.root, "video").string());
   const std::vector<std::string> image_paths = std::move(out.paths);
   const std::vector<ImageSize> image_sizes = std::move(out.sizes);

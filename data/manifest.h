@@ -30,6 +30,11 @@ struct LineError {
   std::string reason, detail;
 };
 
+// The paths of a line's "KIND" or "KINDs" entry (kind = "image" or "video"), in order, none
+// when absent: a string or an array of strings under either key, never both keys. Throws
+// LineError ("bad format").
+std::vector<std::string> media_list(const nlohmann::json& line, const std::string& kind);
+
 // What decides whether a line is usable and how long it is.
 struct LineRules {
   std::filesystem::path image_root;  // relative image paths are resolved against it and must

@@ -71,27 +71,6 @@ ImageSize frame_size(ImageSize source, int64_t n, const ImageGeometry& vision,
 
 std::string frame_timestamp(double time) { return fmt::format("{:.1f}s", time); }
 
-std::vector<std::string> video_list(const json& j) {
-  const bool one = j.contains("video"), many = j.contains("videos");
-  if (one && many) throw LineError{"bad format", "has both \"video\" and \"videos\""};
-  std::vector<std::string> out;
-  const char* key = one ? "video" : "videos";
-  if (one && j[key].is_string()) {
-    out.push_back(j[key].get<std::string>());
-  } else if (one || many) {
-    if (!j[key].is_array())
-      throw LineError{"bad format", fmt::format("\"{}\" is neither a string nor an array", key)};
-    for (const auto& x : j[key]) {
-      if (!x.is_string())
-        throw LineError{"bad format", fmt::format("\"{}\" holds a non-string", key)};
-      out.push_back(x.get<std::string>());
-    }
-  }
-  for (const auto& p : out)
-    if (p.empty()) throw LineError{"bad format", "empty video path"};
-  return out;
-}
-
 VideoReader::VideoReader(const std::string& path, const std::string& root, bool seek)
     : path_(path), seek_(seek) {
   try {

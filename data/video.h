@@ -74,10 +74,6 @@ ImageSize frame_size(ImageSize source, int64_t n, const ImageGeometry& vision,
 // The timestamp text before frame `time`: "12.5s" (one decimal).
 std::string frame_timestamp(double time);
 
-// The "video" / "videos" entry of a manifest line: paths, in order (none when absent).
-// Throws LineError ("bad format").
-std::vector<std::string> video_list(const nlohmann::json& line);
-
 // An open video: the file checked and held, the container probed. Throws LineError:
 // "missing video", "unreadable video" (not a regular file, or a container or codec FFmpeg
 // cannot open, or no frame count, rate or size in it).
