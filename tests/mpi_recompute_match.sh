@@ -10,20 +10,25 @@ set -euo pipefail
 source "$(dirname "$0")/mpi_lib.sh" "$1"
 
 synth_longtail "$work/data"
+# Four decoder and two vision layers: with a single layer, full recompute keeps the layer's
+# input and rebuilds a whole layer's buffers, more than off keeps (the long-tail set's clips
+# make the one-layer vision tower's buffers the largest), so only a deeper stack can show the
+# saving this script checks.
+depth=(--model.layers=4 --model.vision.layers=2)
 small_run_toml "$work/data" 5 > "$work/run.toml" <<TOML
 [parallel]
 refit = false
 [log]
 progress = false
 TOML
-train_run "$work/one.log" -- --config "$work/run.toml" --log.metrics="$work/one/metrics.jsonl" \
+train_run "$work/one.log" -- --config "$work/run.toml" "${depth[@]}" --log.metrics="$work/one/metrics.jsonl" \
   --checkpoint.dir="$work/one/ckpt"
 export_weights "$work/one"
 runs=()
 for mode in off selective full; do
   r="$work/$mode"
   train_run "$r.log" mpirun -np 3 --oversubscribe -- --config "$work/run.toml" \
-    --parallel.recompute=$mode --log.metrics="$r/metrics.jsonl" --checkpoint.dir="$r/ckpt"
+    --parallel.recompute=$mode "${depth[@]}" --log.metrics="$r/metrics.jsonl" --checkpoint.dir="$r/ckpt"
   export_weights "$r"
   runs+=("$mode:$r")
 done
