@@ -298,18 +298,19 @@ void apply_hf_init(Config& cfg) {
             "{}: model.init '{}' is not a Hugging Face checkpoint folder (a folder with config.json); "
             "dhp's own exports and checkpoints start a run through --init", cfg.source,
             printable(cfg.model.init));
-  const int file_vocab = read_hf_config(cfg.model.init, cfg.model, 0).file_vocab;
+  HfConfig file = read_hf_config(cfg.model.init, cfg.model, cfg.data.max_tokens);
   // Like every decoder key, the vocabulary is the file's, except that the tokenizer's added
   // tokens (LLaVA's <image> and <pad> after Llama's 32000 pieces) need rows: it grows to the
   // tokenizer's size rounded up to a multiple of 64, so a user never sizes it by hand. Applying
   // this twice gives the same. A tokenizer not found here is the data loader's error to give.
-  int vocab = file_vocab;
+  int vocab = file.file_vocab;
   std::error_code ec;
   if (!cfg.data.tokenizer.empty() && std::filesystem::exists(cfg.data.tokenizer, ec)) {
     const Tokenizer tok(cfg.data.tokenizer, cfg.data.added_tokens);
     vocab = std::max(vocab, tok.padded_vocab_size(64));
   }
-  cfg.model = read_hf_config(cfg.model.init, cfg.model, cfg.data.max_tokens, vocab).model;
+  file.model.vocab_size = vocab;
+  cfg.model = file.model;
 }
 
 HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const ParamTable& table,
