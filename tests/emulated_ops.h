@@ -122,21 +122,55 @@ class EmulatedOps : public Ops {
       cuda::act::gelu_backward_block(as<S>(dx), as<S>(dy), as<S>(x), n, k);
     });
   }
-  void layernorm_forward(Act, float*, float*, CAct, CAct, CAct, int64_t, int64_t,
-                         float) const override {
-    unsupported("layernorm_forward");
+  void layernorm_forward(Act y, float* mean, float* rstd, CAct x, CAct w, CAct b, int64_t T,
+                         int64_t C, float eps) const override {
+    if (T <= 0) return;
+    with([&](auto s) {
+      using S = decltype(s);
+      run(cuda::layernorm::rows_launch(T), cuda::layernorm::kRowSharedFloats, [&](float* sm) {
+        cuda::layernorm::forward_block(as<S>(y), mean, rstd, as<S>(x), as<S>(w), as<S>(b), C,
+                                       eps, sm);
+      });
+    });
   }
-  void layernorm_backward(Act, float*, float*, CAct, CAct, CAct, const float*, const float*,
-                          int64_t, int64_t) const override {
-    unsupported("layernorm_backward");
+  void layernorm_backward(Act dx, float* dw, float* db, CAct dy, CAct x, CAct w,
+                          const float* mean, const float* rstd, int64_t T,
+                          int64_t C) const override {
+    if (T <= 0) return;
+    with([&](auto s) {
+      using S = decltype(s);
+      if (dw || db)
+        run(cuda::layernorm::params_launch(C), emu::floats_for<cuda::layernorm::ParamShared>(),
+            [&](float* sm) {
+              cuda::layernorm::params_block(dw, db, as<S>(dy), as<S>(x), mean, rstd, T, C,
+                                            shared_as<cuda::layernorm::ParamShared>(sm));
+            });
+      run(cuda::layernorm::rows_launch(T), cuda::layernorm::kRowSharedFloats, [&](float* sm) {
+        cuda::layernorm::dx_block(as<S>(dx), as<S>(dy), as<S>(x), as<S>(w), mean, rstd, C, sm);
+      });
+    });
   }
-  void vision_embed_forward(Act, CAct, CAct, const PosImage*, int, int64_t, int,
-                            int) const override {
-    unsupported("vision_embed_forward");
+  void vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images, int n_images,
+                            int64_t C, int g0h, int g0w) const override {
+    if (n_images <= 0) return;
+    with([&](auto s) {
+      using S = decltype(s);
+      run(cuda::vembed::forward_launch(C, n_images), 0, [&](float*) {
+        cuda::vembed::forward_block(as<S>(x), as<S>(table), as<S>(cls), images, n_images, C, g0h,
+                                    g0w);
+      });
+    });
   }
-  void vision_embed_backward(float*, float*, CAct, const PosImage*, int, int64_t, int,
-                             int) const override {
-    unsupported("vision_embed_backward");
+  void vision_embed_backward(float* dtable, float* dcls, CAct dx, const PosImage* images,
+                             int n_images, int64_t C, int g0h, int g0w) const override {
+    if (n_images <= 0 || (!dtable && !dcls)) return;
+    const int64_t rows = dtable ? (dcls ? 1 : 0) + int64_t(g0h) * g0w : 1;
+    with([&](auto s) {
+      using S = decltype(s);
+      run(cuda::vembed::backward_launch(C, rows), 0, [&](float*) {
+        cuda::vembed::backward_block(dtable, dcls, as<S>(dx), images, n_images, C, g0h, g0w);
+      });
+    });
   }
   void attention_forward(Act, float*, CAct, CAct, CAct, AttnMeta, AttnMeta,
                          const AttnShape&) const override {

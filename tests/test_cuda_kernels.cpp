@@ -225,6 +225,51 @@ TEST_F(CudaOpsTest, SumSquaresIsDeterministic) {
   }
 }
 
+// The parameter gradients of LayerNorm and of the position embeddings reduce in a fixed order:
+// a second run from the same start gives the same bits (CLIP ViT-L/14-336 sizes).
+TEST_F(CudaOpsTest, LayerNormAndVisionEmbedGradientsAreDeterministic) {
+  const int64_t T = 577, C = 1024;
+  auto X = put(random_vec(rng_, size_t(T * C), 3.0f)), W = put(random_vec(rng_, size_t(C)));
+  auto B = put(random_vec(rng_, size_t(C))), DY = put(random_vec(rng_, size_t(T * C)));
+  DeviceBuffer Y(*gpu_, sizeof(float) * size_t(T * C)), DX(*gpu_, sizeof(float) * size_t(T * C));
+  DeviceBuffer M(*gpu_, sizeof(float) * size_t(T)), R(*gpu_, sizeof(float) * size_t(T));
+  g().layernorm_forward(Y.as<float>(), M.as<float>(), R.as<float>(), X.as<float>(), W.as<float>(),
+                        B.as<float>(), T, C, 1e-5f);
+  std::vector<float> first_w, first_b;
+  for (int run = 0; run < 2; ++run) {
+    auto DW = put(std::vector<float>(size_t(C), 0.5f)), DB = put(std::vector<float>(size_t(C), 0.5f));
+    g().layernorm_backward(DX.as<float>(), DW.as<float>(), DB.as<float>(), DY.as<float>(),
+                           X.as<float>(), W.as<float>(), M.as<float>(), R.as<float>(), T, C);
+    const auto dw = get<float>(DW, size_t(C)), db = get<float>(DB, size_t(C));
+    if (run == 0) {
+      first_w = dw, first_b = db;
+    } else {
+      EXPECT_EQ(dw, first_w);
+      EXPECT_EQ(db, first_b);
+    }
+  }
+
+  const int g0 = 24;
+  const std::vector<PosImage> ims = {{0, 17, 31}, {1 + 17 * 31, 40, 12}, {2 + 17 * 31 + 480, 24, 24}};
+  const int64_t rows = 3 + 17 * 31 + 480 + 576, n_pos = 1 + g0 * g0;
+  auto IMS = put(ims);
+  auto G = put(random_vec(rng_, size_t(rows * C)));
+  std::vector<float> first_t, first_c;
+  for (int run = 0; run < 2; ++run) {
+    auto DT = put(std::vector<float>(size_t(n_pos * C), 0.5f));
+    auto DC = put(std::vector<float>(size_t(C), 0.5f));
+    g().vision_embed_backward(DT.as<float>(), DC.as<float>(), G.as<float>(),
+                              IMS.as<PosImage>(), 3, C, g0, g0);
+    const auto dt = get<float>(DT, size_t(n_pos * C)), dc = get<float>(DC, size_t(C));
+    if (run == 0) {
+      first_t = dt, first_c = dc;
+    } else {
+      EXPECT_EQ(dt, first_t);
+      EXPECT_EQ(dc, first_c);
+    }
+  }
+}
+
 // ---- A full training step -----------------------------------------------------------------
 
 // One training step of the tiny model from the same weights on the CPU and on the device:

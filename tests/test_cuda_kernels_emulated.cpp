@@ -18,6 +18,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/op_types.h"
 #include "tests/expect_close.h"
@@ -33,10 +34,12 @@
 #include "kernels/cuda/cross_entropy_kernels.cuh"
 #include "kernels/cuda/elementwise_kernels.cuh"
 #include "kernels/cuda/embedding_kernels.cuh"
+#include "kernels/cuda/layernorm_kernels.cuh"
 #include "kernels/cuda/norm_kernels.cuh"
 #include "kernels/cuda/patch_merge_kernels.cuh"
 #include "kernels/cuda/pixels_kernels.cuh"
 #include "kernels/cuda/rope_kernels.cuh"
+#include "kernels/cuda/vision_embed_kernels.cuh"
 #include "tests/emulated_ops.h"
 // clang-format on
 
@@ -116,6 +119,41 @@ TEST(CudaEmulated, RmsNormDwWithinItsSummationBound) {
         mag += std::abs(double(dy[size_t(t * C + c)]) * x[size_t(t * C + c)] * rstd[size_t(t)]);
       const double err = std::abs(double(edw[size_t(c)]) - dw[size_t(c)]);
       EXPECT_LE(err, 2.0 * double(T + 16) * kEps * mag) << "dw[" << c << "]" << at;
+    }
+  }
+}
+
+// LayerNorm's dw and db: 16 lanes of T/16 rows each, then the 16 lane sums; the CPU sums T rows
+// in order. Both within (T + 16)·eps·sum|terms| of the exact sum, per column. From the
+// reference's statistics, so that the check stands alone.
+TEST(CudaEmulated, LayerNormParamsWithinTheirSummationBound) {
+  Rng rng(14);
+  const testing::EmulatedOps ops(DType::F32);
+  for (auto [T, C] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {5, 300}, {40, 33}, {16, 256},
+                      {37, 64}}) {
+    const std::string at = " T=" + std::to_string(T) + " C=" + std::to_string(C);
+    auto x = random_vec(rng, sz(T * C), 2.0f), w = random_vec(rng, sz(C)), b = random_vec(rng, sz(C));
+    for (auto& v : x) v += 1.5f;
+    auto dy = random_vec(rng, sz(T * C)), dw0 = random_vec(rng, sz(C)), db0 = random_vec(rng, sz(C));
+    std::vector<float> y(sz(T * C)), mean(sz(T)), rstd(sz(T)), dx(sz(T * C));
+    std::vector<float> dw = dw0, db = db0, edw = dw0, edb = db0;
+    cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), T, C,
+                           1e-5f);
+    cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                            mean.data(), rstd.data(), T, C);
+    ops.layernorm_backward(dx.data(), edw.data(), edb.data(), dy.data(), x.data(), w.data(),
+                           mean.data(), rstd.data(), T, C);
+    for (int64_t c = 0; c < C; ++c) {
+      double mw = std::abs(double(dw0[sz(c)])), mb = std::abs(double(db0[sz(c)]));
+      for (int64_t t = 0; t < T; ++t) {
+        const double n = (double(x[sz(t * C + c)]) - mean[sz(t)]) * rstd[sz(t)];
+        mw += std::abs(double(dy[sz(t * C + c)]) * n);
+        mb += std::abs(double(dy[sz(t * C + c)]));
+      }
+      EXPECT_LE(std::abs(double(edw[sz(c)]) - dw[sz(c)]), 2.0 * double(T + 16) * kEps * mw)
+          << "dw[" << c << "]" << at;
+      EXPECT_LE(std::abs(double(edb[sz(c)]) - db[sz(c)]), 2.0 * double(T + 16) * kEps * mb)
+          << "db[" << c << "]" << at;
     }
   }
 }

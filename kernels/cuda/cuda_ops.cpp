@@ -24,6 +24,13 @@ auto* as(ActPtrOf<V> a) {
   return static_cast<P*>(a.p);
 }
 
+// The grids live on the device and are the batch's (checked where it is built); the
+// pretrained grid is the config's.
+void check_position_grid(int64_t C, int g0h, int g0w) {
+  DHP_CHECK(g0h > 0 && g0w > 0, "vision_embed: the pretrained position grid is {}x{}", g0h, g0w);
+  DHP_CHECK(C > 0, "vision_embed: {} channels", C);
+}
+
 cudaDataType_t cuda_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 }  // namespace
@@ -119,24 +126,31 @@ void CudaOps::gelu_backward(Act dx, CAct dy, CAct x, int64_t n, GeluKind k) cons
   DHP_STORAGE_CALL(cuda::gelu_backward(stream_, as<S>(dx), as<S>(dy), as<S>(x), n, k));
 }
 
-void CudaOps::layernorm_forward(Act, float*, float*, CAct, CAct, CAct, int64_t, int64_t,
-                                float) const {
-  DHP_CHECK(false, "layernorm_forward is not available on CUDA in this build");
+void CudaOps::layernorm_forward(Act y, float* mean, float* rstd, CAct x, CAct w, CAct b,
+                                int64_t T, int64_t C, float eps) const {
+  DHP_STORAGE_CALL(cuda::layernorm_forward(stream_, as<S>(y), mean, rstd, as<S>(x), as<S>(w),
+                                           as<S>(b), T, C, eps));
 }
 
-void CudaOps::layernorm_backward(Act, float*, float*, CAct, CAct, CAct, const float*,
-                                 const float*, int64_t, int64_t) const {
-  DHP_CHECK(false, "layernorm_backward is not available on CUDA in this build");
+void CudaOps::layernorm_backward(Act dx, float* dw, float* db, CAct dy, CAct x, CAct w,
+                                 const float* mean, const float* rstd, int64_t T,
+                                 int64_t C) const {
+  DHP_STORAGE_CALL(cuda::layernorm_backward(stream_, as<S>(dx), dw, db, as<S>(dy), as<S>(x),
+                                            as<S>(w), mean, rstd, T, C));
 }
 
-void CudaOps::vision_embed_forward(Act, CAct, CAct, const PosImage*, int, int64_t, int,
-                                   int) const {
-  DHP_CHECK(false, "vision_embed_forward is not available on CUDA in this build");
+void CudaOps::vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images,
+                                   int n_images, int64_t C, int g0h, int g0w) const {
+  check_position_grid(C, g0h, g0w);
+  DHP_STORAGE_CALL(cuda::vision_embed_forward(stream_, as<S>(x), as<S>(table), as<S>(cls),
+                                              images, n_images, C, g0h, g0w));
 }
 
-void CudaOps::vision_embed_backward(float*, float*, CAct, const PosImage*, int, int64_t, int,
-                                    int) const {
-  DHP_CHECK(false, "vision_embed_backward is not available on CUDA in this build");
+void CudaOps::vision_embed_backward(float* dtable, float* dcls, CAct dx, const PosImage* images,
+                                    int n_images, int64_t C, int g0h, int g0w) const {
+  check_position_grid(C, g0h, g0w);
+  DHP_STORAGE_CALL(cuda::vision_embed_backward(stream_, dtable, dcls, as<S>(dx), images,
+                                               n_images, C, g0h, g0w));
 }
 
 void CudaOps::attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, AttnMeta qm,

@@ -32,6 +32,19 @@ template <class S>
 void rmsnorm_backward(cudaStream_t stream, S* dx, float* dw, const S* dy, const S* x, const S* w,
                       const float* rstd, int64_t T, int64_t C);
 
+// ---- LayerNorm (kernels/cpu/layernorm.h): y = (x - mean) · rstd · w + b, biased variance,
+// eps inside the square root ----------------------------------------------------------------
+
+// x, y (T, C); w, b (C); mean, rstd (T). One block per row, two passes over it.
+template <class S>
+void layernorm_forward(cudaStream_t stream, S* y, float* mean, float* rstd, const S* x,
+                       const S* w, const S* b, int64_t T, int64_t C, float eps);
+// dx is written (it may alias dy); dw and db (fp32, null = frozen) accumulate, reduced over
+// rows column by column in a fixed order (no atomics): deterministic.
+template <class S>
+void layernorm_backward(cudaStream_t stream, S* dx, float* dw, float* db, const S* dy, const S* x,
+                        const S* w, const float* mean, const float* rstd, int64_t T, int64_t C);
+
 // ---- Rotary position embedding, in place (kernels/cpu/rope.h: half-split pairs, angles in
 // double, the backward pass is the inverse rotation) -----------------------------------------
 
@@ -143,6 +156,20 @@ void patch_merge_forward(cudaStream_t stream, S* out, const S* in, const MergeIm
 template <class S>
 void patch_merge_backward(cudaStream_t stream, S* din, const S* dout, const MergeImage* images,
                           int n_images, int64_t C, int m);
+
+// ---- A pretrained ViT's position embeddings, resized bicubically to each image's grid
+// (kernels/cpu/vision_embed.h: PyTorch's F.interpolate, align_corners=False, in double) ------
+
+// x (rows, C) += the resized table at each image's patch rows; with cls, the class row is
+// written cls + table[0]. images (n_images) is a device array.
+template <class S>
+void vision_embed_forward(cudaStream_t stream, S* x, const S* table, const S* cls,
+                          const PosImage* images, int n_images, int64_t C, int g0h, int g0w);
+// dtable and dcls (fp32, null = frozen) accumulate the transpose; the class row exists exactly
+// when dcls is given. Each table row gathers its terms in one fixed order: deterministic.
+template <class S>
+void vision_embed_backward(cudaStream_t stream, float* dtable, float* dcls, const S* dx,
+                           const PosImage* images, int n_images, int64_t C, int g0h, int g0w);
 
 // ---- Small vector operations (kernels/cpu/elementwise.h) -----------------------------------
 

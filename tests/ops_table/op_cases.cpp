@@ -246,10 +246,18 @@ OpCase layernorm(int64_t T, int64_t C, float scale = 1.0f, float shift = 0.0f, f
                          frozen ? nullptr : a.f32("db"), a.act("dy"), a.act("x"), a.act("w"),
                          a.f32("mean"), a.f32("rstd"), T, C);
   };
-  // The mean's error is relative to the shift, the statistics' to the row's values.
-  const double m = 1.0 + std::abs(double(shift));
+  // The mean's error is relative to the shift (a float sum on the device, double on the CPU);
+  // x - mean carries it, amplified by rstd ~ 1/scale, into y and dx.
+  const double m = 1.0 + std::abs(double(shift)), k = 1.0 + std::abs(double(shift / scale));
   const OpTol mean_tol{{1e-6 * m, 1e-5}, {1e-6 * m, 1e-5}, {1e-6 * m, 1e-5}, {1e-6 * m, 1e-5}};
-  c.checks = {{"mean", mean_tol}, {"rstd", kRowStat}, {"y", kRmsY}, {"dx", rms_dx(C)},
+  const OpTol y_tol{{kRmsY.device_f32.atol * k, kRmsY.device_f32.rtol},
+                    {kRmsY.device_bf16.atol * k, kRmsY.device_bf16.rtol},
+                    {kRmsY.emulated_f32.atol * k, kRmsY.emulated_f32.rtol},
+                    {kRmsY.emulated_bf16.atol * k, kRmsY.emulated_bf16.rtol}};
+  OpTol dx_tol = rms_dx(C);
+  for (Tol* t : {&dx_tol.device_f32, &dx_tol.device_bf16, &dx_tol.emulated_f32, &dx_tol.emulated_bf16})
+    t->atol *= k;
+  c.checks = {{"mean", mean_tol}, {"rstd", kRowStat}, {"y", y_tol}, {"dx", dx_tol},
               {"dw", rms_dw(T)}, {"db", rms_dw(T)}};
   c.loss = [=](const Args& a) { return weighted(a, "y", "dy", sz(T * C)); };
   c.grads = {{"x", "dx"}};
@@ -566,6 +574,17 @@ std::vector<OpCase> device_cases() {
     for (GeluKind k : {GeluKind::Tanh, GeluKind::Erf, GeluKind::Quick}) v.push_back(gelu(n, 4.0f, k));
     v.push_back(swiglu(n, 4.0f, true));
   }
+  for (auto [T, C] : {std::pair<int64_t, int64_t>{1, 1}, {5, 7}, {64, 256}, {37, 1000}, {300, 1024},
+                      {577, 1024}})
+    v.push_back(layernorm(T, C));
+  v.push_back(layernorm(37, 1000, 0.5f, 8.0f, 1e-6f));
+  v.push_back(layernorm(300, 1024, 1.0f, 0.0f, 1e-5f, true));
+  // CLIP ViT-L/14-336's grid (24 x 24 + the class row) to native-resolution grids, SigLIP's
+  // (no class row) and odd ones; widths across channel blocks.
+  v.push_back(vision_embed(24, 24, true, {{24, 24}, {17, 31}, {40, 12}, {1, 9}}, 1024));
+  v.push_back(vision_embed(16, 16, false, {{27, 20}, {8, 8}, {16, 16}}, 1152));
+  v.push_back(vision_embed(3, 5, true, {{1, 1}, {7, 2}, {30, 45}}, 37, EmbedGrads::no_table));
+  v.push_back(vision_embed(7, 6, false, {{5, 9}}, 300, EmbedGrads::none));
   for (auto [T, V] : {std::pair<int64_t, int64_t>{1, 2}, {17, 23}, {64, 1000}, {64, 32000},
                       {130, 32000}, {5000, 37}})
     v.push_back(cross_entropy(T, V));
@@ -606,6 +625,18 @@ std::vector<OpCase> emulated_cases() {
     for (GeluKind k : {GeluKind::Tanh, GeluKind::Erf, GeluKind::Quick}) v.push_back(gelu(n, 4.0f, k));
     v.push_back(swiglu(n, 4.0f, true));
   }
+  // Rows shorter than, equal to and longer than the block; dw and db's row lanes and column
+  // tiles exactly filled and with tails.
+  for (auto [T, C] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {5, 300}, {40, 33}, {16, 256},
+                      {37, 300}})
+    v.push_back(layernorm(T, C));
+  v.push_back(layernorm(5, 300, 0.5f, 8.0f, 1e-2f));
+  v.push_back(layernorm(40, 33, 1.0f, 0.0f, 1e-5f, true));
+  // Channels below, at and across the block; images with more patches than slices.
+  v.push_back(vision_embed(4, 4, true, {{4, 4}, {6, 9}, {1, 3}}, 5));
+  v.push_back(vision_embed(3, 5, false, {{7, 2}, {2, 11}}, 130));
+  v.push_back(vision_embed(5, 3, true, {{1, 1}, {9, 4}}, 33, EmbedGrads::no_table));
+  v.push_back(vision_embed(2, 3, false, {{3, 3}}, 7, EmbedGrads::none));
   // V = 1000, 2052, 512 and 4 take the vector path of the backward pass, the others the scalar.
   for (auto [T, V] : {std::pair<int64_t, int64_t>{1, 2}, {17, 23}, {6, 1000}, {5, 2052}, {9, 1537},
                       {3, 512}, {4, 4}, {37, 203}})
