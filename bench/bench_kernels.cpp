@@ -17,7 +17,8 @@
 //   attention     only the (query, key) pairs the mask allows: fwd 4·pairs·hd per head
 //                 (Q·Kᵀ and P·V), bwd 8·pairs·hd (dP, dV, dS·K, dSᵀ·Q); the recomputed
 //                 scores and the exponentials are not counted
-//   rmsnorm       fwd 4·T·C, bwd 8·T·C;  rope 6 per rotated pair;  swiglu fwd 5, bwd 10 per
+//   rmsnorm       fwd 4·T·C, bwd 8·T·C;  layernorm fwd 7·T·C, bwd 12·T·C;
+//   rope 6 per rotated pair;  swiglu fwd 5, bwd 10 per
 //   element;  cross-entropy fwd 4·T·V, bwd 3·T·V. The pointwise ops are memory-bound: their
 //   GFLOP/s only say how far they sit from the GEMM.
 #include <CLI/CLI.hpp>
