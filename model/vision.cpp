@@ -59,7 +59,7 @@ void VisionPath::forward(const ModelWeights& p, const DeviceBatch& b) {
   ops_.rmsnorm_forward(xn_, rstd_, x_final_, p.vision_norm, P, dv, cpu::kRmsEps);
   ops_.patch_merge_forward(merged_, xn_, b.merge, b.n_images, dv, int(m));
   ops_.linear_forward(f1_, merged_, p.fc1_w, p.fc1_b, N, m * m * dv, d);
-  ops_.gelu_forward(g1_, f1_, N * d);
+  ops_.gelu_forward(g1_, f1_, N * d, GeluKind::Tanh);
   ops_.linear_forward(tokens_, g1_, p.fc2_w, p.fc2_b, N, d, d);
 }
 
@@ -71,7 +71,7 @@ void VisionPath::backward(const ModelWeights& p, const ModelParams& g, const Dev
   // A frozen encoder (null gradients) needs nothing below the projector's first layer.
   const bool encoder = g.patch_embed_w != nullptr;
   ops_.linear_backward(dg1_, g.fc2_w, g.fc2_b, dtokens_, g1_, p.fc2_w, N, d, d, false);
-  ops_.gelu_backward(dg1_, dg1_, f1_, N * d);
+  ops_.gelu_backward(dg1_, dg1_, f1_, N * d, GeluKind::Tanh);
   ops_.linear_backward(encoder ? dmerged_ : Act(), g.fc1_w, g.fc1_b, dg1_, merged_, p.fc1_w, N,
                        m * m * dv, d, false);
   if (!encoder) return;
