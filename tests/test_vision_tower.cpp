@@ -339,6 +339,75 @@ TEST(VisionTowerForward, DependsOnWhatTheSemanticsSay) {
   EXPECT_LT(model.n_grads(), model.n_params());
 }
 
+// Generation with a clip tower: the prompt's image runs through the tower once, then the KV
+// cache serves every new token; each step's logits equal a full pass over the longer prompt.
+TEST(VisionTowerGenerate, KvCacheMatchesFullRecomputation) {
+  const ModelConfig cfg = tower_config(VisionArch::clip);
+  auto backend = make_cpu_backend({1});
+  Model model(cfg, *backend);
+  randomise(model, 37);
+  auto prompt = [&](const std::vector<int32_t>& extra) {
+    testing::Doc d = sample_docs()[0];
+    d.ids.resize(4);
+    d.loss.assign(4, 0);
+    for (int32_t t : extra) d.ids.push_back(t), d.loss.push_back(0);
+    return make_batch({d}, cfg, 9);
+  };
+  SamplingOptions greedy;
+  greedy.max_new_tokens = 4;
+  std::vector<float> cached_logits;
+  const auto cached = model.generate(prompt({}), -1, greedy, &cached_logits);
+  ASSERT_EQ(cached.size(), 4u);
+  const int64_t V = cfg.vocab_size;
+  SamplingOptions one;
+  one.max_new_tokens = 1;
+  for (size_t k = 0; k < cached.size(); ++k) {
+    std::vector<float> full;
+    const auto next = model.generate(prompt({cached.begin(), cached.begin() + k}), -1, one, &full);
+    ASSERT_EQ(next.size(), 1u);
+    EXPECT_EQ(next[0], cached[k]) << "token " << k;
+    for (int64_t v = 0; v < V; ++v)
+      ASSERT_NEAR(full[size_t(v)], cached_logits[size_t(k * V + v)], 1e-5) << "step " << k << " logit " << v;
+  }
+}
+
+// bf16 storage (the CPU's staging through fp32 kernels): a tower's loss and every gradient
+// tensor within bf16's rounding of fp32's, and not equal to them.
+TEST(VisionTowerBf16, TracksFp32) {
+  for (VisionArch arch : {VisionArch::clip, VisionArch::siglip}) {
+    const ModelConfig cfg = tower_config(arch);
+    auto f32 = make_cpu_backend({1});
+    BackendOptions opt;
+    opt.precision = Precision::bf16;
+    auto b16 = make_cpu_backend(opt);
+    Model a(cfg, *f32), b(cfg, *b16);
+    randomise(a, 17);
+    randomise(b, 17);
+    const Batch batch = make_batch(sample_docs(), cfg, 3);
+    const float scale = 1.0f / float(batch.loss_tokens());
+    a.zero_grads();
+    b.zero_grads();
+    const StepStats sa = a.step(batch, scale, true), sb = b.step(batch, scale, true);
+    EXPECT_NEAR(sb.loss_sum, sa.loss_sum, 2e-3 * std::abs(sa.loss_sum));
+    EXPECT_NE(sb.loss_sum, sa.loss_sum);
+    double worst = 0.0;
+    std::string where;
+    for (const auto& spec : a.table().specs()) {
+      double d2 = 0.0, r2 = 0.0;
+      for (int64_t i = spec.offset; i < spec.offset + spec.numel(); ++i) {
+        const double r = a.grads()[i], d = double(b.grads()[i]) - r;
+        d2 += d * d, r2 += r * r;
+      }
+      // Tensors without a gradient: the layer after feature_layer, and the key bias (the
+      // softmax ignores it: its gradient is rounding alone).
+      if (r2 < 1e-20 || spec.name.find("attn.wk.bias") != std::string::npos) continue;
+      if (std::sqrt(d2 / r2) > worst) worst = std::sqrt(d2 / r2), where = spec.name;
+    }
+    EXPECT_LT(worst, 5e-2) << where;
+    EXPECT_GT(worst, 1e-4) << "bf16 gradients equal fp32's: nothing was rounded";
+  }
+}
+
 // ---- the planner's models ----------------------------------------------------------------
 
 TEST(VisionTowerPricing, MemoryModelCountsTheTableAndTheClassRow) {
