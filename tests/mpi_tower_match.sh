@@ -4,9 +4,10 @@
 # LayerNorm/quick_gelu blocks, features from layer -2; random weights) trains on the long-tail
 # set on 1 rank, and on 2 to 6 MPI ranks under every trainable strategy (rings of several
 # ranks for the long samples: an image is still encoded whole on one member and its tokens
-# routed), and with selective and full recompute. Every step's loss and the final weights
-# must agree with the one-rank run to fp32 rounding (the tolerance of mpi_ranks_match), and
-# every rank's memory high-water mark stay within the memory model's prediction.
+# routed), and with selective and full recompute; a siglip tower on 1 and 4 ranks. Every
+# step's loss and the final weights must agree with the one-rank run to fp32 rounding (the
+# tolerance of mpi_ranks_match), and every rank's memory high-water mark stay within the
+# memory model's prediction.
 #   tests/mpi_tower_match.sh DHP_BINARY
 set -euo pipefail
 source "$(dirname "$0")/mpi_lib.sh" "$1"
@@ -43,6 +44,29 @@ for spec in dhp:2 dhp:3 dhp:4 dhp:5 dhp:6 pow2:4 static:3 static-2:2 dhp-selecti
   export_weights "$r"
   runs+=("$name:$n:$r")
 done
+
+# A siglip tower (patch bias, no class row, gelu_tanh, the last layer's features) on 1 and on 4
+# ranks.
+siglip=(--model.vision.arch=siglip --model.vision.image_size=32 --model.vision.layers=2
+        --model.vision.feature_layer=-1 --model.vision.act=gelu_tanh --model.vision.norm_eps=1e-6)
+train_run "$work/siglip-one.log" -- --config "$work/run.toml" "${siglip[@]}" \
+  --log.metrics="$work/siglip-one/metrics.jsonl" --checkpoint.dir="$work/siglip-one/ckpt"
+export_weights "$work/siglip-one"
+train_run "$work/siglip-4.log" mpirun -np 4 --oversubscribe -- --config "$work/run.toml" "${siglip[@]}" \
+  --log.metrics="$work/siglip-4/metrics.jsonl" --checkpoint.dir="$work/siglip-4/ckpt"
+export_weights "$work/siglip-4"
+/usr/bin/python3 - "$tests/reference" "$work/siglip-one" "$work/siglip-4" $steps <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from mpi_runs import same_losses, same_weights, steps, weights
+one, other = steps(sys.argv[2]), steps(sys.argv[3])
+w = weights(sys.argv[2])
+assert "vision.patch_embed.bias" in w and "vision.class_embed" not in w, sorted(w)[:8]
+same_losses(one, other, "siglip on 4 ranks", int(sys.argv[4]))
+same_weights(w, weights(sys.argv[3]), "siglip on 4 ranks", skip=lambda t: t.endswith("attn.wk.bias"))
+assert max(r["max_degree"] for r in other) > 1, "siglip on 4 ranks ran no ring"
+print("siglip on 4 ranks: losses", ", ".join("%.5f" % r["loss"] for r in other))
+PY
 
 /usr/bin/python3 - "$tests/reference" "$work/one" $steps "${runs[@]}" <<'PY'
 import sys
