@@ -168,7 +168,7 @@ PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v) {
   if (v.resize == ImageFit::pad_square && rgb.rows != rgb.cols) {
     // Centred as PIL's paste at ((side - w) / 2, (side - h) / 2), floored.
     const int side = std::max(rgb.rows, rgb.cols);
-    const auto c = v.mean_rgb();
+    const auto c = v.pad_rgb();
     cv::Mat square(side, side, CV_8UC3, cv::Scalar(c[0], c[1], c[2]));
     rgb.copyTo(square(cv::Rect((side - rgb.cols) / 2, (side - rgb.rows) / 2, rgb.cols, rgb.rows)));
     rgb = square;

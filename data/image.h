@@ -49,7 +49,7 @@ struct PreparedImage {
 
 // bgr: CV_8UC3 as OpenCV decodes it. Converts to RGB, resizes (INTER_CUBIC on uint8) only
 // when the size changes, and patchifies. Under pad_square the image is first centred on a
-// square of its longer side filled with mean_rgb() (LLaVA-1.5's expand2square).
+// square of its longer side filled with pad_rgb() (LLaVA-1.5's expand2square).
 PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v);
 // Decodes the file (ignoring EXIF orientation, so the size matches read_image_size) and
 // prepares it. The header is read first and an image of more than max_pixels (H*W) pixels is

@@ -171,7 +171,7 @@ TEST(Image, PadSquareCentresOnTheMeanColour) {
   ImageGeometry v;  // patch 14, merge 2
   v.resize = ImageFit::pad_square;
   v.image_size = 56;
-  v.pixel_mean = kSiglipPixelMean;  // pads in 128 grey
+  v.pixel_mean = kSiglipPixelMean;  // pads in 127 grey: int(0.5 * 255), as LLaVA
   const int H = 28, W = 56, p = v.patch;
   cv::Mat bgr(H, W, CV_8UC3);
   auto value = [](int y, int x, int c) { return (y * 7 + x * 3 + c * 50) % 200; };  // RGB
@@ -188,7 +188,7 @@ TEST(Image, PadSquareCentresOnTheMeanColour) {
     for (int x = 0; x < 56; ++x)
       for (int c = 0; c < 3; ++c) {
         const int64_t i = ((y / p) * 4 + x / p) * v.patch_numel() + ((y % p) * p + x % p) * 3 + c;
-        const int want = y >= 14 && y < 42 ? value(y - 14, x, c) : 128;
+        const int want = y >= 14 && y < 42 ? value(y - 14, x, c) : 127;
         ASSERT_EQ(im.pixels[size_t(i)], want) << y << "," << x << "," << c;
       }
   // A tall image pads left and right (floored offset: 3 columns left, 4 right), then resizes.
@@ -197,11 +197,14 @@ TEST(Image, PadSquareCentresOnTheMeanColour) {
   const PreparedImage t = prepare_image(tall, v);
   ASSERT_EQ(t.grid_h, 4);
   ASSERT_EQ(t.grid_w, 4);
-  const auto mean = v.mean_rgb();
-  EXPECT_EQ(mean[0], 123);
-  EXPECT_EQ(mean[1], 117);
-  EXPECT_EQ(mean[2], 104);
-  for (int c = 0; c < 3; ++c) EXPECT_EQ(t.pixels[size_t(c)], mean[size_t(c)]);  // (0, 0): pad
+  const auto pad = v.pad_rgb();
+  EXPECT_EQ(pad[0], 122);
+  EXPECT_EQ(pad[1], 116);
+  EXPECT_EQ(pad[2], 104);
+  for (int c = 0; c < 3; ++c) EXPECT_EQ(t.pixels[size_t(c)], pad[size_t(c)]);  // (0, 0): pad
+  // Blanked images take the nearest colour instead (normalised to within 0.5/255/std of 0).
+  EXPECT_EQ(v.mean_rgb()[0], 123);
+  EXPECT_EQ(v.mean_rgb()[1], 117);
   const int64_t centre = (1 * 4 + 1) * v.patch_numel() + (13 * p + 13) * 3;  // (27, 27)
   EXPECT_EQ(t.pixels[size_t(centre)], 255);
   EXPECT_EQ(t.pixels[size_t(centre + 1)], 0);
