@@ -69,11 +69,39 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
     add(pre + "mlp.w2.weight", {C, F}, Init::Normal, true, out_std);
     add(pre + "mlp.w3.weight", {F, C}, Init::Normal, true);
   };
+  // The pretrained towers' block (docs/vision_towers.md): LayerNorms with biases, biases on
+  // every projection, a GELU MLP fc1 -> act -> fc2.
+  auto vit_block = [&](const std::string& pre) {
+    const float out_std = 0.02f / std::sqrt(2.0f * float(std::max(1, v.layers)));
+    add(pre + "attn_norm.weight", {dv}, Init::Ones, false);
+    add(pre + "attn_norm.bias", {dv}, Init::Zeros, false);
+    for (const char* w : {"wq", "wk", "wv"}) {
+      add(pre + "attn." + w + ".weight", {dv, dv}, Init::Normal, true);
+      add(pre + "attn." + w + ".bias", {dv}, Init::Zeros, false);
+    }
+    add(pre + "attn.wo.weight", {dv, dv}, Init::Normal, true, out_std);
+    add(pre + "attn.wo.bias", {dv}, Init::Zeros, false);
+    add(pre + "mlp_norm.weight", {dv}, Init::Ones, false);
+    add(pre + "mlp_norm.bias", {dv}, Init::Zeros, false);
+    add(pre + "mlp.fc1.weight", {v.ffn, dv}, Init::Normal, true);
+    add(pre + "mlp.fc1.bias", {v.ffn}, Init::Zeros, false);
+    add(pre + "mlp.fc2.weight", {dv, v.ffn}, Init::Normal, true, out_std);
+    add(pre + "mlp.fc2.bias", {dv}, Init::Zeros, false);
+  };
   add("vision.patch_embed.weight", {dv, v.patch_numel()}, Init::Normal, true);
-  add("vision.patch_embed.bias", {dv}, Init::Zeros, false);
-  for (int i = 0; i < v.layers; ++i)
-    block("vision.layers." + std::to_string(i) + ".", dv, dv, dv, v.ffn, v.layers, false);
-  add("vision.norm.weight", {dv}, Init::Ones, false);
+  if (v.arch != VisionArch::clip) add("vision.patch_embed.bias", {dv}, Init::Zeros, false);
+  if (v.has_class_row()) add("vision.class_embed", {dv}, Init::Normal, false);
+  if (v.pretrained()) add("vision.pos_embed.weight", {v.pos_rows(), dv}, Init::Normal, false);
+  if (v.arch == VisionArch::clip) {
+    add("vision.pre_norm.weight", {dv}, Init::Ones, false);
+    add("vision.pre_norm.bias", {dv}, Init::Zeros, false);
+  }
+  for (int i = 0; i < v.layers; ++i) {
+    const std::string pre = "vision.layers." + std::to_string(i) + ".";
+    if (v.pretrained()) vit_block(pre);
+    else block(pre, dv, dv, dv, v.ffn, v.layers, false);
+  }
+  if (!v.pretrained()) add("vision.norm.weight", {dv}, Init::Ones, false);
   add("projector.fc1.weight", {d, int64_t(v.merge) * v.merge * dv}, Init::Normal, true);
   add("projector.fc1.bias", {d}, Init::Zeros, false);
   add("projector.fc2.weight", {d, d}, Init::Normal, true);
@@ -133,25 +161,47 @@ void ParamTable::initialise(float* arena, uint64_t seed) const {
 
 namespace {
 
-// Every parameter's pointer as at(name) gives it; the q/k/v biases only where the table has
-// them (model.attention_bias).
+// Every parameter's pointer as at(name) gives it; the optional tensors (q/k/v biases of
+// model.attention_bias, the pretrained towers' own) null where the table has none.
 template <class P, class At>
 ModelParamsOf<P> bind_with(const ParamTable& t, const ModelConfig& c, const At& at) {
   auto maybe = [&](const std::string& name) { return t.find(name) ? at(name) : P(nullptr); };
   auto block = [&](const std::string& pre) {
-    return BlockParamsOf<P>{at(pre + "attn_norm.weight"), at(pre + "attn.wq.weight"),
-                       at(pre + "attn.wk.weight"),   at(pre + "attn.wv.weight"),
-                       at(pre + "attn.wo.weight"),   at(pre + "mlp_norm.weight"),
-                       at(pre + "mlp.w1.weight"),    at(pre + "mlp.w2.weight"),
-                       at(pre + "mlp.w3.weight"),    maybe(pre + "attn.wq.bias"),
-                       maybe(pre + "attn.wk.bias"),  maybe(pre + "attn.wv.bias")};
+    BlockParamsOf<P> b{};
+    b.attn_norm = at(pre + "attn_norm.weight");
+    b.wq = at(pre + "attn.wq.weight");
+    b.wk = at(pre + "attn.wk.weight");
+    b.wv = at(pre + "attn.wv.weight");
+    b.wo = at(pre + "attn.wo.weight");
+    b.mlp_norm = at(pre + "mlp_norm.weight");
+    b.bq = maybe(pre + "attn.wq.bias");
+    b.bk = maybe(pre + "attn.wk.bias");
+    b.bv = maybe(pre + "attn.wv.bias");
+    if (t.find(pre + "mlp.fc1.weight")) {
+      b.w1 = at(pre + "mlp.fc1.weight");
+      b.w2 = at(pre + "mlp.fc2.weight");
+      b.b1 = at(pre + "mlp.fc1.bias");
+      b.b2 = at(pre + "mlp.fc2.bias");
+      b.attn_norm_b = at(pre + "attn_norm.bias");
+      b.mlp_norm_b = at(pre + "mlp_norm.bias");
+      b.bo = at(pre + "attn.wo.bias");
+    } else {
+      b.w1 = at(pre + "mlp.w1.weight");
+      b.w2 = at(pre + "mlp.w2.weight");
+      b.w3 = at(pre + "mlp.w3.weight");
+    }
+    return b;
   };
   ModelParamsOf<P> p;
   p.patch_embed_w = at("vision.patch_embed.weight");
-  p.patch_embed_b = at("vision.patch_embed.bias");
+  p.patch_embed_b = maybe("vision.patch_embed.bias");
+  p.class_embed = maybe("vision.class_embed");
+  p.pos_embed = maybe("vision.pos_embed.weight");
+  p.pre_norm_w = maybe("vision.pre_norm.weight");
+  p.pre_norm_b = maybe("vision.pre_norm.bias");
   for (int i = 0; i < c.vision.layers; ++i)
     p.vision_layers.push_back(block("vision.layers." + std::to_string(i) + "."));
-  p.vision_norm = at("vision.norm.weight");
+  p.vision_norm = maybe("vision.norm.weight");
   p.fc1_w = at("projector.fc1.weight");
   p.fc1_b = at("projector.fc1.bias");
   p.fc2_w = at("projector.fc2.weight");

@@ -77,18 +77,31 @@ struct BlockParamsOf {
   P w1;         // (F, C)
   P w2;         // (C, F)
   P w3;         // (F, C)
-  P bq;         // (Hq·hd) or null: q/k/v biases (model.attention_bias, decoder only)
+  P bq;         // (Hq·hd) or null: q/k/v biases (model.attention_bias; clip/siglip towers)
   P bk;         // (Hkv·hd) or null
   P bv;         // (Hkv·hd) or null
+  // The pretrained towers' block (clip, siglip): LayerNorm biases, the output projection's bias
+  // and the GELU MLP fc2(act(fc1(x))), whose weights are w1 (fc1, (F, C)) and w2 (fc2, (C, F));
+  // w3 is null there. Null in the native block and the decoder.
+  P attn_norm_b;  // (C)
+  P bo;           // (C)
+  P mlp_norm_b;   // (C)
+  P b1;           // (F)  fc1 bias
+  P b2;           // (C)  fc2 bias
 };
 
 // Every parameter of the model as pointers into one arena.
 template <class P>
 struct ModelParamsOf {
   P patch_embed_w;           // (dv, p·p·3)
-  P patch_embed_b;           // (dv)
+  P patch_embed_b;           // (dv); null for clip
+  P class_embed;             // (dv): clip only
+  P pos_embed;               // (g0² + 1 for clip, g0² for siglip, dv): clip/siglip only
+  P pre_norm_w, pre_norm_b;  // (dv): clip only (pre_layrnorm)
+  // Every layer of the table (all model.vision.layers), though clip/siglip run only
+  // vision.layers_run() of them.
   std::vector<BlockParamsOf<P>> vision_layers;
-  P vision_norm;             // (dv)
+  P vision_norm;             // (dv); null for clip/siglip (LLaVA's features skip the last norm)
   P fc1_w;                   // (d, m²·dv)
   P fc1_b;                   // (d)
   P fc2_w;                   // (d, d)

@@ -219,5 +219,82 @@ TEST(Config, ConfigFileMustBeARegularFile) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Config, VisionTowerKeysAndTheirDefaultsByArch) {
+  Config native = parse_config("", "v.toml");
+  EXPECT_EQ(native.model.vision.arch, VisionArch::native);
+  EXPECT_EQ(native.model.vision.pixel_mean, kClipPixelMean);
+  EXPECT_EQ(native.model.vision.projector_gelu(), ProjectorAct::gelu_tanh);
+  Config clip = parse_config(
+      "[model.vision]\narch = \"clip\"\nimage_size = 56\npatch = 14\nlayers = 3\nmerge = 1\n"
+      "resize = \"pad_square\"\n",
+      "v.toml");
+  EXPECT_EQ(clip.model.vision.pixel_std, kClipPixelStd);
+  EXPECT_EQ(clip.model.vision.layers_run(), 2);  // feature_layer -2 of 3 layers
+  EXPECT_EQ(clip.model.vision.pos_rows(), 4 * 4 + 1);
+  EXPECT_EQ(clip.model.vision.projector_gelu(), ProjectorAct::gelu);
+  Config siglip = parse_config(
+      "[model.vision]\narch = \"siglip\"\nimage_size = 28\npatch = 14\nact = \"gelu_tanh\"\n"
+      "feature_layer = -1\nnorm_eps = 1e-6\n",
+      "v.toml");
+  EXPECT_EQ(siglip.model.vision.pixel_mean, kSiglipPixelMean);
+  EXPECT_EQ(siglip.model.vision.pixel_std, kSiglipPixelStd);
+  EXPECT_EQ(siglip.model.vision.pos_rows(), 4);
+  EXPECT_EQ(siglip.model.vision.layers_run(), 1);
+  // Set constants win over the arch's; the round trip keeps every key.
+  Config set = parse_config("[model.vision]\narch = \"siglip\"\nimage_size = 28\n"
+                            "pixel_mean = [0.25, 1, 0.5]\n", "v.toml",
+                            {"--model.vision.pixel_std=[0.1,0.2,0.3]"});
+  EXPECT_EQ(set.model.vision.pixel_mean, (std::array<double, 3>{0.25, 1.0, 0.5}));
+  EXPECT_EQ(set.model.vision.pixel_std, (std::array<double, 3>{0.1, 0.2, 0.3}));
+  Config back = parse_config(to_toml(set), "back.toml");
+  EXPECT_EQ(to_toml(back), to_toml(set));
+  EXPECT_EQ(back.model.vision.pixel_mean, set.model.vision.pixel_mean);
+}
+
+TEST(Config, VisionTowerErrorsSayWhatAndWhere) {
+  const std::string tower = "[model.vision]\narch = \"clip\"\npatch = 14\nlayers = 2\n";
+  std::string msg = error_of([&] { parse_config(tower, "t.toml"); });
+  EXPECT_NE(msg.find("t.toml"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("needs model.vision.image_size"), std::string::npos) << msg;
+  msg = error_of([&] { parse_config(tower + "image_size = 30\n", "t.toml"); });
+  EXPECT_NE(msg.find("image_size (30) must be a multiple of model.vision.patch (14)"),
+            std::string::npos) << msg;
+  msg = error_of([&] { parse_config(tower + "image_size = 28\nfeature_layer = -4\n", "t.toml"); });
+  EXPECT_NE(msg.find("feature_layer = -4 names no hidden state of a 2-layer tower"),
+            std::string::npos) << msg;
+  msg = error_of([&] { parse_config(tower + "image_size = 28\nfeature_layer = 3\n", "t.toml"); });
+  EXPECT_NE(msg.find("feature_layer = 3"), std::string::npos) << msg;
+  EXPECT_NO_THROW(parse_config(tower + "image_size = 28\nfeature_layer = -3\n", "t.toml"));
+  EXPECT_NO_THROW(parse_config(tower + "image_size = 28\nfeature_layer = 2\n", "t.toml"));
+  msg = error_of([&] { parse_config("[model.vision]\narch = \"vit\"\n", "t.toml"); });
+  EXPECT_NE(msg.find("t.toml:2: 'model.vision.arch' = \"vit\" is not one of: native, clip, siglip"),
+            std::string::npos) << msg;
+  msg = error_of([&] { parse_config(tower + "image_size = 28\nact = \"relu\"\n", "t.toml"); });
+  EXPECT_NE(msg.find("'model.vision.act' = \"relu\" is not one of: quick_gelu, gelu_tanh, gelu"),
+            std::string::npos) << msg;
+  msg = error_of([&] { parse_config(tower + "image_size = 28\npixel_mean = [0.5, 0.5]\n", "t.toml"); });
+  EXPECT_NE(msg.find("t.toml:6: 'model.vision.pixel_mean' must hold 3 numbers (R, G, B), got 2"),
+            std::string::npos) << msg;
+  msg = error_of([&] { parse_config(tower + "image_size = 28\npixel_std = [0.5, 0, 0.5]\n", "t.toml"); });
+  EXPECT_NE(msg.find("'model.vision.pixel_std' = 0 is out of range"), std::string::npos) << msg;
+  msg = error_of([&] { parse_config(tower + "image_size = 28\npixel_mean = 0.5\n", "t.toml"); });
+  EXPECT_NE(msg.find("'model.vision.pixel_mean' must be an array of 3 numbers, got a float"),
+            std::string::npos) << msg;
+  msg = error_of([&] { parse_config(tower + "image_size = 28\nnorm_eps = 0\n", "t.toml"); });
+  EXPECT_NE(msg.find("'model.vision.norm_eps' = 0 is out of range"), std::string::npos) << msg;
+  // pad_square needs a side that the merge divides; the native tower takes no HF folder.
+  msg = error_of([&] {
+    parse_config("[model.vision]\npatch = 14\nmerge = 2\nresize = \"pad_square\"\nimage_size = 42\n", "t.toml");
+  });
+  EXPECT_NE(msg.find("image_size (42) must be a positive multiple of patch x merge (28)"),
+            std::string::npos) << msg;
+  msg = error_of([&] { parse_config("[model.vision]\ninit = \"/m/clip\"\n", "t.toml"); });
+  EXPECT_NE(msg.find("needs model.vision.arch = \"clip\" or \"siglip\""), std::string::npos) << msg;
+  // The native tower keeps its 2-D RoPE rule; the pretrained towers have no RoPE.
+  msg = error_of([&] { parse_config("[model.vision]\ndim = 36\nheads = 6\n", "t.toml"); });
+  EXPECT_NE(msg.find("multiple of 4 for 2-D RoPE"), std::string::npos) << msg;
+  EXPECT_NO_THROW(parse_config(tower + "image_size = 28\ndim = 36\nheads = 6\n", "t.toml"));
+}
+
 }  // namespace
 }  // namespace dhp

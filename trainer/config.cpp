@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -31,7 +32,9 @@ struct Choice {
   std::string if_false, if_true;
 };
 
-using Ref = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, Choice>;
+// Three numbers (per-channel constants such as model.vision.pixel_mean).
+using Triple = std::array<double, 3>;
+using Ref = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, Choice, Triple*>;
 
 struct Key {
   std::string section;              // "model" or "model.vision"
@@ -66,6 +69,9 @@ class Schema {
 
   template <class T>
   void num(const char* name, T& ref, double lo, double hi) {
+    keys_.push_back(Key{sec_, name, Ref(&ref), lo, hi, {}});
+  }
+  void triple(const char* name, Triple& ref, double lo, double hi) {
     keys_.push_back(Key{sec_, name, Ref(&ref), lo, hi, {}});
   }
   void flag(const char* name, bool& ref) {
@@ -122,6 +128,16 @@ class Schema {
     num("merge", v.merge, 1, 2);
     num("min_pixels", v.min_pixels, 1, big);
     num("max_pixels", v.max_pixels, 1, big);
+    choice("arch", v.arch, kVisionArchNames);
+    num("image_size", v.image_size, 0, 1 << 16);
+    num("norm_eps", v.norm_eps, 1e-12, 0.1);
+    choice("act", v.act, kVisionActNames);
+    num("feature_layer", v.feature_layer, -1025, 1024);
+    choice("projector_act", v.projector_act, kProjectorActNames);
+    triple("pixel_mean", v.pixel_mean, 0, 1);
+    triple("pixel_std", v.pixel_std, 1e-6, 1e3);
+    choice("resize", v.resize, kImageFitNames);
+    str("init", v.init);
 
     sec_ = "data";
     auto& d = c.data;
@@ -255,6 +271,7 @@ const char* type_name(const Ref& r) {
     case 0: case 1: case 2: return "an integer";
     case 3: return "a number";
     case 4: return "a boolean (true or false)";
+    case 7: return "an array of 3 numbers";
     default: return "a string";
   }
 }
@@ -313,6 +330,20 @@ void assign(const Key& key, const toml::node& node, const std::string& at) {
           if (!v) throw bad_type();
           one_of(*v);
           *alt = *v;
+        } else if constexpr (std::is_same_v<A, Triple*>) {
+          const toml::array* arr = node.as_array();
+          if (!arr) throw bad_type();
+          DHP_CHECK(arr->size() == 3, "{}: '{}' must hold 3 numbers (R, G, B), got {}", at,
+                    key.path(), arr->size());
+          Triple v{};
+          for (size_t i = 0; i < 3; ++i) {
+            const toml::node& e = *arr->get(i);
+            if (e.is_floating_point()) v[i] = *e.value_exact<double>();
+            else if (e.is_integer()) v[i] = double(*e.value_exact<int64_t>());
+            else throw bad_type();
+            in_range(v[i]);
+          }
+          *alt = v;
         } else if constexpr (std::is_same_v<A, double*>) {
           std::optional<double> v;
           if (node.is_floating_point()) v = node.value_exact<double>();
@@ -412,6 +443,13 @@ void apply_override(const Schema& s, std::string text) {
   }
 }
 
+template <class Names, class E>
+std::string value_name(const Names& names, E value) {
+  for (const auto& [v, n] : names)
+    if (v == value) return std::string(n);
+  return "?";
+}
+
 // Relations between keys that no single range can express.
 void validate(const Config& c) {
   const auto& m = c.model;
@@ -425,8 +463,32 @@ void validate(const Config& c) {
   const auto& v = m.vision;
   DHP_CHECK(v.dim % v.heads == 0, "{}: model.vision.dim ({}) must be divisible by model.vision.heads ({})",
             f, v.dim, v.heads);
-  DHP_CHECK(v.head_dim() % 4 == 0,
-            "{}: the vision head dimension ({}) must be a multiple of 4 for 2-D RoPE", f, v.head_dim());
+  if (!v.pretrained())
+    DHP_CHECK(v.head_dim() % 4 == 0,
+              "{}: the vision head dimension ({}) must be a multiple of 4 for 2-D RoPE", f,
+              v.head_dim());
+  const std::string arch = value_name(kVisionArchNames, v.arch);
+  if (v.pretrained()) {
+    DHP_CHECK(v.image_size > 0,
+              "{}: model.vision.arch = \"{}\" needs model.vision.image_size, the side its position "
+              "embeddings were trained at (Hugging Face vision_config.image_size)", f, arch);
+    DHP_CHECK(v.image_size % v.patch == 0,
+              "{}: model.vision.image_size ({}) must be a multiple of model.vision.patch ({}): the "
+              "position grid is image_size / patch", f, v.image_size, v.patch);
+    DHP_CHECK(v.feature_layer >= -(v.layers + 1) && v.feature_layer <= v.layers,
+              "{}: model.vision.feature_layer = {} names no hidden state of a {}-layer tower "
+              "(0 = the embeddings, 1..{} a layer's output, -1..-{} counted from the end)",
+              f, v.feature_layer, v.layers, v.layers, v.layers + 1);
+  } else {
+    DHP_CHECK(v.init.empty(),
+              "{}: model.vision.init = \"{}\" needs model.vision.arch = \"clip\" or \"siglip\" "
+              "(the native tower has no Hugging Face layout)", f, printable(v.init));
+  }
+  if (v.resize == ImageFit::pad_square)
+    DHP_CHECK(v.image_size > 0 && v.image_size % v.factor() == 0,
+              "{}: model.vision.resize = \"pad_square\" resizes every image to image_size x "
+              "image_size, so model.vision.image_size ({}) must be a positive multiple of patch x "
+              "merge ({})", f, v.image_size, v.factor());
   DHP_CHECK(v.min_pixels <= v.max_pixels, "{}: model.vision.min_pixels ({}) exceeds max_pixels ({})",
             f, v.min_pixels, v.max_pixels);
   DHP_CHECK(int64_t(v.factor()) * v.factor() <= v.max_pixels,
@@ -476,6 +538,8 @@ std::string value_text(const Ref& r, bool quote) {
           return quote ? toml_quoted(*alt) : *alt;
         else if constexpr (std::is_same_v<A, bool*>)
           return *alt ? "true" : "false";
+        else if constexpr (std::is_same_v<A, Triple*>)
+          return fmt::format("[{}, {}, {}]", (*alt)[0], (*alt)[1], (*alt)[2]);
         else if constexpr (std::is_same_v<A, double*>) {
           std::string s = fmt::format("{}", *alt);
           if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
@@ -489,9 +553,16 @@ std::string value_text(const Ref& r, bool quote) {
 Config finish(Config cfg, const toml::table& tbl, const std::string& name,
               const std::vector<std::string>& overrides) {
   cfg.source = name;
+  // The pixel constants default by arch: unset until the file and the overrides are read.
+  auto& v = cfg.model.vision;
+  const Triple unset{NAN, NAN, NAN};
+  v.pixel_mean = v.pixel_std = unset;
   Schema s(cfg);
   apply_table(s, tbl, "", name);
   for (const auto& o : overrides) apply_override(s, o);
+  const auto [mean, std] = default_pixel_norm(v.arch);
+  if (std::isnan(v.pixel_mean[0])) v.pixel_mean = mean;
+  if (std::isnan(v.pixel_std[0])) v.pixel_std = std;
   validate(cfg);
   return cfg;
 }

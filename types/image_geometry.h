@@ -1,25 +1,60 @@
 // What the data path needs of the model: how images are resized and cut into patches
-// (model-spec.md, "Image preprocessing"). The model's vision config extends it
-// (model/config.h); data/ knows nothing else of the model.
+// (model-spec.md, "Image preprocessing"), and the per-channel constants a tower normalises
+// pixels by (the colour a pad or a blanked image takes). The model's vision config extends it
+// (types/model_config.h); data/ knows nothing else of the model.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <string_view>
+#include <utility>
 
 namespace dhp {
 
 // The spec's per-channel normalisation, (x / 255 - mean) / std for R, G, B; applied on the
-// device by the model (Ops::normalize_pixels), so batches carry 8-bit pixels.
+// device by the model (Ops::normalize_pixels), so batches carry 8-bit pixels. CLIP's constants
+// (the native tower's and CLIP's); SigLIP towers use 0.5 for both.
 inline constexpr float kPixelMean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
 inline constexpr float kPixelStd[3] = {0.26862954f, 0.26130258f, 0.27577711f};
+inline constexpr std::array<double, 3> kClipPixelMean = {0.48145466, 0.4578275, 0.40821073};
+inline constexpr std::array<double, 3> kClipPixelStd = {0.26862954, 0.26130258, 0.27577711};
+inline constexpr std::array<double, 3> kSiglipPixelMean = {0.5, 0.5, 0.5};
+inline constexpr std::array<double, 3> kSiglipPixelStd = {0.5, 0.5, 0.5};
+
+// How an image becomes the pixels the tower sees (model.vision.resize).
+//   native:     model-spec.md's rule: both sides to multiples of patch·merge within
+//               [min_pixels, max_pixels], keeping the aspect ratio (resized_size).
+//   pad_square: LLaVA-1.5's image_aspect_ratio "pad": the image is centred on a square of its
+//               longer side filled with the mean colour (round(255·mean) per channel), then
+//               resized to image_size x image_size. min_pixels and max_pixels do not apply.
+enum class ImageFit : uint8_t { native, pad_square };
+inline constexpr std::pair<ImageFit, std::string_view> kImageFitNames[] = {
+    {ImageFit::native, "native"}, {ImageFit::pad_square, "pad_square"}};
 
 struct ImageGeometry {
   int patch = 14;            // p: patch side in pixels
   int merge = 2;             // m in {1, 2}
   int64_t min_pixels = 16 * 16;
   int64_t max_pixels = 256 * 256;
+  ImageFit resize = ImageFit::native;
+  // The pretrained image side of a clip / siglip tower (its position grid is image_size /
+  // patch) and the square side under pad_square; 0 for the native tower.
+  int image_size = 0;
+  std::array<double, 3> pixel_mean = kClipPixelMean;
+  std::array<double, 3> pixel_std = kClipPixelStd;
 
   int factor() const { return patch * merge; }  // f = p * m: resized sides are multiples of it
   int64_t patch_numel() const { return int64_t(patch) * patch * 3; }
+  // The 8-bit colour nearest the mean: pads and blanked images take it, so it normalises to
+  // within 0.5/255/std of zero.
+  std::array<uint8_t, 3> mean_rgb() const {
+    std::array<uint8_t, 3> c{};
+    for (int i = 0; i < 3; ++i) {
+      const double v = pixel_mean[size_t(i)] * 255.0;
+      c[size_t(i)] = uint8_t(v <= 0.0 ? 0 : v >= 255.0 ? 255 : int(v + 0.5));
+    }
+    return c;
+  }
 };
 
 }  // namespace dhp

@@ -1,22 +1,83 @@
-// The model's shape, exactly the names of model-spec.md's [model] and [model.vision] sections.
+// The model's shape, exactly the names of model-spec.md's [model] and [model.vision] sections,
+// plus the pretrained towers' keys (docs/vision_towers.md).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "types/image_geometry.h"
 
 namespace dhp {
 
-// The image geometry (patch, merge, min_pixels, max_pixels) plus the encoder's shape.
+// Which vision tower (model.vision.arch).
+//   native: model-spec.md's encoder: RMSNorm, SwiGLU, 2-D RoPE, a final norm.
+//   clip:   Hugging Face's CLIPVisionModel: class row, learned positions resized bicubically
+//           to each image's grid, pre_layrnorm, LayerNorm blocks with biases and a GELU MLP.
+//   siglip: SiglipVisionModel: as clip without the class row and pre_layrnorm; patch bias.
+enum class VisionArch : uint8_t { native, clip, siglip };
+inline constexpr std::pair<VisionArch, std::string_view> kVisionArchNames[] = {
+    {VisionArch::native, "native"}, {VisionArch::clip, "clip"}, {VisionArch::siglip, "siglip"}};
+
+// A GELU of the tower's MLP or the projector (kernels' GeluKind by name):
+//   gelu_tanh: the tanh approximation (Hugging Face gelu_pytorch_tanh);
+//   gelu:      the exact erf form (nn.GELU());  quick_gelu: x·sigmoid(1.702x).
+enum class VisionAct : uint8_t { gelu_tanh, gelu, quick_gelu };
+inline constexpr std::pair<VisionAct, std::string_view> kVisionActNames[] = {
+    {VisionAct::quick_gelu, "quick_gelu"}, {VisionAct::gelu_tanh, "gelu_tanh"},
+    {VisionAct::gelu, "gelu"}};
+// The projector's GELU: auto = gelu_tanh for the native tower (model-spec.md), gelu (erf) for
+// clip and siglip (LLaVA's mlp2x_gelu).
+enum class ProjectorAct : uint8_t { automatic, gelu_tanh, gelu, quick_gelu };
+inline constexpr std::pair<ProjectorAct, std::string_view> kProjectorActNames[] = {
+    {ProjectorAct::automatic, "auto"}, {ProjectorAct::gelu_tanh, "gelu_tanh"},
+    {ProjectorAct::gelu, "gelu"}, {ProjectorAct::quick_gelu, "quick_gelu"}};
+
+// The image geometry (patch, merge, min_pixels, max_pixels, resize, image_size and the pixel
+// constants) plus the encoder's shape.
 struct VisionConfig : ImageGeometry {
-  int dim = 64;              // dv
-  int layers = 1;            // encoder layers; 0 = patch embedding, norm and projector only
+  VisionArch arch = VisionArch::native;
+  int dim = 64;              // dv (HF hidden_size)
+  int layers = 1;            // encoder layers (HF num_hidden_layers: every one is a parameter;
+                             // clip/siglip run those up to feature_layer); 0 = patch embedding,
+                             // norm and projector only
   int heads = 4;             // vheads; head dim = dim / heads
-  int ffn = 128;             // vffn: SwiGLU hidden size
+  int ffn = 128;             // vffn: SwiGLU (native) or GELU-MLP (clip, siglip) hidden size
+  // clip / siglip only:
+  double norm_eps = 1e-5;    // LayerNorm eps (HF layer_norm_eps)
+  VisionAct act = VisionAct::quick_gelu;  // the MLP's activation (HF hidden_act)
+  // HF hidden_states index the projector reads (LLaVA vision_feature_layer): negative counts
+  // from the end (-1 = the last layer's output), 0 = the embeddings (after pre_layrnorm).
+  int feature_layer = -2;
+  ProjectorAct projector_act = ProjectorAct::automatic;
+  // A CLIP or SigLIP Hugging Face folder the tower starts from (trainer/hf_*). "" = none.
+  std::string init;
 
   int head_dim() const { return dim / heads; }
+  bool pretrained() const { return arch != VisionArch::native; }
+  bool has_class_row() const { return arch == VisionArch::clip; }
+  // Encoder layers that run: all for the native tower; up to feature_layer otherwise.
+  int layers_run() const {
+    if (!pretrained()) return layers;
+    return feature_layer < 0 ? layers + 1 + feature_layer : feature_layer;
+  }
+  // The pretrained position grid's side: image_size / patch.
+  int pos_grid() const { return patch > 0 ? image_size / patch : 0; }
+  int64_t pos_rows() const {
+    return int64_t(pos_grid()) * pos_grid() + (has_class_row() ? 1 : 0);
+  }
+  ProjectorAct projector_gelu() const {
+    if (projector_act != ProjectorAct::automatic) return projector_act;
+    return pretrained() ? ProjectorAct::gelu : ProjectorAct::gelu_tanh;
+  }
 };
+
+// The pixel constants a tower normalises by when the config does not set them.
+inline std::pair<std::array<double, 3>, std::array<double, 3>> default_pixel_norm(VisionArch a) {
+  if (a == VisionArch::siglip) return {kSiglipPixelMean, kSiglipPixelStd};
+  return {kClipPixelMean, kClipPixelStd};
+}
 
 struct ModelConfig {
   int dim = 128;        // d
