@@ -24,7 +24,8 @@ Usage: hf_llava_ref.py CHECKPOINT_DIR INPUT.json OUT_DIR [--tower-dir DIR] [cont
     read when the LLaVA folder holds none.
 Negative controls (dhp must not match them): --bilinear (positions resized bilinearly),
 --gelu (the tower's MLP with erf GELU instead of its hidden_act), --last-layer
-(hidden_states[-1] instead of the configured layer), --keep-cls (class row kept),
+(hidden_states[-1] instead of the configured layer), --keep-cls (CLIP's class row kept and
+the last patch row dropped, so the image keeps its number of rows),
 --mean-shift X (X added to every channel's normalisation mean).
 """
 import argparse
@@ -164,7 +165,9 @@ def encode_image(P, pixels, H, W, flags):
         h = encoder_layer(h, P, i, vc, act, eps)
         hidden_states.append(h)
     f = hidden_states[-1 if flags.last_layer else P.feature_layer]
-    if not P.siglip and not (P.keep_cls or flags.keep_cls):
+    if flags.keep_cls:  # the class row kept in place of the last patch: as many rows, shifted
+        f = f[:, :-1]
+    elif not P.siglip and not P.keep_cls:
         f = f[:, 1:]
     return f[0]
 

@@ -228,6 +228,9 @@ def llava_folder(a, gen):
     tower = a.tower
     decoder = dec.state_dict(a, gen)
     vision = [] if a.no_tower else vision_tensors(a, tower, gen)
+    if vision and a.position_ids and tower == "clip":  # a buffer older transformers saved
+        g0 = a.image_size // a.patch
+        vision.append(("embeddings.position_ids", torch.arange(g0 * g0 + 1)[None]))
     d, dv = a.hidden, a.vhidden
     projector = [(0, "weight", 0.1 * torch.randn(d, dv, generator=gen)), (0, "bias", 0.1 * torch.randn(d, generator=gen)),
                  (2, "weight", 0.1 * torch.randn(d, d, generator=gen)), (2, "bias", 0.1 * torch.randn(d, generator=gen))]
