@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# LLaVA-1.5 checkpoints end to end, one fixture per naming generation: the original layout
+# (LlavaLlamaForCausalLM without its tower, which comes from a CLIP folder through
+# model.vision.init; image_aspect_ratio "pad"), llava-hf's (CLIP tower) and that of
+# transformers >= 4.52 (SigLIP tower). Each imports, trains with the llava_v1 template on one
+# rank and on 3 MPI ranks with dhp's rings (the same losses and weights to fp32 rounding), is
+# exported to the llava-hf layout, and the export imported and exported again gives the same
+# bytes. The tensors that the run trained all changed; the tower's ignored tensors
+# (post_layernorm, SigLIP's head) are named in the log.
+#   tests/mpi_hf_llava_towers.sh DHP_BINARY SOURCE_DIR
+set -euo pipefail
+source "$(dirname "$0")/mpi_lib.sh" "$1"
+src=$2
+fixture="/usr/bin/python3 $src/tests/reference/make_hf_llava_fixture.py"
+decoder=(--hidden 64 --heads 4 --kv 2 --layers 2 --ffn 128 --vocab 320 --tokenizer --seed 7)
+
+$fixture "$work/orig" llava_orig --no-tower "${decoder[@]}" --dtype bf16
+$fixture "$work/clip" clip_vision --seed 8 --dtype bf16
+$fixture "$work/hf" llava_hf --tower clip "${decoder[@]}"
+$fixture "$work/new" llava_new --tower siglip --feature-layer -1 "${decoder[@]}"
+"$dhp" data synth --out "$work/data" --preset mixed --train 96 --val 8 --seed 5 \
+  --scale 0.1 --factor 16 >/dev/null
+small_run_toml "$work/data" 4 "" 'template = "llava_v1"' > "$work/run.toml" <<TOML
+[parallel]
+bucket_mb = 0.02
+refit = false
+[log]
+progress = false
+TOML
+
+for gen in orig hf new; do
+  start=(--config "$work/run.toml" --model.init="$work/$gen" --data.tokenizer="$work/$gen")
+  if [ "$gen" = orig ]; then
+    # The original layout names its tower without describing it.
+    start+=(--model.vision.init="$work/clip" --model.vision.arch=clip --model.vision.patch=4
+            --model.vision.image_size=16)
+  fi
+  train_run "$work/$gen-one.log" -- "${start[@]}" --log.metrics="$work/$gen-one/metrics.jsonl" \
+    --checkpoint.dir="$work/$gen-one/ckpt"
+  grep -q "imported .* tensors" "$work/$gen-one.log" \
+    || { echo "$gen: nothing imported"; cat "$work/$gen-one.log"; exit 1; }
+  grep -q "ignored 2 tensors the model does not use: the tower's post_layernorm" "$work/$gen-one.log" \
+    || { echo "$gen: post_layernorm not named as ignored"; grep -i ignored "$work/$gen-one.log"; exit 1; }
+  export_weights "$work/$gen-one"
+  r="$work/$gen-dhp-3"
+  train_run "$r.log" mpirun -np 3 --oversubscribe -- "${start[@]}" --parallel.strategy=dhp \
+    --log.metrics="$r/metrics.jsonl" --checkpoint.dir="$r/ckpt"
+  export_weights "$r"
+  "$dhp" export --format hf --checkpoint "$r/ckpt" -o "$work/$gen-e1" >"$work/$gen-e1.log" 2>&1 \
+    || { cat "$work/$gen-e1.log"; exit 1; }
+  "$dhp" export --format hf --checkpoint "$work/$gen-e1" -o "$work/$gen-e2" >"$work/$gen-e2.log" 2>&1 \
+    || { cat "$work/$gen-e2.log"; exit 1; }
+done
+grep -q "attention-pooling head" "$work/new-one.log" || { echo "SigLIP's head not named as ignored"; exit 1; }
+grep -Eq "model.vision.resize += \"?pad_square" "$work/orig-one.log" \
+  || { echo "image_aspect_ratio pad did not set pad_square"; grep resize "$work/orig-one.log"; exit 1; }
+
+/usr/bin/python3 - "$tests/reference" "$work" <<'PY'
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from mpi_runs import safetensors, same_losses, same_weights, steps, weights
+work = sys.argv[2]
+rings = 0
+for gen, tower in (("orig", "clip"), ("hf", "clip"), ("new", "siglip")):
+    one, three = steps(f"{work}/{gen}-one"), steps(f"{work}/{gen}-dhp-3")
+    same_losses(one, three, f"{gen}: dhp on 3 ranks", 4)
+    same_weights(weights(f"{work}/{gen}-one"), weights(f"{work}/{gen}-dhp-3"), f"{gen}: dhp on 3 ranks")
+    widest = max(r["max_degree"] for r in three)
+    rings += widest > 1
+    e1, e2 = (safetensors(f"{work}/{gen}-{e}/model.safetensors") for e in ("e1", "e2"))
+    assert e1.keys() == e2.keys()
+    for k in e1:
+        assert e1[k] == e2[k], f"{gen}: {k}: the re-import's export differs"
+    cfg = json.load(open(f"{work}/{gen}-e1/config.json"))
+    assert cfg["architectures"] == ["LlavaForConditionalGeneration"], cfg["architectures"]
+    assert cfg["vision_config"]["model_type"] == f"{tower}_vision_model", cfg["vision_config"]
+    assert open(f"{work}/{gen}-e1/config.json").read() == open(f"{work}/{gen}-e2/config.json").read()
+    pre1 = open(f"{work}/{gen}-e1/preprocessor_config.json").read()
+    assert pre1 == open(f"{work}/{gen}-e2/preprocessor_config.json").read()
+    assert json.loads(pre1).get("do_pad", False) == (gen == "orig"), pre1
+    assert json.load(open(f"{work}/{gen}-e1/added_tokens.json"))["<image>"] == cfg["image_token_index"]
+    if gen == "hf":  # the source's names are llava-hf's: every tensor trained
+        src = safetensors(f"{work}/hf/model.safetensors")
+        common = [k for k in e1 if k in src]
+        changed = sum(e1[k][2] != src[k][2] for k in common)
+        assert len(common) == len(e1) and changed == len(common), f"{changed} of {len(common)} tensors changed"
+    names = [k for k in e1 if k.startswith(("multi_modal_projector.", "vision_tower.", "language_model."))]
+    assert len(names) == len(e1), sorted(set(e1) - set(names))
+    print(f"{gen} ({tower}): losses {', '.join('%.5f' % r['loss'] for r in three)} on 3 ranks as on 1; "
+          f"widest ring {widest}; export -> import -> export: {len(e1)} tensors byte-identical")
+assert rings >= 1, "no run put a sample on a ring: the data does not exercise ring attention"
+PY
+echo "LLaVA-1.5 in each naming generation trains on 1 and 3 ranks alike and exports round-trip"
