@@ -4,13 +4,14 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "core/check.h"
 #include "core/input.h"
-#include "core/log.h"
 #include "core/text.h"
 #include "data/tokenizer.h"
 #include "trainer/hf_checkpoint.h"
