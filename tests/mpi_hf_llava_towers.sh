@@ -6,7 +6,9 @@
 # rank and on 3 MPI ranks with dhp's rings (the same losses and weights to fp32 rounding), is
 # exported to the llava-hf layout, and the export imported and exported again gives the same
 # bytes. The tensors that the run trained all changed; the tower's ignored tensors
-# (post_layernorm, SigLIP's head) are named in the log.
+# (post_layernorm, SigLIP's head) are named in the log. Then LLaVA's stage 1 composed from a
+# Llama decoder and a SigLIP tower: only the fresh projector trains, on 3 ranks with the plain
+# template, and the export's decoder and tower are the folders' bytes.
 #   tests/mpi_hf_llava_towers.sh DHP_BINARY SOURCE_DIR
 set -euo pipefail
 source "$(dirname "$0")/mpi_lib.sh" "$1"
@@ -51,6 +53,21 @@ for gen in orig hf new; do
   "$dhp" export --format hf --checkpoint "$work/$gen-e1" -o "$work/$gen-e2" >"$work/$gen-e2.log" 2>&1 \
     || { cat "$work/$gen-e2.log"; exit 1; }
 done
+# Compose (LLaVA's stage 1): a Llama decoder and a SigLIP tower, the projector fresh and the
+# only group that trains, the plain template; on 3 ranks, then exported.
+/usr/bin/python3 "$src/tests/reference/make_hf_fixture.py" "$work/dec" "${decoder[@]}" --dtype bf16
+$fixture "$work/siglip" siglip_vision --seed 9 --dtype bf16
+r="$work/compose-dhp-3"
+train_run "$r.log" mpirun -np 3 --oversubscribe -- --config "$work/run.toml" \
+  --model.init="$work/dec" --data.tokenizer="$work/dec" --model.vision.init="$work/siglip" \
+  --model.vision.arch=siglip --model.vision.patch=4 --model.vision.image_size=16 \
+  --model.vision.merge=1 --data.template=plain --optim.groups.language.trainable=false \
+  --optim.groups.embeddings.trainable=false --optim.groups.vision.trainable=false \
+  --parallel.strategy=dhp --log.metrics="$r/metrics.jsonl" --checkpoint.dir="$r/ckpt"
+grep -q "kept their seeded initialisation (4 tensors not in the checkpoint): projector.fc1.weight" "$r.log" \
+  || { echo "compose: the projector is not the only seeded part"; grep -i "seeded" "$r.log"; exit 1; }
+"$dhp" export --format hf --checkpoint "$r/ckpt" -o "$work/compose-e1" >"$work/compose-e1.log" 2>&1 \
+  || { cat "$work/compose-e1.log"; exit 1; }
 grep -q "attention-pooling head" "$work/new-one.log" || { echo "SigLIP's head not named as ignored"; exit 1; }
 grep -Eq "model.vision.resize += \"?pad_square" "$work/orig-one.log" \
   || { echo "image_aspect_ratio pad did not set pad_square"; grep resize "$work/orig-one.log"; exit 1; }
@@ -89,5 +106,21 @@ for gen, tower in (("orig", "clip"), ("hf", "clip"), ("new", "siglip")):
     print(f"{gen} ({tower}): losses {', '.join('%.5f' % r['loss'] for r in three)} on 3 ranks as on 1; "
           f"widest ring {widest}; export -> import -> export: {len(e1)} tensors byte-identical")
 assert rings >= 1, "no run put a sample on a ring: the data does not exercise ring attention"
+# Stage 1 moved the projector only: the decoder's and tower's bytes are their folders'.
+e1 = safetensors(f"{work}/compose-e1/model.safetensors")
+dec, tower = safetensors(f"{work}/dec/model.safetensors"), safetensors(f"{work}/siglip/model.safetensors")
+same = 0
+for k, v in e1.items():
+    if k.startswith("multi_modal_projector."):
+        continue
+    src = dec[k.replace("language_model.", "", 1)] if k.startswith("language_model.") \
+        else tower[k.replace("vision_tower.", "", 1)]
+    assert v == src, f"compose: frozen {k} changed"
+    same += 1
+proj = [k for k in e1 if k.startswith("multi_modal_projector.")]
+assert len(proj) == 4, proj
+losses = [r["loss"] for r in steps(f"{work}/compose-dhp-3")]
+print(f"compose (stage 1): {same} frozen tensors exported as imported, 4 projector tensors trained; "
+      f"losses {', '.join('%.5f' % l for l in losses)}")
 PY
 echo "LLaVA-1.5 in each naming generation trains on 1 and 3 ranks alike and exports round-trip"
