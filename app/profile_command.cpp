@@ -27,6 +27,12 @@ struct ProfileOptions {
   bool force = false;  // replace an --out that is not an earlier profile
 };
 
+std::string arch_name(VisionArch a) {
+  for (const auto& [value, name] : kVisionArchNames)
+    if (value == a) return std::string(name);
+  return "?";
+}
+
 // An earlier profile's coefficients file, which a new profile may replace.
 bool is_profile_json(const std::string& path) {
   const nlohmann::json j = nlohmann::json::parse(read_head(path, 16 << 20), nullptr, false);
@@ -43,8 +49,10 @@ void run_profile(const ProfileOptions& o) {
   StepProfiler profiler(cfg, o.threads);
   const CostModel prior(cfg, device_profile("cpu"), 1);
   std::vector<TimingObservation> obs;
-  fmt::print("dhp profile: model dim {} x {} layers, vision {} x {} layers, {} thread(s), median of {} runs\n\n",
-             cfg.dim, cfg.layers, cfg.vision.dim, cfg.vision.layers, o.threads, o.repeats);
+  fmt::print("dhp profile: model dim {} x {} layers, vision {} {} x {} layers ({} run), {} thread(s), median of {} "
+             "runs\n\n",
+             cfg.dim, cfg.layers, arch_name(cfg.vision.arch), cfg.vision.dim, cfg.vision.layers,
+             cfg.vision.layers_run(), o.threads, o.repeats);
   for (const ProfileShape& sh : profile_shapes(cfg, o.quick))
     obs.push_back(profiler.measure(sh, o.repeats, uint64_t(obs.size()) + 1));
   const CostCoeffs fit = refit(prior, obs, 1e-3);
@@ -76,7 +84,9 @@ void run_profile(const ProfileOptions& o) {
   nlohmann::json j = {{"coeffs", fit.to_json()},       {"observations", rows},   {"error_prior", before},
                       {"error_fit", after},            {"threads", o.threads},   {"repeats", o.repeats},
                       {"model", {{"dim", cfg.dim}, {"layers", cfg.layers}, {"vision_dim", cfg.vision.dim},
-                                 {"vision_layers", cfg.vision.layers}}}};
+                                 {"vision_layers", cfg.vision.layers},
+                                 {"vision_arch", arch_name(cfg.vision.arch)},
+                                 {"vision_layers_run", cfg.vision.layers_run()}}}};
   check_output_path(o.out, "--out", is_profile_json, o.force);
   try {
     write_file_atomic(o.out, j.dump(2) + "\n");

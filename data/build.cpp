@@ -303,6 +303,10 @@ std::string build_key(const BuildOptions& o, const std::string& image_root,
   // Only when set, so that the keys of builds made before the option existed still match.
   if (o.allow_absolute_paths) j["allow_absolute_paths"] = true;
   if (o.chat != ChatTemplate::Dhp) j["template"] = template_name(o.chat);
+  if (o.vision.resize != ImageFit::native) {
+    j["resize"] = "pad_square";
+    j["image_size"] = o.vision.image_size;
+  }
   // The video keys decide the layout of video lines; only when changed from their defaults,
   // for the same reason.
   const VideoRules dv;

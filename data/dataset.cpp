@@ -175,7 +175,8 @@ Sample JsonlDataset::load_range(int64_t i, int64_t begin, int64_t end, ImageLoad
       const cv::Mat bgr = decode_image(bytes.data(), bytes.size(), path);
       return prepare_checked(bgr, image_sizes_[size_t(e.image_begin + k)], path, geometry_);
     };
-    return expand_layout(stored_layout(i), begin, end, decode, geometry_.merge, images);
+    return expand_layout(stored_layout(i), begin, end, decode, geometry_.merge, images,
+                         geometry_.mean_rgb());
   });
 }
 

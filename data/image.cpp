@@ -93,6 +93,12 @@ ImageSize jpeg_size(HeaderReader& in, const std::string& path) {
 
 ImageSize resized_size(int H, int W, const ImageGeometry& v) {
   DHP_CHECK(H > 0 && W > 0, "image size {}x{} is empty", H, W);
+  if (v.resize == ImageFit::pad_square) {
+    DHP_CHECK(v.image_size > 0 && v.image_size % v.factor() == 0,
+              "resize pad_square: image_size {} is not a positive multiple of patch x merge ({})",
+              v.image_size, v.factor());
+    return {v.image_size, v.image_size};
+  }
   const double f = v.factor();
   const double Hd = H, Wd = W;
   auto r = [](double x) { return std::floor(x + 0.5); };
@@ -159,6 +165,14 @@ PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v) {
             "prepare_image: expected a non-empty 8-bit 3-channel BGR image");
   cv::Mat rgb;
   cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+  if (v.resize == ImageFit::pad_square && rgb.rows != rgb.cols) {
+    // Centred as PIL's paste at ((side - w) / 2, (side - h) / 2), floored.
+    const int side = std::max(rgb.rows, rgb.cols);
+    const auto c = v.mean_rgb();
+    cv::Mat square(side, side, CV_8UC3, cv::Scalar(c[0], c[1], c[2]));
+    rgb.copyTo(square(cv::Rect((side - rgb.cols) / 2, (side - rgb.rows) / 2, rgb.cols, rgb.rows)));
+    rgb = square;
+  }
   const ImageSize s = resized_size(rgb.rows, rgb.cols, v);
   if (s.h != rgb.rows || s.w != rgb.cols) {
     cv::Mat resized;
@@ -235,10 +249,8 @@ PreparedImage prepare_checked(const cv::Mat& bgr, ImageSize expected, const std:
   return prepare_image(bgr, v);
 }
 
-void blank(PreparedImage& im) {
-  uint8_t mean[3];
-  for (int c = 0; c < 3; ++c) mean[c] = uint8_t(std::lround(kPixelMean[c] * 255.0f));
-  for (size_t i = 0; i < im.pixels.size(); ++i) im.pixels[i] = mean[i % 3];
+void blank(PreparedImage& im, std::array<uint8_t, 3> rgb) {
+  for (size_t i = 0; i < im.pixels.size(); ++i) im.pixels[i] = rgb[i % 3];
 }
 
 }  // namespace dhp

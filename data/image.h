@@ -20,6 +20,7 @@ struct ImageSize {
 };
 
 // The spec's resize rule, to the letter: both sides become multiples of f = patch * merge.
+// Under resize = pad_square every image becomes image_size x image_size.
 ImageSize resized_size(int H, int W, const ImageGeometry& v);
 // Decoder tokens contributed by an H x W image: (h/p/m) * (w/p/m) after resized_size.
 int64_t image_tokens(int H, int W, const ImageGeometry& v);
@@ -47,7 +48,8 @@ struct PreparedImage {
 };
 
 // bgr: CV_8UC3 as OpenCV decodes it. Converts to RGB, resizes (INTER_CUBIC on uint8) only
-// when the size changes, and patchifies.
+// when the size changes, and patchifies. Under pad_square the image is first centred on a
+// square of its longer side filled with mean_rgb() (LLaVA-1.5's expand2square).
 PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v);
 // Decodes the file (ignoring EXIF orientation, so the size matches read_image_size) and
 // prepares it. The header is read first and an image of more than max_pixels (H*W) pixels is
@@ -64,9 +66,9 @@ cv::Mat decode_image(const uint8_t* data, size_t n, const std::string& what);
 // naming `what`, because the stored length would no longer describe the pixels.
 PreparedImage prepare_checked(const cv::Mat& bgr, ImageSize expected, const std::string& what,
                               const ImageGeometry& v);
-// Replaces every pixel by the mean colour (the 8-bit value nearest the spec's mean: within
-// 0.007 of 0 after normalisation), keeping the grid, so a model can be evaluated without
-// seeing the image while the sequence stays the same.
-void blank(PreparedImage& im);
+// Replaces every pixel by the mean colour (the 8-bit value nearest the tower's mean,
+// ImageGeometry::mean_rgb: within 0.5/255/std of 0 after normalisation), keeping the grid, so
+// a model can be evaluated without seeing the image while the sequence stays the same.
+void blank(PreparedImage& im, std::array<uint8_t, 3> rgb = ImageGeometry{}.mean_rgb());
 
 }  // namespace dhp

@@ -34,7 +34,7 @@ std::vector<ImageSpan> image_spans(const StoredLayout& s) {
 
 Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
                      const std::function<PreparedImage(int64_t)>& decode, int merge,
-                     ImageLoad images) {
+                     ImageLoad images, std::array<uint8_t, 3> blank_rgb) {
   const int64_t L = full_length(s);
   DHP_CHECK(begin >= 0 && begin <= end && end <= L,
             "token range [{}, {}) is outside the sample's {} tokens", begin, end, L);
@@ -59,7 +59,7 @@ Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
     DHP_CHECK(got == s.image_tokens[size_t(k)],
               "image {} decodes to {} tokens ({}x{} patches) but its stored size gives {}", k,
               got, im.grid_h, im.grid_w, s.image_tokens[size_t(k)]);
-    if (images == ImageLoad::Blank) blank(im);
+    if (images == ImageLoad::Blank) blank(im, blank_rgb);
     out.images.push_back(std::move(im));
   }
 

@@ -9,6 +9,7 @@
 
 #include "data/sample.h"
 #include "data/tokenizer.h"
+#include "types/image_geometry.h"
 
 namespace dhp {
 
@@ -33,7 +34,7 @@ std::vector<ImageSpan> image_spans(const StoredLayout& s);
 // pixels).
 Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
                      const std::function<PreparedImage(int64_t)>& decode, int merge,
-                     ImageLoad images);
+                     ImageLoad images, std::array<uint8_t, 3> blank_rgb = ImageGeometry{}.mean_rgb());
 
 // Tokens [begin, end) cut out of an already loaded full sample, with the same conventions
 // as expand_layout (images are the whole images whose tokens overlap the range).

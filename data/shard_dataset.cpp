@@ -66,7 +66,10 @@ ShardDataset::ShardDataset(const std::string& dir, const Tokenizer& tok, const I
   const bool same_rule = x_.vision.patch == geometry.patch &&
                          x_.vision.merge == geometry.merge &&
                          x_.vision.min_pixels == geometry.min_pixels &&
-                         x_.vision.max_pixels == geometry.max_pixels;
+                         x_.vision.max_pixels == geometry.max_pixels &&
+                         x_.vision.resize == geometry.resize &&
+                         (geometry.resize == ImageFit::native ||
+                          x_.vision.image_size == geometry.image_size);
   const int64_t n_images = int64_t(x_.images.size()) / kImageCols;
   image_tokens_.resize(size_t(n_images));
   for (int64_t k = 0; k < n_images; ++k)
@@ -208,7 +211,8 @@ Sample ShardDataset::load_range(int64_t i, int64_t begin, int64_t end, ImageLoad
       return prepare_checked(bgr, {int(x_.image(g, kHeight)), int(x_.image(g, kWidth))}, what,
                              geometry_);
     };
-    return expand_layout(text.view, begin, end, decode, geometry_.merge, images);
+    return expand_layout(text.view, begin, end, decode, geometry_.merge, images,
+                         geometry_.mean_rgb());
   });
 }
 

@@ -117,6 +117,7 @@ void write_index(const std::string& dir, const ShardIndex& x) {
     w.attr("merge", int64_t(x.vision.merge));
     w.attr("min_pixels", x.vision.min_pixels);
     w.attr("max_pixels", x.vision.max_pixels);
+    w.attr("pad_square", int64_t(x.vision.resize == ImageFit::pad_square ? x.vision.image_size : 0));
     w.attr("max_tokens", x.max_tokens);
     w.attr("max_image_pixels", x.max_image_pixels);
     w.attr("tokenizer_hash", x.tokenizer_hash);
@@ -147,6 +148,11 @@ ShardIndex read_index(const std::string& dir) {
   x.vision.merge = int(r.attr_i64("merge"));
   x.vision.min_pixels = r.attr_i64("min_pixels");
   x.vision.max_pixels = r.attr_i64("max_pixels");
+  // Builds made before pad_square existed resized natively.
+  if (r.has_attr("pad_square") && r.attr_i64("pad_square") > 0) {
+    x.vision.resize = ImageFit::pad_square;
+    x.vision.image_size = int(r.attr_i64("pad_square"));
+  }
   x.max_tokens = r.attr_i64("max_tokens");
   x.max_image_pixels = r.attr_i64("max_image_pixels");
   x.tokenizer_hash = r.attr_str("tokenizer_hash");

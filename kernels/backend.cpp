@@ -13,6 +13,16 @@ namespace dhp {
 
 const char* dtype_name(DType t) { return t == DType::BF16 ? "bf16" : "fp32"; }
 
+const char* gelu_kind_name(GeluKind k) {
+  switch (k) {
+    case GeluKind::Tanh: return "tanh";
+    case GeluKind::Erf: return "erf";
+    case GeluKind::Quick: return "quick";
+  }
+  DHP_ASSERT(false);
+  return "";
+}
+
 std::string_view precision_name(Precision p) {
   for (const auto& [value, name] : kPrecisionNames)
     if (value == p) return name;

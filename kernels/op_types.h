@@ -63,6 +63,18 @@ struct AttnShape {
   float scale;  // usually 1 / sqrt(hd)
 };
 
+// The GELU family. Tanh: 0.5·x·(1 + tanh(sqrt(2/pi)·(x + 0.044715·x³))), dhp's native
+// projector and SigLIP's gelu_pytorch_tanh. Erf: 0.5·x·(1 + erf(x / sqrt 2)), nn.GELU() as in
+// LLaVA's projector. Quick: x·sigmoid(1.702·x), CLIP's quick_gelu.
+enum class GeluKind : uint8_t { Tanh, Erf, Quick };
+const char* gelu_kind_name(GeluKind k);
+
+// One image's rows in a vision encoder stream (Ops::vision_embed_forward).
+struct PosImage {
+  int64_t row;             // first row: the class row when the op's cls is given, else patch (0,0)
+  int32_t grid_h, grid_w;  // the image's patch grid; patches follow row-major
+};
+
 // One image of the m x m patch merge.
 struct MergeImage {
   int64_t patch_offset;  // first patch row of the image in the input

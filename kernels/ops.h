@@ -43,8 +43,32 @@ class Ops {
                                int hd, double theta) const = 0;
   virtual void swiglu_forward(Act h, CAct a, CAct b, int64_t n) const = 0;
   virtual void swiglu_backward(Act da, Act db, CAct dh, CAct a, CAct b, int64_t n) const = 0;
-  virtual void gelu_forward(Act y, CAct x, int64_t n) const = 0;
-  virtual void gelu_backward(Act dx, CAct dy, CAct x, int64_t n) const = 0;
+  // The GELU family (op_types.h GeluKind). dx may alias dy.
+  virtual void gelu_forward(Act y, CAct x, int64_t n, GeluKind k) const = 0;
+  virtual void gelu_backward(Act dx, CAct dy, CAct x, int64_t n, GeluKind k) const = 0;
+  // LayerNorm over C with weight and bias, as Hugging Face's nn.LayerNorm: biased variance, eps
+  // inside the square root. x, y (T, C); w, b (C); mean and rstd (T, fp32) are saved for the
+  // backward pass. dw and db (fp32) accumulate, null for a frozen parameter; dx is written and
+  // may alias dy.
+  virtual void layernorm_forward(Act y, float* mean, float* rstd, CAct x, CAct w, CAct b,
+                                 int64_t T, int64_t C, float eps) const = 0;
+  virtual void layernorm_backward(Act dx, float* dw, float* db, CAct dy, CAct x, CAct w,
+                                  const float* mean, const float* rstd, int64_t T,
+                                  int64_t C) const = 0;
+  // The position embeddings of a pretrained ViT (CLIP, SigLIP), added to an encoder stream
+  // x (rows, C) whose patch rows already hold the patch embedding (kernels/cpu/vision_embed.h
+  // has the exact arithmetic). table (n_pos, C), n_pos = (cls ? 1 : 0) + g0h·g0w: with cls,
+  // row 0 is the class position and the g0h x g0w grid follows row-major. Per image (images is
+  // a device array): with cls (C), x[row] = cls + table[0] (written) and the patches start at
+  // row + 1; patch (r, c) += the grid resized to (grid_h, grid_w) as PyTorch's
+  // F.interpolate(mode="bicubic", align_corners=False, size=(grid_h, grid_w)) resizes it.
+  virtual void vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images,
+                                    int n_images, int64_t C, int g0h, int g0w) const = 0;
+  // The transpose: dtable (n_pos, C) and dcls (C) accumulate (fp32, null = frozen), from dx.
+  // The class row is taken to exist exactly when dcls is given: the class embedding and the
+  // table are one parameter group, frozen together. Deterministic for any thread count.
+  virtual void vision_embed_backward(float* dtable, float* dcls, CAct dx, const PosImage* images,
+                                     int n_images, int64_t C, int g0h, int g0w) const = 0;
   virtual void attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, AttnMeta qm,
                                  AttnMeta km, const AttnShape& s) const = 0;
   virtual void attention_backward(Act dq, Act dk, Act dv, CAct dout, CAct out, const float* lse,

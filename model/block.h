@@ -1,5 +1,8 @@
 // The pre-norm transformer block shared by the vision encoder and the decoder
 // (model-spec.md): h = x + Attn(RMSNorm(x)); out = h + SwiGLU-MLP(RMSNorm(h)).
+// The pretrained towers' kind (BlockDims::vit: clip, siglip) is Hugging Face's encoder layer:
+// h = x + Wo·Attn(LN1(x)) + bo with biased q/k/v and no RoPE; out = h + fc2(act(fc1(LN2(h)))),
+// LayerNorms with weight and bias.
 // Gradient convention: parameter gradients accumulate (+=), activation gradients are written.
 // Every buffer is a device pointer carved from the model's activation arena.
 #pragma once
@@ -18,7 +21,9 @@ struct BlockDims {
   int Hq, Hkv, hd;
   int64_t F;      // SwiGLU hidden size
   double theta;   // RoPE base
-  float eps;      // RMSNorm eps
+  float eps;      // RMSNorm eps; LayerNorm eps of the vit kind
+  bool vit = false;              // LayerNorm, biases, GELU MLP, no RoPE (clip, siglip)
+  GeluKind act = GeluKind::Quick;  // the vit kind's MLP activation
   AttnDims attn() const { return {Hq, Hkv, hd}; }
 };
 
@@ -34,10 +39,14 @@ struct RopePos {
 // (types/recompute.h) the buffers a layer rebuilds in backward are one set shared by every
 // layer of the pass (carve_block_rebuilt): forward writes them and the next layer overwrites
 // them; backward rebuilds them just before it reads them.
+// The vit kind keeps the same buffers: a = fc1's output, g = act(a), b unused, and the
+// LayerNorms' means beside their rstd.
 struct BlockActs {
   Act x_in;      // (T, C) block input (the first residual)
   Act xn1;       // (T, C) RMSNorm(x_in)
   float* rstd1;  // (T)
+  float* mean1 = nullptr;  // (T) vit kind only
+  float* mean2 = nullptr;  // (T) vit kind only
   Act q;         // (T, Hq·hd) after RoPE
   Act k;         // (T, Hkv·hd) after RoPE
   Act v;         // (T, Hkv·hd)

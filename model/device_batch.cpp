@@ -50,11 +50,36 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
       }
     merge_.push_back(MergeImage{im.patch_offset, im.grid_h, im.grid_w});
   }
+  // The pretrained towers' stream: a class row before each image's patches for clip.
+  const bool cls = cfg_.vision.has_class_row();
+  const int64_t S = cfg_.vision.pretrained() ? P + (cls ? int64_t(b.images.size()) : 0) : 0;
+  stream_image_.resize(S);
+  stream_zero_.assign(S, 0);
+  stream_patch_.resize(S);
+  pos_images_.clear();
+  if (S > 0) {
+    int64_t row = 0;
+    for (size_t i = 0; i < b.images.size(); ++i) {
+      const auto& im = b.images[i];
+      pos_images_.push_back(PosImage{row, im.grid_h, im.grid_w});
+      if (cls) {
+        stream_image_[row] = int32_t(i);
+        stream_patch_[row++] = -1;
+      }
+      for (int64_t k = 0; k < im.n_patches(); ++k) {
+        stream_image_[row] = int32_t(i);
+        stream_patch_[row++] = int32_t(im.patch_offset + k);
+      }
+    }
+    DHP_ASSERT(row == S);
+  }
 
   DeviceBatch& d = db_;
   int32_t *ids, *targets, *doc, *pos, *blk, *slot, *pimg, *pzero, *prow, *pcol;
   uint8_t* pixels;
   MergeImage* merge;
+  int32_t *simg, *szero, *spatch;
+  PosImage* pimgs;
   arena_.carve([&](Carver& c) {
     ids = c.take<int32_t>(T);        // (T)
     targets = c.take<int32_t>(T);    // (T)
@@ -68,6 +93,10 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
     prow = c.take<int32_t>(P);       // (P)
     pcol = c.take<int32_t>(P);       // (P)
     merge = c.take<MergeImage>(int64_t(merge_.size()));
+    simg = c.take<int32_t>(S);       // (S)
+    szero = c.take<int32_t>(S);      // (S)
+    spatch = c.take<int32_t>(S);     // (S)
+    pimgs = c.take<PosImage>(int64_t(pos_images_.size()));
   });
   auto up = [&](auto* dst, const auto& src) {
     backend_.upload(dst, src.data(), sizeof(src[0]) * src.size());
@@ -84,8 +113,12 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
   up(prow, patch_row_);
   up(pcol, patch_col_);
   up(merge, merge_);
+  up(simg, stream_image_);
+  up(szero, stream_zero_);
+  up(spatch, stream_patch_);
+  up(pimgs, pos_images_);
   d = DeviceBatch{T, P, N, R, int(merge_.size()), b.loss_tokens(), ids, targets, doc, pos, blk,
-                  slot, pixels, pimg, pzero, prow, pcol, merge};
+                  slot, pixels, pimg, pzero, prow, pcol, merge, S, simg, szero, spatch, pimgs};
   return d;
 }
 

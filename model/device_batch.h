@@ -33,9 +33,19 @@ struct DeviceBatch {
   const int32_t* patch_row = nullptr;   // (P) grid row, for 2-D RoPE
   const int32_t* patch_col = nullptr;   // (P) grid column
   const MergeImage* merge = nullptr;    // (n_images)
+  // The encoder stream of a clip / siglip tower: per image, its class row (clip) then its
+  // patches row-major, images back to back; S = P + n_images for clip, P otherwise (the
+  // native tower's stream is its patches).
+  int64_t S = 0;
+  const int32_t* stream_image = nullptr;  // (S) image index: the encoder's doc and block
+  const int32_t* stream_zero = nullptr;   // (S) zeros
+  const int32_t* stream_patch = nullptr;  // (S) patch row of each stream row, -1 = class row
+  const PosImage* pos_images = nullptr;   // (n_images) first stream row and grid of each image
 
   AttnMeta decoder_meta() const { return {doc, pos, blk}; }
   AttnMeta vision_meta() const { return {patch_image, patch_zero, patch_image}; }
+  // Each image with its class row is one bidirectional block of the stream.
+  AttnMeta stream_meta() const { return {stream_image, stream_zero, stream_image}; }
 };
 
 // Owns the device memory of uploaded batches (one arena, reused: no allocation once the
@@ -53,7 +63,9 @@ class BatchUploader {
   DeviceBatch db_;
   // Host staging of the derived metadata, kept between uploads so it stops reallocating.
   std::vector<int32_t> ids_, blk_, patch_image_, patch_zero_, patch_row_, patch_col_;
+  std::vector<int32_t> stream_image_, stream_zero_, stream_patch_;
   std::vector<MergeImage> merge_;
+  std::vector<PosImage> pos_images_;
   std::vector<uint8_t> slot_seen_;
 };
 

@@ -97,11 +97,11 @@ void Model::upload_params(const std::vector<float>& host) {
 
 void Model::zero_grads() { backend_.zero(grads_.data(), grads_.bytes()); }
 
-void Model::carve(int64_t T, int64_t P, int64_t N, int64_t R, bool backward) {
+void Model::carve(int64_t T, int64_t P, int64_t S, int64_t N, int64_t R, bool backward) {
   const int64_t d = cfg_.dim, V = cfg_.vocab_size, rows = std::min(T, kLogitRows);
   const DType t = dtype_;
   arena_.carve([&](Carver& c) {
-    vision_.carve(c, P, N, backward, g_.patch_embed_w != nullptr, recompute_);
+    vision_.carve(c, P, S, N, backward, g_.patch_embed_w != nullptr, recompute_);
     rebuilt_ = carve_block_rebuilt(c, dims_, T, t, recompute_);
     for (auto& a : acts_) a = carve_block_acts(c, dims_, T, t, recompute_, rebuilt_);
     x_final_ = c.take(T * d, t);
@@ -138,7 +138,7 @@ void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention
   const int64_t T = b.T, d = cfg_.dim, V = cfg_.vocab_size;
   Attention& attn = attn_in ? *attn_in : local_attn_;
   DHP_ASSERT(route ? route->rows() == b.R : b.R == b.N);
-  carve(T, b.P, b.N, route ? b.R : 0, backward);
+  carve(T, b.P, b.S, b.N, route ? b.R : 0, backward);
   forward_hidden(b, attn, route);
 
   // Logits, loss and (when training) their gradient chunk by chunk, so the full (T, V)
@@ -216,7 +216,7 @@ std::vector<int32_t> Model::generate(const Batch& prompt, int32_t eos, const Sam
   std::vector<uint16_t> logits_bf16(dtype_ == DType::BF16 ? V : 0);
   std::vector<int32_t> out;
   const DeviceBatch& first = upload(prompt);
-  carve(first.T, first.P, first.N, 0, false);
+  carve(first.T, first.P, first.S, first.N, 0, false);
   forward_hidden(first, cache, nullptr);
   int64_t last = prompt.T - 1;
   for (;;) {
@@ -241,7 +241,7 @@ std::vector<int32_t> Model::generate(const Batch& prompt, int32_t eos, const Sam
     one.pos = {int32_t(cache.len())};
     one.image_slot = {-1};
     const DeviceBatch& next = upload(one);
-    carve(1, 0, 0, 0, false);
+    carve(1, 0, 0, 0, 0, false);
     forward_hidden(next, cache, nullptr);
     last = 0;
   }

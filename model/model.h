@@ -105,7 +105,7 @@ class Model {
                                 std::vector<float>* logits_out = nullptr);
 
  private:
-  void carve(int64_t T, int64_t P, int64_t N, int64_t R, bool backward);
+  void carve(int64_t T, int64_t P, int64_t S, int64_t N, int64_t R, bool backward);
   // Vision path, decoder and final norm; leaves the normed stream in xf_ (T, d).
   void forward_hidden(const DeviceBatch& b, Attention& attn, ImageRoute* route);
   Act stream(int layer) const { return layer < int(acts_.size()) ? acts_[layer].x_in : x_final_; }

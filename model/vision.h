@@ -1,5 +1,10 @@
 // The vision path (model-spec.md): patch embedding, bidirectional encoder blocks with 2-D
 // RoPE, encoder norm, m x m merge and the GELU projector into the decoder's width.
+// The pretrained towers (model.vision.arch = clip, siglip; docs/vision_towers.md) instead run
+// Hugging Face's CLIP / SigLIP vision model on an encoder stream of their own (per image: the
+// class row for clip, then its patches): patch embedding scattered into the stream, class row
+// and bicubically resized positions (vision_embed), CLIP's pre_layrnorm, the LayerNorm/GELU
+// blocks up to feature_layer, the class rows dropped, then the same merge and projector.
 // Images are encoded whole: the encoder's attention is always local (one image never sees
 // another), whatever the decoder's attention is.
 #pragma once
@@ -14,18 +19,22 @@
 
 namespace dhp {
 
-// The spec's pixel normalisation (types/image_geometry.h) as the op takes it.
-PixelNorm pixel_norm();
+// The tower's pixel normalisation (model.vision.pixel_mean, pixel_std) as the op takes it.
+PixelNorm pixel_norm(const VisionConfig& v);
+// The kernels' GeluKind of a config activation.
+GeluKind gelu_kind(VisionAct a);
+GeluKind gelu_kind(ProjectorAct a);
 
 class VisionPath {
  public:
   VisionPath(const ModelConfig& cfg, const Ops& ops);
 
-  // Takes this pass's buffers for P patches and N merged tokens from the model's arena. With
-  // encoder_grads false (the encoder frozen) backward stops at the projector: the encoder's
-  // backward buffers are not taken.
+  // Takes this pass's buffers for P patches, an encoder stream of S rows (DeviceBatch::S; 0
+  // for the native tower) and N merged tokens from the model's arena. With encoder_grads
+  // false (the encoder frozen) backward stops at the projector: the encoder's backward
+  // buffers are not taken.
   // `mode`: what the encoder's layers keep for backward (types/recompute.h).
-  void carve(Carver& c, int64_t P, int64_t N, bool backward, bool encoder_grads = true,
+  void carve(Carver& c, int64_t P, int64_t S, int64_t N, bool backward, bool encoder_grads = true,
              Recompute mode = Recompute::off);
   // Image tokens (N, d) of every image of the batch, in the batch's image order, into tokens().
   void forward(const ModelWeights& w, const DeviceBatch& b);
@@ -35,25 +44,40 @@ class VisionPath {
   Act dtokens() const { return dtokens_; }
 
  private:
+  // The encoder up to its features (P, dv): features() afterwards; and its transpose from
+  // d(features) in dfeat_.
+  void encode_native(const ModelWeights& w, const DeviceBatch& b);
+  void encode_pretrained(const ModelWeights& w, const DeviceBatch& b);
+  void encode_native_backward(const ModelWeights& w, const ModelParams& g, const DeviceBatch& b);
+  void encode_pretrained_backward(const ModelWeights& w, const ModelParams& g,
+                                  const DeviceBatch& b);
+  Act features() const;
   Act stream(int layer) const { return layer < int(acts_.size()) ? acts_[layer].x_in : x_final_; }
   const ModelConfig& cfg_;
   const Ops& ops_;
   BlockDims dims_;
+  int layers_run_;               // encoder layers the pass runs (clip/siglip: up to feature_layer)
   LocalAttention attn_;
-  std::vector<BlockActs> acts_;  // per encoder layer
+  std::vector<BlockActs> acts_;  // per encoder layer that runs
   BlockActs rebuilt_{};          // the buffers recompute rebuilds, shared by the layers
   Recompute mode_ = Recompute::off;  // of the last carve
   BlockScratch scratch_{};
   Act patches_;                  // (P, p·p·3) the normalised pixels in the storage dtype
-  Act x_final_;                  // (P, dv) input of the encoder norm
-  Act xn_;                       // (P, dv) normed, then its gradient
-  float* rstd_ = nullptr;        // (P)
+  Act x_final_;                  // (rows, dv) the stream after the last layer that runs
+  Act xn_;                       // native: (P, dv) normed; clip: (P, dv) the patch embedding
+  float* rstd_ = nullptr;        // native: (P)
+  Act embed_;                    // clip: (S, dv) the embeddings before pre_layrnorm
+  float* pre_mean_ = nullptr;    // clip: (S)
+  float* pre_rstd_ = nullptr;    // clip: (S)
+  Act feat_;                     // clip: (P, dv) the features without class rows
   Act merged_;                   // (N, m²·dv)
   Act f1_;                       // (N, d) projector hidden before GELU
   Act g1_;                       // (N, d) after GELU
   Act tokens_;                   // (N, d)
   Act dtokens_;                  // (N, d)
-  Act dx_;                       // (P, dv) gradient of the encoder stream
+  Act dx_;                       // (rows, dv) gradient of the encoder stream
+  Act dfeat_;                    // (P, dv) gradient of the features
+  Act dembed_;                   // clip: (S, dv) gradient of the embeddings; then (P, dv)
   Act dmerged_;                  // (N, m²·dv)
   Act dg1_;                      // (N, d)
 };

@@ -51,7 +51,7 @@ Candidate static_layout(const BatchCosts& b, int c) {
       tok[i] = (q.tokens() + c - 1) / c;
       pat[i] = q.vision_tokens * mem.merge2();
       ImageClass im[2];
-      image_classes(q, mem.merge2(), im);
+      image_classes(q, mem.merge2(), im, mem.extra_rows());
       big[i] = im[0].patches;
     }
     // Does [i, e) fit as one micro-batch? Exactly: its images balanced over the c ranks.
@@ -62,7 +62,7 @@ Candidate static_layout(const BatchCosts& b, int c) {
       for (int x = i; x < e; ++x) {
         t += tok[x];
         ImageClass im[2];
-        const int k = image_classes(b.seq(list[x]), mem.merge2(), im);
+        const int k = image_classes(b.seq(list[x]), mem.merge2(), im, mem.extra_rows());
         for (int y = 0; y < k; ++y) cls.push_back(im[y]);
       }
       std::sort(cls.begin(), cls.end(), [](const ImageClass& a, const ImageClass& z) { return a.patches > z.patches; });

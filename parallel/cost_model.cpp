@@ -236,23 +236,27 @@ CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_p
   const auto& v = m.vision;
   const double dv = v.dim;
   m2_ = v.merge * v.merge;
+  extra_rows_ = extra_image_rows(m);
   // A GEMM costs 2 FLOPs per multiply-add forward and twice that backward (dX and dW);
   // recompute adds a second forward. Each of those passes streams the weights once.
   passes_ = recompute ? 4 : 3;
   const double layer_params = d * q + 2 * d * kv + q * d + 3 * d * m.ffn;
-  const double vis_layer_params = 4 * dv * dv + 3 * dv * v.ffn;
+  // SwiGLU has three matrices, the clip/siglip GELU MLP two; those towers run only the layers
+  // up to feature_layer (the image rows the cost counts are encoder rows: class rows included).
+  const double vis_layer_params = 4 * dv * dv + (v.pretrained() ? 2 : 3) * dv * v.ffn;
+  const double vis_layers = v.layers_run();
   const double proj_params = m2_ * dv * d + d * d;
   dec_flops_per_token_ = passes_ * 2.0 * (L * layer_params + d * m.vocab_size);
-  vis_flops_per_patch_ = passes_ * 2.0 * (v.layers * vis_layer_params + double(v.patch_numel()) * dv);
+  vis_flops_per_patch_ = passes_ * 2.0 * (vis_layers * vis_layer_params + double(v.patch_numel()) * dv);
   proj_flops_per_token_ = passes_ * 2.0 * proj_params;
   dec_weight_bytes_ = passes_ * double(dev.weight_bytes) * (L * layer_params + d * m.vocab_size);
   vis_weight_bytes_ =
-      passes_ * double(dev.weight_bytes) * (v.layers * vis_layer_params + double(v.patch_numel()) * dv + proj_params);
+      passes_ * double(dev.weight_bytes) * (vis_layers * vis_layer_params + double(v.patch_numel()) * dv + proj_params);
   // Flash-style attention: 2 matmuls forward, 5 backward (scores recomputed), 2 more under
   // recompute; each 2·heads·head_dim FLOPs per kept pair.
   const double att_mm = recompute ? 9.0 : 7.0;
   dec_att_per_pair_ = att_mm * 2.0 * q;
-  vis_att_per_pair_ = att_mm * 2.0 * dv * v.layers;  // every encoder layer, per (query, key) pair
+  vis_att_per_pair_ = att_mm * 2.0 * dv * vis_layers;  // every encoder layer, per (query, key) pair
   // The ring moves K and V forward and K, V, dK, dV backward (and K, V again on recompute).
   dec_bytes_per_token_ = (recompute ? 8.0 : 6.0) * kv * dev.act_bytes;
   // Merged image tokens go to their decoder ranks; their gradients come back.
@@ -260,14 +264,14 @@ CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_p
   ring_passes_ = recompute ? 3 : 2;
 }
 
-int image_classes(const SeqShape& s, int m2, ImageClass out[2]) {
+int image_classes(const SeqShape& s, int m2, ImageClass out[2], int extra) {
   out[0] = out[1] = ImageClass{};
   if (s.vision_tokens <= 0) return 0;
   const int64_t n = std::max<int64_t>(1, s.images);
   const int64_t q = s.vision_tokens / n, r = s.vision_tokens % n;
   int k = 0;
-  if (r > 0) out[k++] = {(q + 1) * m2, r};
-  if (q > 0) out[k++] = {q * m2, n - r};
+  if (r > 0) out[k++] = {(q + 1) * m2 + extra, r};
+  if (q > 0) out[k++] = {q * m2 + extra, n - r};
   return k;
 }
 
@@ -289,7 +293,7 @@ SeqCost CostModel::prepare(const SeqShape& s) const {
   c.tokens = s.tokens();
   c.pairs = c.tokens * (c.tokens + 1) / 2;
   c.vision_tokens = s.vision_tokens;
-  image_classes(s, m2_, c.img);
+  image_classes(s, m2_, c.img, extra_rows_);
   return c;
 }
 

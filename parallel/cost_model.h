@@ -7,7 +7,9 @@
 //             least loaded rank by patch count (balance_images); the vision stage lasts as
 //             long as its busiest rank: c_flop·(encoder + projector FLOPs of its images)
 //             + c_att·(their bidirectional attention pairs) + c_wbyte·(vision weights
-//             streamed once per pass). No ring in the vision encoder.
+//             streamed once per pass). No ring in the vision encoder. A clip/siglip tower
+//             runs its layers up to feature_layer only, with LayerNorm and a two-matrix GELU
+//             MLP; a clip image's class row is one more encoder row, inside its attention.
 //   exchange  (d > 1) each rank sends the merged tokens of its images to the ranks whose
 //             zigzag ranges hold their positions, and the gradients come back:
 //             c_byte·bytes·(d-1)/d² + 2·c_step.
@@ -119,9 +121,12 @@ void balance_images(std::span<const ImageClass> classes, int d, std::vector<Imag
                     int64_t* work = nullptr);
 
 // The images of a sample as classes, larger first: its vision tokens split evenly over its
-// images (the first vision_tokens mod images one token larger), m2 patches per token.
-// Returns how many of out[0..1] are used.
-int image_classes(const SeqShape& s, int m2, ImageClass out[2]);
+// images (the first vision_tokens mod images one token larger), m2 patches per token, plus
+// `extra` encoder rows per image (a clip tower's class row: ImageClass::patches counts the
+// rows of the image's encoder stream). Returns how many of out[0..1] are used.
+int image_classes(const SeqShape& s, int m2, ImageClass out[2], int extra = 0);
+// The encoder rows an image has beyond its patches: 1 for a clip tower's class row.
+inline int extra_image_rows(const ModelConfig& m) { return m.vision.has_class_row() ? 1 : 0; }
 
 // Per-sample terms, computed once. Integer counts, so that a group's sums, and with them its
 // time, do not depend on the order its sequences are added in.
@@ -222,6 +227,7 @@ class CostModel {
   int ranks_per_node_;
   Recompute recompute_;
   int m2_;
+  int extra_rows_;   // encoder rows per image beyond its patches (extra_image_rows)
   double dec_flops_per_token_, vis_flops_per_patch_, proj_flops_per_token_;
   double dec_att_per_pair_, vis_att_per_pair_, dec_bytes_per_token_, xfer_bytes_per_token_;
   double dec_weight_bytes_, vis_weight_bytes_;

@@ -24,8 +24,17 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   n[size_t(ParamGroup::Language)] =
       int64_t(m.layers) * (d * q + 2 * d * kv + q * d + 3 * d * m.ffn + 2 * d + qkv_bias) + d;
   n[size_t(ParamGroup::Embeddings)] = int64_t(m.vocab_size) * d * (m.tie_embeddings ? 1 : 2);
-  n[size_t(ParamGroup::Vision)] =
-      v.patch_numel() * dv + dv + int64_t(v.layers) * (4 * dv * dv + 3 * dv * v.ffn + 2 * dv) + dv;
+  if (v.pretrained()) {
+    // model/params.cpp's clip/siglip table: every layer of the checkpoint, biases and
+    // LayerNorm biases included; no final norm.
+    const int64_t layer = 4 * dv * dv + 4 * dv + 2 * dv * v.ffn + v.ffn + dv + 4 * dv;
+    n[size_t(ParamGroup::Vision)] = v.patch_numel() * dv + (v.has_class_row() ? 3 * dv : dv) +
+                                    v.pos_rows() * dv + int64_t(v.layers) * layer;
+  } else {
+    n[size_t(ParamGroup::Vision)] =
+        v.patch_numel() * dv + dv + int64_t(v.layers) * (4 * dv * dv + 3 * dv * v.ffn + 2 * dv) + dv;
+  }
+  extra_rows_ = extra_image_rows(m);
   n[size_t(ParamGroup::Projector)] = m2_ * dv * d + d + d * d + d;
   params_ = trainable_ = 0;
   for (size_t g = 0; g < kParamGroups; ++g) {
@@ -52,12 +61,14 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // Kept buffers count once per layer, rebuilt ones once per pass; the backward scratch
   // shared by the layers (BlockScratch) once.
   const int64_t act = dev.act_bytes;
+  // The clip/siglip block (vit) keeps a mean beside each rstd, one MLP input (fc1's output)
+  // instead of SwiGLU's two, and its scratch has no second MLP gradient.
   auto layers_bytes = [&](int64_t layers, int64_t c, int64_t f, int64_t qw, int64_t kvw,
-                          int64_t h) {
-    const int64_t norms = 2 * c * act + 2 * 4, swiglu = f * act;
-    const int64_t linears = (2 * qw + 2 * kvw + c + 2 * f) * act + h * 4;
+                          int64_t h, bool vit = false) {
+    const int64_t norms = 2 * c * act + (vit ? 4 : 2) * 4, swiglu = f * act;
+    const int64_t linears = (2 * qw + 2 * kvw + c + (vit ? 1 : 2) * f) * act + h * 4;
     const int64_t input = c * act;
-    const int64_t scratch = (3 * f + 2 * c + 2 * qw + 2 * kvw) * act;
+    const int64_t scratch = ((vit ? 2 : 3) * f + 2 * c + 2 * qw + 2 * kvw) * act;
     switch (recompute) {
       case Recompute::off: return layers * (input + norms + swiglu + linears) + scratch;
       case Recompute::selective: return layers * (input + linears) + norms + swiglu + scratch;
@@ -76,6 +87,19 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   per_patch_ = v.patch_numel() * act + layers_bytes(v.layers, dv, v.ffn, dv, dv, v.heads) +
                (3 * dv + 2 * dv) * act + 4 + (5 * d * act + m2_ - 1) / m2_ +
                v.patch_numel() + 4 * 4;
+  if (v.pretrained()) {
+    // A clip/siglip tower (model/vision.cpp) prices every row of its encoder stream (a clip
+    // image's class row too: image_classes counts it) at the bytes of a patch row: the
+    // normalised pixels, the layers that run, the stream after them, its gradient, the
+    // merged rows and their gradient; clip adds the patch embedding, the embeddings before
+    // pre_layrnorm with its two statistics and their gradient, the features without class
+    // rows and theirs. The batch: pixels, four int32 columns per patch, three per stream row.
+    const int64_t rows = v.has_class_row() ? 9 : 4;
+    per_patch_ = v.patch_numel() * act +
+                 layers_bytes(v.layers_run(), dv, v.ffn, dv, dv, v.heads, true) + rows * dv * act +
+                 (v.has_class_row() ? 8 : 0) + (5 * d * act + m2_ - 1) / m2_ + v.patch_numel() +
+                 7 * 4;
+  }
   // A ring of degree c > 1 carves, per token of the rank: in the ring's work arena
   // (parallel/ring_attention.cpp, the larger backward set) two K/V blocks in flight, their
   // fp32 dK/dV accumulators, dQ's fp32 sum and one block's dQ, dK, dV parts; in its metadata
@@ -108,7 +132,8 @@ int64_t sat(int64_t a, int64_t b, int64_t c, int64_t d) {
 }  // namespace
 
 int64_t MemoryModel::one_rank_bytes(const SeqShape& s) const {
-  return sat(s.tokens(), bytes_per_token(), s.vision_tokens * m2_, bytes_per_patch());
+  const int64_t rows = s.vision_tokens * m2_ + (s.vision_tokens > 0 ? s.images * extra_rows_ : 0);
+  return sat(s.tokens(), bytes_per_token(), rows, bytes_per_patch());
 }
 
 int64_t MemoryModel::rank_bytes(int64_t activations, int64_t tokens) const {
@@ -133,7 +158,7 @@ int64_t MemoryModel::max_rank_patches(std::span<const SeqShape* const> seqs, int
   classes.clear();
   for (const SeqShape* s : seqs) {
     ImageClass im[2];
-    const int k = image_classes(*s, m2_, im);
+    const int k = image_classes(*s, m2_, im, extra_rows_);
     for (int i = 0; i < k; ++i) classes.push_back(im[i]);
   }
   merge_image_classes(classes);

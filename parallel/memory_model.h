@@ -5,7 +5,8 @@
 //   + decoder activations per token held (what the mode of parallel.recompute keeps: every
 //     layer's kept buffers, plus one set of the buffers it rebuilds; model/block.h) (a rank of a ring of degree c holds at most
 //     ceil(L/c) tokens of a sequence of L: zigzag split, plan.h)
-//   + vision activations per patch of the images the rank encodes: images are never split,
+//   + vision activations per patch of the images the rank encodes (per encoder row of a
+//     clip/siglip tower: a clip image's class row counts as a patch): images are never split,
 //     they are dealt longest-first to the least loaded rank by patch count (balance_images),
 //     and the rank with the most patches is the one that counts
 //   + logits buffer: min(tokens, chunk) x vocab, its gradient in place
@@ -99,6 +100,9 @@ class MemoryModel {
     return min_degree(std::span<const SeqShape* const>(&p, 1), max_degree);
   }
   int merge2() const { return m2_; }
+  // Encoder rows per image beyond its patches (a clip tower's class row): the "patches" this
+  // model counts are encoder rows (image_classes' extra).
+  int extra_rows() const { return extra_rows_; }
 
  private:
   int64_t capacity_, params_, trainable_, static_, per_token_, per_patch_, logits_per_token_, fixed_;
@@ -107,6 +111,7 @@ class MemoryModel {
   int64_t group_params_[kParamGroups];
   int64_t logits_chunk_;
   int m2_;
+  int extra_rows_ = 0;
 };
 
 }  // namespace dhp

@@ -110,17 +110,33 @@ class EmulatedOps : public Ops {
       cuda::act::swiglu_backward_block(as<S>(da), as<S>(db), as<S>(dh), as<S>(a), as<S>(b), n);
     });
   }
-  void gelu_forward(Act y, CAct x, int64_t n) const override {
+  void gelu_forward(Act y, CAct x, int64_t n, GeluKind k) const override {
     pointwise(cuda::act::launch(n), n, [&](auto s) {
       using S = decltype(s);
-      cuda::act::gelu_forward_block(as<S>(y), as<S>(x), n);
+      cuda::act::gelu_forward_block(as<S>(y), as<S>(x), n, k);
     });
   }
-  void gelu_backward(Act dx, CAct dy, CAct x, int64_t n) const override {
+  void gelu_backward(Act dx, CAct dy, CAct x, int64_t n, GeluKind k) const override {
     pointwise(cuda::act::launch(n), n, [&](auto s) {
       using S = decltype(s);
-      cuda::act::gelu_backward_block(as<S>(dx), as<S>(dy), as<S>(x), n);
+      cuda::act::gelu_backward_block(as<S>(dx), as<S>(dy), as<S>(x), n, k);
     });
+  }
+  void layernorm_forward(Act, float*, float*, CAct, CAct, CAct, int64_t, int64_t,
+                         float) const override {
+    unsupported("layernorm_forward");
+  }
+  void layernorm_backward(Act, float*, float*, CAct, CAct, CAct, const float*, const float*,
+                          int64_t, int64_t) const override {
+    unsupported("layernorm_backward");
+  }
+  void vision_embed_forward(Act, CAct, CAct, const PosImage*, int, int64_t, int,
+                            int) const override {
+    unsupported("vision_embed_forward");
+  }
+  void vision_embed_backward(float*, float*, CAct, const PosImage*, int, int64_t, int,
+                             int) const override {
+    unsupported("vision_embed_backward");
   }
   void attention_forward(Act, float*, CAct, CAct, CAct, AttnMeta, AttnMeta,
                          const AttnShape&) const override {

@@ -165,6 +165,53 @@ TEST_F(DataTest, HeaderSizeEqualsDecodedSize) {
 }
 
 // ---- patches -------------------------------------------------------------------------------
+// LLaVA-1.5's pad: the image centred on a square of its longer side in the tower's mean
+// colour, then resized to image_size; min_pixels and max_pixels do not apply.
+TEST(Image, PadSquareCentresOnTheMeanColour) {
+  ImageGeometry v;  // patch 14, merge 2
+  v.resize = ImageFit::pad_square;
+  v.image_size = 56;
+  v.pixel_mean = kSiglipPixelMean;  // pads in 128 grey
+  const int H = 28, W = 56, p = v.patch;
+  cv::Mat bgr(H, W, CV_8UC3);
+  auto value = [](int y, int x, int c) { return (y * 7 + x * 3 + c * 50) % 200; };  // RGB
+  for (int y = 0; y < H; ++y)
+    for (int x = 0; x < W; ++x)
+      for (int c = 0; c < 3; ++c) bgr.at<cv::Vec3b>(y, x)[2 - c] = uint8_t(value(y, x, c));
+  EXPECT_EQ(resized_size(H, W, v).h, 56);
+  EXPECT_EQ(resized_size(7, 3000, v).w, 56);
+  const PreparedImage im = prepare_image(bgr, v);
+  ASSERT_EQ(im.grid_h, 4);
+  ASSERT_EQ(im.grid_w, 4);
+  // 56 x 56 needs no resize: rows 14..41 are the image, the rest the pad.
+  for (int y = 0; y < 56; ++y)
+    for (int x = 0; x < 56; ++x)
+      for (int c = 0; c < 3; ++c) {
+        const int64_t i = ((y / p) * 4 + x / p) * v.patch_numel() + ((y % p) * p + x % p) * 3 + c;
+        const int want = y >= 14 && y < 42 ? value(y - 14, x, c) : 128;
+        ASSERT_EQ(im.pixels[size_t(i)], want) << y << "," << x << "," << c;
+      }
+  // A tall image pads left and right (floored offset: 3 columns left, 4 right), then resizes.
+  cv::Mat tall(70, 63, CV_8UC3, cv::Scalar(0, 0, 255));  // red in BGR
+  v.pixel_mean = kClipPixelMean;
+  const PreparedImage t = prepare_image(tall, v);
+  ASSERT_EQ(t.grid_h, 4);
+  ASSERT_EQ(t.grid_w, 4);
+  const auto mean = v.mean_rgb();
+  EXPECT_EQ(mean[0], 123);
+  EXPECT_EQ(mean[1], 117);
+  EXPECT_EQ(mean[2], 104);
+  for (int c = 0; c < 3; ++c) EXPECT_EQ(t.pixels[size_t(c)], mean[size_t(c)]);  // (0, 0): pad
+  const int64_t centre = (1 * 4 + 1) * v.patch_numel() + (13 * p + 13) * 3;  // (27, 27)
+  EXPECT_EQ(t.pixels[size_t(centre)], 255);
+  EXPECT_EQ(t.pixels[size_t(centre + 1)], 0);
+  EXPECT_EQ(image_tokens(70, 63, v), 4);
+  // blank() takes the tower's colour.
+  PreparedImage b = im;
+  blank(b, ImageGeometry{.pixel_mean = kSiglipPixelMean}.mean_rgb());
+  for (uint8_t x : b.pixels) ASSERT_EQ(x, 128);
+}
+
 
 TEST(Image, PatchLayoutKnownPixels) {
   ImageGeometry v;  // 28 x 56 needs no resize: a 2 x 4 patch grid

@@ -3,24 +3,32 @@
 // tests (test_attention.cpp).
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <tuple>
 
+#include "core/check.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/load.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/patch_merge.h"
 #include "kernels/cpu/pixels.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/vision_embed.h"
 #include "tests/grad_check.h"
 #include "tests/op_checks.h"
 
@@ -128,9 +136,234 @@ TEST(Activation, SwiGLUAndGELUForward) {
 
   auto x = random_vec(rng, n, 4.0f);
   std::vector<float> y(n);
-  gelu_forward(y.data(), x.data(), n);
+  gelu_forward(y.data(), x.data(), n, GeluKind::Tanh);
   double v = x[3];
   EXPECT_NEAR(y[3], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), 1e-5);
+}
+
+// Each kind against its formula in double, and the kinds apart from each other by far more
+// than that (so the dispatch cannot hand one kind's formula to another).
+TEST(Activation, GeluKindsForward) {
+  Rng rng(15);
+  const int64_t n = 200;
+  auto x = random_vec(rng, n, 4.0f);
+  std::vector<float> tanh_y(n), erf_y(n), quick_y(n);
+  gelu_forward(tanh_y.data(), x.data(), n, GeluKind::Tanh);
+  gelu_forward(erf_y.data(), x.data(), n, GeluKind::Erf);
+  gelu_forward(quick_y.data(), x.data(), n, GeluKind::Quick);
+  double tanh_erf = 0, erf_quick = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    EXPECT_NEAR(erf_y[i], 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))), 2e-6) << v;
+    EXPECT_NEAR(quick_y[i], v / (1 + std::exp(-1.702 * v)), 2e-6) << v;
+    tanh_erf = std::max(tanh_erf, double(std::abs(tanh_y[i] - erf_y[i])));
+    erf_quick = std::max(erf_quick, double(std::abs(erf_y[i] - quick_y[i])));
+  }
+  EXPECT_GT(tanh_erf, 1e-4);
+  EXPECT_GT(erf_quick, 1e-2);
+}
+
+// Against the definition in double, with a mean far from zero (the two-pass variance).
+TEST(LayerNorm, Forward) {
+  Rng rng(16);
+  const int64_t T = 5, C = 37;
+  auto x = random_vec(rng, T * C, 0.5f), w = random_vec(rng, C), b = random_vec(rng, C);
+  for (auto& v : x) v += 20.0f;
+  std::vector<float> y(T * C), mean(T), rstd(T);
+  layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), T, C, 1e-5f);
+  for (int64_t t = 0; t < T; ++t) {
+    double mu = 0, var = 0;
+    for (int64_t c = 0; c < C; ++c) mu += x[t * C + c];
+    mu /= C;
+    for (int64_t c = 0; c < C; ++c) var += (x[t * C + c] - mu) * (x[t * C + c] - mu);
+    var /= C;  // biased, as nn.LayerNorm
+    const double r = 1 / std::sqrt(var + 1e-5);
+    EXPECT_NEAR(mean[t], mu, 1e-5);
+    EXPECT_NEAR(rstd[t], r, 1e-5 * r);
+    for (int64_t c = 0; c < C; ++c)
+      EXPECT_NEAR(y[t * C + c], (x[t * C + c] - mu) * r * w[c] + b[c], 2e-5) << t << "," << c;
+  }
+}
+
+// Grids of the pretrained size pass the table through unchanged (weights 0, 1, 0, 0), the class
+// row is written (not added), rows outside the images keep their values, and a constant table
+// stays constant at any size (the weights of every output sum to one).
+TEST(VisionEmbed, IdentityClassRowAndConstants) {
+  Rng rng(17);
+  const int64_t C = 6;
+  const int g0h = 3, g0w = 5;
+  auto table = random_vec(rng, (1 + g0h * g0w) * C), cls = random_vec(rng, C);
+  const std::vector<PosImage> same = {{1, g0h, g0w}};
+  std::vector<float> x(size_t(2 + 1 + g0h * g0w) * C, 0.5f);
+  vision_embed_forward(x.data(), table.data(), cls.data(), same.data(), 1, C, g0h, g0w);
+  for (int64_t k = 0; k < C; ++k) {
+    EXPECT_EQ(x[k], 0.5f);                               // the row before the image
+    EXPECT_EQ(x[C + k], cls[k] + table[k]);              // the class row
+    EXPECT_EQ(x[x.size() - C + k], 0.5f);                // the row after it
+  }
+  for (int64_t p = 0; p < g0h * g0w; ++p)
+    for (int64_t k = 0; k < C; ++k)
+      ASSERT_EQ(x[(2 + p) * C + k], 0.5f + table[(1 + p) * C + k]) << p;
+
+  std::vector<float> flat(size_t(g0h * g0w) * C, 0.25f);
+  for (auto [gh, gw] : {std::pair<int, int>{1, 1}, {7, 2}, {2, 13}, {40, 40}}) {
+    const std::vector<PosImage> im = {{0, gh, gw}};
+    std::vector<float> y(size_t(gh * gw) * C, 0.0f);
+    vision_embed_forward(y.data(), flat.data(), nullptr, im.data(), 1, C, g0h, g0w);
+    // Up to a few float roundings of weights that sum to one.
+    for (float v : y) ASSERT_NEAR(v, 0.25f, 5e-7) << gh << "x" << gw;
+  }
+}
+
+// The backward pass is parallel over channels with each channel's sums in one order: the same
+// bits on one thread and on several.
+TEST(VisionEmbed, BackwardSameBitsForAnyThreadCount) {
+  Rng rng(18);
+  const int64_t C = 70;
+  const int g0h = 6, g0w = 6;
+  const std::vector<PosImage> ims = {{0, 9, 13}, {1 + 9 * 13, 4, 3}, {2 + 9 * 13 + 12, 6, 6}};
+  const int64_t rows = 3 + 9 * 13 + 12 + 36;
+  auto dx = random_vec(rng, rows * C);
+  auto d1 = random_vec(rng, (1 + g0h * g0w) * C), c1 = random_vec(rng, C);
+  auto d2 = d1, c2 = c1;
+  omp_set_num_threads(1);
+  vision_embed_backward(d1.data(), c1.data(), dx.data(), ims.data(), 3, C, g0h, g0w);
+  omp_set_num_threads(2);
+  vision_embed_backward(d2.data(), c2.data(), dx.data(), ims.data(), 3, C, g0h, g0w);
+  EXPECT_EQ(d1, d2);
+  EXPECT_EQ(c1, c2);
+}
+
+// The bicubic resize against PyTorch's own (tests/reference/bicubic_ref.py: F.interpolate with
+// mode="bicubic", align_corners=False, size=..., and its autograd), on streams of several
+// images: up and down, non-square, a side of 1, the pretrained size; with and without the class
+// row. The negative control: the same streams resized bilinearly must differ from ours by far
+// more than the tolerance, or the comparison could not tell the two apart.
+TEST(VisionEmbed, MatchesPyTorchBicubicAndItsGradient) {
+  struct Group {
+    int g0h, g0w;
+    bool cls;
+    std::vector<std::pair<int, int>> grids;
+  };
+  const std::vector<Group> groups = {
+      {24, 24, true, {{24, 24}, {36, 20}, {12, 12}, {1, 7}, {30, 1}}},
+      {4, 4, false, {{9, 5}, {2, 3}, {1, 1}, {4, 4}}},
+      {3, 5, true, {{7, 11}, {2, 2}, {3, 5}}},
+      {6, 2, false, {{1, 9}, {13, 1}}}};
+  const int64_t C = 5;
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dhp_bicubic_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto write = [&](const std::string& name, const std::vector<float>& v) {
+    std::ofstream(dir / name, std::ios::binary)
+        .write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4));
+  };
+  auto read = [&](const std::string& name, size_t n) {
+    std::vector<float> v(n);
+    std::ifstream in(dir / name, std::ios::binary);
+    in.read(reinterpret_cast<char*>(v.data()), std::streamsize(n * 4));
+    EXPECT_TRUE(in.good()) << name;
+    return v;
+  };
+  Rng rng(19);
+  std::string spec = "{\"C\": " + std::to_string(C) + ", \"groups\": [";
+  struct Ran {
+    std::vector<PosImage> images;
+    int64_t rows, n_pos;
+    std::vector<float> table, cls, dy;
+  };
+  std::vector<Ran> ran;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const Group& g = groups[i];
+    Ran r;
+    r.rows = 0;
+    spec += (i ? ", " : "") + fmt::format("{{\"g0h\": {}, \"g0w\": {}, \"cls\": {}, \"grids\": [",
+                                          g.g0h, g.g0w, g.cls ? "true" : "false");
+    for (size_t k = 0; k < g.grids.size(); ++k) {
+      const auto [gh, gw] = g.grids[k];
+      r.images.push_back(PosImage{r.rows, gh, gw});
+      r.rows += (g.cls ? 1 : 0) + int64_t(gh) * gw;
+      spec += (k ? ", " : "") + fmt::format("[{}, {}]", gh, gw);
+    }
+    spec += "]}";
+    r.n_pos = (g.cls ? 1 : 0) + int64_t(g.g0h) * g.g0w;
+    r.table = random_vec(rng, size_t(r.n_pos * C));
+    r.cls = random_vec(rng, size_t(C));
+    r.dy = random_vec(rng, size_t(r.rows * C));
+    write(fmt::format("table_{}.bin", i), r.table);
+    write(fmt::format("cls_{}.bin", i), r.cls);
+    write(fmt::format("dy_{}.bin", i), r.dy);
+    ran.push_back(std::move(r));
+  }
+  spec += "]}";
+  std::ofstream(dir / "cases.json") << spec;
+  const std::string cmd = "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) +
+                          "/tests/reference/bicubic_ref.py " + dir.string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0)
+      << cmd << " failed: it needs Debian's python3-torch (scripts/setup.sh installs it)";
+
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const Group& g = groups[i];
+    const Ran& r = ran[i];
+    const int n = int(r.images.size());
+    std::vector<float> x(size_t(r.rows * C), 0.0f);
+    vision_embed_forward(x.data(), r.table.data(), g.cls ? r.cls.data() : nullptr,
+                         r.images.data(), n, C, g.g0h, g.g0w);
+    const auto exact = read(fmt::format("exact_{}.bin", i), x.size());
+    const auto torch32 = read(fmt::format("torch_{}.bin", i), x.size());
+    const auto bilinear = read(fmt::format("bilinear_{}.bin", i), x.size());
+    for (int k = 0; k < n; ++k) {
+      const PosImage im = r.images[size_t(k)];
+      const std::string at = fmt::format("g0 {}x{} -> {}x{}", g.g0h, g.g0w, im.grid_h, im.grid_w);
+      const int64_t begin = im.row * C,
+                    end = (im.row + (g.cls ? 1 : 0) + int64_t(im.grid_h) * im.grid_w) * C;
+      double err = 0, err32 = 0, apart = 0;
+      for (int64_t j = begin; j < end; ++j) {
+        const size_t u = size_t(j);
+        err = std::max(err, double(std::abs(x[u] - exact[u])));
+        err32 = std::max(err32, double(std::abs(x[u] - torch32[u])));
+        apart = std::max(apart, double(std::abs(x[u] - bilinear[u])));
+      }
+      // Ours computes in double and rounds once; PyTorch's float64 resize rounds once (to the
+      // file's fp32): half an ulp each, apart from each other by at most one (~1.2e-7 here).
+      EXPECT_LE(err, 1e-6) << at;
+      // PyTorch's fp32 kernel: a float scale and float weights, which move the taps' weights by
+      // ~1e-6 on large grids, and a few roundings of 16-term sums of magnitude ~1.
+      EXPECT_LE(err32, 5e-6) << at;
+      // Bilinear equals bicubic only where nothing is resized.
+      if (im.grid_h != g.g0h || im.grid_w != g.g0w)
+        EXPECT_GT(apart, 1e-3) << at << ": bilinear is indistinguishable from bicubic here";
+      else
+        EXPECT_LE(apart, 1e-6) << at;
+    }
+    // The transpose against autograd: in float64 (both within a rounding of the exact sum),
+    // and of PyTorch's fp32 kernel, whose backward adds every term in float.
+    std::vector<float> dtable(size_t(r.n_pos * C), 0.0f), dcls(size_t(C), 0.0f);
+    vision_embed_backward(dtable.data(), g.cls ? dcls.data() : nullptr, r.dy.data(),
+                          r.images.data(), n, C, g.g0h, g.g0w);
+    const auto ref_table = read(fmt::format("dtable_exact_{}.bin", i), dtable.size());
+    const auto torch_table = read(fmt::format("dtable_torch_{}.bin", i), dtable.size());
+    const auto ref_cls = read(fmt::format("dcls_exact_{}.bin", i), dcls.size());
+    for (size_t j = 0; j < dtable.size(); ++j) {
+      ASSERT_NEAR(dtable[j], ref_table[j], 1e-6 * (1 + std::abs(ref_table[j])))
+          << "dtable[" << j / C << "][" << j % C << "] g0 " << g.g0h << "x" << g.g0w;
+      ASSERT_NEAR(dtable[j], torch_table[j], 2e-5 * (1 + std::abs(torch_table[j])))
+          << "dtable[" << j / C << "][" << j % C << "] g0 " << g.g0h << "x" << g.g0w;
+    }
+    for (size_t j = 0; j < dcls.size(); ++j)
+      ASSERT_NEAR(dcls[j], ref_cls[j], 1e-6 * (1 + std::abs(ref_cls[j]))) << j;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(VisionEmbed, BadGridIsRejected) {
+  std::vector<float> x(8), table(8);
+  const std::vector<PosImage> im = {{0, 0, 2}};
+  EXPECT_THROW(vision_embed_forward(x.data(), table.data(), nullptr, im.data(), 1, 2, 2, 2),
+               dhp::Error);
+  const std::vector<PosImage> ok = {{0, 1, 2}};
+  EXPECT_THROW(vision_embed_forward(x.data(), table.data(), nullptr, ok.data(), 1, 2, 0, 2),
+               dhp::Error);
 }
 
 TEST(CrossEntropy, LossAndAccuracy) {

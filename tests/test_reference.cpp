@@ -55,7 +55,7 @@ void dump(const fs::path& dir, const Model& m, const Batch& b) {
   std::ofstream(dir / "batch.json") << batch.dump();
   // The encoder's input as the model computes it from the batch's pixels.
   std::vector<float> patches(b.pixels.size());
-  cpu::normalize_pixels(patches.data(), b.pixels.data(), int64_t(patches.size()), pixel_norm());
+  cpu::normalize_pixels(patches.data(), b.pixels.data(), int64_t(patches.size()), pixel_norm(c.vision));
   write_floats(dir / "patches.bin", patches.data(), patches.size());
 }
 

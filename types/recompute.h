@@ -3,8 +3,9 @@
 // models price the same choice (parallel/memory_model.h, parallel/cost_model.h).
 //   off:       every activation the backward pass reads is kept.
 //   selective: the linears' outputs (q, k, v, the attention output, the residual, the two
-//              SwiGLU inputs) and the attention kernel's lse are kept; the norms' outputs and
-//              the SwiGLU product are rebuilt in backward. The attention core never holds its
+//              SwiGLU inputs; fc1's output in a clip/siglip tower's block) and the attention
+//              kernel's lse are kept; the norms' outputs (and their statistics) and the SwiGLU
+//              product (the GELU's output) are rebuilt in backward. The attention core never holds its
 //              probabilities (the kernels recompute them from lse), so its backward runs no
 //              second attention forward.
 //   full:      each layer keeps only its input; backward reruns the layer's forward (ring

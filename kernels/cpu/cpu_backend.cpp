@@ -16,6 +16,7 @@
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/load.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm.h"
@@ -23,6 +24,7 @@
 #include "kernels/cpu/pixels.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/staged_ops.h"
+#include "kernels/cpu/vision_embed.h"
 
 namespace dhp {
 namespace {
@@ -76,11 +78,28 @@ class CpuOps final : public Ops {
   void swiglu_backward(Act da, Act db, CAct dh, CAct a, CAct b, int64_t n) const override {
     cpu::swiglu_backward(f32(da), f32(db), f32(dh), f32(a), f32(b), n);
   }
-  void gelu_forward(Act y, CAct x, int64_t n) const override {
-    cpu::gelu_forward(f32(y), f32(x), n);
+  void gelu_forward(Act y, CAct x, int64_t n, GeluKind k) const override {
+    cpu::gelu_forward(f32(y), f32(x), n, k);
   }
-  void gelu_backward(Act dx, CAct dy, CAct x, int64_t n) const override {
-    cpu::gelu_backward(f32(dx), f32(dy), f32(x), n);
+  void gelu_backward(Act dx, CAct dy, CAct x, int64_t n, GeluKind k) const override {
+    cpu::gelu_backward(f32(dx), f32(dy), f32(x), n, k);
+  }
+  void layernorm_forward(Act y, float* mean, float* rstd, CAct x, CAct w, CAct b, int64_t T,
+                         int64_t C, float eps) const override {
+    cpu::layernorm_forward(f32(y), mean, rstd, f32(x), f32(w), f32(b), T, C, eps);
+  }
+  void layernorm_backward(Act dx, float* dw, float* db, CAct dy, CAct x, CAct w,
+                          const float* mean, const float* rstd, int64_t T,
+                          int64_t C) const override {
+    cpu::layernorm_backward(f32(dx), dw, db, f32(dy), f32(x), f32(w), mean, rstd, T, C);
+  }
+  void vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images, int n_images,
+                            int64_t C, int g0h, int g0w) const override {
+    cpu::vision_embed_forward(f32(x), f32(table), f32(cls), images, n_images, C, g0h, g0w);
+  }
+  void vision_embed_backward(float* dtable, float* dcls, CAct dx, const PosImage* images,
+                             int n_images, int64_t C, int g0h, int g0w) const override {
+    cpu::vision_embed_backward(dtable, dcls, f32(dx), images, n_images, C, g0h, g0w);
   }
   void attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, AttnMeta qm, AttnMeta km,
                          const AttnShape& s) const override {

@@ -1,5 +1,6 @@
 #include "kernels/cpu/staged_ops.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "core/bf16.h"
@@ -50,6 +51,14 @@ int64_t merge_patches(const MergeImage* images, int n_images) {
   int64_t P = 0;
   for (int i = 0; i < n_images; ++i) P += int64_t(images[i].grid_h) * images[i].grid_w;
   return P;
+}
+
+// The rows of an encoder stream the images of vision_embed reach.
+int64_t stream_rows(const PosImage* images, int n_images, int64_t cls_rows) {
+  int64_t rows = 0;
+  for (int i = 0; i < n_images; ++i)
+    rows = std::max(rows, images[i].row + cls_rows + int64_t(images[i].grid_h) * images[i].grid_w);
+  return rows;
 }
 
 class StagedOps final : public Ops {
@@ -108,13 +117,40 @@ class StagedOps final : public Ops {
     Out sda(da, n, false), sdb(db, n, false);
     f_.swiglu_backward(sda, sdb, In(dh, n), In(a, n), In(b, n), n);
   }
-  void gelu_forward(Act y, CAct x, int64_t n) const override {
+  void gelu_forward(Act y, CAct x, int64_t n, GeluKind k) const override {
     Out sy(y, n, false);
-    f_.gelu_forward(sy, In(x, n), n);
+    f_.gelu_forward(sy, In(x, n), n, k);
   }
-  void gelu_backward(Act dx, CAct dy, CAct x, int64_t n) const override {
+  void gelu_backward(Act dx, CAct dy, CAct x, int64_t n, GeluKind k) const override {
     Out sdx(dx, n, false);
-    f_.gelu_backward(sdx, In(dy, n), In(x, n), n);
+    f_.gelu_backward(sdx, In(dy, n), In(x, n), n, k);
+  }
+  void layernorm_forward(Act y, float* mean, float* rstd, CAct x, CAct w, CAct b, int64_t T,
+                         int64_t C, float eps) const override {
+    Out sy(y, T * C, false);
+    f_.layernorm_forward(sy, mean, rstd, In(x, T * C), In(w, C), In(b, C), T, C, eps);
+  }
+  void layernorm_backward(Act dx, float* dw, float* db, CAct dy, CAct x, CAct w,
+                          const float* mean, const float* rstd, int64_t T,
+                          int64_t C) const override {
+    Out sdx(dx, T * C, false);
+    f_.layernorm_backward(sdx, dw, db, In(dy, T * C), In(x, T * C), In(w, C), mean, rstd, T, C);
+  }
+  // The stream's rows up to the last image's are staged: rows the op does not touch round-trip
+  // exactly (a bf16 value is an fp32 value).
+  void vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images, int n_images,
+                            int64_t C, int g0h, int g0w) const override {
+    const int64_t off = cls ? 1 : 0;
+    Out sx(x, stream_rows(images, n_images, off) * C, true);
+    f_.vision_embed_forward(sx, In(table, (off + int64_t(g0h) * g0w) * C), In(cls, C), images,
+                            n_images, C, g0h, g0w);
+  }
+  void vision_embed_backward(float* dtable, float* dcls, CAct dx, const PosImage* images,
+                             int n_images, int64_t C, int g0h, int g0w) const override {
+    if (!dtable && !dcls) return;
+    const int64_t off = dcls ? 1 : 0;
+    f_.vision_embed_backward(dtable, dcls, In(dx, stream_rows(images, n_images, off) * C), images,
+                             n_images, C, g0h, g0w);
   }
   void attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, AttnMeta qm, AttnMeta km,
                          const AttnShape& s) const override {

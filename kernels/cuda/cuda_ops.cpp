@@ -111,12 +111,32 @@ void CudaOps::swiglu_backward(Act da, Act db, CAct dh, CAct a, CAct b, int64_t n
       cuda::swiglu_backward(stream_, as<S>(da), as<S>(db), as<S>(dh), as<S>(a), as<S>(b), n));
 }
 
-void CudaOps::gelu_forward(Act y, CAct x, int64_t n) const {
-  DHP_STORAGE_CALL(cuda::gelu_forward(stream_, as<S>(y), as<S>(x), n));
+void CudaOps::gelu_forward(Act y, CAct x, int64_t n, GeluKind k) const {
+  DHP_STORAGE_CALL(cuda::gelu_forward(stream_, as<S>(y), as<S>(x), n, k));
 }
 
-void CudaOps::gelu_backward(Act dx, CAct dy, CAct x, int64_t n) const {
-  DHP_STORAGE_CALL(cuda::gelu_backward(stream_, as<S>(dx), as<S>(dy), as<S>(x), n));
+void CudaOps::gelu_backward(Act dx, CAct dy, CAct x, int64_t n, GeluKind k) const {
+  DHP_STORAGE_CALL(cuda::gelu_backward(stream_, as<S>(dx), as<S>(dy), as<S>(x), n, k));
+}
+
+void CudaOps::layernorm_forward(Act, float*, float*, CAct, CAct, CAct, int64_t, int64_t,
+                                float) const {
+  DHP_CHECK(false, "layernorm_forward is not available on CUDA in this build");
+}
+
+void CudaOps::layernorm_backward(Act, float*, float*, CAct, CAct, CAct, const float*,
+                                 const float*, int64_t, int64_t) const {
+  DHP_CHECK(false, "layernorm_backward is not available on CUDA in this build");
+}
+
+void CudaOps::vision_embed_forward(Act, CAct, CAct, const PosImage*, int, int64_t, int,
+                                   int) const {
+  DHP_CHECK(false, "vision_embed_forward is not available on CUDA in this build");
+}
+
+void CudaOps::vision_embed_backward(float*, float*, CAct, const PosImage*, int, int64_t, int,
+                                    int) const {
+  DHP_CHECK(false, "vision_embed_backward is not available on CUDA in this build");
 }
 
 void CudaOps::attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, AttnMeta qm,

@@ -41,8 +41,17 @@ class CudaOps final : public Ops {
                        double theta) const override;
   void swiglu_forward(Act h, CAct a, CAct b, int64_t n) const override;
   void swiglu_backward(Act da, Act db, CAct dh, CAct a, CAct b, int64_t n) const override;
-  void gelu_forward(Act y, CAct x, int64_t n) const override;
-  void gelu_backward(Act dx, CAct dy, CAct x, int64_t n) const override;
+  void gelu_forward(Act y, CAct x, int64_t n, GeluKind k) const override;
+  void gelu_backward(Act dx, CAct dy, CAct x, int64_t n, GeluKind k) const override;
+  void layernorm_forward(Act y, float* mean, float* rstd, CAct x, CAct w, CAct b, int64_t T,
+                         int64_t C, float eps) const override;
+  void layernorm_backward(Act dx, float* dw, float* db, CAct dy, CAct x, CAct w,
+                          const float* mean, const float* rstd, int64_t T,
+                          int64_t C) const override;
+  void vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images, int n_images,
+                            int64_t C, int g0h, int g0w) const override;
+  void vision_embed_backward(float* dtable, float* dcls, CAct dx, const PosImage* images,
+                             int n_images, int64_t C, int g0h, int g0w) const override;
   void attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, AttnMeta qm, AttnMeta km,
                          const AttnShape& s) const override;
   void attention_backward(Act dq, Act dk, Act dv, CAct dout, CAct out, const float* lse, CAct q,

@@ -54,7 +54,7 @@ template <class S>
 void rope2d_backward(cudaStream_t stream, S* dx, const int32_t* row, const int32_t* col,
                      int64_t T, int H, int hd, double theta);
 
-// ---- Activations (kernels/cpu/activation.h: SwiGLU's silu gate, the tanh form of GELU);
+// ---- Activations (kernels/cpu/activation.h: SwiGLU's silu gate, the GELU family);
 // gradients of inputs are written ------------------------------------------------------------
 
 template <class S>
@@ -64,9 +64,10 @@ template <class S>
 void swiglu_backward(cudaStream_t stream, S* da, S* db, const S* dh, const S* a,
                      const S* b, int64_t n);
 template <class S>
-void gelu_forward(cudaStream_t stream, S* y, const S* x, int64_t n);
+void gelu_forward(cudaStream_t stream, S* y, const S* x, int64_t n, GeluKind k);
+// dx may alias dy.
 template <class S>
-void gelu_backward(cudaStream_t stream, S* dx, const S* dy, const S* x, int64_t n);
+void gelu_backward(cudaStream_t stream, S* dx, const S* dy, const S* x, int64_t n, GeluKind k);
 
 // ---- Attention over packed variable-length sequences (kernels/cpu/attention.h explains the
 // per-token masks and the log-sum-exp; ring attention merges these results unchanged) --------

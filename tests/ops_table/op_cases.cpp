@@ -199,19 +199,115 @@ OpCase swiglu(int64_t n, float scale, bool alias_dh = false) {
   return c;
 }
 
-OpCase gelu(int64_t n, float scale) {
-  OpCase c = named("gelu", "n=" + str(n));
+OpCase gelu(int64_t n, float scale, GeluKind kind = GeluKind::Tanh) {
+  OpCase c = named(std::string("gelu ") + gelu_kind_name(kind), "n=" + str(n));
   c.make = [=](Rng& r) {
     return std::vector<Tensor>{act("x", uniform(r, sz(n), scale)), act_out("y", sz(n)),
                                act("dy", uniform(r, sz(n))), act_out("dx", sz(n))};
   };
-  c.forward = [=](const Ops& o, const Args& a) { o.gelu_forward(a.act("y"), a.act("x"), n); };
+  c.forward = [=](const Ops& o, const Args& a) {
+    o.gelu_forward(a.act("y"), a.act("x"), n, kind);
+  };
   c.backward = [=](const Ops& o, const Args& a) {
-    o.gelu_backward(a.act("dx"), a.act("dy"), a.act("x"), n);
+    o.gelu_backward(a.act("dx"), a.act("dy"), a.act("x"), n, kind);
   };
   c.checks = {{"y", kPointwise}, {"dx", kGeluGrad}};
   c.loss = [=](const Args& a) { return weighted(a, "y", "dy", sz(n)); };
   c.grads = {{"x", "dx"}};
+  c.flops_forward = 8.0 * double(n);
+  c.flops_backward = 16.0 * double(n);
+  return c;
+}
+
+// Inputs of scale `scale` around `shift`: a large shift against a small spread is where a
+// one-pass variance loses its digits. `frozen`: dw and db not computed (null).
+OpCase layernorm(int64_t T, int64_t C, float scale = 1.0f, float shift = 0.0f, float eps = 1e-5f,
+                 bool frozen = false) {
+  std::string shape = str(T) + "x" + str(C);
+  if (shift != 0.0f) shape += fmt::format(" shift={:g} scale={:g}", shift, scale);
+  if (eps != 1e-5f) shape += fmt::format(" eps={:g}", eps);
+  if (frozen) shape += " frozen";
+  OpCase c = named("layernorm", shape);
+  c.make = [=](Rng& r) {
+    auto x = uniform(r, sz(T * C), scale);
+    for (auto& v : x) v += shift;
+    return std::vector<Tensor>{act("x", x), act("w", uniform(r, sz(C))),
+                               act("b", uniform(r, sz(C))), act_out("y", sz(T * C)),
+                               f32_out("mean", sz(T)), f32_out("rstd", sz(T)),
+                               act("dy", uniform(r, sz(T * C))), act_out("dx", sz(T * C)),
+                               f32("dw", uniform(r, sz(C))), f32("db", uniform(r, sz(C)))};
+  };
+  c.forward = [=](const Ops& o, const Args& a) {
+    o.layernorm_forward(a.act("y"), a.f32("mean"), a.f32("rstd"), a.act("x"), a.act("w"),
+                        a.act("b"), T, C, eps);
+  };
+  c.backward = [=](const Ops& o, const Args& a) {
+    o.layernorm_backward(a.act("dx"), frozen ? nullptr : a.f32("dw"),
+                         frozen ? nullptr : a.f32("db"), a.act("dy"), a.act("x"), a.act("w"),
+                         a.f32("mean"), a.f32("rstd"), T, C);
+  };
+  // The mean's error is relative to the shift, the statistics' to the row's values.
+  const double m = 1.0 + std::abs(double(shift));
+  const OpTol mean_tol{{1e-6 * m, 1e-5}, {1e-6 * m, 1e-5}, {1e-6 * m, 1e-5}, {1e-6 * m, 1e-5}};
+  c.checks = {{"mean", mean_tol}, {"rstd", kRowStat}, {"y", kRmsY}, {"dx", rms_dx(C)},
+              {"dw", rms_dw(T)}, {"db", rms_dw(T)}};
+  c.loss = [=](const Args& a) { return weighted(a, "y", "dy", sz(T * C)); };
+  c.grads = {{"x", "dx"}};
+  if (!frozen) c.grads.insert(c.grads.end(), {{"w", "dw", true}, {"b", "db", true}});
+  c.flops_forward = 7.0 * double(T * C);
+  c.flops_backward = 12.0 * double(T * C);
+  return c;
+}
+
+// Which of vision_embed's gradients are computed.
+enum class EmbedGrads { all, no_table, none };
+
+// Images of the given patch grids in one encoder stream, with an untouched row between images
+// (it must keep its value); the pretrained grid g0h x g0w, with or without the class row.
+OpCase vision_embed(int g0h, int g0w, bool cls, const std::vector<std::pair<int, int>>& grids,
+                    int64_t C, EmbedGrads grads = EmbedGrads::all, int probes = 300) {
+  std::vector<PosImage> images;
+  int64_t rows = 1, patches = 0;  // row 0 is a gap too
+  std::string shape = fmt::format("g0={}x{}{} C={} grids", g0h, g0w, cls ? " cls" : "", C);
+  for (auto [gh, gw] : grids) {
+    images.push_back(PosImage{rows, gh, gw});
+    rows += (cls ? 1 : 0) + int64_t(gh) * gw + 1;
+    patches += int64_t(gh) * gw;
+    shape += fmt::format(" {}x{}", gh, gw);
+  }
+  if (grads == EmbedGrads::no_table) shape += " frozen table";
+  if (grads == EmbedGrads::none) shape += " frozen";
+  OpCase c = named("vision embed", shape);
+  const int n = int(images.size());
+  const int64_t n_pos = (cls ? 1 : 0) + int64_t(g0h) * g0w;
+  c.make = [=](Rng& r) {
+    return std::vector<Tensor>{bytes("images", images), act("table", uniform(r, sz(n_pos * C))),
+                               act("cls", uniform(r, sz(C))), act("x", uniform(r, sz(rows * C))),
+                               act("dx", uniform(r, sz(rows * C))),
+                               f32("dtable", uniform(r, sz(n_pos * C))),
+                               f32("dcls", uniform(r, sz(C)))};
+  };
+  c.forward = [=](const Ops& o, const Args& a) {
+    o.vision_embed_forward(a.act("x"), a.act("table"), cls ? a.act("cls") : CAct(),
+                           a.as<PosImage>("images"), n, C, g0h, g0w);
+  };
+  c.backward = [=](const Ops& o, const Args& a) {
+    float* dtable = grads == EmbedGrads::all ? a.f32("dtable") : nullptr;
+    float* dcls = cls && grads != EmbedGrads::none ? a.f32("dcls") : nullptr;
+    o.vision_embed_backward(dtable, dcls, a.act("dx"), a.as<PosImage>("images"), n, C, g0h, g0w);
+  };
+  // Forward: 16 products summed in float in the same order everywhere; a device's fused
+  // multiply-adds move each partial sum by an ulp. Backward: each table cell adds its terms in
+  // the CPU's order on every backend; fused multiply-adds again, over up to ~16·patches/cells
+  // terms per cell (more at clamped edges).
+  const OpTol x_tol{{2e-6, 1e-5}, {2e-6, 0x1p-7 + 1e-5}, kHostPointwise, kStep};
+  const Tol d{1e-7 * std::sqrt(16.0 * double(patches)) + 1e-6, 1e-5};
+  c.checks = {{"x", x_tol}, {"dtable", {d, d, d, d}}, {"dcls", {d, d, d, d}}};
+  c.loss = [=](const Args& a) { return weighted(a, "x", "dx", sz(rows * C)); };
+  if (grads == EmbedGrads::all) c.grads.push_back({"table", "dtable", true, probes});
+  if (cls && grads != EmbedGrads::none) c.grads.push_back({"cls", "dcls", true, probes});
+  c.flops_forward = 32.0 * double(patches * C);
+  c.flops_backward = 32.0 * double(patches * C);
   return c;
 }
 
@@ -438,6 +534,17 @@ std::vector<OpCase> grad_cases() {
           rope(5, 2, 8, true, {}, {0, 0, 1, 3, 2}, {0, 1, 0, 4, 5}),
           swiglu(30, 3.0f),
           gelu(30, 4.0f),
+          gelu(30, 4.0f, GeluKind::Erf),
+          gelu(30, 4.0f, GeluKind::Quick),
+          layernorm(4, 8, 2.0f),
+          layernorm(3, 7, 0.5f, 3.0f, 1e-2f),
+          layernorm(3, 5, 1.0f, 0.0f, 1e-5f, true),
+          // Up, down, non-square, a side of 1, the pretrained size itself; with and without the
+          // class row; several images; frozen gradients.
+          vision_embed(3, 4, true, {{5, 7}, {2, 3}, {3, 4}}, 3),
+          vision_embed(4, 4, false, {{1, 6}, {9, 2}}, 5),
+          vision_embed(5, 3, true, {{1, 1}, {4, 8}}, 2, EmbedGrads::no_table),
+          vision_embed(2, 2, false, {{3, 5}, {2, 2}}, 1),
           cross_entropy(5, 7, 3.0f, {2, -1, 6, 0, -1}),
           embedding(7, 20, 6, {3, 1, -1, 3, 0, 5, 3}),
           patch_merge(2, {{1, 2}, {1, 1}}, 3, 100)};
@@ -456,7 +563,7 @@ std::vector<OpCase> device_cases() {
   }
   for (int64_t n : {1, 3, 1000, 4097, 100003, 300 * 2048}) {
     v.push_back(swiglu(n, 4.0f));
-    v.push_back(gelu(n, 4.0f));
+    for (GeluKind k : {GeluKind::Tanh, GeluKind::Erf, GeluKind::Quick}) v.push_back(gelu(n, 4.0f, k));
     v.push_back(swiglu(n, 4.0f, true));
   }
   for (auto [T, V] : {std::pair<int64_t, int64_t>{1, 2}, {17, 23}, {64, 1000}, {64, 32000},
@@ -496,7 +603,7 @@ std::vector<OpCase> emulated_cases() {
   // Around the block of 256 threads.
   for (int64_t n : {1, 3, 255, 256, 257, 1000, 4097, 37 * 1000}) {
     v.push_back(swiglu(n, 4.0f));
-    v.push_back(gelu(n, 4.0f));
+    for (GeluKind k : {GeluKind::Tanh, GeluKind::Erf, GeluKind::Quick}) v.push_back(gelu(n, 4.0f, k));
     v.push_back(swiglu(n, 4.0f, true));
   }
   // V = 1000, 2052, 512 and 4 take the vector path of the backward pass, the others the scalar.
@@ -526,7 +633,8 @@ std::vector<OpCase> perf_cases(const PerfShape& s) {
   std::vector<int32_t> pos(s.pos, s.pos + s.T);
   OpCase sw = swiglu(s.T * s.ffn, 1.0f);
   sw.shape = str(s.T) + "x" + str(s.ffn);
-  return {rmsnorm(s.T, s.d), rope(s.T, s.H, s.hd, false, pos), sw, cross_entropy(s.T, s.V)};
+  return {rmsnorm(s.T, s.d), layernorm(s.T, s.d), rope(s.T, s.H, s.hd, false, pos), sw,
+          cross_entropy(s.T, s.V)};
 }
 
 OpCase linear_case(int64_t T, int64_t in, int64_t out) { return linear(T, in, out, false); }
