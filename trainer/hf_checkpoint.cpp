@@ -228,34 +228,44 @@ Checkpoint open_checkpoint(const std::string& dir) {
   return ck;
 }
 
-// Why a config.json does not describe `cfg`'s decoder (or, with `tower`, its vision tower), or "".
+// Why a config.json does not describe `cfg`'s decoder (with `decoder`) and vision tower (with
+// `tower`), or "".
 std::string shape_difference(const ModelConfig& want, const ModelConfig& file, bool decoder, bool tower) {
   auto s = [](auto v) { return fmt::format("{}", v); };
+  auto arch = [](VisionArch a) {
+    for (const auto& [value, name] : kVisionArchNames)
+      if (value == a) return std::string(name);
+    return std::string("?");
+  };
   const auto& w = want.vision;
   const auto& f = file.vision;
-  const std::vector<std::pair<const char*, std::pair<std::string, std::string>>> keys = {
-      {"dim", {s(want.dim), s(file.dim)}},
-      {"layers", {s(want.layers), s(file.layers)}},
-      {"heads", {s(want.heads), s(file.heads)}},
-      {"kv_heads", {s(want.kv_heads), s(file.kv_heads)}},
-      {"head_dim", {s(want.hd()), s(file.hd())}},
-      {"ffn", {s(want.ffn), s(file.ffn)}},
-      {"rope_theta", {s(want.rope_theta), s(file.rope_theta)}},
-      {"rms_norm_eps", {s(want.rms_norm_eps), s(file.rms_norm_eps)}},
-      {"tie_embeddings", {s(want.tie_embeddings), s(file.tie_embeddings)}},
-      {"attention_bias", {s(want.attention_bias), s(file.attention_bias)}},
-      {"vision.arch", {s(int(w.arch)), s(int(f.arch))}},
-      {"vision.dim", {s(w.dim), s(f.dim)}},
-      {"vision.layers", {s(w.layers), s(f.layers)}},
-      {"vision.heads", {s(w.heads), s(f.heads)}},
-      {"vision.ffn", {s(w.ffn), s(f.ffn)}},
-      {"vision.patch", {s(w.patch), s(f.patch)}},
-      {"vision.image_size", {s(w.image_size), s(f.image_size)}},
+  struct Key {
+    bool of_tower;
+    const char* name;
+    std::string here, there;
   };
-  for (size_t k = decoder ? 0 : 10; k < (tower ? keys.size() : 10); ++k)
-    if (keys[k].second.first != keys[k].second.second)
-      return fmt::format("model.{} is {} here, {} in the checkpoint", keys[k].first, keys[k].second.first,
-                         keys[k].second.second);
+  const Key keys[] = {
+      {false, "dim", s(want.dim), s(file.dim)},
+      {false, "layers", s(want.layers), s(file.layers)},
+      {false, "heads", s(want.heads), s(file.heads)},
+      {false, "kv_heads", s(want.kv_heads), s(file.kv_heads)},
+      {false, "head_dim", s(want.hd()), s(file.hd())},
+      {false, "ffn", s(want.ffn), s(file.ffn)},
+      {false, "rope_theta", s(want.rope_theta), s(file.rope_theta)},
+      {false, "rms_norm_eps", s(want.rms_norm_eps), s(file.rms_norm_eps)},
+      {false, "tie_embeddings", s(want.tie_embeddings), s(file.tie_embeddings)},
+      {false, "attention_bias", s(want.attention_bias), s(file.attention_bias)},
+      {true, "vision.arch", arch(w.arch), arch(f.arch)},
+      {true, "vision.dim", s(w.dim), s(f.dim)},
+      {true, "vision.layers", s(w.layers), s(f.layers)},
+      {true, "vision.heads", s(w.heads), s(f.heads)},
+      {true, "vision.ffn", s(w.ffn), s(f.ffn)},
+      {true, "vision.patch", s(w.patch), s(f.patch)},
+      {true, "vision.image_size", s(w.image_size), s(f.image_size)},
+  };
+  for (const Key& k : keys)
+    if ((k.of_tower ? tower : decoder) && k.here != k.there)
+      return fmt::format("model.{} is {} here, {} in the checkpoint", k.name, k.here, k.there);
   return "";
 }
 
@@ -278,6 +288,13 @@ bool holds_prefix(const Checkpoint& ck, const std::string& prefix) {
 std::vector<Source> plan_sources(const std::string& dir, const ModelConfig& cfg) {
   std::vector<Source> out;
   bool need_tower = cfg.vision.pretrained() && !cfg.vision.init.empty();
+  if (need_tower) {
+    // The tower's shape comes from model.vision.init whether its tensors do or not.
+    ModelConfig file = cfg;
+    file.vision = read_hf_tower_config(cfg.vision.init, cfg.vision);
+    const std::string diff = shape_difference(cfg, file, false, true);
+    DHP_CHECK(diff.empty(), "'{}/config.json' describes another vision tower: {}", cfg.vision.init, diff);
+  }
   if (!dir.empty()) {
     const HfConfig file = read_hf_config(dir, cfg, 0, cfg.vocab_size);
     DHP_CHECK(file.kind != HfKind::Tower, "'{}' is a vision tower ({}); it starts model.vision.init, not "
@@ -324,10 +341,6 @@ std::vector<Source> plan_sources(const std::string& dir, const ModelConfig& cfg)
   }
   if (need_tower) {
     const std::string& vdir = cfg.vision.init;
-    ModelConfig file = cfg;
-    file.vision = read_hf_tower_config(vdir, cfg.vision);
-    const std::string diff = shape_difference(cfg, file, false, true);
-    DHP_CHECK(diff.empty(), "'{}/config.json' describes another vision tower: {}", vdir, diff);
     Source s;
     s.dir = vdir;
     s.layout = HfLayout::Tower;
