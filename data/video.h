@@ -66,8 +66,9 @@ std::vector<int64_t> sample_frames(int64_t frames, double fps, const VideoRules&
 //   b = clamp(rules.max_pixels / n, vision.min_pixels, vision.max_pixels),
 // so a long clip gets smaller frames; the result is a fixed point of the plain resize rule
 // (resized_size(result, vision) == result), so a frame stored at this size by `dhp data
-// build` counts the same tokens as an image of that size. Throws dhp::Error when the vision
-// settings admit no such size.
+// build` counts the same tokens as an image of that size. Under resize = pad_square the
+// frame keeps its source size: prepare_image pads and resizes it to image_size like any
+// image. Throws dhp::Error when the vision settings admit no such size.
 ImageSize frame_size(ImageSize source, int64_t n, const ImageGeometry& vision,
                      const VideoRules& rules);
 

@@ -138,6 +138,15 @@ TEST(VideoSampling, PixelBudgetShrinksLongClipsAndKeepsTheResizeRule) {
       EXPECT_TRUE(again.h == s.h && again.w == s.w) << n << " " << in.h << "x" << in.w;
       EXPECT_GE(int64_t(s.h) * s.w, lt.min_pixels);
     }
+  // pad_square: a frame is padded and resized as an image is, from its own size, whatever
+  // the budget.
+  ImageGeometry pad = lt;
+  pad.resize = ImageFit::pad_square;
+  pad.image_size = 64;
+  const ImageSize kept = frame_size(src, 32, pad, r);
+  EXPECT_EQ(kept.h, src.h);
+  EXPECT_EQ(kept.w, src.w);
+  EXPECT_EQ(resized_size(kept.h, kept.w, pad).h, 64);
 }
 
 TEST_F(VideoTest, ContainerProbeAndSeekingAgreeWithDecodingForward) {

@@ -177,4 +177,27 @@ TEST(PlanCli, ProfilingPassFitsCoefficientsThePlannerUses) {
   EXPECT_EQ(r.status, 0) << r.output;
 }
 
+// A clip tower is profiled as it trains: its class rows, the layers up to feature_layer, and
+// the fit prices it (parallel/cost_model.h).
+TEST(PlanCli, ProfilingPassTimesAClipTower) {
+  const fs::path cfg = scratch("clip.toml"), out = scratch("clip_profile.json");
+  std::ofstream(cfg) << "[model]\ndim = 32\nlayers = 1\nheads = 2\nkv_heads = 1\nffn = 64\n"
+                        "[model.vision]\narch = \"clip\"\npatch = 8\nimage_size = 32\ndim = 32\n"
+                        "layers = 3\nheads = 2\nffn = 64\nfeature_layer = -2\n";
+  const std::string cmd = std::string("timeout 300 ") + DHP_BINARY + " profile --quick --repeats 1 --config " +
+                          cfg.string() + " --out " + out.string() + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string text;
+  std::array<char, 4096> buf{};
+  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) text.append(buf.data(), n);
+  const int st = pclose(p);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << text;
+  EXPECT_NE(text.find("vision clip 32 x 3 layers (2 run)"), std::string::npos) << text;
+  std::ifstream in(out);
+  const std::string json((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(json.find("\"vision_arch\": \"clip\""), std::string::npos) << json;
+  EXPECT_NE(json.find("error_fit"), std::string::npos) << json;
+}
+
 }  // namespace
