@@ -204,8 +204,9 @@ void add_export_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--dir", *dir, "Where 'auto' looks")->capture_default_str();
   sub->add_option("--format", *format,
-                  "safetensors: every tensor under dhp's names, one file; hf: the decoder as a "
-                  "Hugging Face folder (docs/pretrained.md)")
+                  "safetensors: every tensor under dhp's names, one file; hf: a Hugging Face folder, "
+                  "the decoder (LLaVA-1.5 in llava-hf's layout with a clip or siglip tower; "
+                  "docs/pretrained.md)")
       ->check(CLI::IsMember({"safetensors", "hf"}))
       ->capture_default_str();
   sub->add_option("-o,--out", *out,
@@ -250,8 +251,10 @@ void add_export_command(CLI::App& app) {
                      "files (pass --data.tokenizer=PATH)", m.cfg.data.tokenizer);
       }
       export_hf_checkpoint(*m.model, o);
-      spdlog::info("exported the decoder of {} to {} as {} ({} tensors)", path, o.dir, o.dtype,
-                   hf_name_map(m.cfg.model).size());
+      const bool llava = m.cfg.model.vision.pretrained();
+      spdlog::info("exported {} of {} to {} as {} ({} tensors)",
+                   llava ? "the LLaVA model (llava-hf layout)" : "the decoder", path, o.dir, o.dtype,
+                   hf_name_map(m.cfg.model, llava ? HfLayout::LlavaHf : HfLayout::Decoder).size());
       return;
     }
     const std::string config_path = (std::filesystem::path(*out).parent_path() / "config.json").string();

@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "core/files.h"
 #include "core/input.h"
+#include "core/log.h"
 #include "core/text.h"
 #include "data/tokenizer.h"
 #include "trainer/safetensors.h"
@@ -23,102 +24,136 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// The name map (docs/pretrained.md): Hugging Face's names on the left, model-spec.md's on the
-// right; "{i}" is a decoder layer. Both import and export read this table and nothing else.
-// HF Llama's q_proj/k_proj rows are already in the half-split RoPE order model-spec.md uses
-// (rotate_half), so no tensor needs a permutation; only the vocabulary rows may grow.
+// The name map (docs/pretrained.md): Hugging Face's names on the left, relative to the part of
+// the model they belong to (a layout puts each part under its own prefix), model-spec.md's and
+// the tower table's on the right; "{i}" is a decoder or tower layer. Both import and export
+// read this table and nothing else. HF Llama's q_proj/k_proj rows are already in the
+// half-split RoPE order model-spec.md uses (rotate_half), so no decoder tensor needs a
+// permutation; the vocabulary rows may grow, and the tower's conv patch embedding is permuted
+// to dhp's (ky, kx, c) patch rows.
+enum class HfPart : uint8_t { Decoder, LmHead, Vision, Projector1, Projector2 };
 struct HfPattern {
+  HfPart part;
   const char* hf;
   const char* dhp;
   HfTransform transform;
 };
+constexpr HfTransform kCopy = HfTransform::None;
 constexpr HfPattern kNameMap[] = {
-    {"model.embed_tokens.weight", "tok_embed.weight", HfTransform::VocabRows},
-    {"model.layers.{i}.input_layernorm.weight", "layers.{i}.attn_norm.weight", HfTransform::None},
-    {"model.layers.{i}.self_attn.q_proj.weight", "layers.{i}.attn.wq.weight", HfTransform::None},
-    {"model.layers.{i}.self_attn.k_proj.weight", "layers.{i}.attn.wk.weight", HfTransform::None},
-    {"model.layers.{i}.self_attn.v_proj.weight", "layers.{i}.attn.wv.weight", HfTransform::None},
-    {"model.layers.{i}.self_attn.q_proj.bias", "layers.{i}.attn.wq.bias", HfTransform::None},
-    {"model.layers.{i}.self_attn.k_proj.bias", "layers.{i}.attn.wk.bias", HfTransform::None},
-    {"model.layers.{i}.self_attn.v_proj.bias", "layers.{i}.attn.wv.bias", HfTransform::None},
-    {"model.layers.{i}.self_attn.o_proj.weight", "layers.{i}.attn.wo.weight", HfTransform::None},
-    {"model.layers.{i}.post_attention_layernorm.weight", "layers.{i}.mlp_norm.weight", HfTransform::None},
-    {"model.layers.{i}.mlp.gate_proj.weight", "layers.{i}.mlp.w1.weight", HfTransform::None},
-    {"model.layers.{i}.mlp.down_proj.weight", "layers.{i}.mlp.w2.weight", HfTransform::None},
-    {"model.layers.{i}.mlp.up_proj.weight", "layers.{i}.mlp.w3.weight", HfTransform::None},
-    {"model.norm.weight", "final_norm.weight", HfTransform::None},
-    {"lm_head.weight", "lm_head.weight", HfTransform::VocabRows},
+    {HfPart::Decoder, "embed_tokens.weight", "tok_embed.weight", HfTransform::VocabRows},
+    {HfPart::Decoder, "layers.{i}.input_layernorm.weight", "layers.{i}.attn_norm.weight", kCopy},
+    {HfPart::Decoder, "layers.{i}.self_attn.q_proj.weight", "layers.{i}.attn.wq.weight", kCopy},
+    {HfPart::Decoder, "layers.{i}.self_attn.k_proj.weight", "layers.{i}.attn.wk.weight", kCopy},
+    {HfPart::Decoder, "layers.{i}.self_attn.v_proj.weight", "layers.{i}.attn.wv.weight", kCopy},
+    {HfPart::Decoder, "layers.{i}.self_attn.q_proj.bias", "layers.{i}.attn.wq.bias", kCopy},
+    {HfPart::Decoder, "layers.{i}.self_attn.k_proj.bias", "layers.{i}.attn.wk.bias", kCopy},
+    {HfPart::Decoder, "layers.{i}.self_attn.v_proj.bias", "layers.{i}.attn.wv.bias", kCopy},
+    {HfPart::Decoder, "layers.{i}.self_attn.o_proj.weight", "layers.{i}.attn.wo.weight", kCopy},
+    {HfPart::Decoder, "layers.{i}.post_attention_layernorm.weight", "layers.{i}.mlp_norm.weight", kCopy},
+    {HfPart::Decoder, "layers.{i}.mlp.gate_proj.weight", "layers.{i}.mlp.w1.weight", kCopy},
+    {HfPart::Decoder, "layers.{i}.mlp.down_proj.weight", "layers.{i}.mlp.w2.weight", kCopy},
+    {HfPart::Decoder, "layers.{i}.mlp.up_proj.weight", "layers.{i}.mlp.w3.weight", kCopy},
+    {HfPart::Decoder, "norm.weight", "final_norm.weight", kCopy},
+    {HfPart::LmHead, "", "lm_head.weight", HfTransform::VocabRows},
+    // CLIPVisionTransformer / SiglipVisionTransformer, under "vision_model.".
+    {HfPart::Vision, "embeddings.patch_embedding.weight", "vision.patch_embed.weight", HfTransform::ConvPatch},
+    {HfPart::Vision, "embeddings.patch_embedding.bias", "vision.patch_embed.bias", kCopy},  // SigLIP
+    {HfPart::Vision, "embeddings.class_embedding", "vision.class_embed", kCopy},             // CLIP
+    {HfPart::Vision, "embeddings.position_embedding.weight", "vision.pos_embed.weight", kCopy},
+    {HfPart::Vision, "pre_layrnorm.weight", "vision.pre_norm.weight", kCopy},                // CLIP
+    {HfPart::Vision, "pre_layrnorm.bias", "vision.pre_norm.bias", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.layer_norm1.weight", "vision.layers.{i}.attn_norm.weight", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.layer_norm1.bias", "vision.layers.{i}.attn_norm.bias", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.self_attn.q_proj.weight", "vision.layers.{i}.attn.wq.weight", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.self_attn.q_proj.bias", "vision.layers.{i}.attn.wq.bias", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.self_attn.k_proj.weight", "vision.layers.{i}.attn.wk.weight", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.self_attn.k_proj.bias", "vision.layers.{i}.attn.wk.bias", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.self_attn.v_proj.weight", "vision.layers.{i}.attn.wv.weight", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.self_attn.v_proj.bias", "vision.layers.{i}.attn.wv.bias", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.self_attn.out_proj.weight", "vision.layers.{i}.attn.wo.weight", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.self_attn.out_proj.bias", "vision.layers.{i}.attn.wo.bias", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.layer_norm2.weight", "vision.layers.{i}.mlp_norm.weight", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.layer_norm2.bias", "vision.layers.{i}.mlp_norm.bias", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.mlp.fc1.weight", "vision.layers.{i}.mlp.fc1.weight", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.mlp.fc1.bias", "vision.layers.{i}.mlp.fc1.bias", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.mlp.fc2.weight", "vision.layers.{i}.mlp.fc2.weight", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.mlp.fc2.bias", "vision.layers.{i}.mlp.fc2.bias", kCopy},
+    // LLaVA's mlp2x_gelu: Linear, GELU, Linear.
+    {HfPart::Projector1, "weight", "projector.fc1.weight", kCopy},
+    {HfPart::Projector1, "bias", "projector.fc1.bias", kCopy},
+    {HfPart::Projector2, "weight", "projector.fc2.weight", kCopy},
+    {HfPart::Projector2, "bias", "projector.fc2.bias", kCopy},
 };
 
-// Tensors some checkpoints carry that hold nothing dhp needs: RoPE's inverse frequencies are a
-// function of rope_theta and head_dim (older transformers versions saved them as buffers).
-bool ignored(const std::string& hf_name) {
-  const std::string suffix = "rotary_emb.inv_freq";
-  return hf_name.size() >= suffix.size() &&
-         hf_name.compare(hf_name.size() - suffix.size(), suffix.size(), suffix) == 0;
+// Where each layout keeps each part (nullptr: not in such a folder).
+struct LayoutNames {
+  HfLayout layout;
+  const char* name;
+  const char* decoder;    // prefix of the decoder's tensors
+  const char* lm_head;    // the output layer's full name
+  const char* vision;     // prefix of the tower's tensors
+  const char* projector1;
+  const char* projector2;
+};
+constexpr LayoutNames kLayouts[] = {
+    {HfLayout::Decoder, "Llama", "model.", "lm_head.weight", nullptr, nullptr, nullptr},
+    {HfLayout::Tower, "vision tower", nullptr, nullptr, "vision_model.", nullptr, nullptr},
+    {HfLayout::LlavaOriginal, "original LLaVA", "model.", "lm_head.weight",
+     "model.vision_tower.vision_tower.vision_model.", "model.mm_projector.0.", "model.mm_projector.2."},
+    {HfLayout::LlavaHf, "llava-hf", "language_model.model.", "language_model.lm_head.weight",
+     "vision_tower.vision_model.", "multi_modal_projector.linear_1.", "multi_modal_projector.linear_2."},
+    {HfLayout::LlavaNew, "llava (transformers >= 4.52)", "model.language_model.", "lm_head.weight",
+     "model.vision_tower.vision_model.", "model.multi_modal_projector.linear_1.",
+     "model.multi_modal_projector.linear_2."},
+};
+
+const LayoutNames& names_of(HfLayout layout) {
+  for (const auto& l : kLayouts)
+    if (l.layout == layout) return l;
+  throw Error("unknown Hugging Face layout");
+}
+
+const char* prefix_of(const LayoutNames& l, HfPart part) {
+  switch (part) {
+    case HfPart::Decoder: return l.decoder;
+    case HfPart::LmHead: return l.lm_head;
+    case HfPart::Vision: return l.vision;
+    case HfPart::Projector1: return l.projector1;
+    case HfPart::Projector2: return l.projector2;
+  }
+  return nullptr;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+// Tensors some folders carry that hold nothing dhp's model uses, each with the reason the log
+// gives; "" when `name` is not one of them.
+std::string ignored_because(const std::string& name, const LayoutNames& l) {
+  if (ends_with(name, "rotary_emb.inv_freq"))
+    return "RoPE's inverse frequencies (older transformers saved them; they follow from rope_theta)";
+  if (ends_with(name, "embeddings.position_ids")) return "position_ids buffers (0, 1, 2, ...)";
+  if (l.vision) {
+    const std::string v = l.vision;
+    if (starts_with(name, v + "post_layernorm."))
+      return "the tower's post_layernorm (LLaVA's features are taken before it)";
+    if (starts_with(name, v + "head.")) return "SigLIP's attention-pooling head (LLaVA reads every patch)";
+  }
+  if (l.layout == HfLayout::Tower) {
+    if (starts_with(name, "text_model.")) return "the dual encoder's text tower";
+    if (starts_with(name, "visual_projection.") || starts_with(name, "text_projection.") ||
+        name == "logit_scale" || name == "logit_bias")
+      return "the dual encoder's embedding projections and logit scale";
+  }
+  return "";
 }
 
 std::string with_layer(std::string pattern, int i) {
   const auto at = pattern.find("{i}");
   if (at != std::string::npos) pattern.replace(at, 3, std::to_string(i));
   return pattern;
-}
-
-const char* const kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
-
-// config.json read with every value's type checked, errors naming the key and the file.
-class ConfigJson {
- public:
-  explicit ConfigJson(const std::string& dir) : path_((fs::path(dir) / "config.json").string()) {
-    const InputFile in("Hugging Face config", path_);
-    const std::string text = in.read_all(int64_t(16) << 20, "16 MiB");
-    j_ = json::parse(text, nullptr, false);
-    DHP_CHECK(!j_.is_discarded() && j_.is_object(), "'{}' is not a JSON object", path_);
-  }
-  const std::string& path() const { return path_; }
-  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
-  int64_t integer(const char* key, int64_t lo, int64_t hi) const {
-    DHP_CHECK(has(key), "'{}' has no \"{}\"", path_, key);
-    DHP_CHECK(j_[key].is_number_integer(), "'{}': \"{}\" is not an integer", path_, key);
-    const int64_t v = j_[key].get<int64_t>();
-    DHP_CHECK(v >= lo && v <= hi, "'{}': \"{}\" = {} is out of range [{}, {}]", path_, key, v, lo, hi);
-    return v;
-  }
-  double number(const char* key, double lo, double hi) const {
-    DHP_CHECK(has(key), "'{}' has no \"{}\"", path_, key);
-    DHP_CHECK(j_[key].is_number(), "'{}': \"{}\" is not a number", path_, key);
-    const double v = j_[key].get<double>();
-    DHP_CHECK(v >= lo && v <= hi, "'{}': \"{}\" = {} is out of range [{}, {}]", path_, key, v, lo, hi);
-    return v;
-  }
-  bool boolean(const char* key, bool fallback) const {
-    if (!has(key)) return fallback;
-    DHP_CHECK(j_[key].is_boolean(), "'{}': \"{}\" is not true or false", path_, key);
-    return j_[key].get<bool>();
-  }
-  std::string string(const char* key) const {
-    if (!has(key)) return "";
-    DHP_CHECK(j_[key].is_string(), "'{}': \"{}\" is not a string", path_, key);
-    return j_[key].get<std::string>();
-  }
-  const json& raw() const { return j_; }
-
- private:
-  std::string path_;
-  json j_;
-};
-
-std::string architecture_of(const ConfigJson& c) {
-  const json& j = c.raw();
-  DHP_CHECK(c.has("architectures") && j["architectures"].is_array() && j["architectures"].size() == 1 &&
-                j["architectures"][0].is_string(),
-            "'{}': \"architectures\" must list one model class ({})", c.path(),
-            fmt::join(kArchitectures, ", "));
-  const std::string a = j["architectures"][0].get<std::string>();
-  DHP_CHECK(std::find(std::begin(kArchitectures), std::end(kArchitectures), a) != std::end(kArchitectures),
-            "'{}': \"architectures\" is {}; dhp reads {}", c.path(), printable(a),
-            fmt::join(kArchitectures, ", "));
-  return a;
 }
 
 // One safetensors file of a checkpoint, open and with its header checked.
@@ -193,34 +228,156 @@ Checkpoint open_checkpoint(const std::string& dir) {
   return ck;
 }
 
-// Why a config.json does not describe `cfg`'s decoder, or "".
-std::string shape_difference(const ModelConfig& want, const ModelConfig& file) {
-  const std::pair<const char*, std::pair<std::string, std::string>> keys[] = {
-      {"dim", {fmt::format("{}", want.dim), fmt::format("{}", file.dim)}},
-      {"layers", {fmt::format("{}", want.layers), fmt::format("{}", file.layers)}},
-      {"heads", {fmt::format("{}", want.heads), fmt::format("{}", file.heads)}},
-      {"kv_heads", {fmt::format("{}", want.kv_heads), fmt::format("{}", file.kv_heads)}},
-      {"head_dim", {fmt::format("{}", want.hd()), fmt::format("{}", file.hd())}},
-      {"ffn", {fmt::format("{}", want.ffn), fmt::format("{}", file.ffn)}},
-      {"rope_theta", {fmt::format("{}", want.rope_theta), fmt::format("{}", file.rope_theta)}},
-      {"rms_norm_eps", {fmt::format("{}", want.rms_norm_eps), fmt::format("{}", file.rms_norm_eps)}},
-      {"tie_embeddings", {fmt::format("{}", want.tie_embeddings), fmt::format("{}", file.tie_embeddings)}},
-      {"attention_bias", {fmt::format("{}", want.attention_bias), fmt::format("{}", file.attention_bias)}},
+// Why a config.json does not describe `cfg`'s decoder (with `decoder`) and vision tower (with
+// `tower`), or "".
+std::string shape_difference(const ModelConfig& want, const ModelConfig& file, bool decoder, bool tower) {
+  auto s = [](auto v) { return fmt::format("{}", v); };
+  auto arch = [](VisionArch a) {
+    for (const auto& [value, name] : kVisionArchNames)
+      if (value == a) return std::string(name);
+    return std::string("?");
   };
-  for (const auto& [key, v] : keys)
-    if (v.first != v.second) return fmt::format("model.{} is {} here, {} in the checkpoint", key, v.first, v.second);
+  const auto& w = want.vision;
+  const auto& f = file.vision;
+  struct Key {
+    bool of_tower;
+    const char* name;
+    std::string here, there;
+  };
+  const Key keys[] = {
+      {false, "dim", s(want.dim), s(file.dim)},
+      {false, "layers", s(want.layers), s(file.layers)},
+      {false, "heads", s(want.heads), s(file.heads)},
+      {false, "kv_heads", s(want.kv_heads), s(file.kv_heads)},
+      {false, "head_dim", s(want.hd()), s(file.hd())},
+      {false, "ffn", s(want.ffn), s(file.ffn)},
+      {false, "rope_theta", s(want.rope_theta), s(file.rope_theta)},
+      {false, "rms_norm_eps", s(want.rms_norm_eps), s(file.rms_norm_eps)},
+      {false, "tie_embeddings", s(want.tie_embeddings), s(file.tie_embeddings)},
+      {false, "attention_bias", s(want.attention_bias), s(file.attention_bias)},
+      {true, "vision.arch", arch(w.arch), arch(f.arch)},
+      {true, "vision.dim", s(w.dim), s(f.dim)},
+      {true, "vision.layers", s(w.layers), s(f.layers)},
+      {true, "vision.heads", s(w.heads), s(f.heads)},
+      {true, "vision.ffn", s(w.ffn), s(f.ffn)},
+      {true, "vision.patch", s(w.patch), s(f.patch)},
+      {true, "vision.image_size", s(w.image_size), s(f.image_size)},
+  };
+  for (const Key& k : keys)
+    if ((k.of_tower ? tower : decoder) && k.here != k.there)
+      return fmt::format("model.{} is {} here, {} in the checkpoint", k.name, k.here, k.there);
   return "";
+}
+
+// One folder an import reads: its layout, the tensors it provides and where they lie.
+struct Source {
+  std::string dir;
+  HfLayout layout = HfLayout::Decoder;
+  int file_vocab = 0;  // the decoder's rows in the file (config.json's vocab_size)
+  std::vector<HfBinding> map;
+  Checkpoint ck;
+};
+
+bool holds_prefix(const Checkpoint& ck, const std::string& prefix) {
+  const auto it = ck.tensors.lower_bound(prefix);
+  return it != ck.tensors.end() && starts_with(it->first, prefix);
+}
+
+// The folders of an import: `dir` (decoder or LLaVA) and, where the model needs a tower from
+// elsewhere, cfg.vision.init. Config checks first, then the layout by tensor names.
+std::vector<Source> plan_sources(const std::string& dir, const ModelConfig& cfg) {
+  std::vector<Source> out;
+  bool need_tower = cfg.vision.pretrained() && !cfg.vision.init.empty();
+  if (need_tower) {
+    // The tower's shape comes from model.vision.init whether its tensors do or not.
+    ModelConfig file = cfg;
+    file.vision = read_hf_tower_config(cfg.vision.init, cfg.vision);
+    const std::string diff = shape_difference(cfg, file, false, true);
+    DHP_CHECK(diff.empty(), "'{}/config.json' describes another vision tower: {}", cfg.vision.init, diff);
+  }
+  if (!dir.empty()) {
+    const HfConfig file = read_hf_config(dir, cfg, 0, cfg.vocab_size);
+    DHP_CHECK(file.kind != HfKind::Tower, "'{}' is a vision tower ({}); it starts model.vision.init, not "
+              "the language model", dir, file.architecture);
+    const bool llava_tower = file.kind == HfKind::Llava && !file.original_llava;
+    const std::string diff = shape_difference(cfg, file.model, true, llava_tower);
+    DHP_CHECK(diff.empty(), "'{}/config.json' describes another model: {}", dir, diff);
+    Source s;
+    s.dir = dir;
+    s.file_vocab = file.file_vocab;
+    s.ck = open_checkpoint(dir);
+    if (file.kind == HfKind::Decoder) {
+      s.layout = HfLayout::Decoder;
+    } else if (file.original_llava) {
+      s.layout = HfLayout::LlavaOriginal;
+    } else if (holds_prefix(s.ck, "model.language_model.")) {
+      s.layout = HfLayout::LlavaNew;
+    } else {
+      DHP_CHECK(holds_prefix(s.ck, "language_model.model."),
+                "'{}' is a LlavaForConditionalGeneration checkpoint whose tensors follow neither llava-hf's "
+                "names (language_model.model.*) nor those of transformers >= 4.52 (model.language_model.*)", dir);
+      s.layout = HfLayout::LlavaHf;
+    }
+    DHP_CHECK(s.layout == HfLayout::Decoder || cfg.vision.pretrained(),
+              "'{}' is a LLaVA checkpoint, but the model's tower is the native one (model.vision.arch = "
+              "\"native\"); start the run through model.init so that its config sets the tower", dir);
+    s.map = hf_name_map(cfg, s.layout);
+    if (s.layout == HfLayout::LlavaOriginal) {
+      // LLaVA's own checkpoints hold the tower only when it was trained; otherwise it is the
+      // tower folder's (model.vision.init).
+      if (!holds_prefix(s.ck, names_of(s.layout).vision)) {
+        DHP_CHECK(need_tower, "'{}' is an original LLaVA checkpoint without the vision tower's tensors; set "
+                  "model.vision.init to the tower's folder (e.g. a download of openai/clip-vit-large-patch14-336)",
+                  dir);
+        std::erase_if(s.map, [](const HfBinding& b) { return starts_with(b.dhp, "vision."); });
+      } else {
+        need_tower = false;  // model.vision.init gave the tower's shape; the tensors are LLaVA's
+      }
+    } else if (s.layout != HfLayout::Decoder) {
+      DHP_CHECK(!need_tower, "'{}' holds its own vision tower; model.vision.init '{}' would replace it",
+                dir, cfg.vision.init);
+    }
+    out.push_back(std::move(s));
+  }
+  if (need_tower) {
+    const std::string& vdir = cfg.vision.init;
+    Source s;
+    s.dir = vdir;
+    s.layout = HfLayout::Tower;
+    s.ck = open_checkpoint(vdir);
+    s.map = hf_name_map(cfg, s.layout);
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 }  // namespace
 
-std::vector<HfBinding> hf_name_map(const ModelConfig& cfg) {
+const char* hf_layout_name(HfLayout layout) { return names_of(layout).name; }
+
+void hf_permute_patch(float* dst, const float* src, int64_t rows, int64_t p, bool to_conv) {
+  for (int64_t o = 0; o < rows; ++o)
+    for (int64_t c = 0; c < 3; ++c)
+      for (int64_t k = 0; k < p * p; ++k) {
+        const int64_t conv = o * 3 * p * p + c * p * p + k, patch = o * 3 * p * p + k * 3 + c;
+        if (to_conv) dst[conv] = src[patch];
+        else dst[patch] = src[conv];
+      }
+}
+
+std::vector<HfBinding> hf_name_map(const ModelConfig& cfg, HfLayout layout) {
   const ParamTable table(cfg);
+  const LayoutNames& names = names_of(layout);
   std::map<std::string, HfBinding> by_dhp;
   for (const auto& p : kNameMap) {
+    const char* prefix = prefix_of(names, p.part);
+    if (!prefix) continue;
+    // The native tower shares dhp's layer names but has no Hugging Face counterpart.
+    if (p.part == HfPart::Vision && !cfg.vision.pretrained()) continue;
     const bool per_layer = std::string(p.hf).find("{i}") != std::string::npos;
-    for (int i = 0; i < (per_layer ? cfg.layers : 1); ++i) {
-      HfBinding b{with_layer(p.hf, i), with_layer(p.dhp, i), p.transform};
+    const int n = !per_layer ? 1 : p.part == HfPart::Vision ? cfg.vision.layers : cfg.layers;
+    for (int i = 0; i < n; ++i) {
+      HfBinding b{std::string(prefix) + with_layer(p.hf, i), with_layer(p.dhp, i), p.transform};
       if (table.find(b.dhp)) by_dhp[b.dhp] = std::move(b);
     }
   }
@@ -237,138 +394,82 @@ bool is_hf_folder(const std::string& path) {
   return !path.empty() && fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
 }
 
-HfConfig read_hf_config(const std::string& dir, const ModelConfig& base, int64_t max_tokens,
-                        int vocab_size) {
-  const ConfigJson c(dir);
-  const std::string& f = c.path();
-  HfConfig h;
-  h.architecture = architecture_of(c);
-  const bool qwen2 = h.architecture == "Qwen2ForCausalLM";
-  // Refused by name: each changes the computation in a way dhp does not implement.
-  DHP_CHECK(!c.has("rope_scaling"), "'{}': \"rope_scaling\" is set ({}); dhp implements plain RoPE only",
-            f, c.raw()["rope_scaling"].dump());
-  DHP_CHECK(!c.has("quantization_config"), "'{}': \"quantization_config\" is set; dhp reads unquantised "
-            "F32, F16 and BF16 weights only", f);
-  const std::string act = c.has("hidden_act") ? c.string("hidden_act") : "silu";
-  DHP_CHECK(act == "silu", "'{}': \"hidden_act\" is {}; dhp's MLP is SwiGLU with silu", f, printable(act));
-  DHP_CHECK(!c.boolean("mlp_bias", false), "'{}': \"mlp_bias\" is true; dhp's MLP has no biases", f);
-  // Qwen2's q/k/v always carry biases (and o_proj none); Llama's attention_bias adds one to
-  // o_proj as well, which dhp does not have.
-  DHP_CHECK(qwen2 || !c.boolean("attention_bias", false),
-            "'{}': \"attention_bias\" is true in a {} config, which biases o_proj too; dhp implements "
-            "q/k/v biases only (Qwen2ForCausalLM)", f, h.architecture);
-  // A sliding window at least as long as every sequence is the same as full attention.
-  const bool window_on = qwen2 ? c.boolean("use_sliding_window", false) : c.has("sliding_window");
-  if (window_on && max_tokens > 0) {
-    const int64_t w = c.integer("sliding_window", 1, int64_t(1) << 40);
-    DHP_CHECK(w >= max_tokens,
-              "'{}': \"sliding_window\" = {} is below the run's longest sequence (data.max_tokens = {}); "
-              "dhp implements full causal attention only (lower data.max_tokens to at most {})",
-              f, w, max_tokens, w);
-  }
-  ModelConfig m = base;
-  m.dim = int(c.integer("hidden_size", 1, 1 << 16));
-  m.ffn = int(c.integer("intermediate_size", 1, 1 << 20));
-  m.layers = int(c.integer("num_hidden_layers", 1, 1024));
-  m.heads = int(c.integer("num_attention_heads", 1, 1024));
-  m.kv_heads = c.has("num_key_value_heads") ? int(c.integer("num_key_value_heads", 1, 1024)) : m.heads;
-  m.head_dim = c.has("head_dim") ? int(c.integer("head_dim", 2, 4096)) : 0;
-  m.rms_norm_eps = c.has("rms_norm_eps") ? c.number("rms_norm_eps", 1e-12, 0.1) : 1e-6;
-  m.rope_theta = c.has("rope_theta") ? c.number("rope_theta", 1, 1e12) : 10000.0;
-  m.tie_embeddings = c.boolean("tie_word_embeddings", false);
-  m.attention_bias = qwen2;
-  h.file_vocab = int(c.integer("vocab_size", 8, 1 << 24));
-  DHP_CHECK(m.head_dim > 0 || m.dim % m.heads == 0,
-            "'{}': \"hidden_size\" ({}) is not divisible by \"num_attention_heads\" ({}) and there is no \"head_dim\"",
-            f, m.dim, m.heads);
-  DHP_CHECK(m.heads % m.kv_heads == 0, "'{}': \"num_attention_heads\" ({}) is not a multiple of \"num_key_value_heads\" ({})",
-            f, m.heads, m.kv_heads);
-  DHP_CHECK(m.hd() % 2 == 0, "'{}': the head dimension ({}, \"head_dim\") must be even for RoPE", f, m.hd());
-  DHP_CHECK(vocab_size == 0 || vocab_size >= h.file_vocab,
-            "'{}': the model's vocabulary ({} tokens) is smaller than the checkpoint's \"vocab_size\" ({}); "
-            "a vocabulary may grow (added tokens), never shrink", f, vocab_size, h.file_vocab);
-  m.vocab_size = vocab_size > 0 ? vocab_size : h.file_vocab;
-  h.model = m;
-  return h;
-}
-
-void apply_hf_init(Config& cfg) {
-  if (cfg.model.init.empty()) return;
-  DHP_CHECK(is_hf_folder(cfg.model.init),
-            "{}: model.init '{}' is not a Hugging Face checkpoint folder (a folder with config.json); "
-            "dhp's own exports and checkpoints start a run through --init", cfg.source,
-            printable(cfg.model.init));
-  HfConfig file = read_hf_config(cfg.model.init, cfg.model, cfg.data.max_tokens);
-  // Like every decoder key, the vocabulary is the file's, except that the tokenizer's added
-  // tokens (LLaVA's <image> and <pad> after Llama's 32000 pieces) need rows: it grows to the
-  // tokenizer's size rounded up to a multiple of 64, so a user never sizes it by hand. Applying
-  // this twice gives the same. A tokenizer not found here is the data loader's error to give.
-  int vocab = file.file_vocab;
-  std::error_code ec;
-  if (!cfg.data.tokenizer.empty() && std::filesystem::exists(cfg.data.tokenizer, ec)) {
-    const Tokenizer tok(cfg.data.tokenizer, cfg.data.added_tokens);
-    vocab = std::max(vocab, tok.padded_vocab_size(64));
-  }
-  file.model.vocab_size = vocab;
-  cfg.model = file.model;
-}
-
 HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const ParamTable& table,
                            Backend& backend, float* arena) {
-  const HfConfig file = read_hf_config(dir, cfg, 0, cfg.vocab_size);
-  const std::string diff = shape_difference(cfg, file.model);
-  DHP_CHECK(diff.empty(), "'{}/config.json' describes another decoder: {}", dir, diff);
-  const Checkpoint ck = open_checkpoint(dir);
-  const std::vector<HfBinding> map = hf_name_map(cfg);
-  std::set<std::string> mapped;
-  for (const auto& b : map) mapped.insert(b.hf);
-  for (const auto& [name, at] : ck.tensors) {
-    if (mapped.count(name) || ignored(name)) continue;
-    DHP_CHECK(!(name == "lm_head.weight" && cfg.tie_embeddings),
-              "'{}' holds lm_head.weight, but config.json says tie_word_embeddings = true", at.shard->path);
-    throw Error(fmt::format("'{}' holds tensor '{}', which the model does not have (the names dhp "
-                            "maps are in docs/pretrained.md)", at.shard->path, printable(name)));
-  }
-  // Every check before the first byte is written.
+  const std::vector<Source> sources = plan_sources(dir, cfg);
   HfImport r;
-  r.file_vocab = file.file_vocab;
-  for (const auto& b : map) {
-    const auto it = ck.tensors.find(b.hf);
-    DHP_CHECK(it != ck.tensors.end(), "'{}' has no tensor '{}' (dhp's {})", dir, b.hf, b.dhp);
-    const SafetensorsEntry& t = *it->second.entry;
-    std::vector<int64_t> want = table.get(b.dhp).shape;
-    if (b.transform == HfTransform::VocabRows) want[0] = file.file_vocab;
-    DHP_CHECK(t.shape == want, "'{}': tensor '{}' has shape [{}]; config.json implies [{}]",
-              it->second.shard->path, b.hf, fmt::join(t.shape, ", "), fmt::join(want, ", "));
-    DHP_CHECK(is_float_dtype(t.dtype), "'{}': tensor '{}' has dtype {}; F32, F16 and BF16 are supported",
-              it->second.shard->path, b.hf, t.dtype);
-    if (r.dtype.empty()) r.dtype = t.dtype;
+  std::map<std::string, int> ignored;
+  std::vector<std::string> reasons;  // in the order first met
+  // Every check before the first byte is written: names, shapes and dtypes of every folder.
+  for (const Source& src : sources) {
+    const LayoutNames& names = names_of(src.layout);
+    std::set<std::string> mapped;
+    for (const auto& b : src.map) mapped.insert(b.hf);
+    for (const auto& [name, at] : src.ck.tensors) {
+      if (mapped.count(name)) continue;
+      const std::string why = ignored_because(name, names);
+      if (!why.empty()) {
+        if (!ignored[why]++) reasons.push_back(why);
+        continue;
+      }
+      DHP_CHECK(!(name == names.lm_head && cfg.tie_embeddings),
+                "'{}' holds {}, but its config says tie_word_embeddings = true", at.shard->path, name);
+      throw Error(fmt::format("'{}' holds tensor '{}', which the model does not have (the names dhp "
+                              "maps are in docs/pretrained.md)", at.shard->path, printable(name)));
+    }
+    std::string dtype;
+    for (const auto& b : src.map) {
+      const auto it = src.ck.tensors.find(b.hf);
+      DHP_CHECK(it != src.ck.tensors.end(), "'{}' has no tensor '{}' (dhp's {})", src.dir, b.hf, b.dhp);
+      const SafetensorsEntry& t = *it->second.entry;
+      std::vector<int64_t> want = table.get(b.dhp).shape;
+      if (b.transform == HfTransform::VocabRows) want[0] = src.file_vocab;
+      if (b.transform == HfTransform::ConvPatch) want = {want[0], 3, cfg.vision.patch, cfg.vision.patch};
+      DHP_CHECK(t.shape == want, "'{}': tensor '{}' has shape [{}]; config.json implies [{}]",
+                it->second.shard->path, b.hf, fmt::join(t.shape, ", "), fmt::join(want, ", "));
+      DHP_CHECK(is_float_dtype(t.dtype), "'{}': tensor '{}' has dtype {}; F32, F16 and BF16 are supported",
+                it->second.shard->path, b.hf, t.dtype);
+      if (dtype.empty()) dtype = t.dtype;
+    }
+    if (r.dtype.empty()) r.dtype = dtype;
+    if (r.file_vocab == 0) r.file_vocab = src.file_vocab;
+    const char* what = src.layout == HfLayout::Decoder ? "decoder tensors"
+                       : src.layout == HfLayout::Tower ? "vision tower tensors"
+                                                       : "tensors of the decoder, vision tower and projector";
+    r.sources.push_back(fmt::format("{} {} ({}) from {} ({} layout)", src.map.size(), what, dtype, src.dir,
+                                    names.name));
   }
-  std::vector<std::unique_ptr<MappedFile>> maps;
-  std::map<const Shard*, const MappedFile*> map_of;
-  for (const auto& s : ck.shards) {
-    maps.push_back(std::make_unique<MappedFile>(*s->in, s->path));
-    map_of[s.get()] = maps.back().get();
-  }
-  auto source = [&](const Located& at) {
-    return map_of.at(at.shard)->data() + at.shard->header.data_start + at.entry->begin;
+  for (const auto& why : reasons) r.ignored.push_back({why, ignored[why]});
+
+  struct Mapped {
+    std::vector<std::unique_ptr<MappedFile>> files;
+    std::map<const Shard*, const MappedFile*> of;
   };
-  auto prefetch = [&](size_t i) {
-    if (i >= map.size()) return;
-    const Located& at = ck.tensors.at(map[i].hf);
-    const int64_t first_byte = at.shard->header.data_start + at.entry->begin;
-    map_of.at(at.shard)->prefetch(first_byte, first_byte + at.entry->end - at.entry->begin);
-  };
-  prefetch(0);
-  for (size_t i = 0; i < map.size(); ++i) {
-    const HfBinding& b = map[i];
-    prefetch(i + 1);
-    const Located& at = ck.tensors.at(b.hf);
-    const int64_t bad = first_non_finite(source(at), at.entry->dtype, at.entry->numel());
-    const int64_t first_byte = at.shard->header.data_start + at.entry->begin;
-    map_of.at(at.shard)->release(first_byte, first_byte + at.entry->end - at.entry->begin);
-    DHP_CHECK(bad < 0, "'{}': tensor '{}' holds a non-finite value (NaN or infinity) at element {}; "
-              "these weights are unusable", at.shard->path, b.hf, bad);
+  std::vector<Mapped> maps(sources.size());
+  for (size_t k = 0; k < sources.size(); ++k)
+    for (const auto& s : sources[k].ck.shards) {
+      maps[k].files.push_back(std::make_unique<MappedFile>(*s->in, s->path));
+      maps[k].of[s.get()] = maps[k].files.back().get();
+    }
+  for (size_t k = 0; k < sources.size(); ++k) {
+    const Source& src = sources[k];
+    auto prefetch = [&](size_t i) {
+      if (i >= src.map.size()) return;
+      const Located& at = src.ck.tensors.at(src.map[i].hf);
+      const int64_t first_byte = at.shard->header.data_start + at.entry->begin;
+      maps[k].of.at(at.shard)->prefetch(first_byte, first_byte + at.entry->end - at.entry->begin);
+    };
+    prefetch(0);
+    for (size_t i = 0; i < src.map.size(); ++i) {
+      prefetch(i + 1);
+      const Located& at = src.ck.tensors.at(src.map[i].hf);
+      const MappedFile& m = *maps[k].of.at(at.shard);
+      const int64_t first_byte = at.shard->header.data_start + at.entry->begin;
+      const int64_t bad = first_non_finite(m.data() + first_byte, at.entry->dtype, at.entry->numel());
+      m.release(first_byte, first_byte + at.entry->end - at.entry->begin);
+      DHP_CHECK(bad < 0, "'{}': tensor '{}' holds a non-finite value (NaN or infinity) at element {}; "
+                "these weights are unusable", at.shard->path, src.map[i].hf, bad);
+    }
   }
 
   // Converted a chunk at a time: the arena plus one chunk is all that is held, and each
@@ -376,41 +477,54 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
   // host memory: chunks are converted straight into it.
   constexpr int64_t kChunk = int64_t(1) << 22;  // floats (16 MiB)
   const bool host = backend.device() == Device::CPU;
-  std::vector<float> staged;
+  std::vector<float> staged, permuted;
   std::set<std::string> done;
-  for (const auto& b : map) {
-    const Located& at = ck.tensors.at(b.hf);
-    const ParamSpec& spec = table.get(b.dhp);
-    const MappedFile& m = *map_of.at(at.shard);
-    const int64_t n = at.entry->numel(), width = safetensors_dtype_width(at.entry->dtype);
-    const int64_t first_byte = at.shard->header.data_start + at.entry->begin;
-    const bool grow = b.transform == HfTransform::VocabRows && spec.shape[0] > at.entry->shape[0];
-    const int64_t d = spec.shape.size() == 2 ? spec.shape[1] : 1;
-    std::vector<double> column_sum(grow ? size_t(d) : 0, 0.0);  // (d)
-    for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-      const int64_t k = std::min(kChunk, n - i0);
-      if (!host) staged.resize(size_t(k));
-      float* dst = host ? arena + spec.offset + i0 : staged.data();
-      widen_to_f32(dst, m.data() + first_byte + i0 * width, at.entry->dtype, k);
-      if (grow)
-        for (int64_t i = 0; i < k; ++i) column_sum[size_t((i0 + i) % d)] += dst[i];
-      if (!host) backend.upload(arena + spec.offset + i0, dst, size_t(k) * sizeof(float));
-      m.release(first_byte + i0 * width, first_byte + (i0 + k) * width);
+  for (size_t k = 0; k < sources.size(); ++k)
+    for (const auto& b : sources[k].map) {
+      const Located& at = sources[k].ck.tensors.at(b.hf);
+      const ParamSpec& spec = table.get(b.dhp);
+      const MappedFile& m = *maps[k].of.at(at.shard);
+      const int64_t n = at.entry->numel(), width = safetensors_dtype_width(at.entry->dtype);
+      const int64_t first_byte = at.shard->header.data_start + at.entry->begin;
+      if (b.transform == HfTransform::ConvPatch) {
+        // Small (dv·p·p·3): converted whole, then permuted.
+        staged.resize(size_t(n));
+        permuted.resize(size_t(n));
+        widen_to_f32(staged.data(), m.data() + first_byte, at.entry->dtype, n);
+        hf_permute_patch(permuted.data(), staged.data(), spec.shape[0], cfg.vision.patch, false);
+        backend.upload(arena + spec.offset, permuted.data(), size_t(n) * sizeof(float));
+        m.release(first_byte, first_byte + n * width);
+        r.imported.push_back(b.dhp);
+        done.insert(b.dhp);
+        continue;
+      }
+      const bool grow = b.transform == HfTransform::VocabRows && spec.shape[0] > at.entry->shape[0];
+      const int64_t d = spec.shape.size() == 2 ? spec.shape[1] : 1;
+      std::vector<double> column_sum(grow ? size_t(d) : 0, 0.0);  // (d)
+      for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+        const int64_t c = std::min(kChunk, n - i0);
+        if (!host) staged.resize(size_t(c));
+        float* dst = host ? arena + spec.offset + i0 : staged.data();
+        widen_to_f32(dst, m.data() + first_byte + i0 * width, at.entry->dtype, c);
+        if (grow)
+          for (int64_t i = 0; i < c; ++i) column_sum[size_t((i0 + i) % d)] += dst[i];
+        if (!host) backend.upload(arena + spec.offset + i0, dst, size_t(c) * sizeof(float));
+        m.release(first_byte + i0 * width, first_byte + (i0 + c) * width);
+      }
+      if (grow) {
+        // New rows (added tokens) start at the mean of the file's rows: a token the model has
+        // never seen begins as the average token, so its logit starts near the others' and
+        // nothing it does moves the pretrained distribution far at the first steps.
+        const int64_t rows = at.entry->shape[0], extra = spec.shape[0] - rows;
+        std::vector<float> row(static_cast<size_t>(d));
+        for (int64_t c = 0; c < d; ++c) row[size_t(c)] = float(column_sum[size_t(c)] / double(rows));
+        for (int64_t rw = 0; rw < extra; ++rw)
+          backend.upload(arena + spec.offset + (rows + rw) * d, row.data(), size_t(d) * sizeof(float));
+        r.grown_rows = int(extra);
+      }
+      r.imported.push_back(b.dhp);
+      done.insert(b.dhp);
     }
-    if (grow) {
-      // New rows (added tokens) start at the mean of the file's rows: a token the model has
-      // never seen begins as the average token, so its logit starts near the others' and
-      // nothing it does moves the pretrained distribution far at the first steps.
-      const int64_t rows = at.entry->shape[0], extra = spec.shape[0] - rows;
-      std::vector<float> row(static_cast<size_t>(d));
-      for (int64_t c = 0; c < d; ++c) row[size_t(c)] = float(column_sum[size_t(c)] / double(rows));
-      for (int64_t rw = 0; rw < extra; ++rw)
-        backend.upload(arena + spec.offset + (rows + rw) * d, row.data(), size_t(d) * sizeof(float));
-      r.grown_rows = int(extra);
-    }
-    r.imported.push_back(b.dhp);
-    done.insert(b.dhp);
-  }
   for (const auto& s : table.specs())
     if (!done.count(s.name)) r.initialised.push_back(s.name);
   return r;
@@ -420,11 +534,26 @@ HfImport import_hf_checkpoint(const std::string& dir, Model& model) {
   return import_hf_weights(dir, model.config(), model.table(), model.backend(), model.params());
 }
 
+void log_hf_import(const HfImport& r, const ModelConfig& cfg) {
+  for (const auto& s : r.sources) spdlog::info("imported {}", s);
+  spdlog::info("imported tensors: {}", fmt::join(r.imported, ", "));
+  spdlog::info("kept their seeded initialisation ({} tensors not in the checkpoint): {}", r.initialised.size(),
+               fmt::join(r.initialised, ", "));
+  for (const auto& [why, n] : r.ignored) spdlog::info("ignored {} tensors the model does not use: {}", n, why);
+  if (r.grown_rows > 0)
+    spdlog::info("vocabulary grown from {} to {} rows; the new rows start at the mean of the checkpoint's rows",
+                 r.file_vocab, cfg.vocab_size);
+}
+
 std::string hf_checkpoint_dtype(const std::string& dir) {
   try {
     const Checkpoint ck = open_checkpoint(dir);
-    const auto it = ck.tensors.find("model.embed_tokens.weight");
-    return it == ck.tensors.end() ? "" : it->second.entry->dtype;
+    for (const char* name : {"model.embed_tokens.weight", "language_model.model.embed_tokens.weight",
+                             "model.language_model.embed_tokens.weight"}) {
+      const auto it = ck.tensors.find(name);
+      if (it != ck.tensors.end()) return it->second.entry->dtype;
+    }
+    return "";
   } catch (const Error&) {
     return "";
   }

@@ -1,8 +1,10 @@
-// Hugging Face Llama-family decoders read and written directly (docs/pretrained.md): a folder
-// with config.json and model.safetensors, or shards with model.safetensors.index.json, for
-// LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM. One declarative name map drives
-// both directions; the vision tower and projector are not in such a folder and keep their
-// seeded initialisation.
+// Hugging Face checkpoints read and written directly (docs/pretrained.md): a folder with
+// config.json and model.safetensors, or shards with model.safetensors.index.json, for
+// Llama-family decoders (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM), CLIP and
+// SigLIP vision towers (CLIPVisionModel, CLIPModel, SiglipVisionModel, SiglipModel) and
+// LLaVA-1.5 in its three naming generations. One declarative name map drives both directions.
+// model.init names a decoder or LLaVA folder, model.vision.init a tower folder (compose: the
+// projector keeps its seeded initialisation).
 #pragma once
 
 #include <cstdint>
@@ -22,7 +24,27 @@ enum class HfTransform {
   // (V, d) rows indexed by token id: the model may hold more rows than the file (added tokens);
   // the extra rows start at the mean of the file's rows.
   VocabRows,
+  // A conv patch embedding: (dv, 3, p, p) in the file, (dv, p·p·3) in (ky, kx, c) order in dhp
+  // (the order of a batch's patch rows), permuted on import and back on export.
+  ConvPatch,
 };
+
+// How a folder names its tensors (the model class that saved it).
+enum class HfLayout : uint8_t {
+  Decoder,        // LlamaForCausalLM & co: model.*, lm_head.weight
+  Tower,          // CLIP / SigLIP (vision or dual-encoder) models: vision_model.*
+  LlavaOriginal,  // haotian-liu/LLaVA LlavaLlamaForCausalLM: model.*, lm_head.weight,
+                  // model.mm_projector.{0,2}.*, model.vision_tower.vision_tower.vision_model.*
+  LlavaHf,        // llava-hf (transformers < 4.52): language_model.model.*,
+                  // language_model.lm_head.weight, vision_tower.vision_model.*,
+                  // multi_modal_projector.linear_{1,2}.*
+  LlavaNew,       // transformers >= 4.52: model.language_model.*, lm_head.weight,
+                  // model.vision_tower.vision_model.*, model.multi_modal_projector.*
+};
+const char* hf_layout_name(HfLayout layout);
+// A conv patch embedding (rows, 3, p, p) to dhp's (rows, p·p·3) in (ky, kx, c) order, or back
+// with to_conv (HfTransform::ConvPatch).
+void hf_permute_patch(float* dst, const float* src, int64_t rows, int64_t p, bool to_conv);
 
 // One row of the name map, expanded for a model's layers.
 struct HfBinding {
@@ -31,53 +53,84 @@ struct HfBinding {
   HfTransform transform = HfTransform::None;
 };
 
-// Every decoder tensor of `cfg` with its Hugging Face name, in the order of the parameter
-// table (lm_head absent when tied, q/k/v biases only with attention_bias).
-std::vector<HfBinding> hf_name_map(const ModelConfig& cfg);
+// Every tensor of `cfg` a folder of `layout` holds, with its name there, in the order of the
+// parameter table: the decoder's (lm_head absent when tied, q/k/v biases only with
+// attention_bias) for Decoder and the LLaVA layouts; the tower's (clip / siglip towers only)
+// for Tower and the LLaVA layouts; the projector's for the LLaVA layouts.
+std::vector<HfBinding> hf_name_map(const ModelConfig& cfg, HfLayout layout = HfLayout::Decoder);
 
 // True when `path` is a folder holding a config.json (a Hugging Face checkpoint).
 bool is_hf_folder(const std::string& path);
 
+// What a folder is, from its config.json.
+enum class HfKind : uint8_t { Decoder, Tower, Llava };
+
 struct HfConfig {
-  ModelConfig model;          // `base` with the decoder's keys from config.json
-  std::string architecture;   // "LlamaForCausalLM", "MistralForCausalLM" or "Qwen2ForCausalLM"
-  int file_vocab = 0;         // config.json's vocab_size: the rows the file holds
+  ModelConfig model;          // `base` with the folder's keys (below)
+  HfKind kind = HfKind::Decoder;
+  std::string architecture;   // "LlamaForCausalLM", "LlavaForConditionalGeneration", ...
+  int file_vocab = 0;         // the decoder's vocab_size: the rows the file holds
+  bool original_llava = false;  // LlavaLlamaForCausalLM: the tower's shape is not in the folder
 };
 
-// Reads DIR/config.json over `base`: the decoder's shape from the file, the vision keys from
-// `base`. The model's vocab_size becomes `vocab_size` (the tokenizer's, added tokens included;
-// 0 = the file's); one smaller than the file's is an error. Keys dhp does not implement are
-// refused by name: rope_scaling, a sliding_window below `max_tokens` (the run's longest
-// sequence; 0 = not checked), an activation other than silu, mlp_bias, attention_bias in a
-// Llama config (it biases o_proj too), quantization_config, another architecture.
+// Reads DIR/config.json over `base`. A decoder folder sets the decoder's shape and keeps the
+// vision keys of `base`; a LLaVA folder sets the decoder's shape (its text_config, or the
+// top-level Llama keys of the original layout) and, when its config holds the tower's
+// (vision_config), the tower's shape and LLaVA's settings (feature layer, projector
+// activation, merge 1, pad_square for image_aspect_ratio "pad", the pixel constants of its
+// preprocessor_config.json). Keys a nested config leaves out take transformers' defaults of
+// that config class (llava-hf saves only the keys that differ). The model's vocab_size becomes
+// `vocab_size` (the tokenizer's, added tokens included; 0 = the file's); one smaller than the
+// file's is an error. Keys dhp does not implement are refused by name: rope_scaling, a
+// sliding_window below `max_tokens` (the run's longest sequence; 0 = not checked), an
+// activation other than silu, mlp_bias, attention_bias in a Llama config (it biases o_proj
+// too), quantization_config, another architecture, a feature select strategy that keeps
+// CLIP's class row or drops a SigLIP patch, a projector other than mlp2x_gelu.
 HfConfig read_hf_config(const std::string& dir, const ModelConfig& base, int64_t max_tokens,
                         int vocab_size = 0);
 
-// When cfg.model.init names a folder: cfg.model's decoder keys from its config.json; the vision
-// keys stay. vocab_size becomes the larger of the file's and cfg.model.vocab_size (set it first
-// to the tokenizer's size with its added tokens to grow the vocabulary), so applying it twice
-// changes nothing. sliding_window is checked against data.max_tokens. No-op when model.init is
-// empty.
+// The vision keys of a CLIP or SigLIP folder (CLIPVisionModel, CLIPModel, SiglipVisionModel,
+// SiglipModel) over `base`: arch, dim, layers, heads, ffn, patch, image_size, norm_eps, act,
+// and the pixel constants of its preprocessor_config.json (the arch's when it has none).
+VisionConfig read_hf_tower_config(const std::string& dir, const VisionConfig& base);
+
+// When cfg.model.init or cfg.model.vision.init names a folder: cfg.model's keys from their
+// config.json files (read_hf_config, read_hf_tower_config; a decoder and a tower folder
+// compose, an original LLaVA folder takes its tower's shape from model.vision.init).
+// vocab_size becomes the larger of the file's and cfg.model.vocab_size (set it first to the
+// tokenizer's size with its added tokens to grow the vocabulary), so applying it twice changes
+// nothing. sliding_window is checked against data.max_tokens. No-op when both are empty.
 void apply_hf_init(Config& cfg);
 
 struct HfImport {
-  std::vector<std::string> imported;     // dhp names read from the folder
-  std::vector<std::string> initialised;  // dhp names the folder does not hold (left as they were)
-  std::string dtype;                     // the decoder tensors' dtype in the files ("BF16", ...)
+  std::vector<std::string> imported;     // dhp names read from the folders
+  std::vector<std::string> initialised;  // dhp names no folder holds (left as they were)
+  // Tensors of the folders the model does not use, by reason: ("the tower's post_layernorm
+  // (LLaVA reads the features before it)", 2).
+  std::vector<std::pair<std::string, int>> ignored;
+  std::vector<std::string> sources;      // "DIR (llava-hf layout): 80 tensors", one per folder
+  std::string dtype;                     // the first folder's tensors' dtype ("BF16", ...)
   int file_vocab = 0;                    // rows of tok_embed in the file
   int grown_rows = 0;                    // rows added at the mean (vocab growth)
 };
 
-// Reads the folder's decoder tensors into the fp32 arena `arena` (a device pointer of
-// `backend`, laid out by `table`) of a model of `cfg`, which must have config.json's shape
-// (read_hf_config). Every check — the set of names against the map (a short ignore list:
-// rotary_emb.inv_freq), shapes, dtypes, the index against its shards, finite values — comes
-// before any byte is written: when it throws, the arena is unchanged. Files are memory-mapped
-// and converted in chunks, so it holds the arena plus one chunk.
+// Reads the tensors of `dir` (a decoder or LLaVA folder; "" = none) and of cfg.vision.init (a
+// tower folder, when set) into the fp32 arena `arena` (a device pointer of `backend`, laid out
+// by `table`) of a model of `cfg`, which must have their config.json's shape (apply_hf_init).
+// The layout of each folder follows from its config and tensor names. An original LLaVA
+// folder without tower tensors takes them from model.vision.init. Every check — the set of
+// names against the map (with an ignore list: rotary_emb.inv_freq, position_ids buffers, the
+// tower's post_layernorm and SigLIP's head, a dual encoder's text side and projections),
+// shapes, dtypes, the index against its shards, finite values — comes before any byte is
+// written: when it throws, the arena is unchanged. Files are memory-mapped and converted in
+// chunks, so it holds the arena plus one chunk.
 HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const ParamTable& table,
                            Backend& backend, float* arena);
 // The same into a model's master weights.
 HfImport import_hf_checkpoint(const std::string& dir, Model& model);
+// The log lines of an import: what was imported from where, what kept its initialisation, what
+// was ignored and why, the vocabulary's growth.
+void log_hf_import(const HfImport& r, const ModelConfig& cfg);
 
 // The dtype ("F32", "BF16", "F16") of the decoder tensors of a Hugging Face folder, for an
 // export's default; "" when the folder is gone or unreadable.
@@ -108,6 +161,9 @@ struct HfExportOptions {
   std::string dtype = "F32";                      // "F32", "BF16" or "F16"
   int64_t max_shard_bytes = int64_t(2) << 30;     // larger exports are sharded, with an index
   int64_t max_position_embeddings = 4096;         // config.json's; the run's data.max_tokens
+  // LLaVA exports (clip / siglip towers): image_token_index, the tokenizer's <image> id; -1 =
+  // the <image> among the tokenizer's added tokens.
+  int64_t image_token_index = -1;
   bool force = false;                             // replace files dhp did not write
   const HfTokenizerFiles* tokenizer = nullptr;    // null: weights and config only
 };
@@ -120,8 +176,11 @@ void check_hf_export_paths(const HfExportOptions& opt);
 // tensors as model.safetensors or shards of at most max_shard_bytes with
 // model.safetensors.index.json, generation_config.json and, with `tokenizer`,
 // tokenizer.model, tokenizer_config.json, special_tokens_map.json and added_tokens.json.
-// Every file is written under a temporary name and renamed. The vision tower and projector
-// are not part of a decoder checkpoint and are not written.
+// Every file is written under a temporary name and renamed. A model with the native tower
+// exports its decoder only (the tower has no Hugging Face counterpart); one with a clip or
+// siglip tower (merge 1) exports as llava-hf's LlavaForConditionalGeneration: the decoder,
+// tower and projector under the LlavaHf layout's names, config.json with text_config and
+// vision_config, and preprocessor_config.json.
 void export_hf_checkpoint(const Model& model, const HfExportOptions& opt);
 
 }  // namespace dhp

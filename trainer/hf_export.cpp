@@ -27,7 +27,8 @@ constexpr const char* kProducer = "dhp";
 const char* const kFixedFiles[] = {"config.json",          "generation_config.json",
                                    "model.safetensors",    "model.safetensors.index.json",
                                    "tokenizer.model",      "tokenizer_config.json",
-                                   "special_tokens_map.json", "added_tokens.json"};
+                                   "special_tokens_map.json", "added_tokens.json",
+                                   "preprocessor_config.json"};
 
 std::string torch_dtype(const std::string& d) {
   return d == "BF16" ? "bfloat16" : d == "F16" ? "float16" : "float32";
@@ -133,6 +134,70 @@ json model_config(const ModelConfig& m, const HfExportOptions& o) {
   return c;
 }
 
+const char* act_name(VisionAct a) {
+  return a == VisionAct::quick_gelu ? "quick_gelu" : a == VisionAct::gelu ? "gelu" : "gelu_pytorch_tanh";
+}
+
+// LlavaConfig: the decoder's config as text_config, the tower's as vision_config, and LLaVA's
+// own keys.
+json llava_config(const ModelConfig& m, const HfExportOptions& o, int64_t image_token) {
+  const VisionConfig& v = m.vision;
+  const bool clip = v.arch == VisionArch::clip;
+  json text = model_config(m, o);
+  text.erase("architectures");
+  json vision = {{"model_type", clip ? "clip_vision_model" : "siglip_vision_model"},
+                 {"hidden_size", v.dim},
+                 {"intermediate_size", v.ffn},
+                 {"num_hidden_layers", v.layers},
+                 {"num_attention_heads", v.heads},
+                 {"num_channels", 3},
+                 {"image_size", v.image_size},
+                 {"patch_size", v.patch},
+                 {"hidden_act", act_name(v.act)},
+                 {"layer_norm_eps", v.norm_eps},
+                 {"attention_dropout", 0.0}};
+  if (!clip) vision["vision_use_head"] = false;  // LLaVA reads the patches; no pooling head is written
+  const ProjectorAct pa = v.projector_gelu();
+  const int64_t grid = int64_t(v.pos_grid()) * v.pos_grid();
+  return {{"architectures", {"LlavaForConditionalGeneration"}},
+          {"model_type", "llava"},
+          {"text_config", text},
+          {"vision_config", vision},
+          {"image_token_index", image_token},
+          {"projector_hidden_act", pa == ProjectorAct::gelu ? "gelu" : pa == ProjectorAct::quick_gelu ? "quick_gelu"
+                                                                                                   : "gelu_pytorch_tanh"},
+          {"multimodal_projector_bias", true},
+          {"vision_feature_layer", v.feature_layer},
+          // "default" drops hidden-state row 0, CLIP's class row; SigLIP has none to drop.
+          {"vision_feature_select_strategy", clip ? "default" : "full"},
+          {"image_seq_length", grid},
+          {"ignore_index", -100},
+          {"tie_word_embeddings", m.tie_embeddings},
+          {"vocab_size", m.vocab_size},
+          {"torch_dtype", torch_dtype(o.dtype)}};
+}
+
+// The image processor transformers pairs with the tower: its constants, and under pad_square
+// LlavaImageProcessor's do_pad (LLaVA-1.5's image_aspect_ratio "pad").
+json preprocessor_config(const VisionConfig& v) {
+  const bool pad = v.resize == ImageFit::pad_square;
+  const bool clip = v.arch == VisionArch::clip;
+  json c = {{"do_normalize", true}, {"do_rescale", true}, {"do_resize", true}, {"do_convert_rgb", true},
+            {"image_mean", v.pixel_mean}, {"image_std", v.pixel_std}, {"resample", 3},
+            {"rescale_factor", 1.0 / 255}};
+  if (pad || clip) {
+    c["image_processor_type"] = pad ? "LlavaImageProcessor" : "CLIPImageProcessor";
+    c["size"] = {{"shortest_edge", v.image_size}};
+    c["crop_size"] = {{"height", v.image_size}, {"width", v.image_size}};
+    c["do_center_crop"] = true;
+    if (pad) c["do_pad"] = true;
+  } else {
+    c["image_processor_type"] = "SiglipImageProcessor";
+    c["size"] = {{"height", v.image_size}, {"width", v.image_size}};
+  }
+  return c;
+}
+
 }  // namespace
 
 HfTokenizerFiles hf_tokenizer_files(const TokenizerFiles& f, int64_t model_max_length) {
@@ -189,9 +254,24 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
   fs::create_directories(o.dir, ec);
   DHP_CHECK(!ec, "export: cannot create the folder '{}': {}", o.dir, ec.message());
 
+  // A clip or siglip tower makes it a LLaVA model (llava-hf's layout); the native tower has no
+  // Hugging Face counterpart and only the decoder is written.
+  const bool llava = m.vision.pretrained();
+  int64_t image_token = o.image_token_index;
+  if (llava) {
+    DHP_CHECK(m.vision.merge == 1, "export: a LLaVA checkpoint feeds every patch to the projector; this "
+              "model merges {0}x{0} patches (model.vision.merge = {0}), which transformers' LLaVA cannot run",
+              m.vision.merge);
+    if (image_token < 0 && o.tokenizer)
+      for (const auto& [text, id] : o.tokenizer->added)
+        if (text == "<image>") image_token = id;
+    DHP_CHECK(image_token >= 0 && image_token < m.vocab_size,
+              "export: a LLaVA checkpoint names its <image> token (image_token_index), and the run's "
+              "tokenizer has none in the model's vocabulary of {}", m.vocab_size);
+  }
   // Tensors in the name map's order, cut into shards of at most max_shard_bytes (a tensor
   // larger than that is a shard of its own).
-  const std::vector<HfBinding> map = hf_name_map(m);
+  const std::vector<HfBinding> map = hf_name_map(m, llava ? HfLayout::LlavaHf : HfLayout::Decoder);
   const int width = safetensors_dtype_width(o.dtype);
   std::vector<std::vector<const HfBinding*>> shards(1);
   int64_t in_shard = 0, total = 0;
@@ -210,6 +290,7 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
     return n == 1 ? std::string("model.safetensors") : fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n);
   };
   std::vector<std::string> files = {"config.json", "generation_config.json"};
+  if (llava) files.push_back("preprocessor_config.json");
   for (size_t i = 0; i < n; ++i) files.push_back(shard_name(i));
   if (n > 1) files.push_back("model.safetensors.index.json");
   if (o.tokenizer)
@@ -233,9 +314,17 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
     std::vector<SafetensorsOut> out;
     for (const HfBinding* b : shards[i]) {
       const ParamSpec& s = model.table().get(b->dhp);
-      out.push_back({b->hf, o.dtype, s.shape, [&, s](char* dst) {
+      std::vector<int64_t> shape = s.shape;
+      const bool conv = b->transform == HfTransform::ConvPatch;
+      if (conv) shape = {s.shape[0], 3, m.vision.patch, m.vision.patch};
+      out.push_back({b->hf, o.dtype, shape, [&, s, conv](char* dst) {
                        std::vector<float> host(size_t(s.numel()));
                        backend.download(host.data(), arena + s.offset, host.size() * sizeof(float));
+                       if (conv) {
+                         std::vector<float> kernel(host.size());
+                         hf_permute_patch(kernel.data(), host.data(), s.shape[0], m.vision.patch, true);
+                         host.swap(kernel);
+                       }
                        narrow_from_f32(dst, host.data(), o.dtype, s.numel());
                      }});
       weight_map[b->hf] = shard_name(i);
@@ -245,7 +334,11 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
   if (n > 1)
     write_file_atomic((fs::path(o.dir) / "model.safetensors.index.json").string(),
                       json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
-  write_file_atomic((fs::path(o.dir) / "config.json").string(), model_config(m, o).dump(2) + "\n");
+  write_file_atomic((fs::path(o.dir) / "config.json").string(),
+                    (llava ? llava_config(m, o, image_token) : model_config(m, o)).dump(2) + "\n");
+  if (llava)
+    write_file_atomic((fs::path(o.dir) / "preprocessor_config.json").string(),
+                      preprocessor_config(m.vision).dump(2) + "\n");
   json gen = {{"_from_model_config", true}};
   if (o.tokenizer) {
     if (o.tokenizer->bos.id >= 0) gen["bos_token_id"] = o.tokenizer->bos.id;

@@ -36,11 +36,9 @@ LoadedModel load_for_inference(const std::string& checkpoint, const Config& cfg)
   m.backend = make_backend(m.cfg.train.device, backend_options(m.cfg));
   m.model = std::make_unique<Model>(m.cfg.model, *m.backend);
   if (is_hf_folder(checkpoint)) {
-    // The decoder from the folder; the vision tower and projector it does not hold are seeded.
+    // The folder's tensors (and model.vision.init's); what they do not hold is seeded.
     m.model->initialise(m.cfg.train.seed);
-    const HfImport r = import_hf_checkpoint(checkpoint, *m.model);
-    spdlog::info("imported {} decoder tensors ({}) from {}; {} tensors seeded", r.imported.size(), r.dtype,
-                 checkpoint, r.initialised.size());
+    log_hf_import(import_hf_checkpoint(checkpoint, *m.model), m.cfg.model);
     return m;
   }
   m.state = load_checkpoint(checkpoint, *m.model, nullptr);

@@ -143,19 +143,11 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
   const std::vector<std::string> candidates = checkpoints_.resume_candidates(topt.resume);
   if (!candidates.empty()) {
     resumed_sampler = resume_newest(candidates, topt);
-  } else if (!cfg.model.init.empty()) {
+  } else if (!cfg.model.init.empty() || !cfg.model.vision.init.empty()) {
     DHP_CHECK(topt.init.empty(), "--init {} and model.init {} both name weights to start from",
-              topt.init, cfg.model.init);
+              topt.init, cfg.model.init.empty() ? cfg.model.vision.init : cfg.model.init);
     const HfImport r = import_hf_checkpoint(cfg.model.init, model_);
-    if (rank0_) {
-      spdlog::info("imported {} decoder tensors ({}) from {}: {}", r.imported.size(), r.dtype,
-                   cfg.model.init, fmt::join(r.imported, ", "));
-      spdlog::info("kept their seeded initialisation ({} tensors not in the checkpoint): {}",
-                   r.initialised.size(), fmt::join(r.initialised, ", "));
-      if (r.grown_rows > 0)
-        spdlog::info("vocabulary grown from {} to {} rows; the new rows start at the mean of the "
-                     "checkpoint's rows", r.file_vocab, cfg.model.vocab_size);
-    }
+    if (rank0_) log_hf_import(r, cfg.model);
   } else if (!topt.init.empty()) {
     load_weights(topt.init, model_);
     if (rank0_) spdlog::info("initialised weights from {}", topt.init);

@@ -101,7 +101,9 @@ def repeat_kv(hidden_states, n_rep):
     return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
 
 
-def forward(P, c, ids, eps, interleaved):
+def forward(P, c, ids, eps, interleaved, embeds=None):
+    """embeds (1, T, d): the input embeddings when given (LLaVA's, with image features
+    scattered in), else the rows of ids."""
     d, H = c["hidden_size"], c["num_attention_heads"]
     Hkv = c.get("num_key_value_heads", H)
     hd = c.get("head_dim") or d // H
@@ -109,7 +111,7 @@ def forward(P, c, ids, eps, interleaved):
     T = len(ids)
     positions = torch.arange(T)
     cos, sin = rotary_cos_sin(hd, theta, positions)
-    x = P["model.embed_tokens.weight"][torch.tensor(ids)][None]  # (1, T, d)
+    x = P["model.embed_tokens.weight"][torch.tensor(ids)][None] if embeds is None else embeds  # (1, T, d)
     mask = torch.full((T, T), float("-inf")).triu(1)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."

@@ -1,0 +1,427 @@
+// config.json and preprocessor_config.json of Hugging Face folders (trainer/hf_checkpoint.h):
+// read_hf_config, read_hf_tower_config, apply_hf_init.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <tuple>
+
+#include "core/check.h"
+#include "core/input.h"
+#include "core/text.h"
+#include "data/tokenizer.h"
+#include "trainer/hf_checkpoint.h"
+
+namespace dhp {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const char* const kDecoders[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
+const char* const kTowers[] = {"CLIPVisionModel", "CLIPModel", "SiglipVisionModel", "SiglipModel"};
+const char* const kLlavas[] = {"LlavaForConditionalGeneration", "LlavaLlamaForCausalLM"};
+
+json read_json_file(const std::string& path, const char* what) {
+  const InputFile in(what, path);
+  json j = json::parse(in.read_all(int64_t(16) << 20, "16 MiB"), nullptr, false);
+  DHP_CHECK(!j.is_discarded() && j.is_object(), "'{}' is not a JSON object", path);
+  return j;
+}
+
+// Defaults of the transformers config classes a nested config may leave out: save_pretrained
+// writes only the keys that differ from the class's defaults (llava-hf's text_config holds
+// little more than its vocab_size).
+json class_defaults(const std::string& model_type) {
+  if (model_type == "llama")
+    return {{"hidden_size", 4096}, {"intermediate_size", 11008}, {"num_hidden_layers", 32},
+            {"num_attention_heads", 32}, {"vocab_size", 32000}, {"rms_norm_eps", 1e-6},
+            {"rope_theta", 10000.0}, {"hidden_act", "silu"}};
+  if (model_type == "mistral")
+    return {{"hidden_size", 4096}, {"intermediate_size", 14336}, {"num_hidden_layers", 32},
+            {"num_attention_heads", 32}, {"num_key_value_heads", 8}, {"vocab_size", 32000},
+            {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0}, {"sliding_window", 4096},
+            {"hidden_act", "silu"}};
+  if (model_type == "qwen2")
+    return {{"hidden_size", 4096}, {"intermediate_size", 22016}, {"num_hidden_layers", 32},
+            {"num_attention_heads", 32}, {"num_key_value_heads", 32}, {"vocab_size", 151936},
+            {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0}, {"hidden_act", "silu"}};
+  if (model_type == "clip_vision_model")
+    return {{"hidden_size", 768}, {"intermediate_size", 3072}, {"num_hidden_layers", 12},
+            {"num_attention_heads", 12}, {"num_channels", 3}, {"image_size", 224},
+            {"patch_size", 32}, {"hidden_act", "quick_gelu"}, {"layer_norm_eps", 1e-5}};
+  if (model_type == "siglip_vision_model")
+    return {{"hidden_size", 768}, {"intermediate_size", 3072}, {"num_hidden_layers", 12},
+            {"num_attention_heads", 12}, {"num_channels", 3}, {"image_size", 224},
+            {"patch_size", 16}, {"hidden_act", "gelu_pytorch_tanh"}, {"layer_norm_eps", 1e-6}};
+  return json::object();
+}
+
+// A config object read with every value's type checked, errors naming the key and where it is
+// ("'DIR/config.json'" or "'DIR/config.json' text_config").
+class ConfigJson {
+ public:
+  ConfigJson(json j, std::string where) : j_(std::move(j)), where_(std::move(where)) {}
+  // A nested config (text_config, vision_config) over its class's defaults.
+  ConfigJson nested(const char* key, const std::string& default_type) const {
+    json sub = has(key) ? j_[key] : json::object();
+    DHP_CHECK(sub.is_object(), "{}: \"{}\" is not an object", where_, key);
+    const std::string type = sub.contains("model_type") && sub["model_type"].is_string()
+                                 ? sub["model_type"].get<std::string>() : default_type;
+    json full = class_defaults(type);
+    full.update(sub);
+    full["model_type"] = type;
+    return ConfigJson(full, where_ + " " + key);
+  }
+  const std::string& where() const { return where_; }
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+  int64_t integer(const char* key, int64_t lo, int64_t hi) const {
+    DHP_CHECK(has(key), "{} has no \"{}\"", where_, key);
+    DHP_CHECK(j_[key].is_number_integer(), "{}: \"{}\" is not an integer", where_, key);
+    const int64_t v = j_[key].get<int64_t>();
+    DHP_CHECK(v >= lo && v <= hi, "{}: \"{}\" = {} is out of range [{}, {}]", where_, key, v, lo, hi);
+    return v;
+  }
+  int64_t integer(const char* key, int64_t lo, int64_t hi, int64_t fallback) const {
+    return has(key) ? integer(key, lo, hi) : fallback;
+  }
+  double number(const char* key, double lo, double hi) const {
+    DHP_CHECK(has(key), "{} has no \"{}\"", where_, key);
+    DHP_CHECK(j_[key].is_number(), "{}: \"{}\" is not a number", where_, key);
+    const double v = j_[key].get<double>();
+    DHP_CHECK(v >= lo && v <= hi, "{}: \"{}\" = {} is out of range [{}, {}]", where_, key, v, lo, hi);
+    return v;
+  }
+  bool boolean(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    DHP_CHECK(j_[key].is_boolean(), "{}: \"{}\" is not true or false", where_, key);
+    return j_[key].get<bool>();
+  }
+  std::string string(const char* key, const std::string& fallback = "") const {
+    if (!has(key)) return fallback;
+    DHP_CHECK(j_[key].is_string(), "{}: \"{}\" is not a string", where_, key);
+    return j_[key].get<std::string>();
+  }
+  const json& raw() const { return j_; }
+
+ private:
+  json j_;
+  std::string where_;
+};
+
+ConfigJson open_config(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  return ConfigJson(read_json_file(path, "Hugging Face config"), "'" + path + "'");
+}
+
+std::string architecture_of(const ConfigJson& c) {
+  const json& j = c.raw();
+  std::vector<std::string> known(std::begin(kDecoders), std::end(kDecoders));
+  known.insert(known.end(), std::begin(kLlavas), std::end(kLlavas));
+  known.insert(known.end(), std::begin(kTowers), std::end(kTowers));
+  DHP_CHECK(c.has("architectures") && j["architectures"].is_array() && j["architectures"].size() == 1 &&
+                j["architectures"][0].is_string(),
+            "{}: \"architectures\" must list one model class ({})", c.where(), fmt::join(known, ", "));
+  const std::string a = j["architectures"][0].get<std::string>();
+  DHP_CHECK(std::find(known.begin(), known.end(), a) != known.end(), "{}: \"architectures\" is {}; dhp reads {}",
+            c.where(), printable(a), fmt::join(known, ", "));
+  return a;
+}
+
+template <size_t N>
+bool one_of(const std::string& a, const char* const (&list)[N]) {
+  return std::find(std::begin(list), std::end(list), a) != std::end(list);
+}
+
+// The decoder's keys of a Llama-family config (top level, or LLaVA's text_config) over `base`.
+ModelConfig read_decoder(const ConfigJson& c, const std::string& architecture, const ModelConfig& base,
+                         int64_t max_tokens, int vocab_size, int* file_vocab) {
+  const std::string& f = c.where();
+  const bool qwen2 = architecture == "Qwen2ForCausalLM";
+  // Refused by name: each changes the computation in a way dhp does not implement.
+  DHP_CHECK(!c.has("rope_scaling"), "{}: \"rope_scaling\" is set ({}); dhp implements plain RoPE only",
+            f, c.raw()["rope_scaling"].dump());
+  DHP_CHECK(!c.has("quantization_config"), "{}: \"quantization_config\" is set; dhp reads unquantised "
+            "F32, F16 and BF16 weights only", f);
+  const std::string act = c.string("hidden_act", "silu");
+  DHP_CHECK(act == "silu", "{}: \"hidden_act\" is {}; dhp's MLP is SwiGLU with silu", f, printable(act));
+  DHP_CHECK(!c.boolean("mlp_bias", false), "{}: \"mlp_bias\" is true; dhp's MLP has no biases", f);
+  // Qwen2's q/k/v always carry biases (and o_proj none); Llama's attention_bias adds one to
+  // o_proj as well, which dhp does not have.
+  DHP_CHECK(qwen2 || !c.boolean("attention_bias", false),
+            "{}: \"attention_bias\" is true in a {} config, which biases o_proj too; dhp implements "
+            "q/k/v biases only (Qwen2ForCausalLM)", f, architecture);
+  // A sliding window at least as long as every sequence is the same as full attention.
+  const bool window_on = qwen2 ? c.boolean("use_sliding_window", false) : c.has("sliding_window");
+  if (window_on && max_tokens > 0) {
+    const int64_t w = c.integer("sliding_window", 1, int64_t(1) << 40);
+    DHP_CHECK(w >= max_tokens,
+              "{}: \"sliding_window\" = {} is below the run's longest sequence (data.max_tokens = {}); "
+              "dhp implements full causal attention only (lower data.max_tokens to at most {})",
+              f, w, max_tokens, w);
+  }
+  ModelConfig m = base;
+  m.dim = int(c.integer("hidden_size", 1, 1 << 16));
+  m.ffn = int(c.integer("intermediate_size", 1, 1 << 20));
+  m.layers = int(c.integer("num_hidden_layers", 1, 1024));
+  m.heads = int(c.integer("num_attention_heads", 1, 1024));
+  m.kv_heads = int(c.integer("num_key_value_heads", 1, 1024, m.heads));
+  m.head_dim = int(c.integer("head_dim", 2, 4096, 0));
+  m.rms_norm_eps = c.has("rms_norm_eps") ? c.number("rms_norm_eps", 1e-12, 0.1) : 1e-6;
+  m.rope_theta = c.has("rope_theta") ? c.number("rope_theta", 1, 1e12) : 10000.0;
+  m.tie_embeddings = c.boolean("tie_word_embeddings", false);
+  m.attention_bias = qwen2;
+  *file_vocab = int(c.integer("vocab_size", 8, 1 << 24));
+  DHP_CHECK(m.head_dim > 0 || m.dim % m.heads == 0,
+            "{}: \"hidden_size\" ({}) is not divisible by \"num_attention_heads\" ({}) and there is no \"head_dim\"",
+            f, m.dim, m.heads);
+  DHP_CHECK(m.heads % m.kv_heads == 0, "{}: \"num_attention_heads\" ({}) is not a multiple of \"num_key_value_heads\" ({})",
+            f, m.heads, m.kv_heads);
+  DHP_CHECK(m.hd() % 2 == 0, "{}: the head dimension ({}, \"head_dim\") must be even for RoPE", f, m.hd());
+  DHP_CHECK(vocab_size == 0 || vocab_size >= *file_vocab,
+            "{}: the model's vocabulary ({} tokens) is smaller than the checkpoint's \"vocab_size\" ({}); "
+            "a vocabulary may grow (added tokens), never shrink", f, vocab_size, *file_vocab);
+  m.vocab_size = vocab_size > 0 ? vocab_size : *file_vocab;
+  return m;
+}
+
+VisionAct vision_act(const ConfigJson& c, const char* key) {
+  const std::string a = c.string(key);
+  if (a == "quick_gelu") return VisionAct::quick_gelu;
+  if (a == "gelu") return VisionAct::gelu;
+  if (a == "gelu_pytorch_tanh" || a == "gelu_new") return VisionAct::gelu_tanh;
+  throw Error(fmt::format("{}: \"{}\" is {}; dhp implements quick_gelu, gelu (erf) and gelu_pytorch_tanh / "
+                          "gelu_new (tanh)", c.where(), key, printable(a)));
+}
+
+// The tower's keys of a CLIPVisionConfig / SiglipVisionConfig object over `base`.
+VisionConfig read_tower(const ConfigJson& c, const VisionConfig& base) {
+  const std::string type = c.string("model_type");
+  DHP_CHECK(type == "clip_vision_model" || type == "siglip_vision_model",
+            "{}: \"model_type\" is {}; dhp's towers are clip_vision_model and siglip_vision_model", c.where(),
+            printable(type));
+  VisionConfig v = base;
+  v.arch = type == "clip_vision_model" ? VisionArch::clip : VisionArch::siglip;
+  v.dim = int(c.integer("hidden_size", 1, 1 << 16));
+  v.ffn = int(c.integer("intermediate_size", 1, 1 << 20));
+  v.layers = int(c.integer("num_hidden_layers", 1, 1024));
+  v.heads = int(c.integer("num_attention_heads", 1, 1024));
+  v.patch = int(c.integer("patch_size", 1, 1024));
+  v.image_size = int(c.integer("image_size", 1, 1 << 16));
+  v.norm_eps = c.number("layer_norm_eps", 1e-12, 0.1);
+  v.act = vision_act(c, "hidden_act");
+  DHP_CHECK(c.integer("num_channels", 1, 16, 3) == 3, "{}: \"num_channels\" must be 3 (RGB)", c.where());
+  DHP_CHECK(v.dim % v.heads == 0, "{}: \"hidden_size\" ({}) is not divisible by \"num_attention_heads\" ({})",
+            c.where(), v.dim, v.heads);
+  DHP_CHECK(v.image_size % v.patch == 0, "{}: \"image_size\" ({}) is not a multiple of \"patch_size\" ({})",
+            c.where(), v.image_size, v.patch);
+  return v;
+}
+
+struct Preprocessor {
+  bool found = false;
+  std::array<double, 3> mean{}, std{};
+  bool pad = false;  // LlavaImageProcessor's do_pad: pad to a square with the mean colour
+};
+
+// The image processor's constants (CLIPImageProcessor, SiglipImageProcessor,
+// LlavaImageProcessor): what the tower was trained to see.
+Preprocessor read_preprocessor(const std::string& dir) {
+  Preprocessor p;
+  const fs::path path = fs::path(dir) / "preprocessor_config.json";
+  std::error_code ec;
+  if (dir.empty() || !fs::exists(path, ec)) return p;
+  const ConfigJson c(read_json_file(path.string(), "image processor config"), "'" + path.string() + "'");
+  DHP_CHECK(c.boolean("do_normalize", true), "{}: \"do_normalize\" is false; dhp always normalises "
+            "pixels by image_mean and image_std", c.where());
+  DHP_CHECK(std::abs(c.has("rescale_factor") ? c.number("rescale_factor", 0, 1) - 1.0 / 255 : 0.0) < 1e-9,
+            "{}: \"rescale_factor\" is not 1/255; dhp scales 8-bit pixels by 1/255", c.where());
+  for (const auto& [key, out, positive] : {std::tuple{"image_mean", &p.mean, false}, std::tuple{"image_std", &p.std, true}}) {
+    const json& a = c.raw().contains(key) ? c.raw()[key] : json();
+    DHP_CHECK(a.is_array() && a.size() == 3 && std::all_of(a.begin(), a.end(), [](const json& x) { return x.is_number(); }),
+              "{}: \"{}\" must be three numbers (R, G, B)", c.where(), key);
+    for (size_t i = 0; i < 3; ++i) {
+      (*out)[i] = a[i].get<double>();
+      DHP_CHECK(!positive || (*out)[i] > 0, "{}: \"{}\"[{}] must be positive", c.where(), key, i);
+    }
+  }
+  p.pad = c.boolean("do_pad", false);
+  p.found = true;
+  return p;
+}
+
+void apply_preprocessor(VisionConfig& v, const Preprocessor& p) {
+  if (!p.found) {
+    std::tie(v.pixel_mean, v.pixel_std) = default_pixel_norm(v.arch);
+    return;
+  }
+  v.pixel_mean = p.mean;
+  v.pixel_std = p.std;
+  if (p.pad) v.resize = ImageFit::pad_square;
+}
+
+// LLaVA's own keys: which hidden state the projector reads and how it is built.
+void read_llava_settings(const ConfigJson& c, bool original, ModelConfig& m) {
+  VisionConfig& v = m.vision;
+  const char* layer_key = original ? "mm_vision_select_layer" : "vision_feature_layer";
+  DHP_CHECK(!c.has(layer_key) || c.raw()[layer_key].is_number_integer(),
+            "{}: \"{}\" must be one layer's index; dhp's projector reads one hidden state", c.where(), layer_key);
+  // The original layout's tower is described elsewhere (model.vision.init): apply_hf_init checks
+  // the index against its layers.
+  const int64_t n = original ? 1024 : v.layers;
+  v.feature_layer = int(c.integer(layer_key, -(n + 1), n, -2));
+  v.merge = 1;  // LLaVA-1.5 feeds every patch to the projector (576 tokens at 336x336)
+  const bool clip = v.arch == VisionArch::clip;
+  if (original) {
+    const std::string proj = c.string("mm_projector_type", "linear");
+    DHP_CHECK(proj == "mlp2x_gelu", "{}: \"mm_projector_type\" is {}; dhp's projector is LLaVA-1.5's "
+              "mlp2x_gelu (Linear, GELU, Linear)", c.where(), printable(proj));
+    v.projector_act = ProjectorAct::gelu;
+    const std::string select = c.string("mm_vision_select_feature", "patch");
+    DHP_CHECK(select == "patch", "{}: \"mm_vision_select_feature\" is {}; dhp drops the class row (\"patch\")",
+              c.where(), printable(select));
+    const std::string merge = c.string("mm_patch_merge_type", "flat");
+    DHP_CHECK(merge == "flat", "{}: \"mm_patch_merge_type\" is {}; dhp implements LLaVA-1.5's \"flat\"", c.where(),
+              printable(merge));
+    DHP_CHECK(!c.boolean("mm_use_im_start_end", false), "{}: \"mm_use_im_start_end\" is true; dhp's LLaVA "
+              "template has no image start and end tokens", c.where());
+    const std::string aspect = c.string("image_aspect_ratio", "square");
+    DHP_CHECK(aspect.rfind("anyres", 0) != 0, "{}: \"image_aspect_ratio\" is {} (LLaVA-NeXT's tiling); dhp "
+              "reads LLaVA-1.5", c.where(), printable(aspect));
+    if (aspect == "pad") v.resize = ImageFit::pad_square;
+    return;
+  }
+  const std::string strategy = c.string("vision_feature_select_strategy", "default");
+  // "default" drops hidden state row 0: CLIP's class row, but a SigLIP tower's first patch.
+  DHP_CHECK(clip ? strategy == "default" : strategy == "full",
+            "{}: \"vision_feature_select_strategy\" is {} with a {} tower; dhp {} (\"{}\")", c.where(),
+            printable(strategy), clip ? "CLIP" : "SigLIP",
+            clip ? "drops the class row" : "keeps every patch of a tower without a class row",
+            clip ? "default" : "full");
+  DHP_CHECK(c.boolean("multimodal_projector_bias", true), "{}: \"multimodal_projector_bias\" is false; dhp's "
+            "projector has biases", c.where());
+  const std::string act = c.string("projector_hidden_act", "gelu");
+  v.projector_act = act == "gelu" ? ProjectorAct::gelu
+                    : act == "gelu_pytorch_tanh" || act == "gelu_new" ? ProjectorAct::gelu_tanh
+                    : act == "quick_gelu" ? ProjectorAct::quick_gelu
+                    : throw Error(fmt::format("{}: \"projector_hidden_act\" is {}; dhp implements gelu, "
+                                              "gelu_pytorch_tanh and quick_gelu", c.where(), printable(act)));
+}
+
+}  // namespace
+
+HfConfig read_hf_config(const std::string& dir, const ModelConfig& base, int64_t max_tokens, int vocab_size) {
+  const ConfigJson c = open_config(dir);
+  HfConfig h;
+  h.architecture = architecture_of(c);
+  h.model = base;
+  if (one_of(h.architecture, kTowers)) {
+    h.kind = HfKind::Tower;
+    return h;
+  }
+  if (one_of(h.architecture, kDecoders)) {
+    h.model = read_decoder(c, h.architecture, base, max_tokens, vocab_size, &h.file_vocab);
+    return h;
+  }
+  h.kind = HfKind::Llava;
+  h.original_llava = h.architecture == "LlavaLlamaForCausalLM";
+  if (h.original_llava) {
+    // A Llama config with LLaVA's mm_* keys; the tower is named (mm_vision_tower), not described.
+    h.model = read_decoder(c, "LlamaForCausalLM", base, max_tokens, vocab_size, &h.file_vocab);
+    read_llava_settings(c, true, h.model);
+    return h;
+  }
+  const ConfigJson text = c.nested("text_config", "llama");
+  const std::string type = text.string("model_type");
+  const std::string arch = type == "llama" ? "LlamaForCausalLM" : type == "mistral" ? "MistralForCausalLM"
+                           : type == "qwen2" ? "Qwen2ForCausalLM" : "";
+  DHP_CHECK(!arch.empty(), "{}: \"model_type\" is {}; dhp's decoders are llama, mistral and qwen2", text.where(),
+            printable(type));
+  h.model = read_decoder(text, arch, base, max_tokens, vocab_size, &h.file_vocab);
+  // LlavaConfig's default tower is CLIP ViT-L/14-336's.
+  json tower_defaults = class_defaults("clip_vision_model");
+  tower_defaults.update(json{{"model_type", "clip_vision_model"}, {"hidden_size", 1024}, {"intermediate_size", 4096},
+                             {"num_hidden_layers", 24}, {"num_attention_heads", 16}, {"patch_size", 14},
+                             {"image_size", 336}});
+  const ConfigJson vision = c.has("vision_config")
+                                ? c.nested("vision_config", "clip_vision_model")
+                                : ConfigJson(tower_defaults, c.where() + " (LlavaConfig's default tower)");
+  h.model.vision = read_tower(vision, h.model.vision);
+  apply_preprocessor(h.model.vision, read_preprocessor(dir));
+  read_llava_settings(c, false, h.model);
+  return h;
+}
+
+VisionConfig read_hf_tower_config(const std::string& dir, const VisionConfig& base) {
+  const ConfigJson c = open_config(dir);
+  const std::string a = architecture_of(c);
+  DHP_CHECK(one_of(a, kTowers), "{}: \"architectures\" is {}; model.vision.init takes a vision tower ({})",
+            c.where(), a, fmt::join(kTowers, ", "));
+  const bool dual = a == "CLIPModel" || a == "SiglipModel";
+  const bool clip = a.rfind("CLIP", 0) == 0;
+  const std::string type = clip ? "clip_vision_model" : "siglip_vision_model";
+  ConfigJson tower = dual ? c.nested("vision_config", type) : [&] {
+    json full = class_defaults(type);
+    full.update(c.raw());
+    return ConfigJson(full, c.where());
+  }();
+  VisionConfig v = read_tower(tower, base);
+  apply_preprocessor(v, read_preprocessor(dir));
+  return v;
+}
+
+void apply_hf_init(Config& cfg) {
+  const std::string init = cfg.model.init, vinit = cfg.model.vision.init;
+  if (init.empty() && vinit.empty()) return;
+  DHP_CHECK(init.empty() || is_hf_folder(init),
+            "{}: model.init '{}' is not a Hugging Face checkpoint folder (a folder with config.json); "
+            "dhp's own exports and checkpoints start a run through --init", cfg.source, printable(init));
+  DHP_CHECK(vinit.empty() || is_hf_folder(vinit),
+            "{}: model.vision.init '{}' is not a Hugging Face folder (a CLIP or SigLIP checkpoint with "
+            "config.json)", cfg.source, printable(vinit));
+  ModelConfig m = cfg.model;
+  if (!init.empty()) {
+    HfConfig file = read_hf_config(init, cfg.model, cfg.data.max_tokens);
+    DHP_CHECK(file.kind != HfKind::Tower, "{}: model.init '{}' is a vision tower ({}); name it in "
+              "model.vision.init, and a language model in model.init", cfg.source, init, file.architecture);
+    DHP_CHECK(file.kind != HfKind::Llava || file.original_llava || vinit.empty(),
+              "{}: model.init '{}' is a LLaVA checkpoint with its own vision tower; model.vision.init '{}' "
+              "would replace it (leave model.vision.init empty)", cfg.source, init, vinit);
+    DHP_CHECK(!file.original_llava || !vinit.empty(),
+              "{}: model.init '{}' is an original LLaVA checkpoint (LlavaLlamaForCausalLM), whose config "
+              "names its vision tower but not the tower's shape; set model.vision.init to that tower's "
+              "folder (e.g. a download of openai/clip-vit-large-patch14-336)", cfg.source, init);
+    // Like every decoder key, the vocabulary is the file's, except that the tokenizer's added
+    // tokens (LLaVA's <image> and <pad> after Llama's 32000 pieces) need rows: it grows to the
+    // tokenizer's size rounded up to a multiple of 64, so a user never sizes it by hand. Applying
+    // this twice gives the same. A tokenizer not found here is the data loader's error to give.
+    int vocab = file.file_vocab;
+    std::error_code ec;
+    if (!cfg.data.tokenizer.empty() && std::filesystem::exists(cfg.data.tokenizer, ec)) {
+      const Tokenizer tok(cfg.data.tokenizer, cfg.data.added_tokens);
+      vocab = std::max(vocab, tok.padded_vocab_size(64));
+    }
+    file.model.vocab_size = vocab;
+    m = file.model;
+  }
+  if (!vinit.empty()) {
+    // The tower's shape and pixel constants; LLaVA's settings (feature layer, projector, pad)
+    // stay those of an original LLaVA model.init, the TOML's when composing.
+    const ImageFit resize = m.vision.resize;
+    m.vision = read_hf_tower_config(vinit, m.vision);
+    if (resize == ImageFit::pad_square) m.vision.resize = resize;
+    const int f = m.vision.feature_layer, n = m.vision.layers;
+    DHP_CHECK(f >= -(n + 1) && f <= n, "{}: the tower of model.vision.init '{}' has {} layers; feature layer "
+              "{} (model.vision.feature_layer, or the LLaVA config's) is not a hidden state of it "
+              "(-{} .. {})", cfg.source, vinit, n, f, n + 1, n);
+  }
+  m.init = init;
+  m.vision.init = vinit;
+  cfg.model = m;
+}
+
+}  // namespace dhp
