@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "parallel/mpi_comm.h"
 #include "tests/train_fixture.h"
@@ -50,6 +52,38 @@ TEST(Train, ThreadCountDoesNotChangeTheResult) {
   TrainResult a = train(small_config(4, run_dir("threads1"), {"--train.threads=1"}), comm);
   TrainResult b = train(small_config(4, run_dir("threads2"), {"--train.threads=2"}), comm);
   for (size_t i = 0; i < a.steps.size(); ++i) EXPECT_EQ(a.steps[i].loss, b.steps[i].loss);
+}
+
+// The held-out evaluations a run's metrics file records, as (step, loss).
+std::vector<std::pair<int64_t, double>> evals_in(const std::filesystem::path& metrics) {
+  std::vector<std::pair<int64_t, double>> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("eval")) out.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
+  }
+  return out;
+}
+
+// eval.at_start evaluates the untrained model first: a stage-1 run's baseline.
+TEST(Train, EvalAtStartRecordsTheModelBeforeTraining) {
+  auto world = start_world(nullptr, nullptr);
+  for (const bool at_start : {true, false}) {
+    const auto dir = run_dir(at_start ? "eval_at_start" : "eval_not_at_start");
+    const auto metrics = dir / "metrics.jsonl";
+    train(small_config(30, dir, {"--log.metrics=" + metrics.string(), "--eval.every=0",
+                                  "--eval.exact_match=false",
+                                  "--eval.at_start=" + std::string(at_start ? "true" : "false")}),
+          *world);
+    const auto evals = evals_in(metrics);
+    ASSERT_EQ(evals.size(), at_start ? 2u : 1u);
+    EXPECT_EQ(evals.back().first, 30);
+    if (!at_start) continue;
+    EXPECT_EQ(evals.front().first, 0);
+    // Untrained: near the uniform prediction over the vocabulary, and above the trained loss.
+    EXPECT_NEAR(evals.front().second, std::log(160.0), 0.3);
+    EXPECT_LT(evals.back().second, evals.front().second - 0.5);
+  }
 }
 
 }  // namespace

@@ -215,6 +215,7 @@ class Schema {
     num("max_samples", e.max_samples, 0, big);
     flag("blank_images", e.blank_images);
     flag("exact_match", e.exact_match);
+    flag("at_start", e.at_start);
 
     sec_ = "log";
     auto& l = c.log;

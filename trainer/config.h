@@ -50,6 +50,8 @@ struct EvalConfig {
   int64_t max_samples = 0;          // 0 = the whole held-out split
   bool blank_images = true;         // also evaluate with the images blanked
   bool exact_match = true;          // final evaluation also generates every answer (greedy)
+  bool at_start = false;            // also evaluate before a fresh run's first step: the
+                                    // baseline a stage-1 run (docs/pretrained.md) is read against
 };
 
 struct LogConfig {

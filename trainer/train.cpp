@@ -453,6 +453,8 @@ TrainResult train(const Config& given, Communicator& comm, const TrainOptions& t
   // Steps done and saved, for the message (and the emergency save) when an error stops the run.
   int64_t done = first, saved = first;
   try {
+    // A resumed run had its baseline already.
+    if (cfg.eval.at_start && first == 0) run.evaluate(0, nullptr);
     std::future<StepWork> next;
     if (first < cfg.train.steps) next = run.plan_ahead(first);
     for (int64_t step = first; step < cfg.train.steps; ++step) {
