@@ -112,6 +112,15 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
           c.attention_bias);
   add("final_norm.weight", {d}, Init::Ones, false);
   if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, d}, Init::Normal, true);
+  // A clip/siglip tower's layers after feature_layer never run: they are held (a checkpoint's
+  // own, exported as they came) but take no gradient, moments or weight decay, as PyTorch's
+  // AdamW leaves a parameter without a gradient untouched.
+  if (v.pretrained())
+    for (int i = v.layers_run(); i < v.layers; ++i) {
+      const std::string pre = "vision.layers." + std::to_string(i) + ".";
+      for (auto& p : specs_)
+        if (p.name.rfind(pre, 0) == 0) p.trainable = false;
+    }
   // The gradient layout: trainable parameters in table order, aligned as in the arena, so
   // that with nothing frozen it is the arena's own layout.
   for (auto& p : specs_) {

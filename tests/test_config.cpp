@@ -288,8 +288,11 @@ TEST(Config, VisionTowerErrorsSayWhatAndWhere) {
   });
   EXPECT_NE(msg.find("image_size (42) must be a positive multiple of patch x merge (28)"),
             std::string::npos) << msg;
-  msg = error_of([&] { parse_config("[model.vision]\ninit = \"/m/clip\"\n", "t.toml"); });
-  EXPECT_NE(msg.find("needs model.vision.arch = \"clip\" or \"siglip\""), std::string::npos) << msg;
+  // A folder brings the tower's arch and shape: its checks wait until the folder is read.
+  const Config folder = parse_config("[model.vision]\narch = \"clip\"\ninit = \"/m/clip\"\n", "t.toml");
+  EXPECT_EQ(folder.model.vision.init, "/m/clip");
+  msg = error_of([&] { validate(folder, true); });
+  EXPECT_NE(msg.find("needs model.vision.image_size"), std::string::npos) << msg;
   // The native tower keeps its 2-D RoPE rule; the pretrained towers have no RoPE.
   msg = error_of([&] { parse_config("[model.vision]\ndim = 36\nheads = 6\n", "t.toml"); });
   EXPECT_NE(msg.find("multiple of 4 for 2-D RoPE"), std::string::npos) << msg;

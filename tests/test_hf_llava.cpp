@@ -332,9 +332,17 @@ TEST(HfLlavaImport, ComposesADecoderAndATower) {
   }
   for (const auto& [kind, arch] : {std::pair{"clip", "clip"}, std::pair{"siglip", "siglip"}}) {
     const fs::path tower = fixture(std::string("dual_") + kind, kind);
-    const Config c = applied({"--model.init=" + decoder.string(), "--model.vision.init=" + tower.string(),
-                              std::string("--model.vision.arch=") + arch, "--model.vision.patch=4", "--model.vision.image_size=16",
-                              "--model.vision.merge=2"});
+    // The folder brings the tower's arch and shape; restating them (clip) or not (siglip) is
+    // the same run.
+    std::vector<std::string> o = {"--model.init=" + decoder.string(), "--model.vision.init=" + tower.string(),
+                                  "--model.vision.merge=2"};
+    if (std::string(kind) == "clip")
+      o.insert(o.end(), {std::string("--model.vision.arch=") + arch, "--model.vision.patch=4",
+                         "--model.vision.image_size=16"});
+    const Config c = applied(o);
+    EXPECT_EQ(c.model.vision.arch, std::string(kind) == "clip" ? VisionArch::clip : VisionArch::siglip);
+    EXPECT_EQ(c.model.vision.patch, 4);
+    EXPECT_EQ(c.model.vision.image_size, 16);
     EXPECT_EQ(c.model.vision.merge, 2);  // the TOML's: the projector is new
     const Imported m = import_into_table(decoder.string(), c.model, 11);
     expect_imported_as_in_file(decoder, HfLayout::Decoder, m);
@@ -350,7 +358,9 @@ TEST(HfLlavaImport, ComposesADecoderAndATower) {
     EXPECT_EQ(0, std::memcmp(m.at("projector.fc1.weight"), fresh.data() + fc1.offset, size_t(fc1.numel()) * 4));
     EXPECT_GT(count_ignored(m.result, "text tower"), 10) << kind;
     EXPECT_GE(count_ignored(m.result, "logit scale"), 1) << kind;
-    if (std::string(kind) == "siglip") EXPECT_EQ(count_ignored(m.result, "attention-pooling head"), 11);
+    if (std::string(kind) == "siglip") {
+      EXPECT_EQ(count_ignored(m.result, "attention-pooling head"), 11);
+    }
   }
 }
 
@@ -567,7 +577,10 @@ Result run_dhp(const fs::path& ckpt, HfLayout layout) {
   r.loss = m.step(b, scale, true).loss_sum * scale;
   for (const auto& bind : hf_name_map(cfg, layout)) {
     const ParamSpec& s = m.table().get(bind.dhp);
-    std::vector<float> g(m.grads() + s.grad_offset, m.grads() + s.grad_offset + s.numel());
+    // A parameter that takes no gradient (a tower layer after the feature layer) has none.
+    std::vector<float> g = s.trainable ? std::vector<float>(m.grads() + s.grad_offset,
+                                                            m.grads() + s.grad_offset + s.numel())
+                                       : std::vector<float>(size_t(s.numel()), 0.0f);
     if (bind.transform == HfTransform::ConvPatch) {
       std::vector<float> k(g.size());
       hf_permute_patch(k.data(), g.data(), s.shape[0], cfg.vision.patch, true);

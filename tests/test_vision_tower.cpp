@@ -73,7 +73,9 @@ TEST(VisionTowerTable, ClipNamesAndShapes) {
   EXPECT_FALSE(t.find("vision.layers.3.attn.wq.weight"));
   EXPECT_EQ(shape(t, "projector.fc1.weight"), (std::vector<int64_t>{16, 4 * dv}));
   for (const auto& p : t.specs())
-    if (p.name.rfind("vision.", 0) == 0) EXPECT_EQ(p.group, ParamGroup::Vision) << p.name;
+    if (p.name.rfind("vision.", 0) == 0) {
+      EXPECT_EQ(p.group, ParamGroup::Vision) << p.name;
+    }
   // Weight decay on the matrices only.
   EXPECT_TRUE(t.get("vision.layers.0.mlp.fc1.weight").decay);
   EXPECT_FALSE(t.get("vision.layers.0.mlp.fc1.bias").decay);
@@ -231,20 +233,27 @@ void expect_every_tower_gradient(const ModelConfig& cfg) {
   model.zero_grads();
   model.step(b, scale, true);
   std::vector<float> params(model.params(), model.params() + model.n_params());
-  std::vector<float> grads(model.grads(), model.grads() + model.n_params());
+  std::vector<float> grads(model.grads(), model.grads() + model.n_grads());
   const int run = cfg.vision.layers_run();
+  int64_t unused_numel = 0;
   for (const auto& spec : model.table().specs()) {
     std::vector<float> x(params.begin() + spec.offset, params.begin() + spec.offset + spec.numel());
-    std::vector<float> g(grads.begin() + spec.offset, grads.begin() + spec.offset + spec.numel());
-    const std::string unused = "vision.layers." + std::to_string(run) + ".";
-    if (spec.name.rfind(unused, 0) == 0) {
-      EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; })) << spec.name;
+    bool unused = false;
+    for (int i = run; i < cfg.vision.layers; ++i)
+      unused = unused || spec.name.rfind("vision.layers." + std::to_string(i) + ".", 0) == 0;
+    // A layer that does not run holds no gradient at all (nor moments, nor decay).
+    EXPECT_EQ(spec.trainable, !unused) << spec.name;
+    if (unused) {
+      unused_numel += spec.numel();
       continue;
     }
+    std::vector<float> g(grads.begin() + spec.grad_offset,
+                         grads.begin() + spec.grad_offset + spec.numel());
     // With no layer run, the dropped class row reaches nothing: its embedding gets no gradient.
     const bool reaches = run > 0 || spec.name != "vision.class_embed";
-    if ((spec.name.rfind("vision.", 0) == 0 || spec.name.rfind("projector.", 0) == 0) && reaches)
+    if ((spec.name.rfind("vision.", 0) == 0 || spec.name.rfind("projector.", 0) == 0) && reaches) {
       EXPECT_TRUE(std::any_of(g.begin(), g.end(), [](float v) { return v != 0.0f; })) << spec.name;
+    }
     auto loss = [&] {
       std::copy(x.begin(), x.end(), model.params() + spec.offset);
       return model.step(b, 0.0f, false).loss_sum * scale;
@@ -252,6 +261,8 @@ void expect_every_tower_gradient(const ModelConfig& cfg) {
     expect_gradient(spec.name, x, g, loss, 6);
     std::copy(x.begin(), x.end(), model.params() + spec.offset);
   }
+  EXPECT_EQ(unused_numel > 0, run < cfg.vision.layers);
+  EXPECT_EQ(model.table().all_trainable(), run == cfg.vision.layers);
 }
 
 TEST(VisionTowerGradients, ClipEveryParameterTensor) {
@@ -393,8 +404,9 @@ TEST(VisionTowerBf16, TracksFp32) {
     double worst = 0.0;
     std::string where;
     for (const auto& spec : a.table().specs()) {
+      if (!spec.trainable) continue;  // a layer after feature_layer: no gradient
       double d2 = 0.0, r2 = 0.0;
-      for (int64_t i = spec.offset; i < spec.offset + spec.numel(); ++i) {
+      for (int64_t i = spec.grad_offset; i < spec.grad_offset + spec.numel(); ++i) {
         const double r = a.grads()[i], d = double(b.grads()[i]) - r;
         d2 += d * d, r2 += r * r;
       }

@@ -451,17 +451,8 @@ std::string value_name(const Names& names, E value) {
   return "?";
 }
 
-// Relations between keys that no single range can express.
-void validate(const Config& c) {
-  const auto& m = c.model;
-  const std::string& f = c.source;
-  DHP_CHECK(m.head_dim > 0 || m.dim % m.heads == 0,
-            "{}: model.dim ({}) must be divisible by model.heads ({}) unless model.head_dim is set",
-            f, m.dim, m.heads);
-  DHP_CHECK(m.heads % m.kv_heads == 0, "{}: model.heads ({}) must be a multiple of model.kv_heads ({})",
-            f, m.heads, m.kv_heads);
-  DHP_CHECK(m.hd() % 2 == 0, "{}: the head dimension ({}) must be even for RoPE", f, m.hd());
-  const auto& v = m.vision;
+// The tower's own relations, once its arch and shape are known.
+void validate_tower(const VisionConfig& v, const std::string& f) {
   DHP_CHECK(v.dim % v.heads == 0, "{}: model.vision.dim ({}) must be divisible by model.vision.heads ({})",
             f, v.dim, v.heads);
   if (!v.pretrained())
@@ -480,16 +471,30 @@ void validate(const Config& c) {
               "{}: model.vision.feature_layer = {} names no hidden state of a {}-layer tower "
               "(0 = the embeddings, 1..{} a layer's output, -1..-{} counted from the end)",
               f, v.feature_layer, v.layers, v.layers, v.layers + 1);
-  } else {
-    DHP_CHECK(v.init.empty(),
-              "{}: model.vision.init = \"{}\" needs model.vision.arch = \"clip\" or \"siglip\" "
-              "(the native tower has no Hugging Face layout)", f, printable(v.init));
   }
   if (v.resize == ImageFit::pad_square)
     DHP_CHECK(v.image_size > 0 && v.image_size % v.factor() == 0,
               "{}: model.vision.resize = \"pad_square\" resizes every image to image_size x "
               "image_size, so model.vision.image_size ({}) must be a positive multiple of patch x "
               "merge ({})", f, v.image_size, v.factor());
+}
+
+}  // namespace
+
+void validate(const Config& c, bool folders_read) {
+  const auto& m = c.model;
+  const std::string& f = c.source;
+  DHP_CHECK(m.head_dim > 0 || m.dim % m.heads == 0,
+            "{}: model.dim ({}) must be divisible by model.heads ({}) unless model.head_dim is set",
+            f, m.dim, m.heads);
+  DHP_CHECK(m.heads % m.kv_heads == 0, "{}: model.heads ({}) must be a multiple of model.kv_heads ({})",
+            f, m.heads, m.kv_heads);
+  DHP_CHECK(m.hd() % 2 == 0, "{}: the head dimension ({}) must be even for RoPE", f, m.hd());
+  const auto& v = m.vision;
+  // A Hugging Face folder (model.vision.init, or a LLaVA checkpoint in model.init) brings the
+  // tower's arch and shape: the tower's checks wait until apply_hf_init has read it and runs
+  // validate again, so a user names the folder without restating what it says.
+  if ((v.init.empty() && m.init.empty()) || folders_read) validate_tower(v, f);
   DHP_CHECK(v.min_pixels <= v.max_pixels, "{}: model.vision.min_pixels ({}) exceeds max_pixels ({})",
             f, v.min_pixels, v.max_pixels);
   DHP_CHECK(int64_t(v.factor()) * v.factor() <= v.max_pixels,
@@ -515,6 +520,8 @@ void validate(const Config& c) {
               f, kParamGroupNames[g]);
   }
 }
+
+namespace {
 
 // A TOML basic string: quotes, backslashes and control characters escaped, so that
 // to_toml() (what checkpoints store) parses back to the same value.

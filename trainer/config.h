@@ -81,6 +81,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config(const std::string& text, const std::string& name,
                     const std::vector<std::string>& overrides = {});
 
+// Relations between keys that no single range can express (parse_config runs it). A Hugging
+// Face folder (model.vision.init, a LLaVA model.init) brings the tower's arch and shape, so
+// the tower's checks wait for apply_hf_init, which runs this again with folders_read.
+void validate(const Config& c, bool folders_read = false);
+
 // CPU compute threads for this run: train.threads, or when it is 0 the node's cores divided by
 // the ranks the launcher started on the node.
 int compute_threads(const Config& cfg);

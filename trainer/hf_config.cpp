@@ -422,6 +422,7 @@ void apply_hf_init(Config& cfg) {
   m.init = init;
   m.vision.init = vinit;
   cfg.model = m;
+  validate(cfg, true);
 }
 
 }  // namespace dhp

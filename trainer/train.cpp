@@ -230,9 +230,16 @@ void Run::log_setup() const {
     for (size_t g = 0; g < kParamGroups; ++g) {
       const int64_t n = model_.table().group_numel(ParamGroup(g));
       all += n;
-      if (cfg_.optim.groups.group[g].trainable) trained += n;
-      else frozen.push_back(fmt::format("{} ({:.3f} M)", kParamGroupNames[g], double(n) / 1e6));
+      if (!cfg_.optim.groups.group[g].trainable)
+        frozen.push_back(fmt::format("{} ({:.3f} M)", kParamGroupNames[g], double(n) / 1e6));
     }
+    int64_t unused = 0;  // a tower's layers after feature_layer, in a group that trains
+    for (const auto& p : model_.table().specs()) {
+      if (p.trainable) trained += p.numel();
+      else if (cfg_.optim.groups.trainable(p.group)) unused += p.numel();
+    }
+    if (unused > 0)
+      frozen.push_back(fmt::format("the tower's layers after feature_layer ({:.3f} M)", double(unused) / 1e6));
     spdlog::info("frozen: {}; {:.3f} M of {:.3f} M parameters train", fmt::join(frozen, ", "),
                  double(trained) / 1e6, double(all) / 1e6);
   }
