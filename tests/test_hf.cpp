@@ -17,6 +17,7 @@
 #include "core/input.h"
 #include "model/model.h"
 #include "tests/error_of.h"
+#include "tests/hf_fixture.h"
 #include "parallel/mpi_comm.h"
 #include "tests/model_fixtures.h"
 #include "tests/run_dhp.h"
@@ -32,71 +33,16 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::error_of;
+using testing::tensor_bytes;
+const auto read_all = testing::safetensors_f32;
 
-const fs::path& root() {
-  static const fs::path r = [] {
-    fs::path p = fs::temp_directory_path() / ("dhp_hf_" + std::to_string(::getpid()));
-    fs::remove_all(p);
-    fs::create_directories(p);
-    return p;
-  }();
-  return r;
-}
-
-// The fixtures live for the test binary's run.
-class RemoveFixtures : public ::testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(root(), ec);
-  }
-};
-const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new RemoveFixtures);
-
-std::string py() { return "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) + "/tests/reference/"; }
-
-// A checkpoint made by the fixture script with `args`, once per process.
+const fs::path& root() { return testing::hf_fixture_root(); }
+std::string py() { return testing::reference_py(); }
 fs::path fixture(const std::string& name, const std::string& args) {
-  const fs::path dir = root() / name;
-  if (!fs::exists(dir / "config.json")) {
-    const std::string cmd = py() + "make_hf_fixture.py " + dir.string() + " " + args;
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd << ": needs Debian's python3-torch (scripts/setup.sh)";
-  }
-  return dir;
+  return testing::hf_fixture("make_hf_fixture.py", name, args);
 }
 
 const std::vector<int32_t> kTokens = {1, 5, 9, 33, 200, 17, 3, 99, 250, 7, 64, 12, 301, 45, 2};
-
-// Every tensor of a safetensors file as fp32, by name.
-std::map<std::string, std::vector<float>> read_all(const fs::path& path) {
-  const InputFile in("test file", path.string());
-  const SafetensorsHeader h = read_safetensors_header(in, path.string());
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& t : h.tensors) {
-    std::vector<char> raw(size_t(t.end - t.begin));
-    in.read_at(raw.data(), int64_t(raw.size()), h.data_start + t.begin);
-    std::vector<float>& v = out[t.name];
-    v.resize(size_t(t.numel()));
-    widen_to_f32(v.data(), raw.data(), t.dtype, t.numel());
-  }
-  return out;
-}
-
-// The raw bytes of every tensor of a folder (single file or shards), by name.
-std::map<std::string, std::string> tensor_bytes(const fs::path& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() != ".safetensors") continue;
-    const InputFile in("test file", e.path().string());
-    const SafetensorsHeader h = read_safetensors_header(in, e.path().string());
-    for (const auto& t : h.tensors) {
-      std::string raw(size_t(t.end - t.begin), '\0');
-      in.read_at(raw.data(), int64_t(raw.size()), h.data_start + t.begin);
-      out[t.name] = t.dtype + ":" + raw;
-    }
-  }
-  return out;
-}
 
 struct Result {
   double loss = 0;

@@ -20,6 +20,7 @@
 #include "core/input.h"
 #include "model/model.h"
 #include "tests/error_of.h"
+#include "tests/hf_fixture.h"
 #include "tests/model_fixtures.h"
 #include "trainer/hf_checkpoint.h"
 #include "trainer/safetensors.h"
@@ -30,75 +31,19 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::error_of;
+using testing::tensor_bytes;
+const auto read_all = testing::folder_f32;
 
-const fs::path& root() {
-  static const fs::path r = [] {
-    fs::path p = fs::temp_directory_path() / ("dhp_hf_llava_" + std::to_string(::getpid()));
-    fs::remove_all(p);
-    fs::create_directories(p);
-    return p;
-  }();
-  return r;
-}
-
-class RemoveFixtures : public ::testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(root(), ec);
-  }
-};
-const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new RemoveFixtures);
-
-std::string py() { return "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) + "/tests/reference/"; }
-
-// A folder made by the fixture script (KIND and options), once per process.
+const fs::path& root() { return testing::hf_fixture_root(); }
+std::string py() { return testing::reference_py(); }
 fs::path fixture(const std::string& name, const std::string& args) {
-  const fs::path dir = root() / name;
-  if (!fs::exists(dir / "config.json")) {
-    const std::string cmd = py() + "make_hf_llava_fixture.py " + dir.string() + " " + args;
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd << ": needs Debian's python3-torch (scripts/setup.sh)";
-  }
-  return dir;
+  return testing::hf_fixture("make_hf_llava_fixture.py", name, args);
 }
 
 fs::path clip_llava() { return fixture("llava_hf_clip", "llava_hf --tower clip"); }
 fs::path siglip_llava() { return fixture("llava_new_siglip", "llava_new --tower siglip --feature-layer -1 --vlayers 2"); }
 
 // Every tensor of a folder (single file or shards) as fp32 and as raw bytes, by name.
-std::map<std::string, std::vector<float>> read_all(const fs::path& dir) {
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() != ".safetensors") continue;
-    const InputFile in("test file", e.path().string());
-    const SafetensorsHeader h = read_safetensors_header(in, e.path().string());
-    for (const auto& t : h.tensors) {
-      if (!is_float_dtype(t.dtype)) continue;
-      std::vector<char> raw(size_t(t.end - t.begin));
-      in.read_at(raw.data(), int64_t(raw.size()), h.data_start + t.begin);
-      std::vector<float>& v = out[t.name];
-      v.resize(size_t(t.numel()));
-      widen_to_f32(v.data(), raw.data(), t.dtype, t.numel());
-    }
-  }
-  return out;
-}
-
-std::map<std::string, std::string> tensor_bytes(const fs::path& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() != ".safetensors") continue;
-    const InputFile in("test file", e.path().string());
-    const SafetensorsHeader h = read_safetensors_header(in, e.path().string());
-    for (const auto& t : h.tensors) {
-      std::string raw(size_t(t.end - t.begin), '\0');
-      in.read_at(raw.data(), int64_t(raw.size()), h.data_start + t.begin);
-      out[t.name] = t.dtype + ":" + raw;
-    }
-  }
-  return out;
-}
-
 std::string file_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});

@@ -20,9 +20,11 @@ struct Result {
   std::string output;
 };
 
-// Runs `dhp plan ARGS` (ARGS already shell-quoted) with stdout and stderr together.
-Result plan(const std::string& args) {
-  const std::string cmd = std::string("timeout 60 ") + DHP_BINARY + " plan " + args + " 2>&1";
+// Runs `dhp SUBCOMMAND ARGS` (ARGS already shell-quoted) under `timeout SECONDS`, with stdout
+// and stderr together.
+Result dhp(const std::string& subcommand, const std::string& args, int seconds) {
+  const std::string cmd = "timeout " + std::to_string(seconds) + " " + DHP_BINARY + " " +
+                          subcommand + " " + args + " 2>&1";
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -33,6 +35,8 @@ Result plan(const std::string& args) {
   r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
 }
+
+Result plan(const std::string& args) { return dhp("plan", args, 60); }
 
 fs::path scratch(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("dhp_plan_cli_" + std::to_string(getpid()));
@@ -159,15 +163,9 @@ TEST(PlanCli, CostCoefficientsFile) {
 // `dhp plan --coeffs` reads them.
 TEST(PlanCli, ProfilingPassFitsCoefficientsThePlannerUses) {
   const fs::path out = scratch("profile.json");
-  const std::string cmd = std::string("timeout 300 ") + DHP_BINARY + " profile --quick --repeats 1 --out " +
-                          out.string() + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string text;
-  std::array<char, 4096> buf{};
-  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) text.append(buf.data(), n);
-  const int st = pclose(p);
-  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << text;
+  const Result profiled = dhp("profile", "--quick --repeats 1 --out " + out.string(), 300);
+  const std::string& text = profiled.output;
+  ASSERT_EQ(profiled.status, 0) << text;
   EXPECT_NE(text.find("mean relative error"), std::string::npos) << text;
   std::ifstream in(out);
   const std::string json((std::istreambuf_iterator<char>(in)), {});
@@ -184,15 +182,10 @@ TEST(PlanCli, ProfilingPassTimesAClipTower) {
   std::ofstream(cfg) << "[model]\ndim = 32\nlayers = 1\nheads = 2\nkv_heads = 1\nffn = 64\n"
                         "[model.vision]\narch = \"clip\"\npatch = 8\nimage_size = 32\ndim = 32\n"
                         "layers = 3\nheads = 2\nffn = 64\nfeature_layer = -2\n";
-  const std::string cmd = std::string("timeout 300 ") + DHP_BINARY + " profile --quick --repeats 1 --config " +
-                          cfg.string() + " --out " + out.string() + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string text;
-  std::array<char, 4096> buf{};
-  for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) text.append(buf.data(), n);
-  const int st = pclose(p);
-  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << text;
+  const Result profiled =
+      dhp("profile", "--quick --repeats 1 --config " + cfg.string() + " --out " + out.string(), 300);
+  const std::string& text = profiled.output;
+  ASSERT_EQ(profiled.status, 0) << text;
   EXPECT_NE(text.find("vision clip 32 x 3 layers (2 run)"), std::string::npos) << text;
   std::ifstream in(out);
   const std::string json((std::istreambuf_iterator<char>(in)), {});
