@@ -599,4 +599,34 @@ double mean_relative_error(const CostModel& model, const std::vector<TimingObser
   return sum / double(obs.size());
 }
 
+std::vector<double> measured_error(const CostModel& model, const std::vector<TimingObservation>& obs,
+                                   int min_count) {
+  if (obs.empty()) return {};
+  const auto costs = prepare_all(model, obs);
+  std::vector<std::vector<double>> by;
+  for (size_t o = 0; o < obs.size(); ++o) {
+    const double t = model.seconds(group_of(costs[o]), obs[o].degree, obs[o].inter);
+    if (size_t(obs[o].degree) >= by.size()) by.resize(size_t(obs[o].degree) + 1);
+    by[size_t(obs[o].degree)].push_back(std::fabs(t - obs[o].seconds) / obs[o].seconds);
+  }
+  std::vector<double> out(by.size(), 0.0);
+  for (size_t d = 1; d < by.size(); ++d) {
+    auto& e = by[d];
+    if (int(e.size()) < std::max(1, min_count)) continue;
+    const size_t mid = e.size() / 2;
+    std::nth_element(e.begin(), e.begin() + mid, e.end());
+    double m = e[mid];
+    if (e.size() % 2 == 0) m = 0.5 * (m + *std::max_element(e.begin(), e.begin() + mid));
+    out[d] = m;
+  }
+  return out;
+}
+
+double CostModel::relative_error(int d) const {
+  if (d >= 1 && size_t(d) < error_.size() && error_[size_t(d)] > 0) return error_[size_t(d)];
+  double worst = 0;
+  for (double e : error_) worst = std::max(worst, e);
+  return worst;
+}
+
 }  // namespace dhp

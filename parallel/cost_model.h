@@ -198,6 +198,14 @@ class CostModel {
 
   const CostCoeffs& coeffs() const { return coeffs_; }
   void set_coeffs(const CostCoeffs& c) { coeffs_ = c; }
+  // The model's measured relative error per ring degree (measured_error below): how far apart
+  // two predictions must be before the planner trusts the difference. Empty: not measured,
+  // every prediction is taken as exact.
+  const std::vector<double>& error_by_degree() const { return error_; }
+  void set_error_by_degree(std::vector<double> e) { error_ = std::move(e); }
+  // The error of a group on a ring of d ranks: the measured one of its degree, or where that
+  // degree was not observed, the largest measured at any degree (0 when nothing was).
+  double relative_error(int d) const;
   const ModelConfig& model() const { return model_; }
   const DeviceProfile& device() const { return device_; }
   int ranks_per_node() const { return ranks_per_node_; }
@@ -219,6 +227,7 @@ class CostModel {
   ModelConfig model_;
   DeviceProfile device_;
   CostCoeffs coeffs_;
+  std::vector<double> error_;  // [d]: relative error at ring degree d (0 = not observed)
   int ranks_per_node_;
   Recompute recompute_;
   int m2_;
@@ -258,5 +267,11 @@ struct CostState {
 
 // Mean |predicted - measured| / measured of the model over the observations.
 double mean_relative_error(const CostModel& model, const std::vector<TimingObservation>& obs);
+
+// Per ring degree d, the median |predicted - measured| / measured of the model over the
+// observations of degree d ([d]; 0 where none ran at d; index 0 unused). Degrees with fewer
+// than `min_count` observations count as not observed.
+std::vector<double> measured_error(const CostModel& model, const std::vector<TimingObservation>& obs,
+                                   int min_count = 3);
 
 }  // namespace dhp
