@@ -116,21 +116,23 @@ DeviceProfile device_profile(const std::string& name) {
   if (name == "cpu") {
     // Measured on the development machine (one core of a 2-core AVX-512 VM, OpenBLAS, fp32)
     // with the profiling pass:
-    //   OPENBLAS_NUM_THREADS=1 dhp profile --config configs/demo.toml --threads 1
+    //   OPENBLAS_NUM_THREADS=1 dhp profile --config configs/longtail.toml --threads 1
     // which times forward + backward of the demo model (thread CPU time, median of 3) on 27
     // micro-batches: 64..4096 text tokens, 4 and 16 packed documents, 1..8 images of 64..1024
-    // patches; the fit reproduces them within 3.9% on average (docs/planner.md, "CPU
-    // profile"). GEMMs run at 63 GFLOP/s, attention at 12 GFLOP/s; a model this small sits in
-    // cache and its steps allocate nothing, so the weight-streaming term is negligible. Ring
-    // transfer and latency cannot be measured on one rank: they are shared-memory estimates
-    // (a copy at ~5 GB/s, ~20 µs per exchange) until the online refit replaces them.
-    c.sec_per_flop = 1.0 / 62.8e9;
-    c.sec_per_att_flop = 1.0 / 11.82e9;
+    // patches; the fit reproduces them within 3.8% on average (docs/planner.md, "CPU
+    // profile"). GEMMs run at 63 GFLOP/s and the tiled attention kernel at 164 GFLOP/s of
+    // kept (query, key) pairs (the kernel before it ran at 12: the earlier profile priced a
+    // 4096-token sample 8x too slow); a sequence's fixed cost and the weight streaming come out
+    // negligible (the model sits in cache and a step allocates nothing). Ring transfer and
+    // latency cannot be measured on one rank: they are shared-memory estimates (a copy at
+    // ~5 GB/s, ~20 µs per exchange) until the online refit replaces them.
+    c.sec_per_flop = 1.0 / 62.9e9;
+    c.sec_per_att_flop = 1.0 / 164.2e9;
     c.sec_per_byte_intra = 1.0 / 5e9;
     c.sec_per_byte_inter = 1.0 / 1e9;
     c.sec_per_step = 20e-6;
-    c.sec_per_seq = 30.2e-6;
-    c.sec_per_weight_byte = 1.0 / 23.9e12;
+    c.sec_per_seq = 30.2e-9;
+    c.sec_per_weight_byte = 1.0 / 23.7e12;
     p.act_bytes = 4, p.weight_bytes = 4, p.grad_bytes = 4, p.optim_bytes = 8;
     // Workspace: every buffer the CPU ops use is carved from an arena the memory model counts;
     // what is left is each arena's rounding to 64 KiB (model, batch, ring metadata and work,

@@ -26,8 +26,8 @@ steps=${2:-16}
 worlds=${3:-"2 3 4 6 8"}
 out=${4:-runs/bench_execution}
 warm=$(( steps >= 8 ? 4 : steps / 2 ))
-dhp=./build/dhp
-[ -x "$dhp" ] || { echo "build first: scripts/setup.sh" >&2; exit 1; }
+dhp=${DHP:-./build/dhp}  # DHP: another binary, e.g. a copy that a rebuild will not replace mid-run
+[ -x "$dhp" ] || { echo "no dhp binary at $dhp: build first (scripts/setup.sh)" >&2; exit 1; }
 [[ "$rounds" =~ ^[1-9][0-9]*$ && "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "rounds and steps must be positive integers" >&2; exit 1; }
 # data/longtail/videos: a set made before the preset wrote real clips is made again.
 [ -f data/longtail/train.jsonl ] && [ -d data/longtail/videos ] || "$dhp" data synth --force --preset video-longtail --out data/longtail \

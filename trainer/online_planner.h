@@ -53,6 +53,7 @@ class OnlinePlanner {
   mutable std::mutex mu_;
   std::shared_ptr<const Planner> planner_;
   std::deque<TimingObservation> observed_;  // the latest groups' measured times
+  int64_t steps_seen_ = 0;                  // steps learnt from since this process started
 };
 
 }  // namespace dhp
