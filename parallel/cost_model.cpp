@@ -133,6 +133,8 @@ DeviceProfile device_profile(const std::string& name) {
     c.sec_per_step = 20e-6;
     c.sec_per_seq = 30.2e-9;
     c.sec_per_weight_byte = 1.0 / 23.7e12;
+    // One thread computes, copies the ring's blocks and merges the partial outputs.
+    p.ring_overlap = false;
     p.act_bytes = 4, p.weight_bytes = 4, p.grad_bytes = 4, p.optim_bytes = 8;
     // Workspace: every buffer the CPU ops use is carved from an arena the memory model counts;
     // what is left is each arena's rounding to 64 KiB (model, batch, ring metadata and work,
@@ -384,7 +386,11 @@ double CostModel::evaluate(const GroupCost& g, const Vision& v, int d, bool inte
     const double step_compute = k.sec_per_att_flop * dec_att / (dd * dd);
     const double step_xfer = ring_passes_ * k.sec_per_step + byte_rate * dec_bytes / dd;
     fl[1] += layers * dec_att / (dd * dd);
-    if (step_xfer > step_compute) {
+    if (!device_.ring_overlap) {
+      fl[1] += layers * (dd - 1) * dec_att / (dd * dd);
+      fl[byte_slot] += layers * (dd - 1) * dec_bytes / dd;
+      fl[4] += layers * (dd - 1) * ring_passes_;
+    } else if (step_xfer > step_compute) {
       fl[byte_slot] += layers * (dd - 1) * dec_bytes / dd;
       fl[4] += layers * (dd - 1) * ring_passes_;
     } else {

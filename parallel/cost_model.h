@@ -13,7 +13,8 @@
 //             c_byte·bytes·(d-1)/d² + 2·c_step.
 //   decoder   c_flop·F/d + c_wbyte·(decoder weights streamed once per pass)
 //             + per layer: the local block (A/d²) and d-1 ring steps, each costing
-//             max(compute A/d², transfer) where transfer = passes·c_step + c_byte·B/d:
+//             max(compute A/d², transfer) where transfer = passes·c_step + c_byte·B/d
+//             (compute + transfer on a device that does not overlap them, the CPU):
 //             the ring moves one K/V block of the whole micro-batch per step, so its
 //             latency is paid once per ring step of the micro-batch, not per sequence.
 //
@@ -84,6 +85,10 @@ struct DeviceProfile {
   int optim_bytes = 8;            // optimizer state per parameter (master copy, moments)
   int64_t workspace_bytes = 0;    // kernels' scratch, allocator slack
   int64_t logits_chunk = 1024;    // tokens whose logits exist at once (chunked loss)
+  // Does a ring step's transfer run beside its compute (a GPU's copy engines and NCCL)? On
+  // the CPU the one compute thread also copies the blocks and merges the partial results, so
+  // a step costs compute + transfer there, and max(compute, transfer) where they overlap.
+  bool ring_overlap = true;
 };
 
 // "cpu" (measured with `dhp profile`, see cost_model.cpp), "a100", "h100", "h200" (sourced

@@ -296,9 +296,12 @@ TEST(Planner, AnyIntegerDegreeNextToOtherGroups) {
 TEST(Planner, NearTieWithinTheModelErrorPicksTheSaferPlan) {
   const int n = 3;
   // Coefficients of its own, so that the setting does not move with the CPU profile: an
-  // earlier CPU profile (attention at 11.8 GFLOP/s, 30 µs per sequence) with ring steps of a
-  // millisecond, so that short samples belong on one rank and the long document on a ring.
-  CostModel cost(ModelConfig{}, device_profile("cpu"), 8);
+  // earlier CPU profile (attention at 11.8 GFLOP/s, 30 µs per sequence, transfers beside the
+  // compute) with ring steps of a millisecond, so that short samples belong on one rank and
+  // the long document on a ring.
+  DeviceProfile dev = device_profile("cpu");
+  dev.ring_overlap = true;
+  CostModel cost(ModelConfig{}, dev, 8);
   CostCoeffs k;
   k.sec_per_flop = 1 / 62.8e9, k.sec_per_att_flop = 1 / 11.82e9;
   k.sec_per_byte_intra = 1 / 5e9, k.sec_per_byte_inter = 1 / 1e9;
@@ -965,6 +968,34 @@ TEST(CostModel, RefitRecoversCoefficientsFromTimings) {
   for (int i = 0; i < CostCoeffs::kCount; ++i) EXPECT_NEAR(fit[i] / k[i], 1.0, 0.05) << CostCoeffs::name(i);
   prior.set_coeffs(fit);
   EXPECT_LT(mean_relative_error(prior, obs), 0.01);
+}
+
+// On the CPU one thread computes a ring step and moves its blocks: the step costs compute +
+// transfer, not the larger of the two. Exactly min(compute, transfer) more per step, nothing
+// at degree 1, and the features still reproduce the time.
+TEST(CostModel, RingStepsWithoutOverlapCostComputeAndTransfer) {
+  DeviceProfile over = device_profile("cpu"), serial = over;
+  over.ring_overlap = true;
+  ASSERT_FALSE(serial.ring_overlap);
+  const ModelConfig m;
+  const CostModel a(m, over, 8), b(m, serial, 8);
+  for (int64_t L : {64, 2000, 20000}) {
+    const SeqCost c = a.prepare({0, L, 0, 0});
+    EXPECT_EQ(a.seconds(c, 1), b.seconds(c, 1)) << L;
+    for (int d : {2, 3, 5, 8}) {
+      const auto fa = a.features(c, d), fb = b.features(c, d);
+      // Per step: compute = c_att x its attention FLOPs, transfer = c_step x its steps +
+      // c_byte x its bytes (the features of the no-overlap model hold both in full).
+      const double layers = m.layers, steps = layers * (d - 1);
+      const double att_step = (fb[1] - fb[1] / d) / steps;  // the d-1 blocks' share of the attention
+      const double xfer_step = (fb[2] * b.coeffs().sec_per_byte_intra + fb[4] * b.coeffs().sec_per_step) / steps;
+      const double compute_step = att_step * b.coeffs().sec_per_att_flop;
+      EXPECT_NEAR(b.seconds(c, d) - a.seconds(c, d), steps * std::min(compute_step, xfer_step),
+                  1e-9 * b.seconds(c, d)) << L << " " << d;
+      EXPECT_NEAR(from_features(fb, b.coeffs()), b.seconds(c, d), 1e-9 * b.seconds(c, d));
+      EXPECT_NEAR(from_features(fa, a.coeffs()), a.seconds(c, d), 1e-9 * a.seconds(c, d));
+    }
+  }
 }
 
 TEST(MemoryModel, ZeroOneAndMonotoneInDegree) {
