@@ -38,7 +38,7 @@ def keys_of(g, by):
         elif b == "seqs":
             out.append("1 seq" if g["seqs"] == 1 else "2-4 seqs" if g["seqs"] <= 4 else "5+ seqs")
         elif b == "groups":
-            out.append(f"{g['rank_groups']} groups/rank")
+            out.append(f"{g['step_groups']}{'+' if g['step_groups'] == 4 else ''} groups in the step")
     return tuple(out)
 
 
@@ -56,7 +56,7 @@ def read(paths, warm):
                 if g["meas"] <= 0:
                     continue
                 g = dict(g)
-                g["rank_groups"] = min(n, 4)
+                g["step_groups"] = min(n, 4)
                 g["err"] = g["pred"] / g["meas"] - 1
                 groups.append(g)
     return groups
