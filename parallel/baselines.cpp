@@ -133,7 +133,7 @@ Plan Planner::plan_static(const std::vector<SeqShape>& batch, int cp, PlanStats*
               c, b.seq(s).id, b.seq(s).tokens(), b.min_degree(s));
   detail::Candidate cand = detail::static_layout(b, c);
   auto groups = detail::finish_groups(b, std::move(cand.groups), n);
-  if (stats) *stats = PlanStats{b.evaluations(), 0, b.evaluations(), 1, 0, cand.name};
+  if (stats) *stats = PlanStats{b.evaluations(), 0, b.evaluations(), 1, 0, cand.name, ""};
   return Plan(Strategy::static_layout, n, batch, std::move(groups), b.lower_bound(), cand.name, cand.placement);
 }
 

@@ -116,21 +116,25 @@ DeviceProfile device_profile(const std::string& name) {
   if (name == "cpu") {
     // Measured on the development machine (one core of a 2-core AVX-512 VM, OpenBLAS, fp32)
     // with the profiling pass:
-    //   OPENBLAS_NUM_THREADS=1 dhp profile --config configs/demo.toml --threads 1
+    //   OPENBLAS_NUM_THREADS=1 dhp profile --config configs/longtail.toml --threads 1
     // which times forward + backward of the demo model (thread CPU time, median of 3) on 27
     // micro-batches: 64..4096 text tokens, 4 and 16 packed documents, 1..8 images of 64..1024
-    // patches; the fit reproduces them within 3.9% on average (docs/planner.md, "CPU
-    // profile"). GEMMs run at 63 GFLOP/s, attention at 12 GFLOP/s; a model this small sits in
-    // cache and its steps allocate nothing, so the weight-streaming term is negligible. Ring
-    // transfer and latency cannot be measured on one rank: they are shared-memory estimates
-    // (a copy at ~5 GB/s, ~20 µs per exchange) until the online refit replaces them.
-    c.sec_per_flop = 1.0 / 62.8e9;
-    c.sec_per_att_flop = 1.0 / 11.82e9;
+    // patches; the fit reproduces them within 3.8% on average (docs/planner.md, "CPU
+    // profile"). GEMMs run at 63 GFLOP/s and the tiled attention kernel at 164 GFLOP/s of
+    // kept (query, key) pairs (the kernel before it ran at 12: the earlier profile priced a
+    // 4096-token sample 8x too slow); a sequence's fixed cost and the weight streaming come out
+    // negligible (the model sits in cache and a step allocates nothing). Ring transfer and
+    // latency cannot be measured on one rank: they are shared-memory estimates (a copy at
+    // ~5 GB/s, ~20 µs per exchange) until the online refit replaces them.
+    c.sec_per_flop = 1.0 / 62.9e9;
+    c.sec_per_att_flop = 1.0 / 164.2e9;
     c.sec_per_byte_intra = 1.0 / 5e9;
     c.sec_per_byte_inter = 1.0 / 1e9;
     c.sec_per_step = 20e-6;
-    c.sec_per_seq = 30.2e-6;
-    c.sec_per_weight_byte = 1.0 / 23.9e12;
+    c.sec_per_seq = 30.2e-9;
+    c.sec_per_weight_byte = 1.0 / 23.7e12;
+    // One thread computes, copies the ring's blocks and merges the partial outputs.
+    p.ring_overlap = false;
     p.act_bytes = 4, p.weight_bytes = 4, p.grad_bytes = 4, p.optim_bytes = 8;
     // Workspace: every buffer the CPU ops use is carved from an arena the memory model counts;
     // what is left is each arena's rounding to 64 KiB (model, batch, ring metadata and work,
@@ -386,7 +390,11 @@ double CostModel::evaluate(const GroupCost& g, const Vision& v, int d, bool inte
     const double step_compute = k.sec_per_att_flop * dec_att / (dd * dd);
     const double step_xfer = ring_passes_ * k.sec_per_step + byte_rate * dec_bytes / dd;
     fl[1] += layers * dec_att / (dd * dd);
-    if (step_xfer > step_compute) {
+    if (!device_.ring_overlap) {
+      fl[1] += layers * (dd - 1) * dec_att / (dd * dd);
+      fl[byte_slot] += layers * (dd - 1) * dec_bytes / dd;
+      fl[4] += layers * (dd - 1) * ring_passes_;
+    } else if (step_xfer > step_compute) {
       fl[byte_slot] += layers * (dd - 1) * dec_bytes / dd;
       fl[4] += layers * (dd - 1) * ring_passes_;
     } else {
@@ -601,6 +609,36 @@ double mean_relative_error(const CostModel& model, const std::vector<TimingObser
     sum += std::fabs(t - obs[o].seconds) / obs[o].seconds;
   }
   return sum / double(obs.size());
+}
+
+std::vector<double> measured_error(const CostModel& model, const std::vector<TimingObservation>& obs,
+                                   int min_count) {
+  if (obs.empty()) return {};
+  const auto costs = prepare_all(model, obs);
+  std::vector<std::vector<double>> by;
+  for (size_t o = 0; o < obs.size(); ++o) {
+    const double t = model.seconds(group_of(costs[o]), obs[o].degree, obs[o].inter);
+    if (size_t(obs[o].degree) >= by.size()) by.resize(size_t(obs[o].degree) + 1);
+    by[size_t(obs[o].degree)].push_back(std::fabs(t - obs[o].seconds) / obs[o].seconds);
+  }
+  std::vector<double> out(by.size(), 0.0);
+  for (size_t d = 1; d < by.size(); ++d) {
+    auto& e = by[d];
+    if (int(e.size()) < std::max(1, min_count)) continue;
+    const size_t mid = e.size() / 2;
+    std::nth_element(e.begin(), e.begin() + mid, e.end());
+    double m = e[mid];
+    if (e.size() % 2 == 0) m = 0.5 * (m + *std::max_element(e.begin(), e.begin() + mid));
+    out[d] = m;
+  }
+  return out;
+}
+
+double CostModel::relative_error(int d) const {
+  if (d >= 1 && size_t(d) < error_.size() && error_[size_t(d)] > 0) return error_[size_t(d)];
+  double worst = 0;
+  for (double e : error_) worst = std::max(worst, e);
+  return worst;
 }
 
 }  // namespace dhp

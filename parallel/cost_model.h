@@ -15,7 +15,8 @@
 //             c_byte·bytes·(d-1)/d² + 2·c_step.
 //   decoder   c_flop·F/d + c_wbyte·(decoder weights streamed once per pass)
 //             + per layer: the local block (A/d²) and d-1 ring steps, each costing
-//             max(compute A/d², transfer) where transfer = passes·c_step + c_byte·B/d:
+//             max(compute A/d², transfer) where transfer = passes·c_step + c_byte·B/d
+//             (compute + transfer on a device that does not overlap them, the CPU):
 //             the ring moves one K/V block of the whole micro-batch per step, so its
 //             latency is paid once per ring step of the micro-batch, not per sequence.
 //
@@ -86,6 +87,10 @@ struct DeviceProfile {
   int optim_bytes = 8;            // optimizer state per parameter (master copy, moments)
   int64_t workspace_bytes = 0;    // kernels' scratch, allocator slack
   int64_t logits_chunk = 1024;    // tokens whose logits exist at once (chunked loss)
+  // Does a ring step's transfer run beside its compute (a GPU's copy engines and NCCL)? On
+  // the CPU the one compute thread also copies the blocks and merges the partial results, so
+  // a step costs compute + transfer there, and max(compute, transfer) where they overlap.
+  bool ring_overlap = true;
 };
 
 // "cpu" (measured with `dhp profile`, see cost_model.cpp), "a100", "h100", "h200" (sourced
@@ -203,6 +208,14 @@ class CostModel {
 
   const CostCoeffs& coeffs() const { return coeffs_; }
   void set_coeffs(const CostCoeffs& c) { coeffs_ = c; }
+  // The model's measured relative error per ring degree (measured_error below): how far apart
+  // two predictions must be before the planner trusts the difference. Empty: not measured,
+  // every prediction is taken as exact.
+  const std::vector<double>& error_by_degree() const { return error_; }
+  void set_error_by_degree(std::vector<double> e) { error_ = std::move(e); }
+  // The error of a group on a ring of d ranks: the measured one of its degree, or where that
+  // degree was not observed, the largest measured at any degree (0 when nothing was).
+  double relative_error(int d) const;
   const ModelConfig& model() const { return model_; }
   const DeviceProfile& device() const { return device_; }
   int ranks_per_node() const { return ranks_per_node_; }
@@ -224,6 +237,7 @@ class CostModel {
   ModelConfig model_;
   DeviceProfile device_;
   CostCoeffs coeffs_;
+  std::vector<double> error_;  // [d]: relative error at ring degree d (0 = not observed)
   int ranks_per_node_;
   Recompute recompute_;
   int m2_;
@@ -264,5 +278,11 @@ struct CostState {
 
 // Mean |predicted - measured| / measured of the model over the observations.
 double mean_relative_error(const CostModel& model, const std::vector<TimingObservation>& obs);
+
+// Per ring degree d, the median |predicted - measured| / measured of the model over the
+// observations of degree d ([d]; 0 where none ran at d; index 0 unused). Degrees with fewer
+// than `min_count` observations count as not observed.
+std::vector<double> measured_error(const CostModel& model, const std::vector<TimingObservation>& obs,
+                                   int min_count = 3);
 
 }  // namespace dhp

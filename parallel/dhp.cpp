@@ -717,7 +717,7 @@ Plan finish_plan(const BatchCosts& b, detail::Candidate c, Strategy strategy,
   st.evaluations = b.evaluations();
   st.candidate = c.name;
   if (stats) *stats = st;
-  return Plan(strategy, b.world(), batch, std::move(groups), b.lower_bound(), c.name, c.placement);
+  return Plan(strategy, b.world(), batch, std::move(groups), b.lower_bound(), c.name, c.placement, st.rule);
 }
 
 }  // namespace
@@ -772,10 +772,48 @@ Plan Planner::plan_dhp(const std::vector<SeqShape>& batch, PlanStats* stats) con
   best.name = "pow2/" + best.name;
   // 2. The static layout at the other CP degrees that divide the world and hold the batch.
   try_static(b, best, false, b.evaluations() + std::max<int64_t>(0, budget() - b.evaluations()) / 5, st);
-  // 3. Any integer degree: replaces the others only when strictly faster.
+  // 3. Any integer degree, then the robust choice between it and the best baseline.
   detail::Candidate any = detail::search(b, par_, Degrees::Any, budget(), st, waves);
-  if (any.makespan < best.makespan) best = std::move(any), best.name = "any/" + best.name;
-  return finish_plan(b, std::move(best), Strategy::dhp, batch, st, stats);
+  if (any.makespan < kNever) any.name = "any/" + any.name;
+  const RobustChoice choice = choose_robustly(cost_, best, any);
+  st.rule = choice.rule;
+  return finish_plan(b, std::move(choice.any ? any : best), Strategy::dhp, batch, st, stats);
+}
+
+double predicted_error(const CostModel& cost, const std::vector<PlanGroup>& groups) {
+  double weighted = 0, total = 0;
+  for (const PlanGroup& g : groups) {
+    const double t = double(g.time_ns) * double(g.ranks);
+    weighted += t * cost.relative_error(g.ring_degree), total += t;
+  }
+  return total > 0 ? weighted / total : 0.0;
+}
+
+RingLoad ring_load(const std::vector<PlanGroup>& groups) {
+  RingLoad r;
+  for (const PlanGroup& g : groups) {
+    r.ring_steps += g.ring_degree - 1;
+    r.widest = std::max(r.widest, g.ring_degree);
+  }
+  return r;
+}
+
+RobustChoice choose_robustly(const CostModel& cost, const detail::Candidate& base, const detail::Candidate& any) {
+  if (any.makespan >= kNever) return {false, "baseline: no plan with other degrees"};
+  if (base.makespan >= kNever) return {true, "any degree: the baselines cannot hold the batch"};
+  // Never a plan predicted slower than the best baseline.
+  if (any.makespan >= base.makespan) return {false, "baseline: predicted fastest"};
+  const double lead = double(base.makespan - any.makespan) / double(any.makespan);
+  const double margin = std::max(predicted_error(cost, base.groups), predicted_error(cost, any.groups));
+  if (lead > margin)
+    return {true, fmt::format("faster: {:.1f}% ahead, beyond the model's {:.1f}% error", 100 * lead, 100 * margin)};
+  // A near tie: the plan with fewer and smaller rings, whose price has fewer ring steps to
+  // get wrong; the faster one when neither has.
+  const RingLoad a = ring_load(any.groups), b = ring_load(base.groups);
+  const bool base_safer = std::pair(b.ring_steps, b.widest) < std::pair(a.ring_steps, a.widest);
+  return {!base_safer, fmt::format("near tie: {:.1f}% ahead within the model's {:.1f}% error, {} has fewer and "
+                                   "smaller rings",
+                                   100 * lead, 100 * margin, base_safer ? "the baseline" : "the faster plan")};
 }
 
 }  // namespace dhp

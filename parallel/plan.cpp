@@ -35,8 +35,8 @@ int64_t retime_asap(std::vector<PlanGroup>& groups, int world) {
 }
 
 Plan::Plan(Strategy strategy, int world, std::vector<SeqShape> seqs, std::vector<PlanGroup> groups,
-           int64_t lower_bound_ns, std::string candidate, std::optional<Strategy> placement)
-    : strategy_(strategy), placement_(placement.value_or(strategy)), candidate_(std::move(candidate)), world_(world), seqs_(std::move(seqs)), groups_(std::move(groups)) {
+           int64_t lower_bound_ns, std::string candidate, std::optional<Strategy> placement, std::string rule)
+    : strategy_(strategy), placement_(placement.value_or(strategy)), candidate_(std::move(candidate)), rule_(std::move(rule)), world_(world), seqs_(std::move(seqs)), groups_(std::move(groups)) {
   summary_.lower_bound_ns = lower_bound_ns;
   summary_.groups = int(groups_.size());
   int64_t busy = 0;
@@ -74,6 +74,7 @@ nlohmann::json Plan::to_json() const {
   nlohmann::json j;
   j["strategy"] = strategy_name(strategy_);
   if (!candidate_.empty()) j["candidate"] = candidate_;
+  if (!rule_.empty()) j["rule"] = rule_;
   j["world"] = world_;
   j["makespan_ns"] = summary_.makespan_ns;
   j["lower_bound_ns"] = summary_.lower_bound_ns;

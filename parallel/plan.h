@@ -63,12 +63,15 @@ class Plan {
   // placement: the strategy whose placement laid out the groups (dhp may adopt a static
   // layout); the plan's own strategy when not given.
   Plan(Strategy strategy, int world, std::vector<SeqShape> seqs, std::vector<PlanGroup> groups,
-       int64_t lower_bound_ns, std::string candidate = "", std::optional<Strategy> placement = {});
+       int64_t lower_bound_ns, std::string candidate = "", std::optional<Strategy> placement = {},
+       std::string rule = "");
 
   Strategy strategy() const { return strategy_; }
   Strategy placement() const { return placement_; }
   // Which of the strategy's searches produced the plan (dhp's portfolio), or empty.
   const std::string& candidate() const { return candidate_; }
+  // What decided between dhp's candidates (the robust choice, planner.h), or empty.
+  const std::string& rule() const { return rule_; }
   int world() const { return world_; }
   const std::vector<SeqShape>& seqs() const { return seqs_; }
   const std::vector<PlanGroup>& groups() const { return groups_; }
@@ -89,7 +92,7 @@ class Plan {
 
  private:
   Strategy strategy_ = Strategy::dhp, placement_ = Strategy::dhp;
-  std::string candidate_;
+  std::string candidate_, rule_;
   int world_ = 0;
   std::vector<SeqShape> seqs_;
   std::vector<PlanGroup> groups_;

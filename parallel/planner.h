@@ -63,6 +63,7 @@ struct PlanStats {
   int packings = 0;         // packings and schedules tried
   int moves = 0;            // sequence moves accepted (wave improvement)
   std::string candidate;    // the search whose schedule won (dhp): e.g. "any/moldable"
+  std::string rule;         // what decided between dhp's candidates (choose_robustly)
 };
 
 class Planner {
@@ -120,6 +121,31 @@ class Planner {
   int world_;
   ParamGroups groups_;
 };
+
+namespace detail {
+struct Candidate;
+}
+
+// dhp's robust choice between the best baseline (pow2's plan or the best static layout) and
+// the best plan with any integer degrees. The model's error per ring degree
+// (CostModel::relative_error, measured by the online refit) gives each plan an expected error:
+// its groups' errors weighted by their rank-time. The any-degree plan wins when it is predicted
+// faster by more than the larger of the two errors. When it leads by less (a near tie the model
+// cannot resolve) the plan with fewer and smaller rings wins: fewer ring steps (the sum of
+// degree - 1 over its groups), then the narrower widest ring; the faster when those tie. A plan
+// predicted slower than the best baseline is never chosen.
+struct RobustChoice {
+  bool any = false;  // the any-degree plan, else the baseline
+  std::string rule;  // which rule decided, for the step log
+};
+RobustChoice choose_robustly(const CostModel& cost, const detail::Candidate& base, const detail::Candidate& any);
+// A plan's expected relative error: its groups' errors at their degrees, weighted by rank-time.
+double predicted_error(const CostModel& cost, const std::vector<PlanGroup>& groups);
+struct RingLoad {
+  int64_t ring_steps = 0;  // sum over the groups of ring degree - 1
+  int widest = 1;
+};
+RingLoad ring_load(const std::vector<PlanGroup>& groups);
 
 // Contiguous, node-aware placement of one wave: first rank of each group, given degrees
 // that sum to at most `world`. Groups of at least a node start on a node boundary; smaller

@@ -8,16 +8,18 @@ work=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-# synth_longtail DIR: the long-tail data set of the multi-process tests, scaled down so that
-# a few of its samples outgrow one rank's share of a batch of 8 (the planner rings them).
+# synth_longtail DIR [SCALE]: the long-tail data set of the multi-process tests, scaled down
+# (by 0.1 unless SCALE) so that a few of its samples outgrow one rank's share of a batch of 8
+# (the planner rings them).
 synth_longtail() {
   "$dhp" data synth --out "$1" --preset video-longtail --train 96 --val 8 --seed 5 \
-    --scale 0.1 --factor 16 >/dev/null
+    --scale "${2:-0.1}" --factor 16 >/dev/null
 }
 
 # small_run_toml DATA_DIR STEPS [VAL] [DATA_KEYS]: the small model of small_model.toml on
 # DATA_DIR's training set, one thread per rank, batches of 8; VAL is the held-out set (none
 # by default), DATA_KEYS more [data] lines; the TOML on standard input (more sections) follows.
+# data.max_tokens is $max_tokens, 1500 unless set.
 small_run_toml() {
   cat "$tests/small_model.toml"
   cat <<TOML
@@ -26,7 +28,7 @@ train = "$1/train.jsonl"
 val = "${3:-}"
 tokenizer = "$1/tokenizer.model"
 workers = 0
-max_tokens = 1500
+max_tokens = ${max_tokens:-1500}
 ${4:-}
 [train]
 steps = $2

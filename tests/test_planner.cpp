@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <climits>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -13,6 +14,7 @@
 #include "data/presets.h"
 #include "parallel/cost_model.h"
 #include "parallel/planner.h"
+#include "parallel/planner_detail.h"
 #include "parallel/simulate.h"
 #include "parallel/solver.h"
 
@@ -283,6 +285,159 @@ TEST(Planner, AnyIntegerDegreeNextToOtherGroups) {
   EXPECT_EQ(st.candidate.rfind("any/", 0), 0u) << st.candidate;
   EXPECT_LT(double(dhp.makespan_ns()), 0.95 * double(pow2.makespan_ns()));
   EXPECT_LE(double(dhp.makespan_ns()), 1.15 * double(dhp.summary().lower_bound_ns));
+}
+
+// The robust choice: a plan whose lead over the best baseline is inside the model's measured
+// error does not win on that lead; the one with fewer and smaller rings does. Three CPU ranks,
+// one long document next to short samples: the any-degree plan runs the document on a ring of
+// 3, pow2 on a ring of 2 beside the short ones (fewer, smaller rings). With a model error per
+// degree of twice the any-degree plan's lead dhp takes the baseline; with half the lead, the
+// faster plan; with no measured error, the faster plan.
+TEST(Planner, NearTieWithinTheModelErrorPicksTheSaferPlan) {
+  const int n = 3;
+  // Coefficients of its own, so that the setting does not move with the CPU profile: an
+  // earlier CPU profile (attention at 11.8 GFLOP/s, 30 µs per sequence, transfers beside the
+  // compute) with ring steps of a millisecond, so that short samples belong on one rank and
+  // the long document on a ring.
+  DeviceProfile dev = device_profile("cpu");
+  dev.ring_overlap = true;
+  CostModel cost(ModelConfig{}, dev, 8);
+  CostCoeffs k;
+  k.sec_per_flop = 1 / 62.8e9, k.sec_per_att_flop = 1 / 11.82e9;
+  k.sec_per_byte_intra = 1 / 5e9, k.sec_per_byte_inter = 1 / 1e9;
+  k.sec_per_step = 1e-3, k.sec_per_seq = 30.2e-6, k.sec_per_weight_byte = 1 / 23.9e12;
+  cost.set_coeffs(k);
+  // One document, and short samples worth `share` times the document on two ranks: pow2 runs
+  // the document on a ring of 2 beside the short ones, the any-degree plan on a ring of 3 and
+  // then the short ones on every rank. The first memory size and share of the grid where the
+  // any-degree plan leads the best baseline (pow2, or the static layout at CP 1 or 3) with
+  // more ring steps: the setting the rule is for. (The lead is small, 0.07%; the error the
+  // test sets is relative to it.)
+  const SeqShape doc{1, 8000, 0, 0}, one{0, 300, 0, 0};
+  const double t2 = cost.seconds(cost.prepare(doc), 2), t1 = cost.seconds(cost.prepare(one), 1);
+  struct Case {
+    ParallelConfig par;
+    std::vector<SeqShape> batch;
+    double lead = 0;
+    PlanStats st;
+    Plan exact, base;
+  };
+  auto find = [&]() -> std::optional<Case> {
+    for (double gb : {4.0, 0.2})
+      for (double share : {1.1, 1.2, 1.3, 1.5}) {
+        Case c;
+        c.par = par_for("cpu", gb, 8);
+        c.batch = {doc};
+        for (int i = 0; i < int(std::lround(share * t2 / t1)); ++i) c.batch.push_back({100 + i, one.text_tokens, 0, 0});
+        const Planner p(cost, c.par, n);
+        if (p.min_degree(doc) > 2) continue;
+        c.exact = p.plan_dhp(c.batch, &c.st);
+        c.base = p.plan_pow2(c.batch);
+        for (int cp : {1, 3}) {
+          if (p.static_min_cp(c.batch) > cp) continue;
+          Plan s = p.plan_static(c.batch, cp);
+          if (s.makespan_ns() < c.base.makespan_ns()) c.base = s;
+        }
+        const RingLoad x = ring_load(c.exact.groups()), y = ring_load(c.base.groups());
+        c.lead = double(c.base.makespan_ns()) / double(c.exact.makespan_ns()) - 1;
+        if (c.st.candidate.rfind("any/", 0) == 0 && c.lead > 1e-4 &&
+            std::pair(y.ring_steps, y.widest) < std::pair(x.ring_steps, x.widest))
+          return c;
+      }
+    return std::nullopt;
+  };
+  const std::optional<Case> found = find();
+  ASSERT_TRUE(found) << "no batch where a wider ring leads the best baseline";
+  const Case& c = *found;
+  EXPECT_NE(c.st.rule.find("faster"), std::string::npos) << c.st.rule;
+
+  auto with_error = [&](double e) {
+    CostModel m = cost;
+    m.set_error_by_degree(std::vector<double>(n + 1, e));
+    EXPECT_NEAR(m.relative_error(2), e, 1e-12);
+    return Planner(m, c.par, n);
+  };
+  // A near tie: the lead is half the model's error. The baseline, exactly.
+  PlanStats tie_st;
+  const Planner wide = with_error(2 * c.lead);
+  const Plan tie = wide.plan_dhp(c.batch, &tie_st);
+  expect_valid(wide, tie, c.batch);
+  EXPECT_EQ(tie_st.candidate.rfind("any/", 0), std::string::npos) << tie_st.candidate;
+  EXPECT_EQ(tie.makespan_ns(), c.base.makespan_ns());
+  EXPECT_EQ(tie.groups(), c.base.groups());
+  EXPECT_NE(tie_st.rule.find("near tie"), std::string::npos) << tie_st.rule;
+  EXPECT_EQ(tie.rule(), tie_st.rule);
+  // The lead is twice the error: the faster plan wins.
+  PlanStats far_st;
+  const Planner narrow = with_error(c.lead / 2);
+  const Plan far = narrow.plan_dhp(c.batch, &far_st);
+  EXPECT_EQ(far_st.candidate, c.st.candidate);
+  EXPECT_EQ(far.makespan_ns(), c.exact.makespan_ns());
+  EXPECT_NE(far_st.rule.find("beyond"), std::string::npos) << far_st.rule;
+}
+
+// The rule itself on hand-made candidates: never a plan predicted slower than the baseline,
+// the safer in a near tie (whichever it is), the faster beyond the error; a plan's error is
+// its groups' errors weighted by rank-time.
+TEST(Planner, RobustChoiceRules) {
+  CostModel cost(ModelConfig{}, device_profile("cpu"), 8);
+  cost.set_error_by_degree({0, 0.02, 0.10, 0, 0.04});  // degree 3 unobserved: the largest, 10%
+  EXPECT_DOUBLE_EQ(cost.relative_error(1), 0.02);
+  EXPECT_DOUBLE_EQ(cost.relative_error(3), 0.10);
+  EXPECT_DOUBLE_EQ(cost.relative_error(9), 0.10);
+  auto group = [](int ranks, int64_t t) {
+    PlanGroup g;
+    g.ranks = g.ring_degree = ranks;
+    g.time_ns = t;
+    return g;
+  };
+  detail::Candidate ones{{group(1, 1000), group(1, 1000)}, 1000, "pow2/moldable"};
+  detail::Candidate ring3{{group(3, 970)}, 970, "any/moldable"};
+  // Errors: 2% for the one-rank plan; 10% for the ring of 3.
+  EXPECT_NEAR(predicted_error(cost, ones.groups), 0.02, 1e-12);
+  EXPECT_NEAR(predicted_error(cost, {group(1, 1000), group(4, 1000)}), (0.02 + 4 * 0.04) / 5, 1e-12);
+  RobustChoice c = choose_robustly(cost, ones, ring3);  // 3.1% lead < 10%
+  EXPECT_FALSE(c.any) << c.rule;
+  EXPECT_NE(c.rule.find("near tie"), std::string::npos);
+  ring3.makespan = 800;  // 25% lead > 10%
+  c = choose_robustly(cost, ones, ring3);
+  EXPECT_TRUE(c.any) << c.rule;
+  // In a near tie the faster plan wins when it is also the safer one.
+  detail::Candidate ring4{{group(4, 1000)}, 1000, "pow2/moldable"};
+  detail::Candidate two2{{group(2, 990), group(2, 990)}, 990, "any/waves"};
+  c = choose_robustly(cost, ring4, two2);
+  EXPECT_TRUE(c.any) << c.rule;
+  // Never the slower one, however safe.
+  detail::Candidate slow{{group(1, 1001)}, 1001, "any/moldable"};
+  c = choose_robustly(cost, ring4, slow);
+  EXPECT_FALSE(c.any) << c.rule;
+  // No error measured: the fastest, by any margin.
+  CostModel exact(ModelConfig{}, device_profile("cpu"), 8);
+  ring3.makespan = 999;
+  EXPECT_TRUE(choose_robustly(exact, ones, ring3).any);
+}
+
+TEST(CostModel, MeasuredErrorPerDegree) {
+  CostModel m(ModelConfig{}, device_profile("cpu"), 8);
+  std::vector<TimingObservation> obs;
+  const double off[] = {1.10, 1.25, 0.95};
+  for (int i = 0; i < 3; ++i) {
+    TimingObservation o;
+    o.seqs = {{i, 300 + 100 * i, 0, 0}};
+    o.degree = 2;
+    o.seconds = m.seconds(m.prepare(o.seqs[0]), 2) * off[i];
+    obs.push_back(o);
+  }
+  TimingObservation one;
+  one.seqs = {{9, 500, 0, 0}};
+  one.seconds = 2 * m.seconds(m.prepare(one.seqs[0]), 1);
+  obs.push_back(one);
+  const auto e = measured_error(m, obs);
+  ASSERT_EQ(e.size(), 3u);
+  EXPECT_EQ(e[1], 0.0);  // one observation: not enough to count
+  // |1/1.10 - 1|, |1/1.25 - 1|, |1/0.95 - 1|: the median is 1/11.
+  EXPECT_NEAR(e[2], 1 - 1 / 1.10, 1e-9);
+  EXPECT_EQ(measured_error(m, obs, 1)[1], 0.5);
 }
 
 // The fair baselines: pow2 is dhp's own search restricted to powers of two, static keeps its
@@ -781,7 +936,11 @@ TEST(CostModel, CoefficientsRoundTripAndAreValidated) {
 }
 
 TEST(CostModel, RefitRecoversCoefficientsFromTimings) {
-  CostModel truth(ModelConfig{}, device_profile("cpu"), 4);
+  // The CPU profile with a per-sequence cost large enough to show in the times (the measured
+  // one is ~0), so that every coefficient is exercised.
+  DeviceProfile dev = device_profile("cpu");
+  dev.coeffs.sec_per_seq = 30e-6;
+  CostModel truth(ModelConfig{}, dev, 4);
   CostCoeffs k = truth.coeffs();
   const double scale[CostCoeffs::kCount] = {1.7, 0.6, 2.5, 0.8, 3.0, 0.5, 1.4};
   for (int i = 0; i < CostCoeffs::kCount; ++i) k[i] *= scale[i];
@@ -803,12 +962,40 @@ TEST(CostModel, RefitRecoversCoefficientsFromTimings) {
     o.seconds = truth.seconds(g, o.degree, o.inter);
     obs.push_back(o);
   }
-  CostModel prior(ModelConfig{}, device_profile("cpu"), 4);
+  CostModel prior(ModelConfig{}, dev, 4);
   EXPECT_GT(mean_relative_error(prior, obs), 0.1);
   CostCoeffs fit = refit(prior, obs, 1e-9);
   for (int i = 0; i < CostCoeffs::kCount; ++i) EXPECT_NEAR(fit[i] / k[i], 1.0, 0.05) << CostCoeffs::name(i);
   prior.set_coeffs(fit);
   EXPECT_LT(mean_relative_error(prior, obs), 0.01);
+}
+
+// On the CPU one thread computes a ring step and moves its blocks: the step costs compute +
+// transfer, not the larger of the two. Exactly min(compute, transfer) more per step, nothing
+// at degree 1, and the features still reproduce the time.
+TEST(CostModel, RingStepsWithoutOverlapCostComputeAndTransfer) {
+  DeviceProfile over = device_profile("cpu"), serial = over;
+  over.ring_overlap = true;
+  ASSERT_FALSE(serial.ring_overlap);
+  const ModelConfig m;
+  const CostModel a(m, over, 8), b(m, serial, 8);
+  for (int64_t L : {64, 2000, 20000}) {
+    const SeqCost c = a.prepare({0, L, 0, 0});
+    EXPECT_EQ(a.seconds(c, 1), b.seconds(c, 1)) << L;
+    for (int d : {2, 3, 5, 8}) {
+      const auto fa = a.features(c, d), fb = b.features(c, d);
+      // Per step: compute = c_att x its attention FLOPs, transfer = c_step x its steps +
+      // c_byte x its bytes (the features of the no-overlap model hold both in full).
+      const double layers = m.layers, steps = layers * (d - 1);
+      const double att_step = (fb[1] - fb[1] / d) / steps;  // the d-1 blocks' share of the attention
+      const double xfer_step = (fb[2] * b.coeffs().sec_per_byte_intra + fb[4] * b.coeffs().sec_per_step) / steps;
+      const double compute_step = att_step * b.coeffs().sec_per_att_flop;
+      EXPECT_NEAR(b.seconds(c, d) - a.seconds(c, d), steps * std::min(compute_step, xfer_step),
+                  1e-9 * b.seconds(c, d)) << L << " " << d;
+      EXPECT_NEAR(from_features(fb, b.coeffs()), b.seconds(c, d), 1e-9 * b.seconds(c, d));
+      EXPECT_NEAR(from_features(fa, a.coeffs()), a.seconds(c, d), 1e-9 * a.seconds(c, d));
+    }
+  }
 }
 
 TEST(MemoryModel, ZeroOneAndMonotoneInDegree) {

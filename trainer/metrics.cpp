@@ -40,6 +40,21 @@ void to_json(nlohmann::json& j, const StepRecord& r) {
        {"step_s", r.step_s},
        {"imbalance", r.imbalance},
        {"threads", r.threads}};
+  if (!r.candidate.empty()) j["candidate"] = r.candidate;
+  if (!r.rule.empty()) j["rule"] = r.rule;
+  nlohmann::json groups = nlohmann::json::array();
+  for (const auto& g : r.group_costs)
+    groups.push_back({{"d", g.degree},
+                      {"seqs", g.seqs},
+                      {"tokens", g.tokens},
+                      {"piece", g.piece_tokens},
+                      {"pieces", g.pieces},
+                      {"images", g.images},
+                      {"image_tokens", g.image_tokens},
+                      {"max_image_tokens", g.max_image_tokens},
+                      {"pred", g.predicted_s},
+                      {"meas", g.measured_s}});
+  j["group_costs"] = std::move(groups);
 }
 
 ProgressBar::ProgressBar(int64_t total, bool enabled)
@@ -162,10 +177,11 @@ void RunReport::step(const StepRecord& rec) {
     bar_.clear();
     spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
                  "{:.1f} samples/s | wait {:.0f} ms | {} groups, ring degrees {} | plan {:.1f} ms, "
-                 "predicted {:.3f}s, measured {:.3f}s (cost model error {:.0f}%) | {:.1f}s",
+                 "predicted {:.3f}s, measured {:.3f}s (cost model error {:.0f}%){} | {:.1f}s",
                  rec.step, cfg_.train.steps, rec.loss, rec.lr, rec.grad_norm, rec.tokens_per_s,
                  rec.samples_per_s, 1e3 * rec.loader_wait_s, rec.groups, fmt::join(rec.degrees, ","),
                  1e3 * rec.plan_s, rec.predicted_s, rec.measured_s, 100 * rec.cost_error,
+                 rec.candidate.empty() ? "" : fmt::format(" | {}{}", rec.candidate, rec.rule.empty() ? "" : ": " + rec.rule),
                  rec.elapsed_s);
   }
   bar_.draw(rec.step, std::chrono::duration<double>(Clock::now() - t_start_).count(), rec.loss);

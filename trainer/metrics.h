@@ -43,6 +43,23 @@ struct StepRecord {
   // Every rank's device memory: the high-water mark its buffers reached during the step
   // (Backend::peak_bytes), and what the planner's memory model predicted for its groups.
   std::vector<double> rank_mem_peak_mb, rank_mem_predicted_mb;
+  // Every group of the plan, predicted next to measured, with what its price depends on, so
+  // that the cost model's error can be broken down by ring degree and piece size
+  // (scripts/cost_error.py).
+  struct GroupCost {
+    int degree = 1;
+    int seqs = 0;
+    int64_t tokens = 0;        // decoder tokens of the whole micro-batch
+    int64_t piece_tokens = 0;  // the most decoder tokens one ring member holds
+    int64_t pieces = 0;        // zigzag ranges the busiest member holds
+    int images = 0;
+    int64_t image_tokens = 0;  // merged image tokens (what the image exchange routes)
+    int64_t max_image_tokens = 0;  // the largest image's merged tokens
+    double predicted_s = 0.0, measured_s = 0.0;
+  };
+  std::vector<GroupCost> group_costs;
+  std::string candidate;  // the search whose plan ran (dhp's portfolio)
+  std::string rule;       // what decided between the candidates (dhp's robust choice)
 };
 
 // The step's line of the metrics file. busy_s is left out: rank_busy_s holds every rank's.

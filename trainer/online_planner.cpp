@@ -47,10 +47,14 @@ CostCheck OnlinePlanner::learn(const StepWork& work, const std::vector<GroupTimi
   comm_.all_reduce_max(measured.data(), int64_t(measured.size()));
   double err = 0.0;
   int counted = 0;
+  // The first step a process runs grows its arenas and touches their pages for the first
+  // time: its groups take longer than the same groups later, so the refit leaves them out.
+  const bool warming = steps_seen_++ == 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     if (measured[g] <= 0.0) continue;
     err += std::abs(double(groups[g].time_ns) * 1e-9 - measured[g]) / measured[g];
     ++counted;
+    if (warming) continue;
     TimingObservation o;
     for (int32_t s : groups[g].seqs) o.seqs.push_back(work.plan.seqs()[size_t(s)]);
     o.degree = groups[g].ring_degree;
@@ -60,11 +64,15 @@ CostCheck OnlinePlanner::learn(const StepWork& work, const std::vector<GroupTimi
     o.seconds = measured[g];
     observed_.push_back(std::move(o));
   }
-  const CostCheck check{counted ? err / counted : 0.0, rebuilt_makespan(work.plan, measured)};
+  const CostCheck check{counted ? err / counted : 0.0, rebuilt_makespan(work.plan, measured), measured};
   while (int(observed_.size()) > cfg_.refit_window) observed_.pop_front();
   if (!cfg_.refit || observed_.empty()) return check;
   CostModel cost = current()->cost();
-  cost.set_coeffs(refit(cost, {observed_.begin(), observed_.end()}));
+  const std::vector<TimingObservation> window(observed_.begin(), observed_.end());
+  cost.set_coeffs(refit(cost, window));
+  // The error the planner's robust choice allows for: the refitted model's own error on the
+  // window, per ring degree.
+  cost.set_error_by_degree(measured_error(cost, window));
   replace(cost);
   return check;
 }
@@ -95,6 +103,7 @@ void OnlinePlanner::restore(const std::string& saved) {
   cost.set_coeffs(st.coeffs);
   while (int(st.window.size()) > cfg_.refit_window) st.window.erase(st.window.begin());
   observed_.assign(st.window.begin(), st.window.end());
+  cost.set_error_by_degree(measured_error(cost, st.window));
   replace(cost);
   if (rank0_) spdlog::info("cost model: refitted coefficients and {} observed groups restored",
                            observed_.size());

@@ -21,6 +21,7 @@ namespace dhp {
 struct CostCheck {
   double error = 0.0;       // mean |predicted - measured| / measured over the step's groups
   double measured_s = 0.0;  // the plan's schedule replayed with the measured group times
+  std::vector<double> group_seconds;  // every group's measured time (its slowest member's)
 };
 
 class OnlinePlanner {
@@ -52,6 +53,7 @@ class OnlinePlanner {
   mutable std::mutex mu_;
   std::shared_ptr<const Planner> planner_;
   std::deque<TimingObservation> observed_;  // the latest groups' measured times
+  int64_t steps_seen_ = 0;                  // steps learnt from since this process started
 };
 
 }  // namespace dhp

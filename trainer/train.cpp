@@ -342,6 +342,37 @@ void describe_plan(const StepWork& work, StepRecord& rec) {
   rec.max_degree = rec.degrees.empty() ? 1 : rec.degrees.front();
   rec.plan_s = work.plan_seconds;
   rec.predicted_s = double(work.plan.makespan_ns()) * 1e-9;
+  rec.candidate = work.plan.candidate();
+  rec.rule = work.plan.rule();
+}
+
+// Every group's prediction next to its measured time (its slowest member's), with the
+// shapes the cost model prices: ring degree, the busiest member's tokens and zigzag pieces,
+// images and their merged tokens.
+void describe_groups(const StepWork& work, const std::vector<double>& measured, StepRecord& rec) {
+  const Plan& plan = work.plan;
+  for (size_t g = 0; g < plan.groups().size(); ++g) {
+    const PlanGroup& grp = plan.groups()[g];
+    StepRecord::GroupCost c;
+    c.degree = grp.ring_degree;
+    c.seqs = int(grp.seqs.size());
+    for (int32_t s : grp.seqs) {
+      const SeqShape& q = plan.seqs()[size_t(s)];
+      c.tokens += q.tokens();
+      c.images += q.images;
+      c.image_tokens += q.vision_tokens;
+      if (q.images > 0) c.max_image_tokens = std::max(c.max_image_tokens, (q.vision_tokens + q.images - 1) / q.images);
+    }
+    for (int r = grp.first_rank; r < grp.first_rank + grp.ring_degree; ++r) {
+      int64_t tokens = 0;
+      const auto ranges = plan.ranges(int(g), r);
+      for (const TokenRange& t : ranges) tokens += t.end - t.begin;
+      if (tokens > c.piece_tokens) c.piece_tokens = tokens, c.pieces = int64_t(ranges.size());
+    }
+    c.predicted_s = double(grp.time_ns) * 1e-9;
+    c.measured_s = g < measured.size() ? measured[g] : 0.0;
+    rec.group_costs.push_back(c);
+  }
 }
 
 StepRecord Run::step(int64_t step, const StepWork& work) {
@@ -375,6 +406,7 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
   const CostCheck costs = planner_.learn(work, exec_.last_timings());
   rec.cost_error = costs.error;
   rec.measured_s = costs.measured_s;
+  describe_groups(work, costs.group_seconds, rec);
   return rec;
 }
 
