@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Activation recompute across real processes: the same training under parallel.recompute =
 # off, selective and full on 3 MPI ranks with dhp rings (the long-tail set puts its longest
-# samples on rings of degree 2 and 3), against one rank without recompute. Every mode gives
+# samples on rings wider than one rank), against one rank without recompute. Every mode gives
 # the one-rank losses and weights to fp32 rounding (recompute changes which buffers are kept,
 # never the arithmetic), and every rank's measured memory high-water mark stays at or below
 # the memory model's prediction and within 10% of it, every step.

@@ -203,7 +203,7 @@ TEST(Checkpoint, SurvivesKillDuringSave) {
       for (int64_t s = first;; ++s) {
         std::fill_n(model.params(), model.n_params(), float(s));
         std::fill_n(opt.m(), model.n_params(), float(-s));
-        save_checkpoint(cfg, model, &opt, TrainState{s, 11, 16, SamplerState{11, 0, 0}, 0, 0, ""});
+        save_checkpoint(cfg, model, &opt, TrainState{s, 11, 16, SamplerState{11, 0, 0}, 0, 0, "", "", ""});
       }
     }
     std::this_thread::sleep_for(std::chrono::microseconds(rng.range(2000, 60000)));
