@@ -243,7 +243,7 @@ TEST(Image, PatchLayoutKnownPixels) {
   EXPECT_EQ(b.grid_h, 2);
   // The mean colour: normalised, within half a grey level of 0.
   for (size_t i = 0; i < b.pixels.size(); ++i)
-    ASSERT_NEAR(b.pixels[i] / 255.0f, kPixelMean[i % 3], 0.5f / 255.0f) << i;
+    ASSERT_NEAR(b.pixels[i] / 255.0f, float(kClipPixelMean[i % 3]), 0.5f / 255.0f) << i;
   // A size off the grid is resized to resized_size() (30 x 40 -> 28 x 28 -> 2 x 2 patches).
   const PreparedImage r = prepare_image(cv::Mat(30, 40, CV_8UC3, cv::Scalar(0, 0, 255)), v);
   EXPECT_EQ(r.grid_h, 2);
@@ -364,7 +364,7 @@ TEST_F(DataTest, LoadedLengthEqualsHeaderPrediction) {
   const Sample b = ds.load(3, true);
   EXPECT_EQ(b.tokens, ds.load(3, false).tokens);
   for (size_t i = 0; i < b.images[0].pixels.size(); ++i)  // the mean colour
-    ASSERT_EQ(b.images[0].pixels[i], uint8_t(std::lround(kPixelMean[i % 3] * 255.0f))) << i;
+    ASSERT_EQ(b.images[0].pixels[i], uint8_t(std::lround(float(kClipPixelMean[i % 3]) * 255.0f))) << i;
 }
 
 

@@ -14,8 +14,6 @@ namespace dhp {
 // The spec's per-channel normalisation, (x / 255 - mean) / std for R, G, B; applied on the
 // device by the model (Ops::normalize_pixels), so batches carry 8-bit pixels. CLIP's constants
 // (the native tower's and CLIP's); SigLIP towers use 0.5 for both.
-inline constexpr float kPixelMean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
-inline constexpr float kPixelStd[3] = {0.26862954f, 0.26130258f, 0.27577711f};
 inline constexpr std::array<double, 3> kClipPixelMean = {0.48145466, 0.4578275, 0.40821073};
 inline constexpr std::array<double, 3> kClipPixelStd = {0.26862954, 0.26130258, 0.27577711};
 inline constexpr std::array<double, 3> kSiglipPixelMean = {0.5, 0.5, 0.5};
