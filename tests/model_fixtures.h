@@ -1,6 +1,10 @@
 // A tiny model configuration and hand-built packed batches shared by the model tests.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -90,6 +94,30 @@ inline void randomise(Model& m, uint64_t seed) {
   // finite-difference noise floor.
   Rng rng(seed);
   for (int64_t i = 0; i < m.n_params(); ++i) m.params()[i] = float((rng.uniform() * 2 - 1) * 0.5);
+}
+
+// The largest relative L2 gap between two models' gradients (same table; `a` the reference),
+// over the tensors that take a gradient, and in *where the tensor's name. `skip` leaves a
+// tensor out, given its spec and the norm of a's gradient of it.
+inline double worst_gradient_gap(
+    const Model& a, const Model& b, std::string* where,
+    const std::function<bool(const ParamSpec&, double ref_norm)>& skip = nullptr) {
+  double worst = 0.0;
+  for (const auto& spec : a.table().specs()) {
+    if (!spec.trainable) continue;
+    double d2 = 0.0, r2 = 0.0;
+    for (int64_t i = spec.grad_offset; i < spec.grad_offset + spec.numel(); ++i) {
+      const double r = a.grads()[i], d = double(b.grads()[i]) - r;
+      d2 += d * d, r2 += r * r;
+    }
+    if (skip && skip(spec, std::sqrt(r2))) continue;
+    const double gap = std::sqrt(d2) / std::max(std::sqrt(r2), 1e-12);
+    if (gap > worst) {
+      worst = gap;
+      *where = spec.name;
+    }
+  }
+  return worst;
 }
 
 }  // namespace dhp::testing

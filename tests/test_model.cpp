@@ -18,6 +18,7 @@ using testing::randomise;
 using testing::random_vec;
 using testing::sample_docs;
 using testing::tiny_config;
+using testing::worst_gradient_gap;
 using testing::Doc;
 
 TEST(Model, InitialLossIsNearUniform) {
@@ -325,30 +326,6 @@ TEST(Model, SteadyStateStepsAllocateNothing) {
 
 namespace dhp {
 namespace {
-
-double norm2(const std::vector<double>& x) {
-  double s = 0.0;
-  for (double e : x) s += e * e;
-  return std::sqrt(s);
-}
-
-// Relative L2 distance of each parameter tensor's gradient between two models.
-double worst_gradient_gap(const Model& a, const Model& b, std::string* where) {
-  double worst = 0.0;
-  for (const auto& spec : a.table().specs()) {
-    std::vector<double> diff, ref;
-    for (int64_t i = spec.offset; i < spec.offset + spec.numel(); ++i) {
-      diff.push_back(double(b.grads()[i]) - a.grads()[i]);
-      ref.push_back(a.grads()[i]);
-    }
-    const double gap = norm2(diff) / std::max(norm2(ref), 1e-12);
-    if (gap > worst) {
-      worst = gap;
-      *where = spec.name;
-    }
-  }
-  return worst;
-}
 
 // bf16 storage of activations and working weights (on the CPU, fp32 kernels between bf16
 // roundings): the loss and every gradient tensor stay within bf16's rounding of fp32's, the
