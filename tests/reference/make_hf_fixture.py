@@ -141,10 +141,9 @@ def train_tokenizer(out):
     os.remove(os.path.join(out, "tokenizer.vocab"))
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--arch", default="llama", choices=["llama", "mistral", "qwen2"])
+def add_decoder_options(ap, archs):
+    """The decoder's options, shared with make_hf_llava_fixture.py."""
+    ap.add_argument("--arch", default="llama", choices=archs)
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv", type=int, default=2)
@@ -153,7 +152,6 @@ def main():
     ap.add_argument("--vocab", type=int, default=320)
     ap.add_argument("--tied", action="store_true")
     ap.add_argument("--dtype", default="f32", choices=list(DTYPES))
-    ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--eps", type=float, default=1e-5)
     ap.add_argument("--theta", type=float, default=500.0)
     ap.add_argument("--seed", type=int, default=1)
@@ -161,9 +159,16 @@ def main():
     ap.add_argument("--tokenizer", action="store_true")
     ap.add_argument("--drop", action="append", default=[])
     ap.add_argument("--extra", action="append", default=[])
+    ap.add_argument("--config", action="append", default=[])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    add_decoder_options(ap, ["llama", "mistral", "qwen2"])
+    ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--transpose", action="append", default=[])
     ap.add_argument("--wrong-dtype", action="append", default=[])
-    ap.add_argument("--config", action="append", default=[])
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     gen = torch.Generator().manual_seed(a.seed)
