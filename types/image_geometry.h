@@ -45,21 +45,18 @@ struct ImageGeometry {
   int64_t patch_numel() const { return int64_t(patch) * patch * 3; }
   // The 8-bit colour nearest the mean: blanked images take it, so it normalises to within
   // 0.5/255/std of zero.
-  std::array<uint8_t, 3> mean_rgb() const {
-    std::array<uint8_t, 3> c{};
-    for (int i = 0; i < 3; ++i) {
-      const double v = pixel_mean[size_t(i)] * 255.0;
-      c[size_t(i)] = uint8_t(v <= 0.0 ? 0 : v >= 255.0 ? 255 : int(v + 0.5));
-    }
-    return c;
-  }
+  std::array<uint8_t, 3> mean_rgb() const { return mean_bytes(0.5); }
   // pad_square's fill: LLaVA's expand2square background, int(mean * 255) (truncated: CLIP's
   // mean gives (122, 116, 104), SigLIP's 127), so padded images match its preprocessing.
-  std::array<uint8_t, 3> pad_rgb() const {
+  std::array<uint8_t, 3> pad_rgb() const { return mean_bytes(0.0); }
+
+ private:
+  // 255 * mean per channel, plus `offset` (0.5 rounds to nearest, 0 truncates), clamped.
+  std::array<uint8_t, 3> mean_bytes(double offset) const {
     std::array<uint8_t, 3> c{};
     for (int i = 0; i < 3; ++i) {
       const double v = pixel_mean[size_t(i)] * 255.0;
-      c[size_t(i)] = uint8_t(v <= 0.0 ? 0 : v >= 255.0 ? 255 : int(v));
+      c[size_t(i)] = uint8_t(v <= 0.0 ? 0 : v >= 255.0 ? 255 : int(v + offset));
     }
     return c;
   }
