@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/check.h"
+#include "core/hash.h"
 #include "data/shard_io.h"
 
 namespace dhp {
@@ -16,7 +17,7 @@ namespace fs = std::filesystem;
 constexpr const char* kShardFormat = "dhp-shard";
 constexpr const char* kIndexFormat = "dhp-shard-index";
 
-void check_format(const H5Reader& r, const char* want, const std::string& path) {
+void check_format(H5Reader& r, const char* want, const std::string& path) {
   DHP_CHECK(r.attr_str("format") == want, "'{}' is not a {} file (rebuild it with `dhp data build`)",
             path, want);
   const int64_t version = r.attr_i64("version");
@@ -28,6 +29,7 @@ void check_format(const H5Reader& r, const char* want, const std::string& path) 
                 ? " (its image token counts come from the resize rule before the max_pixels "
                   "clamp)"
                 : "");
+  r.format_is_known();
 }
 
 }  // namespace
@@ -59,6 +61,18 @@ std::vector<SkipRecord> skipped_from_json(const std::string& s, const std::strin
   return out;
 }
 
+// The checksum of a shard's tables. Texts and images carry their own per sample; the tables
+// are read only when a build resumes, and must not pass damaged numbers into the index.
+int64_t tables_checksum(const ShardContents& s, const std::string& skipped_json) {
+  uint64_t h = fnv1a(&s.first_line, sizeof s.first_line);
+  h = fnv1a(&s.end_line, sizeof s.end_line, h);
+  for (const auto* v : {&s.samples, &s.images, &s.name_offsets})
+    h = fnv1a(v->data(), v->size() * sizeof(int64_t), h);
+  h = fnv1a(s.names.data(), s.names.size(), h);
+  h = fnv1a(skipped_json.data(), skipped_json.size(), h);
+  return int64_t(h);
+}
+
 void write_shard(const std::string& path, const ShardContents& s) {
   const std::string tmp = path + ".tmp";
   {
@@ -75,7 +89,9 @@ void write_shard(const std::string& path, const ShardContents& s) {
     w.u8("image_bytes", s.image_bytes);
     w.text("names", s.names);
     w.i64("name_offsets", s.name_offsets);
-    w.text("skipped", skipped_to_json(s.skipped));
+    const std::string skipped = skipped_to_json(s.skipped);
+    w.text("skipped", skipped);
+    w.attr("tables_checksum", tables_checksum(s, skipped));
     w.close();
   }
   commit_rename(tmp, path);
@@ -92,7 +108,12 @@ ShardContents read_shard_tables(const std::string& path, std::vector<int64_t>* e
   s.images = r.i64("images", kImageCols);
   s.names = r.text("names");
   s.name_offsets = r.i64("name_offsets");
-  s.skipped = skipped_from_json(r.text("skipped"), path);
+  const std::string skipped = r.text("skipped");
+  // Shards built before the checksum existed are read unchecked.
+  if (r.has_attr("tables_checksum"))
+    DHP_CHECK(r.attr_i64("tables_checksum") == tables_checksum(s, skipped),
+              "'{}' is damaged: its tables do not match their checksum; rebuild it", path);
+  s.skipped = skipped_from_json(skipped, path);
   DHP_CHECK(int64_t(s.name_offsets.size()) == s.n_samples() + 1, "'{}': damaged name table",
             path);
   if (extent) {
@@ -110,7 +131,7 @@ void write_index(const std::string& dir, const ShardIndex& x) {
   const std::string tmp = path + ".tmp";
   {
     std::lock_guard<std::mutex> lock(hdf5_mutex());
-    H5Writer w(tmp);
+    H5Writer w(tmp, Seal::whole_file);
     w.attr("format", std::string(kIndexFormat));
     w.attr("version", kShardFormatVersion);
     w.attr("patch", int64_t(x.vision.patch));

@@ -3,13 +3,19 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 
 #include "core/check.h"
+#include "core/hash.h"
 #include "core/files.h"
 #include "core/input.h"
 
 namespace dhp {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -28,19 +34,82 @@ std::string hdf5_reason() {
   return "HDF5: " + (reason.empty() ? std::string("no reason given") : printable(reason));
 }
 
+constexpr char kHdf5Signature[] = "\x89HDF\r\n\x1a\n";
+constexpr char kSealMagic[] = "dhp-seal fnv1a64 ";
+
+// The seal line: the magic, then the checksum and the count of the bytes after the user block.
+std::string seal_line(uint64_t hash, int64_t bytes) {
+  return fmt::format("{}{:016x} {}\n", kSealMagic, hash, bytes);
+}
+
+// The checksum and count of the bytes of `fd` from kSealBytes on.
+std::pair<uint64_t, int64_t> hash_after_seal(int fd, const std::string& path) {
+  uint64_t h = kFnvSeed;
+  int64_t total = 0;
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    const ssize_t got = ::pread(fd, buf.data(), buf.size(), off_t(kSealBytes + total));
+    DHP_CHECK(got >= 0, "cannot read '{}': {}", printable(path), std::strerror(errno));
+    if (got == 0) break;
+    h = fnv1a(buf.data(), size_t(got), h);
+    total += got;
+  }
+  return {h, total};
+}
+
+// Checks a sealed file's checksum; an unsealed HDF5 file (one written before seals) passes.
+void check_seal(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK);
+  DHP_CHECK(fd >= 0, "cannot open '{}': {}", printable(path), std::strerror(errno));
+  std::string head(size_t(kSealBytes), '\0');
+  const ssize_t got = ::pread(fd, head.data(), head.size(), 0);
+  std::pair<uint64_t, int64_t> found{0, -1};
+  const bool sealed = got == ssize_t(head.size()) && head.starts_with(kSealMagic);
+  if (sealed) found = hash_after_seal(fd, path);
+  ::close(fd);
+  if (!sealed) {
+    DHP_CHECK(got >= 8 && head.starts_with(std::string_view(kHdf5Signature, 8)),
+              "'{}' is damaged or not an HDF5 file: it starts with neither dhp's seal nor "
+              "HDF5's signature",
+              printable(path));
+    return;
+  }
+  const std::string want = head.substr(0, head.find('\n') + 1);
+  DHP_CHECK(seal_line(found.first, found.second) == want,
+            "'{}' is damaged: its {} bytes do not match the checksum and size sealed into it "
+            "when it was written; rebuild it",
+            printable(path), found.second);
+}
+
 }  // namespace
+
+void seal_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  DHP_CHECK(fd >= 0, "cannot open '{}' to seal it: {}", printable(path), std::strerror(errno));
+  const auto [hash, bytes] = hash_after_seal(fd, path);
+  std::string head = seal_line(hash, bytes);
+  head.resize(size_t(kSealBytes), '\0');
+  const ssize_t put = ::pwrite(fd, head.data(), head.size(), 0);
+  ::close(fd);
+  DHP_CHECK(put == ssize_t(head.size()), "cannot seal '{}' (disk full?)", printable(path));
+}
 
 std::mutex& hdf5_mutex() {
   static std::mutex mu;
   return mu;
 }
 
-H5Writer::H5Writer(const std::string& path) : path_(path) {
+H5Writer::H5Writer(const std::string& path, Seal seal) : path_(path), seal_(seal) {
   quiet();
   // No modification times in object headers: identical content, identical bytes.
   H5 fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
   H5Pset_obj_track_times(fcpl, false);
-  file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl, H5P_DEFAULT);
+  if (seal == Seal::whole_file) H5Pset_userblock(fcpl, hsize_t(kSealBytes));
+  // The newest format checksums every object header, so HDF5 reports damaged metadata
+  // instead of following it.
+  H5 fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
+  file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl, fapl);
   DHP_CHECK(file_ >= 0, "cannot create HDF5 file '{}'", path);
 }
 
@@ -101,6 +170,7 @@ void H5Writer::close() {
   DHP_CHECK(H5Fflush(file_, H5F_SCOPE_GLOBAL) >= 0 && H5Fclose(file_) >= 0,
             "cannot finish writing '{}' (disk full?)", path_);
   file_ = -1;
+  if (seal_ == Seal::whole_file) seal_file(path_);
   fsync_path(path_, false);
 }
 
@@ -108,9 +178,17 @@ H5Reader::H5Reader(const std::string& path) : path_(path) {
   quiet();
   // Checked here because HDF5 opens without O_NONBLOCK: a FIFO would block it for ever.
   InputFile("HDF5 file", path);
+  check_seal(path);
   file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   DHP_CHECK(file_ >= 0, "'{}' is not a readable HDF5 file (damaged or truncated?; {})",
             printable(path), hdf5_reason());
+  std::error_code ec;
+  file_bytes_ = int64_t(fs::file_size(path, ec));
+}
+
+std::string H5Reader::damaged(const std::string& what) const {
+  if (!format_known_) return fmt::format("'{}': {}", printable(path_), what);
+  return fmt::format("'{}' is damaged: {}; rebuild it", printable(path_), what);
 }
 
 H5Reader::~H5Reader() {
@@ -126,22 +204,41 @@ bool H5Reader::has(const char* name) const {
 }
 
 hid_t H5Reader::open(const char* name) const {
-  DHP_CHECK(has(name), "'{}' has no dataset {} (not built by this version of dhp?)", path_, name);
+  DHP_CHECK(has(name), "{}",
+            format_known_ ? damaged(fmt::format("HDF5 finds no dataset {}", name))
+                          : fmt::format("'{}' has no dataset {} (not built by this version of "
+                                        "dhp?)",
+                                        printable(path_), name));
   const hid_t d = H5Dopen2(file_, name, H5P_DEFAULT);
   DHP_CHECK(d >= 0, "'{}' is damaged: dataset {} cannot be opened ({})", printable(path_), name,
             hdf5_reason());
   return d;
 }
 
-int64_t H5Reader::rows(hid_t d, int64_t cols) const {
+int64_t H5Reader::rows(hid_t d, const char* name, int64_t cols, int64_t element_bytes) const {
   H5 space(H5Dget_space(d), H5Sclose);
+  DHP_CHECK(space.ok(), "{}", damaged(fmt::format("dataset {} has no readable shape ({})", name,
+                                                  hdf5_reason())));
   hsize_t dims[2] = {0, 1};
   const int rank = H5Sget_simple_extent_ndims(space);
-  DHP_CHECK(rank == (cols == 1 ? 1 : 2), "'{}': a dataset has rank {}, expected {}", path_, rank,
-            cols == 1 ? 1 : 2);
-  H5Sget_simple_extent_dims(space, dims, nullptr);
-  DHP_CHECK(int64_t(dims[1]) == cols || cols == 1, "'{}': a dataset has {} columns, expected {}",
-            path_, dims[1], cols);
+  const int want = cols == 1 ? 1 : 2;
+  DHP_CHECK(rank == want, "{}",
+            damaged(fmt::format("HDF5 reads dataset {} as rank {}, expected {}", name, rank,
+                                want)));
+  DHP_CHECK(H5Sget_simple_extent_dims(space, dims, nullptr) == rank, "{}",
+            damaged(fmt::format("dataset {} has no readable shape ({})", name, hdf5_reason())));
+  DHP_CHECK(int64_t(dims[1]) == cols, "{}",
+            damaged(fmt::format("HDF5 reads dataset {} as {} columns, expected {}", name,
+                                dims[1], cols)));
+  // Every dataset is contiguous and allocated when written, so its stored bytes are exactly
+  // its shape's. A shape read from a damaged header is caught here, before anything is
+  // allocated for it.
+  const hsize_t stored = H5Dget_storage_size(d);
+  const bool fits = dims[0] <= hsize_t(file_bytes_) && stored <= hsize_t(file_bytes_);
+  DHP_CHECK(fits && dims[0] * hsize_t(cols * element_bytes) == stored, "{}",
+            damaged(fmt::format("HDF5 reads dataset {} as {} rows of {} bytes, but it stores {} "
+                                "bytes in a file of {}",
+                                name, dims[0], cols * element_bytes, stored, file_bytes_)));
   return int64_t(dims[0]);
 }
 
@@ -158,15 +255,15 @@ std::vector<T> read_all(hid_t file_d, hid_t mem_type, int64_t n, const std::stri
 
 std::vector<int64_t> H5Reader::i64(const char* name, int64_t cols) const {
   H5 d(open(name), H5Dclose);
-  return read_all<int64_t>(d, H5T_NATIVE_INT64, rows(d, cols) * cols, path_, name);
+  return read_all<int64_t>(d, H5T_NATIVE_INT64, rows(d, name, cols, 8) * cols, path_, name);
 }
 std::vector<int32_t> H5Reader::i32(const char* name) const {
   H5 d(open(name), H5Dclose);
-  return read_all<int32_t>(d, H5T_NATIVE_INT32, rows(d, 1), path_, name);
+  return read_all<int32_t>(d, H5T_NATIVE_INT32, rows(d, name, 1, 4), path_, name);
 }
 std::vector<uint8_t> H5Reader::u8(const char* name) const {
   H5 d(open(name), H5Dclose);
-  return read_all<uint8_t>(d, H5T_NATIVE_UINT8, rows(d, 1), path_, name);
+  return read_all<uint8_t>(d, H5T_NATIVE_UINT8, rows(d, name, 1, 1), path_, name);
 }
 std::string H5Reader::text(const char* name) const {
   const std::vector<uint8_t> b = u8(name);
@@ -177,7 +274,7 @@ void H5Reader::check_attribute(const char* name) const {
   const htri_t found = H5Aexists(file_, name);
   DHP_CHECK(found >= 0, "'{}' is damaged: looking up attribute {} failed ({}); rebuild it",
             printable(path_), name, hdf5_reason());
-  DHP_CHECK(found > 0, "'{}' has no attribute {}", path_, name);
+  DHP_CHECK(found > 0, "{}", damaged(fmt::format("HDF5 finds no attribute {}", name)));
 }
 
 bool H5Reader::has_attr(const char* name) const {
@@ -191,8 +288,8 @@ int64_t H5Reader::attr_i64(const char* name) const {
   check_attribute(name);
   H5 a(H5Aopen(file_, name, H5P_DEFAULT), H5Aclose);
   int64_t v = 0;
-  DHP_CHECK(a.ok() && H5Aread(a, H5T_NATIVE_INT64, &v) >= 0, "'{}': cannot read attribute {}",
-            path_, name);
+  DHP_CHECK(a.ok() && H5Aread(a, H5T_NATIVE_INT64, &v) >= 0, "{}",
+            damaged(fmt::format("attribute {} cannot be read ({})", name, hdf5_reason())));
   return v;
 }
 
@@ -200,9 +297,16 @@ std::string H5Reader::attr_str(const char* name) const {
   check_attribute(name);
   H5 a(H5Aopen(file_, name, H5P_DEFAULT), H5Aclose);
   H5 type(H5Aget_type(a), H5Tclose);
-  DHP_CHECK(H5Tget_class(type) == H5T_STRING, "'{}': attribute {} is not a string", path_, name);
-  std::string s(H5Tget_size(type), '\0');
-  DHP_CHECK(H5Aread(a, type, s.data()) >= 0, "'{}': cannot read attribute {}", path_, name);
+  DHP_CHECK(a.ok() && type.ok() && H5Tget_class(type) == H5T_STRING, "{}",
+            damaged(fmt::format("HDF5 reads attribute {} as something other than a string",
+                                name)));
+  const size_t bytes = H5Tget_size(type);
+  DHP_CHECK(bytes <= size_t(file_bytes_), "{}",
+            damaged(fmt::format("HDF5 reads attribute {} as {} bytes long, in a file of {}",
+                                name, bytes, file_bytes_)));
+  std::string s(bytes, '\0');
+  DHP_CHECK(H5Aread(a, type, s.data()) >= 0, "{}",
+            damaged(fmt::format("attribute {} cannot be read ({})", name, hdf5_reason())));
   s.resize(s.find('\0') == std::string::npos ? s.size() : s.find('\0'));
   return s;
 }
