@@ -19,20 +19,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// HDF5 prints its own error stack on every failure; we report errors ourselves.
-void quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
-
-herr_t innermost(unsigned n, const H5E_error2_t* e, void* out) {
-  if (n == 0 && e->desc) *static_cast<std::string*>(out) = e->desc;
-  return 0;
-}
-
-// Why the last HDF5 call failed, as HDF5 says it where the error was detected.
-std::string hdf5_reason() {
-  std::string reason;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, innermost, &reason);
-  return "HDF5: " + (reason.empty() ? std::string("no reason given") : printable(reason));
-}
+// Why the last HDF5 call failed, marked as HDF5's (printable: it may quote file bytes).
+std::string hdf5_why() { return "HDF5: " + printable(hdf5_reason()); }
 
 constexpr char kHdf5Signature[] = "\x89HDF\r\n\x1a\n";
 constexpr char kSealMagic[] = "dhp-seal fnv1a64 ";
@@ -100,16 +88,12 @@ std::mutex& hdf5_mutex() {
 }
 
 H5Writer::H5Writer(const std::string& path, Seal seal) : path_(path), seal_(seal) {
-  quiet();
+  quiet_hdf5();
   // No modification times in object headers: identical content, identical bytes.
   H5 fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
   H5Pset_obj_track_times(fcpl, false);
   if (seal == Seal::whole_file) H5Pset_userblock(fcpl, hsize_t(kSealBytes));
-  // The newest format checksums every object header, so HDF5 reports damaged metadata
-  // instead of following it.
-  H5 fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-  H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
-  file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl, fapl);
+  file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl, newest_format_access());
   DHP_CHECK(file_ >= 0, "cannot create HDF5 file '{}'", path);
 }
 
@@ -175,13 +159,13 @@ void H5Writer::close() {
 }
 
 H5Reader::H5Reader(const std::string& path) : path_(path) {
-  quiet();
+  quiet_hdf5();
   // Checked here because HDF5 opens without O_NONBLOCK: a FIFO would block it for ever.
   InputFile("HDF5 file", path);
   check_seal(path);
   file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   DHP_CHECK(file_ >= 0, "'{}' is not a readable HDF5 file (damaged or truncated?; {})",
-            printable(path), hdf5_reason());
+            printable(path), hdf5_why());
   std::error_code ec;
   file_bytes_ = int64_t(fs::file_size(path, ec));
 }
@@ -199,7 +183,7 @@ bool H5Reader::has(const char* name) const {
   // Negative when the file's structure cannot be read at all, which is damage, not absence.
   const htri_t found = H5Lexists(file_, name, H5P_DEFAULT);
   DHP_CHECK(found >= 0, "'{}' is damaged: looking up {} failed ({}); rebuild it",
-            printable(path_), name, hdf5_reason());
+            printable(path_), name, hdf5_why());
   return found > 0;
 }
 
@@ -211,14 +195,14 @@ hid_t H5Reader::open(const char* name) const {
                                         printable(path_), name));
   const hid_t d = H5Dopen2(file_, name, H5P_DEFAULT);
   DHP_CHECK(d >= 0, "'{}' is damaged: dataset {} cannot be opened ({})", printable(path_), name,
-            hdf5_reason());
+            hdf5_why());
   return d;
 }
 
 int64_t H5Reader::rows(hid_t d, const char* name, int64_t cols, int64_t element_bytes) const {
   H5 space(H5Dget_space(d), H5Sclose);
   DHP_CHECK(space.ok(), "{}", damaged(fmt::format("dataset {} has no readable shape ({})", name,
-                                                  hdf5_reason())));
+                                                  hdf5_why())));
   hsize_t dims[2] = {0, 1};
   const int rank = H5Sget_simple_extent_ndims(space);
   const int want = cols == 1 ? 1 : 2;
@@ -226,7 +210,7 @@ int64_t H5Reader::rows(hid_t d, const char* name, int64_t cols, int64_t element_
             damaged(fmt::format("HDF5 reads dataset {} as rank {}, expected {}", name, rank,
                                 want)));
   DHP_CHECK(H5Sget_simple_extent_dims(space, dims, nullptr) == rank, "{}",
-            damaged(fmt::format("dataset {} has no readable shape ({})", name, hdf5_reason())));
+            damaged(fmt::format("dataset {} has no readable shape ({})", name, hdf5_why())));
   DHP_CHECK(int64_t(dims[1]) == cols, "{}",
             damaged(fmt::format("HDF5 reads dataset {} as {} columns, expected {}", name,
                                 dims[1], cols)));
@@ -249,7 +233,7 @@ std::vector<T> read_all(hid_t file_d, hid_t mem_type, int64_t n, const std::stri
   if (n > 0)
     DHP_CHECK(H5Dread(file_d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0,
               "'{}' is damaged: dataset {} cannot be read ({})", printable(path), name,
-              hdf5_reason());
+              hdf5_why());
   return out;
 }
 
@@ -273,14 +257,14 @@ std::string H5Reader::text(const char* name) const {
 void H5Reader::check_attribute(const char* name) const {
   const htri_t found = H5Aexists(file_, name);
   DHP_CHECK(found >= 0, "'{}' is damaged: looking up attribute {} failed ({}); rebuild it",
-            printable(path_), name, hdf5_reason());
+            printable(path_), name, hdf5_why());
   DHP_CHECK(found > 0, "{}", damaged(fmt::format("HDF5 finds no attribute {}", name)));
 }
 
 bool H5Reader::has_attr(const char* name) const {
   const htri_t found = H5Aexists(file_, name);
   DHP_CHECK(found >= 0, "'{}' is damaged: looking up attribute {} failed ({}); rebuild it",
-            printable(path_), name, hdf5_reason());
+            printable(path_), name, hdf5_why());
   return found > 0;
 }
 
@@ -289,7 +273,7 @@ int64_t H5Reader::attr_i64(const char* name) const {
   H5 a(H5Aopen(file_, name, H5P_DEFAULT), H5Aclose);
   int64_t v = 0;
   DHP_CHECK(a.ok() && H5Aread(a, H5T_NATIVE_INT64, &v) >= 0, "{}",
-            damaged(fmt::format("attribute {} cannot be read ({})", name, hdf5_reason())));
+            damaged(fmt::format("attribute {} cannot be read ({})", name, hdf5_why())));
   return v;
 }
 
@@ -306,7 +290,7 @@ std::string H5Reader::attr_str(const char* name) const {
                                 name, bytes, file_bytes_)));
   std::string s(bytes, '\0');
   DHP_CHECK(H5Aread(a, type, s.data()) >= 0, "{}",
-            damaged(fmt::format("attribute {} cannot be read ({})", name, hdf5_reason())));
+            damaged(fmt::format("attribute {} cannot be read ({})", name, hdf5_why())));
   s.resize(s.find('\0') == std::string::npos ? s.size() : s.find('\0'));
   return s;
 }

@@ -277,6 +277,54 @@ TEST(Checkpoint, DamagedOrTruncatedFilesAreRefused) {
   EXPECT_NO_THROW(load_checkpoint(good, model, nullptr));
 }
 
+// Bytes flipped anywhere (a stride of them from each of many starts, or one): the checkpoint
+// is refused as damaged, or it loads exactly what was saved (the flip fell in unused space).
+// HDF5's newest format checksums every object header, tensors and strings carry their own,
+// and a damaged header must read as damage, never as a name the model lacks or as another
+// program's file.
+TEST(Checkpoint, DamageAnywhereIsRefusedAsDamagedNeverLoadedAsOtherValues) {
+  auto world = start_world(nullptr, nullptr);
+  const auto dir = run_dir("damage_anywhere");
+  const Config cfg = small_config(1, dir);
+  const std::string good = train(cfg, *world).checkpoint;
+  auto backend = make_cpu_backend({1});
+  Model model(checkpoint_config(good).model, *backend);
+  AdamW opt(model.table(), cfg.optim, *backend);
+  load_checkpoint(good, model, &opt);
+  const std::vector<float> p0 = model.download_params(), m0 = opt.download_m(),
+                           v0 = opt.download_v();
+  const std::string config0 = to_toml(checkpoint_config(good));
+  std::ifstream in(good, std::ios::binary);
+  const std::string clean((std::istreambuf_iterator<char>(in)), {});
+  const fs::path t = dir / "damaged.h5";
+  int refused = 0, loaded = 0;
+  for (size_t start = 0; start < clean.size(); start += 4099)
+    for (const size_t stride : {size_t(61), clean.size()}) {
+      std::string bytes = clean;
+      for (size_t k = start; k < bytes.size(); k += stride) bytes[k] = char(bytes[k] ^ 0x5a);
+      std::ofstream(t, std::ios::binary | std::ios::trunc) << bytes;
+      SCOPED_TRACE(::testing::Message() << "bytes flipped from " << start << " every " << stride);
+      const std::string msg = error_of([&] {
+        const std::string config = to_toml(checkpoint_config(t.string()));
+        load_checkpoint(t.string(), model, &opt);
+        EXPECT_EQ(config, config0);
+        EXPECT_TRUE(model.download_params() == p0 && opt.download_m() == m0 &&
+                    opt.download_v() == v0);
+      });
+      if (msg.empty()) {
+        ++loaded;
+        continue;
+      }
+      ++refused;
+      EXPECT_NE(msg.find(t.string()), std::string::npos) << msg;
+      EXPECT_TRUE(msg.find("damaged") != std::string::npos ||
+                  msg.find("truncated") != std::string::npos)
+          << msg;
+    }
+  EXPECT_GT(refused, 300);
+  EXPECT_LT(loaded, refused / 4);
+}
+
 TEST(Weights, ExportThenImportIsIdentical) {
   auto world = start_world(nullptr, nullptr);
   Communicator& comm = *world;

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/hash.h"
 #include "data/h5.h"
 #include "data/tokenizer.h"
 
@@ -22,41 +23,20 @@ namespace fs = std::filesystem;
 constexpr int kFormatVersion = 1;
 constexpr const char* kFormat = "dhp-checkpoint";
 
-// HDF5 prints its own error stack on every failure; we report errors ourselves.
-void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
-
-// The operating system's reason for the HDF5 call that just failed ("No space left on
-// device"), which HDF5's file driver records in its error stack. Read at once: the next HDF5
-// call, a handle's close included, clears the stack.
-std::string hdf5_reason() {
-  std::string reason;
-  H5Ewalk2(
-      H5E_DEFAULT, H5E_WALK_DOWNWARD,
-      [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
-        auto& r = *static_cast<std::string*>(out);
-        const std::string desc = e->desc ? e->desc : "";
-        const std::string key = "error message = '";
-        const auto at = desc.find(key);
-        if (r.empty() && at != std::string::npos)
-          r = desc.substr(at + key.size(), desc.find('\'', at + key.size()) - at - key.size());
-        return 0;
-      },
-      &reason);
-  if (reason.empty() && errno != 0) reason = std::strerror(errno);
-  return reason.empty() ? "unknown HDF5 error" : reason;
-}
-
 // A failed write names what was being written and why it failed.
 void h5_check(bool ok, const std::string& what) {
   if (!ok) throw Error(fmt::format("{}: {}", what, hdf5_reason()));
 }
 
-uint64_t checksum(const float* x, int64_t n) {
-  // FNV-1a over the bytes: cheap, and any flipped or truncated byte changes it.
-  uint64_t h = 0xcbf29ce484222325ull;
-  const auto* p = reinterpret_cast<const unsigned char*>(x);
-  for (int64_t i = 0; i < n * int64_t(sizeof(float)); ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
+uint64_t checksum(const float* x, int64_t n) { return fnv1a(x, size_t(n) * sizeof(float)); }
+
+// Whether `loc` has a link `name`. HDF5 answers negative when the file's structure around it
+// cannot be read: that is damage, and must not be reported as a name the model lacks.
+bool has_link(hid_t loc, const std::string& name, const std::string& where) {
+  const htri_t found = H5Lexists(loc, name.c_str(), H5P_DEFAULT);
+  DHP_CHECK(found >= 0, "{}: looking up {} failed ({}): the file is damaged", where, name,
+            hdf5_reason());
+  return found > 0;
 }
 
 void write_attr_i64(hid_t obj, const char* name, int64_t v) {
@@ -108,17 +88,25 @@ void write_string(hid_t loc, const char* name, const std::string& s) {
   H5 d(H5Dcreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
   h5_check(d.ok() && H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.c_str()) >= 0,
            fmt::format("writing {}", name));
+  // As for tensors: a flipped digit in the config would otherwise resume another run.
+  write_attr_u64(d, "checksum", fnv1a(s.data(), s.size()));
 }
 
 std::string read_string(hid_t loc, const char* name, const std::string& path) {
-  DHP_CHECK(H5Lexists(loc, name, H5P_DEFAULT) > 0, "checkpoint '{}' has no {}", path, name);
+  DHP_CHECK(has_link(loc, name, fmt::format("checkpoint '{}'", path)), "checkpoint '{}' has no {}",
+            path, name);
   H5 d(H5Dopen2(loc, name, H5P_DEFAULT), H5Dclose);
   H5 type(H5Dget_type(d), H5Tclose);
   std::string s(H5Tget_size(type), '\0');
   H5 mem(string_type(s.size()), H5Tclose);
-  DHP_CHECK(H5Dread(d, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data()) >= 0,
-            "checkpoint '{}': cannot read {}", path, name);
+  DHP_CHECK(d.ok() && type.ok() && H5Dread(d, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data()) >= 0,
+            "checkpoint '{}': {} cannot be read ({}): the file is damaged", path, name,
+            hdf5_reason());
   s.resize(std::strlen(s.c_str()));
+  uint64_t want = 0;  // checkpoints written before strings had checksums have none
+  if (read_attr(d, "checksum", H5T_NATIVE_UINT64, &want))
+    DHP_CHECK(fnv1a(s.data(), s.size()) == want,
+              "checkpoint '{}': {} does not match its checksum: the file is damaged", path, name);
   return s;
 }
 
@@ -136,7 +124,7 @@ void write_tensor(hid_t group, const ParamSpec& spec, const float* x) {
 void read_tensor(hid_t group, const std::string& gname, const ParamSpec& spec, float* x,
                  const std::string& path) {
   const std::string where = fmt::format("checkpoint '{}': {}/{}", path, gname, spec.name);
-  DHP_CHECK(H5Lexists(group, spec.name.c_str(), H5P_DEFAULT) > 0,
+  DHP_CHECK(has_link(group, spec.name, where),
             "{} is missing (was it saved by a different model configuration?)", where);
   H5 d(H5Dopen2(group, spec.name.c_str(), H5P_DEFAULT), H5Dclose);
   DHP_CHECK(d.ok(), "{} cannot be opened: the file is damaged", where);
@@ -164,7 +152,7 @@ void read_tensor(hid_t group, const std::string& gname, const ParamSpec& spec, f
 void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, const Model& model,
                            const AdamW* opt, const TrainState& st) {
   quiet_hdf5();
-  H5 file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  H5 file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, newest_format_access()), H5Fclose);
   h5_check(file.ok(), fmt::format("cannot create checkpoint file '{}'", tmp.string()));
   {
     H5 root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose);
@@ -231,13 +219,18 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
   H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
   H5 root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose);
+  // The root's header unreadable is damage, not another program's file.
+  DHP_CHECK(root.ok() && H5Aexists(root, "format") >= 0,
+            "checkpoint '{}': its root cannot be read ({}): the file is damaged", path,
+            hdf5_reason());
   int64_t version = 0;
   DHP_CHECK(read_string_attr(root, "format") == kFormat &&
                 read_attr(root, "format_version", H5T_NATIVE_INT64, &version),
             "'{}' is not a dhp checkpoint (no format = \"{}\" and format_version)", path, kFormat);
   DHP_CHECK(version == kFormatVersion, "checkpoint '{}' has format version {}; this dhp reads {}",
             path, version, kFormatVersion);
-  DHP_CHECK(H5Lexists(file, "params", H5P_DEFAULT) > 0, "checkpoint '{}' has no /params", path);
+  DHP_CHECK(has_link(file, "params", fmt::format("checkpoint '{}'", path)),
+            "checkpoint '{}' has no /params", path);
   H5 params(H5Gopen2(file, "params", H5P_DEFAULT), H5Gclose);
   std::vector<float> staged(model.n_params());  // loaded fully before anything is replaced
   for (const auto& s : model.table().specs()) read_tensor(params, "params", s, staged.data() + s.offset, path);
@@ -255,9 +248,9 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
   st.special_ids = read_string_attr(state, "special_ids");     // "": not recorded
   st.added_tokens = read_string_attr(state, "added_tokens");
   st.sampler.seed = st.seed;
-  if (H5Lexists(file, "cost_model", H5P_DEFAULT) > 0) st.cost_state = read_string(file, "cost_model", path);
+  if (has_link(file, "cost_model", fmt::format("checkpoint '{}'", path))) st.cost_state = read_string(file, "cost_model", path);
   if (opt) {
-    DHP_CHECK(H5Lexists(file, "optim", H5P_DEFAULT) > 0,
+    DHP_CHECK(has_link(file, "optim", fmt::format("checkpoint '{}'", path)),
               "checkpoint '{}' holds weights only (no optimizer state): start a new run from it "
               "with --init instead of resuming",
               path);
