@@ -206,18 +206,14 @@ TEST_F(InputTest, ADamagedIndexIsReportedAsDamaged) {
   const ShardIndex clean = read_index(out.string());
   int refused = 0, unchanged = 0;
   for_each_damage(index, [&] {
-    std::string msg;
-    try {
+    const std::string msg = error_of([&] {
       const ShardIndex x = read_index(out.string());
       // Only the seal's zero padding may be hit without consequence.
       EXPECT_TRUE(x.samples == clean.samples && x.images == clean.images &&
                   x.names == clean.names && x.extents == clean.extents && x.shard == clean.shard);
-      ++unchanged;
-      return;
-    } catch (const Error& e) {
-      msg = e.what();
-    }
-    ++refused;
+    });
+    ++(msg.empty() ? unchanged : refused);
+    if (msg.empty()) return;
     EXPECT_TRUE(contains(msg, index.string())) << msg;
     EXPECT_TRUE(contains(msg, "damaged")) << msg;
     EXPECT_FALSE(contains(msg, "not built by this version")) << msg;
@@ -236,17 +232,14 @@ TEST_F(InputTest, ADamagedShardsTablesAreReportedAsDamaged) {
   const ShardContents clean = read_shard_tables(shard.string(), nullptr);
   int refused = 0;
   for_each_damage(shard, [&] {
-    std::string msg;
-    try {
+    const std::string msg = error_of([&] {
       const ShardContents x = read_shard_tables(shard.string(), nullptr);
       // Damage to texts and images is found by their own checksums when a sample loads.
       EXPECT_TRUE(x.samples == clean.samples && x.images == clean.images &&
                   x.names == clean.names && x.name_offsets == clean.name_offsets &&
                   x.first_line == clean.first_line && x.end_line == clean.end_line);
-      return;
-    } catch (const Error& e) {
-      msg = e.what();
-    }
+    });
+    if (msg.empty()) return;
     ++refused;
     EXPECT_TRUE(contains(msg, shard.string())) << msg;
     EXPECT_TRUE(contains(msg, "damaged")) << msg;
