@@ -323,6 +323,13 @@ std::vector<Case> stress_cases() {
     for (int i = 80; i < 100; ++i) m.blk[size_t(36 + 50 + i)] = -1;
     c.push_back({"many heads images", m, m, 12, 12, 16});
   }
+  // Query and key tiles of one causal document whose positions are offset by `off`: row r
+  // sees key column j <= r - off, a staircase that starts, ends or crosses the 16-row steps
+  // of the computed part at every kind of place (and rows that see none of a tile).
+  for (int32_t off : {-90, -33, -16, -1, 1, 15, 16, 17, 50}) {
+    const Meta qm = doc(0, 100, 100), km = doc(0, 110, 100 + off);
+    c.push_back({"causal keys offset " + std::to_string(off), qm, km, 2, 1, 32});
+  }
   // Keys all in the future of the queries: every row sees nothing.
   {
     const Meta qm = doc(0, 40, 0), km = doc(0, 70, 50);

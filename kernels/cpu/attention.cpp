@@ -47,16 +47,19 @@ struct Tile {
   int64_t begin, end;
   int32_t doc_lo, doc_hi, idx_lo, idx_hi, blk_lo, blk_hi;
   bool any_blk;
-  bool one_blk;  // every token is in the same bidirectional block
+  bool one_blk;     // every token is in the same bidirectional block
+  bool contiguous;  // positions idx_lo, idx_lo + 1, ... in token order
 };
 
 std::vector<Tile> make_tiles(AttnMeta m, int64_t T) {
   std::vector<Tile> tiles;
   int64_t i = 0;
   while (i < T) {
-    Tile t{i, i, INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN, false, true};
+    Tile t{i, i, INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN, false, true,
+           true};
     while (t.end < T && t.end - t.begin < kB && m.doc[t.end] == m.doc[t.begin]) {
       const int64_t j = t.end++;
+      t.contiguous = t.contiguous && m.idx[j] == m.idx[t.begin] + (j - t.begin);
       t.doc_lo = std::min(t.doc_lo, m.doc[j]);
       t.doc_hi = std::max(t.doc_hi, m.doc[j]);
       t.idx_lo = std::min(t.idx_lo, m.idx[j]);
@@ -88,6 +91,17 @@ bool sees_all(const Tile& q, const Tile& k) {
   return k.idx_hi <= q.idx_lo || (q.one_blk && k.one_blk && q.blk_lo == k.blk_lo);
 }
 
+// Causal pairs within one document and without image blocks, whose positions run on one by
+// one: query row r sees exactly the key columns j <= r + band, band = the query tile's first
+// position minus the key tile's. Such a pair (a causal diagonal, most pairs of a pack of short
+// documents) is computed as a staircase of 16-row steps instead of a whole tile, skipping the
+// products of columns every row of the step masks: about 40% of the arithmetic of a diagonal
+// tile.
+bool banded(const Tile& q, const Tile& k) {
+  return q.doc_lo == q.doc_hi && k.doc_lo == k.doc_hi && q.doc_lo == k.doc_lo && !q.any_blk &&
+         !k.any_blk && q.contiguous && k.contiguous;
+}
+
 // ---- types shared by the driver and the per-ISA arithmetic ---------------------------------
 
 struct AttnDims {
@@ -101,6 +115,8 @@ struct TilePair {
   int qt, kt;      // tile numbers
   int nj;          // keys in the key tile
   bool all;        // every pair visible
+  bool banded;     // not all visible, and row r sees exactly the columns j <= r + band
+  int band;
 };
 
 struct MaskView {
@@ -245,8 +261,10 @@ Plan make_plan(AttnMeta qm, AttnMeta km, const AttnShape& sh) {
     for (; it != by_doc.end() && it->first == doc; ++it) {
       const int b = it->second;
       if (!may_see(p.qt[a], p.kt[b])) continue;
-      p.pairs.push_back({p.qt[a].begin, p.kt[b].begin, a, b,
-                         int(p.kt[b].end - p.kt[b].begin), sees_all(p.qt[a], p.kt[b])});
+      const bool all = sees_all(p.qt[a], p.kt[b]);
+      const bool band = !all && banded(p.qt[a], p.kt[b]);
+      p.pairs.push_back({p.qt[a].begin, p.kt[b].begin, a, b, int(p.kt[b].end - p.kt[b].begin),
+                         all, band, band ? p.qt[a].idx_lo - p.kt[b].idx_lo : 0});
       ++k_count[size_t(b)];
     }
     p.q_first[size_t(a) + 1] = int64_t(p.pairs.size());
