@@ -215,6 +215,7 @@ Config checkpoint_config(const std::string& path) {
 
 TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
   quiet_hdf5();
+  const std::string where = fmt::format("checkpoint '{}'", path);
   DHP_CHECK(fs::is_regular_file(path), "checkpoint '{}' not found", path);
   H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
@@ -229,7 +230,7 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
             "'{}' is not a dhp checkpoint (no format = \"{}\" and format_version)", path, kFormat);
   DHP_CHECK(version == kFormatVersion, "checkpoint '{}' has format version {}; this dhp reads {}",
             path, version, kFormatVersion);
-  DHP_CHECK(has_link(file, "params", fmt::format("checkpoint '{}'", path)),
+  DHP_CHECK(has_link(file, "params", where),
             "checkpoint '{}' has no /params", path);
   H5 params(H5Gopen2(file, "params", H5P_DEFAULT), H5Gclose);
   std::vector<float> staged(model.n_params());  // loaded fully before anything is replaced
@@ -248,9 +249,9 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
   st.special_ids = read_string_attr(state, "special_ids");     // "": not recorded
   st.added_tokens = read_string_attr(state, "added_tokens");
   st.sampler.seed = st.seed;
-  if (has_link(file, "cost_model", fmt::format("checkpoint '{}'", path))) st.cost_state = read_string(file, "cost_model", path);
+  if (has_link(file, "cost_model", where)) st.cost_state = read_string(file, "cost_model", path);
   if (opt) {
-    DHP_CHECK(has_link(file, "optim", fmt::format("checkpoint '{}'", path)),
+    DHP_CHECK(has_link(file, "optim", where),
               "checkpoint '{}' holds weights only (no optimizer state): start a new run from it "
               "with --init instead of resuming",
               path);
