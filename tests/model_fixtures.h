@@ -120,4 +120,32 @@ inline double worst_gradient_gap(
   return worst;
 }
 
+// The same randomised model on the fp32 CPU backend (`a`) and with bf16 storage (`b`), each
+// after one forward and backward pass over sample_docs(): the pair the bf16 tests compare.
+struct Fp32AndBf16 {
+  static BackendOptions bf16_options() {
+    BackendOptions opt;
+    opt.precision = Precision::bf16;
+    return opt;
+  }
+  Fp32AndBf16(const ModelConfig& cfg, uint64_t seed)
+      : f32(make_cpu_backend({1})),
+        b16(make_cpu_backend(bf16_options())),
+        a(cfg, *f32),
+        b(cfg, *b16),
+        batch(make_batch(sample_docs(), cfg, 3)) {
+    randomise(a, seed);
+    randomise(b, seed);
+    const float scale = 1.0f / float(batch.loss_tokens());
+    a.zero_grads();
+    b.zero_grads();
+    sa = a.step(batch, scale, true);
+    sb = b.step(batch, scale, true);
+  }
+  std::unique_ptr<Backend> f32, b16;
+  Model a, b;
+  Batch batch;
+  StepStats sa, sb;
+};
+
 }  // namespace dhp::testing

@@ -19,6 +19,7 @@ using testing::random_vec;
 using testing::sample_docs;
 using testing::tiny_config;
 using testing::worst_gradient_gap;
+using testing::Fp32AndBf16;
 using testing::Doc;
 
 TEST(Model, InitialLossIsNearUniform) {
@@ -332,20 +333,11 @@ namespace {
 // result is not fp32's (the storage really rounds), and the working weights follow changes
 // of the master weights.
 TEST(Model, Bf16StorageTracksFp32) {
-  ModelConfig cfg = tiny_config();
-  auto f32 = make_cpu_backend({1});
-  BackendOptions opt;
-  opt.precision = Precision::bf16;
-  auto b16 = make_cpu_backend(opt);
-  ASSERT_EQ(b16->ops().dtype(), DType::BF16);
-  Model a(cfg, *f32), b(cfg, *b16);
-  randomise(a, 17);
-  randomise(b, 17);
-  const Batch batch = make_batch(sample_docs(), cfg, 3);
-  const float scale = 1.0f / float(batch.loss_tokens());
-  a.zero_grads();
-  b.zero_grads();
-  const StepStats sa = a.step(batch, scale, true), sb = b.step(batch, scale, true);
+  Fp32AndBf16 pair(tiny_config(), 17);
+  ASSERT_EQ(pair.b16->ops().dtype(), DType::BF16);
+  Model &a = pair.a, &b = pair.b;
+  const Batch& batch = pair.batch;
+  const StepStats &sa = pair.sa, &sb = pair.sb;
   EXPECT_EQ(sb.targets, sa.targets);
   // Activations carry 8 significant bits (2^-9 relative rounding) through 2 + 2 layers: the
   // loss moved by 1.4e-4 relative and the worst tensor's gradient by 1.9e-2 when measured.
@@ -374,18 +366,9 @@ TEST(Model, Bf16StorageTracksFp32WithQkvBiases) {
   ModelConfig cfg = tiny_config();
   cfg.attention_bias = true;
   cfg.rms_norm_eps = 1e-2;
-  auto f32 = make_cpu_backend({1});
-  BackendOptions opt;
-  opt.precision = Precision::bf16;
-  auto b16 = make_cpu_backend(opt);
-  Model a(cfg, *f32), b(cfg, *b16);
-  randomise(a, 19);
-  randomise(b, 19);
-  const Batch batch = make_batch(sample_docs(), cfg, 3);
-  const float scale = 1.0f / float(batch.loss_tokens());
-  a.zero_grads();
-  b.zero_grads();
-  const StepStats sa = a.step(batch, scale, true), sb = b.step(batch, scale, true);
+  const Fp32AndBf16 pair(cfg, 19);
+  const Model &a = pair.a, &b = pair.b;
+  const StepStats &sa = pair.sa, &sb = pair.sb;
   // The tolerances of Bf16StorageTracksFp32: bf16's rounding through the same depth.
   EXPECT_NEAR(sb.loss_sum, sa.loss_sum, 2e-3 * std::abs(sa.loss_sum));
   std::string where;

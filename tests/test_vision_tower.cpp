@@ -21,6 +21,7 @@ using testing::expect_gradient;
 using testing::make_batch;
 using testing::random_vec;
 using testing::worst_gradient_gap;
+using testing::Fp32AndBf16;
 using testing::randomise;
 using testing::sample_docs;
 using testing::tiny_config;
@@ -387,19 +388,9 @@ TEST(VisionTowerGenerate, KvCacheMatchesFullRecomputation) {
 // tensor within bf16's rounding of fp32's, and not equal to them.
 TEST(VisionTowerBf16, TracksFp32) {
   for (VisionArch arch : {VisionArch::clip, VisionArch::siglip}) {
-    const ModelConfig cfg = tower_config(arch);
-    auto f32 = make_cpu_backend({1});
-    BackendOptions opt;
-    opt.precision = Precision::bf16;
-    auto b16 = make_cpu_backend(opt);
-    Model a(cfg, *f32), b(cfg, *b16);
-    randomise(a, 17);
-    randomise(b, 17);
-    const Batch batch = make_batch(sample_docs(), cfg, 3);
-    const float scale = 1.0f / float(batch.loss_tokens());
-    a.zero_grads();
-    b.zero_grads();
-    const StepStats sa = a.step(batch, scale, true), sb = b.step(batch, scale, true);
+    const Fp32AndBf16 pair(tower_config(arch), 17);
+    const Model &a = pair.a, &b = pair.b;
+    const StepStats &sa = pair.sa, &sb = pair.sb;
     EXPECT_NEAR(sb.loss_sum, sa.loss_sum, 2e-3 * std::abs(sa.loss_sum));
     EXPECT_NE(sb.loss_sum, sa.loss_sum);
     // Tensors without a gradient: the key bias (the softmax ignores it: its gradient is
