@@ -17,22 +17,14 @@
 #include "core/check.h"
 #include "data/dataset.h"
 #include "data/synth.h"
+#include "tests/file_text.h"
 
 namespace dhp {
 
 namespace fs = std::filesystem;
 
-inline std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-inline void write_file(const fs::path& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
+using testing::read_text;
+using testing::write_text;
 
 // One small synthesized data set shared by the tests of an executable.
 class DataTest : public ::testing::Test {

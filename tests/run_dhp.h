@@ -10,18 +10,9 @@
 #include <sstream>
 #include <string>
 
+#include "tests/file_text.h"
+
 namespace dhp::testing {
-
-inline std::string read_text(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-inline void write_text(const std::filesystem::path& p, const std::string& text) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
-}
 
 inline std::string quoted(const std::string& s) { return "'" + s + "'"; }
 

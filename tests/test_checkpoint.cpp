@@ -21,6 +21,7 @@
 #include "model/model.h"
 #include "parallel/mpi_comm.h"
 #include "tests/error_of.h"
+#include "tests/file_text.h"
 #include "tests/train_fixture.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train.h"
@@ -294,15 +295,14 @@ TEST(Checkpoint, DamageAnywhereIsRefusedAsDamagedNeverLoadedAsOtherValues) {
   const std::vector<float> p0 = model.download_params(), m0 = opt.download_m(),
                            v0 = opt.download_v();
   const std::string config0 = to_toml(checkpoint_config(good));
-  std::ifstream in(good, std::ios::binary);
-  const std::string clean((std::istreambuf_iterator<char>(in)), {});
+  const std::string clean = testing::read_text(good);
   const fs::path t = dir / "damaged.h5";
   int refused = 0, loaded = 0;
   for (size_t start = 0; start < clean.size(); start += 4099)
     for (const size_t stride : {size_t(61), clean.size()}) {
       std::string bytes = clean;
       for (size_t k = start; k < bytes.size(); k += stride) bytes[k] = char(bytes[k] ^ 0x5a);
-      std::ofstream(t, std::ios::binary | std::ios::trunc) << bytes;
+      testing::write_text(t, bytes);
       SCOPED_TRACE(::testing::Message() << "bytes flipped from " << start << " every " << stride);
       const std::string msg = error_of([&] {
         const std::string config = to_toml(checkpoint_config(t.string()));

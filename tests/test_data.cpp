@@ -149,10 +149,10 @@ TEST_F(DataTest, HeaderSizeEqualsDecodedSize) {
     EXPECT_EQ(s.h, f.m->rows) << f.name;
   }
   // Truncated headers and foreign formats are user errors that name the file.
-  const std::string png = read_file(d / "a.png"), jpg = read_file(d / "b.jpg");
-  write_file(d / "t.png", png.substr(0, 20));
-  write_file(d / "t.jpg", jpg.substr(0, 30));
-  write_file(d / "x.gif", "GIF89a........");
+  const std::string png = read_text(d / "a.png"), jpg = read_text(d / "b.jpg");
+  write_text(d / "t.png", png.substr(0, 20));
+  write_text(d / "t.jpg", jpg.substr(0, 30));
+  write_text(d / "x.gif", "GIF89a........");
   for (const char* name : {"t.png", "t.jpg", "x.gif", "absent.png"}) {
     const std::string p = (d / name).string();
     try {
@@ -272,7 +272,7 @@ TEST_F(DataTest, TokenizerReservedIdsAndRoundTrip) {
   EXPECT_NE(std::find(img.begin(), img.end(), tok.ids().img_end), img.end());
 
   EXPECT_THROW(Tokenizer((*root_ / "absent.model").string()), Error);
-  write_file(*root_ / "corrupt.model", "this is not a protobuf");
+  write_text(*root_ / "corrupt.model", "this is not a protobuf");
   EXPECT_THROW(Tokenizer((*root_ / "corrupt.model").string()), Error);
 }
 
@@ -289,7 +289,7 @@ TEST_F(DataTest, SynthIsDeterministicAndVaried) {
   for (const auto& e : fs::recursive_directory_iterator(dir())) {
     if (!e.is_regular_file()) continue;
     const fs::path rel = fs::relative(e.path(), dir());
-    ASSERT_EQ(read_file(e.path()), read_file(*root_ / "again" / rel)) << rel;
+    ASSERT_EQ(read_text(e.path()), read_text(*root_ / "again" / rel)) << rel;
     ++files;
     png += e.path().extension() == ".png";
     jpg += e.path().extension() == ".jpg";
@@ -375,7 +375,7 @@ TEST_F(DataTest, BadLinesAreSkippedAndCounted) {
                 fs::copy_options::overwrite_existing);
   fs::copy_file(dir() / "images" / "train-000001.png", d / "images" / "ok2.png",
                 fs::copy_options::overwrite_existing);
-  write_file(d / "images" / "corrupt.png", "\x89PNG garbage bytes");
+  write_text(d / "images" / "corrupt.png", "\x89PNG garbage bytes");
   const std::string img = ", \"image\": \"images/ok.png\"";
   std::string m;
   m += line_json("good", img, "<image>\\nDescribe the image.", "a red circle in the center.");
@@ -388,7 +388,7 @@ TEST_F(DataTest, BadLinesAreSkippedAndCounted) {
                  "<image> and <image>", "two blue squares.");                       // line 7
   m += "\n";
   m += line_json("mismatch", img, "Describe the image.", "a red circle.");          // line 9
-  write_file(d / "bad.jsonl", m);
+  write_text(d / "bad.jsonl", m);
   const std::string path = (d / "bad.jsonl").string();
 
   Tokenizer tok(tokenizer());

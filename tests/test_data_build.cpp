@@ -45,7 +45,7 @@ BuildOptions options(const std::string& manifest, const fs::path& out, const std
 // Every file of a folder, by name.
 std::map<std::string, std::string> files_of(const fs::path& dir) {
   std::map<std::string, std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = read_file(e.path());
+  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = read_text(e.path());
   return out;
 }
 
@@ -68,7 +68,7 @@ TEST_F(BuildTest, ShardsLoadExactlyLikeTheJsonlPath) {
   ShardDataset shards(out.string(), tok, geometry, 4096, "fail");
   ASSERT_EQ(shards.size(), direct.size());
   for (int64_t i = 0; i < shards.size(); ++i) {
-    SCOPED_TRACE(testing::Message() << "sample " << i);
+    SCOPED_TRACE(::testing::Message() << "sample " << i);
     EXPECT_EQ(shards.name(i), direct.name(i));
     EXPECT_EQ(shards.length(i), direct.length(i));
     EXPECT_EQ(shards.vision_tokens(i), direct.vision_tokens(i));
@@ -102,7 +102,7 @@ TEST_F(BuildTest, ShardRangeLoadEqualsSliceOfFullLoad) {
     for (int k = 0; k < 3; ++k) {
       int64_t a = rng.range(0, L), b = rng.range(0, L);
       if (a > b) std::swap(a, b);
-      SCOPED_TRACE(testing::Message() << "sample " << i << " [" << a << ", " << b << ")");
+      SCOPED_TRACE(::testing::Message() << "sample " << i << " [" << a << ", " << b << ")");
       expect_same(ds.load_range(i, a, b, k == 2), [&] {
         Sample s = slice_sample(full, a, b);
         if (k == 2) for (auto& im : s.images) blank(im);
@@ -123,7 +123,7 @@ TEST_F(BuildTest, ImageSpansAndTextOnlyLoads) {
   ASSERT_EQ(shards.size(), jsonl.size());
   int64_t spans_seen = 0;
   for (int64_t i = 0; i < shards.size(); ++i) {
-    SCOPED_TRACE(testing::Message() << "sample " << i);
+    SCOPED_TRACE(::testing::Message() << "sample " << i);
     const std::vector<ImageSpan> spans = shards.image_spans(i);
     const std::vector<ImageSpan> from_manifest = jsonl.image_spans(i);
     ASSERT_EQ(spans.size(), from_manifest.size());
@@ -169,7 +169,7 @@ TEST_F(BuildTest, ResumedBuildEqualsStraightBuildByteForByte) {
   Tokenizer tok(tokenizer());
   EXPECT_THROW(ShardDataset(resumed.string(), tok, ImageGeometry{}, 4096, "fail"), Error);
   // A kill in the middle of writing the next shard leaves a partial temporary file.
-  write_file(resumed / (shard_file_name(sb.shards) + ".tmp"), "half a shard");
+  write_text(resumed / (shard_file_name(sb.shards) + ".tmp"), "half a shard");
   b.max_new_shards = -1;
   const BuildSummary sc = build_dataset(b);
   EXPECT_TRUE(sc.complete);
@@ -198,14 +198,14 @@ struct BadSet {
 
 BadSet make_bad_set(const fs::path& d, const fs::path& synth) {
   fs::create_directories(d / "images");
-  const std::string png = read_file(synth / "images" / "train-000000.png");
+  const std::string png = read_text(synth / "images" / "train-000000.png");
   std::string jpg;
   for (const auto& e : fs::directory_iterator(synth / "images"))
-    if (e.path().extension() == ".jpg" && jpg.empty()) jpg = read_file(e.path());
-  write_file(d / "images" / "ok.png", png);
-  write_file(d / "images" / "garbage.png", "\x89PNG garbage bytes");
-  write_file(d / "images" / "cut.png", png.substr(0, png.size() / 2));
-  write_file(d / "images" / "cut.jpg", jpg.substr(0, jpg.size() * 6 / 10));
+    if (e.path().extension() == ".jpg" && jpg.empty()) jpg = read_text(e.path());
+  write_text(d / "images" / "ok.png", png);
+  write_text(d / "images" / "garbage.png", "\x89PNG garbage bytes");
+  write_text(d / "images" / "cut.png", png.substr(0, png.size() / 2));
+  write_text(d / "images" / "cut.jpg", jpg.substr(0, jpg.size() * 6 / 10));
   cv::imwrite((d / "images" / "huge.png").string(), cv::Mat(300, 300, CV_8UC3, cv::Scalar(200, 200, 200)));
   const std::string img = ", \"image\": \"images/ok.png\"";
   std::string long_answer;
@@ -234,7 +234,7 @@ BadSet make_bad_set(const fs::path& d, const fs::path& synth) {
   add(line_json("two", ", \"images\": [\"images/ok.png\", \"images/ok.png\"]", "<image> and <image>", "two circles."), "");
   add("{\"id\": \"cut\", \"conversations\": [{\"from\": \"hu", "invalid json");  // no newline
   s.manifest = (d / "bad.jsonl").string();
-  write_file(s.manifest, m);
+  write_text(s.manifest, m);
   return s;
 }
 
@@ -249,7 +249,7 @@ TEST_F(BuildTest, EveryBadInputIsCountedAndReported) {
   EXPECT_EQ(s.samples, 2);
   EXPECT_EQ(s.skipped, bad.want);
   // The report lists every skipped line with its reason.
-  const std::string report = read_file(d / "out" / kReportFile);
+  const std::string report = read_text(d / "out" / kReportFile);
   for (const auto& [line, reason] : bad.lines)
     EXPECT_NE(report.find("\n" + std::to_string(line) + "\t" + reason + "\t"), std::string::npos)
         << line << " " << reason << "\n" << report;
@@ -296,9 +296,9 @@ TEST_F(BuildTest, DamagedShardSkipsOrFailsNeverCrashes) {
   const int64_t victim = 3, k = x.at(victim, kImageBegin), shard = x.shard[victim];
   const int64_t off = x.extents[size_t(shard * kExtentCols + kBytesOffset)] + x.image(k, kByteBegin);
   const fs::path file = out / shard_file_name(shard);
-  std::string bytes = read_file(file);
+  std::string bytes = read_text(file);
   std::fill(bytes.begin() + off, bytes.begin() + off + (x.image(k, kByteEnd) - x.image(k, kByteBegin)), '\0');
-  write_file(file, bytes);
+  write_text(file, bytes);
 
   ShardDataset skip(out.string(), tok, geometry, 4096, "skip");
   {

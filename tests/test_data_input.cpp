@@ -76,7 +76,7 @@ TEST_F(InputTest, AnImageSwappedForASymlinkOutOfTheRootIsRefusedAtLoad) {
   fs::copy_file(image, d / "outside" / "secret.png");
   // A symlink inside the root that stays inside is fine, at open and at load.
   fs::create_symlink("real.png", d / "ds" / "images" / "b.png");
-  write_file(d / "ds" / "m.jsonl",
+  write_text(d / "ds" / "m.jsonl",
              kLine + line_json("b", ", \"image\": \"images/b.png\"", "<image>", "a square."));
   Tokenizer tok(tokenizer());
   const std::string m = (d / "ds" / "m.jsonl").string();
@@ -118,15 +118,15 @@ TEST_F(InputTest, AManifestThatIsAFifoIsRefusedNotWaitedOn) {
 TEST_F(InputTest, AManifestLineHasALengthCap) {
   const fs::path d = fresh("long-line");
   // One real line, then a line one byte over the cap: the cap is reported with its line.
-  const std::string good = read_file(manifest()).substr(0, read_file(manifest()).find('\n') + 1);
-  write_file(d / "m.jsonl", good + std::string(size_t(kMaxLineBytes) + 1, 'x') + "\n");
+  const std::string good = read_text(manifest()).substr(0, read_text(manifest()).find('\n') + 1);
+  write_text(d / "m.jsonl", good + std::string(size_t(kMaxLineBytes) + 1, 'x') + "\n");
   Tokenizer tok(tokenizer());
   const std::string msg = error_of([&] {
     JsonlDataset((d / "m.jsonl").string(), dir().string(), tok, ImageGeometry{}, 4096, "skip");
   });
   EXPECT_TRUE(contains(msg, "line 2 longer than")) << msg;
   // A line of exactly the cap, and a last line without its newline, are lines like any other.
-  write_file(d / "cap.txt", "ab\n" + std::string(100, 'y') + "\nlast");
+  write_text(d / "cap.txt", "ab\n" + std::string(100, 'y') + "\nlast");
   LineReader r("file", (d / "cap.txt").string(), "", nullptr, 100);
   std::string line;
   ASSERT_TRUE(r.next(line));
@@ -184,16 +184,16 @@ TEST_F(InputTest, AShardOrIndexThatIsNotARegularFileIsRefusedNotWaitedOn) {
 // Together they hit the seal, the superblock, object headers, attributes and table bytes.
 template <class F>
 void for_each_damage(const fs::path& file, F check) {
-  const std::string clean = read_file(file);
+  const std::string clean = read_text(file);
   for (size_t start = 0; start < clean.size(); start += 89)
     for (size_t stride : {size_t(61), size_t(997), clean.size()}) {
       std::string bytes = clean;
       for (size_t k = start; k < bytes.size(); k += stride) bytes[k] = char(bytes[k] ^ 0x5a);
-      write_file(file, bytes);
+      write_text(file, bytes);
       SCOPED_TRACE(::testing::Message() << "bytes flipped from " << start << " every " << stride);
       check();
     }
-  write_file(file, clean);
+  write_text(file, clean);
 }
 
 // HDF5 1.10 crashes on some damaged object headers and reads damaged tables as plausible
@@ -258,16 +258,16 @@ TEST_F(InputTest, SealedFilesAreCheckedAndUnsealedOnesStillRead) {
       w.i64("table", {1, 2, 3, 4, 5, 6}, 2);
       w.close();
     }
-    EXPECT_EQ(read_file(path).substr(0, 8), seal == Seal::none ? "\x89HDF\r\n\x1a\n" : "dhp-seal");
+    EXPECT_EQ(read_text(path).substr(0, 8), seal == Seal::none ? "\x89HDF\r\n\x1a\n" : "dhp-seal");
     {
       H5Reader r(path);
       EXPECT_EQ(r.attr_i64("answer"), 42);
       EXPECT_EQ(r.i64("table", 2), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
     }
     if (seal == Seal::none) continue;
-    std::string bytes = read_file(path);
+    std::string bytes = read_text(path);
     bytes.back() = char(bytes.back() ^ 1);
-    write_file(path, bytes);
+    write_text(path, bytes);
     const std::string msg = error_of([&] { H5Reader r(path); });
     EXPECT_TRUE(contains(msg, "is damaged")) << msg;
     EXPECT_TRUE(contains(msg, "checksum")) << msg;

@@ -165,7 +165,7 @@ TEST_F(DataTest, LoaderSurfacesWorkerErrors) {
   fs::create_directories(d / "images");
   fs::copy_file(dir() / "images" / "train-000000.png", d / "images" / "a.png",
                 fs::copy_options::overwrite_existing);
-  write_file(d / "m.jsonl",
+  write_text(d / "m.jsonl",
              line_json("a", ", \"image\": \"images/a.png\"", "<image>", "a red circle."));
   Tokenizer tok(tokenizer());
   ImageGeometry geometry;
@@ -237,7 +237,7 @@ TEST_F(DataTest, RangeLoadEqualsSliceOfFullLoad) {
     const Sample full = ds.load(i, false);
     const auto cuts = cuts_for(full, uint64_t(i));
     for (size_t c = 0; c + 1 < cuts.size(); ++c) {
-      SCOPED_TRACE(testing::Message() << "sample " << i << " [" << cuts[c] << ", " << cuts[c + 1] << ")");
+      SCOPED_TRACE(::testing::Message() << "sample " << i << " [" << cuts[c] << ", " << cuts[c + 1] << ")");
       const Sample piece = ds.load_range(i, cuts[c], cuts[c + 1], false);
       expect_same(piece, slice_sample(full, cuts[c], cuts[c + 1]));
       int64_t image_tokens = 0;
@@ -266,7 +266,7 @@ TEST_F(DataTest, PackedPiecesEqualSlicesOfThePackedSample) {
       int64_t slot_base = 0;  // merged tokens of the full sample's images before the piece's
       for (int32_t k = 0; k < piece.first_image; ++k) slot_base += full.images[size_t(k)].n_patches() / m2;
       for (int64_t t = a; t < b; ++t) {
-        SCOPED_TRACE(testing::Message() << "sample " << i << " token " << t);
+        SCOPED_TRACE(::testing::Message() << "sample " << i << " token " << t);
         const size_t p = size_t(t - a);
         ASSERT_EQ(pb.tokens[p], whole.tokens[size_t(t)]);
         ASSERT_EQ(pb.targets[p], whole.targets[size_t(t)]);

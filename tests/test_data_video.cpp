@@ -68,7 +68,7 @@ class VideoTest : public DataTest {
   // A JsonlDataset over `lines` written to dir_/name.
   std::string manifest_of(const std::string& name, const std::string& lines) {
     const fs::path p = dir_ / name;
-    write_file(p, lines);
+    write_text(p, lines);
     return p.string();
   }
   fs::path dir_;
@@ -309,31 +309,31 @@ TEST_F(VideoTest, BadVideosAreSkippedWithTheirReasonsByBothPaths) {
   // Truncated: the first 40% of a clip (its header states 40 frames).
   write_clip(dir_ / "full.avi", 40, 10, 48, 64);
   {
-    const std::string bytes = read_file(dir_ / "full.avi");
-    write_file(dir_ / "truncated.avi", bytes.substr(0, bytes.size() * 2 / 5));
+    const std::string bytes = read_text(dir_ / "full.avi");
+    write_text(dir_ / "truncated.avi", bytes.substr(0, bytes.size() * 2 / 5));
   }
   // Zero decodable frames: an intact container whose every frame's data is overwritten.
   {
-    std::string bytes = read_file(dir_ / "full.avi");
+    std::string bytes = read_text(dir_ / "full.avi");
     size_t at = 0;
     while ((at = bytes.find(std::string("\xFF\xD8\xFF", 3), at)) != std::string::npos)
       for (size_t k = 0; k < 200 && at + k < bytes.size(); ++k) bytes[at + k] = char(0x11), ++at;
-    write_file(dir_ / "nodecode.avi", bytes);
+    write_text(dir_ / "nodecode.avi", bytes);
   }
-  write_file(dir_ / "notvideo.mp4", "this is a text file, not a video\n");
+  write_text(dir_ / "notvideo.mp4", "this is a text file, not a video\n");
   // A bad header: the RIFF signature and the AVI header list overwritten.
   {
-    std::string bytes = read_file(dir_ / "full.avi");
+    std::string bytes = read_text(dir_ / "full.avi");
     for (size_t k = 0; k < 64; ++k) bytes[k] = char(0x5A);
-    write_file(dir_ / "badheader.avi", bytes);
+    write_text(dir_ / "badheader.avi", bytes);
   }
   // An unknown codec: the stream's codec tags renamed to one no decoder has.
   {
-    std::string bytes = read_file(dir_ / "full.avi");
+    std::string bytes = read_text(dir_ / "full.avi");
     const std::string head = bytes.substr(0, 4096);
     for (size_t at = head.find("MJPG"); at != std::string::npos; at = head.find("MJPG", at + 1))
       bytes.replace(at, 4, "QQZZ");
-    write_file(dir_ / "unknowncodec.avi", bytes);
+    write_text(dir_ / "unknowncodec.avi", bytes);
   }
   write_clip(dir_ / "big.avi", 12, 10, 224, 256);         // 57344 pixels a frame
   write_clip(dir_ / "long.avi", 400, 10, 128, 128);       // 40 s: 40 frames of 25 tokens
@@ -383,7 +383,7 @@ TEST_F(VideoTest, BadVideosAreSkippedWithTheirReasonsByBothPaths) {
   const BuildSummary sum = build_dataset(o);
   EXPECT_EQ(sum.samples, 1);
   EXPECT_EQ(sum.skipped, want);
-  const std::string report = read_file(dir_ / "built" / kReportFile);
+  const std::string report = read_text(dir_ / "built" / kReportFile);
   EXPECT_NE(report.find("truncated.avi"), std::string::npos) << report;
   EXPECT_NE(report.find("fifo.avi"), std::string::npos) << report;
 
@@ -405,8 +405,8 @@ TEST_F(VideoTest, VideoThatGoesBadAfterIndexingCostsOnlyItsSample) {
   Tokenizer tok(tokenizer());
   JsonlDataset skip(m, "", tok, geometry_, 4096, "skip");
   JsonlDataset fail(m, "", tok, geometry_, 4096, "fail");
-  const std::string bytes = read_file(dir_ / "a.avi");
-  write_file(dir_ / "a.avi", bytes.substr(0, bytes.size() / 3));
+  const std::string bytes = read_text(dir_ / "a.avi");
+  write_text(dir_ / "a.avi", bytes.substr(0, bytes.size() / 3));
   {
     LogCapture log;
     const Sample s = skip.load(0, false);
@@ -496,7 +496,7 @@ TEST_F(VideoTest, VideoLongtailPresetWritesClipsThatBuildAndTrain) {
                   " --log.metrics=" + (dir_ / "m.jsonl").string(),
               dir_, "", 300);
   ASSERT_EQ(r.status, 0) << r.output;
-  const std::string metrics = read_file(dir_ / "m.jsonl");
+  const std::string metrics = read_text(dir_ / "m.jsonl");
   EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 3) << metrics;
   // Generation takes image files only: a <video> in its prompt is a message, not a crash.
   r = run_dhp("generate --dir " + (dir_ / "ck").string() + " --prompt \"What moves in <video>?\"",

@@ -22,6 +22,7 @@
 #include "tests/error_of.h"
 #include "tests/hf_fixture.h"
 #include "tests/model_fixtures.h"
+#include "tests/file_text.h"
 #include "trainer/hf_checkpoint.h"
 #include "trainer/safetensors.h"
 
@@ -42,12 +43,6 @@ fs::path fixture(const std::string& name, const std::string& args) {
 
 fs::path clip_llava() { return fixture("llava_hf_clip", "llava_hf --tower clip"); }
 fs::path siglip_llava() { return fixture("llava_new_siglip", "llava_new --tower siglip --feature-layer -1 --vlayers 2"); }
-
-// Every tensor of a folder (single file or shards) as fp32 and as raw bytes, by name.
-std::string file_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 // A run's configuration with model.init / model.vision.init applied, as `dhp train` does.
 Config applied(const std::vector<std::string>& overrides) {
@@ -157,14 +152,18 @@ TEST(HfLlavaConfig, NestedConfigsTakeTheClassDefaults) {
 }
 
 TEST(HfLlavaConfig, RefusesWhatDhpDoesNotImplement) {
-  const json base = json::parse(std::ifstream(clip_llava() / "config.json"));
-  auto with = [&](const std::string& name, const json& patch) {
-    const fs::path dir = root() / ("cfg_" + name);
+  // The error reading `base` with `patch` merged into it, in a folder of its own.
+  auto patched = [&](const json& base, const std::string& name, const json& patch) {
+    const fs::path dir = root() / name;
     fs::create_directories(dir);
     json c = base;
     c.merge_patch(patch);
     std::ofstream(dir / "config.json") << c.dump();
     return error_of([&] { read_hf_config(dir.string(), ModelConfig{}, 0); });
+  };
+  const json base = json::parse(std::ifstream(clip_llava() / "config.json"));
+  auto with = [&](const std::string& name, const json& patch) {
+    return patched(base, "cfg_" + name, patch);
   };
   EXPECT_EQ(with("same", json::object()), "");
   for (const auto& [key, patch] : std::vector<std::pair<std::string, json>>{
@@ -182,12 +181,7 @@ TEST(HfLlavaConfig, RefusesWhatDhpDoesNotImplement) {
   }
   const json orig = json::parse(std::ifstream(fixture("orig_no_tower", "llava_orig --no-tower --feature-layer -3 --tokenizer") / "config.json"));
   auto with_orig = [&](const std::string& name, const json& patch) {
-    const fs::path dir = root() / ("orig_" + name);
-    fs::create_directories(dir);
-    json c = orig;
-    c.merge_patch(patch);
-    std::ofstream(dir / "config.json") << c.dump();
-    return error_of([&] { read_hf_config(dir.string(), ModelConfig{}, 0); });
+    return patched(orig, "orig_" + name, patch);
   };
   for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
            {"mm_projector_type", "linear"}, {"mm_vision_select_feature", "cls_patch"},
@@ -398,7 +392,7 @@ TEST(HfLlavaExport, RoundTripIsByteIdentical) {
     export_hf_checkpoint(second, e2);
     EXPECT_EQ(tensor_bytes(e.dir), tensor_bytes(e2.dir)) << kind;
     for (const char* f : {"config.json", "preprocessor_config.json", "generation_config.json"})
-      EXPECT_EQ(file_text(fs::path(e.dir) / f), file_text(fs::path(e2.dir) / f)) << kind << ": " << f;
+      EXPECT_EQ(testing::read_text(fs::path(e.dir) / f), testing::read_text(fs::path(e2.dir) / f)) << kind << ": " << f;
   }
 }
 

@@ -50,7 +50,7 @@ class TokenizerTest : public ::testing::Test {
     const fs::path d = *root_ / name;
     fs::create_directories(d);
     fs::copy_file(llama(), d / "tokenizer.model", fs::copy_options::overwrite_existing);
-    if (!added_tokens.empty()) write_file(d / kAddedTokensFile, added_tokens);
+    if (!added_tokens.empty()) write_text(d / kAddedTokensFile, added_tokens);
     return d;
   }
   static int sp_size(const std::string& path) {
