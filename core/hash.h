@@ -16,6 +16,11 @@ inline uint64_t fnv1a(const void* data, size_t n, uint64_t h = kFnvSeed) {
   return h;
 }
 
+class InputFile;
+
+// Hash of an open file's bytes from `offset` to its end.
+uint64_t hash_from(const InputFile& in, int64_t offset);
+
 // Hash of a whole file's bytes; throws dhp::Error when it cannot be read or is not a regular
 // file.
 uint64_t hash_file(const std::string& path);

@@ -6,7 +6,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 
 #include "core/check.h"
 #include "core/hash.h"
@@ -14,8 +13,6 @@
 #include "core/input.h"
 
 namespace dhp {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -30,53 +27,35 @@ std::string seal_line(uint64_t hash, int64_t bytes) {
   return fmt::format("{}{:016x} {}\n", kSealMagic, hash, bytes);
 }
 
-// The checksum and count of the bytes of `fd` from kSealBytes on.
-std::pair<uint64_t, int64_t> hash_after_seal(int fd, const std::string& path) {
-  uint64_t h = kFnvSeed;
-  int64_t total = 0;
-  std::vector<char> buf(1 << 20);
-  for (;;) {
-    const ssize_t got = ::pread(fd, buf.data(), buf.size(), off_t(kSealBytes + total));
-    DHP_CHECK(got >= 0, "cannot read '{}': {}", printable(path), std::strerror(errno));
-    if (got == 0) break;
-    h = fnv1a(buf.data(), size_t(got), h);
-    total += got;
-  }
-  return {h, total};
-}
-
 // Checks a sealed file's checksum; an unsealed HDF5 file (one written before seals) passes.
-void check_seal(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK);
-  DHP_CHECK(fd >= 0, "cannot open '{}': {}", printable(path), std::strerror(errno));
+void check_seal(const InputFile& in, const std::string& path) {
   std::string head(size_t(kSealBytes), '\0');
-  const ssize_t got = ::pread(fd, head.data(), head.size(), 0);
-  std::pair<uint64_t, int64_t> found{0, -1};
-  const bool sealed = got == ssize_t(head.size()) && head.starts_with(kSealMagic);
-  if (sealed) found = hash_after_seal(fd, path);
-  ::close(fd);
-  if (!sealed) {
+  const int64_t got = in.read_at(head.data(), kSealBytes, 0);
+  if (!(got == kSealBytes && head.starts_with(kSealMagic))) {
     DHP_CHECK(got >= 8 && head.starts_with(std::string_view(kHdf5Signature, 8)),
               "'{}' is damaged or not an HDF5 file: it starts with neither dhp's seal nor "
               "HDF5's signature",
               printable(path));
     return;
   }
-  const std::string want = head.substr(0, head.find('\n') + 1);
-  DHP_CHECK(seal_line(found.first, found.second) == want,
+  const int64_t bytes = in.size() - kSealBytes;
+  DHP_CHECK(seal_line(hash_from(in, kSealBytes), bytes) == head.substr(0, head.find('\n') + 1),
             "'{}' is damaged: its {} bytes do not match the checksum and size sealed into it "
             "when it was written; rebuild it",
-            printable(path), found.second);
+            printable(path), bytes);
 }
 
 }  // namespace
 
 void seal_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDWR);
-  DHP_CHECK(fd >= 0, "cannot open '{}' to seal it: {}", printable(path), std::strerror(errno));
-  const auto [hash, bytes] = hash_after_seal(fd, path);
-  std::string head = seal_line(hash, bytes);
+  std::string head;
+  {
+    const InputFile in("HDF5 file", path);
+    head = seal_line(hash_from(in, kSealBytes), in.size() - kSealBytes);
+  }
   head.resize(size_t(kSealBytes), '\0');
+  const int fd = ::open(path.c_str(), O_WRONLY);
+  DHP_CHECK(fd >= 0, "cannot open '{}' to seal it: {}", printable(path), std::strerror(errno));
   const ssize_t put = ::pwrite(fd, head.data(), head.size(), 0);
   ::close(fd);
   DHP_CHECK(put == ssize_t(head.size()), "cannot seal '{}' (disk full?)", printable(path));
@@ -161,13 +140,12 @@ void H5Writer::close() {
 H5Reader::H5Reader(const std::string& path) : path_(path) {
   quiet_hdf5();
   // Checked here because HDF5 opens without O_NONBLOCK: a FIFO would block it for ever.
-  InputFile("HDF5 file", path);
-  check_seal(path);
+  const InputFile in("HDF5 file", path);
+  check_seal(in, path);
+  file_bytes_ = in.size();
   file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   DHP_CHECK(file_ >= 0, "'{}' is not a readable HDF5 file (damaged or truncated?; {})",
             printable(path), hdf5_why());
-  std::error_code ec;
-  file_bytes_ = int64_t(fs::file_size(path, ec));
 }
 
 std::string H5Reader::damaged(const std::string& what) const {
