@@ -48,6 +48,23 @@ struct ActPtrOf {
 using Act = ActPtrOf<void>;
 using CAct = ActPtrOf<const void>;
 
+// The runs of a call's tokens on the host (kernels/attention_runs.h): maximal spans of one
+// document and one block whose idx counts up by one, or does anything under a block.
+struct AttnRun {
+  int64_t start = 0, len = 0;  // tokens start .. start+len of the call's buffer
+  int32_t doc = 0, blk = -1;
+  int32_t idx_lo = 0, idx_hi = 0;  // bounds of idx over the run
+  bool consecutive = true;         // idx[start + i] == idx_lo + i
+  bool operator==(const AttnRun&) const = default;
+};
+
+struct AttnRuns {
+  const AttnRun* p = nullptr;
+  int64_t n = 0;
+  const AttnRun* begin() const { return p; }
+  const AttnRun* end() const { return p + n; }
+};
+
 // Per-token attention metadata (kernels/cpu/attention.h explains the mask):
 //   query q may see key k  <=>  doc[q] == doc[k]  and  (idx[k] <= idx[q]  or
 //                                                       blk[q] >= 0 and blk[q] == blk[k])
@@ -55,6 +72,9 @@ struct AttnMeta {
   const int32_t* doc;  // (T)
   const int32_t* idx;  // (T)
   const int32_t* blk;  // (T), -1 = not in a bidirectional block
+  // The same tokens' runs, on the host, where the caller has them (empty: unknown). Lets a
+  // backend run the call through a library that takes per-sequence lengths.
+  AttnRuns runs{};
 };
 
 struct AttnShape {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/attention_runs.h"
 #include "kernels/backend.h"
 #include "types/batch.h"
 #include "types/model_config.h"
@@ -42,10 +43,13 @@ struct DeviceBatch {
   const int32_t* stream_patch = nullptr;  // (S) patch row of each stream row, -1 = class row
   const PosImage* pos_images = nullptr;   // (n_images) first stream row and grid of each image
 
-  AttnMeta decoder_meta() const { return {doc, pos, blk}; }
-  AttnMeta vision_meta() const { return {patch_image, patch_zero, patch_image}; }
+  // The runs of each metadata on the host (kernels/attention_runs.h).
+  AttnRuns decoder_runs, vision_runs, stream_runs;
+
+  AttnMeta decoder_meta() const { return {doc, pos, blk, decoder_runs}; }
+  AttnMeta vision_meta() const { return {patch_image, patch_zero, patch_image, vision_runs}; }
   // Each image with its class row is one bidirectional block of the stream.
-  AttnMeta stream_meta() const { return {stream_image, stream_zero, stream_image}; }
+  AttnMeta stream_meta() const { return {stream_image, stream_zero, stream_image, stream_runs}; }
 };
 
 // Owns the device memory of uploaded batches (one arena, reused: no allocation once the
@@ -66,6 +70,7 @@ class BatchUploader {
   std::vector<int32_t> stream_image_, stream_zero_, stream_patch_;
   std::vector<MergeImage> merge_;
   std::vector<PosImage> pos_images_;
+  std::vector<AttnRun> decoder_runs_, vision_runs_, stream_runs_;
   std::vector<uint8_t> slot_seen_;
 };
 

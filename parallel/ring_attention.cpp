@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "kernels/attention_runs.h"
 
 namespace dhp {
 namespace {
@@ -52,7 +53,10 @@ std::unique_ptr<PendingExchange> RingAttention::pass_pair(CAct a, CAct b, int64_
 }
 
 AttnMeta RingAttention::member_meta(int j) const {
-  return j == me_ ? meta_ : AttnMeta{doc_[size_t(j)], idx_[size_t(j)], blk_[size_t(j)]};
+  const auto& r = runs_[size_t(j)];
+  const AttnRuns runs{r.data(), int64_t(r.size())};
+  if (j == me_) return AttnMeta{meta_.doc, meta_.idx, meta_.blk, runs};
+  return AttnMeta{doc_[size_t(j)], idx_[size_t(j)], blk_[size_t(j)], runs};
 }
 
 void RingAttention::prepare(AttnMeta meta, int64_t T) {
@@ -111,10 +115,13 @@ void RingAttention::prepare(AttnMeta meta, int64_t T) {
     if (qblk[t] >= 0) blocks.emplace(qdoc[t], qblk[t]);
   }
   visible_.assign(size_t(d_), 0);
+  // Every member's runs too, for backends that run attention on per-sequence lengths.
+  runs_.resize(size_t(d_));
   for (int j = 0; j < d_; ++j) {
-    const AttnMeta m = member_meta(j);
+    const AttnMeta m = j == me_ ? meta_ : AttnMeta{doc_[size_t(j)], idx_[size_t(j)], blk_[size_t(j)]};
     const auto kdoc = host(m.doc, T_[size_t(j)]), kidx = host(m.idx, T_[size_t(j)]),
                kblk = host(m.blk, T_[size_t(j)]);
+    attention_runs(runs_[size_t(j)], kdoc.data(), kidx.data(), kblk.data(), T_[size_t(j)]);
     for (size_t t = 0; t < kdoc.size() && !visible_[size_t(j)]; ++t) {
       const auto it = latest.find(kdoc[t]);
       if (it == latest.end()) continue;
@@ -127,9 +134,10 @@ void RingAttention::forward(int layer, Act out, float* lse, CAct q, CAct k, CAct
                             const AttnDims& d) {
   const int64_t T = T_[size_t(me_)], kvd = int64_t(d.Hkv) * d.hd, qd = int64_t(d.Hq) * d.hd;
   const int64_t maxT = *std::max_element(T_.begin(), T_.end());
+  const AttnMeta mine = member_meta(me_);
   blocks_computed_ = 0;
   if (d_ == 1) {
-    ops_.attention_forward(out, lse, q, k, v, meta_, meta_, attn_shape(d, T, T));
+    ops_.attention_forward(out, lse, q, k, v, mine, mine, attn_shape(d, T, T));
     blocks_computed_ = 1;
     return;
   }
@@ -162,12 +170,12 @@ void RingAttention::forward(int layer, Act out, float* lse, CAct q, CAct k, CAct
     }
     if (s == 0) {
       // The local block always runs: it writes the base of every later merge and its lse.
-      ops_.attention_forward(part_out, lse, q, k, v, meta_, meta_, attn_shape(d, T, T));
+      ops_.attention_forward(part_out, lse, q, k, v, mine, mine, attn_shape(d, T, T));
       ops_.fill(out_acc, 0.0f, T * qd);
       ops_.accumulate(out_acc, part_out, T * qd);
       ++blocks_computed_;
     } else if (visible_[size_t(from)] && T > 0 && Tf > 0) {
-      ops_.attention_forward(part_out, part_lse, q, cur_k, cur_v, meta_, member_meta(from),
+      ops_.attention_forward(part_out, part_lse, q, cur_k, cur_v, mine, member_meta(from),
                              attn_shape(d, T, Tf));
       ops_.attention_merge(out_acc, lse, part_out, part_lse, T, d.Hq, d.hd);
       ++blocks_computed_;
@@ -184,8 +192,9 @@ void RingAttention::forward(int layer, Act out, float* lse, CAct q, CAct k, CAct
 void RingAttention::backward(int layer, Act dq, Act dk, Act dv, CAct dout, CAct out,
                              const float* lse, CAct q, CAct k, CAct v, const AttnDims& d) {
   const int64_t T = T_[size_t(me_)], kvd = int64_t(d.Hkv) * d.hd, qd = int64_t(d.Hq) * d.hd;
+  const AttnMeta mine = member_meta(me_);
   if (d_ == 1) {
-    ops_.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, meta_, meta_,
+    ops_.attention_backward(dq, dk, dv, dout, out, lse, q, k, v, mine, mine,
                             attn_shape(d, T, T));
     return;
   }
@@ -227,7 +236,7 @@ void RingAttention::backward(int layer, Act dq, Act dk, Act dv, CAct dout, CAct 
     float* acc_k = dk_acc[s % 2];
     float* acc_v = dv_acc[s % 2];
     if (compute) {
-      ops_.attention_backward(dq_part, dk_part, dv_part, dout, out, lse, q, cur_k, cur_v, meta_,
+      ops_.attention_backward(dq_part, dk_part, dv_part, dout, out, lse, q, cur_k, cur_v, mine,
                               member_meta(from), attn_shape(d, T, Tf));
       ops_.accumulate(dq_acc, dq_part, T * qd);
     }

@@ -66,6 +66,7 @@ class RingAttention final : public Attention {
   std::vector<char> visible_;                 // member j has a key my queries may see
   Arena meta_arena_, work_;
   std::vector<int32_t*> doc_, idx_, blk_;     // (T_[j]) every member's metadata, device
+  std::vector<std::vector<AttnRun>> runs_;    // every member's runs, host
   int blocks_computed_ = 0;
   WaitTime waited_;
 };
