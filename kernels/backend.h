@@ -37,11 +37,28 @@ std::optional<Precision> find_precision(std::string_view name);
 // The storage dtype of activations and working weights.
 inline DType storage_dtype(Precision p) { return p == Precision::bf16 ? DType::BF16 : DType::F32; }
 
+// Which attention kernel the CUDA backend runs (train.attention): its own (kernels/cuda/
+// attention_kernels.cuh), cuDNN's fused attention where it can express the call's mask
+// (kernels/cuda/cudnn_attention.h), or per shape class whichever measured faster. The CPU
+// backend has one kernel and ignores it.
+enum class AttentionImpl : uint8_t { automatic, own, cudnn };
+inline constexpr std::pair<AttentionImpl, std::string_view> kAttentionImplNames[] = {
+    {AttentionImpl::automatic, "auto"}, {AttentionImpl::own, "own"}, {AttentionImpl::cudnn, "cudnn"}};
+
+// One shape class's attention timing (Backend::take_attention_timings): the class as the
+// backend encodes it, and the seconds of its own kernel and of the library on one call.
+struct AttnTiming {
+  static constexpr int kKey = 9;
+  int64_t key[kKey] = {};
+  double own_s = 0, lib_s = 0;
+};
+
 struct BackendOptions {
   int threads = 1;            // CPU compute threads (>= 1)
   bool adapt_threads = false;  // CPU: follow the cores other processes leave free
   int device = 0;   // device ordinal, for backends with several devices
   Precision precision = Precision::fp32;
+  AttentionImpl attention = AttentionImpl::automatic;
 };
 
 class Backend {
@@ -69,6 +86,12 @@ class Backend {
   virtual void adapt_to_load() {}
   // Compute threads (CPU) or 1.
   virtual int threads() const { return 1; }
+  // train.attention = "auto": the attention timings this process took since the last call
+  // (each shape class it met for the first time, own kernel against the library), and the
+  // choices to install from everyone's (trainer/agreement.h gathers them between steps, so
+  // every rank makes the same choice). Until a class is agreed its calls run the own kernel.
+  virtual std::vector<AttnTiming> take_attention_timings() { return {}; }
+  virtual void agree_attention(const std::vector<AttnTiming>& everyone) { (void)everyone; }
   // The native stream the ops run on (a cudaStream_t), for a device communicator that must
   // order its transfers after them; null where there is none (the CPU).
   virtual void* stream_handle() const { return nullptr; }

@@ -105,4 +105,32 @@ void check_ranks_agree(const Config& cfg, Communicator& comm) {
   throw Error(others > 0 ? fmt::format("{} (and {} more rank{})", message, others, others > 1 ? "s" : "") : message);
 }
 
+void agree_attention_choices(Backend& backend, Communicator& comm) {
+  const std::vector<AttnTiming> mine = backend.take_attention_timings();
+  int64_t n = int64_t(mine.size());
+  comm.all_reduce(&n, 1, DataType::I64, ReduceOp::Max);
+  if (n == 0) return;
+  // Rows of (key..., own, lib, valid); ranks with fewer timings pad with invalid rows.
+  constexpr int kRow = AttnTiming::kKey + 3;
+  std::vector<double> send(size_t(n * kRow), 0.0), all(size_t(comm.size() * n * kRow));
+  for (size_t i = 0; i < mine.size(); ++i) {
+    double* r = &send[i * kRow];
+    for (int k = 0; k < AttnTiming::kKey; ++k) r[k] = double(mine[i].key[k]);
+    r[AttnTiming::kKey] = mine[i].own_s;
+    r[AttnTiming::kKey + 1] = mine[i].lib_s;
+    r[AttnTiming::kKey + 2] = 1;
+  }
+  comm.all_gather(send.data(), all.data(), n * kRow, DataType::F64);
+  std::vector<AttnTiming> everyone;
+  for (size_t i = 0; i < all.size(); i += kRow) {
+    if (all[i + AttnTiming::kKey + 2] == 0) continue;
+    AttnTiming t;
+    for (int k = 0; k < AttnTiming::kKey; ++k) t.key[k] = int64_t(all[i + size_t(k)]);
+    t.own_s = all[i + AttnTiming::kKey];
+    t.lib_s = all[i + AttnTiming::kKey + 1];
+    everyone.push_back(t);
+  }
+  backend.agree_attention(everyone);
+}
+
 }  // namespace dhp

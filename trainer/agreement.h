@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "parallel/communicator.h"
 #include "trainer/config.h"
 
@@ -26,5 +27,10 @@ std::vector<std::pair<std::string, std::string>> agreement_terms(const Config& c
 // "rank 2: its configuration differs from rank 0's: model.dim = 128 there, 64 on rank 0".
 // Collective: every rank calls it once, before anything else talks to the other ranks.
 void check_ranks_agree(const Config& cfg, Communicator& comm);
+
+// train.attention = "auto" (kernels/cuda/attention_select.h): gathers the attention timings
+// every rank took since the last call and installs the same choice per shape class on every
+// rank. Collective; one integer is reduced when nobody timed anything.
+void agree_attention_choices(Backend& backend, Communicator& comm);
 
 }  // namespace dhp

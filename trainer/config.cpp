@@ -166,6 +166,7 @@ class Schema {
     flag("adapt_threads", t.adapt_threads);
     str("device", t.device, {"auto", "cpu", "cuda"});
     choice("precision", t.precision, kPrecisionNames);
+    choice("attention", t.attention, kAttentionImplNames);
 
     sec_ = "optim";
     auto& o = c.optim;
@@ -484,6 +485,17 @@ void validate_tower(const VisionConfig& v, const std::string& f) {
 void validate(const Config& c, bool folders_read) {
   const auto& m = c.model;
   const std::string& f = c.source;
+  // cuDNN's fused attention stores bf16 or fp16 and runs on a GPU only: say so before a run
+  // starts rather than fall back to another kernel than the one asked for.
+  if (c.train.attention == AttentionImpl::cudnn) {
+    DHP_CHECK(c.train.device != "cpu",
+              "{}: train.attention = \"cudnn\" needs train.device = \"cuda\" (or \"auto\" on a "
+              "machine with a GPU); the CPU backend has its own attention only", f);
+    DHP_CHECK(c.train.precision == Precision::bf16,
+              "{}: train.attention = \"cudnn\" needs train.precision = \"bf16\": cuDNN's fused "
+              "attention has no fp32 or tf32 storage (train.attention = \"auto\" picks per precision)",
+              f);
+  }
   DHP_CHECK(m.head_dim > 0 || m.dim % m.heads == 0,
             "{}: model.dim ({}) must be divisible by model.heads ({}) unless model.head_dim is set",
             f, m.dim, m.heads);
@@ -623,6 +635,7 @@ BackendOptions backend_options(const Config& cfg) {
   o.threads = compute_threads(cfg);
   o.adapt_threads = cfg.train.adapt_threads;
   o.precision = cfg.train.precision;
+  o.attention = cfg.train.attention;
   // One GPU per rank: the ranks a launcher started on this node take devices by local rank.
   o.device = std::max(0, launcher_local_rank());
   return o;

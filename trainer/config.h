@@ -24,6 +24,7 @@ struct TrainConfig {
   bool adapt_threads = true;        // CPU: use fewer threads while other processes hold cores
   std::string device = "auto";      // "auto" | "cpu" | "cuda"; auto = cuda when a device is usable
   Precision precision = Precision::fp32;  // kernels/backend.h
+  AttentionImpl attention = AttentionImpl::automatic;  // CUDA: own | cudnn | auto (measured)
 
 };
 

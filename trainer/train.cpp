@@ -396,6 +396,8 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
   rec.threads = backend_->threads();
   record_memory(work, rec);
   backend_->adapt_to_load();
+  // train.attention = "auto": every rank installs the same choice for the classes timed this step.
+  if (backend_->device() == Device::CUDA) agree_attention_choices(*backend_, comm_);
 
   rec.step_s = seconds_since(t_step);
   rec.tokens_per_s = double(work.tokens) / rec.step_s;

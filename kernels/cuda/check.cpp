@@ -1,6 +1,7 @@
 #include "kernels/cuda/check.h"
 
 #include <cublasLt.h>
+#include <cudnn_graph.h>
 #include <fmt/format.h>
 
 #include "core/check.h"
@@ -8,6 +9,7 @@
 namespace dhp::cuda {
 
 static_assert(CUBLAS_STATUS_SUCCESS == 0, "DHP_CUBLAS_CHECK compares with 0");
+static_assert(CUDNN_STATUS_SUCCESS == 0, "DHP_CUDNN_CHECK compares with 0");
 
 void fail_cuda(cudaError_t err, const char* call, const char* file, int line) {
   int device = -1;
@@ -22,6 +24,15 @@ void fail_cublas(int status, const char* call, const char* file, int line) {
   throw Error(fmt::format("cuBLAS error {} ({}) in {} at {}:{} on device {}", status,
                           cublasLtGetStatusString(cublasStatus_t(status)), call, file, line,
                           device));
+}
+
+void fail_cudnn(int status, const char* call, const char* file, int line) {
+  // cuDNN keeps the reason of its last failure; it names the attribute or the engine.
+  char detail[1024] = {0};
+  cudnnGetLastErrorString(detail, sizeof detail);
+  throw Error(fmt::format("cuDNN error {} ({}) in {} at {}:{}{}{}", status,
+                          cudnnGetErrorString(cudnnStatus_t(status)), call, file, line,
+                          detail[0] ? ": " : "", detail));
 }
 
 }  // namespace dhp::cuda

@@ -10,6 +10,8 @@ namespace dhp::cuda {
 [[noreturn]] void fail_cuda(cudaError_t err, const char* call, const char* file, int line);
 // `status` is a cublasStatus_t; taken as int so that kernels need no cuBLAS header.
 [[noreturn]] void fail_cublas(int status, const char* call, const char* file, int line);
+// `status` is a cudnnStatus_t, for the same reason.
+[[noreturn]] void fail_cudnn(int status, const char* call, const char* file, int line);
 }  // namespace dhp::cuda
 
 #define DHP_CUDA_CHECK(call)                                                   \
@@ -26,4 +28,11 @@ namespace dhp::cuda {
   do {                                                                         \
     const int dhp_st_ = int(call);                                             \
     if (dhp_st_ != 0) ::dhp::cuda::fail_cublas(dhp_st_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// cuDNN calls (CUDNN_STATUS_SUCCESS is 0).
+#define DHP_CUDNN_CHECK(call)                                                  \
+  do {                                                                         \
+    const int dhp_st_ = int(call);                                             \
+    if (dhp_st_ != 0) ::dhp::cuda::fail_cudnn(dhp_st_, #call, __FILE__, __LINE__); \
   } while (0)

@@ -17,7 +17,7 @@ CudaBackend::CudaBackend(const BackendOptions& opt) : device_(opt.device) {
             st.devices);
   DHP_CUDA_CHECK(cudaSetDevice(device_));
   DHP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  ops_ = std::make_unique<CudaOps>(*this, stream_, opt.precision);
+  ops_ = std::make_unique<CudaOps>(*this, stream_, opt.precision, opt.attention);
 }
 
 CudaBackend::~CudaBackend() {
@@ -27,6 +27,12 @@ CudaBackend::~CudaBackend() {
 }
 
 const Ops& CudaBackend::ops() const { return *ops_; }
+
+std::vector<AttnTiming> CudaBackend::take_attention_timings() { return ops_->take_attention_timings(); }
+
+void CudaBackend::agree_attention(const std::vector<AttnTiming>& everyone) {
+  ops_->agree_attention(everyone);
+}
 
 void* CudaBackend::allocate(size_t bytes) {
   void* p = nullptr;

@@ -37,6 +37,9 @@ class CudaBackend final : public Backend {
   void zero(void* dst, size_t bytes) override;
   void synchronize() override;
 
+  std::vector<AttnTiming> take_attention_timings() override;
+  void agree_attention(const std::vector<AttnTiming>& everyone) override;
+
   cudaStream_t stream() const { return stream_; }
   void* stream_handle() const override { return stream_; }
   int ordinal() const { return device_; }

@@ -2,6 +2,9 @@
 
 #include <type_traits>
 
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
 #include "core/check.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/check.h"
@@ -33,16 +36,39 @@ void check_position_grid(int64_t C, int g0h, int g0w) {
 
 cudaDataType_t cuda_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
+// cuDNN's side of the attention choice, where it can run and can be asked for.
+std::unique_ptr<cuda::CudnnAttention> make_cudnn(Backend& backend, cudaStream_t stream,
+                                                 Precision precision, AttentionImpl mode) {
+  if (mode == AttentionImpl::own) return nullptr;
+  std::string why = cuda::cudnn_unavailable();
+  if (why.empty() && precision != Precision::bf16)
+    why = fmt::format("train.precision = \"{}\" (cuDNN's fused attention stores bf16)", precision_name(precision));
+  DHP_CHECK(why.empty() || mode != AttentionImpl::cudnn, "train.attention = \"cudnn\": {}", why);
+  if (!why.empty()) {
+    spdlog::info("attention: dhp's own kernel ({})", why);
+    return nullptr;
+  }
+  return std::make_unique<cuda::CudnnAttention>(backend, stream);
+}
+
 }  // namespace
 
-CudaOps::CudaOps(Backend& backend, cudaStream_t stream, Precision precision)
+CudaOps::CudaOps(Backend& backend, cudaStream_t stream, Precision precision, AttentionImpl attention)
     : stream_(stream),
       dtype_(storage_dtype(precision)),
       attn_math_(precision == Precision::fp32 ? cuda::AttnMath::fp32 : cuda::AttnMath::tf32),
       workspace_(backend, kGemmWorkspace),
       ce_rows_(backend, sizeof(cuda::CrossEntropyRow) * cuda::kCrossEntropyRows),
       sum_partial_(backend, sizeof(double) * cuda::kSumSquaresBlocks),
-      gemm_(std::make_unique<cuda::Gemm>(stream, precision, workspace_.data(), kGemmWorkspace)) {}
+      gemm_(std::make_unique<cuda::Gemm>(stream, precision, workspace_.data(), kGemmWorkspace)),
+      attn_(std::make_unique<cuda::AttentionSelect>(
+          attention, make_cudnn(backend, stream, precision, attention), stream)) {}
+
+CudaOps::~CudaOps() = default;
+
+std::vector<AttnTiming> CudaOps::take_attention_timings() const { return attn_->take_timings(); }
+
+void CudaOps::agree_attention(const std::vector<AttnTiming>& everyone) const { attn_->agree(everyone); }
 
 template <class F>
 void CudaOps::with_storage(F&& f) const {
@@ -155,16 +181,28 @@ void CudaOps::vision_embed_backward(float* dtable, float* dcls, CAct dx, const P
 
 void CudaOps::attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, AttnMeta qm,
                                 AttnMeta km, const AttnShape& s) const {
-  DHP_STORAGE_CALL(cuda::attention_forward(stream_, as<S>(out), lse, as<S>(q), as<S>(k),
-                                           as<S>(v), qm, km, s, attn_math_));
+  attn_->run(
+      cuda::sdpa::Pass::forward, dtype_, qm, km, s,
+      [&] {
+        DHP_STORAGE_CALL(cuda::attention_forward(stream_, as<S>(out), lse, as<S>(q), as<S>(k),
+                                                 as<S>(v), qm, km, s, attn_math_));
+      },
+      [&] { return attn_->library()->forward(out, lse, q, k, v, qm, km, s); });
 }
 
 void CudaOps::attention_backward(Act dq, Act dk, Act dv, CAct dout, CAct out, const float* lse,
                                  CAct q, CAct k, CAct v, AttnMeta qm, AttnMeta km,
                                  const AttnShape& s) const {
-  DHP_STORAGE_CALL(cuda::attention_backward(stream_, as<S>(dq), as<S>(dk), as<S>(dv),
-                                            as<S>(dout), as<S>(out), lse, as<S>(q), as<S>(k),
-                                            as<S>(v), qm, km, s, attn_math_));
+  attn_->run(
+      cuda::sdpa::Pass::backward, dtype_, qm, km, s,
+      [&] {
+        DHP_STORAGE_CALL(cuda::attention_backward(stream_, as<S>(dq), as<S>(dk), as<S>(dv),
+                                                  as<S>(dout), as<S>(out), lse, as<S>(q),
+                                                  as<S>(k), as<S>(v), qm, km, s, attn_math_));
+      },
+      [&] {
+        return attn_->library()->backward(dq, dk, dv, dout, out, lse, q, k, v, qm, km, s);
+      });
 }
 
 void CudaOps::attention_merge(float* out, float* lse, CAct part_out, const float* part_lse,

@@ -12,6 +12,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/attention_select.h"
 #include "kernels/cuda/gemm.h"
 
 namespace dhp {
@@ -19,7 +20,10 @@ namespace dhp {
 class CudaOps final : public Ops {
  public:
   // Allocates the GEMM workspace and the scratch buffers through `backend`.
-  CudaOps(Backend& backend, cudaStream_t stream, Precision precision);
+  // attention: train.attention (kernels/cuda/attention_select.h).
+  CudaOps(Backend& backend, cudaStream_t stream, Precision precision,
+          AttentionImpl attention = AttentionImpl::automatic);
+  ~CudaOps() override;
 
   std::string name() const override { return "cuda"; }
   DType dtype() const override { return dtype_; }
@@ -86,6 +90,10 @@ class CudaOps final : public Ops {
 
   // cuBLASLt plans made so far (one per shape, op and alignment), for tests and benches.
   size_t gemm_plans() const { return gemm_->cached_plans(); }
+  // Which attention runs which call; its cuDNN side (null where cuDNN is unusable).
+  cuda::AttentionSelect& attention_select() const { return *attn_; }
+  std::vector<AttnTiming> take_attention_timings() const;
+  void agree_attention(const std::vector<AttnTiming>& everyone) const;
 
  private:
   // Calls f with a value of the storage type (float or cuda::bf16) of this precision.
@@ -101,6 +109,8 @@ class CudaOps final : public Ops {
   DeviceBuffer sum_partial_;  // (kSumSquaresBlocks) double
   // The plan cache grows on first use of a shape, behind the const op interface.
   std::unique_ptr<cuda::Gemm> gemm_;
+  // Grows its plan cache and scratch on first use of a shape, behind the const interface too.
+  std::unique_ptr<cuda::AttentionSelect> attn_;
 };
 
 }  // namespace dhp

@@ -24,6 +24,22 @@ __global__ void fill_kernel(S* y, float value, int64_t n) { ew::fill_block(y, va
 
 __global__ void cast_kernel(bf16* y, const float* x, int64_t n) { ew::cast_block(y, x, n); }
 
+// One 32 x 32 tile per block through shared memory (padded against bank conflicts), so that
+// reads and writes both run along rows.
+__global__ void transpose_kernel(float* dst, const float* src, int64_t rows, int64_t cols) {
+  __shared__ float tile[32][33];
+  const int64_t r0 = int64_t(blockIdx.y) * 32, c0 = int64_t(blockIdx.x) * 32;
+  for (int i = int(threadIdx.y); i < 32; i += int(blockDim.y)) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
+  }
+  __syncthreads();
+  for (int i = int(threadIdx.y); i < 32; i += int(blockDim.y)) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) dst[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
 __global__ void sum_squares_partial(double* partial, const float* x, int64_t n) {
   __shared__ double shared[kWarp];
   ew::sum_squares_partial_block(partial, x, n, shared);
@@ -82,6 +98,13 @@ void scale_inplace(cudaStream_t stream, float* y, float s, int64_t n) {
   if (n <= 0) return;
   const LaunchDims l = ew::launch(n);
   scale_kernel<<<l.grid(), l.block(), 0, stream>>>(y, s, n);
+  DHP_CUDA_CHECK_LAUNCH();
+}
+
+void transpose(cudaStream_t stream, float* dst, const float* src, int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  const dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32)), block(32, 8);
+  transpose_kernel<<<grid, block, 0, stream>>>(dst, src, rows, cols);
   DHP_CUDA_CHECK_LAUNCH();
 }
 

@@ -183,6 +183,9 @@ template <class S>
 void fill(cudaStream_t stream, S* y, float value, int64_t n);
 // y = x, rounded to nearest even.
 void cast(cudaStream_t stream, bf16* y, const float* x, int64_t n);
+// dst (cols, rows) = src (rows, cols) transposed: cuDNN's (T, H) softmax statistics and dhp's
+// (H, T) lse.
+void transpose(cudaStream_t stream, float* dst, const float* src, int64_t rows, int64_t cols);
 
 // *out = sum of x² in double; `partial` holds kSumSquaresBlocks doubles (kernels/cuda/scratch.h).
 // Two stages with a fixed grid: each block sums a fixed strided share, then one block adds the

@@ -1,0 +1,60 @@
+// Which attention runs a call on the CUDA backend (train.attention): the own kernel, cuDNN's
+// fused attention where it can take the call (cudnn_attention.h), or under "auto" whichever
+// the ranks measured faster for the call's shape class. Under "auto" the first call of a class
+// runs both (cuDNN first, then the own kernel, whose result stands) and keeps the two times;
+// the trainer gathers every rank's times between steps (Backend::take_attention_timings,
+// agree_attention) and every rank installs the same choice per class. Until then the class
+// runs the own kernel, on every rank alike.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/cudnn_attention.h"
+
+namespace dhp::cuda {
+
+class AttentionSelect {
+ public:
+  // `lib` may be null (cuDNN unusable here): every call runs the own kernel.
+  AttentionSelect(AttentionImpl mode, std::unique_ptr<CudnnAttention> lib, cudaStream_t stream);
+  ~AttentionSelect();
+
+  // Runs one call: lib() (which returns false when it did not run) or own().
+  void run(sdpa::Pass pass, DType t, const AttnMeta& qm, const AttnMeta& km, const AttnShape& s,
+           const std::function<void()>& own, const std::function<bool()>& lib);
+
+  std::vector<AttnTiming> take_timings();
+  void agree(const std::vector<AttnTiming>& everyone);
+
+  CudnnAttention* library() const { return lib_.get(); }
+  // Calls that ran on the library and on the own kernel since construction.
+  int64_t library_calls() const { return lib_calls_; }
+  int64_t own_calls() const { return own_calls_; }
+
+ private:
+  using Key = std::array<int64_t, AttnTiming::kKey>;
+  static Key key_of(const sdpa::ShapeClass& c);
+  // Seconds of f on the stream: the best of three after a warm-up.
+  double seconds(const std::function<void()>& f);
+
+  AttentionImpl mode_;
+  std::unique_ptr<CudnnAttention> lib_;
+  cudaStream_t stream_;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  std::map<Key, bool> agreed_;  // class -> the library runs it
+  std::set<Key> timed_;         // timed here, not yet agreed
+  std::vector<AttnTiming> pending_;
+  std::set<std::string> told_;  // fallback reasons already logged
+  int64_t lib_calls_ = 0, own_calls_ = 0;
+};
+
+}  // namespace dhp::cuda
