@@ -36,7 +36,7 @@ unsigned tiles(int64_t T) { return unsigned((T + kTile - 1) / kTile); }
 template <int HD, bool TC, class T>
 void run_forward(const FwdParams<T>& p) {
   if (p.Tq == 0) return;
-  emu::launch({tiles(p.Tq), unsigned(p.Hq), 1}, kThreads, size_t(forward_smem_floats(HD, TC)),
+  emu::launch({tiles(p.Tq), unsigned(p.Hq), 1}, kThreads, size_t(forward_smem_floats(HD, TC, int(sizeof(T)))),
               [&](float* smem) { forward_block<HD, TC>(p, smem); });
 }
 

@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_tiles.cuh"
 #include "kernels/cuda/storage.cuh"
@@ -67,8 +68,18 @@ struct BwdParams {
 __host__ __device__ constexpr int tile_floats(int hd, bool tc) {
   return kTile * head_stride(hd, tc);
 }
-__host__ __device__ constexpr int forward_smem_floats(int hd, bool tc) {
-  return 2 * tile_floats(hd, tc) + kTile * score_stride(tc) + 8 * kTile;
+// The forward kernel of bf16 storage double-buffers its key and value tiles: the next visible
+// tile's raw rows are in flight (cp.async) while the current one computes. Whether a variant
+// does, and the floats of its staging: two buffers of a key and a value tile, elem_bytes each.
+__host__ __device__ constexpr bool forward_staged(bool tc, int elem_bytes) {
+  return tc && elem_bytes == 2;
+}
+__host__ __device__ constexpr int forward_stage_floats(int hd, bool tc, int elem_bytes) {
+  return forward_staged(tc, elem_bytes) ? 2 * 2 * kTile * hd * elem_bytes / 4 : 0;
+}
+__host__ __device__ constexpr int forward_smem_floats(int hd, bool tc, int elem_bytes) {
+  return 2 * tile_floats(hd, tc) + kTile * score_stride(tc) + 8 * kTile +
+         forward_stage_floats(hd, tc, elem_bytes);
 }
 __host__ __device__ constexpr int backward_kv_smem_floats(int hd, bool tc) {
   return 4 * tile_floats(hd, tc) + 2 * kTile * score_stride(tc) + 8 * kTile;
@@ -223,6 +234,48 @@ __device__ __forceinline__ void slice_product_pair(float (&x1)[kRows][kCols],
 
 // ---- forward: one (query tile, query head) per block ----------------------------------------
 
+// Starts copying rows t0 .. t0+n of head h of x (T, H, HD) into dst (kTile, HD), raw: 16-byte
+// pieces in flight when x is 16-byte aligned (row strides are: HD·sizeof(T) is a multiple of
+// 16 for every instantiated head dimension), plain loads otherwise. Rows from n on are left
+// as they are; unstage_tile never reads them.
+template <int HD, class T>
+__device__ __forceinline__ void stage_tile(T* dst, const T* x, int64_t t0, int n, int H, int h) {
+  static_assert(HD * sizeof(T) % 16 == 0, "rows of whole 16-byte pieces");
+  constexpr int kPieces = int(HD * sizeof(T) / 16), kPer = int(16 / sizeof(T));
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    for (int e = int(threadIdx.x); e < n * kPieces; e += kThreads) {
+      const int r = e / kPieces, c = (e % kPieces) * kPer;
+      copy16_async(dst + r * HD + c, x + ((t0 + r) * H + h) * HD + c);
+    }
+  } else {
+    for (int e = int(threadIdx.x); e < n * HD; e += kThreads) {
+      const int r = e / HD, c = e % HD;
+      dst[r * HD + c] = x[((t0 + r) * H + h) * HD + c];
+    }
+  }
+}
+
+// A staged tile (kTile, HD) into dst (kTile, S) as fp32; rows from n on are 0.
+template <int HD, int S, class T>
+__device__ __forceinline__ void unstage_tile(float* dst, const T* src, int n) {
+  for (int e = int(threadIdx.x); e < kTile * HD; e += kThreads) {
+    const int r = e / HD, c = e % HD;
+    dst[r * S + c] = r < n ? ld(src[r * HD + c]) : 0.0f;
+  }
+}
+
+// The first key tile from kt on that the query tile (metadata bounds qr) may see, or nkt.
+// Reached by every thread alike (warp_range shuffles).
+template <class T>
+__device__ __forceinline__ int64_t next_visible(const FwdParams<T>& p, const TileRange& qr,
+                                                int64_t kt, int64_t nkt) {
+  for (; kt < nkt; ++kt) {
+    const int64_t k0 = kt * kTile;
+    if (may_see(qr, warp_range(p.km, k0, tile_size(p.Tk, k0)))) break;
+  }
+  return kt;
+}
+
 // TC: the products on tensor cores (attention_mma.cuh), the softmax as in the fp32 variant.
 template <int HD, bool TC, class T>
 __device__ void forward_block(const FwdParams<T>& p, float* smem) {
@@ -234,6 +287,10 @@ __device__ void forward_block(const FwdParams<T>& p, float* smem) {
   float* row_sum = row_alpha + kTile;    // (kTile) the final row sums
   int32_t* qmeta = reinterpret_cast<int32_t*>(row_sum + kTile);  // (3, kTile)
   int32_t* kmeta = qmeta + 3 * kTile;                            // (3, kTile)
+  constexpr bool kStaged = forward_staged(TC, int(sizeof(T)));
+  constexpr int kStageElems = kTile * HD;
+  // (2, 2, kTile, HD): per buffer a key tile then a value tile, raw storage
+  [[maybe_unused]] T* stage = reinterpret_cast<T*>(kmeta + 3 * kTile);
   const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
   // Reversed so that the last query tiles, which see the most keys under a causal mask, start
   // first.
@@ -258,12 +315,35 @@ __device__ void forward_block(const FwdParams<T>& p, float* smem) {
   for (int v = 0; v < NV; ++v)
     for (int e = 0; e < 4; ++e) oc[v][e] = 0.0f;
   const int64_t nkt = (p.Tk + kTile - 1) / kTile;
-  for (int64_t kt = 0; kt < nkt; ++kt) {
+  // Staged: the visible tile after the current one is copied into the other buffer while the
+  // current one computes.
+  [[maybe_unused]] auto stage_pair = [&](int buf, int64_t kt) {
     const int64_t k0 = kt * kTile;
     const int nk = tile_size(p.Tk, k0);
-    if (!may_see(qr, warp_range(p.km, k0, nk))) continue;
+    stage_tile<HD>(stage + 2 * buf * kStageElems, p.k, k0, nk, p.Hkv, hk);
+    stage_tile<HD>(stage + (2 * buf + 1) * kStageElems, p.v, k0, nk, p.Hkv, hk);
+    async_commit();
+  };
+  int64_t kt = next_visible(p, qr, 0, nkt);
+  if constexpr (kStaged)
+    if (kt < nkt) stage_pair(0, kt);
+  for (int buf = 0; kt < nkt; buf ^= 1) {
+    const int64_t k0 = kt * kTile, next = next_visible(p, qr, kt + 1, nkt);
+    const int nk = tile_size(p.Tk, k0);
+    if constexpr (kStaged) {
+      // The other buffer was last read before the previous tile's final barrier.
+      if (next < nkt) {
+        stage_pair(buf ^ 1, next);
+        async_wait<1>();
+      } else {
+        async_wait<0>();
+      }
+    }
     __syncthreads();  // the previous tile's reads of kv, ps and row_alpha are done
-    load_tile<HD, S>(kv, p.k, k0, nk, p.Hkv, hk);
+    if constexpr (kStaged)
+      unstage_tile<HD, S>(kv, stage + 2 * buf * kStageElems, nk);
+    else
+      load_tile<HD, S>(kv, p.k, k0, nk, p.Hkv, hk);
     load_meta(kmeta, p.km, k0, nk);
     __syncthreads();
     float s[kRows][kCols];
@@ -312,7 +392,10 @@ __device__ void forward_block(const FwdParams<T>& p, float* smem) {
     __syncthreads();  // every thread is done reading the keys (and, TC, the scores)
     for (int i = 0; i < kRows; ++i)
       for (int j = 0; j < kCols; ++j) ps[(ty * kRows + i) * SS + tx + kGroup * j] = s[i][j];
-    load_tile<HD, S>(kv, p.v, k0, nk, p.Hkv, hk);
+    if constexpr (kStaged)
+      unstage_tile<HD, S>(kv, stage + (2 * buf + 1) * kStageElems, nk);
+    else
+      load_tile<HD, S>(kv, p.v, k0, nk, p.Hkv, hk);
     __syncthreads();
     if constexpr (TC) {
       for (int v = 0; v < NV; ++v)
@@ -329,6 +412,7 @@ __device__ void forward_block(const FwdParams<T>& p, float* smem) {
         }
       }
     }
+    kt = next;
   }
   for (int i = 0; i < kRows; ++i) {
     const int r = ty * kRows + i;

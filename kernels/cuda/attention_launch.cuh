@@ -9,19 +9,19 @@ namespace dhp::cuda::attn {
 
 template <int HD, bool TC, class T>
 __global__ void __launch_bounds__(kThreads) forward_kernel(FwdParams<T> p) {
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];  // 16: the staged tiles take cp.async pieces
   forward_block<HD, TC>(p, smem);
 }
 
 template <int HD, bool TC, class T>
 __global__ void __launch_bounds__(kThreads) backward_kv_kernel(BwdParams<T> p) {
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];
   backward_kv_block<HD, TC>(p, smem);
 }
 
 template <int HD, bool TC, class T>
 __global__ void __launch_bounds__(kThreads) backward_q_kernel(BwdParams<T> p) {
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];
   backward_q_block<HD, TC>(p, smem);
 }
 
@@ -37,7 +37,7 @@ void allow_smem(Kernel kernel, size_t bytes) {
 
 template <int HD, bool TC, class T>
 void launch_forward(cudaStream_t stream, const FwdParams<T>& p) {
-  const size_t bytes = sizeof(float) * size_t(forward_smem_floats(HD, TC));
+  const size_t bytes = sizeof(float) * size_t(forward_smem_floats(HD, TC, int(sizeof(T))));
   allow_smem(forward_kernel<HD, TC, T>, bytes);
   forward_kernel<HD, TC, T><<<dim3(tiles_of(p.Tq), unsigned(p.Hq)), kThreads, bytes, stream>>>(p);
   DHP_CUDA_CHECK_LAUNCH();
