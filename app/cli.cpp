@@ -41,7 +41,7 @@ int run_cli(int argc, char** argv, const CliHooks& hooks) {
   add_generate_command(app);
   add_data_command(app);
   add_plan_command(app);
-  add_profile_command(app);
+  add_profile_command(app, hooks);
 
   try {
     app.parse(argc, argv);

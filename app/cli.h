@@ -26,6 +26,13 @@ struct CliHooks {
 
 int run_cli(int argc, char** argv, const CliHooks& hooks = {});
 
+// The communicator of a run on `device`: on the CUDA backend with several ranks, the world
+// wrapped for device buffers (NCCL) before the backend picks its device, so that both use the
+// device the wrapper chose for this rank. "auto" is resolved here, the same on every rank (CUDA
+// only where every rank has a usable device), and `device` receives the answer.
+std::unique_ptr<Communicator> communicator_for(std::unique_ptr<Communicator> world, std::string& device,
+                                               const CliHooks& hooks);
+
 // Registration hooks, one per subcommand family (each in its own file of trainer/).
 void add_train_command(CLI::App& app, const CliHooks& hooks);
 void add_eval_command(CLI::App& app, const CliHooks& hooks);
@@ -33,6 +40,6 @@ void add_export_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
-void add_profile_command(CLI::App& app);
+void add_profile_command(CLI::App& app, const CliHooks& hooks);
 
 }  // namespace dhp

@@ -42,10 +42,15 @@ void install_stop_handlers() {
   sigaction(SIGINT, &sa, nullptr);
 }
 
-// The communicator of a run on `device`: on the CUDA backend with several ranks, the world
-// wrapped for device buffers (NCCL) before the backend picks its device, so that both use the
-// device the wrapper chose for this rank. "auto" is resolved here, the same on every rank (CUDA
-// only where every rank has a usable device), and `device` receives the answer.
+
+// An earlier `dhp eval --json` result, which a later evaluation may replace.
+bool is_eval_json(const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(read_head(path, 1 << 20), nullptr, false);
+  return j.is_object() && j.contains("checkpoint") && j.contains("real") && j.contains("blanked");
+}
+
+}  // namespace
+
 std::unique_ptr<Communicator> communicator_for(std::unique_ptr<Communicator> world,
                                                std::string& device, const CliHooks& hooks) {
   if (device == "auto") {
@@ -61,14 +66,6 @@ std::unique_ptr<Communicator> communicator_for(std::unique_ptr<Communicator> wor
             "with the CUDA backend (NCCL)", world->size());
   return hooks.device_communicator(std::move(world));
 }
-
-// An earlier `dhp eval --json` result, which a later evaluation may replace.
-bool is_eval_json(const std::string& path) {
-  const nlohmann::json j = nlohmann::json::parse(read_head(path, 1 << 20), nullptr, false);
-  return j.is_object() && j.contains("checkpoint") && j.contains("real") && j.contains("blanked");
-}
-
-}  // namespace
 
 void add_train_command(CLI::App& app, const CliHooks& hooks) {
   auto* sub = app.add_subcommand(

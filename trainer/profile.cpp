@@ -61,10 +61,13 @@ std::unique_ptr<Backend> cpu_backend(int threads) {
 
 }  // namespace
 
-StepProfiler::StepProfiler(const ModelConfig& cfg, int threads)
-    : cfg_(cfg), threads_(threads), backend_(cpu_backend(threads)), model_(cfg, *backend_) {
+StepProfiler::StepProfiler(const ModelConfig& cfg, std::unique_ptr<Backend> backend, int threads)
+    : cfg_(cfg), threads_(threads), backend_(std::move(backend)), model_(cfg, *backend_) {
   model_.initialise(1);
 }
+
+StepProfiler::StepProfiler(const ModelConfig& cfg, int threads)
+    : StepProfiler(cfg, cpu_backend(threads), threads) {}
 
 TimingObservation StepProfiler::measure(const ProfileShape& sh, int repeats, uint64_t seed) {
   const Batch b = profile_batch(cfg_, sh, seed);
@@ -75,9 +78,11 @@ TimingObservation StepProfiler::measure(const ProfileShape& sh, int repeats, uin
     const auto w0 = std::chrono::steady_clock::now();
     const double c0 = thread_cpu_seconds();
     model_.step(b, 1.0f / float(std::max<int64_t>(1, b.loss_tokens())), true);
+    backend_->synchronize();
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
     // One thread: the thread's own CPU time, immune to other processes on the machine.
-    t.push_back(threads_ == 1 ? thread_cpu_seconds() - c0 : wall);
+    const bool cpu_thread = backend_->device() == Device::CPU && threads_ == 1;
+    t.push_back(cpu_thread ? thread_cpu_seconds() - c0 : wall);
   }
   std::sort(t.begin(), t.end());
   TimingObservation ob;
