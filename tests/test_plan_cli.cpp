@@ -175,6 +175,30 @@ TEST(PlanCli, ProfilingPassFitsCoefficientsThePlannerUses) {
   EXPECT_EQ(r.status, 0) << r.output;
 }
 
+// The device probe: per-chunk attention rates and the Linear products measured op by op, the
+// probed coefficients written as a file the planner reads; train.* keys choose the device, and
+// a wrong one is an error naming it. (Ring transfer needs two ranks: one rank says so.)
+TEST(PlanCli, ProbeMeasuresTheDeviceOpByOp) {
+  const fs::path out = scratch("probe.json");
+  const Result probed = dhp("profile", "--probe-only --quick --repeats 1 --model-profile tiny --train.device=cpu "
+                                       "--out " + out.string(), 300);
+  const std::string& text = probed.output;
+  ASSERT_EQ(probed.status, 0) << text;
+  for (const char* want : {"Linear products of a decoder layer", "attention over one causal document",
+                           "ring transfer: one rank, not measured", "cpu (built-in)", "probed"})
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  EXPECT_EQ(text.find("whole steps"), std::string::npos) << text;
+  std::ifstream in(out);
+  const std::string json((std::istreambuf_iterator<char>(in)), {});
+  for (const char* key : {"\"probe\"", "\"attention\"", "\"tokens\": 256", "\"probed_coeffs\"", "\"builtin_profile\": \"cpu\""})
+    EXPECT_NE(json.find(key), std::string::npos) << key << "\n" << json;
+  const Result r = plan(kQuick + "--batch 16 --coeffs " + out.string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  const Result bad = dhp("profile", "--probe-only --quick --train.devise=cpu --out " + scratch("x.json").string(), 60);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("devise"), std::string::npos) << bad.output;
+}
+
 // A clip tower is profiled as it trains: its class rows, the layers up to feature_layer, and
 // the fit prices it (parallel/cost_model.h).
 TEST(PlanCli, ProfilingPassTimesAClipTower) {
