@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check, unattended, on a machine with an NVIDIA GPU, CUDA, CMake and a python3 with
 # PyTorch (the lent H200: docs/kernels.md, "GPU check"). Builds only the CUDA tests and
-# benches, runs the tests with a passed/failed/skipped summary, runs the benches, and prints
-# one table of our kernels against PyTorch on the same shapes, with the training step's
-# tokens/s and MFU. Meant to finish well inside 8 minutes on 16 cores.
+# benches, runs the tests (the cuDNN attention path against the CPU reference among them) with
+# a passed/failed/skipped summary, runs the benches (attention: our kernel, cuDNN's and, in the
+# table, PyTorch's on the same shapes), fits the planner's cost coefficients to the device and
+# plans the headline workload with them, and prints one table of ours against PyTorch with the
+# training step's tokens/s and MFU. Meant to finish well inside 8 minutes on 16 cores.
 #
 #   scripts/gpu_check.sh                   everything
 #   scripts/gpu_check.sh --build-only      configure and build, run nothing
@@ -21,7 +23,8 @@
 # (more configure arguments), GPU_CHECK_TEST_TIMEOUT, GPU_CHECK_BENCH_TIMEOUT and
 # GPU_CHECK_TORCH_TIMEOUT (seconds per binary, cut to keep the whole run inside
 # GPU_CHECK_DEADLINE, 450 s), GPU_DEPS_DEBS, GPU_DEPS_PREFIX. Results go to $OUT when it is set (the device
-# tool's folder; at most 4 files), else to <build>/out.
+# tool's folder; at most 8 files: gpu_check.log, tests_summary.txt, bench.jsonl, coeffs.json,
+# table.txt), else to <build>/out.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 arch_dir=x86_64-linux-gnu
@@ -82,8 +85,9 @@ mode=${GPU_CHECK_MODE:-auto}
 debs=${GPU_DEPS_DEBS:-$root/.gpu-deps/debs}
 prefix=${GPU_DEPS_PREFIX:-$build/deps}
 python=${PYTHON:-python3}
-tests=(test_cuda_kernels test_cuda_attention test_nccl_comm)
+tests=(test_cuda_kernels test_cuda_attention test_cuda_cudnn test_nccl_comm)
 benches=(bench_cuda bench_cuda_attention)
+probe=bench_probe  # the device fit, after the benches
 
 stage "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
@@ -184,7 +188,7 @@ stage "build (-j$jobs)"
 available=$(cmake --build "$build/cmake" --target help 2>/dev/null)
 targets=()
 # The dhp executable too where the full tree is configured: the demo trains on the device.
-for t in "${tests[@]}" "${benches[@]}" dhp; do
+for t in "${tests[@]}" "${benches[@]}" "$probe" dhp; do
   if grep -qE "^(\.\.\. )?$t(:| |$)" <<<"$available"; then targets+=("$t"); else echo "$t: no such target in this tree"; fi
 done
 if [ ${#targets[@]} -eq 0 ]; then echo "gpu_check: nothing to build"; exit 1; fi
@@ -268,6 +272,31 @@ for b in "${benches[@]}"; do
   echo "$b: exit $rc, $(grep -c '^{' "$logs/$b.log") result line(s)"
   [ $rc -ne 0 ] && tail -20 "$logs/$b.log"
 done
+
+# ---- the device fits the planner ------------------------------------------------------------
+# The device's rates op by op for the 7B decoder shape (GEMMs, attention per chunk size from 64
+# to 16k tokens; one GPU: no ring transfer) as cost coefficients beside the built-in h200
+# profile; then dhp plan's dhp / pow2 / static on the headline workload with the built-in and
+# the fitted coefficients. The plan is a simulation: where this build has no dhp executable,
+# the command to run on the build machine with the written file is printed instead.
+stage "device fit: cost coefficients and the headline plan"
+probe_bin=$(bin_of "$probe")
+if [ -n "$probe_bin" ]; then
+  timeout "$(limit 90 60)" "$probe_bin" --model-profile 7b --prior h200 --max-chunk 16384 --repeats 2 \
+    --out "$out/coeffs.json" 2>&1 | tee "$logs/$probe.log"
+  headline=(plan --model-profile 7b --world 64 --batch 512 --preset video-longtail --seed 1 --steps 2)
+  if [ -n "$dhp_bin" ] && [ -f "$out/coeffs.json" ]; then
+    for c in "--device h200" "--coeffs $out/coeffs.json"; do
+      echo "dhp ${headline[*]} $c:"
+      # shellcheck disable=SC2086  # $c is two words
+      timeout "$(limit 60 40)" "$dhp_bin" "${headline[@]}" $c 2>&1 | tail -8
+    done
+  else
+    echo "no dhp here: on the build machine, dhp ${headline[*]} --coeffs coeffs.json (from \$OUT)"
+  fi
+else
+  echo "$probe: not built"
+fi
 
 stage "PyTorch on the same shapes"
 timeout "$(limit "${GPU_CHECK_TORCH_TIMEOUT:-180}" 0)" "$python" "$root/scripts/gpu_torch_bench.py" "$results" |

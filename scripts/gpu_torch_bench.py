@@ -4,7 +4,9 @@
 Reads the JSON lines of bench_cuda and bench_cuda_attention (scripts/gpu_check.sh collects
 them), times the same work with PyTorch on the GPU and prints, side by side:
   gemm       ours TFLOP/s | torch.matmul TFLOP/s at the same precision | ours/torch
-  attention  ours fwd/bwd ms | torch bf16 and fp32 fwd/bwd ms | speed ours/torch (bf16)
+  attention  bf16 TFLOP/s (forward + backward) of our kernel, cuDNN's fused attention through
+             dhp, and PyTorch's, per shape (decoder packed, vision images, long document)
+  attention  ours fwd/bwd ms per precision | torch bf16 and fp32 fwd/bwd ms | ours/torch
   train_step tokens/s and MFU as our bench reported them
 A ratio above 1 means ours is faster. Packed causal attention over several documents runs
 through torch.nn.attention.varlen.varlen_attn (one launch, flash attention) where this PyTorch
@@ -104,8 +106,9 @@ def varlen_fn():
     return varlen_attn, set(inspect.signature(varlen_attn).parameters)
 
 
-def attention_ms(lens, Hq, Hkv, hd, dtype, use_varlen):
-    """(fwd ms, bwd ms, method) for packed causal attention over documents of `lens`."""
+def attention_ms(lens, Hq, Hkv, hd, dtype, use_varlen, causal=True):
+    """(fwd ms, bwd ms, method) for packed attention over documents of `lens`: causal, or
+    bidirectional within each (images)."""
     T = sum(lens)
     q = torch.randn(T, Hq, hd, device="cuda", dtype=dtype, requires_grad=True)
     k = torch.randn(T, Hkv, hd, device="cuda", dtype=dtype, requires_grad=True)
@@ -120,7 +123,7 @@ def attention_ms(lens, Hq, Hkv, hd, dtype, use_varlen):
             qd = q[s:s + n].transpose(0, 1).unsqueeze(0)
             kd = k[s:s + n].transpose(0, 1).unsqueeze(0)
             vd = v[s:s + n].transpose(0, 1).unsqueeze(0)
-            o = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=Hq != Hkv)
+            o = F.scaled_dot_product_attention(qd, kd, vd, is_causal=causal, enable_gqa=Hq != Hkv)
             outs.append(o.squeeze(0).transpose(0, 1))
             s += n
         return torch.cat(outs)
@@ -129,10 +132,10 @@ def attention_ms(lens, Hq, Hkv, hd, dtype, use_varlen):
         cu = torch.tensor([0] + list(itertools.accumulate(lens)), device="cuda", dtype=torch.int32)
         kw = {}
         if "is_causal" in params:
-            kw["is_causal"] = True
+            kw["is_causal"] = causal
         elif "window_size" in params:
-            kw["window_size"] = (-1, 0)
-        else:
+            kw["window_size"] = (-1, 0) if causal else (-1, -1)
+        elif causal:
             raise RuntimeError("varlen_attn without a causal option")
         kk, vv = k, v
         if Hq != Hkv:
@@ -162,9 +165,10 @@ def attention_ms(lens, Hq, Hkv, hd, dtype, use_varlen):
     return fwd, bwd, method
 
 
-def attention_flops(lens, Hq, hd):
-    """Causal forward FLOPs (two matrix products over the lower triangle); backward is 2.5x."""
-    return sum(2.0 * 2.0 * n * (n + 1) / 2.0 * hd * Hq for n in lens)
+def attention_flops(lens, Hq, hd, causal=True):
+    """Forward FLOPs (two matrix products over the visible pairs: the lower triangle of each
+    causal document, all of each image); backward is 2.5x."""
+    return sum(2.0 * 2.0 * (n * (n + 1) / 2.0 if causal else n * n) * hd * Hq for n in lens)
 
 
 def fmt(x, spec=".1f"):
@@ -214,6 +218,44 @@ def main(paths):
                      f"{fmt(theirs):>14} {ratio(ours, theirs):>7}")
     torch.backends.cuda.matmul.allow_tf32 = False
 
+    # One PyTorch timing per shape, shared by both tables.
+    torch_cache = {}
+
+    def torch_times(r, dtype):
+        lens, _ = doc_lengths(r)
+        causal = r.get("causal", True)
+        key = (tuple(lens), int(r["Hq"]), int(r["Hkv"]), int(r["hd"]), causal, str(dtype))
+        if key not in torch_cache:
+            try:
+                torch_cache[key] = attention_ms(lens, int(r["Hq"]), int(r["Hkv"]), int(r["hd"]), dtype,
+                                                dtype == torch.bfloat16, causal)
+            except (RuntimeError, torch.cuda.OutOfMemoryError) as e:
+                torch_cache[key] = (None, None, f"failed: {str(e).splitlines()[0][:60]}")
+            torch.cuda.empty_cache()
+        return torch_cache[key]
+
+    # Own kernel against cuDNN's fused attention against PyTorch's, bf16, forward + backward.
+    lines.append("")
+    head = (f"{'attention bf16 (kind T docs Hq/Hkv hd)':<40} {'own':>7} {'cuDNN':>7} {'torch':>7} "
+            f"{'own/cuDNN':>10} {'own/torch':>10}  torch method")
+    lines += [head + "   [TFLOP/s, fwd+bwd]", "-" * len(head)]
+    shapes = {}
+    for r in attns:
+        if r.get("math", "bf16") != "bf16":
+            continue
+        lens, _ = doc_lengths(r)
+        key = (r.get("kind", "decoder packed"), tuple(lens), int(r["Hq"]), int(r["Hkv"]), int(r["hd"]),
+               r.get("causal", True))
+        shapes.setdefault(key, {})[r.get("impl", "own")] = r
+    for (kind, lens, Hq, Hkv, hd, causal), by_impl in shapes.items():
+        own, cud = by_impl.get("own", {}).get("tflops"), by_impl.get("cudnn", {}).get("tflops")
+        bf, bb, method = torch_times(next(iter(by_impl.values())), torch.bfloat16)
+        flops = attention_flops(list(lens), Hq, hd, causal) * 3.5
+        theirs = flops / ((bf + bb) * 1e-3) / 1e12 if bf and bb else None
+        label = f"{kind} {sum(lens)} {len(lens)} {Hq}/{Hkv} {hd}"
+        lines.append(f"{label:<40} {fmt(own):>7} {fmt(cud):>7} {fmt(theirs):>7} {ratio(own, cud):>10} "
+                     f"{ratio(own, theirs):>10}  {method}")
+
     lines.append("")
     head = (f"{'attention T docs Hq/Hkv hd':<28} {'ours fwd':>9} {'bf16 fwd':>9} {'fp32 fwd':>9} "
             f"{'ratio':>6} {'ours bwd':>9} {'bf16 bwd':>9} {'fp32 bwd':>9} {'ratio':>6}  torch method (bf16)")
@@ -222,20 +264,20 @@ def main(paths):
     for r in attns:
         lens, note = doc_lengths(r)
         Hq, Hkv, hd = int(r["Hq"]), int(r["Hkv"]), int(r["hd"])
-        try:
-            bf, bb, method = attention_ms(lens, Hq, Hkv, hd, torch.bfloat16, True)
-            ff, fb, _ = attention_ms(lens, Hq, Hkv, hd, torch.float32, False)
-        except (RuntimeError, torch.cuda.OutOfMemoryError) as e:
-            bf = bb = ff = fb = None
-            method = f"failed: {str(e).splitlines()[0][:60]}"
-        torch.cuda.empty_cache()
+        if r.get("impl", "own") != "own":
+            continue
+        bf, bb, method = torch_times(r, torch.bfloat16)
+        ff, fb = (None, None)
+        if r.get("math") in ("fp32", "tf32") and r.get("kind") != "long":
+            ff, fb, _ = torch_times(r, torch.float32)
         of, ob = r.get("fwd_ms"), r.get("bwd_ms")
         shape = f"{sum(lens)} {len(lens)} {Hq}/{Hkv} {hd}" + (f" {r['math']}" if "math" in r else "")
         lines.append(f"{shape:<28} {fmt(of, '.3f'):>9} {fmt(bf, '.3f'):>9} {fmt(ff, '.3f'):>9} "
                      f"{ratio(bf, of):>6} {fmt(ob, '.3f'):>9} {fmt(bb, '.3f'):>9} {fmt(fb, '.3f'):>9} "
                      f"{ratio(bb, ob):>6}  {method}{note}")
         if bf:
-            notes.append(f"  {shape}: torch bf16 {attention_flops(lens, Hq, hd) / (bf * 1e-3) / 1e12:.0f} "
+            notes.append(f"  {shape}: torch bf16 "
+                         f"{attention_flops(lens, Hq, hd, r.get('causal', True)) / (bf * 1e-3) / 1e12:.0f} "
                          f"TFLOP/s forward (causal FLOPs); ours reported {fmt(r.get('tflops'))} TFLOP/s")
     lines += notes
 
