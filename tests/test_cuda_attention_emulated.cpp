@@ -44,10 +44,11 @@ template <int HD, bool TC, class T>
 void run_backward(const BwdParams<T>& p) {
   if (p.Tk > 0)
     emu::launch({tiles(p.Tk), unsigned(p.Hkv), 1}, kThreads,
-                size_t(backward_kv_smem_floats(HD, TC)),
+                size_t(backward_kv_smem_floats(HD, TC, int(sizeof(T)))),
                 [&](float* smem) { backward_kv_block<HD, TC>(p, smem); });
   if (p.Tq > 0)
-    emu::launch({tiles(p.Tq), unsigned(p.Hq), 1}, kThreads, size_t(backward_q_smem_floats(HD, TC)),
+    emu::launch({tiles(p.Tq), unsigned(p.Hq), 1}, kThreads,
+                size_t(backward_q_smem_floats(HD, TC, int(sizeof(T)))),
                 [&](float* smem) { backward_q_block<HD, TC>(p, smem); });
 }
 

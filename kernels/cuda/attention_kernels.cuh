@@ -81,12 +81,21 @@ __host__ __device__ constexpr int forward_smem_floats(int hd, bool tc, int elem_
   return 2 * tile_floats(hd, tc) + kTile * score_stride(tc) + 8 * kTile +
          forward_stage_floats(hd, tc, elem_bytes);
 }
-__host__ __device__ constexpr int backward_kv_smem_floats(int hd, bool tc) {
-  return 4 * tile_floats(hd, tc) + 2 * kTile * score_stride(tc) + 8 * kTile;
+// In bf16 storage the dK/dV kernel stages the next visible query and dout tiles (one buffer of
+// each, raw) while the current pair computes: 204 KiB in all at hd 128.
+__host__ __device__ constexpr int backward_kv_smem_floats(int hd, bool tc, int elem_bytes) {
+  return 4 * tile_floats(hd, tc) + 2 * kTile * score_stride(tc) + 8 * kTile +
+         (forward_staged(tc, elem_bytes) ? 2 * kTile * hd * elem_bytes / 4 : 0);
 }
-// The TF32 variant keeps dP in shared memory besides dS.
-__host__ __device__ constexpr int backward_q_smem_floats(int hd, bool tc) {
-  return 4 * tile_floats(hd, tc) + (tc ? 2 : 1) * kTile * score_stride(tc) + 8 * kTile;
+// The TF32 variant keeps dP in shared memory besides dS. In bf16 storage the dQ kernel stages
+// the next visible key and value tiles (one buffer of each, raw: 32 KiB at hd 128, 204 KiB in
+// all) while the current pair computes from the fp32 tiles.
+__host__ __device__ constexpr int backward_q_stage_floats(int hd, bool tc, int elem_bytes) {
+  return forward_staged(tc, elem_bytes) ? 2 * kTile * hd * elem_bytes / 4 : 0;
+}
+__host__ __device__ constexpr int backward_q_smem_floats(int hd, bool tc, int elem_bytes) {
+  return 4 * tile_floats(hd, tc) + (tc ? 2 : 1) * kTile * score_stride(tc) + 8 * kTile +
+         backward_q_stage_floats(hd, tc, elem_bytes);
 }
 
 __device__ __forceinline__ float group_max(float x) {
@@ -265,10 +274,10 @@ __device__ __forceinline__ void unstage_tile(float* dst, const T* src, int n) {
 }
 
 // The first key tile from kt on that the query tile (metadata bounds qr) may see, or nkt.
-// Reached by every thread alike (warp_range shuffles).
-template <class T>
-__device__ __forceinline__ int64_t next_visible(const FwdParams<T>& p, const TileRange& qr,
-                                                int64_t kt, int64_t nkt) {
+// Reached by every thread alike (warp_range shuffles). P: FwdParams or BwdParams.
+template <class P>
+__device__ __forceinline__ int64_t next_visible(const P& p, const TileRange& qr, int64_t kt,
+                                                int64_t nkt) {
   for (; kt < nkt; ++kt) {
     const int64_t k0 = kt * kTile;
     if (may_see(qr, warp_range(p.km, k0, tile_size(p.Tk, k0)))) break;
@@ -443,6 +452,10 @@ __device__ void backward_kv_block(const BwdParams<T>& p, float* smem) {
   float* dd = lse2 + kTile;               // (kTile) D of the query tile
   int32_t* kmeta = reinterpret_cast<int32_t*>(dd + kTile);  // (3, kTile)
   int32_t* qmeta = kmeta + 3 * kTile;                       // (3, kTile)
+  constexpr bool kStaged = forward_staged(TC, int(sizeof(T)));
+  constexpr int kStageElems = kTile * HD;
+  // (2, kTile, HD): the next query tile then its dout tile, raw storage
+  [[maybe_unused]] T* stage = reinterpret_cast<T*>(qmeta + 3 * kTile);
   const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
   const int64_t k0 = int64_t(blockIdx.x) * kTile;
   const int hk = int(blockIdx.y), group = p.Hq / p.Hkv;
@@ -460,20 +473,48 @@ __device__ void backward_kv_block(const BwdParams<T>& p, float* smem) {
     for (int v = 0; v < NV; ++v) dk[i][v] = dv[i][v] = 0.0f;
   for (int v = 0; v < NV; ++v)
     for (int e = 0; e < 4; ++e) dkc[v][e] = dvc[v][e] = 0.0f;
-  const int64_t nqt = (p.Tq + kTile - 1) / kTile;
-  for (int g = 0; g < group; ++g) {
-    const int h = hk * group + g;
-    for (int64_t qt = 0; qt < nqt; ++qt) {
-      const int64_t q0 = qt * kTile;
+  // The (query head of the group, query tile) pairs in order, flattened as g·nqt + qt; the
+  // first visible one from i on (visibility does not depend on the head), or n.
+  const int64_t nqt = (p.Tq + kTile - 1) / kTile, n = int64_t(group) * nqt;
+  auto next_pair = [&](int64_t i) {
+    for (; i < n; ++i) {
+      const int64_t q0 = (i % nqt) * kTile;
+      if (may_see(warp_range(p.qm, q0, tile_size(p.Tq, q0)), kr)) break;
+    }
+    return i;
+  };
+  [[maybe_unused]] auto stage_pair = [&](int64_t i) {
+    const int64_t q0 = (i % nqt) * kTile;
+    const int h = hk * group + int(i / nqt), nq = tile_size(p.Tq, q0);
+    stage_tile<HD>(stage, p.q, q0, nq, p.Hq, h);
+    stage_tile<HD>(stage + kStageElems, p.dout, q0, nq, p.Hq, h);
+    async_commit();
+  };
+  int64_t i_pair = next_pair(0);
+  if constexpr (kStaged)
+    if (i_pair < n) stage_pair(i_pair);
+  while (i_pair < n) {
+    {
+      const int h = hk * group + int(i_pair / nqt);
+      const int64_t q0 = (i_pair % nqt) * kTile, next = next_pair(i_pair + 1);
       const int nq = tile_size(p.Tq, q0);
-      if (!may_see(warp_range(p.qm, q0, nq), kr)) continue;
+      if constexpr (kStaged) async_wait<0>();
       __syncthreads();  // the previous tile's reads of qs, dos, pt, dst, lse2, dd are done
-      load_tile<HD, S>(qs, p.q, q0, nq, p.Hq, h);
-      load_tile<HD, S>(dos, p.dout, q0, nq, p.Hq, h);
+      if constexpr (kStaged) {
+        unstage_tile<HD, S>(qs, stage, nq);
+        unstage_tile<HD, S>(dos, stage + kStageElems, nq);
+      } else {
+        load_tile<HD, S>(qs, p.q, q0, nq, p.Hq, h);
+        load_tile<HD, S>(dos, p.dout, q0, nq, p.Hq, h);
+      }
       load_meta(qmeta, p.qm, q0, nq);
       for (int i = int(threadIdx.x); i < kTile; i += kThreads)
         lse2[i] = i < nq ? p.lse[int64_t(h) * p.Tq + q0 + i] * kLog2e : -INFINITY;
       __syncthreads();
+      // The staging buffer is read: the next visible pair flies in while this one computes.
+      if constexpr (kStaged)
+        if (next < n) stage_pair(next);
+      i_pair = next;
       row_dots<HD, S>(dd, dos, p.out, q0, nq, p.Hq, h);
       if constexpr (TC) {
         mma_scores<HD, S, SS>(pt, ks, qs);
@@ -535,6 +576,10 @@ __device__ void backward_q_block(const BwdParams<T>& p, float* smem) {
   int32_t* qmeta = reinterpret_cast<int32_t*>(dd + kTile);   // (3, kTile)
   int32_t* kmeta = qmeta + 3 * kTile;                        // (3, kTile)
   float* dpb = reinterpret_cast<float*>(kmeta + 3 * kTile);  // (kTile, SS) TC: dP
+  constexpr bool kStaged = forward_staged(TC, int(sizeof(T)));
+  constexpr int kStageElems = kTile * HD;
+  // (2, kTile, HD): the next key tile then its value tile, raw storage
+  [[maybe_unused]] T* stage = reinterpret_cast<T*>(dpb + (TC ? kTile * SS : 0));
   const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
   const int64_t qt = int64_t(gridDim.x) - 1 - blockIdx.x;  // the busiest causal tiles first
   const int h = int(blockIdx.y), hk = h / (p.Hq / p.Hkv);
@@ -558,15 +603,33 @@ __device__ void backward_q_block(const BwdParams<T>& p, float* smem) {
   for (int v = 0; v < NV; ++v)
     for (int e = 0; e < 4; ++e) dqc[v][e] = 0.0f;
   const int64_t nkt = (p.Tk + kTile - 1) / kTile;
-  for (int64_t kt = 0; kt < nkt; ++kt) {
+  [[maybe_unused]] auto stage_pair = [&](int64_t kt) {
     const int64_t k0 = kt * kTile;
     const int nk = tile_size(p.Tk, k0);
-    if (!may_see(qr, warp_range(p.km, k0, nk))) continue;
+    stage_tile<HD>(stage, p.k, k0, nk, p.Hkv, hk);
+    stage_tile<HD>(stage + kStageElems, p.v, k0, nk, p.Hkv, hk);
+    async_commit();
+  };
+  int64_t kt = next_visible(p, qr, 0, nkt);
+  if constexpr (kStaged)
+    if (kt < nkt) stage_pair(kt);
+  for (; kt < nkt;) {
+    const int64_t k0 = kt * kTile, next = next_visible(p, qr, kt + 1, nkt);
+    const int nk = tile_size(p.Tk, k0);
+    if constexpr (kStaged) async_wait<0>();
     __syncthreads();  // dd is written; the previous tile's reads of ks, vs, dss are done
-    load_tile<HD, S>(ks, p.k, k0, nk, p.Hkv, hk);
-    load_tile<HD, S>(vs, p.v, k0, nk, p.Hkv, hk);
+    if constexpr (kStaged) {
+      unstage_tile<HD, S>(ks, stage, nk);
+      unstage_tile<HD, S>(vs, stage + kStageElems, nk);
+    } else {
+      load_tile<HD, S>(ks, p.k, k0, nk, p.Hkv, hk);
+      load_tile<HD, S>(vs, p.v, k0, nk, p.Hkv, hk);
+    }
     load_meta(kmeta, p.km, k0, nk);
     __syncthreads();
+    // The staging buffer is read: the next visible pair flies in while this one computes.
+    if constexpr (kStaged)
+      if (next < nkt) stage_pair(next);
     if constexpr (TC) {
       mma_scores<HD, S, SS>(dss, qs, ks);
       mma_scores<HD, S, SS>(dpb, dos, vs);
@@ -595,6 +658,7 @@ __device__ void backward_q_block(const BwdParams<T>& p, float* smem) {
         for (int v = 0; v < NV; ++v) dq[i][v] += ds * b[v];
       }
     }
+    kt = next;
   }
   store_tile<HD, TC>(p.dq, q0, nq, p.Hq, h, dq, dqc, Unscaled{});
 }

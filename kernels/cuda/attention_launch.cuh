@@ -45,14 +45,15 @@ void launch_forward(cudaStream_t stream, const FwdParams<T>& p) {
 
 template <int HD, bool TC, class T>
 void launch_backward(cudaStream_t stream, const BwdParams<T>& p) {
-  const size_t kv_bytes = sizeof(float) * size_t(backward_kv_smem_floats(HD, TC));
+  constexpr int kElem = int(sizeof(T));
+  const size_t kv_bytes = sizeof(float) * size_t(backward_kv_smem_floats(HD, TC, kElem));
   allow_smem(backward_kv_kernel<HD, TC, T>, kv_bytes);
   if (p.Tk > 0) {
     backward_kv_kernel<HD, TC, T>
         <<<dim3(tiles_of(p.Tk), unsigned(p.Hkv)), kThreads, kv_bytes, stream>>>(p);
     DHP_CUDA_CHECK_LAUNCH();
   }
-  const size_t q_bytes = sizeof(float) * size_t(backward_q_smem_floats(HD, TC));
+  const size_t q_bytes = sizeof(float) * size_t(backward_q_smem_floats(HD, TC, kElem));
   allow_smem(backward_q_kernel<HD, TC, T>, q_bytes);
   if (p.Tq > 0) {
     backward_q_kernel<HD, TC, T>
