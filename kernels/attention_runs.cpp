@@ -80,6 +80,11 @@ AttnPartition partition_attention(AttnRuns q, AttnRuns k) {
     p.segs.push_back(AttnSegment{qr.start, qr.len, first->start, k_end - first->start});
   }
   if (any_causal && any_full) return fail("the call mixes causal diagonals and full blocks");
+  // Entries are ragged offsets into the packed tensors: both sides in increasing order.
+  for (size_t i = 1; i < p.segs.size(); ++i)
+    if (p.segs[i].k_start < p.segs[i - 1].k_start + p.segs[i - 1].k_len)
+      return fail(fmt::format("key tokens {}.. come before key tokens {}.. that earlier queries see",
+                              p.segs[i].k_start, p.segs[i - 1].k_start));
   p.ok = true;
   p.causal = any_causal;
   for (const AttnSegment& s : p.segs) {

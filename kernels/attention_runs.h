@@ -40,7 +40,7 @@ struct AttnSegment {
 // A call as per-sequence batch entries: every visible (query run, key run) pair of the call is
 // one segment, all of one kind, no query or key token in two segments (backward writes dK and
 // dV once per key), key runs of one query run merged when they lie back to back and are all
-// full. `ok` false: the call needs a kernel that reads the per-token mask, and `why` says why.
+// full, and the entries' keys in the same order as their queries (both are ragged offsets). `ok` false: the call needs a kernel that reads the per-token mask, and `why` says why.
 struct AttnPartition {
   bool ok = false;
   std::string why;

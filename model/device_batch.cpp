@@ -117,15 +117,13 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
   up(szero, stream_zero_);
   up(spatch, stream_patch_);
   up(pimgs, pos_images_);
-  d = DeviceBatch{T, P, N, R, int(merge_.size()), b.loss_tokens(), ids, targets, doc, pos, blk,
-                  slot, pixels, pimg, pzero, prow, pcol, merge, S, simg, szero, spatch, pimgs};
   attention_runs(decoder_runs_, b.doc.data(), b.pos.data(), blk_.data(), T);
   attention_runs(vision_runs_, patch_image_.data(), patch_zero_.data(), patch_image_.data(), P);
   attention_runs(stream_runs_, stream_image_.data(), stream_zero_.data(), stream_image_.data(), S);
   auto view = [](const std::vector<AttnRun>& r) { return AttnRuns{r.data(), int64_t(r.size())}; };
-  d.decoder_runs = view(decoder_runs_);
-  d.vision_runs = view(vision_runs_);
-  d.stream_runs = view(stream_runs_);
+  d = DeviceBatch{T, P, N, R, int(merge_.size()), b.loss_tokens(), ids, targets, doc, pos, blk,
+                  slot, pixels, pimg, pzero, prow, pcol, merge, S, simg, szero, spatch, pimgs,
+                  view(decoder_runs_), view(vision_runs_), view(stream_runs_)};
   return d;
 }
 

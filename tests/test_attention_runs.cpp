@@ -48,6 +48,9 @@ void expect_exact(const Tokens& q, const Tokens& k, const AttnPartition& p) {
     if (p.causal) {
       EXPECT_EQ(g.q_len, g.k_len);
     }
+    if (s > 0) {
+      EXPECT_GE(g.k_start, p.segs[s - 1].k_start + p.segs[s - 1].k_len) << "keys out of order";
+    }
     for (int64_t i = g.q_start; i < g.q_start + g.q_len; ++i) {
       ASSERT_EQ(q_seg[size_t(i)], -1) << "query " << i << " in two segments";
       q_seg[size_t(i)] = int(s);

@@ -1,5 +1,7 @@
 #include "kernels/cuda/cuda_ops.h"
 
+#include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -54,7 +56,8 @@ std::unique_ptr<cuda::CudnnAttention> make_cudnn(Backend& backend, cudaStream_t 
 }  // namespace
 
 CudaOps::CudaOps(Backend& backend, cudaStream_t stream, Precision precision, AttentionImpl attention)
-    : stream_(stream),
+    : backend_(backend),
+      stream_(stream),
       dtype_(storage_dtype(precision)),
       attn_math_(precision == Precision::fp32 ? cuda::AttnMath::fp32 : cuda::AttnMath::tf32),
       workspace_(backend, kGemmWorkspace),
@@ -65,6 +68,52 @@ CudaOps::CudaOps(Backend& backend, cudaStream_t stream, Precision precision, Att
           attention, make_cudnn(backend, stream, precision, attention), stream)) {}
 
 CudaOps::~CudaOps() = default;
+
+namespace {
+size_t round_256(size_t n) { return (n + 255) & ~size_t(255); }
+}  // namespace
+
+cuda::AttentionSelect::Verify CudaOps::verify(std::vector<std::pair<CAct, int64_t>> outputs) const {
+  auto save = [this, outputs] {
+    size_t bytes = 0;
+    for (const auto& [x, n] : outputs) bytes += round_256(dtype_size(x.t) * size_t(n));
+    if (verify_saved_.bytes() < bytes) verify_saved_ = DeviceBuffer(backend_, bytes);
+    char* at = verify_saved_.as<char>();
+    for (const auto& [x, n] : outputs) {
+      backend_.copy(at, x.p, dtype_size(x.t) * size_t(n));
+      at += round_256(dtype_size(x.t) * size_t(n));
+    }
+  };
+  // sqrt(|own - library|² / |own|²) over all outputs, in fp32 on the device.
+  auto distance = [this, outputs] {
+    double diff = 0, norm = 0;
+    const char* at = verify_saved_.as<char>();
+    for (const auto& [x, n] : outputs) {
+      const size_t need = round_256(sizeof(float) * size_t(n)) + 2 * sizeof(double);
+      if (verify_diff_.bytes() < need) verify_diff_ = DeviceBuffer(backend_, need);
+      float* d = verify_diff_.as<float>();
+      double* sums = reinterpret_cast<double*>(verify_diff_.as<char>() + round_256(sizeof(float) * size_t(n)));
+      const CAct saved(at, x.t);
+      with_storage([&](auto s_) {
+        using S = decltype(s_);
+        cuda::fill<float>(stream_, d, 0.0f, n);
+        cuda::accumulate(stream_, d, as<S>(saved), n);
+        cuda::scale_inplace(stream_, d, -1.0f, n);
+        cuda::accumulate(stream_, d, as<S>(x), n);
+        cuda::sum_squares(stream_, sums, sum_partial_.as<double>(), d, n);
+        cuda::fill<float>(stream_, d, 0.0f, n);
+        cuda::accumulate(stream_, d, as<S>(x), n);
+        cuda::sum_squares(stream_, sums + 1, sum_partial_.as<double>(), d, n);
+      });
+      double h[2];
+      backend_.download(h, sums, sizeof h);
+      diff += h[0], norm += h[1];
+      at += round_256(dtype_size(x.t) * size_t(n));
+    }
+    return norm > 0 ? std::sqrt(diff / norm) : diff > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+  };
+  return {save, distance};
+}
 
 std::vector<AttnTiming> CudaOps::take_attention_timings() const { return attn_->take_timings(); }
 
@@ -187,7 +236,8 @@ void CudaOps::attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, Att
         DHP_STORAGE_CALL(cuda::attention_forward(stream_, as<S>(out), lse, as<S>(q), as<S>(k),
                                                  as<S>(v), qm, km, s, attn_math_));
       },
-      [&] { return attn_->library()->forward(out, lse, q, k, v, qm, km, s); });
+      [&] { return attn_->library()->forward(out, lse, q, k, v, qm, km, s); },
+      verify({{out, s.Tq * s.Hq * s.hd}}));
 }
 
 void CudaOps::attention_backward(Act dq, Act dk, Act dv, CAct dout, CAct out, const float* lse,
@@ -202,7 +252,8 @@ void CudaOps::attention_backward(Act dq, Act dk, Act dv, CAct dout, CAct out, co
       },
       [&] {
         return attn_->library()->backward(dq, dk, dv, dout, out, lse, q, k, v, qm, km, s);
-      });
+      },
+      verify({{dq, s.Tq * s.Hq * s.hd}, {dk, s.Tk * s.Hkv * s.hd}, {dv, s.Tk * s.Hkv * s.hd}}));
 }
 
 void CudaOps::attention_merge(float* out, float* lse, CAct part_out, const float* part_lse,

@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/launch.h"
@@ -99,7 +101,11 @@ class CudaOps final : public Ops {
   // Calls f with a value of the storage type (float or cuda::bf16) of this precision.
   template <class F>
   void with_storage(F&& f) const;
+  // The check of a library's first result on a shape class against the own kernel's
+  // (AttentionSelect::Verify): `outputs` (pointer, elements) in this precision's storage.
+  cuda::AttentionSelect::Verify verify(std::vector<std::pair<CAct, int64_t>> outputs) const;
 
+  Backend& backend_;
   cudaStream_t stream_;
   DType dtype_;
   // Attention's products on tensor cores (TF32) unless the precision is fp32, as the GEMMs.
@@ -111,6 +117,9 @@ class CudaOps final : public Ops {
   std::unique_ptr<cuda::Gemm> gemm_;
   // Grows its plan cache and scratch on first use of a shape, behind the const interface too.
   std::unique_ptr<cuda::AttentionSelect> attn_;
+  // The library's outputs set aside, and the fp32 difference and its two sums, while a class's
+  // first call is checked (grown then, on first calls only).
+  mutable DeviceBuffer verify_saved_, verify_diff_;
 };
 
 }  // namespace dhp

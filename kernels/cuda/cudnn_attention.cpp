@@ -148,10 +148,12 @@ CudnnDesc operation_graph(const LoweredGraph& g, cudnnHandle_t handle) {
 }
 
 std::string cudnn_unavailable() {
-  // The runtime's major version must be the headers' (9): the graph API changed across majors.
+  // The graphs are those cuDNN 9.10.2 and later take: -inf constants, one padding mask in the
+  // backward pass, GQA on packed tensors (older 9.x wanted other graphs; 9.10.0/1 had a broken
+  // backward). A later major changed the graph API.
   const size_t v = cudnnGetVersion();
-  if (v / 10000 != CUDNN_MAJOR)
-    return fmt::format("cuDNN {} is loaded but dhp was built against cuDNN {}", v, CUDNN_VERSION);
+  if (v < 91002 || v / 10000 != CUDNN_MAJOR)
+    return fmt::format("cuDNN {} is loaded; dhp's attention graphs need cuDNN 9.10.2 or a later 9.x", v);
   const CudaStatus st = cuda_status();
   if (st.devices == 0) return fmt::format("no usable CUDA device ({})", st.reason);
   return "";
@@ -163,7 +165,7 @@ struct CudnnAttention::Plan {
   sdpa::ShapeClass cls;
   sdpa::Graph graph;
   LoweredGraph lowered;
-  CudnnDesc op_graph, plan;
+  CudnnDesc op_graph, engine_config, plan;  // the plan refers to its configuration: kept
   int64_t workspace = 0;
 };
 
@@ -181,7 +183,8 @@ constexpr size_t kTableSlots = 8;
 
 // The first engine configuration cuDNN's heuristics rank that makes a plan: mode A, then the
 // fallback list. Null when none does.
-bool make_plan(cudnnHandle_t handle, const CudnnDesc& op_graph, CudnnDesc* plan, std::string* why) {
+bool make_plan(cudnnHandle_t handle, const CudnnDesc& op_graph, CudnnDesc* config, CudnnDesc* plan,
+               std::string* why) {
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     CudnnDesc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     cudnnBackendDescriptor_t og = op_graph.get();
@@ -206,6 +209,7 @@ bool make_plan(cudnnHandle_t handle, const CudnnDesc& op_graph, CudnnDesc* plan,
       p.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle)
           .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, &raw[size_t(i)]);
       if (cudnnBackendFinalize(p.get()) == CUDNN_STATUS_SUCCESS) {
+        *config = std::move(cfgs[size_t(i)]);
         *plan = std::move(p);
         return true;
       }
@@ -221,35 +225,46 @@ bool make_plan(cudnnHandle_t handle, const CudnnDesc& op_graph, CudnnDesc* plan,
 
 CudnnAttention::CudnnAttention(Backend& backend, cudaStream_t stream, size_t capacity)
     : backend_(backend), stream_(stream), cache_(capacity), scratch_(backend) {
+  int device = 0;
+  DHP_CUDA_CHECK(cudaGetDevice(&device));
+  DHP_CUDA_CHECK(cudaDeviceGetAttribute(&sm_major_, cudaDevAttrComputeCapabilityMajor, device));
   DHP_CUDNN_CHECK(cudnnCreate(&handle_));
   DHP_CUDNN_CHECK(cudnnSetStream(handle_, stream_));
 }
 
 CudnnAttention::~CudnnAttention() {
+  // Plans and scratch may still be in use by queued work, and plans refer to the handle: the
+  // stream drains, the plans go, then the handle.
+  cudaStreamSynchronize(stream_);
+  cache_.clear();
+  tables_.clear();
   if (handle_) cudnnDestroy(handle_);
 }
 
 const CudnnAttention::Plan* CudnnAttention::plan(const sdpa::ShapeClass& c) {
+  // An evicted plan's kernels may still be queued: drain first (rare: a cache miss when full).
+  if (!cache_.find(c) && cache_.size() == cache_.capacity()) DHP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return cache_
       .get(c,
            [&]() -> std::shared_ptr<Plan> {
              auto p = std::make_shared<Plan>();
              p->cls = c;
-             p->graph = c.pass == sdpa::Pass::forward ? sdpa::forward_graph(c) : sdpa::backward_graph(c);
              std::string why;
              try {
+               p->graph = c.pass == sdpa::Pass::forward ? sdpa::forward_graph(c) : sdpa::backward_graph(c);
                p->lowered = lower(p->graph);
                p->op_graph = operation_graph(p->lowered, handle_);
+               if (make_plan(handle_, p->op_graph, &p->engine_config, &p->plan, &why))
+                 DHP_CUDNN_CHECK(cudnnBackendGetAttribute(p->plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                                          CUDNN_TYPE_INT64, 1, nullptr, &p->workspace));
              } catch (const Error& e) {
                why = e.what();
              }
-             if (!why.empty() || !make_plan(handle_, p->op_graph, &p->plan, &why)) {
+             if (!why.empty()) {
                // Kept as "no plan", so the class is not retried at every call.
                spdlog::warn("cuDNN attention: no engine for {} ({}); dhp's own kernel runs it", c.name(), why);
                return nullptr;
              }
-             DHP_CUDNN_CHECK(cudnnBackendGetAttribute(p->plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                      CUDNN_TYPE_INT64, 1, nullptr, &p->workspace));
              return p;
            })
       .get();
@@ -287,15 +302,21 @@ const CudnnAttention::Tables& CudnnAttention::tables(const AttnPartition& p, con
       lens[size_t(B + b)] = int32_t(p.segs[size_t(b)].k_len);
     }
   }
-  const size_t bytes = sizeof(int64_t) * offs.size() + sizeof(int32_t) * lens.size();
+  // Five tables, each on its own 256-byte boundary: the tensors are declared 16-byte aligned.
+  auto round = [](size_t n) { return (n + 255) & ~size_t(255); };
+  const size_t offs_bytes = round(sizeof(int64_t) * size_t(B + 1)), lens_bytes = round(sizeof(int32_t) * size_t(B));
+  const size_t bytes = 3 * offs_bytes + 2 * lens_bytes;
   if (t.buf.bytes() < bytes) t.buf = DeviceBuffer(backend_, bytes);
-  backend_.upload(t.buf.data(), offs.data(), sizeof(int64_t) * offs.size());
-  backend_.upload(t.buf.as<char>() + sizeof(int64_t) * offs.size(), lens.data(), sizeof(int32_t) * lens.size());
-  t.off_q = t.buf.as<int64_t>();
-  t.off_k = t.off_q + (B + 1);
-  t.off_stats = t.off_k + (B + 1);
-  t.seq_q = reinterpret_cast<int32_t*>(t.off_stats + (B + 1));
-  t.seq_kv = t.seq_q + B;
+  char* base = t.buf.as<char>();
+  for (int i = 0; i < 3; ++i)
+    backend_.upload(base + size_t(i) * offs_bytes, offs.data() + i * (B + 1), sizeof(int64_t) * size_t(B + 1));
+  for (int i = 0; i < 2; ++i)
+    backend_.upload(base + 3 * offs_bytes + size_t(i) * lens_bytes, lens.data() + i * B, sizeof(int32_t) * size_t(B));
+  t.off_q = reinterpret_cast<int64_t*>(base);
+  t.off_k = reinterpret_cast<int64_t*>(base + offs_bytes);
+  t.off_stats = reinterpret_cast<int64_t*>(base + 2 * offs_bytes);
+  t.seq_q = reinterpret_cast<int32_t*>(base + 3 * offs_bytes);
+  t.seq_kv = reinterpret_cast<int32_t*>(base + 3 * offs_bytes + lens_bytes);
   return t;
 }
 
@@ -305,19 +326,44 @@ bool CudnnAttention::classify(sdpa::Pass pass, DType t, const AttnMeta& qm, cons
     if (why) *why = std::move(w);
     return false;
   };
-  if (t != DType::BF16) return no("cuDNN attention stores bf16 or fp16; this run stores fp32");
+  if (t != DType::BF16) return no("cuDNN's fused attention stores bf16; this run stores fp32");
   if (s.Tq == 0 || s.Tk == 0) return no("an empty call");
   if ((qm.runs.n == 0) || (km.runs.n == 0)) return no("the caller gave no runs of its tokens");
-  if (s.hd % 8 != 0 || s.hd > 256) return no(fmt::format("head dimension {}", s.hd));
+  if (s.hd % 8 != 0 || s.hd > 256 || s.Hkv <= 0 || s.Hq % s.Hkv != 0)
+    return no(fmt::format("head dimension {} with {}/{} heads", s.hd, s.Hq, s.Hkv));
+  if (pass == sdpa::Pass::backward) {
+    // The backward graph's packed fp32 dQ and packed statistics: head dimensions that are
+    // multiples of 16 only (cuDNN has a known fault otherwise), on Hopper and Blackwell only
+    // (not on sm 8.x / 12.x), up to 128 off Hopper.
+    if (s.hd % 16 != 0) return no(fmt::format("backward with head dimension {} (not a multiple of 16)", s.hd));
+    if (sm_major_ != 9 && sm_major_ != 10)
+      return no(fmt::format("backward on packed tensors on a compute capability {}.x device", sm_major_));
+    if (sm_major_ != 9 && s.hd > 128) return no(fmt::format("backward with head dimension {} off Hopper", s.hd));
+  }
   const AttnPartition p = partition_attention(qm.runs, km.runs);
   if (!p.ok) return no(p.why);
   if (p.segs.empty()) return no("no query sees a key");
   *cls = sdpa::shape_class(pass, CUDNN_DATA_BFLOAT16, s, p);
+  if (failed_.count(*cls)) return no(fmt::format("cuDNN failed on {} before", cls->name()));
   return true;
 }
 
-void CudnnAttention::execute(const Plan& plan, const std::vector<std::pair<int64_t, void*>>& ptrs,
+bool CudnnAttention::execute(const Plan& plan, const std::vector<std::pair<int64_t, void*>>& ptrs,
                              void* workspace) {
+  try {
+    launch(plan, ptrs, workspace);
+    return true;
+  } catch (const Error& e) {
+    // Refused at launch: the class goes to the own kernel from now on, which writes every
+    // output this call was to write.
+    spdlog::warn("cuDNN attention: {} failed to run ({}); dhp's own kernel runs it", plan.cls.name(), e.what());
+    failed_.insert(plan.cls);
+    return false;
+  }
+}
+
+void CudnnAttention::launch(const Plan& plan, const std::vector<std::pair<int64_t, void*>>& ptrs,
+                            void* workspace) {
   // Host values of the by-value tensors: cuDNN reads them at execution.
   static const float kOneValue = 1.0f, kNegInfValue = -std::numeric_limits<float>::infinity();
   std::vector<int64_t> uids;
@@ -364,12 +410,13 @@ bool CudnnAttention::forward(Act out, float* lse, CAct q, CAct k, CAct v, const 
     backend_.zero(out.p, dtype_size(out.t) * size_t(s.Tq * s.Hq * s.hd));
     fill<float>(stream_, stats, -INFINITY, s.Tq * s.Hq);
   }
-  execute(*pl,
-          {{sdpa::kQ, const_cast<void*>(q.p)}, {sdpa::kK, const_cast<void*>(k.p)},
-           {sdpa::kV, const_cast<void*>(v.p)}, {sdpa::kO, out.p}, {sdpa::kStats, stats},
-           {sdpa::kScale, &scale}, {sdpa::kSeqQ, t.seq_q}, {sdpa::kSeqKV, t.seq_kv},
-           {sdpa::kOffQ, t.off_q}, {sdpa::kOffK, t.off_k}, {sdpa::kOffStats, t.off_stats}},
-          ws);
+  if (!execute(*pl,
+               {{sdpa::kQ, const_cast<void*>(q.p)}, {sdpa::kK, const_cast<void*>(k.p)},
+                {sdpa::kV, const_cast<void*>(v.p)}, {sdpa::kO, out.p}, {sdpa::kStats, stats},
+                {sdpa::kScale, &scale}, {sdpa::kSeqQ, t.seq_q}, {sdpa::kSeqKV, t.seq_kv},
+                {sdpa::kOffQ, t.off_q}, {sdpa::kOffK, t.off_k}, {sdpa::kOffStats, t.off_stats}},
+               ws))
+    return false;
   transpose(stream_, lse, stats, s.Tq, s.Hq);
   return true;
 }
@@ -398,16 +445,14 @@ bool CudnnAttention::backward(Act dq, Act dk, Act dv, CAct dout, CAct out, const
     backend_.zero(dk.p, dtype_size(dk.t) * size_t(s.Tk * s.Hkv * s.hd));
     backend_.zero(dv.p, dtype_size(dv.t) * size_t(s.Tk * s.Hkv * s.hd));
   }
-  backend_.zero(dq_acc, sizeof(float) * size_t(s.Tq * s.Hq * s.hd));
-  execute(*pl,
-          {{sdpa::kQ, const_cast<void*>(q.p)}, {sdpa::kK, const_cast<void*>(k.p)},
-           {sdpa::kV, const_cast<void*>(v.p)}, {sdpa::kO, const_cast<void*>(out.p)},
-           {sdpa::kDO, const_cast<void*>(dout.p)}, {sdpa::kStats, stats}, {sdpa::kDQ, dq.p},
-           {sdpa::kDK, dk.p}, {sdpa::kDV, dv.p}, {sdpa::kScale, &scale}, {sdpa::kSeqQ, t.seq_q},
-           {sdpa::kSeqKV, t.seq_kv}, {sdpa::kOffQ, t.off_q}, {sdpa::kOffK, t.off_k},
-           {sdpa::kOffStats, t.off_stats}, {sdpa::kSoftmaxSum, row_sum}, {sdpa::kDQAccum, dq_acc}},
-          ws);
-  return true;
+  return execute(*pl,
+                 {{sdpa::kQ, const_cast<void*>(q.p)}, {sdpa::kK, const_cast<void*>(k.p)},
+                  {sdpa::kV, const_cast<void*>(v.p)}, {sdpa::kO, const_cast<void*>(out.p)},
+                  {sdpa::kDO, const_cast<void*>(dout.p)}, {sdpa::kStats, stats}, {sdpa::kDQ, dq.p},
+                  {sdpa::kDK, dk.p}, {sdpa::kDV, dv.p}, {sdpa::kScale, &scale}, {sdpa::kSeqQ, t.seq_q},
+                  {sdpa::kSeqKV, t.seq_kv}, {sdpa::kOffQ, t.off_q}, {sdpa::kOffK, t.off_k},
+                  {sdpa::kOffStats, t.off_stats}, {sdpa::kSoftmaxSum, row_sum}, {sdpa::kDQAccum, dq_acc}},
+                 ws);
 }
 
 }  // namespace dhp::cuda

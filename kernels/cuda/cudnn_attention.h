@@ -18,6 +18,7 @@
 
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -96,11 +97,15 @@ class CudnnAttention {
   const Plan* plan(const sdpa::ShapeClass& c);
   // The lengths and offsets of a partition on the device.
   const Tables& tables(const AttnPartition& p, const sdpa::ShapeClass& c);
-  void execute(const Plan& plan, const std::vector<std::pair<int64_t, void*>>& ptrs, void* workspace);
+  // False (logged, the class marked failed) when cuDNN refuses to run the plan.
+  bool execute(const Plan& plan, const std::vector<std::pair<int64_t, void*>>& ptrs, void* workspace);
+  void launch(const Plan& plan, const std::vector<std::pair<int64_t, void*>>& ptrs, void* workspace);
 
   Backend& backend_;
   cudaStream_t stream_;
+  int sm_major_ = 0;  // the device's compute capability
   cudnnHandle_t handle_ = nullptr;
+  std::unordered_set<sdpa::ShapeClass, sdpa::ShapeClassHash> failed_;  // refused at launch
   LruCache<sdpa::ShapeClass, std::shared_ptr<Plan>, sdpa::ShapeClassHash> cache_;
   std::vector<std::unique_ptr<Tables>> tables_;  // most recent first, a few
   Arena scratch_;

@@ -37,6 +37,11 @@ class LruCache {
     return order_.front().second;
   }
 
+  void clear() {
+    index_.clear();
+    order_.clear();
+  }
+
   const Value* find(const Key& key) const {
     auto it = index_.find(key);
     return it == index_.end() ? nullptr : &it->second->second;
