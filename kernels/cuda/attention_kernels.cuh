@@ -273,6 +273,30 @@ __device__ __forceinline__ void unstage_tile(float* dst, const T* src, int n) {
   }
 }
 
+// Starts the raw copies of rows t0 .. t0+n of head h of x and of y into stage (2, kTile, HD),
+// as one group.
+template <int HD, class T>
+__device__ __forceinline__ void stage_pair(T* stage, const T* x, const T* y, int64_t t0, int n,
+                                           int H, int h) {
+  stage_tile<HD>(stage, x, t0, n, H, h);
+  stage_tile<HD>(stage + kTile * HD, y, t0, n, H, h);
+  async_commit();
+}
+
+// The fp32 tiles a and b (kTile, S) of rows t0 .. t0+n of head h of x and of y: widened from
+// the staging buffer where the kernel stages, else loaded.
+template <int HD, int S, bool Staged, class T>
+__device__ __forceinline__ void take_pair(float* a, float* b, const T* stage, const T* x,
+                                          const T* y, int64_t t0, int n, int H, int h) {
+  if constexpr (Staged) {
+    unstage_tile<HD, S>(a, stage, n);
+    unstage_tile<HD, S>(b, stage + kTile * HD, n);
+  } else {
+    load_tile<HD, S>(a, x, t0, n, H, h);
+    load_tile<HD, S>(b, y, t0, n, H, h);
+  }
+}
+
 // The first key tile from kt on that the query tile (metadata bounds qr) may see, or nkt.
 // Reached by every thread alike (warp_range shuffles). P: FwdParams or BwdParams.
 template <class P>
@@ -326,23 +350,20 @@ __device__ void forward_block(const FwdParams<T>& p, float* smem) {
   const int64_t nkt = (p.Tk + kTile - 1) / kTile;
   // Staged: the visible tile after the current one is copied into the other buffer while the
   // current one computes.
-  [[maybe_unused]] auto stage_pair = [&](int buf, int64_t kt) {
+  [[maybe_unused]] auto stage_next = [&](int buf, int64_t kt) {
     const int64_t k0 = kt * kTile;
-    const int nk = tile_size(p.Tk, k0);
-    stage_tile<HD>(stage + 2 * buf * kStageElems, p.k, k0, nk, p.Hkv, hk);
-    stage_tile<HD>(stage + (2 * buf + 1) * kStageElems, p.v, k0, nk, p.Hkv, hk);
-    async_commit();
+    stage_pair<HD>(stage + 2 * buf * kStageElems, p.k, p.v, k0, tile_size(p.Tk, k0), p.Hkv, hk);
   };
   int64_t kt = next_visible(p, qr, 0, nkt);
   if constexpr (kStaged)
-    if (kt < nkt) stage_pair(0, kt);
+    if (kt < nkt) stage_next(0, kt);
   for (int buf = 0; kt < nkt; buf ^= 1) {
     const int64_t k0 = kt * kTile, next = next_visible(p, qr, kt + 1, nkt);
     const int nk = tile_size(p.Tk, k0);
     if constexpr (kStaged) {
       // The other buffer was last read before the previous tile's final barrier.
       if (next < nkt) {
-        stage_pair(buf ^ 1, next);
+        stage_next(buf ^ 1, next);
         async_wait<1>();
       } else {
         async_wait<0>();
@@ -453,7 +474,6 @@ __device__ void backward_kv_block(const BwdParams<T>& p, float* smem) {
   int32_t* kmeta = reinterpret_cast<int32_t*>(dd + kTile);  // (3, kTile)
   int32_t* qmeta = kmeta + 3 * kTile;                       // (3, kTile)
   constexpr bool kStaged = forward_staged(TC, int(sizeof(T)));
-  constexpr int kStageElems = kTile * HD;
   // (2, kTile, HD): the next query tile then its dout tile, raw storage
   [[maybe_unused]] T* stage = reinterpret_cast<T*>(qmeta + 3 * kTile);
   const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
@@ -483,16 +503,13 @@ __device__ void backward_kv_block(const BwdParams<T>& p, float* smem) {
     }
     return i;
   };
-  [[maybe_unused]] auto stage_pair = [&](int64_t i) {
+  [[maybe_unused]] auto stage_next = [&](int64_t i) {
     const int64_t q0 = (i % nqt) * kTile;
-    const int h = hk * group + int(i / nqt), nq = tile_size(p.Tq, q0);
-    stage_tile<HD>(stage, p.q, q0, nq, p.Hq, h);
-    stage_tile<HD>(stage + kStageElems, p.dout, q0, nq, p.Hq, h);
-    async_commit();
+    stage_pair<HD>(stage, p.q, p.dout, q0, tile_size(p.Tq, q0), p.Hq, hk * group + int(i / nqt));
   };
   int64_t i_pair = next_pair(0);
   if constexpr (kStaged)
-    if (i_pair < n) stage_pair(i_pair);
+    if (i_pair < n) stage_next(i_pair);
   while (i_pair < n) {
     {
       const int h = hk * group + int(i_pair / nqt);
@@ -500,20 +517,14 @@ __device__ void backward_kv_block(const BwdParams<T>& p, float* smem) {
       const int nq = tile_size(p.Tq, q0);
       if constexpr (kStaged) async_wait<0>();
       __syncthreads();  // the previous tile's reads of qs, dos, pt, dst, lse2, dd are done
-      if constexpr (kStaged) {
-        unstage_tile<HD, S>(qs, stage, nq);
-        unstage_tile<HD, S>(dos, stage + kStageElems, nq);
-      } else {
-        load_tile<HD, S>(qs, p.q, q0, nq, p.Hq, h);
-        load_tile<HD, S>(dos, p.dout, q0, nq, p.Hq, h);
-      }
+      take_pair<HD, S, kStaged>(qs, dos, stage, p.q, p.dout, q0, nq, p.Hq, h);
       load_meta(qmeta, p.qm, q0, nq);
       for (int i = int(threadIdx.x); i < kTile; i += kThreads)
         lse2[i] = i < nq ? p.lse[int64_t(h) * p.Tq + q0 + i] * kLog2e : -INFINITY;
       __syncthreads();
       // The staging buffer is read: the next visible pair flies in while this one computes.
       if constexpr (kStaged)
-        if (next < n) stage_pair(next);
+        if (next < n) stage_next(next);
       i_pair = next;
       row_dots<HD, S>(dd, dos, p.out, q0, nq, p.Hq, h);
       if constexpr (TC) {
@@ -577,7 +588,6 @@ __device__ void backward_q_block(const BwdParams<T>& p, float* smem) {
   int32_t* kmeta = qmeta + 3 * kTile;                        // (3, kTile)
   float* dpb = reinterpret_cast<float*>(kmeta + 3 * kTile);  // (kTile, SS) TC: dP
   constexpr bool kStaged = forward_staged(TC, int(sizeof(T)));
-  constexpr int kStageElems = kTile * HD;
   // (2, kTile, HD): the next key tile then its value tile, raw storage
   [[maybe_unused]] T* stage = reinterpret_cast<T*>(dpb + (TC ? kTile * SS : 0));
   const int ty = int(threadIdx.x) / kGroup, tx = int(threadIdx.x) % kGroup;
@@ -603,33 +613,23 @@ __device__ void backward_q_block(const BwdParams<T>& p, float* smem) {
   for (int v = 0; v < NV; ++v)
     for (int e = 0; e < 4; ++e) dqc[v][e] = 0.0f;
   const int64_t nkt = (p.Tk + kTile - 1) / kTile;
-  [[maybe_unused]] auto stage_pair = [&](int64_t kt) {
-    const int64_t k0 = kt * kTile;
-    const int nk = tile_size(p.Tk, k0);
-    stage_tile<HD>(stage, p.k, k0, nk, p.Hkv, hk);
-    stage_tile<HD>(stage + kStageElems, p.v, k0, nk, p.Hkv, hk);
-    async_commit();
+  [[maybe_unused]] auto stage_next = [&](int64_t kt) {
+    stage_pair<HD>(stage, p.k, p.v, kt * kTile, tile_size(p.Tk, kt * kTile), p.Hkv, hk);
   };
   int64_t kt = next_visible(p, qr, 0, nkt);
   if constexpr (kStaged)
-    if (kt < nkt) stage_pair(kt);
+    if (kt < nkt) stage_next(kt);
   for (; kt < nkt;) {
     const int64_t k0 = kt * kTile, next = next_visible(p, qr, kt + 1, nkt);
     const int nk = tile_size(p.Tk, k0);
     if constexpr (kStaged) async_wait<0>();
     __syncthreads();  // dd is written; the previous tile's reads of ks, vs, dss are done
-    if constexpr (kStaged) {
-      unstage_tile<HD, S>(ks, stage, nk);
-      unstage_tile<HD, S>(vs, stage + kStageElems, nk);
-    } else {
-      load_tile<HD, S>(ks, p.k, k0, nk, p.Hkv, hk);
-      load_tile<HD, S>(vs, p.v, k0, nk, p.Hkv, hk);
-    }
+    take_pair<HD, S, kStaged>(ks, vs, stage, p.k, p.v, k0, nk, p.Hkv, hk);
     load_meta(kmeta, p.km, k0, nk);
     __syncthreads();
     // The staging buffer is read: the next visible pair flies in while this one computes.
     if constexpr (kStaged)
-      if (next < nkt) stage_pair(next);
+      if (next < nkt) stage_next(next);
     if constexpr (TC) {
       mma_scores<HD, S, SS>(dss, qs, ks);
       mma_scores<HD, S, SS>(dpb, dos, vs);
