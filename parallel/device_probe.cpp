@@ -60,8 +60,8 @@ DeviceProbe::Line DeviceProbe::transfer_line() const { return fit_line(transfer)
 
 CostCoeffs DeviceProbe::coeffs(CostCoeffs prior) const {
   if (gemm_seconds > 0 && gemm_flops > 0) prior.sec_per_flop = gemm_seconds / gemm_flops;
-  // The slope of the largest chunks' line: fixed costs per call are the step latency's
-  // business, not a rate.
+  // The slope of the line through every chunk size: a fixed cost per call is the
+  // intercept's, not the rate's.
   if (const Line a = attention_line(); a.per_unit > 0) prior.sec_per_att_flop = a.per_unit;
   if (const Line x = transfer_line(); x.per_unit > 0) {
     prior.sec_per_byte_intra = x.per_unit;

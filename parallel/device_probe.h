@@ -19,7 +19,7 @@
 namespace dhp {
 
 struct ProbeOptions {
-  std::vector<int64_t> chunks;   // attention chunk sizes (tokens); empty: 64 .. 64k by 4x... see chunk_ladder
+  std::vector<int64_t> chunks;   // attention chunk sizes (tokens); empty: 64 .. 64k, doubling
   int64_t gemm_tokens = 4096;    // rows of the timed Linear products
   std::vector<int64_t> transfer_bytes;  // ring transfer sizes; empty: 64 KiB .. 64 MiB
   int repeats = 3;               // timed runs per point (the median counts), after one warm-up

@@ -58,7 +58,7 @@ class AttentionSelect {
   // Seconds of f on the stream: the best of three after a warm-up.
   double seconds(const std::function<void()>& f);
   // Runs the library, then the own kernel (whose result stands), and compares them: whether
-  // the library ran and matched. Times both when `times` is given.
+  // the library ran and matched. Times both when own_s and lib_s are given.
   bool both(const sdpa::ShapeClass& c, const std::function<void()>& own, const std::function<bool()>& lib,
             const Verify& verify, double* own_s, double* lib_s);
 

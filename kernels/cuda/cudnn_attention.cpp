@@ -321,7 +321,8 @@ const CudnnAttention::Tables& CudnnAttention::tables(const AttnPartition& p, con
 }
 
 bool CudnnAttention::classify(sdpa::Pass pass, DType t, const AttnMeta& qm, const AttnMeta& km,
-                              const AttnShape& s, sdpa::ShapeClass* cls, std::string* why) const {
+                              const AttnShape& s, sdpa::ShapeClass* cls, std::string* why,
+                              AttnPartition* part) const {
   auto no = [&](std::string w) {
     if (why) *why = std::move(w);
     return false;
@@ -340,11 +341,12 @@ bool CudnnAttention::classify(sdpa::Pass pass, DType t, const AttnMeta& qm, cons
       return no(fmt::format("backward on packed tensors on a compute capability {}.x device", sm_major_));
     if (sm_major_ != 9 && s.hd > 128) return no(fmt::format("backward with head dimension {} off Hopper", s.hd));
   }
-  const AttnPartition p = partition_attention(qm.runs, km.runs);
+  AttnPartition p = partition_attention(qm.runs, km.runs);
   if (!p.ok) return no(p.why);
   if (p.segs.empty()) return no("no query sees a key");
   *cls = sdpa::shape_class(pass, CUDNN_DATA_BFLOAT16, s, p);
   if (failed_.count(*cls)) return no(fmt::format("cuDNN failed on {} before", cls->name()));
+  if (part) *part = std::move(p);
   return true;
 }
 
@@ -392,10 +394,10 @@ void CudnnAttention::launch(const Plan& plan, const std::vector<std::pair<int64_
 bool CudnnAttention::forward(Act out, float* lse, CAct q, CAct k, CAct v, const AttnMeta& qm,
                              const AttnMeta& km, const AttnShape& s) {
   sdpa::ShapeClass c;
-  if (!classify(sdpa::Pass::forward, out.t, qm, km, s, &c, nullptr)) return false;
+  AttnPartition p;
+  if (!classify(sdpa::Pass::forward, out.t, qm, km, s, &c, nullptr, &p)) return false;
   const Plan* pl = plan(c);
   if (!pl) return false;
-  const AttnPartition p = partition_attention(qm.runs, km.runs);
   const Tables& t = tables(p, c);
   // The statistics as cuDNN writes them, (Tq, Hq), with a tile of slack past the last row.
   float* stats = nullptr;
@@ -424,10 +426,10 @@ bool CudnnAttention::forward(Act out, float* lse, CAct q, CAct k, CAct v, const 
 bool CudnnAttention::backward(Act dq, Act dk, Act dv, CAct dout, CAct out, const float* lse, CAct q,
                               CAct k, CAct v, const AttnMeta& qm, const AttnMeta& km, const AttnShape& s) {
   sdpa::ShapeClass c;
-  if (!classify(sdpa::Pass::backward, dq.t, qm, km, s, &c, nullptr)) return false;
+  AttnPartition p;
+  if (!classify(sdpa::Pass::backward, dq.t, qm, km, s, &c, nullptr, &p)) return false;
   const Plan* pl = plan(c);
   if (!pl) return false;
-  const AttnPartition p = partition_attention(qm.runs, km.runs);
   const Tables& t = tables(p, c);
   float *stats = nullptr, *row_sum = nullptr, *dq_acc = nullptr;
   void* ws = nullptr;

@@ -76,9 +76,11 @@ class CudnnAttention {
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
-  // The shape class the call would run as, or why it cannot run here (`why`).
+  // The shape class the call would run as, or why it cannot run here (`why`); `part`, when
+  // given, receives the call's partition into batch entries.
   bool classify(sdpa::Pass pass, DType t, const AttnMeta& qm, const AttnMeta& km,
-                const AttnShape& s, sdpa::ShapeClass* cls, std::string* why) const;
+                const AttnShape& s, sdpa::ShapeClass* cls, std::string* why,
+                AttnPartition* part = nullptr) const;
 
   // Semantics of Ops::attention_forward / attention_backward. False: not run (the call's mask
   // or storage is not one cuDNN takes, or cuDNN has no engine for its class); nothing written.
