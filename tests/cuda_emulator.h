@@ -3,7 +3,7 @@
 // keywords and built-ins the bodies use (threadIdx, blockIdx, gridDim, __syncthreads,
 // __syncwarp, __shfl_xor_sync, and the tensor-core instruction of the attention kernels).
 //
-// The threads of a block are fibers (ucontext) run one after another on one CPU thread. A warp
+// The threads of a block are fibers run one after another on one CPU thread. A warp
 // runs lane by lane up to its next shuffle, which completes once all its 32 lanes are there;
 // it runs on to the next __syncthreads, where it waits while the other warps run: warp after
 // warp in ascending order between one barrier and the next, in descending order between that
@@ -19,9 +19,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <vector>
 
@@ -33,11 +35,57 @@ struct Dim3 {
 
 enum class Stop : char { shuffle, barrier, done };
 
+// A fiber's saved state. On x86-64 (without AddressSanitizer) a switch saves the callee-saved
+// registers on the fiber's own stack and swaps stack pointers, in a few nanoseconds; glibc's
+// swapcontext also saves and restores the signal mask with a system call on every switch,
+// which was 95% of the emulated tests' time. Elsewhere, and under ASan (which intercepts
+// swapcontext to follow the stacks), ucontext does it.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define DHP_EMU_FAST_SWITCH 1
+struct Fiber {
+  void* sp = nullptr;
+};
+// dhp_emu_switch(from, to): pushes rbp, rbx, r12-r15 and the return address onto the current
+// stack, stores the stack pointer in from->sp, loads to->sp and pops the same from there. The
+// floating-point control words are left alone: no emulated kernel changes them.
+extern "C" void dhp_emu_switch(Fiber* from, const Fiber* to);
+asm(R"(
+  .text
+  .p2align 4
+  .weak dhp_emu_switch
+  .hidden dhp_emu_switch
+  .type dhp_emu_switch, @function
+dhp_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq (%rsi), %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size dhp_emu_switch, .-dhp_emu_switch
+)");
+#else
+struct Fiber {
+  ucontext_t ctx{};
+};
+#endif
+
 struct Machine {
   Dim3 thread_idx, block_idx, grid_dim;
-  ucontext_t main{};
-  std::vector<ucontext_t> ctx;
-  std::vector<std::vector<char>> stacks;
+  Fiber main{};
+  std::vector<Fiber> ctx;
+  // Fiber stacks, never zeroed and never freed: launches of other block sizes reuse them.
+  static constexpr size_t kStack = size_t(256) << 10;
+  std::vector<std::unique_ptr<char[]>> stacks;
   std::vector<uint64_t> slots;  // one shuffle value per thread
   std::vector<uint32_t> frags;  // six mma operand registers per thread
   std::vector<Stop> stop;       // where each thread stopped last
@@ -51,11 +99,15 @@ inline Machine& machine() {
   return m;
 }
 
+#if DHP_EMU_FAST_SWITCH
+inline void switch_context(Fiber* from, const Fiber* to) { dhp_emu_switch(from, to); }
+#else
 // swapcontext and getcontext return twice; kept out of line so that no caller's locals live
 // across them.
-[[gnu::noinline]] inline void switch_context(ucontext_t* from, const ucontext_t* to) {
-  swapcontext(from, to);
+[[gnu::noinline]] inline void switch_context(Fiber* from, const Fiber* to) {
+  swapcontext(&from->ctx, &to->ctx);
 }
+#endif
 
 inline void yield(Stop why) {
   Machine& m = machine();
@@ -124,14 +176,35 @@ inline void fiber_entry() {
   m.stop[size_t(m.current)] = Stop::done;
 }
 
-[[gnu::noinline]] inline void make_fiber(ucontext_t* c, std::vector<char>& stack,
-                                         ucontext_t* link) {
+#if DHP_EMU_FAST_SWITCH
+// A finished fiber switches back for good: it has no caller to return to.
+[[noreturn]] inline void fiber_start() {
+  fiber_entry();
+  Machine& m = machine();
+  switch_context(&m.ctx[size_t(m.current)], &m.main);
+  std::abort();  // never resumed once done
+}
+
+// The new stack holds what dhp_emu_switch pops: six zero registers, then fiber_start as the
+// return address, placed so that fiber_start begins with the stack aligned as after a call.
+inline void make_fiber(Fiber* c, char* stack, Fiber*) {
+  auto top = reinterpret_cast<uintptr_t>(stack + Machine::kStack) & ~uintptr_t(15);
+  auto* sp = reinterpret_cast<void**>(top - 16);
+  *sp = reinterpret_cast<void*>(&fiber_start);
+  sp -= 6;
+  std::fill(sp, sp + 6, nullptr);
+  c->sp = sp;
+}
+#else
+[[gnu::noinline]] inline void make_fiber(Fiber* f, char* stack, Fiber* link) {
+  ucontext_t* c = &f->ctx;
   getcontext(c);
-  c->uc_stack.ss_sp = stack.data();
-  c->uc_stack.ss_size = stack.size();
-  c->uc_link = link;
+  c->uc_stack.ss_sp = stack;
+  c->uc_stack.ss_size = Machine::kStack;
+  c->uc_link = &link->ctx;
   makecontext(c, fiber_entry, 0);
 }
+#endif
 
 // Runs the lanes [t0, t1) of one warp to their next barrier (or the end), through any number
 // of shuffles; returns where they stopped.
@@ -155,13 +228,12 @@ inline Stop run_warp(int t0, int t1) {
 // Runs body(shared memory) for every thread of every block of the grid (x, y).
 inline void launch(Dim3 grid, int threads, size_t smem_floats,
                    const std::function<void(float*)>& body) {
-  constexpr size_t kStack = size_t(256) << 10;
   Machine& m = machine();
   m.body = &body;
   m.grid_dim = grid;
-  m.ctx.assign(size_t(threads), ucontext_t{});
-  m.stacks.resize(size_t(threads));
-  for (auto& s : m.stacks) s.resize(kStack);
+  m.ctx.assign(size_t(threads), Fiber{});
+  while (m.stacks.size() < size_t(threads))
+    m.stacks.push_back(std::unique_ptr<char[]>(new char[Machine::kStack]));
   m.slots.assign(size_t(threads), 0);
   m.frags.assign(6 * size_t(threads), 0);
   const int warps = (threads + 31) / 32;
@@ -172,7 +244,7 @@ inline void launch(Dim3 grid, int threads, size_t smem_floats,
       std::fill(smem.begin(), smem.end(), std::numeric_limits<float>::quiet_NaN());
       m.block_idx = {bx, by, 0};
       m.stop.assign(size_t(threads), Stop::barrier);
-      for (int t = 0; t < threads; ++t) make_fiber(&m.ctx[size_t(t)], m.stacks[size_t(t)], &m.main);
+      for (int t = 0; t < threads; ++t) make_fiber(&m.ctx[size_t(t)], m.stacks[size_t(t)].get(), &m.main);
       for (int round = 0;; ++round) {
         int finished = 0;
         for (int i = 0; i < warps; ++i) {
