@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/check.h"
 #include "kernels/cuda/cuda_backend.h"

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/check.h"
 #include "kernels/attention_runs.h"

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <set>
+#include <nlohmann/json.hpp>
 
 #include "core/check.h"
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <nlohmann/json.hpp>
 
 #include "core/check.h"
 

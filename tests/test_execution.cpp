@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <nlohmann/json.hpp>
 
 #include "core/check.h"
 #include "core/rng.h"

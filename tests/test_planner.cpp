@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <nlohmann/json.hpp>
 
 #include "core/check.h"
 #include "data/presets.h"
