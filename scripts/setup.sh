@@ -35,6 +35,14 @@ cuda_args=()
 if [ -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
   cuda_args+=("-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc")
 fi
+# A developer's rebuilds go through ccache where it is installed (a clean clone on a fresh
+# machine gains nothing from it).
+tool_args=()
+if command -v ccache >/dev/null; then
+  tool_args+=("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache" "-DCMAKE_C_COMPILER_LAUNCHER=ccache"
+              "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
+fi
 # shellcheck disable=SC2086
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda_args[@]}" ${DHP_CMAKE_ARGS:-}
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda_args[@]}" "${tool_args[@]}" \
+  ${DHP_CMAKE_ARGS:-}
 cmake --build "$build_dir" -j"$(nproc)"
