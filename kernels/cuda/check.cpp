@@ -1,10 +1,10 @@
 #include "kernels/cuda/check.h"
 
-#include <cublasLt.h>
 #include <cudnn_graph.h>
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "kernels/cuda/cublaslt_lib.h"
 
 namespace dhp::cuda {
 
@@ -22,7 +22,7 @@ void fail_cublas(int status, const char* call, const char* file, int line) {
   int device = -1;
   cudaGetDevice(&device);
   throw Error(fmt::format("cuBLAS error {} ({}) in {} at {}:{} on device {}", status,
-                          cublasLtGetStatusString(cublasStatus_t(status)), call, file, line,
+                          cublaslt().status_string(cublasStatus_t(status)), call, file, line,
                           device));
 }
 

@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/cublaslt_lib.h"
 #include "kernels/cuda/launch.h"
 
 namespace dhp::cuda {
@@ -17,12 +18,12 @@ int alignment(const void* p) {
 
 template <class T>
 void set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& value) {
-  DHP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &value, sizeof(value)));
+  DHP_CUBLAS_CHECK(cublaslt().desc_set(d, attr, &value, sizeof(value)));
 }
 
 template <class T>
 void set(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, const T& value) {
-  DHP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &value, sizeof(value)));
+  DHP_CUBLAS_CHECK(cublaslt().pref_set(p, attr, &value, sizeof(value)));
 }
 
 }  // namespace
@@ -44,17 +45,17 @@ Gemm::Gemm(cudaStream_t stream, Precision precision, void* workspace,
       compute_(compute_type(precision)),
       workspace_(workspace),
       workspace_bytes_(workspace_bytes) {
-  DHP_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  DHP_CUBLAS_CHECK(cublaslt().create(&handle_));
 }
 
 Gemm::~Gemm() {
   for (auto& [key, p] : plans_) {
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.c);
-    cublasLtMatmulDescDestroy(p.desc);
+    cublaslt().layout_destroy(p.a);
+    cublaslt().layout_destroy(p.b);
+    cublaslt().layout_destroy(p.c);
+    cublaslt().desc_destroy(p.desc);
   }
-  if (handle_) cublasLtDestroy(handle_);
+  if (handle_) cublaslt().destroy(handle_);
 }
 
 const Gemm::Plan& Gemm::plan(GemmOp op, int64_t T, int64_t in, int64_t out, bool bias,
@@ -66,7 +67,7 @@ const Gemm::Plan& Gemm::plan(GemmOp op, int64_t T, int64_t in, int64_t out, bool
 
   const GemmLayout g = linear_layout(op, T, in, out);
   Plan p;
-  DHP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute_, CUDA_R_32F));
+  DHP_CUBLAS_CHECK(cublaslt().desc_create(&p.desc, compute_, CUDA_R_32F));
   set(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, int32_t(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N));
   set(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, int32_t(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N));
   if (bias) {
@@ -74,13 +75,13 @@ const Gemm::Plan& Gemm::plan(GemmOp op, int64_t T, int64_t in, int64_t out, bool
     set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(ab));  // the weights' storage
   }
   DHP_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&p.a, ab, uint64_t(g.a_rows), uint64_t(g.a_cols), g.lda));
+      cublaslt().layout_create(&p.a, ab, uint64_t(g.a_rows), uint64_t(g.a_cols), g.lda));
   DHP_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&p.b, ab, uint64_t(g.b_rows), uint64_t(g.b_cols), g.ldb));
-  DHP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, c, uint64_t(g.m), uint64_t(g.n), g.ldc));
+      cublaslt().layout_create(&p.b, ab, uint64_t(g.b_rows), uint64_t(g.b_cols), g.ldb));
+  DHP_CUBLAS_CHECK(cublaslt().layout_create(&p.c, c, uint64_t(g.m), uint64_t(g.n), g.ldc));
 
   cublasLtMatmulPreference_t pref = nullptr;
-  DHP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  DHP_CUBLAS_CHECK(cublaslt().pref_create(&pref));
   set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t(workspace_bytes_));
   set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, uint32_t(std::get<6>(key)));
   set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, uint32_t(std::get<7>(key)));
@@ -88,14 +89,14 @@ const Gemm::Plan& Gemm::plan(GemmOp op, int64_t T, int64_t in, int64_t out, bool
   set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, uint32_t(std::get<8>(key)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c,
+  const cublasStatus_t st = cublaslt().heuristic(handle_, p.desc, p.a, p.b, p.c, p.c,
                                                            pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  cublaslt().pref_destroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.c);
-    cublasLtMatmulDescDestroy(p.desc);
+    cublaslt().layout_destroy(p.a);
+    cublaslt().layout_destroy(p.b);
+    cublaslt().layout_destroy(p.c);
+    cublaslt().desc_destroy(p.desc);
     DHP_CUBLAS_CHECK(st);
     throw Error(fmt::format("cuBLASLt has no algorithm for a {}x{}x{} product (op {})", g.m, g.n,
                             g.k, int(op)));
@@ -110,7 +111,7 @@ void Gemm::run(GemmOp op, int64_t T, int64_t in, int64_t out, const void* A, con
   // The bias pointer changes between layers of the same shape; setting it is a host-side store.
   if (bias) set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   const float alpha = 1.0f;
-  DHP_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c,
+  DHP_CUBLAS_CHECK(cublaslt().matmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c,
                                   &p.algo, workspace_, workspace_bytes_, stream_));
 }
 
