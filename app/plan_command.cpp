@@ -17,6 +17,7 @@
 #include "app/cli.h"
 #include "core/check.h"
 #include "core/input.h"
+#include "core/json_input.h"
 #include "core/text.h"
 #include "data/presets.h"
 #include "parallel/planner.h"
@@ -64,7 +65,7 @@ std::vector<SeqShape> read_lengths(const std::string& path) {
                                path, no, printable(line, 80)));
     };
     if (line.find('{') != std::string::npos) {
-      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      const nlohmann::json j = parse_json_input(line, fmt::format("--data: {}:{}", path, no));
       const auto integer = [&](const char* key) { return j.contains(key) && j[key].is_number_integer(); };
       if (!j.is_object() || !integer("text_tokens") || (j.contains("vision_tokens") && !integer("vision_tokens")) ||
           (j.contains("images") && !integer("images")) || (j.contains("id") && !integer("id")))
@@ -181,13 +182,10 @@ void run_plan(const PlanOptions& o) {
   CostModel cost(model, device_profile(par.cost_profile), par.ranks_per_node, par.recompute);
   if (!o.coeffs.empty()) {
     const std::string text = InputFile("--coeffs", o.coeffs).read_all(int64_t(64) << 20, "--coeffs");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw Error(fmt::format("--coeffs: '{}' is not JSON (at byte {}); pass the file dhp profile --out wrote",
-                              o.coeffs, e.byte));
-    }
+    size_t at = 0;
+    const nlohmann::json j = parse_json_input(text, "--coeffs '" + o.coeffs + "'", &at);
+    DHP_CHECK(!j.is_discarded(), "--coeffs: '{}' is not JSON (at byte {}); pass the file dhp profile --out wrote",
+              o.coeffs, at);
     cost.set_coeffs(CostCoeffs::from_json(j.contains("coeffs") ? j["coeffs"] : j));
   }
   Planner planner(cost, par, o.world, groups);

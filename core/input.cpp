@@ -111,6 +111,10 @@ int64_t InputFile::read_at(void* out, int64_t n, int64_t offset) const {
   return done;
 }
 
+void InputFile::prefetch(int64_t offset, int64_t n) const {
+  ::posix_fadvise(fd_, off_t(offset), off_t(n), POSIX_FADV_WILLNEED);
+}
+
 std::string InputFile::read_all(int64_t max_bytes, const std::string& cap_name) const {
   DHP_CHECK(size_ <= max_bytes, "{} '{}' is {} bytes, more than the {} allowed ({})", what_,
             printable(path_), size_, max_bytes, cap_name);

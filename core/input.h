@@ -33,6 +33,9 @@ class InputFile {
   int64_t size() const { return size_; }
   // Reads `n` bytes at `offset`; fewer only at the end of the file. Returns the count.
   int64_t read_at(void* out, int64_t n, int64_t offset) const;
+  // Asks the kernel to start reading [offset, offset + n) now (readahead); no effect on what
+  // is read.
+  void prefetch(int64_t offset, int64_t n) const;
   // The whole file, when it holds at most `max_bytes`; else an error naming `cap_name`.
   std::string read_all(int64_t max_bytes, const std::string& cap_name) const;
 

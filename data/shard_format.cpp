@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/hash.h"
+#include "core/json_input.h"
 #include "data/shard_io.h"
 
 namespace dhp {
@@ -49,7 +50,7 @@ std::string skipped_to_json(const std::vector<SkipRecord>& r) {
 }
 
 std::vector<SkipRecord> skipped_from_json(const std::string& s, const std::string& where) {
-  const auto j = nlohmann::json::parse(s, nullptr, false);
+  const auto j = parse_json_input(s, "'" + where + "': the list of skipped lines");
   DHP_CHECK(j.is_array(), "'{}': damaged list of skipped lines", where);
   std::vector<SkipRecord> out;
   for (const auto& e : j) {

@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "core/hash.h"
 #include "core/input.h"
+#include "core/json_input.h"
 #include "core/text.h"
 
 namespace dhp {
@@ -58,13 +59,13 @@ int32_t piece_id(const sentencepiece::SentencePieceProcessor& sp, const std::str
 std::vector<AddedToken> read_added_tokens_file(const std::string& path) {
   const std::string text =
       InputFile("added tokens", path).read_all(kMaxAddedTokensBytes, "the size cap of " + path);
-  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const auto j = parse_json_input(text, "'" + path + "'");
   DHP_CHECK(!j.is_discarded() && j.is_object(),
             "'{}' is not a JSON object of added tokens ({{\"<image>\": 32000, ...}})", path);
   std::vector<AddedToken> out;
   for (const auto& [key, value] : j.items()) {
     DHP_CHECK(value.is_number_integer(), "'{}': added token '{}' has a non-integer id {}", path,
-              key, value.dump());
+              key, json_excerpt(value));
     DHP_CHECK(!key.empty(), "'{}': an added token is the empty string", path);
     const int64_t id = value.get<int64_t>();
     DHP_CHECK(id >= 0 && id < (int64_t(1) << 30), "'{}': added token '{}' has id {}", path, key,
@@ -118,9 +119,9 @@ std::string format_added_tokens(const std::vector<AddedToken>& tokens) {
 }
 
 std::vector<AddedToken> parse_added_tokens(const std::string& text, const std::string& what) {
-  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const auto j = parse_json_input(text, what);
   DHP_CHECK(!j.is_discarded() && j.is_array(), "{}: '{}' is not a list of added tokens", what,
-            text);
+            printable(text, 120));
   std::vector<AddedToken> out;
   for (const auto& e : j) {
     DHP_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_number_integer(),

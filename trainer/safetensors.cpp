@@ -1,7 +1,6 @@
 #include "trainer/safetensors.h"
 
 #include <fmt/format.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,6 +14,7 @@
 #include "core/bf16.h"
 #include "core/check.h"
 #include "core/files.h"
+#include "core/json_input.h"
 #include "core/text.h"
 
 namespace dhp {
@@ -174,6 +174,11 @@ SafetensorsHeader read_safetensors_header(const InputFile& in, const std::string
   DHP_CHECK(n <= uint64_t(file_size - 8),
             "'{}' is not a safetensors file (bad header length: {} exceeds the file's {} bytes; truncated?)",
             path, n, file_size);
+  // The format's own readers stop at 100 MB: a real header lists a few thousand tensors in a
+  // few hundred kB. Checked before the header is read, so a claimed length is never allocated.
+  DHP_CHECK(n <= kMaxSafetensorsHeader,
+            "'{}': a safetensors header of {} bytes is larger than any real one (at most {}); "
+            "the file is damaged or not safetensors", path, n, kMaxSafetensorsHeader);
   std::string text(n, '\0');
   in.read_at(text.data(), int64_t(n), 8);
   // Duplicate names are refused (as the reference loader does): the JSON library would keep
@@ -181,6 +186,10 @@ SafetensorsHeader read_safetensors_header(const InputFile& in, const std::string
   std::set<std::string> names;
   std::string duplicate;
   const auto once = [&](int depth, json::parse_event_t event, json& parsed) {
+    // A header nests three levels; deeper would make later copies recurse (core/json_input.h).
+    DHP_CHECK(!((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+                depth >= kMaxJsonDepth),
+              "'{}': the safetensors header nests deeper than {} levels", path, kMaxJsonDepth);
     if (depth == 1 && event == json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second &&
         duplicate.empty())
       duplicate = parsed.get<std::string>();
@@ -264,29 +273,22 @@ SafetensorsHeader read_safetensors_header(const InputFile& in, const std::string
   return h;
 }
 
-MappedFile::MappedFile(const InputFile& in, const std::string& path) : size_(in.size()) {
-  if (size_ == 0) return;
-  void* p = ::mmap(nullptr, size_t(size_), PROT_READ, MAP_PRIVATE, in.fd(), 0);
-  DHP_CHECK(p != MAP_FAILED, "cannot map '{}' into memory: {}", path, std::strerror(errno));
-  data_ = static_cast<char*>(p);
-  // Tensors are read front to back once.
-  ::madvise(data_, size_t(size_), MADV_SEQUENTIAL);
-}
-
-MappedFile::~MappedFile() {
-  if (data_) ::munmap(data_, size_t(size_));
-}
-
-void MappedFile::release(int64_t begin, int64_t end) const {
-  const int64_t page = 4096;
-  const int64_t a = (begin + page - 1) / page * page, b = std::min(end, size_) / page * page;
-  if (data_ && b > a) ::madvise(data_ + a, size_t(b - a), MADV_DONTNEED);
-}
-
-void MappedFile::prefetch(int64_t begin, int64_t end) const {
-  const int64_t page = 4096;
-  const int64_t a = begin / page * page, b = std::min(end, size_);
-  if (data_ && b > a) ::madvise(data_ + a, size_t(b - a), MADV_WILLNEED);
+void for_each_chunk(const InputFile& in, const std::string& path, const SafetensorsHeader& h,
+                    const SafetensorsEntry& t, int64_t chunk, std::vector<char>& buffer,
+                    const std::function<void(const char*, int64_t, int64_t)>& fn) {
+  const int64_t width = safetensors_dtype_width(t.dtype), n = t.numel();
+  const int64_t first_byte = h.data_start + t.begin;
+  // The kernel reads the tensor ahead while the first chunks convert.
+  in.prefetch(first_byte, t.end - t.begin);
+  for (int64_t i0 = 0; i0 < n; i0 += chunk) {
+    const int64_t c = std::min(chunk, n - i0), bytes = c * width;
+    buffer.resize(size_t(bytes));
+    DHP_CHECK(in.read_at(buffer.data(), bytes, first_byte + i0 * width) == bytes,
+              "'{}' shrank while being read (tensor '{}' ends past the file's end now); was it being "
+              "written? Read it again once the writer is done",
+              path, printable(t.name));
+    fn(buffer.data(), i0, c);
+  }
 }
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsOut>& tensors,

@@ -16,6 +16,9 @@
 
 namespace dhp {
 
+// The largest header read: the limit of the format's reference reader.
+inline constexpr uint64_t kMaxSafetensorsHeader = 100'000'000;
+
 struct SafetensorsEntry {
   std::string name;
   std::string dtype;             // "F32", "BF16", ... as the file says
@@ -49,27 +52,14 @@ void narrow_from_f32(void* dst, const float* src, const std::string& dtype, int6
 // The index of the first NaN or infinity among n values of a float dtype, or -1.
 int64_t first_non_finite(const void* src, const std::string& dtype, int64_t n);
 
-// A whole input file mapped read-only, so tensors are converted straight from the page cache
-// without a second copy in memory. release() drops a range's pages from this process's
-// resident set once read (they stay in the page cache), so reading a file larger than memory
-// never holds more than the range in use.
-class MappedFile {
- public:
-  explicit MappedFile(const InputFile& in, const std::string& path);
-  ~MappedFile();
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  const char* data() const { return data_; }
-  int64_t size() const { return size_; }
-  void release(int64_t begin, int64_t end) const;
-  // Asks the kernel to start reading a range now (asynchronous readahead), so that the disk
-  // works on the next tensor while this one is converted.
-  void prefetch(int64_t begin, int64_t end) const;
-
- private:
-  char* data_ = nullptr;
-  int64_t size_ = 0;
-};
+// A tensor's bytes read `chunk` elements at a time with pread into one reused buffer:
+// fn(bytes, first element, elements) for each chunk in order. Reading, not mapping: a file that
+// is truncated while being read (a download or save_pretrained still writing it) is an error
+// naming it, where a mapped page past the new end would kill the process with SIGBUS; and what
+// is held is the buffer, whatever the file's size.
+void for_each_chunk(const InputFile& in, const std::string& path, const SafetensorsHeader& h,
+                    const SafetensorsEntry& t, int64_t chunk, std::vector<char>& buffer,
+                    const std::function<void(const char*, int64_t, int64_t)>& fn);
 
 // One tensor to write: `fill` writes exactly numel·width bytes of `dtype` at `out`.
 struct SafetensorsOut {

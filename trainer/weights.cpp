@@ -56,17 +56,18 @@ void load_safetensors(const InputFile& in, const std::string& path, Model& model
     DHP_CHECK(is_float_dtype(t->dtype), "'{}': tensor '{}' has dtype {}; F32, F16 and BF16 are supported",
               path, spec.name, t->dtype);
   }
-  const MappedFile map(in, path);
   std::vector<float> staged(model.n_params());
+  std::vector<char> buffer;
   for (const auto& spec : model.table().specs()) {
     const SafetensorsEntry* t = header.find(spec.name);
-    const char* src = map.data() + header.data_start + t->begin;
-    // Named here, at load: otherwise the first step fails with a misleading "lower optim.lr".
-    DHP_CHECK(first_non_finite(src, t->dtype, spec.numel()) < 0,
-              "'{}': tensor '{}' holds non-finite values (NaN or infinity); these weights are "
-              "unusable",
-              path, spec.name);
-    widen_to_f32(staged.data() + spec.offset, src, t->dtype, spec.numel());
+    for_each_chunk(in, path, header, *t, int64_t(1) << 22, buffer, [&](const char* src, int64_t i0, int64_t c) {
+      // Named here, at load: otherwise the first step fails with a misleading "lower optim.lr".
+      DHP_CHECK(first_non_finite(src, t->dtype, c) < 0,
+                "'{}': tensor '{}' holds non-finite values (NaN or infinity); these weights are "
+                "unusable",
+                path, spec.name);
+      widen_to_f32(staged.data() + spec.offset + i0, src, t->dtype, c);
+    });
   }
   model.upload_params(staged);
 }
