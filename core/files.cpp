@@ -114,4 +114,12 @@ void check_output_path(const std::string& path, std::string_view what,
             what, path);
 }
 
+std::string folder_name(const std::string& path) {
+  if (path.empty()) return path;
+  std::filesystem::path p = std::filesystem::path(path).lexically_normal();
+  std::string s = p.string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s.empty() ? "." : s;
+}
+
 }  // namespace dhp

@@ -34,4 +34,9 @@ std::string temporary_beside(const std::string& path);
 // be read; for recognising an earlier output by its first bytes.
 std::string read_head(const std::string& path, size_t max_bytes);
 
+// A folder's name as a user may type it ("hf/base/", "./hf//base") made canonical in form
+// ("hf/base"): lexically normal, without a trailing separator, so that paths built inside it
+// and prefixes compared against them agree. The root stays "/"; "" stays "".
+std::string folder_name(const std::string& path);
+
 }  // namespace dhp

@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "core/files.h"
 #include "core/input.h"
+#include "core/json_input.h"
 #include "core/log.h"
 #include "core/text.h"
 #include "data/tokenizer.h"
@@ -172,39 +173,50 @@ struct Located {
 struct Checkpoint {
   std::vector<std::unique_ptr<Shard>> shards;
   std::map<std::string, Located> tensors;
+  std::string note;  // what was read when the folder offered a choice ("" when it did not)
 };
 
-Checkpoint open_checkpoint(const std::string& dir) {
+Checkpoint open_checkpoint(const std::string& named) {
+  const std::string dir = folder_name(named);
   Checkpoint ck;
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   const fs::path single = fs::path(dir) / "model.safetensors";
   std::error_code ec;
-  auto open_shard = [&](const std::string& name) {
+  auto open_shard = [&](const std::string& name, const std::string& hint) {
     auto s = std::make_unique<Shard>();
     s->path = (fs::path(dir) / name).string();
-    // Confined to the folder: an index naming "../x" or a symlink out of it is refused.
-    s->in = std::make_unique<InputFile>("checkpoint shard", dir, s->path, "listed in " + index.string());
+    // A plain name in the folder (the index is checked for that below). Symbolic links are
+    // followed: the user named the folder, and the hub cache's snapshots/<rev>/ folders hold
+    // nothing but links to ../../blobs/<hash>, as config.json and the rest of the folder do.
+    s->in = std::make_unique<InputFile>("checkpoint shard", s->path, hint);
     s->header = read_safetensors_header(*s->in, s->path);
     ck.shards.push_back(std::move(s));
     return ck.shards.back().get();
   };
-  if (fs::exists(index, ec)) {
+  // transformers loads model.safetensors when a folder holds it, whatever index lies beside
+  // it (an index and shards left by another save), so dhp reads what transformers reads.
+  if (fs::exists(single, ec) && fs::exists(index, ec))
+    ck.note = fmt::format("'{}' holds both model.safetensors and model.safetensors.index.json; read "
+                          "model.safetensors, as transformers does (the index and its shards are ignored)",
+                          dir);
+  if (!fs::exists(single, ec) && fs::exists(index, ec)) {
     const InputFile in("checkpoint index", index.string());
-    const json j = json::parse(in.read_all(int64_t(64) << 20, "64 MiB"), nullptr, false);
+    const json j = parse_json_input(in.read_all(int64_t(64) << 20, "64 MiB"), "'" + index.string() + "'");
     DHP_CHECK(!j.is_discarded() && j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
               "'{}' has no \"weight_map\" object", index.string());
     std::map<std::string, std::string> where;  // tensor -> file
     for (const auto& [name, file] : j["weight_map"].items()) {
       DHP_CHECK(file.is_string(), "'{}': the file of '{}' is not a string", index.string(), printable(name));
       const std::string f = file.get<std::string>();
-      DHP_CHECK(!f.empty() && f.find('/') == std::string::npos && f != "." && f != "..",
+      DHP_CHECK(!f.empty() && f.find('/') == std::string::npos && f.find('\0') == std::string::npos &&
+                    f != "." && f != "..",
                 "'{}': '{}' is not a file name in the folder (for '{}')", index.string(), printable(f),
                 printable(name));
       where[name] = f;
     }
     std::map<std::string, Shard*> by_file;
     for (const auto& [name, f] : where)
-      if (!by_file.count(f)) by_file[f] = open_shard(f);
+      if (!by_file.count(f)) by_file[f] = open_shard(f, " (listed in " + index.string() + ")");
     for (const auto& [f, shard] : by_file)
       for (const auto& t : shard->header.tensors) {
         const auto it = where.find(t.name);
@@ -222,7 +234,7 @@ Checkpoint open_checkpoint(const std::string& dir) {
               "'{}' has neither model.safetensors nor model.safetensors.index.json (dhp reads "
               "safetensors checkpoints only, not pytorch_model.bin)",
               dir);
-    const Shard* s = open_shard("model.safetensors");
+    const Shard* s = open_shard("model.safetensors", "");
     for (const auto& t : s->header.tensors) ck.tensors[t.name] = {s, &t};
   }
   return ck;
@@ -394,9 +406,11 @@ bool is_hf_folder(const std::string& path) {
   return !path.empty() && fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
 }
 
-HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const ParamTable& table,
-                           Backend& backend, float* arena) {
-  const std::vector<Source> sources = plan_sources(dir, cfg);
+namespace {
+
+// Every check that needs no tensor data, over every folder of an import: the names against the
+// map, shapes and dtypes. What it finds so far goes into the import's report.
+HfImport verify_sources(const std::vector<Source>& sources, const ModelConfig& cfg, const ParamTable& table) {
   HfImport r;
   std::map<std::string, int> ignored;
   std::vector<std::string> reasons;  // in the order first met
@@ -412,7 +426,8 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
         if (!ignored[why]++) reasons.push_back(why);
         continue;
       }
-      DHP_CHECK(!(name == names.lm_head && cfg.tie_embeddings),
+      // A tower's layout has no output layer (lm_head is null there).
+      DHP_CHECK(!(names.lm_head && name == names.lm_head && cfg.tie_embeddings),
                 "'{}' holds {}, but its config says tie_word_embeddings = true", at.shard->path, name);
       throw Error(fmt::format("'{}' holds tensor '{}', which the model does not have (the names dhp "
                               "maps are in docs/pretrained.md)", at.shard->path, printable(name)));
@@ -425,14 +440,17 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
       std::vector<int64_t> want = table.get(b.dhp).shape;
       if (b.transform == HfTransform::VocabRows) want[0] = src.file_vocab;
       if (b.transform == HfTransform::ConvPatch) want = {want[0], 3, cfg.vision.patch, cfg.vision.patch};
-      DHP_CHECK(t.shape == want, "'{}': tensor '{}' has shape [{}]; config.json implies [{}]",
-                it->second.shard->path, b.hf, fmt::join(t.shape, ", "), fmt::join(want, ", "));
+      DHP_CHECK(t.shape == want, "'{}': tensor '{}' has shape [{}]; config.json implies [{}]{}",
+                it->second.shard->path, b.hf, fmt::join(t.shape, ", "), fmt::join(want, ", "),
+                b.transform == HfTransform::VocabRows && t.shape.size() == 2 && t.shape[0] != want[0]
+                    ? fmt::format(" (its vocab_size is {})", src.file_vocab) : "");
       DHP_CHECK(is_float_dtype(t.dtype), "'{}': tensor '{}' has dtype {}; F32, F16 and BF16 are supported",
                 it->second.shard->path, b.hf, t.dtype);
       if (dtype.empty()) dtype = t.dtype;
     }
     if (r.dtype.empty()) r.dtype = dtype;
     if (r.file_vocab == 0) r.file_vocab = src.file_vocab;
+    if (!src.ck.note.empty()) r.notes.push_back(src.ck.note);
     const char* what = src.layout == HfLayout::Decoder ? "decoder tensors"
                        : src.layout == HfLayout::Tower ? "vision tower tensors"
                                                        : "tensors of the decoder, vision tower and projector";
@@ -440,60 +458,56 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
                                     names.name));
   }
   for (const auto& why : reasons) r.ignored.push_back({why, ignored[why]});
+  return r;
+}
 
-  struct Mapped {
-    std::vector<std::unique_ptr<MappedFile>> files;
-    std::map<const Shard*, const MappedFile*> of;
-  };
-  std::vector<Mapped> maps(sources.size());
-  for (size_t k = 0; k < sources.size(); ++k)
-    for (const auto& s : sources[k].ck.shards) {
-      maps[k].files.push_back(std::make_unique<MappedFile>(*s->in, s->path));
-      maps[k].of[s.get()] = maps[k].files.back().get();
-    }
-  for (size_t k = 0; k < sources.size(); ++k) {
-    const Source& src = sources[k];
-    auto prefetch = [&](size_t i) {
-      if (i >= src.map.size()) return;
-      const Located& at = src.ck.tensors.at(src.map[i].hf);
-      const int64_t first_byte = at.shard->header.data_start + at.entry->begin;
-      maps[k].of.at(at.shard)->prefetch(first_byte, first_byte + at.entry->end - at.entry->begin);
-    };
-    prefetch(0);
-    for (size_t i = 0; i < src.map.size(); ++i) {
-      prefetch(i + 1);
-      const Located& at = src.ck.tensors.at(src.map[i].hf);
-      const MappedFile& m = *maps[k].of.at(at.shard);
-      const int64_t first_byte = at.shard->header.data_start + at.entry->begin;
-      const int64_t bad = first_non_finite(m.data() + first_byte, at.entry->dtype, at.entry->numel());
-      m.release(first_byte, first_byte + at.entry->end - at.entry->begin);
-      DHP_CHECK(bad < 0, "'{}': tensor '{}' holds a non-finite value (NaN or infinity) at element {}; "
-                "these weights are unusable", at.shard->path, src.map[i].hf, bad);
-    }
-  }
+}  // namespace
 
-  // Converted a chunk at a time: the arena plus one chunk is all that is held, and each
-  // chunk's mapped pages leave the resident set once converted. The CPU backend's arena is
-  // host memory: chunks are converted straight into it.
-  constexpr int64_t kChunk = int64_t(1) << 22;  // floats (16 MiB)
+void check_hf_weights(const ModelConfig& cfg) {
+  if (cfg.init.empty() && cfg.vision.init.empty()) return;
+  verify_sources(plan_sources(cfg.init, cfg), cfg, ParamTable(cfg));
+}
+
+HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const ParamTable& table,
+                           Backend& backend, float* arena) {
+  const std::vector<Source> sources = plan_sources(dir, cfg);
+  HfImport r = verify_sources(sources, cfg, table);
+
+  // Read, not mapped (for_each_chunk): a shard truncated while it is imported is an error
+  // naming it, not SIGBUS. Every value is checked finite before the first byte is written.
+  constexpr int64_t kChunk = int64_t(1) << 22;  // elements (16 MiB of fp32)
+  std::vector<char> raw;
+  for (const Source& src : sources)
+    for (const HfBinding& b : src.map) {
+      const Located& at = src.ck.tensors.at(b.hf);
+      for_each_chunk(*at.shard->in, at.shard->path, at.shard->header, *at.entry, kChunk, raw,
+                     [&](const char* bytes, int64_t i0, int64_t c) {
+                       const int64_t bad = first_non_finite(bytes, at.entry->dtype, c);
+                       DHP_CHECK(bad < 0, "'{}': tensor '{}' holds a non-finite value (NaN or infinity) at "
+                                 "element {}; these weights are unusable", at.shard->path, b.hf, i0 + bad);
+                     });
+    }
+
+  // Converted a chunk at a time: the arena plus one chunk is all that is held. The CPU
+  // backend's arena is host memory: chunks are converted straight into it.
   const bool host = backend.device() == Device::CPU;
   std::vector<float> staged, permuted;
   std::set<std::string> done;
-  for (size_t k = 0; k < sources.size(); ++k)
-    for (const auto& b : sources[k].map) {
-      const Located& at = sources[k].ck.tensors.at(b.hf);
+  for (const Source& src : sources)
+    for (const auto& b : src.map) {
+      const Located& at = src.ck.tensors.at(b.hf);
       const ParamSpec& spec = table.get(b.dhp);
-      const MappedFile& m = *maps[k].of.at(at.shard);
-      const int64_t n = at.entry->numel(), width = safetensors_dtype_width(at.entry->dtype);
-      const int64_t first_byte = at.shard->header.data_start + at.entry->begin;
+      const int64_t n = at.entry->numel();
       if (b.transform == HfTransform::ConvPatch) {
         // Small (dv·p·p·3): converted whole, then permuted.
         staged.resize(size_t(n));
         permuted.resize(size_t(n));
-        widen_to_f32(staged.data(), m.data() + first_byte, at.entry->dtype, n);
+        for_each_chunk(*at.shard->in, at.shard->path, at.shard->header, *at.entry, n, raw,
+                       [&](const char* bytes, int64_t, int64_t c) {
+                         widen_to_f32(staged.data(), bytes, at.entry->dtype, c);
+                       });
         hf_permute_patch(permuted.data(), staged.data(), spec.shape[0], cfg.vision.patch, false);
         backend.upload(arena + spec.offset, permuted.data(), size_t(n) * sizeof(float));
-        m.release(first_byte, first_byte + n * width);
         r.imported.push_back(b.dhp);
         done.insert(b.dhp);
         continue;
@@ -501,16 +515,15 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
       const bool grow = b.transform == HfTransform::VocabRows && spec.shape[0] > at.entry->shape[0];
       const int64_t d = spec.shape.size() == 2 ? spec.shape[1] : 1;
       std::vector<double> column_sum(grow ? size_t(d) : 0, 0.0);  // (d)
-      for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-        const int64_t c = std::min(kChunk, n - i0);
-        if (!host) staged.resize(size_t(c));
-        float* dst = host ? arena + spec.offset + i0 : staged.data();
-        widen_to_f32(dst, m.data() + first_byte + i0 * width, at.entry->dtype, c);
-        if (grow)
-          for (int64_t i = 0; i < c; ++i) column_sum[size_t((i0 + i) % d)] += dst[i];
-        if (!host) backend.upload(arena + spec.offset + i0, dst, size_t(c) * sizeof(float));
-        m.release(first_byte + i0 * width, first_byte + (i0 + c) * width);
-      }
+      for_each_chunk(*at.shard->in, at.shard->path, at.shard->header, *at.entry, kChunk, raw,
+                     [&](const char* bytes, int64_t i0, int64_t c) {
+                       if (!host) staged.resize(size_t(c));
+                       float* dst = host ? arena + spec.offset + i0 : staged.data();
+                       widen_to_f32(dst, bytes, at.entry->dtype, c);
+                       if (grow)
+                         for (int64_t i = 0; i < c; ++i) column_sum[size_t((i0 + i) % d)] += dst[i];
+                       if (!host) backend.upload(arena + spec.offset + i0, dst, size_t(c) * sizeof(float));
+                     });
       if (grow) {
         // New rows (added tokens) start at the mean of the file's rows: a token the model has
         // never seen begins as the average token, so its logit starts near the others' and
@@ -535,6 +548,7 @@ HfImport import_hf_checkpoint(const std::string& dir, Model& model) {
 }
 
 void log_hf_import(const HfImport& r, const ModelConfig& cfg) {
+  for (const auto& n : r.notes) spdlog::warn("{}", n);
   for (const auto& s : r.sources) spdlog::info("imported {}", s);
   spdlog::info("imported tensors: {}", fmt::join(r.imported, ", "));
   spdlog::info("kept their seeded initialisation ({} tensors not in the checkpoint): {}", r.initialised.size(),

@@ -102,6 +102,19 @@ VisionConfig read_hf_tower_config(const std::string& dir, const VisionConfig& ba
 // nothing. sliding_window is checked against data.max_tokens. No-op when both are empty.
 void apply_hf_init(Config& cfg);
 
+// apply_hf_init for a training run that may resume (`resume` as --resume): when a folder that
+// model.init or model.vision.init names is not here (moved, or on another machine) and
+// --resume finds a checkpoint, the model's keys come from that checkpoint, whose weights the
+// run continues from anyway; the log says so. Otherwise apply_hf_init.
+void apply_hf_init_for_run(Config& cfg, const std::string& resume);
+
+// The checks of import_hf_weights that read no tensor data (plan_sources, then every name,
+// shape and dtype against the name map of `cfg`, whose keys apply_hf_init has read from
+// cfg.init and cfg.vision.init): run before the model is built, so a config.json whose sizes
+// its tensors do not have (a vocab_size of 2^24 over 160 rows, a default tower the folder does
+// not hold) is refused by tensor and file before memory of that size is allocated.
+void check_hf_weights(const ModelConfig& cfg);
+
 struct HfImport {
   std::vector<std::string> imported;     // dhp names read from the folders
   std::vector<std::string> initialised;  // dhp names no folder holds (left as they were)
@@ -112,6 +125,9 @@ struct HfImport {
   std::string dtype;                     // the first folder's tensors' dtype ("BF16", ...)
   int file_vocab = 0;                    // rows of tok_embed in the file
   int grown_rows = 0;                    // rows added at the mean (vocab growth)
+  // Choices a folder left open, and what was read: a folder holding both model.safetensors and
+  // an index is read from model.safetensors, as transformers reads it.
+  std::vector<std::string> notes;
 };
 
 // Reads the tensors of `dir` (a decoder or LLaVA folder; "" = none) and of cfg.vision.init (a

@@ -11,9 +11,14 @@
 #include <tuple>
 
 #include "core/check.h"
+#include "core/files.h"
 #include "core/input.h"
+#include "core/log.h"
+#include "core/json_input.h"
 #include "core/text.h"
 #include "data/tokenizer.h"
+#include "trainer/checkpoint.h"
+#include "trainer/checkpoint_file.h"
 #include "trainer/hf_checkpoint.h"
 
 namespace dhp {
@@ -28,7 +33,7 @@ const char* const kLlavas[] = {"LlavaForConditionalGeneration", "LlavaLlamaForCa
 
 json read_json_file(const std::string& path, const char* what) {
   const InputFile in(what, path);
-  json j = json::parse(in.read_all(int64_t(16) << 20, "16 MiB"), nullptr, false);
+  json j = parse_json_input(in.read_all(int64_t(16) << 20, "16 MiB"), "'" + path + "'");
   DHP_CHECK(!j.is_discarded() && j.is_object(), "'{}' is not a JSON object", path);
   return j;
 }
@@ -82,6 +87,9 @@ class ConfigJson {
   int64_t integer(const char* key, int64_t lo, int64_t hi) const {
     DHP_CHECK(has(key), "{} has no \"{}\"", where_, key);
     DHP_CHECK(j_[key].is_number_integer(), "{}: \"{}\" is not an integer", where_, key);
+    // Read as int64 an unsigned value past 2^63 would wrap to a negative one.
+    DHP_CHECK(!j_[key].is_number_unsigned() || j_[key].get<uint64_t>() <= uint64_t(hi),
+              "{}: \"{}\" = {} is out of range [{}, {}]", where_, key, j_[key].get<uint64_t>(), lo, hi);
     const int64_t v = j_[key].get<int64_t>();
     DHP_CHECK(v >= lo && v <= hi, "{}: \"{}\" = {} is out of range [{}, {}]", where_, key, v, lo, hi);
     return v;
@@ -144,7 +152,7 @@ ModelConfig read_decoder(const ConfigJson& c, const std::string& architecture, c
   const bool qwen2 = architecture == "Qwen2ForCausalLM";
   // Refused by name: each changes the computation in a way dhp does not implement.
   DHP_CHECK(!c.has("rope_scaling"), "{}: \"rope_scaling\" is set ({}); dhp implements plain RoPE only",
-            f, c.raw()["rope_scaling"].dump());
+            f, json_excerpt(c.raw()["rope_scaling"]));
   DHP_CHECK(!c.has("quantization_config"), "{}: \"quantization_config\" is set; dhp reads unquantised "
             "F32, F16 and BF16 weights only", f);
   const std::string act = c.string("hidden_act", "silu");
@@ -246,7 +254,12 @@ Preprocessor read_preprocessor(const std::string& dir) {
               "{}: \"{}\" must be three numbers (R, G, B)", c.where(), key);
     for (size_t i = 0; i < 3; ++i) {
       (*out)[i] = a[i].get<double>();
-      DHP_CHECK(!positive || (*out)[i] > 0, "{}: \"{}\"[{}] must be positive", c.where(), key, i);
+      // Pixels are scaled to [0, 1] first: a mean outside it, or a spread no real processor
+      // uses (CLIP's and SigLIP's are 0.26-0.5), would give NaN or huge inputs at step 0, and
+      // the pad colour 255·mean would overflow.
+      const double v = (*out)[i];
+      DHP_CHECK(positive ? v > 1e-3 && v <= 10 : v >= 0 && v <= 1, "{}: \"{}\"[{}] = {} is outside {}", c.where(),
+                key, i, v, positive ? "(0.001, 10]" : "[0, 1] (pixels are scaled to [0, 1] before it is subtracted)");
     }
   }
   p.pad = c.boolean("do_pad", false);
@@ -374,8 +387,30 @@ VisionConfig read_hf_tower_config(const std::string& dir, const VisionConfig& ba
   return v;
 }
 
+void apply_hf_init_for_run(Config& cfg, const std::string& resume) {
+  const std::string& init = cfg.model.init;
+  const std::string& vinit = cfg.model.vision.init;
+  const bool gone = (!init.empty() && !is_hf_folder(init)) || (!vinit.empty() && !is_hf_folder(vinit));
+  if (!resume.empty() && gone) {
+    std::string path;
+    try {
+      path = resolve_checkpoint(resume, cfg.checkpoint.dir, false);
+    } catch (const Error&) {
+    }
+    if (!path.empty() && !is_hf_folder(path)) {
+      const Config saved = checkpoint_config(path, {}, false);
+      spdlog::info("model.init '{}' is not here: the model's keys come from the checkpoint resumed, '{}'",
+                   init.empty() ? vinit : init, path);
+      cfg.model = saved.model;
+      validate(cfg, true);
+      return;
+    }
+  }
+  apply_hf_init(cfg);
+}
+
 void apply_hf_init(Config& cfg) {
-  const std::string init = cfg.model.init, vinit = cfg.model.vision.init;
+  const std::string init = folder_name(cfg.model.init), vinit = folder_name(cfg.model.vision.init);
   if (init.empty() && vinit.empty()) return;
   DHP_CHECK(init.empty() || is_hf_folder(init),
             "{}: model.init '{}' is not a Hugging Face checkpoint folder (a folder with config.json); "
@@ -403,6 +438,14 @@ void apply_hf_init(Config& cfg) {
     std::error_code ec;
     if (!cfg.data.tokenizer.empty() && std::filesystem::exists(cfg.data.tokenizer, ec)) {
       const Tokenizer tok(cfg.data.tokenizer, cfg.data.added_tokens);
+      // Only added tokens grow the vocabulary: a tokenizer whose own pieces outnumber the
+      // checkpoint's rows is another model's, and its ids past the rows were never trained.
+      const int own = tok.files().sentencepiece_size;
+      DHP_CHECK(own <= file.file_vocab,
+                "{}: data.tokenizer '{}' has {} pieces of its own, more than the {} rows of model.init '{}' "
+                "(its config.json's vocab_size): it is not this checkpoint's tokenizer (ids {}..{} were never "
+                "trained); only added tokens such as <image> and <pad> may grow the vocabulary",
+                cfg.source, printable(tok.path()), own, file.file_vocab, init, file.file_vocab, own - 1);
       vocab = std::max(vocab, tok.padded_vocab_size(64));
     }
     file.model.vocab_size = vocab;
@@ -423,6 +466,7 @@ void apply_hf_init(Config& cfg) {
   m.vision.init = vinit;
   cfg.model = m;
   validate(cfg, true);
+  check_hf_weights(cfg.model);
 }
 
 }  // namespace dhp
