@@ -1,5 +1,6 @@
 // export_hf_checkpoint and its output-path rules (trainer/hf_checkpoint.h).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "core/input.h"
 #include "core/text.h"
 #include "trainer/hf_checkpoint.h"
+#include "trainer/run_lock.h"
 #include "trainer/safetensors.h"
 
 namespace dhp {
@@ -44,6 +46,10 @@ std::set<std::string> earlier_files(const std::string& dir) {
     if (f.is_string()) out.insert(f.get<std::string>());
   return out;
 }
+
+// The tokenizer's files of an export (with a tokenizer).
+const char* const kTokenizerFiles[] = {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                                       "added_tokens.json"};
 
 bool is_shard_name(const std::string& n) {
   return n.rfind("model-", 0) == 0 && n.size() > 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0;
@@ -241,6 +247,17 @@ void check_hf_export_paths(const HfExportOptions& o) {
 
 void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
   check_hf_export_paths(o);
+  std::error_code ec;
+  fs::create_directories(o.dir, ec);
+  DHP_CHECK(!ec, "export: cannot create the folder '{}': {}", o.dir, ec.message());
+  // One export into a folder at a time: two would share the file list's temporary file and
+  // each remove the other's files as stale. Checked again under the lock: another export may
+  // have written the folder since.
+  const std::string lock_path = (fs::path(o.dir) / kRunLockFile).string();
+  RunLock lock(lock_path, fmt::format("export folder '{}'", o.dir),
+               "two exports into one folder would remove each other's files: wait for it to end or "
+               "choose another folder");
+  check_hf_export_paths(o);
   const ModelConfig& m = model.config();
   // The tokenizer's files are made (and their ids checked) before anything is written.
   std::vector<std::pair<std::string, std::string>> tok_files;
@@ -250,9 +267,6 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
     const InputFile sp("tokenizer model", o.tokenizer->sentencepiece_model);
     sp_bytes = sp.read_all(int64_t(256) << 20, "256 MiB");
   }
-  std::error_code ec;
-  fs::create_directories(o.dir, ec);
-  DHP_CHECK(!ec, "export: cannot create the folder '{}': {}", o.dir, ec.message());
 
   // A clip or siglip tower makes it a LLaVA model (llava-hf's layout); the native tower has no
   // Hugging Face counterpart and only the decoder is written.
@@ -294,11 +308,32 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
   for (size_t i = 0; i < n; ++i) files.push_back(shard_name(i));
   if (n > 1) files.push_back("model.safetensors.index.json");
   if (o.tokenizer)
-    for (const char* f : {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"})
-      files.push_back(f);
+    for (const char* f : kTokenizerFiles) files.push_back(f);
+  const std::set<std::string> before = earlier_files(o.dir);
+  // Tokenizer files of an earlier export that this one cannot write would be left beside
+  // weights they may not belong to, or deleted with nothing in their place: refused, unless
+  // --force, which keeps them.
+  std::vector<std::string> orphans;
+  for (const char* f : kTokenizerFiles)
+    if (!o.tokenizer && before.count(f) && fs::exists(fs::path(o.dir) / f, ec)) orphans.push_back(f);
+  DHP_CHECK(orphans.empty() || o.force,
+            "export: the earlier export in '{}' has tokenizer files ({}) and this one has none (the "
+            "run's tokenizer is not found from here): pass --data.tokenizer=PATH to export it, or "
+            "--force to keep the earlier tokenizer files beside the new weights",
+            o.dir, fmt::join(orphans, ", "));
+  for (const auto& f : orphans) files.push_back(f);
+  // Weight files this export supersedes go before any is written: an index and shards of
+  // another count, a single file replaced by shards (or the reverse), whoever wrote them
+  // (--force let foreign ones through). Left in place, a loader would read a mixture: dhp's
+  // import and transformers prefer different files when both kinds are present.
+  for (const auto& e : fs::directory_iterator(o.dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool weights = name == "model.safetensors" || name == "model.safetensors.index.json" ||
+                         is_shard_name(name);
+    if (weights && !std::count(files.begin(), files.end(), name)) fs::remove(e.path(), ec);
+  }
   // The list first, with what an earlier export left, so that a crash half way leaves every
   // file dhp wrote recognisable as its own.
-  const std::set<std::string> before = earlier_files(o.dir);
   auto write_manifest = [&](const std::set<std::string>& names) {
     write_file_atomic((fs::path(o.dir) / kManifest).string(),
                       json{{"producer", kProducer}, {"files", names}}.dump(2) + "\n");
@@ -350,12 +385,14 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
     write_file_atomic((fs::path(o.dir) / "tokenizer.model").string(), sp_bytes);
     for (const auto& [name, text] : tok_files) write_file_atomic((fs::path(o.dir) / name).string(), text);
   }
-  // Files of an earlier export that this one did not rewrite (shards of another count, a
-  // single file replaced by shards) would mislead a loader: they go, and the list is exact.
+  // Files of an earlier export that this one neither wrote nor kept (a preprocessor config of a
+  // LLaVA export under a decoder's) would mislead a loader: they go, and the list is exact.
   for (const auto& f : before)
     if (!std::count(files.begin(), files.end(), f) && f.find('/') == std::string::npos)
       fs::remove(fs::path(o.dir) / f, ec);
   write_manifest(std::set<std::string>(files.begin(), files.end()));
+  // Removed while still held: an export arriving now finds no lock file and makes its own.
+  fs::remove(lock_path, ec);
 }
 
 }  // namespace dhp

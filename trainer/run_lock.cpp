@@ -40,10 +40,11 @@ RunLock::RunLock(const std::string& dir) {
        "checkpoints could not be saved, so the run does not start");
 }
 
-RunLock::RunLock(const std::string& lock_path, const std::string& what) {
+RunLock::RunLock(const std::string& lock_path, const std::string& what, const std::string& why) {
   lock(lock_path, what,
-       "two runs writing one file would destroy each other's records: wait for it to end or choose "
-       "another path",
+       !why.empty() ? why
+                    : "two runs writing one file would destroy each other's records: wait for it to end or "
+                      "choose another path",
        "the run does not start");
 }
 

@@ -17,8 +17,9 @@ class RunLock {
   // start time as that process recorded them).
   explicit RunLock(const std::string& dir);
   // The same lock on the file `lock_path`, for another output two runs must not share (the
-  // metrics file); `what` names that output in messages.
-  RunLock(const std::string& lock_path, const std::string& what);
+  // metrics file, an export folder); `what` names that output in messages, `why` says what
+  // sharing it would do and what to do instead.
+  RunLock(const std::string& lock_path, const std::string& what, const std::string& why = "");
   ~RunLock();
   RunLock(const RunLock&) = delete;
   RunLock& operator=(const RunLock&) = delete;
