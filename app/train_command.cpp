@@ -93,7 +93,7 @@ void add_train_command(CLI::App& app, const CliHooks& hooks) {
       o.init.clear();
     }
     // Before the table is printed: the decoder's shape is config.json's.
-    apply_hf_init(cfg);
+    apply_hf_init_for_run(cfg, o.resume);
     world = communicator_for(std::move(world), cfg.train.device, hooks);
     Communicator& comm = *world;
     set_up_logging(comm.rank(), comm.size(), cfg.log.level);
@@ -213,8 +213,9 @@ void add_export_command(CLI::App& app) {
                   "hf: f32, bf16 or f16 (default: the dtype of the Hugging Face folder the run "
                   "started from, else f32)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  // Checked in the callback: CLI11's PositiveNumber message names its range as
+  // 0.000000 to 1797693134862315708...368.000000, which 0 appears to be inside.
   sub->add_option("--max-shard-bytes", *shard, "hf: larger exports are cut into shards of at most this")
-      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   auto force = std::make_shared<bool>(false);
   sub->add_flag("--force",
@@ -222,6 +223,7 @@ void add_export_command(CLI::App& app) {
   sub->allow_extras();  // --section.key=value overrides of the checkpoint's configuration
   sub->callback([sub, checkpoint, dir, format, out, dtype, shard, force] {
     set_up_logging(0, 1, "info");
+    DHP_CHECK(*shard >= 1, "--max-shard-bytes must be at least 1, got {}", *shard);
     if (*format == "hf") {
       HfExportOptions o;
       o.dir = sub->count("--out") ? *out : std::string("runs/demo/export/hf");

@@ -103,6 +103,18 @@ std::string BackendRegistry::resolve(const std::string& name) const {
 std::unique_ptr<Backend> BackendRegistry::make(const std::string& name,
                                                const BackendOptions& opt) const {
   const std::string resolved = resolve(name);
+  // Checked after "auto" is resolved, as the configuration's check is for "cpu": a run that
+  // asked for cuDNN's attention and landed on a machine without a usable GPU stops here, not
+  // after training with another attention than the one asked for.
+  if (resolved == "cpu" && opt.attention == AttentionImpl::cudnn) {
+    const auto cuda = factories_.find("cuda");
+    const std::string why = cuda == factories_.end() ? "this build has no CUDA backend"
+                            : cuda->second.unusable  ? cuda->second.unusable()
+                                                     : "";
+    throw Error(fmt::format("train.attention = \"cudnn\" needs a CUDA device, and this run is on the "
+                            "CPU{}; set train.attention = \"auto\" (or \"own\") to run on the CPU",
+                            why.empty() ? "" : " (" + why + ")"));
+  }
   auto it = factories_.find(resolved);
   DHP_CHECK(it != factories_.end(), "device \"{}\": this build has no such backend (it has: {})",
             resolved, fmt::join(names(), ", "));

@@ -56,16 +56,22 @@ std::vector<std::pair<std::string, std::string>> agreement_terms(const Config& c
   return out;
 }
 
-void check_ranks_agree(const Config& cfg, Communicator& comm) {
+void check_ranks_agree(const Config& cfg, Communicator& comm, const AgreementTerms& extra) {
   if (comm.size() == 1) return;
   // A rank that cannot even read its files takes part all the same, with its reason as its
   // terms, so that the others stop with it instead of waiting for it.
-  std::vector<std::pair<std::string, std::string>> mine;
+  AgreementTerms mine;
   try {
     mine = agreement_terms(cfg);
   } catch (const Error& e) {
     mine = {{"its data files", std::string("unreadable: ") + e.what()}};
   }
+  mine.insert(mine.end(), extra.begin(), extra.end());
+  check_terms_agree(mine, comm, "its configuration");
+}
+
+void check_terms_agree(const AgreementTerms& mine, Communicator& comm, const std::string& what) {
+  if (comm.size() == 1) return;
   std::string text;
   for (const auto& [key, value] : mine) text += key + '\x1f' + value + '\x1e';
   // Rank 0's terms to everyone, then each rank's first differing term to everyone.
@@ -85,11 +91,11 @@ void check_ranks_agree(const Config& cfg, Communicator& comm) {
   for (size_t i = 0; i < std::max(mine.size(), ref.size()) && why.empty(); ++i) {
     if (i < mine.size() && i < ref.size() && mine[i] == ref[i]) continue;
     if (i < mine.size() && i < ref.size() && mine[i].first == ref[i].first)
-      why = fmt::format("rank {}: its configuration differs from rank 0's: {} = {} there, {} on rank 0",
-                        comm.rank(), mine[i].first, mine[i].second, ref[i].second);
+      why = fmt::format("rank {}: {} differs from rank 0's: {} = {} there, {} on rank 0", comm.rank(), what,
+                        mine[i].first, mine[i].second, ref[i].second);
     else
-      why = fmt::format("rank {}: its configuration differs from rank 0's at {} (another dhp version?)",
-                        comm.rank(), i < mine.size() ? mine[i].first : ref[i].first);
+      why = fmt::format("rank {}: {} differs from rank 0's at {} (another dhp version?)", comm.rank(), what,
+                        i < mine.size() ? mine[i].first : ref[i].first);
   }
   std::vector<int32_t> differs(size_t(comm.size()));
   const int32_t me = why.empty() ? 0 : 1;
@@ -103,6 +109,22 @@ void check_ranks_agree(const Config& cfg, Communicator& comm) {
   message.resize(std::strlen(message.c_str()));
   const int others = int(std::count(differs.begin(), differs.end(), 1)) - 1;
   throw Error(others > 0 ? fmt::format("{} (and {} more rank{})", message, others, others > 1 ? "s" : "") : message);
+}
+
+std::string weights_fingerprint(const Model& model) {
+  constexpr int64_t kEnds = 1024;
+  const float* arena = model.params();
+  std::vector<float> host;
+  uint64_t h = kFnvSeed;
+  for (const ParamSpec& s : model.table().specs()) {
+    const int64_t n = s.numel(), head = std::min(n, kEnds), tail = std::min(n - head, kEnds);
+    host.resize(size_t(head + tail));
+    model.backend().download(host.data(), arena + s.offset, size_t(head) * sizeof(float));
+    if (tail > 0)
+      model.backend().download(host.data() + head, arena + s.offset + n - tail, size_t(tail) * sizeof(float));
+    h = fnv1a(host.data(), host.size() * sizeof(float), h);
+  }
+  return fmt::format("{:016x}", h);
 }
 
 void agree_attention_choices(Backend& backend, Communicator& comm) {

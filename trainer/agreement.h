@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "model/model.h"
 #include "parallel/communicator.h"
 #include "trainer/config.h"
 
@@ -23,10 +24,24 @@ namespace dhp {
 // replaced by their contents' hashes (nodes may hold their own copies).
 std::vector<std::pair<std::string, std::string>> agreement_terms(const Config& cfg);
 
+using AgreementTerms = std::vector<std::pair<std::string, std::string>>;
+
 // Throws dhp::Error on every rank when a rank's terms differ from rank 0's:
 // "rank 2: its configuration differs from rank 0's: model.dim = 128 there, 64 on rank 0".
-// Collective: every rank calls it once, before anything else talks to the other ranks.
-void check_ranks_agree(const Config& cfg, Communicator& comm);
+// `extra` adds terms that are not configuration keys: the command line's options that change
+// what a run does (--stop-after, --init, --resume). Collective: every rank calls it once,
+// before anything else talks to the other ranks.
+void check_ranks_agree(const Config& cfg, Communicator& comm, const AgreementTerms& extra = {});
+
+// The same comparison of any terms, for what is known only once the run is set up: the data
+// sets' images and clips, the initial weights. `what` names them in the message ("its data or
+// weights").
+void check_terms_agree(const AgreementTerms& mine, Communicator& comm, const std::string& what);
+
+// A fingerprint of a model's weights as they are now: the first and last 1,024 values of every
+// parameter, hashed. Weights loaded from different files differ in every tensor, so this tells
+// them apart while reading a few MB, wherever the weights live.
+std::string weights_fingerprint(const Model& model);
 
 // train.attention = "auto" (kernels/cuda/attention_select.h): gathers the attention timings
 // every rank took since the last call and installs the same choice per shape class on every

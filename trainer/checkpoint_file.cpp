@@ -205,12 +205,12 @@ int64_t recorded_step(const std::string& path) {
   return state.ok() && read_attr(state, "step", H5T_NATIVE_INT64, &step) ? step : -1;
 }
 
-Config checkpoint_config(const std::string& path) {
+Config checkpoint_config(const std::string& path, const std::vector<std::string>& overrides, bool check) {
   quiet_hdf5();
   DHP_CHECK(fs::is_regular_file(path), "checkpoint '{}' not found", path);
   H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
-  return parse_config(read_string(file, "config", path), path + ":/config");
+  return parse_config(read_string(file, "config", path), path + ":/config", overrides, check);
 }
 
 TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
@@ -310,20 +310,32 @@ void check_tokenizer(const std::string& path, const TrainState& st, const Tokeni
 }
 
 void check_same_model(const Config& saved, const Config& now, const std::string& path) {
-  auto model_lines = [](const Config& c) {
-    std::vector<std::string> lines;
-    std::istringstream in(format_config(c));
-    for (std::string l; std::getline(in, l);)
-      // The key, not the value: a path such as checkpoint.dir = "runs/model.v2" is no shape.
-      if (l.compare(l.find_first_not_of(' '), 6, "model.") == 0) lines.push_back(l);
-    return lines;
+  // The keys, not the values: a path such as checkpoint.dir = "runs/model.v2" is no shape; and
+  // the folders a run started from are not its shape (their config.json gave the keys below).
+  auto shape = [](const Config& c) {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (auto& [key, value] : config_entries(c))
+      if (key.rfind("model.", 0) == 0 && key != "model.init" && key != "model.vision.init")
+        out.emplace_back(key, value);
+    return out;
   };
-  const auto a = model_lines(saved), b = model_lines(now);
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-    DHP_CHECK(a[i] == b[i],
-              "cannot resume from '{}': the model's shape changed ({} in the checkpoint, {} now); "
-              "resume with the checkpoint's model settings",
-              path, a[i].substr(a[i].find_first_not_of(' ')), b[i].substr(b[i].find_first_not_of(' ')));
+  const auto a = shape(saved), b = shape(now);
+  DHP_ASSERT(a.size() == b.size());
+  std::vector<std::string> differ, restate;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].second != b[i].second) {
+      differ.push_back(fmt::format("{} = {} in the checkpoint, {} now", a[i].first, a[i].second, b[i].second));
+      restate.push_back(fmt::format("--{}={}", a[i].first, a[i].second));
+    }
+  if (differ.empty()) return;
+  const std::string& from = saved.model.init.empty() ? saved.model.vision.init : saved.model.init;
+  throw Error(fmt::format(
+      "cannot resume from '{}': the model's shape changed ({}){}; resume with the checkpoint's model settings: {}",
+      path, fmt::join(differ, "; "),
+      from.empty() || (now.model.init == saved.model.init && now.model.vision.init == saved.model.vision.init)
+          ? ""
+          : fmt::format(" (its run took them from the Hugging Face folder '{}', which this run does not name)", from),
+      fmt::join(restate, " ")));
 }
 
 }  // namespace dhp

@@ -46,8 +46,11 @@ void write_checkpoint_file(const std::filesystem::path& path, const Config& cfg,
 // The step a checkpoint file records in /state, or -1 when it cannot be read.
 int64_t recorded_step(const std::string& path);
 
-// The configuration stored in a checkpoint (to rebuild the model it was saved from).
-Config checkpoint_config(const std::string& path);
+// The configuration stored in a checkpoint (to rebuild the model it was saved from), with the
+// command line's `overrides` applied before it is validated (so a stored setting this machine
+// cannot run is corrected by them); `check` as parse_config's.
+Config checkpoint_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                         bool check = true);
 
 // Loads weights (and, when opt is given, moments and step) after checking the format, every
 // name and shape, and every checksum. Throws dhp::Error naming the file and the problem.

@@ -571,7 +571,7 @@ std::string value_text(const Ref& r, bool quote) {
 }
 
 Config finish(Config cfg, const toml::table& tbl, const std::string& name,
-              const std::vector<std::string>& overrides) {
+              const std::vector<std::string>& overrides, bool check) {
   cfg.source = name;
   // The pixel constants default by arch: unset until the file and the overrides are read.
   auto& v = cfg.model.vision;
@@ -583,21 +583,36 @@ Config finish(Config cfg, const toml::table& tbl, const std::string& name,
   const auto [mean, std] = default_pixel_norm(v.arch);
   if (std::isnan(v.pixel_mean[0])) v.pixel_mean = mean;
   if (std::isnan(v.pixel_std[0])) v.pixel_std = std;
-  validate(cfg);
+  if (!check) return cfg;
+  try {
+    validate(cfg);
+  } catch (const Error& e) {
+    // What the command line set is its fault, not the file's: a checkpoint's /config is not
+    // wrong because --train.attention=cudnn was asked of it on a CPU.
+    if (overrides.empty()) throw;
+    try {
+      finish(Config{}, tbl, name, {}, true);
+    } catch (const Error&) {
+      throw e;
+    }
+    const std::string msg = e.what(), by = fmt::format("{} with {}", name, fmt::join(overrides, " "));
+    throw Error(msg.rfind(name + ":", 0) == 0 ? by + msg.substr(name.size())
+                                              : fmt::format("{} (set by the command line: {})", msg, by));
+  }
   return cfg;
 }
 
 }  // namespace
 
 Config parse_config(const std::string& text, const std::string& name,
-                    const std::vector<std::string>& overrides) {
+                    const std::vector<std::string>& overrides, bool check) {
   toml::table parsed;
   try {
     parsed = toml::parse(text, name);
   } catch (const toml::parse_error& e) {
     throw Error(fmt::format("{}:{}: invalid TOML: {}", name, e.source().begin.line, e.description()));
   }
-  return finish(Config{}, parsed, name, overrides);
+  return finish(Config{}, parsed, name, overrides, check);
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {

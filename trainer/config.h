@@ -78,9 +78,12 @@ struct Config {
 // is accepted), then validates. Throws dhp::Error naming file, line and key.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
-// Parses TOML text as if it came from `name`; for tests and for configs built in memory.
+// Parses TOML text as if it came from `name`; for tests and for configs built in memory. When
+// the text alone is valid and the overrides make it invalid, the error names the overrides,
+// not the text. `check` false skips validate(): for a stored configuration that is only
+// compared with the running one (resume), whose run-time settings may not hold here.
 Config parse_config(const std::string& text, const std::string& name,
-                    const std::vector<std::string>& overrides = {});
+                    const std::vector<std::string>& overrides = {}, bool check = true);
 
 // Relations between keys that no single range can express (parse_config runs it). A Hugging
 // Face folder (model.vision.init, a LLaVA model.init) brings the tower's arch and shape, so

@@ -25,9 +25,7 @@ Config inference_config(const std::string& checkpoint, const std::vector<std::st
     apply_hf_init(cfg);
     return cfg;
   }
-  Config cfg = checkpoint_config(checkpoint);
-  if (!overrides.empty()) cfg = parse_config(to_toml(cfg), checkpoint + ":/config", overrides);
-  return cfg;
+  return checkpoint_config(checkpoint, overrides);
 }
 
 LoadedModel load_for_inference(const std::string& checkpoint, const Config& cfg) {

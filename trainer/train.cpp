@@ -97,6 +97,7 @@ class Run {
   int64_t first_step_ = 0;
   std::optional<Sampler> sampler_;
   int64_t first_position_ = 0;  // stream position of the first sample of first_step_
+  std::string start_from_;      // where the starting weights came from, for messages
   Executor exec_;
   RunReport report_;
 
@@ -148,10 +149,20 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
               topt.init, cfg.model.init.empty() ? cfg.model.vision.init : cfg.model.init);
     const HfImport r = import_hf_checkpoint(cfg.model.init, model_);
     if (rank0_) log_hf_import(r, cfg.model);
+    start_from_ = fmt::format("model.init '{}'{}", cfg.model.init,
+                              cfg.model.vision.init.empty() ? "" : " and model.vision.init '" + cfg.model.vision.init + "'");
   } else if (!topt.init.empty()) {
     load_weights(topt.init, model_);
     if (rank0_) spdlog::info("initialised weights from {}", topt.init);
+    start_from_ = fmt::format("--init '{}'", topt.init);
   }
+  // What each rank read besides the configuration's files: a node with a stale copy of an image
+  // folder or of a checkpoint would train on something else to the end, under the same names.
+  check_terms_agree({{"data.train (its images and clips)", train_set_->contents_fingerprint()},
+                     {"data.val (its images and clips)", val_set_ ? val_set_->contents_fingerprint() : "none"},
+                     {"the starting weights (seeded, --init, model.init or the checkpoint resumed)",
+                      weights_fingerprint(model_)}},
+                    comm_, "what it read");
   report_.start(first_step_);
   sampler_.emplace(train_set_->size(), cfg.train.seed);
   first_position_ = resumed_sampler ? sampler_->resume(*resumed_sampler) : 0;
@@ -168,6 +179,7 @@ class DamagedCheckpoint : public Error {
 SamplerState Run::resume_newest(const std::vector<std::string>& paths, const TrainOptions& topt) {
   for (size_t i = 0;; ++i) {
     try {
+      start_from_ = fmt::format("the checkpoint resumed, '{}'", paths[i]);
       return resume(paths[i], topt);
     } catch (const DamagedCheckpoint& e) {
       if (i + 1 == paths.size()) throw;
@@ -177,7 +189,9 @@ SamplerState Run::resume_newest(const std::vector<std::string>& paths, const Tra
 }
 
 SamplerState Run::resume(const std::string& path, const TrainOptions& topt) {
-  const Config saved = checkpoint_config(path);
+  // Compared with this run, not run: its run-time settings need not hold here (a stored
+  // train.attention = "cudnn" on a machine without a GPU).
+  const Config saved = checkpoint_config(path, {}, false);
   check_same_model(saved, cfg_, path);
   // Any change of freezing resumes (the checkpoint holds every parameter, frozen ones with
   // zero moments); say what it means for the moments.
@@ -388,6 +402,16 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
   rec.step = step + 1;
   record_busy(rec);
   rec.loss = global_loss(local, step, work) * scale;
+  // Before this run's first update the learning rate has changed nothing: the weights it started
+  // from or the inputs overflow.
+  const auto& v = cfg_.model.vision;
+  DHP_CHECK(std::isfinite(norm) || step != first_step_,
+            "step {}: the gradient norm is not finite ({}) before any update of this run: the starting "
+            "weights ({}) or the inputs overflow (pixels are normalised by model.vision.pixel_mean = [{}] and "
+            "pixel_std = [{}]{})",
+            step, norm, start_from_.empty() ? "seeded" : start_from_, fmt::join(v.pixel_mean, ", "),
+            fmt::join(v.pixel_std, ", "),
+            v.init.empty() && cfg_.model.init.empty() ? "" : ", from the folder's preprocessor_config.json");
   DHP_CHECK(std::isfinite(norm), "step {}: the gradient norm is not finite ({}); lower optim.lr",
             step, norm);
   rec.lr = learning_rate(cfg_.optim, step, cfg_.train.steps);
@@ -477,13 +501,17 @@ bool stop_requested(const TrainOptions& topt, Communicator& comm) {
 TrainResult train(const Config& given, Communicator& comm, const TrainOptions& topt) {
   // A Hugging Face model.init sets the decoder's shape (a no-op when the caller applied it).
   Config cfg = given;
-  apply_hf_init(cfg);
+  apply_hf_init_for_run(cfg, topt.resume);
   // Checked before anything is opened or locked: a stop that is never reached would train to
   // the end while the user expected a checkpoint at that step.
   DHP_CHECK(topt.stop_after < 0 || topt.stop_after <= cfg.train.steps,
             "--stop-after {} is past the last step of this run (train.steps = {})", topt.stop_after,
             cfg.train.steps);
-  check_ranks_agree(cfg, comm);
+  // Options that change what the run does are compared too: --stop-after on one rank would
+  // leave the others waiting at the next step; --init given to one rank trains a mixture.
+  check_ranks_agree(cfg, comm, {{"--stop-after", std::to_string(topt.stop_after)},
+                                {"--init", topt.init.empty() ? "not given" : "given"},
+                                {"--resume", topt.resume.empty() ? "not given" : topt.resume}});
   const auto t_start = Clock::now();
   const bool rank0 = comm.rank() == 0;
   Run run(cfg, comm, topt);
