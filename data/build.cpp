@@ -25,6 +25,7 @@
 #include "core/log.h"
 #include "data/config.h"
 #include "data/image.h"
+#include "data/manifest_reader.h"
 #include "data/shard_format.h"
 #include "data/shard_io.h"
 #include "data/tokenizer.h"
@@ -275,7 +276,7 @@ std::string build_key(const BuildOptions& o, const std::string& image_root,
   DHP_CHECK(!fs::is_directory(o.manifest), "manifest '{}' is a folder, not a JSONL file",
             printable(o.manifest));
   // One pass over the manifest: its hash ties committed shards to these exact bytes.
-  LineReader in("manifest", o.manifest);
+  ManifestReader in(o.manifest);
   uint64_t h = kFnvSeed;
   int64_t n_lines = 0, size = 0;
   std::string line;
@@ -444,7 +445,7 @@ BuildSummary build_dataset(const BuildOptions& o) {
   rules.chat = o.chat;
   rules.video = o.video;
 
-  LineReader in("manifest", o.manifest);
+  ManifestReader in(o.manifest);
   std::string text;
   int64_t line_no = 0;
   while (line_no < first_line && in.next(text)) ++line_no;
@@ -484,9 +485,8 @@ BuildSummary build_dataset(const BuildOptions& o) {
       if (r.error) {
         if (o.on_error == "fail") {
           writer.wait();
-          throw Error(fmt::format("{}:{}: {}: {} (set data.on_error = \"skip\" to skip such "
-                                  "lines)",
-                                  o.manifest, r.line, r.error->reason, r.error->detail));
+          throw Error(fmt::format("{}: {}: {} (set data.on_error = \"skip\" to skip such lines)",
+                                  in.where(r.line), r.error->reason, r.error->detail));
         }
         cur.skipped.push_back({r.line, r.error->reason, r.error->detail});
         ++n_skipped;

@@ -5,10 +5,13 @@
 #include <filesystem>
 
 #include "core/check.h"
+#include "core/hash.h"
 #include "core/input.h"
 #include "core/log.h"
 #include "data/layout.h"
+#include "data/manifest_reader.h"
 #include "data/tokenizer.h"
+#include "data/video.h"
 
 namespace dhp {
 
@@ -54,7 +57,7 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
   DHP_CHECK(!fs::is_directory(manifest),
             "manifest '{}' is a folder, not a JSONL file (nor a folder built by `dhp data build`)",
             printable(manifest));
-  LineReader in("manifest", manifest, " (set data.train / data.val)", stop);
+  ManifestReader in(manifest, " (set data.train / data.val)", stop);
   LineRules rules;
   rules.image_root = image_root.empty() ? manifest_folder(manifest) : fs::path(image_root);
   rules.allow_absolute_paths = allow_absolute_paths;
@@ -66,22 +69,30 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
   std::string line;
   int64_t n_skipped = 0;
   while (in.next(line)) {
-    const int64_t line_no = in.line_no();
+    const int64_t line_no = in.record_no();
     if (blank_line(line)) continue;
     ParsedLine p;
     try {
       p = parse_line(line, line_no, tok, rules);
-      // Decoded once here, as `dhp data build` does, so both paths accept the same lines.
+      // Decoded once here, as `dhp data build` does, so both paths accept the same lines; the
+      // bytes go into the fingerprint ranks compare (a node's stale copy of an image folder).
+      uint64_t h = media_hash_;
       for (size_t k = 0; k < p.paths.size(); ++k)
-        if (p.frames[k].index < 0) read_line_image(p, k, nullptr);
+        if (p.frames[k].index < 0) {
+          const std::vector<uint8_t> bytes = read_line_image(p, k, nullptr);
+          h = fnv1a(bytes.data(), bytes.size(), h);
+        } else if (k == 0 || p.paths[k] != p.paths[k - 1]) {  // a clip's frames: the clip once
+          const uint64_t clip = video_file_hash(p.paths[k], p.root);
+          h = fnv1a(&clip, sizeof clip, h);
+        }
       check_line_frames(p, nullptr);
+      media_hash_ = h;
     } catch (const LineError& err) {
-      DHP_CHECK(on_error == "skip",
-                "{}:{}: {}: {} (set data.on_error = \"skip\" to skip such lines)", manifest,
-                line_no, err.reason, err.detail);
+      DHP_CHECK(on_error == "skip", "{}: {}: {} (set data.on_error = \"skip\" to skip such lines)",
+                in.where(line_no), err.reason, err.detail);
       ++skipped_[err.reason];
       if (++n_skipped <= kMaxWarnings)
-        spdlog::warn("{}:{}: skipped ({}): {}", manifest, line_no, err.reason, err.detail);
+        spdlog::warn("{}: skipped ({}): {}", in.where(line_no), err.reason, err.detail);
       continue;
     }
     Entry e;
@@ -105,10 +116,12 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
     entries_.push_back(std::move(e));
   }
   if (n_skipped > 0)
-    spdlog::warn("{}: skipped {} of {} lines ({})", manifest, n_skipped, n_skipped + size(),
+    spdlog::warn("{}: skipped {} of {} {} ({})", manifest, n_skipped, n_skipped + size(), in.is_array() ? "records" : "lines",
                  format_counts(skipped_));
   DHP_CHECK(size() > 0, "manifest '{}' holds no usable sample", manifest);
 }
+
+std::string JsonlDataset::contents_fingerprint() const { return fmt::format("{:016x}", media_hash_); }
 
 int64_t JsonlDataset::length(int64_t i) const {
   DHP_ASSERT(i >= 0 && i < size());

@@ -58,6 +58,10 @@ class Dataset {
   virtual std::vector<ImageSpan> image_spans(int64_t i) const = 0;
   // Loads that came back as placeholders (skip mode).
   int64_t bad_loads() const { return bad_loads_.load(); }
+  // A hash of what the set reads besides its own file, for ranks to compare: the bytes of a
+  // manifest's images and clips; "" where the set's own file already holds everything (built
+  // shards: the index records every sample's checksums).
+  virtual std::string contents_fingerprint() const { return ""; }
 
  protected:
   // The tokenizer's special ids: what the layout expands to and what placeholders hold.
@@ -99,6 +103,9 @@ class JsonlDataset final : public Dataset {
   Sample load_range(int64_t i, int64_t begin, int64_t end, ImageLoad images) const override;
   std::vector<ImageSpan> image_spans(int64_t i) const override;
 
+  // FNV-1a over the bytes of every usable line's images and clips, in manifest order.
+  std::string contents_fingerprint() const override;
+
  private:
   StoredLayout stored_layout(int64_t i) const;
   struct Entry {
@@ -121,6 +128,7 @@ class JsonlDataset final : public Dataset {
   std::map<std::string, int64_t> skipped_;
   ImageGeometry geometry_;
   bool skip_ = true;
+  uint64_t media_hash_ = 0;  // contents_fingerprint()
 };
 
 struct DataConfig;

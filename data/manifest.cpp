@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/json_input.h"
 #include "data/tokenizer.h"
 
 namespace dhp {
@@ -184,7 +185,12 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
                       const LineRules& rules) {
   // Checked first: nlohmann rejects bad UTF-8 as a parse error, which would hide the cause.
   if (!valid_utf8(line)) throw LineError{"bad utf-8", "the line is not valid UTF-8"};
-  const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  json j;
+  try {
+    j = parse_json_input(line, "the line");
+  } catch (const Error& e) {
+    throw LineError{"invalid json", e.what()};
+  }
   if (j.is_discarded()) throw LineError{"invalid json", "the line is not valid JSON"};
   if (!j.is_object()) throw LineError{"bad format", "the line is not a JSON object"};
   ParsedLine out;
@@ -217,11 +223,21 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
       j["conversations"].empty())
     throw LineError{"bad format", "no \"conversations\" array"};
   std::vector<Turn> turns;
+  int64_t text_bytes = 0;
   for (const auto& turn : j["conversations"]) {
     if (!turn.is_object() || !turn.contains("from") || !turn["from"].is_string() ||
         !turn.contains("value") || !turn["value"].is_string())
       throw LineError{"bad format", "a turn lacks a string \"from\" or \"value\""};
     Turn t{turn["from"].get<std::string>(), turn["value"].get<std::string>()};
+    // Bounded before tokenizing: SentencePiece takes time quadratic in the length of a run of
+    // characters it does not know (and then calls the run one <unk>), so a 30 MB caption would
+    // run for hours and then pass as two tokens. No real sample needs more bytes per token.
+    text_bytes += int64_t(t.value.size());
+    if (text_bytes > kMaxTextBytesPerToken * rules.max_tokens)
+      throw LineError{"too long", fmt::format("more than {} bytes of text, {} per token of data.max_tokens = {}; "
+                                              "refused before tokenizing",
+                                              kMaxTextBytesPerToken * rules.max_tokens, kMaxTextBytesPerToken,
+                                              rules.max_tokens)};
     if (!t.answer() && t.from != "human" && t.from != "user" && t.from != "system")
       throw LineError{"bad format", "unknown speaker \"" + t.from + "\""};
     turns.push_back(std::move(t));

@@ -36,6 +36,11 @@ struct LineError {
 std::vector<std::string> media_list(const nlohmann::json& line, const std::string& kind);
 
 // What decides whether a line is usable and how long it is.
+// A sample's text may hold at most this many bytes per token of data.max_tokens: real text
+// averages 2-5 bytes per token, and what is far beyond it (a megabyte of one character the
+// tokenizer does not know) is refused as "too long" before the tokenizer sees it.
+inline constexpr int64_t kMaxTextBytesPerToken = 64;
+
 struct LineRules {
   std::filesystem::path image_root;  // relative image paths are resolved against it and must
                                      // stay inside it (no "..", no symlink out of it)

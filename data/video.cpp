@@ -7,9 +7,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <mutex>
+#include <string_view>
 
 #include "core/check.h"
+#include "core/hash.h"
 #include "core/input.h"
 #include "data/manifest.h"
 #include "data/tokenizer.h"
@@ -27,6 +31,41 @@ using json = nlohmann::json;
 // pays only for gaps well past that (docs/data.md has the measurements).
 constexpr int64_t kSeekGap = 32;
 
+// FFmpeg picks a demuxer by the bytes it reads, and some read other files than the one they
+// are given: an HLS playlist, a DASH manifest or an ffconcat script names its segments by path,
+// an image-sequence pattern a series of files. A file that holds such text would have FFmpeg
+// read (and dhp train on) media outside the data root. So only container demuxers that read
+// nothing but the given file are allowed, over the file protocol alone. OpenCV passes the
+// options of OPENCV_FFMPEG_CAPTURE_OPTIONS ("key;value|key;value") to avformat_open_input;
+// they are set once, before the first capture opens, after any the user set (a later key
+// wins).
+constexpr const char* kDemuxers =
+    "avi,mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,mpegts,flv,ogg,mpeg,m4v,h264,hevc,mjpeg,asf";
+
+void confine_ffmpeg() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* user = std::getenv("OPENCV_FFMPEG_CAPTURE_OPTIONS");
+    const std::string ours = confined_ffmpeg_options();
+    const std::string all = user && *user ? std::string(user) + "|" + ours : ours;
+    ::setenv("OPENCV_FFMPEG_CAPTURE_OPTIONS", all.c_str(), 1);
+  });
+}
+
+// Text formats that name other files, told by their first bytes: refused by name before FFmpeg
+// sees them (the demuxer list refuses them too, with a vaguer message).
+std::string referencing_format(const InputFile& f) {
+  char head[64] = {};
+  const int64_t n = f.read_at(head, int64_t(sizeof head) - 1, 0);
+  std::string_view s(head, size_t(std::max<int64_t>(n, 0)));
+  if (s.substr(0, 3) == "\xEF\xBB\xBF") s.remove_prefix(3);
+  while (!s.empty() && (s[0] == ' ' || s[0] == '\t' || s[0] == '\r' || s[0] == '\n')) s.remove_prefix(1);
+  if (s.rfind("#EXTM3U", 0) == 0) return "an HLS playlist";
+  if (s.rfind("ffconcat", 0) == 0) return "an ffconcat script";
+  if (s.rfind("<?xml", 0) == 0 || s.rfind("<MPD", 0) == 0) return "an XML document (a DASH manifest?)";
+  return "";
+}
+
 std::unique_ptr<InputFile> open_video_file(const std::string& path, const std::string& root) {
   const std::string prefix = root == "/" ? root : root + "/";
   if (!root.empty() && path.compare(0, prefix.size(), prefix) == 0)
@@ -35,6 +74,14 @@ std::unique_ptr<InputFile> open_video_file(const std::string& path, const std::s
 }
 
 }  // namespace
+
+std::string confined_ffmpeg_options() {
+  return fmt::format("format_whitelist;{}|protocol_whitelist;file", kDemuxers);
+}
+
+uint64_t video_file_hash(const std::string& path, const std::string& root) {
+  return hash_from(*open_video_file(path, root), 0);
+}
 
 std::vector<int64_t> sample_frames(int64_t frames, double fps, const VideoRules& r) {
   DHP_CHECK(frames > 0 && fps > 0, "sample_frames: {} frames at {} fps", frames, fps);
@@ -83,6 +130,11 @@ VideoReader::VideoReader(const std::string& path, const std::string& root, bool 
     throw LineError{fs::exists(fs::symlink_status(path, ec)) ? "unreadable video" : "missing video",
                     e.what()};
   }
+  const std::string refers = referencing_format(*file_);
+  if (!refers.empty())
+    throw LineError{"unreadable video", fmt::format("'{}' is {}, not a video file: such files name other "
+                                                    "files, which dhp does not read", path, refers)};
+  confine_ffmpeg();
   // FFmpeg reads the descriptor opened and checked above, never the path again.
   const std::string fd_path = fmt::format("/proc/self/fd/{}", file_->fd());
   DHP_CHECK(fs::exists(fd_path),

@@ -139,6 +139,16 @@ class FrameReader {
 // empty. Throws LineError.
 void check_line_frames(const ParsedLine& line, std::vector<cv::Mat>* out);
 
+// What dhp sets OPENCV_FFMPEG_CAPTURE_OPTIONS to before its first capture (after the user's
+// own, if any): container demuxers that read only the file they are given, over the file
+// protocol alone. A playlist, manifest, concat script or image sequence names other files,
+// which FFmpeg would read; none of their demuxers is allowed.
+std::string confined_ffmpeg_options();
+
+// FNV-1a of a clip file's bytes, opened as the readers open it (inside `root` when it lies
+// there): what ranks compare of a manifest's clips.
+uint64_t video_file_hash(const std::string& path, const std::string& root);
+
 // The parse_line step for videos: `layout` holds kVideoMarker for each <video> marker and
 // -(k+1) for image k; replaces each video marker by its frames (timestamp tokens, then one
 // image placeholder each) and renumbers every placeholder in layout order, filling
