@@ -15,6 +15,7 @@
 #include "app/cli.h"
 #include "core/check.h"
 #include "core/files.h"
+#include "core/text.h"
 #include "kernels/backend.h"
 #include "parallel/cost_model.h"
 #include "parallel/device_probe.h"
@@ -49,6 +50,14 @@ bool is_profile_json(const std::string& path) {
 void run_profile(const ProfileOptions& o, const std::vector<std::string>& overrides, const CliHooks& hooks) {
   DHP_CHECK(o.threads >= 1 && o.threads <= 1024, "--threads must be between 1 and 1024, got {}", o.threads);
   DHP_CHECK(o.repeats >= 1 && o.repeats <= 100, "--repeats must be between 1 and 100, got {}", o.repeats);
+  // 0 is "not given" (the device's default); a ladder starts at 64 tokens, and 2^20 tokens of
+  // one document is past any device's memory for the probe's scores.
+  DHP_CHECK(o.max_chunk == 0 || (o.max_chunk >= 64 && o.max_chunk <= (int64_t(1) << 20)),
+            "--max-chunk must be between 64 and {} tokens, got {}", int64_t(1) << 20, o.max_chunk);
+  // Checked whatever the device: on the CPU the prior is not used, but a misspelt name must not
+  // pass silently.
+  DHP_CHECK(o.prior == "a100" || o.prior == "h100" || o.prior == "h200",
+            "--prior '{}' is not a built-in GPU profile: use a100, h100 or h200", printable(o.prior));
   auto world = start_world(nullptr, nullptr);
   Config cfg = o.config.empty() ? parse_config("", "built-in defaults", overrides) : load_config(o.config, overrides);
   world = communicator_for(std::move(world), cfg.train.device, hooks);
@@ -75,7 +84,21 @@ void run_profile(const ProfileOptions& o, const std::vector<std::string>& overri
   po.repeats = o.repeats;
   po.chunks = chunk_ladder(64, o.quick ? 256 : o.max_chunk > 0 ? o.max_chunk : cuda ? 65536 : 2048);
   po.gemm_tokens = cuda ? 8192 : o.quick ? 64 : 512;
-  const DeviceProbe probe = probe_device(*backend, m, po, &comm);
+  // Memory runs out where the options ask for more than this machine has: say which options.
+  const auto sized_by_options = [&](const Error& e) {
+    if (std::string_view(e.what()).find("out of ") != 0) return e;
+    return Error(fmt::format("{} (while profiling {} with chunks up to {} tokens: --model-profile and --max-chunk "
+                             "size this; on the CPU, --probe-only skips the whole steps)",
+                             e.what(), o.model_profile.empty() ? "the config's model" : "--model-profile " + o.model_profile,
+                             po.chunks.empty() ? 0 : po.chunks.back()));
+  };
+  const DeviceProbe probe = [&] {
+    try {
+      return probe_device(*backend, m, po, &comm);
+    } catch (const Error& e) {
+      throw sized_by_options(e);
+    }
+  }();
   if (!lead) return;  // the whole steps are rank 0's
   fmt::print("{}", probe.table(builtin.coeffs(), m));
   const nlohmann::json probe_json = probe.to_json();
@@ -84,9 +107,13 @@ void run_profile(const ProfileOptions& o, const std::vector<std::string>& overri
 
   std::vector<TimingObservation> obs;
   if (!o.probe_only) {
-    StepProfiler profiler(m, std::move(backend), o.threads);
-    for (const ProfileShape& sh : profile_shapes(m, o.quick))
-      obs.push_back(profiler.measure(sh, o.repeats, uint64_t(obs.size()) + 1));
+    try {
+      StepProfiler profiler(m, std::move(backend), o.threads);
+      for (const ProfileShape& sh : profile_shapes(m, o.quick))
+        obs.push_back(profiler.measure(sh, o.repeats, uint64_t(obs.size()) + 1));
+    } catch (const Error& e) {
+      throw sized_by_options(e);
+    }
   }
   const CostCoeffs fit = o.probe_only ? prior.coeffs() : refit(prior, obs, 1e-3);
   CostModel fitted = prior;
