@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -12,15 +14,22 @@
 
 namespace dhp::testing {
 
-// A data set synthesized into a private temporary folder, removed when the process exits.
+// A data set synthesized into a private temporary folder, removed when the process exits. The
+// folder is made by mkdtemp, not named by the pid alone: a process killed before its exit leaves
+// its folder behind, and a later test given the same pid must not find it there.
 struct TempDataSet {
   std::filesystem::path path;
-  TempDataSet(const std::string& tag, SynthOptions o)
-      : path(std::filesystem::temp_directory_path() / (tag + std::to_string(::getpid()))) {
+  TempDataSet(const std::string& tag, SynthOptions o) {
+    std::string name = (std::filesystem::temp_directory_path() / (tag + "XXXXXX")).string();
+    if (::mkdtemp(name.data()) == nullptr) throw std::runtime_error("mkdtemp " + name + " failed");
+    path = name;
     o.out_dir = path.string();
     synthesize(o);
   }
-  ~TempDataSet() { std::filesystem::remove_all(path); }
+  ~TempDataSet() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
 };
 
 // The small captioning set, synthesized once per test process.
