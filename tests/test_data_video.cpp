@@ -3,9 +3,12 @@
 // agree token for token and pixel for pixel), seeking against decoding forward, every bad
 // video skipped with its reason by both paths, and `dhp data synth --preset video-longtail`
 // through build, stats and a few training steps.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
@@ -505,6 +508,79 @@ TEST_F(VideoTest, VideoLongtailPresetWritesClipsThatBuildAndTrain) {
   EXPECT_NE(r.output.find("--prompt: a <video> marker where only images can go"),
             std::string::npos)
       << r.output;
+}
+
+// A file under a video's name that names other files (an HLS playlist, an ffconcat script, a
+// DASH manifest, an image-sequence pattern) is never followed out of the data root: each line
+// is skipped as an unreadable video, and nothing of the clip outside reaches a sample or a
+// shard. The control first shows that FFmpeg left to itself does follow the playlist.
+TEST_F(VideoTest, FilesThatNameOtherFilesAreNeverFollowed) {
+  const fs::path outside = *root_ / "outside_media";
+  fs::create_directories(outside);
+  write_clip(outside / "secret.avi", 20, 10, 48, 64);
+  const std::string secret = fs::absolute(outside / "secret.avi").string();
+  write_clip(dir_ / "good.avi", 40, 10, 48, 64);
+  const std::string hls = "#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXT-X-MEDIA-SEQUENCE:0\n#EXTINF:2.0,\n";
+  write_text(dir_ / "hls_abs.mp4", hls + secret + "\n#EXT-X-ENDLIST\n");
+  write_text(dir_ / "hls_url.mp4", hls + "file:" + secret + "\n#EXT-X-ENDLIST\n");
+  write_text(dir_ / "concat_abs.mp4", "ffconcat version 1.0\nfile '" + secret + "'\n");
+  write_text(dir_ / "concat_fd.mp4", "ffconcat version 1.0\nfile '/proc/self/fd/3'\n");
+  write_text(dir_ / "dash.mp4",
+             "<?xml version=\"1.0\"?>\n<MPD xmlns=\"urn:mpeg:dash:schema:mpd:2011\" type=\"static\" "
+             "mediaPresentationDuration=\"PT2S\"><Period><AdaptationSet><Representation id=\"0\" "
+             "bandwidth=\"1000\"><BaseURL>file://" + secret +
+                 "</BaseURL></Representation></AdaptationSet></Period></MPD>\n");
+  // An image-sequence pattern: files that exist under the pattern's name and its expansions.
+  cv::imwrite((dir_ / "seq%03d.png").string(), cv::Mat(48, 64, CV_8UC3, cv::Scalar(1, 2, 3)));
+  for (int i = 1; i <= 3; ++i)
+    cv::imwrite((outside / fmt::format("seq{:03d}.png", i)).string(), cv::Mat(48, 64, CV_8UC3, cv::Scalar(9, 9, 9)));
+
+  // The control, in a child process whose FFmpeg options are its own: unconfined, the playlist
+  // opens and plays the clip outside; with dhp's options the same open fails, and the clip
+  // itself still opens.
+  auto child_opens = [&](const fs::path& file, const char* options) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      if (options) ::setenv("OPENCV_FFMPEG_CAPTURE_OPTIONS", options, 1);
+      else ::unsetenv("OPENCV_FFMPEG_CAPTURE_OPTIONS");
+      cv::VideoCapture cap(file.string(), cv::CAP_FFMPEG);
+      cv::Mat m;
+      ::_exit(cap.isOpened() && cap.read(m) && !m.empty() ? 0 : 1);
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  };
+  const std::string confined = confined_ffmpeg_options();
+  EXPECT_TRUE(child_opens(dir_ / "hls_abs.mp4", nullptr)) << "FFmpeg no longer follows playlists: the control is void";
+  EXPECT_FALSE(child_opens(dir_ / "hls_abs.mp4", confined.c_str()));
+  EXPECT_FALSE(child_opens(dir_ / "hls_url.mp4", confined.c_str()));
+  EXPECT_TRUE(child_opens(outside / "secret.avi", confined.c_str()));
+  EXPECT_TRUE(child_opens(dir_ / "good.avi", confined.c_str()));
+
+  std::string lines = video_line("ok", ", \"video\": \"good.avi\"", "<video>");
+  const std::vector<std::string> bad = {"hls_abs.mp4", "hls_url.mp4", "concat_abs.mp4", "concat_fd.mp4",
+                                        "dash.mp4", "seq%03d.png"};
+  for (const auto& f : bad) lines += video_line(f, ", \"video\": \"" + f + "\"", "<video>");
+  const std::string m = manifest_of("m.jsonl", lines);
+  Tokenizer tok(tokenizer());
+  JsonlDataset ds(m, "", tok, geometry_, 800, "skip", 40000);
+  EXPECT_EQ(ds.size(), 1);
+  EXPECT_EQ(ds.name(0), "ok");
+  EXPECT_EQ(ds.skipped(), (std::map<std::string, int64_t>{{"unreadable video", int64_t(bad.size())}}));
+
+  BuildOptions o;
+  o.manifest = m;
+  o.out_dir = (dir_ / "built").string();
+  o.tokenizer = tokenizer();
+  o.max_tokens = 800;
+  o.max_image_pixels = 40000;
+  o.progress = false;
+  const BuildSummary sum = build_dataset(o);
+  EXPECT_EQ(sum.samples, 1);
+  const std::string report = read_text(dir_ / "built" / kReportFile);
+  for (const char* named : {"an HLS playlist", "an ffconcat script", "an XML document"})
+    EXPECT_NE(report.find(named), std::string::npos) << named << "\n" << report;
 }
 
 }  // namespace
