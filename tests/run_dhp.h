@@ -25,6 +25,13 @@ struct Outcome {
   std::string output;  // stdout and stderr together
 };
 
+// The executable tried: DHP_BINARY, or DHP_TEST_BINARY from the environment when set, so the
+// same tests can be run against another build (an older commit's, to see them fail there).
+inline std::string dhp_binary() {
+  const char* other = std::getenv("DHP_TEST_BINARY");
+  return other != nullptr && *other != '\0' ? std::string(other) : std::string(DHP_BINARY);
+}
+
 // Runs `args` (the dhp executable is prepended) through the shell, with `prefix` shell
 // commands before it (a limit, a cd). A run past `timeout_s` ends with status 124.
 inline Outcome run_dhp(const std::string& args, const std::filesystem::path& out_dir,
@@ -32,7 +39,7 @@ inline Outcome run_dhp(const std::string& args, const std::filesystem::path& out
   const std::filesystem::path log = out_dir / "dhp_output.txt";
   const std::string cmd = "sh -c " +
                           quoted(prefix + " exec timeout -k 5 " + std::to_string(timeout_s) +
-                                 " " + DHP_BINARY + " " + args) +
+                                 " " + dhp_binary() + " " + args) +
                           " > " + log.string() + " 2>&1";
   const int raw = std::system(cmd.c_str());
   Outcome r;

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -32,9 +33,38 @@ struct TempDataSet {
   }
 };
 
-// The small captioning set, synthesized once per test process.
+// A data set synthesized once per build of a test executable and shared by its processes
+// (ctest runs every test case in a process of its own, and synthesizing in each cost about
+// 0.6 s of CPU, a minute of the suite). It lives beside the executable (build/tests/.test_data),
+// keyed by the executable's name, size and time, so a rebuild synthesizes anew and removes the
+// set of the build before; it is made in a temporary folder and renamed into place, so no
+// process sees a set half written. Tests read it and may add files of their own to it.
+inline std::filesystem::path shared_data_set(const std::string& tag, SynthOptions o) {
+  namespace fs = std::filesystem;
+  const fs::path exe = fs::read_symlink("/proc/self/exe");
+  std::error_code ec;
+  const auto size = fs::file_size(exe, ec);
+  const auto time = fs::last_write_time(exe, ec).time_since_epoch().count();
+  const std::string prefix = tag + exe.filename().string() + "-";
+  const fs::path root = exe.parent_path() / ".test_data";
+  const fs::path set = root / (prefix + std::to_string(size) + "-" + std::to_string(time));
+  if (fs::exists(set / ".complete", ec)) return set;
+  fs::create_directories(root);
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (e.path().filename().string().rfind(prefix, 0) == 0 && e.path() != set) fs::remove_all(e.path(), ec);
+  std::string tmp = (root / (".tmp-" + prefix + "XXXXXX")).string();
+  if (::mkdtemp(tmp.data()) == nullptr) throw std::runtime_error("mkdtemp " + tmp + " failed");
+  o.out_dir = tmp;
+  synthesize(o);
+  std::ofstream(fs::path(tmp) / ".complete") << "synthesized\n";
+  fs::rename(tmp, set, ec);
+  if (ec) fs::remove_all(tmp, ec);  // another process renamed its copy first
+  return set;
+}
+
+// The small captioning set.
 inline const std::filesystem::path& synth_dir() {
-  static const TempDataSet dir("dhp_test_data_", [] {
+  static const std::filesystem::path dir = shared_data_set("captions-", [] {
     SynthOptions o;
     o.train = 240;
     o.val = 48;
@@ -43,7 +73,7 @@ inline const std::filesystem::path& synth_dir() {
     o.max_side = 96;
     return o;
   }());
-  return dir.path;
+  return dir;
 }
 
 // A fresh, empty folder for one test's run outputs.
