@@ -42,6 +42,7 @@ int run_cli(int argc, char** argv, const CliHooks& hooks) {
   add_data_command(app);
   add_plan_command(app);
   add_profile_command(app, hooks);
+  add_tokenize_command(app);
 
   try {
     app.parse(argc, argv);

@@ -41,5 +41,6 @@ void add_generate_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_profile_command(CLI::App& app, const CliHooks& hooks);
+void add_tokenize_command(CLI::App& app);
 
 }  // namespace dhp

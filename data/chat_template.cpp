@@ -118,6 +118,103 @@ LaidOut layout_plain(const std::vector<Turn>& turns, const Tokenizer& tok,
   return out;
 }
 
+// chatml and llama3: turns framed by the family's special tokens, which the tokenizer holds
+// and recognises in text. The frame's text is encoded piece by piece around the turns' text
+// (as the plain and llava_v1 layouts are), never across a turn's boundary.
+struct TaggedFamily {
+  std::string_view name;
+  std::string_view open_before_role, open_after_role;  // around the role's name
+  std::string_view end;                                // a turn's end token
+  std::string_view after_end;                          // text after it (not a target)
+  bool trim = false;                                   // Jinja's `| trim` of each turn's text
+  std::string_view last_answer_opening;                // after the last answer's header
+};
+
+constexpr TaggedFamily kChatMl{"chatml", "<|im_start|>", "\n", "<|im_end|>", "\n", false, "<think>\n\n</think>\n\n"};
+constexpr TaggedFamily kLlama3{"llama3", "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", "", true, ""};
+
+std::string jinja_trim(const std::string& s) {
+  const char* ws = " \t\n\r\f\v";
+  const size_t b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return {};
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+std::string role_of(const Turn& t) {
+  if (t.answer()) return "assistant";
+  return t.from == "system" ? "system" : "user";
+}
+
+// The family's tokens must be tokens of the tokenizer: as text they would be split into pieces
+// and the model would be trained on something its family never reads.
+int32_t family_token(const TaggedFamily& f, std::string_view text, const Tokenizer& tok) {
+  const int32_t id = tok.token_id(std::string(text));
+  if (id < 0)
+    throw Error(fmt::format("data.template = \"{}\" needs the token {} in the tokenizer '{}', which has "
+                            "none: use the template of the tokenizer's family",
+                            f.name, text, tok.path()));
+  return id;
+}
+
+LaidOut layout_tagged(const TaggedFamily& f, const std::vector<Turn>& turns, const Tokenizer& tok,
+                      std::vector<int32_t>& layout, std::vector<uint8_t>& loss) {
+  const int32_t end = family_token(f, f.end, tok);
+  family_token(f, f.open_before_role, tok);
+  if (turns.empty() || !turns.back().answer())
+    throw LineError{"bad format", fmt::format("the {} template takes a conversation that ends with an answer "
+                                              "(a gpt or assistant turn)", f.name)};
+  // Qwen3's last_query_index: the last user turn, or the last turn when there is none.
+  size_t last_user = turns.size() - 1;
+  for (size_t i = turns.size(); i-- > 0;)
+    if (!turns[i].answer() && turns[i].from != "system") {
+      last_user = i;
+      break;
+    }
+  LaidOut out;
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const Turn& turn = turns[i];
+    const bool last = i + 1 == turns.size();
+    std::string header = std::string(f.open_before_role) + role_of(turn) + std::string(f.open_after_role);
+    if (!turn.answer()) {
+      const std::string text = f.trim ? jinja_trim(turn.value) : turn.value;
+      out.markers += encode_with_images(header + text + std::string(f.end) + std::string(f.after_end), tok,
+                                        out.markers, layout, loss, /*allow_video=*/true);
+      continue;
+    }
+    if (turn.value.find("</think>") != std::string::npos)
+      throw LineError{"bad format", "an answer holding </think> (reasoning text is not laid out)"};
+    std::string text = f.trim ? jinja_trim(turn.value) : turn.value;
+    if (last && i > last_user && !f.last_answer_opening.empty()) {
+      header += f.last_answer_opening;
+      text.erase(0, text.find_first_not_of('\n') == std::string::npos ? text.size() : text.find_first_not_of('\n'));
+    }
+    push(layout, loss, tok.encode(header), false);
+    out.answer_tokens += answer_text(Turn{turn.from, text}, tok, layout, loss);
+    // The last answer's end token is the sample's closing <eos> when they are one token.
+    if (!last || tok.ids().eos != end) {
+      layout.push_back(end);
+      loss.push_back(1);
+      if (!last) push(layout, loss, tok.encode(std::string(f.after_end)), false);
+    }
+  }
+  return out;
+}
+
+// The prompt of one user turn, up to where the answer's text starts.
+int64_t prompt_tagged(const TaggedFamily& f, const std::string& prompt, const Tokenizer& tok,
+                      std::vector<int32_t>& layout, std::vector<uint8_t>& loss) {
+  family_token(f, f.end, tok);
+  const std::string text = f.trim ? jinja_trim(prompt) : prompt;
+  return encode_with_images(std::string(f.open_before_role) + "user" + std::string(f.open_after_role) + text +
+                                std::string(f.end) + std::string(f.after_end) + std::string(f.open_before_role) +
+                                "assistant" + std::string(f.open_after_role) + std::string(f.last_answer_opening),
+                            tok, 0, layout, loss);
+}
+
+const TaggedFamily* tagged_family(ChatTemplate t) {
+  return t == ChatTemplate::ChatMl ? &kChatMl : t == ChatTemplate::Llama3 ? &kLlama3 : nullptr;
+}
+
 }  // namespace
 
 std::string_view template_name(ChatTemplate t) {
@@ -138,12 +235,15 @@ ChatTemplate parse_template(std::string_view name) {
 
 LaidOut layout_conversation(ChatTemplate t, const std::vector<Turn>& turns, const Tokenizer& tok,
                             std::vector<int32_t>& layout, std::vector<uint8_t>& loss) {
+  if (const TaggedFamily* f = tagged_family(t)) return layout_tagged(*f, turns, tok, layout, loss);
   switch (t) {
     case ChatTemplate::LlavaV1:
       return layout_llava_v1(turns, tok, layout, loss);
     case ChatTemplate::Plain:
       return layout_plain(turns, tok, layout, loss);
     case ChatTemplate::Dhp:
+    case ChatTemplate::ChatMl:
+    case ChatTemplate::Llama3:
       break;
   }
   LaidOut out;
@@ -158,6 +258,7 @@ LaidOut layout_conversation(ChatTemplate t, const std::vector<Turn>& turns, cons
 
 int64_t layout_prompt(ChatTemplate t, const std::string& prompt, const Tokenizer& tok,
                       std::vector<int32_t>& layout, std::vector<uint8_t>& loss) {
+  if (const TaggedFamily* f = tagged_family(t)) return prompt_tagged(*f, prompt, tok, layout, loss);
   switch (t) {
     case ChatTemplate::LlavaV1:
       return encode_with_images(std::string(kVicunaSystem) + " USER: " + prompt + " ASSISTANT:",
@@ -171,6 +272,8 @@ int64_t layout_prompt(ChatTemplate t, const std::string& prompt, const Tokenizer
       return markers;
     }
     case ChatTemplate::Dhp:
+    case ChatTemplate::ChatMl:
+    case ChatTemplate::Llama3:
       break;
   }
   return append_turn(prompt, false, tok, 0, layout, loss);

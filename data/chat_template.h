@@ -8,6 +8,20 @@
 //             and the </s> (<eos>) after it.
 //   plain     LLaVA's pretraining stage: the human turn's images, then the caption, then
 //             <eos>; the human turn's text is dropped; loss on the caption and <eos>.
+//   chatml    Qwen's (as Qwen3's tokenizer_config.json renders a conversation without tools):
+//               <|im_start|>system\n{system}<|im_end|>\n   (only when the data has one)
+//               <|im_start|>user\n{human}<|im_end|>\n<|im_start|>assistant\n{gpt}<|im_end|>\n ...
+//             the last answer after the last user turn opening with "<think>\n\n</think>\n\n"
+//             (Qwen3's empty reasoning; not a target); images as <|vision_start|> N x
+//             <|image_pad|> <|vision_end|> where their <image> stood; loss on every answer and
+//             its <|im_end|>.
+//   llama3    Llama-3's: <|begin_of_text|> then, per turn,
+//               <|start_header_id|>{role}<|end_header_id|>\n\n{text, trimmed}<|eot_id|>
+//             loss on every answer and its <|eot_id|>.
+//             For both, the last answer's end token is the sample's closing <eos> when the
+//             tokenizer's eos is that token (Qwen3's and Llama-3.1-Instruct's files); with
+//             another eos (a base model's <|endoftext|>) the end token is followed by it. The
+//             final "\n" chatml writes after the last <|im_end|> is not part of the sample.
 // Each piece of text between images, answers and <eos> is encoded by the tokenizer on its own
 // (as LLaVA tokenizes the chunks around its image token), so SentencePiece's word-boundary
 // prefix starts each piece. docs/data.md shows every template with the ids it gives.
@@ -24,12 +38,14 @@ namespace dhp {
 
 class Tokenizer;
 
-enum class ChatTemplate { Dhp, LlavaV1, Plain };
+enum class ChatTemplate { Dhp, LlavaV1, Plain, ChatMl, Llama3 };
 
-inline constexpr std::array<std::pair<ChatTemplate, std::string_view>, 3> kChatTemplateNames = {{
+inline constexpr std::array<std::pair<ChatTemplate, std::string_view>, 5> kChatTemplateNames = {{
     {ChatTemplate::Dhp, "dhp"},
     {ChatTemplate::LlavaV1, "llava_v1"},
     {ChatTemplate::Plain, "plain"},
+    {ChatTemplate::ChatMl, "chatml"},
+    {ChatTemplate::Llama3, "llama3"},
 }};
 
 std::string_view template_name(ChatTemplate t);

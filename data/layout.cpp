@@ -9,7 +9,7 @@ namespace dhp {
 
 int64_t full_length(const StoredLayout& s) {
   const int64_t markers = s.ids.markers() ? 2 : 0;
-  int64_t L = 2;  // <bos>, <eos>
+  int64_t L = s.ids.has_bos() ? 2 : 1;  // <bos> (when the tokenizer has one), <eos>
   for (int64_t t = 0; t < s.n; ++t)
     L += s.layout[t] >= 0 ? 1 : markers + s.image_tokens[size_t(-s.layout[t] - 1)];
   return L;
@@ -18,7 +18,7 @@ int64_t full_length(const StoredLayout& s) {
 std::vector<ImageSpan> image_spans(const StoredLayout& s) {
   std::vector<ImageSpan> spans(s.image_tokens.size());
   const int64_t marker = s.ids.markers() ? 1 : 0;
-  int64_t t = 1;  // after <bos>
+  int64_t t = s.ids.has_bos() ? 1 : 0;  // after <bos>
   for (int64_t i = 0; i < s.n; ++i) {
     const int32_t v = s.layout[i];
     if (v >= 0) {
@@ -80,7 +80,7 @@ Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
     ++t;
   };
   const SpecialIds& ids = s.ids;
-  put(ids.bos, 0, -1);
+  if (ids.has_bos()) put(ids.bos, 0, -1);
   for (int64_t i = 0; i < s.n && t <= end; ++i) {
     const int32_t v = s.layout[i];
     if (v >= 0) {
@@ -95,7 +95,7 @@ Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
     const int64_t a = std::max(t, begin), b = std::min(t + n, end);
     if (a < b) {
       const int32_t rel = int32_t(k - k_first);
-      out.tokens.insert(out.tokens.end(), size_t(b - a), ids.pad);
+      out.tokens.insert(out.tokens.end(), size_t(b - a), ids.image_token());
       out.loss_mask.insert(out.loss_mask.end(), size_t(b - a), 0);
       out.image_of.insert(out.image_of.end(), size_t(b - a), rel);
     }

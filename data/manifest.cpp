@@ -258,8 +258,9 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
                rules.max_image_pixels);
 
   const int64_t images = int64_t(out.paths.size());  // image files and video frames
-  // <bos> <eos>, and <img> </img> around each image when the tokenizer has them.
-  out.text_tokens = 2 + int64_t(out.layout.size()) - images +
+  // <bos> (when the tokenizer has one) <eos>, and <img> </img> around each image when the
+  // tokenizer has them.
+  out.text_tokens = (tok.ids().has_bos() ? 2 : 1) + int64_t(out.layout.size()) - images +
                     (tok.ids().markers() ? 2 * images : 0);
   for (const auto& s : out.sizes) out.vision_tokens += image_tokens(s.h, s.w, rules.vision);
   out.loss_tokens = 1;  // the final <eos>

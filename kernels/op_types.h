@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/rope_spec.h"
+
 namespace dhp {
 
 // The storage of activations and of the working copy of the weights: fp32, or bf16 where a

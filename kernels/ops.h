@@ -28,19 +28,23 @@ class Ops {
   virtual void linear_backward(Act dx, float* dW, float* db, CAct dy, CAct x, CAct W, int64_t T,
                                int64_t in, int64_t out, bool accumulate_dx) const = 0;
   // eps: model.rms_norm_eps in the decoder (Hugging Face checkpoints bring their own),
-  // cpu::kRmsEps in the vision encoder.
+  // cpu::kRmsEps in the vision encoder. Qwen3's q/k norms are this op over rows of one head:
+  // T·H rows of C = hd.
   virtual void rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int64_t C,
                                float eps) const = 0;
   virtual void rmsnorm_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, const float* rstd,
                                 int64_t T, int64_t C) const = 0;
+  // RoPE in place on x (T, H, hd) by pos (T); the frequencies are rope_inv_freq of `rope`
+  // (kernels/rope_spec.h: a base, and Llama-3.x's scaling where the model has it). Backward
+  // rotates back. The 2-D form (vision encoder) rotates each head's halves by row and col.
   virtual void rope_forward(Act x, const int32_t* pos, int64_t T, int H, int hd,
-                            double theta) const = 0;
+                            const RopeSpec& rope) const = 0;
   virtual void rope_backward(Act dx, const int32_t* pos, int64_t T, int H, int hd,
-                             double theta) const = 0;
+                             const RopeSpec& rope) const = 0;
   virtual void rope2d_forward(Act x, const int32_t* row, const int32_t* col, int64_t T, int H,
-                              int hd, double theta) const = 0;
+                              int hd, const RopeSpec& rope) const = 0;
   virtual void rope2d_backward(Act dx, const int32_t* row, const int32_t* col, int64_t T, int H,
-                               int hd, double theta) const = 0;
+                               int hd, const RopeSpec& rope) const = 0;
   virtual void swiglu_forward(Act h, CAct a, CAct b, int64_t n) const = 0;
   virtual void swiglu_backward(Act da, Act db, CAct dh, CAct a, CAct b, int64_t n) const = 0;
   // The GELU family (op_types.h GeluKind). dx may alias dy.

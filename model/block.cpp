@@ -6,11 +6,11 @@ namespace {
 void rope_apply(const Ops& ops, Act x, int64_t T, int H, const BlockDims& d, RopePos r,
                 bool backward) {
   if (r.row) {
-    if (backward) ops.rope2d_backward(x, r.row, r.col, T, H, d.hd, d.theta);
-    else ops.rope2d_forward(x, r.row, r.col, T, H, d.hd, d.theta);
+    if (backward) ops.rope2d_backward(x, r.row, r.col, T, H, d.hd, d.rope);
+    else ops.rope2d_forward(x, r.row, r.col, T, H, d.hd, d.rope);
   } else {
-    if (backward) ops.rope_backward(x, r.pos, T, H, d.hd, d.theta);
-    else ops.rope_forward(x, r.pos, T, H, d.hd, d.theta);
+    if (backward) ops.rope_backward(x, r.pos, T, H, d.hd, d.rope);
+    else ops.rope_forward(x, r.pos, T, H, d.hd, d.rope);
   }
 }
 
@@ -22,7 +22,8 @@ namespace {
 struct Rebuilt {
   bool norms;      // xn1, rstd1, xn2, rstd2: cheap pointwise ops of kept tensors
   bool swiglu;     // g = silu(a)·b
-  bool linears;    // q, k, v, att, lse, h, a, b: the GEMMs' and the attention's outputs
+  bool linears;    // q, k, v, att, lse, h, a, b: the GEMMs' and the attention's outputs (and
+                   // with qk_norm q and k before their norms, and the norms' rstd)
 };
 Rebuilt rebuilt_by(Recompute mode) {
   switch (mode) {
@@ -46,6 +47,12 @@ BlockActs carve_some(Carver& c, const BlockDims& d, int64_t T, DType t, Rebuilt 
   if (own.linears) {
     a.q = c.take(T * qd, t);
     a.k = c.take(T * kvd, t);
+    if (d.qk_norm) {
+      a.qp = c.take(T * qd, t);
+      a.kp = c.take(T * kvd, t);
+      a.rstd_q = c.take<float>(T * d.Hq);
+      a.rstd_k = c.take<float>(T * d.Hkv);
+    }
     a.v = c.take(T * kvd, t);
     a.att = c.take(T * qd, t);
     a.lse = c.take<float>(int64_t(d.Hq) * T);
@@ -151,13 +158,18 @@ void block_forward(const Ops& ops, const BlockDims& d, const BlockWeights& w, co
   }
   const int64_t C = d.C, qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd, F = d.F;
   ops.rmsnorm_forward(a.xn1, a.rstd1, a.x_in, w.attn_norm, T, C, d.eps);
-  ops.linear_forward(a.q, a.xn1, w.wq, w.bq, T, C, qd);
-  ops.linear_forward(a.k, a.xn1, w.wk, w.bk, T, C, kvd);
+  ops.linear_forward(d.qk_norm ? a.qp : a.q, a.xn1, w.wq, w.bq, T, C, qd);
+  ops.linear_forward(d.qk_norm ? a.kp : a.k, a.xn1, w.wk, w.bk, T, C, kvd);
   ops.linear_forward(a.v, a.xn1, w.wv, w.bv, T, C, kvd);
+  if (d.qk_norm) {
+    // Qwen3: every head's hd values RMSNormed (rows of hd), before RoPE.
+    ops.rmsnorm_forward(a.q, a.rstd_q, a.qp, w.q_norm, T * d.Hq, d.hd, d.eps);
+    ops.rmsnorm_forward(a.k, a.rstd_k, a.kp, w.k_norm, T * d.Hkv, d.hd, d.eps);
+  }
   rope_apply(ops, a.q, T, d.Hq, d, rope, false);
   rope_apply(ops, a.k, T, d.Hkv, d, rope, false);
   attn.forward(layer, a.att, a.lse, a.q, a.k, a.v, d.attn());
-  ops.linear_forward(a.h, a.att, w.wo, nullptr, T, qd, C);
+  ops.linear_forward(a.h, a.att, w.wo, w.bo, T, qd, C);
   ops.add_inplace(a.h, a.x_in, T * C);
 
   ops.rmsnorm_forward(a.xn2, a.rstd2, a.h, w.mlp_norm, T, C, d.eps);
@@ -194,13 +206,22 @@ void block_backward(const Ops& ops, const BlockDims& d, const BlockWeights& w,
   ops.add_inplace(dx, s.dtmp, T * C);  // dx = d(h)
 
   // Attention branch.
-  ops.linear_backward(s.datt, gw.wo, nullptr, dx, a.att, w.wo, T, qd, C, false);
+  ops.linear_backward(s.datt, gw.wo, gw.bo, dx, a.att, w.wo, T, qd, C, false);
   attn.backward(layer, s.dq, s.dk, s.dv, s.datt, a.att, a.lse, a.q, a.k, a.v, d.attn());
   rope_apply(ops, s.dq, T, d.Hq, d, rope, true);
   rope_apply(ops, s.dk, T, d.Hkv, d, rope, true);
-  // The biases are added before RoPE, so their gradients are those of the unrotated q and k.
-  ops.linear_backward(s.dxn, gw.wq, gw.bq, s.dq, a.xn1, w.wq, T, C, qd, false);
-  ops.linear_backward(s.dxn, gw.wk, gw.bk, s.dk, a.xn1, w.wk, T, C, kvd, true);
+  // The biases are added before RoPE (and the q/k norms), so their gradients are those of the
+  // projections' outputs. With qk_norm, datt (free once attention's backward has read it; at
+  // least Hkv·hd wide) takes d(qp), then d(kp).
+  if (d.qk_norm) {
+    ops.rmsnorm_backward(s.datt, gw.q_norm, s.dq, a.qp, w.q_norm, a.rstd_q, T * d.Hq, d.hd);
+    ops.linear_backward(s.dxn, gw.wq, gw.bq, s.datt, a.xn1, w.wq, T, C, qd, false);
+    ops.rmsnorm_backward(s.datt, gw.k_norm, s.dk, a.kp, w.k_norm, a.rstd_k, T * d.Hkv, d.hd);
+    ops.linear_backward(s.dxn, gw.wk, gw.bk, s.datt, a.xn1, w.wk, T, C, kvd, true);
+  } else {
+    ops.linear_backward(s.dxn, gw.wq, gw.bq, s.dq, a.xn1, w.wq, T, C, qd, false);
+    ops.linear_backward(s.dxn, gw.wk, gw.bk, s.dk, a.xn1, w.wk, T, C, kvd, true);
+  }
   ops.linear_backward(s.dxn, gw.wv, gw.bv, s.dv, a.xn1, w.wv, T, C, kvd, true);
   ops.rmsnorm_backward(s.dtmp, gw.attn_norm, s.dxn, a.x_in, w.attn_norm, a.rstd1, T, C);
   ops.add_inplace(dx, s.dtmp, T * C);  // dx = d(x_in)

@@ -1,5 +1,7 @@
 // The pre-norm transformer block shared by the vision encoder and the decoder
-// (model-spec.md): h = x + Attn(RMSNorm(x)); out = h + SwiGLU-MLP(RMSNorm(h)).
+// (model-spec.md): h = x + Attn(RMSNorm(x)); out = h + SwiGLU-MLP(RMSNorm(h)). Hugging Face
+// decoders add, where their checkpoints have them: biases on q/k/v (Qwen2) and on the output
+// projection (Llama's and Qwen3's attention_bias), and Qwen3's per-head q/k RMSNorm before RoPE.
 // The pretrained towers' kind (BlockDims::vit: clip, siglip) is Hugging Face's encoder layer:
 // h = x + Wo·Attn(LN1(x)) + bo with biased q/k/v and no RoPE; out = h + fc2(act(fc1(LN2(h)))),
 // LayerNorms with weight and bias.
@@ -20,10 +22,13 @@ struct BlockDims {
   int64_t C;      // model width
   int Hq, Hkv, hd;
   int64_t F;      // SwiGLU hidden size
-  double theta;   // RoPE base
+  RopeSpec rope;  // RoPE's base, and Llama-3.x's frequency scaling (kernels/rope_spec.h)
   float eps;      // RMSNorm eps; LayerNorm eps of the vit kind
   bool vit = false;              // LayerNorm, biases, GELU MLP, no RoPE (clip, siglip)
   GeluKind act = GeluKind::Quick;  // the vit kind's MLP activation
+  // Qwen3: q and k RMSNormed over each head's hd values (weights q_norm, k_norm (hd), eps as
+  // above) after their projections and before RoPE; v is not normed.
+  bool qk_norm = false;
   AttnDims attn() const { return {Hq, Hkv, hd}; }
 };
 
@@ -49,6 +54,11 @@ struct BlockActs {
   float* mean2 = nullptr;  // (T) vit kind only
   Act q;         // (T, Hq·hd) after RoPE
   Act k;         // (T, Hkv·hd) after RoPE
+  // qk_norm only (else null): q and k as projected, before their norms, and the norms' rstd.
+  Act qp;        // (T, Hq·hd)
+  Act kp;        // (T, Hkv·hd)
+  float* rstd_q = nullptr;  // (T·Hq)
+  float* rstd_k = nullptr;  // (T·Hkv)
   Act v;         // (T, Hkv·hd)
   Act att;       // (T, Hq·hd) attention output before Wo
   float* lse;    // (Hq, T)

@@ -37,6 +37,14 @@ int32_t pick_token(const std::vector<float>& logits, double temperature, double 
   }
   return p[n - 1].second;
 }
+
+// The decoder's RoPE frequencies: model.rope_theta, and model.rope_scaling's parameters.
+RopeSpec decoder_rope(const ModelConfig& c) {
+  if (c.rope_scaling == RopeScaling::llama3)
+    return RopeSpec::llama3(c.rope_theta, c.rope_factor, c.rope_low_freq_factor,
+                            c.rope_high_freq_factor, double(c.rope_original_max_pos));
+  return RopeSpec(c.rope_theta);
+}
 }  // namespace
 
 Model::Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups)
@@ -52,12 +60,13 @@ Model::Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups
       w_(bind_params(table_, cfg_,
                      dtype_ == DType::F32 ? Act(params_.as<float>()) : Act(work_.data(), dtype_))),
       g_(bind_grads(table_, cfg_, grads_.as<float>())),
-      dims_{cfg_.dim, cfg_.heads, cfg_.kv_heads, cfg_.hd(), cfg_.ffn, cfg_.rope_theta,
+      dims_{cfg_.dim, cfg_.heads, cfg_.kv_heads, cfg_.hd(), cfg_.ffn, decoder_rope(cfg_),
             float(cfg_.rms_norm_eps)},
       vision_(cfg_, ops_),
       local_attn_(ops_),
       uploader_(backend, cfg_),
       arena_(backend) {
+  dims_.qk_norm = cfg_.qk_norm;
   acts_.resize(cfg_.layers);
   if (const ParamSpec* h = table_.find("lm_head.weight")) lm_head_at_ = h->grad_offset;
   final_norm_at_ = table_.get("final_norm.weight").grad_offset;

@@ -49,8 +49,10 @@ void ParamTable::add(std::string name, std::vector<int64_t> shape, Init init, bo
 ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups_(groups) {
   const auto& v = c.vision;
   const int64_t dv = v.dim, d = c.dim;
+  // qkv_bias, o_bias: model.attention_bias, model.attention_out_bias; qk_norm_hd: the head
+  // dimension of Qwen3's q/k norms (model.qk_norm), 0 for none.
   auto block = [&](const std::string& pre, int64_t C, int64_t qd, int64_t kvd, int64_t F,
-                   int n_layers, bool qkv_bias) {
+                   int n_layers, bool qkv_bias, bool o_bias = false, int64_t qk_norm_hd = 0) {
     // Output projections are scaled by 1/sqrt(2·layers) so the residual stream's variance
     // does not grow with depth (model-spec.md "Initialisation").
     const float out_std = 0.02f / std::sqrt(2.0f * float(std::max(1, n_layers)));
@@ -64,6 +66,11 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
       add(pre + "attn.wv.bias", {kvd}, Init::Zeros, false);
     }
     add(pre + "attn.wo.weight", {C, qd}, Init::Normal, true, out_std);
+    if (o_bias) add(pre + "attn.wo.bias", {C}, Init::Zeros, false);
+    if (qk_norm_hd > 0) {
+      add(pre + "attn.q_norm.weight", {qk_norm_hd}, Init::Ones, false);
+      add(pre + "attn.k_norm.weight", {qk_norm_hd}, Init::Ones, false);
+    }
     add(pre + "mlp_norm.weight", {C}, Init::Ones, false);
     add(pre + "mlp.w1.weight", {F, C}, Init::Normal, true);
     add(pre + "mlp.w2.weight", {C, F}, Init::Normal, true, out_std);
@@ -109,7 +116,7 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
   add("tok_embed.weight", {c.vocab_size, d}, Init::Normal, true);
   for (int i = 0; i < c.layers; ++i)
     block("layers." + std::to_string(i) + ".", d, c.q_dim(), c.kv_dim(), c.ffn, c.layers,
-          c.attention_bias);
+          c.attention_bias, c.attention_out_bias, c.qk_norm ? c.hd() : 0);
   add("final_norm.weight", {d}, Init::Ones, false);
   if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, d}, Init::Normal, true);
   // A clip/siglip tower's layers after feature_layer never run: they are held (a checkpoint's
@@ -171,7 +178,8 @@ void ParamTable::initialise(float* arena, uint64_t seed) const {
 namespace {
 
 // Every parameter's pointer as at(name) gives it; the optional tensors (q/k/v biases of
-// model.attention_bias, the pretrained towers' own) null where the table has none.
+// model.attention_bias, the output bias of model.attention_out_bias, the q/k norms of
+// model.qk_norm, the pretrained towers' own) null where the table has none.
 template <class P, class At>
 ModelParamsOf<P> bind_with(const ParamTable& t, const ModelConfig& c, const At& at) {
   auto maybe = [&](const std::string& name) { return t.find(name) ? at(name) : P(nullptr); };
@@ -186,6 +194,9 @@ ModelParamsOf<P> bind_with(const ParamTable& t, const ModelConfig& c, const At& 
     b.bq = maybe(pre + "attn.wq.bias");
     b.bk = maybe(pre + "attn.wk.bias");
     b.bv = maybe(pre + "attn.wv.bias");
+    b.bo = maybe(pre + "attn.wo.bias");
+    b.q_norm = maybe(pre + "attn.q_norm.weight");
+    b.k_norm = maybe(pre + "attn.k_norm.weight");
     if (t.find(pre + "mlp.fc1.weight")) {
       b.w1 = at(pre + "mlp.fc1.weight");
       b.w2 = at(pre + "mlp.fc2.weight");

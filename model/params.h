@@ -80,11 +80,13 @@ struct BlockParamsOf {
   P bq;         // (Hq·hd) or null: q/k/v biases (model.attention_bias; clip/siglip towers)
   P bk;         // (Hkv·hd) or null
   P bv;         // (Hkv·hd) or null
+  P q_norm;     // (hd) or null: Qwen3's per-head q/k RMSNorm weights (model.qk_norm)
+  P k_norm;     // (hd) or null
   // The pretrained towers' block (clip, siglip): LayerNorm biases, the output projection's bias
   // and the GELU MLP fc2(act(fc1(x))), whose weights are w1 (fc1, (F, C)) and w2 (fc2, (C, F));
-  // w3 is null there. Null in the native block and the decoder.
+  // w3 is null there. Null in the native block and the decoder (bo aside).
   P attn_norm_b;  // (C)
-  P bo;           // (C)
+  P bo;           // (C); also the decoder's, with model.attention_out_bias (else null)
   P mlp_norm_b;   // (C)
   P b1;           // (F)  fc1 bias
   P b2;           // (C)  fc2 bias

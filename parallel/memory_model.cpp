@@ -21,8 +21,10 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // Parameter count of model-spec.md's table, by group (types/param_group.h).
   auto& n = group_params_;
   const int64_t qkv_bias = m.attention_bias ? q + 2 * kv : 0;  // model.attention_bias
-  n[size_t(ParamGroup::Language)] =
-      int64_t(m.layers) * (d * q + 2 * d * kv + q * d + 3 * d * m.ffn + 2 * d + qkv_bias) + d;
+  const int64_t o_bias = m.attention_out_bias ? d : 0;         // model.attention_out_bias
+  const int64_t qk_norm = m.qk_norm ? 2 * int64_t(m.hd()) : 0;  // model.qk_norm
+  const int64_t layer = d * q + 2 * d * kv + q * d + 3 * d * m.ffn + 2 * d;  // matrices, two norms
+  n[size_t(ParamGroup::Language)] = int64_t(m.layers) * (layer + qkv_bias + o_bias + qk_norm) + d;
   n[size_t(ParamGroup::Embeddings)] = int64_t(m.vocab_size) * d * (m.tie_embeddings ? 1 : 2);
   if (v.pretrained()) {
     // model/params.cpp's clip/siglip table: every layer of the checkpoint, biases and
@@ -58,15 +60,17 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // backward (model/block.cpp): the layer input; the two norm outputs and the SwiGLU product
   // (rebuilt under selective and full); q, k, v, the attention output, the residual and the
   // two SwiGLU inputs (rebuilt under full); fp32 statistics: two rstd and h lse per token.
+  // `extra`: bytes per token the decoder's model.qk_norm adds to what full recompute rebuilds
+  // (q and k before their norms and one fp32 rstd per head).
   // Kept buffers count once per layer, rebuilt ones once per pass; the backward scratch
   // shared by the layers (BlockScratch) once.
   const int64_t act = dev.act_bytes;
   // The clip/siglip block (vit) keeps a mean beside each rstd, one MLP input (fc1's output)
   // instead of SwiGLU's two, and its scratch has no second MLP gradient.
   auto layers_bytes = [&](int64_t layers, int64_t c, int64_t f, int64_t qw, int64_t kvw,
-                          int64_t h, bool vit = false) {
+                          int64_t h, bool vit = false, int64_t extra = 0) {
     const int64_t norms = 2 * c * act + (vit ? 4 : 2) * 4, swiglu = f * act;
-    const int64_t linears = (2 * qw + 2 * kvw + c + (vit ? 1 : 2) * f) * act + h * 4;
+    const int64_t linears = (2 * qw + 2 * kvw + c + (vit ? 1 : 2) * f) * act + h * 4 + extra;
     const int64_t input = c * act;
     const int64_t scratch = ((vit ? 2 : 3) * f + 2 * c + 2 * qw + 2 * kvw) * act;
     switch (recompute) {
@@ -79,7 +83,9 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // Decoder, per token (model/model.cpp): the layers; the final norm's input, output and
   // their gradients and the stream's gradient (4 d) and its rstd; the batch's six int32
   // columns (model/device_batch.cpp).
-  per_token_ = layers_bytes(m.layers, d, m.ffn, q, kv, m.heads) + 4 * d * act + 4 + 6 * 4;
+  const int64_t qk_norm_bytes = m.qk_norm ? (q + kv) * act + int64_t(m.heads + m.kv_heads) * 4 : 0;
+  per_token_ = layers_bytes(m.layers, d, m.ffn, q, kv, m.heads, false, qk_norm_bytes) + 4 * d * act + 4 +
+               6 * 4;
   // Vision, per patch before the merge (model/vision.cpp): the normalised pixels, the
   // layers, the encoder norm's input, output and rstd, the stream's gradient, the merged
   // rows and their gradient (m² patches make one), the projector's five (N, d) buffers (per

@@ -18,6 +18,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   python3-torch  # the independent PyTorch reference of tests/test_reference.cpp
   python3-sentencepiece  # the Llama-style tokenizer of the Hugging Face fixtures (tests/reference/make_hf_fixture.py)
+  python3-jinja2  # renders the models' own chat templates (tests/reference/render_chat_template.py)
   python3-matplotlib  # scripts/plot_metrics.py
 )
 missing=()

@@ -29,11 +29,11 @@ T& shared_as(float* smem) {
 // rope_rotate as the launcher runs it (rope2d is two of them).
 template <class S>
 void rope_run(S* x, const int32_t* pos, int64_t T, int H, int hd, int offset, int span,
-              double theta, float sign) {
+              const RopeSpec& rope, float sign) {
   const int64_t n = T * (span / 2);
   if (n <= 0) return;
   run(cuda::rope::launch(n), 0,
-      [&](float*) { cuda::rope::rotate_block(x, pos, T, H, hd, offset, span, theta, sign); });
+      [&](float*) { cuda::rope::rotate_block(x, pos, T, H, hd, offset, span, rope, sign); });
 }
 
 class EmulatedOps : public Ops {
@@ -83,20 +83,20 @@ class EmulatedOps : public Ops {
     });
   }
   void rope_forward(Act x, const int32_t* pos, int64_t T, int H, int hd,
-                    double theta) const override {
-    with([&](auto s) { rope_run(as<decltype(s)>(x), pos, T, H, hd, 0, hd, theta, 1.0f); });
+                    const RopeSpec& rope) const override {
+    with([&](auto s) { rope_run(as<decltype(s)>(x), pos, T, H, hd, 0, hd, rope, 1.0f); });
   }
   void rope_backward(Act dx, const int32_t* pos, int64_t T, int H, int hd,
-                     double theta) const override {
-    with([&](auto s) { rope_run(as<decltype(s)>(dx), pos, T, H, hd, 0, hd, theta, -1.0f); });
+                     const RopeSpec& rope) const override {
+    with([&](auto s) { rope_run(as<decltype(s)>(dx), pos, T, H, hd, 0, hd, rope, -1.0f); });
   }
   void rope2d_forward(Act x, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
-                      double theta) const override {
-    rope2d(x, row, col, T, H, hd, theta, 1.0f);
+                      const RopeSpec& rope) const override {
+    rope2d(x, row, col, T, H, hd, rope, 1.0f);
   }
   void rope2d_backward(Act dx, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
-                       double theta) const override {
-    rope2d(dx, row, col, T, H, hd, theta, -1.0f);
+                       const RopeSpec& rope) const override {
+    rope2d(dx, row, col, T, H, hd, rope, -1.0f);
   }
   void swiglu_forward(Act h, CAct a, CAct b, int64_t n) const override {
     pointwise(cuda::act::launch(n), n, [&](auto s) {
@@ -349,11 +349,11 @@ class EmulatedOps : public Ops {
     with([&](auto s) { run(l, 0, [&](float*) { body(s); }); });
   }
   void rope2d(Act x, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
-              double theta, float sign) const {
+              const RopeSpec& rope, float sign) const {
     with([&](auto s) {
       using S = decltype(s);
-      rope_run(as<S>(x), row, T, H, hd, 0, hd / 2, theta, sign);
-      rope_run(as<S>(x), col, T, H, hd, hd / 2, hd / 2, theta, sign);
+      rope_run(as<S>(x), row, T, H, hd, 0, hd / 2, rope, sign);
+      rope_run(as<S>(x), col, T, H, hd, hd / 2, hd / 2, rope, sign);
     });
   }
   template <bool Forward>

@@ -466,6 +466,47 @@ TEST(FrozenMemoryModel, CountsGradientsAndMomentsOfTrainableGroupsOnly) {
   }
 }
 
+// Qwen3's q/k norms (head_dim apart from dim/heads) and Llama's/Qwen3's output bias: the memory
+// model counts the parameter table's weights, and prices what the norms add to a pass (q and k
+// before their norms, one fp32 rstd per head and token) in every recompute mode: the measured
+// growth of a pass's carved activations is within the predicted growth, which has the
+// arenas' eighth of headroom above it.
+TEST(DecoderMemoryModel, CountsQkNormsOutputBiasAndTheirActivations) {
+  ModelConfig plain = tiny_config();
+  plain.head_dim = 8;
+  plain.attention_bias = true;
+  ModelConfig qwen3 = plain;
+  qwen3.qk_norm = true;
+  qwen3.attention_out_bias = true;
+  const DeviceProfile dev = device_profile("cpu");
+  const ParamTable table(qwen3);
+  const MemoryModel priced(qwen3, dev, 1, 80, false);
+  for (size_t g = 0; g < kParamGroups; ++g)
+    EXPECT_EQ(priced.group_parameters(ParamGroup(g)), table.group_numel(ParamGroup(g)))
+        << kParamGroupNames[g];
+  EXPECT_EQ(priced.parameters() - MemoryModel(plain, dev, 1, 80, false).parameters(),
+            int64_t(qwen3.layers) * (2 * 8 + qwen3.dim));
+  // A text-only pack: the decoder's activations alone.
+  const std::vector<int32_t> ids = {1, 5, 9, 3, 7, 2, 11, 4, 6, 8, 10, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+  const Batch b = make_batch({{ids, std::vector<int>(ids.size(), 1), {}}}, plain, 1);
+  for (Recompute mode : {Recompute::off, Recompute::selective, Recompute::full}) {
+    auto carved = [&](const ModelConfig& c) {
+      auto backend = make_cpu_backend({1});
+      Model m(c, *backend);
+      m.set_recompute(mode);
+      m.initialise(1);
+      m.step(b, 0.1f, true);
+      return int64_t(m.activation_bytes());
+    };
+    const int64_t measured = carved(qwen3) - carved(plain);
+    const int64_t predicted = b.T * (MemoryModel(qwen3, dev, 1, 80, false, mode).bytes_per_token() -
+                                     MemoryModel(plain, dev, 1, 80, false, mode).bytes_per_token());
+    EXPECT_GT(measured, 0) << recompute_name(mode);
+    EXPECT_LE(measured, predicted) << recompute_name(mode);
+    EXPECT_GE(measured * 5 / 4, predicted) << recompute_name(mode);
+  }
+}
+
 TEST(FrozenConfig, GroupsParseAndLlavaRecipesAreExpressible) {
   const Config stage1 = parse_config(
       "[optim.groups.language]\ntrainable = false\n[optim.groups.embeddings]\ntrainable = false\n"

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "core/input.h"
 #include "model/model.h"
@@ -74,6 +76,16 @@ ModelConfig config_of(const fs::path& ckpt) {
   return read_hf_config(ckpt.string(), testing::tiny_config(), 0).model;
 }
 
+// Every [model] key of a config as TOML writes it: what compares two model configs.
+std::string to_toml_model(const ModelConfig& m) {
+  Config c;
+  c.model = m;
+  std::string out;
+  for (const auto& [key, value] : config_entries(c))
+    if (key.rfind("model.", 0) == 0) out += key + " = " + value + "\n";
+  return out;
+}
+
 Result run_dhp(const fs::path& ckpt, const fs::path& weights_from = {}) {
   const ModelConfig cfg = config_of(ckpt);
   auto backend = make_cpu_backend({1});
@@ -111,7 +123,9 @@ struct Distance {
   std::string worst;  // the tensor with the largest gradient distance
 };
 
-Distance distance(const Result& ref, const Result& got) {
+// `control`: the reference is a negative control, which may leave a tensor without a gradient
+// (--no-qk-norm); its distance is then infinite.
+Distance distance(const Result& ref, const Result& got, bool control = false) {
   Distance d;
   d.loss = std::abs(ref.loss - got.loss) / std::abs(ref.loss);
   double lmax = 0, lerr = 0;
@@ -132,7 +146,7 @@ Distance distance(const Result& ref, const Result& got) {
       mref = std::max(mref, double(std::abs(it->second[i])));
       err = std::max(err, double(std::abs(it->second[i] - g[i])));
     }
-    EXPECT_GT(mref, 0.0) << name << " got no gradient in the reference";
+    if (!control) EXPECT_GT(mref, 0.0) << name << " got no gradient in the reference";
     if (err / mref > d.grads) d.grads = err / mref, d.worst = name;
   }
   return d;
@@ -142,11 +156,13 @@ Distance distance(const Result& ref, const Result& got) {
 // tensor's gradient to 1e-4 of its largest entry (sums over ~100 terms, then a softmax).
 constexpr double kLossTol = 2e-5, kLogitsTol = 1e-4, kGradTol = 1e-4;
 
-void expect_matches(const fs::path& ckpt) {
+void expect_matches(const fs::path& ckpt, double loss_tol = kLossTol) {
   const Distance d = distance(reference(ckpt), run_dhp(ckpt));
-  EXPECT_LT(d.loss, kLossTol) << ckpt;
+  EXPECT_LT(d.loss, loss_tol) << ckpt;
   EXPECT_LT(d.logits, kLogitsTol) << ckpt;
   EXPECT_LT(d.grads, kGradTol) << ckpt << ": worst " << d.worst;
+  std::printf("[ distance ] %s: loss %.2e, last logits %.2e, gradients %.2e (%s)\n",
+              ckpt.filename().c_str(), d.loss, d.logits, d.grads, d.worst.c_str());
 }
 
 // A control that must fail: far outside the tolerances, not just at their edge.
@@ -160,6 +176,81 @@ TEST(HfReference, LlamaGqaTiedBf16) { expect_matches(fixture("gqa_tied_bf16", "-
 TEST(HfReference, Qwen2WithQkvBiases) { expect_matches(fixture("qwen2", "--arch qwen2 --kv 2")); }
 TEST(HfReference, ShardedF16) { expect_matches(fixture("sharded", "--kv 2 --shards 3 --dtype f16")); }
 TEST(HfReference, MistralMqa) { expect_matches(fixture("mistral", "--arch mistral --kv 1 --layers 3")); }
+
+// Qwen3 and Llama-3.x (tests/reference/check_hf_decoder_refs.py checks these fixtures'
+// negative controls on the reference itself): a std above 0.02 where the logits would
+// otherwise be too small for a wrong model to show in the loss. The loss to 1e-5 relative.
+constexpr double kNewLossTol = 1e-5;
+const char* const kQwen3Hd16Tied = "--arch qwen3 --head-dim 16 --tied --std 0.05";
+const char* const kQwen3GqaBf16 = "--arch qwen3 --kv 1 --layers 3 --dtype bf16 --theta 1000000";
+const char* const kQwen3BiasHd12 = "--arch qwen3 --attention-bias --head-dim 12 --kv 2 --std 0.08";
+const char* const kLlama31 = "--rope-scaling llama3 --std 0.1";
+const char* const kLlama32TiedBf16 =
+    "--rope-scaling llama3 --rope-factor 32 --std 0.15 --tied --dtype bf16 --hidden 64 --heads 4 --ffn 96";
+
+// Qwen3-0.6B's shape in small: head_dim 16 against hidden/heads 8, tied embeddings.
+TEST(HfReference, Qwen3HeadDimTied) {
+  const fs::path ck = fixture("qwen3_hd16_tied", kQwen3Hd16Tied);
+  const ModelConfig c = config_of(ck);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.hd(), 16);
+  EXPECT_FALSE(c.attention_bias || c.attention_out_bias);
+  expect_matches(ck, kNewLossTol);
+}
+TEST(HfReference, Qwen3MqaBf16Theta1e6) { expect_matches(fixture("qwen3_gqa_bf16", kQwen3GqaBf16), kNewLossTol); }
+// attention_bias: q, k, v and o_proj biased.
+TEST(HfReference, Qwen3AttentionBias) {
+  const fs::path ck = fixture("qwen3_bias_hd12", kQwen3BiasHd12);
+  EXPECT_TRUE(config_of(ck).attention_out_bias);
+  expect_matches(ck, kNewLossTol);
+}
+TEST(HfReference, Llama31RopeScaling) {
+  const fs::path ck = fixture("llama31", kLlama31);
+  EXPECT_EQ(config_of(ck).rope_scaling, RopeScaling::llama3);
+  expect_matches(ck, kNewLossTol);
+}
+// Llama-3.2 1B/3B: scaling factor 32 with tied embeddings, bf16.
+TEST(HfReference, Llama32RopeScalingTiedBf16) {
+  expect_matches(fixture("llama32_tied_bf16", kLlama32TiedBf16), kNewLossTol);
+}
+// Llama's attention_bias (q, k, v and o_proj), now that the decoder has an output bias.
+TEST(HfReference, LlamaAttentionBias) {
+  expect_matches(fixture("llama_bias", "--attention-bias --kv 2 --std 0.05"), kNewLossTol);
+}
+// transformers 5's config.json (one rope_parameters object): the same model as the older form.
+TEST(HfReference, RopeParametersOfTransformers5) {
+  for (const auto& [name, args] : {std::pair{"qwen3_hd16_tied", kQwen3Hd16Tied}, std::pair{"llama31", kLlama31}}) {
+    const fs::path v4 = fixture(name, args), v5 = fixture(std::string(name) + "_v5", std::string(args) + " --rope-parameters");
+    const json c = json::parse(std::ifstream(v5 / "config.json"));
+    ASSERT_TRUE(c.contains("rope_parameters") && !c.contains("rope_theta")) << c.dump();
+    EXPECT_EQ(to_toml_model(config_of(v4)), to_toml_model(config_of(v5))) << name;
+    expect_matches(v5, kNewLossTol);
+  }
+}
+
+// The controls dhp must miss by far (loss and last-position logits both beyond 10x their
+// tolerances): the reference without Qwen3's q/k norms, with them after RoPE instead of before,
+// and without Llama-3.x's scaling.
+void expect_misses(const fs::path& ck, const std::string& flags) {
+  const Distance d = distance(reference(ck, flags), run_dhp(ck), true);
+  std::printf("[ control  ] %s %s: loss %.2e, last logits %.2e, gradients %.2e\n", ck.filename().c_str(),
+              flags.c_str(), d.loss, d.logits, d.grads);
+  EXPECT_GT(d.loss, 10 * kNewLossTol) << ck << " " << flags;
+  EXPECT_GT(d.logits, 10 * kLogitsTol) << ck << " " << flags;
+}
+
+TEST(HfNegative, Qwen3WithoutQkNormFails) {
+  expect_misses(fixture("qwen3_hd16_tied", kQwen3Hd16Tied), "--no-qk-norm");
+  expect_misses(fixture("qwen3_bias_hd12", kQwen3BiasHd12), "--no-qk-norm");
+}
+TEST(HfNegative, Qwen3QkNormAfterRopeFails) {
+  expect_misses(fixture("qwen3_hd16_tied", kQwen3Hd16Tied), "--qk-norm-after-rope");
+  expect_misses(fixture("qwen3_gqa_bf16", kQwen3GqaBf16), "--qk-norm-after-rope");
+}
+TEST(HfNegative, Llama3WithoutRopeScalingFails) {
+  expect_misses(fixture("llama31", kLlama31), "--no-rope-scaling");
+  expect_misses(fixture("llama32_tied_bf16", kLlama32TiedBf16), "--no-rope-scaling");
+}
 
 // HF's RoPE pairs (x[i], x[i + hd/2]); the interleaved pairing (x[2i], x[2i+1]) must be told
 // apart, or the comparison above would not prove the convention.
@@ -286,7 +377,11 @@ TEST(HfConfig, RefusesWhatDhpDoesNotImplement) {
            {"rope_scaling", {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}},
            {"hidden_act", {{"hidden_act", "gelu"}}},
            {"mlp_bias", {{"mlp_bias", true}}},
-           {"attention_bias", {{"attention_bias", true}}},
+           {"rope_scaling", {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}}},
+           {"rope_scaling", {{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64},
+                                               {"attention_factor", 2.0}}}}},
+           {"rope_parameters", {{"rope_parameters", {{"rope_type", "dynamic"}, {"rope_theta", 500.0}, {"factor", 2.0}}}}},
            {"quantization_config", {{"quantization_config", {{"bits", 4}}}}},
            {"architectures", {{"architectures", {"GPTNeoXForCausalLM"}}}},
            {"sliding_window", {{"sliding_window", 1024}}},
@@ -297,6 +392,37 @@ TEST(HfConfig, RefusesWhatDhpDoesNotImplement) {
   }
   // A window as long as every sequence is full attention.
   EXPECT_EQ(with("window_ok", {{"sliding_window", 1024}}, 1024), "");
+  // Llama's attention_bias biases q, k, v and o_proj, as dhp's decoder can.
+  EXPECT_EQ(with("llama_bias", {{"attention_bias", true}}), "");
+  // Qwen3: any sliding window, whatever its length; Mistral: attention biases.
+  const json qwen3 = json::parse(std::ifstream(fixture("qwen3_hd16_tied", kQwen3Hd16Tied) / "config.json"));
+  auto with_qwen3 = [&](const std::string& name, const json& patch) {
+    const fs::path dir = root() / ("cfg_qwen3_" + name);
+    fs::create_directories(dir);
+    json c = qwen3;
+    c.merge_patch(patch);
+    std::ofstream(dir / "config.json") << c.dump();
+    return error_of([&] { read_hf_config(dir.string(), testing::tiny_config(), 64); });
+  };
+  EXPECT_EQ(with_qwen3("same", json::object()), "");
+  for (const auto& [key, patch] : std::vector<std::pair<std::string, json>>{
+           {"use_sliding_window", {{"use_sliding_window", true}, {"sliding_window", 100000}}},
+           {"layer_types", {{"layer_types", {"full_attention", "sliding_attention"}}}},
+           {"rope_scaling", {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}}}}) {
+    const std::string msg = with_qwen3(key, patch);
+    EXPECT_NE(msg.find("\"" + key + "\""), std::string::npos) << key << ": " << msg;
+    EXPECT_NE(msg.find("config.json"), std::string::npos) << key << ": " << msg;
+  }
+  EXPECT_EQ(with_qwen3("full_layers", {{"layer_types", {"full_attention", "full_attention"}}}), "");
+  // Qwen3Config's head_dim defaults to 128, not hidden / heads.
+  json no_head_dim = qwen3;
+  no_head_dim.erase("head_dim");
+  const fs::path dir = root() / "cfg_qwen3_no_head_dim";
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << no_head_dim.dump();
+  EXPECT_EQ(read_hf_config(dir.string(), testing::tiny_config(), 0).model.hd(), 128);
+  const std::string msg = with("mistral_bias", {{"architectures", {"MistralForCausalLM"}}, {"attention_bias", true}});
+  EXPECT_NE(msg.find("\"attention_bias\""), std::string::npos) << msg;
   // Harmless keys dhp does not read are accepted.
   EXPECT_EQ(with("harmless", {{"torch_dtype", "float16"}, {"bos_token_id", 7}, {"something_new", 1}}), "");
 }
@@ -327,6 +453,76 @@ TEST(HfExport, ImportExportIsByteIdentical) {
   const json c = json::parse(std::ifstream(root() / "rt_qwen2" / "config.json"));
   EXPECT_EQ(c["model_type"], "qwen2");
   EXPECT_EQ(c["architectures"][0], "Qwen2ForCausalLM");
+}
+
+// Qwen3 and Llama-3.x: import then export gives the file's tensors back; a second export of
+// that export's import is the same files byte for byte; config.json names the family and
+// carries its keys (transformers 5's rope_parameters come out in the older form).
+void expect_second_export_identical(const fs::path& first, const std::string& dtype, const std::string& name) {
+  auto backend = make_cpu_backend({1});
+  Model m(config_of(first), *backend);
+  import_hf_checkpoint(first.string(), m);
+  HfExportOptions o;
+  o.dir = (root() / name).string();
+  o.dtype = dtype;
+  export_hf_checkpoint(m, o);
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"}) {
+    std::ifstream a(first / f, std::ios::binary), b(fs::path(o.dir) / f, std::ios::binary);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(a), {}), std::string(std::istreambuf_iterator<char>(b), {}))
+        << name << ": " << f;
+  }
+}
+
+TEST(HfExport, Qwen3AndLlama3RoundTripsAreByteIdentical) {
+  expect_round_trip(fixture("qwen3_hd16_tied", kQwen3Hd16Tied), "F32", int64_t(1) << 30, "rt_qwen3");
+  expect_round_trip(fixture("qwen3_bias_hd12", kQwen3BiasHd12), "F32", int64_t(1) << 30, "rt_qwen3_bias");
+  expect_round_trip(fixture("qwen3_gqa_bf16", kQwen3GqaBf16), "BF16", int64_t(1) << 30, "rt_qwen3_bf16");
+  expect_round_trip(fixture("llama31", kLlama31), "F32", int64_t(1) << 30, "rt_llama31");
+  expect_round_trip(fixture("llama32_tied_bf16", kLlama32TiedBf16), "BF16", int64_t(1) << 30, "rt_llama32");
+  expect_round_trip(fixture("llama31_v5", std::string(kLlama31) + " --rope-parameters"), "F32", int64_t(1) << 30,
+                    "rt_llama31_v5");
+  expect_round_trip(fixture("llama_bias", "--attention-bias --kv 2 --std 0.05"), "F32", int64_t(1) << 30, "rt_llama_bias");
+  for (const auto& [name, dtype] : {std::pair{"rt_qwen3", "F32"}, std::pair{"rt_qwen3_bias", "F32"},
+                                    std::pair{"rt_qwen3_bf16", "BF16"}, std::pair{"rt_llama31", "F32"},
+                                    std::pair{"rt_llama32", "BF16"}, std::pair{"rt_llama31_v5", "F32"},
+                                    std::pair{"rt_llama_bias", "F32"}})
+    expect_second_export_identical(root() / name, dtype, std::string(name) + "_again");
+  const json q = json::parse(std::ifstream(root() / "rt_qwen3_bias" / "config.json"));
+  EXPECT_EQ(q["architectures"][0], "Qwen3ForCausalLM");
+  EXPECT_EQ(q["model_type"], "qwen3");
+  EXPECT_EQ(q["head_dim"], 12);
+  EXPECT_EQ(q["attention_bias"], true);
+  EXPECT_EQ(q["use_sliding_window"], false);
+  EXPECT_TRUE(q["rope_scaling"].is_null());
+  const json fixture_l = json::parse(std::ifstream(fixture("llama31", kLlama31) / "config.json"));
+  for (const char* name : {"rt_llama31", "rt_llama31_v5"}) {
+    const json l = json::parse(std::ifstream(root() / name / "config.json"));
+    EXPECT_EQ(l["architectures"][0], "LlamaForCausalLM");
+    EXPECT_EQ(l["rope_scaling"], fixture_l["rope_scaling"]) << name;
+    EXPECT_EQ(l["rope_theta"], fixture_l["rope_theta"]) << name;
+  }
+  EXPECT_EQ(json::parse(std::ifstream(root() / "rt_llama_bias" / "config.json"))["attention_bias"], true);
+  EXPECT_EQ(json::parse(std::ifstream(root() / "rt_llama32" / "config.json"))["tie_word_embeddings"], true);
+}
+
+// Biases no Hugging Face class has (q/k/v without o_proj in Qwen3, o_proj alone) are refused
+// before any file is written.
+TEST(HfExport, RefusesBiasesNoClassHolds) {
+  auto backend = make_cpu_backend({1});
+  for (const auto& [qk_norm, qkv, out] : {std::tuple{true, true, false}, std::tuple{false, false, true}}) {
+    ModelConfig cfg = config_of(fixture("qwen3_hd16_tied", kQwen3Hd16Tied));
+    cfg.qk_norm = qk_norm;
+    cfg.attention_bias = qkv;
+    cfg.attention_out_bias = out;
+    Model m(cfg, *backend);
+    m.initialise(1);
+    HfExportOptions o;
+    o.dir = (root() / "refused_biases").string();
+    const std::string msg = error_of([&] { export_hf_checkpoint(m, o); });
+    EXPECT_NE(msg.find("o_proj"), std::string::npos) << msg;
+    EXPECT_FALSE(fs::exists(fs::path(o.dir) / "model.safetensors"));
+    EXPECT_FALSE(fs::exists(fs::path(o.dir) / "config.json"));
+  }
 }
 
 TEST(HfExport, ShardsWithAnExactIndex) {
@@ -451,6 +647,42 @@ TEST(HfTrain, StartsFromTheFolder) {
   EXPECT_TRUE(std::isfinite(two.steps.back().loss));
   fs::remove_all(dir);
   fs::remove_all(dir2);
+}
+
+// A Qwen3 and a Llama-3.2-like folder through a run: the run's checkpoint (.h5) records the
+// new model keys and reads back to the same model, and `dhp export --format hf` of it gives
+// the folder's tensors back.
+TEST(HfTrain, Qwen3AndLlama3KeysRoundTripThroughACheckpoint) {
+  auto world = start_world(nullptr, nullptr);
+  for (const auto& [name, args] : {std::pair{"qwen3_hd16_tied", kQwen3Hd16Tied},
+                                   std::pair{"llama32_tied_bf16", kLlama32TiedBf16}}) {
+    const fs::path ck = fixture(name, args);
+    const fs::path dir = testing::run_dir(std::string("hf_ckpt_") + name);
+    const Config cfg = testing::small_config(0, dir, {"--model.init=" + ck.string()});
+    const TrainResult r = train(cfg, *world);
+    const Config saved = checkpoint_config(r.checkpoint);
+    ModelConfig want = config_of(ck);
+    want.vision = saved.model.vision;
+    want.init = saved.model.init;
+    want.vocab_size = saved.model.vocab_size;
+    EXPECT_EQ(to_toml_model(saved.model), to_toml_model(want)) << name;
+    auto backend = make_cpu_backend({1});
+    Model m(saved.model, *backend);
+    load_checkpoint(r.checkpoint, m, nullptr);
+    const auto file = testing::folder_f32(ck);
+    for (const auto& b : hf_name_map(saved.model)) {
+      const ParamSpec& s = m.table().get(b.dhp);
+      EXPECT_EQ(0, std::memcmp(m.params() + s.offset, file.at(b.hf).data(), size_t(s.numel()) * 4)) << b.dhp;
+    }
+    const fs::path out = dir / "hf";
+    const testing::Outcome e =
+        testing::run_dhp("export --format hf --checkpoint " + r.checkpoint + " -o " + out.string(), dir);
+    ASSERT_EQ(e.status, 0) << e.output;
+    EXPECT_EQ(tensor_bytes(ck), tensor_bytes(out)) << name;
+    const json c = json::parse(std::ifstream(out / "config.json"));
+    EXPECT_EQ(c["model_type"], std::string(name).rfind("qwen3", 0) == 0 ? "qwen3" : "llama") << name;
+    fs::remove_all(dir);
+  }
 }
 
 // A real checkpoint, when one is at hand: DHP_HF_CHECKPOINT=/path/to/TinyLlama-1.1B.

@@ -113,6 +113,50 @@ TEST(Rope, OneDimensionalRotatesHalfSplitPairs) {
   }
 }
 
+// Llama-3.1's frequencies (base 500000, head 128, factor 8, low 1, high 4, original 8192),
+// written out from Meta's description: a wavelength 2π/f below 8192/4 keeps f, one above
+// 8192/1 gets f/8, one between is blended linearly in 8192/wavelength. Every band is hit, the
+// blend meets both neighbours at the bounds, and the rotation uses exactly these frequencies.
+TEST(Rope, Llama3ScalingKeepsBlendsAndDividesByWavelength) {
+  const int hd = 128;
+  const RopeSpec spec = RopeSpec::llama3(500000.0, 8.0, 1.0, 4.0, 8192.0);
+  int kept = 0, blended = 0, divided = 0;
+  for (int i = 0; i < hd / 2; ++i) {
+    const double f = std::pow(500000.0, -2.0 * i / hd), wavelength = 2 * M_PI / f;
+    double want = f;
+    if (wavelength > 8192.0) {
+      want = f / 8, ++divided;
+    } else if (wavelength >= 2048.0) {
+      const double s = (8192.0 / wavelength - 1.0) / (4.0 - 1.0);
+      want = (1 - s) * f / 8 + s * f, ++blended;
+    } else {
+      ++kept;
+    }
+    EXPECT_NEAR(rope_inv_freq(spec, i, hd), want, 1e-15 * f) << "pair " << i;
+    EXPECT_EQ(rope_inv_freq(RopeSpec(500000.0), i, hd), f) << "pair " << i;
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(blended, 0);
+  EXPECT_GT(divided, 0);
+  // Continuity at the bounds: the blend is f at wavelength 2048 and f/8 at 8192.
+  for (double wl : {2048.0, 8192.0}) {
+    const double f = 2 * M_PI / wl;
+    // Pair 1 of a span of 4 turns at theta^(-1/2): theta = f^-2 gives it frequency f.
+    const RopeSpec at = RopeSpec::llama3(1.0 / (f * f), 8.0, 1.0, 4.0, 8192.0);
+    const double got = rope_inv_freq(at, 1, 4);
+    EXPECT_NEAR(got, wl == 2048.0 ? f : f / 8, 1e-9 * f) << wl;
+  }
+  std::vector<float> x(hd);
+  for (int i = 0; i < hd; ++i) x[size_t(i)] = float(i + 1);
+  const int32_t pos = 70000;
+  rope_forward(x.data(), &pos, 1, 1, hd, 0, hd, spec);
+  for (int i = 0; i < hd / 2; ++i) {
+    const double a = pos * rope_inv_freq(spec, i, hd), x0 = i + 1, x1 = i + 1 + hd / 2;
+    EXPECT_NEAR(x[size_t(i)], x0 * std::cos(a) - x1 * std::sin(a), 1e-4);
+    EXPECT_NEAR(x[size_t(i + hd / 2)], x0 * std::sin(a) + x1 * std::cos(a), 1e-4);
+  }
+}
+
 // 2-D RoPE is 1-D RoPE of half the width on each half.
 TEST(Rope, TwoDimensionalIsOneDimensionalOnEachHalf) {
   Rng rng(4);

@@ -96,6 +96,77 @@ TEST(ModelGradientsOfAdditions, QkvBiasesAndNormEps) {
   expect_every_gradient(cfg);
 }
 
+// Qwen3's decoder (per-head q/k RMSNorm before RoPE, head_dim apart from dim/heads, biases on
+// q, k, v and o) with Llama-3.x's RoPE scaling: head_dim 8 and base 100 give wavelengths of
+// 6.3, 19.9, 62.8 and 199 positions, which an original context of 32 (bounds 8 and 32) puts
+// in every band of the llama3 rule (kept, blended, divided twice).
+ModelConfig qwen3_llama3_config() {
+  ModelConfig cfg = tiny_config();
+  cfg.head_dim = 8;
+  cfg.qk_norm = true;
+  cfg.attention_bias = true;
+  cfg.attention_out_bias = true;
+  cfg.rms_norm_eps = 1e-2;
+  cfg.rope_scaling = RopeScaling::llama3;
+  cfg.rope_factor = 4.0;
+  cfg.rope_original_max_pos = 32;
+  return cfg;
+}
+
+TEST(ModelGradientsOfAdditions, QkNormOutputBiasHeadDimAndLlama3Rope) {
+  const ModelConfig cfg = qwen3_llama3_config();
+  auto backend = make_cpu_backend({1});
+  Model probe(cfg, *backend);
+  for (const char* name : {"layers.1.attn.q_norm.weight", "layers.1.attn.k_norm.weight"}) {
+    ASSERT_TRUE(probe.table().find(name)) << name;
+    EXPECT_EQ(probe.table().get(name).shape, std::vector<int64_t>{8}) << name;
+    EXPECT_FALSE(probe.table().get(name).decay) << name;
+  }
+  EXPECT_EQ(probe.table().get("layers.0.attn.wo.bias").shape, std::vector<int64_t>{16});
+  EXPECT_EQ(probe.table().get("layers.0.attn.wq.weight").shape, (std::vector<int64_t>{32, 16}));
+  ASSERT_FALSE(probe.table().find("vision.layers.0.attn.q_norm.weight"));
+  expect_every_gradient(cfg);
+}
+
+// The scaling changes the loss (so the gradient check above is not passing over a no-op):
+// the same pass is bit-reproducible, so any change beyond fp32 rounding of the sum is the
+// frequencies'; an original context past every wavelength keeps them all.
+TEST(ModelGradientsOfAdditions, Llama3RopeChangesTheLoss) {
+  const ModelConfig cfg = qwen3_llama3_config();
+  auto loss_of = [](const ModelConfig& c) {
+    auto backend = make_cpu_backend({1});
+    Model m(c, *backend);
+    randomise(m, 5);
+    const Batch b = make_batch(sample_docs(), c, 3);
+    return m.step(b, 1.0f, false).loss_sum;
+  };
+  const double base = loss_of(cfg);
+  ModelConfig plain_rope = cfg;
+  plain_rope.rope_scaling = RopeScaling::none;
+  EXPECT_GT(std::abs(loss_of(plain_rope) - base), 1e-5 * std::abs(base));
+  ModelConfig far = cfg;  // an original context past every wavelength: the rule keeps every f
+  far.rope_original_max_pos = 1 << 20;
+  EXPECT_EQ(loss_of(far), loss_of(plain_rope));
+}
+
+// Recompute rebuilds q and k before their norms, and the norms, from the same inputs: the
+// gradients are bit-identical in every mode.
+TEST(ModelGradientsOfAdditions, QkNormRecomputeIsBitIdentical) {
+  const ModelConfig cfg = qwen3_llama3_config();
+  auto backend = make_cpu_backend({1});
+  Model m(cfg, *backend);
+  randomise(m, 13);
+  const Batch b = make_batch(sample_docs(), cfg, 3);
+  std::vector<float> off;
+  for (Recompute mode : {Recompute::off, Recompute::selective, Recompute::full}) {
+    m.set_recompute(mode);
+    m.zero_grads();
+    m.step(b, 0.1f, true);
+    if (mode == Recompute::off) off.assign(m.grads(), m.grads() + m.n_grads());
+    else EXPECT_TRUE(std::equal(off.begin(), off.end(), m.grads())) << int(mode);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Tied, ModelGradients, ::testing::Values(false, true));
 
 TEST(Model, LossAndGradientsIndependentOfPacking) {
@@ -182,6 +253,28 @@ TEST(Generate, KvCacheMatchesFullRecomputation) {
     const auto next = model.generate(prompt_with(prefix), -1, one, &full);
     ASSERT_EQ(next.size(), 1u);
     EXPECT_EQ(next[0], cached[k]) << "token " << k;
+    for (int64_t v = 0; v < V; ++v)
+      ASSERT_NEAR(full[v], cached_logits[k * V + v], 1e-5) << "step " << k << " logit " << v;
+  }
+}
+
+// The same with Qwen3's q/k norms and Llama-3.x's scaled RoPE: positions come from the cache.
+TEST(Generate, KvCacheMatchesFullRecomputationWithQkNormAndLlama3Rope) {
+  auto backend = make_cpu_backend({1});
+  Model model(qwen3_llama3_config(), *backend);
+  testing::randomise(model, 37);
+  SamplingOptions greedy;
+  greedy.max_new_tokens = 6;
+  std::vector<float> cached_logits;
+  const auto cached = model.generate(prompt_with({}), -1, greedy, &cached_logits);
+  ASSERT_EQ(cached.size(), 6u);
+  const int64_t V = model.config().vocab_size;
+  SamplingOptions one;
+  one.max_new_tokens = 1;
+  for (size_t k = 0; k < cached.size(); ++k) {
+    std::vector<float> full;
+    const std::vector<int32_t> prefix(cached.begin(), cached.begin() + k);
+    model.generate(prompt_with(prefix), -1, one, &full);
     for (int64_t v = 0; v < V; ++v)
       ASSERT_NEAR(full[v], cached_logits[k * V + v], 1e-5) << "step " << k << " logit " << v;
   }
@@ -375,6 +468,17 @@ TEST(Model, Bf16StorageTracksFp32WithQkvBiases) {
   EXPECT_LT(worst_gradient_gap(a, b, &where), 5e-2) << where;
   const ParamSpec& bias = b.table().get("layers.0.attn.wv.bias");
   EXPECT_TRUE(std::any_of(b.grads() + bias.offset, b.grads() + bias.offset + bias.numel(),
+                          [](float g) { return g != 0.0f; }));
+}
+
+// bf16 staging through the q/k norms, the output bias and the scaled RoPE.
+TEST(Model, Bf16StorageTracksFp32WithQkNormAndLlama3Rope) {
+  const Fp32AndBf16 pair(qwen3_llama3_config(), 23);
+  EXPECT_NEAR(pair.sb.loss_sum, pair.sa.loss_sum, 2e-3 * std::abs(pair.sa.loss_sum));
+  std::string where;
+  EXPECT_LT(worst_gradient_gap(pair.a, pair.b, &where), 5e-2) << where;
+  const ParamSpec& qn = pair.b.table().get("layers.0.attn.q_norm.weight");
+  EXPECT_TRUE(std::any_of(pair.b.grads() + qn.offset, pair.b.grads() + qn.offset + qn.numel(),
                           [](float g) { return g != 0.0f; }));
 }
 

@@ -23,15 +23,13 @@ std::string contents_hash(const std::string& path) {
   return fmt::format("{:016x}", hash_file(file));
 }
 
-// A tokenizer by its model's bytes and those of the added_tokens.json beside it, if any; a
-// folder (a Hugging Face checkpoint's) by the tokenizer.model in it.
+// A tokenizer by the bytes of every file it reads (its model, the tokenizer_config.json of a
+// tokenizer.json, an added_tokens.json beside it); a folder (a Hugging Face checkpoint's) by the
+// tokenizer file it would read.
 std::string tokenizer_contents_hash(const std::string& path) {
-  namespace fs = std::filesystem;
-  const fs::path model = fs::is_directory(path) ? fs::path(path) / "tokenizer.model" : fs::path(path);
-  std::string h = fmt::format("{:016x}", hash_file(model.string()));
-  const fs::path added = model.parent_path() / kAddedTokensFile;
-  std::error_code ec;
-  if (fs::exists(added, ec)) h += fmt::format(" + {:016x}", hash_file(added.string()));
+  std::string h;
+  for (const std::string& file : tokenizer_input_files(path))
+    h += fmt::format("{}{:016x}", h.empty() ? "" : " + ", hash_file(file));
   return h;
 }
 

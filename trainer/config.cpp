@@ -116,7 +116,14 @@ class Schema {
     num("rope_theta", m.rope_theta, 1, 1e12);
     flag("tie_embeddings", m.tie_embeddings);
     flag("attention_bias", m.attention_bias);
+    flag("attention_out_bias", m.attention_out_bias);
     num("rms_norm_eps", m.rms_norm_eps, 1e-12, 0.1);
+    flag("qk_norm", m.qk_norm);
+    choice("rope_scaling", m.rope_scaling, kRopeScalingNames);
+    num("rope_factor", m.rope_factor, 1, 1e6);
+    num("rope_low_freq_factor", m.rope_low_freq_factor, 1e-6, 1e6);
+    num("rope_high_freq_factor", m.rope_high_freq_factor, 1e-6, 1e6);
+    num("rope_original_max_pos", m.rope_original_max_pos, 1, int64_t(1) << 40);
     str("init", m.init);
     sec_ = "model.vision";
     auto& v = c.model.vision;
@@ -502,6 +509,11 @@ void validate(const Config& c, bool folders_read) {
   DHP_CHECK(m.heads % m.kv_heads == 0, "{}: model.heads ({}) must be a multiple of model.kv_heads ({})",
             f, m.heads, m.kv_heads);
   DHP_CHECK(m.hd() % 2 == 0, "{}: the head dimension ({}) must be even for RoPE", f, m.hd());
+  // The llama3 rule blends between the two wavelength bounds and divides by their distance.
+  DHP_CHECK(m.rope_scaling != RopeScaling::llama3 ||
+                m.rope_high_freq_factor > m.rope_low_freq_factor,
+            "{}: model.rope_scaling = \"llama3\" needs model.rope_high_freq_factor ({}) above "
+            "model.rope_low_freq_factor ({})", f, m.rope_high_freq_factor, m.rope_low_freq_factor);
   const auto& v = m.vision;
   // A Hugging Face folder (model.vision.init, or a LLaVA checkpoint in model.init) brings the
   // tower's arch and shape: the tower's checks wait until apply_hf_init has read it and runs

@@ -50,6 +50,10 @@ constexpr HfPattern kNameMap[] = {
     {HfPart::Decoder, "layers.{i}.self_attn.k_proj.bias", "layers.{i}.attn.wk.bias", kCopy},
     {HfPart::Decoder, "layers.{i}.self_attn.v_proj.bias", "layers.{i}.attn.wv.bias", kCopy},
     {HfPart::Decoder, "layers.{i}.self_attn.o_proj.weight", "layers.{i}.attn.wo.weight", kCopy},
+    {HfPart::Decoder, "layers.{i}.self_attn.o_proj.bias", "layers.{i}.attn.wo.bias", kCopy},
+    // Qwen3's per-head RMSNorm weights (head_dim) of q and k.
+    {HfPart::Decoder, "layers.{i}.self_attn.q_norm.weight", "layers.{i}.attn.q_norm.weight", kCopy},
+    {HfPart::Decoder, "layers.{i}.self_attn.k_norm.weight", "layers.{i}.attn.k_norm.weight", kCopy},
     {HfPart::Decoder, "layers.{i}.post_attention_layernorm.weight", "layers.{i}.mlp_norm.weight", kCopy},
     {HfPart::Decoder, "layers.{i}.mlp.gate_proj.weight", "layers.{i}.mlp.w1.weight", kCopy},
     {HfPart::Decoder, "layers.{i}.mlp.down_proj.weight", "layers.{i}.mlp.w2.weight", kCopy},
@@ -249,6 +253,12 @@ std::string shape_difference(const ModelConfig& want, const ModelConfig& file, b
       if (value == a) return std::string(name);
     return std::string("?");
   };
+  // The scaling's parameters count only where it is on.
+  auto rope = [&](const ModelConfig& m) {
+    if (m.rope_scaling == RopeScaling::none) return std::string("none");
+    return fmt::format("llama3 (factor {}, low_freq_factor {}, high_freq_factor {}, original_max_pos {})",
+                       m.rope_factor, m.rope_low_freq_factor, m.rope_high_freq_factor, m.rope_original_max_pos);
+  };
   const auto& w = want.vision;
   const auto& f = file.vision;
   struct Key {
@@ -267,6 +277,9 @@ std::string shape_difference(const ModelConfig& want, const ModelConfig& file, b
       {false, "rms_norm_eps", s(want.rms_norm_eps), s(file.rms_norm_eps)},
       {false, "tie_embeddings", s(want.tie_embeddings), s(file.tie_embeddings)},
       {false, "attention_bias", s(want.attention_bias), s(file.attention_bias)},
+      {false, "attention_out_bias", s(want.attention_out_bias), s(file.attention_out_bias)},
+      {false, "qk_norm", s(want.qk_norm), s(file.qk_norm)},
+      {false, "rope_scaling", rope(want), rope(file)},
       {true, "vision.arch", arch(w.arch), arch(f.arch)},
       {true, "vision.dim", s(w.dim), s(f.dim)},
       {true, "vision.layers", s(w.layers), s(f.layers)},

@@ -1,6 +1,7 @@
 // Hugging Face checkpoints read and written directly (docs/pretrained.md): a folder with
 // config.json and model.safetensors, or shards with model.safetensors.index.json, for
-// Llama-family decoders (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM), CLIP and
+// Llama-family decoders (LlamaForCausalLM with Llama-3.x's RoPE scaling, MistralForCausalLM,
+// Qwen2ForCausalLM, Qwen3ForCausalLM), CLIP and
 // SigLIP vision towers (CLIPVisionModel, CLIPModel, SiglipVisionModel, SiglipModel) and
 // LLaVA-1.5 in its three naming generations. One declarative name map drives both directions.
 // model.init names a decoder or LLaVA folder, model.vision.init a tower folder (compose: the
@@ -55,7 +56,8 @@ struct HfBinding {
 
 // Every tensor of `cfg` a folder of `layout` holds, with its name there, in the order of the
 // parameter table: the decoder's (lm_head absent when tied, q/k/v biases only with
-// attention_bias) for Decoder and the LLaVA layouts; the tower's (clip / siglip towers only)
+// attention_bias, o_proj's with attention_out_bias, q_norm/k_norm with qk_norm) for Decoder
+// and the LLaVA layouts; the tower's (clip / siglip towers only)
 // for Tower and the LLaVA layouts; the projector's for the LLaVA layouts.
 std::vector<HfBinding> hf_name_map(const ModelConfig& cfg, HfLayout layout = HfLayout::Decoder);
 
@@ -81,10 +83,14 @@ struct HfConfig {
 // preprocessor_config.json). Keys a nested config leaves out take transformers' defaults of
 // that config class (llava-hf saves only the keys that differ). The model's vocab_size becomes
 // `vocab_size` (the tokenizer's, added tokens included; 0 = the file's); one smaller than the
-// file's is an error. Keys dhp does not implement are refused by name: rope_scaling, a
-// sliding_window below `max_tokens` (the run's longest sequence; 0 = not checked), an
-// activation other than silu, mlp_bias, attention_bias in a Llama config (it biases o_proj
-// too), quantization_config, another architecture, a feature select strategy that keeps
+// file's is an error. A Qwen3 config sets qk_norm (and head_dim, 128 when absent); Llama's
+// and Qwen3's attention_bias set attention_bias and attention_out_bias; rope_scaling (or
+// transformers 5's rope_parameters) of type llama3 sets model.rope_scaling and its
+// parameters. Keys dhp does not implement are refused by name: another rope type or a key of
+// the RoPE block dhp does not apply, a sliding_window below `max_tokens` (the run's longest
+// sequence; 0 = not checked) and any sliding window of Qwen3 (use_sliding_window, layer_types),
+// an activation other than silu, mlp_bias, attention_bias in a Mistral config,
+// quantization_config, another architecture, a feature select strategy that keeps
 // CLIP's class row or drops a SigLIP patch, a projector other than mlp2x_gelu.
 HfConfig read_hf_config(const std::string& dir, const ModelConfig& base, int64_t max_tokens,
                         int vocab_size = 0);
@@ -159,6 +165,10 @@ struct HfSpecialToken {
 };
 struct HfTokenizerFiles {
   std::string sentencepiece_model;  // the run's tokenizer.model, copied as it is
+  // A run on a tokenizer.json: its files (tokenizer.json, the tokenizer_config.json and
+  // special_tokens_map.json beside it), copied byte for byte instead of the files above; the
+  // special tokens below then only give config.json's and generation_config.json's ids.
+  std::vector<std::string> copied;
   HfSpecialToken unk, bos, eos, pad;
   // Tokens appended after the SentencePiece vocabulary, as (text, id): ("<image>", 32000).
   std::vector<std::pair<std::string, int32_t>> added;
@@ -166,7 +176,9 @@ struct HfTokenizerFiles {
   int64_t model_max_length = 4096;  // the run's data.max_tokens
 };
 
-// The files of a run's tokenizer (data/tokenizer.h, Tokenizer::files) in that form. Special
+// The files of a run's tokenizer (data/tokenizer.h, Tokenizer::files) in that form. A
+// tokenizer.json is copied with its configuration (and an added_tokens.json for the tokens the
+// run added). For a SentencePiece model, special
 // tokens take SentencePiece's default pieces (<unk>, <s>, </s>, and <pad> when the model holds
 // a pad piece: dhp's trainer and Llama's tokenizers both use them); a pad that is an added
 // token takes its text; no pad stays none.
@@ -188,7 +200,8 @@ struct HfExportOptions {
 // check_output_path; dhp's exports list their files in DIR/dhp_export.json), unless force.
 void check_hf_export_paths(const HfExportOptions& opt);
 
-// Writes config.json (every key transformers' LlamaConfig / Qwen2Config needs), the decoder's
+// Writes config.json (every key transformers' LlamaConfig / Qwen2Config / Qwen3Config needs:
+// Qwen3 for a model with qk_norm, Qwen2 for q/k/v biases alone, Llama otherwise), the decoder's
 // tensors as model.safetensors or shards of at most max_shard_bytes with
 // model.safetensors.index.json, generation_config.json and, with `tokenizer`,
 // tokenizer.model, tokenizer_config.json, special_tokens_map.json and added_tokens.json.

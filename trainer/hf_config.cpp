@@ -27,7 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const char* const kDecoders[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
+const char* const kDecoders[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                 "Qwen3ForCausalLM"};
 const char* const kTowers[] = {"CLIPVisionModel", "CLIPModel", "SiglipVisionModel", "SiglipModel"};
 const char* const kLlavas[] = {"LlavaForConditionalGeneration", "LlavaLlamaForCausalLM"};
 
@@ -55,6 +56,11 @@ json class_defaults(const std::string& model_type) {
     return {{"hidden_size", 4096}, {"intermediate_size", 22016}, {"num_hidden_layers", 32},
             {"num_attention_heads", 32}, {"num_key_value_heads", 32}, {"vocab_size", 151936},
             {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0}, {"hidden_act", "silu"}};
+  if (model_type == "qwen3")
+    return {{"hidden_size", 4096}, {"intermediate_size", 22016}, {"num_hidden_layers", 32},
+            {"num_attention_heads", 32}, {"num_key_value_heads", 32}, {"head_dim", 128},
+            {"vocab_size", 151936}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0},
+            {"hidden_act", "silu"}};
   if (model_type == "clip_vision_model")
     return {{"hidden_size", 768}, {"intermediate_size", 3072}, {"num_hidden_layers", 12},
             {"num_attention_heads", 12}, {"num_channels", 3}, {"image_size", 224},
@@ -145,26 +151,80 @@ bool one_of(const std::string& a, const char* const (&list)[N]) {
   return std::find(std::begin(list), std::end(list), a) != std::end(list);
 }
 
+// RoPE's keys into m: rope_theta and rope_scaling (transformers 4), or one rope_parameters
+// object holding rope_theta, rope_type and the scaling's keys (transformers 5). The default
+// RoPE and Llama-3.x's "llama3" scaling are read; another rope_type (linear, dynamic, yarn,
+// longrope, ...) and any key of the block dhp would not apply are refused by name.
+void read_rope(const ConfigJson& c, ModelConfig& m) {
+  const std::string& f = c.where();
+  m.rope_scaling = RopeScaling::none;
+  m.rope_theta = c.has("rope_theta") ? c.number("rope_theta", 1, 1e12) : 10000.0;
+  const bool v5 = c.has("rope_parameters");
+  DHP_CHECK(!v5 || !c.has("rope_scaling"), "{}: both \"rope_parameters\" and \"rope_scaling\" are set; "
+            "dhp reads one description of RoPE (transformers 5's rope_parameters, or rope_theta with "
+            "rope_scaling)", f);
+  const char* key = v5 ? "rope_parameters" : "rope_scaling";
+  if (!c.has(key)) return;
+  DHP_CHECK(c.raw()[key].is_object(), "{}: \"{}\" is not an object ({})", f, key, json_excerpt(c.raw()[key]));
+  const ConfigJson b(c.raw()[key], fmt::format("{} \"{}\"", f, key));
+  if (v5 && b.has("rope_theta")) m.rope_theta = b.number("rope_theta", 1, 1e12);
+  const std::string type = b.has("rope_type") ? b.string("rope_type") : b.string("type", "default");
+  DHP_CHECK(type == "default" || type == "llama3",
+            "{}: \"{}\" has rope_type {} ({}); dhp implements the default RoPE and Llama-3's \"llama3\" "
+            "scaling only", f, key, printable(type, 120), json_excerpt(c.raw()[key]));
+  const bool llama3 = type == "llama3";
+  for (const auto& [k, v] : b.raw().items()) {
+    const bool known = k == "rope_type" || k == "type" || (v5 && k == "rope_theta") ||
+                       (llama3 && (k == "factor" || k == "low_freq_factor" || k == "high_freq_factor" ||
+                                   k == "original_max_position_embeddings"));
+    DHP_CHECK(known || v.is_null(), "{}: \"{}\" holds \"{}\" ({}), which dhp does not implement with "
+              "rope_type {}", f, key, printable(k, 120), json_excerpt(v), printable(type, 120));
+  }
+  if (!llama3) return;
+  m.rope_scaling = RopeScaling::llama3;
+  m.rope_factor = b.number("factor", 1, 1e6);
+  m.rope_low_freq_factor = b.number("low_freq_factor", 1e-6, 1e6);
+  m.rope_high_freq_factor = b.number("high_freq_factor", 1e-6, 1e6);
+  m.rope_original_max_pos = b.integer("original_max_position_embeddings", 1, int64_t(1) << 40);
+  DHP_CHECK(m.rope_high_freq_factor > m.rope_low_freq_factor,
+            "{}: \"high_freq_factor\" ({}) must be above \"low_freq_factor\" ({})", b.where(),
+            m.rope_high_freq_factor, m.rope_low_freq_factor);
+}
+
 // The decoder's keys of a Llama-family config (top level, or LLaVA's text_config) over `base`.
 ModelConfig read_decoder(const ConfigJson& c, const std::string& architecture, const ModelConfig& base,
                          int64_t max_tokens, int vocab_size, int* file_vocab) {
   const std::string& f = c.where();
   const bool qwen2 = architecture == "Qwen2ForCausalLM";
+  const bool qwen3 = architecture == "Qwen3ForCausalLM";
   // Refused by name: each changes the computation in a way dhp does not implement.
-  DHP_CHECK(!c.has("rope_scaling"), "{}: \"rope_scaling\" is set ({}); dhp implements plain RoPE only",
-            f, json_excerpt(c.raw()["rope_scaling"]));
   DHP_CHECK(!c.has("quantization_config"), "{}: \"quantization_config\" is set; dhp reads unquantised "
             "F32, F16 and BF16 weights only", f);
   const std::string act = c.string("hidden_act", "silu");
   DHP_CHECK(act == "silu", "{}: \"hidden_act\" is {}; dhp's MLP is SwiGLU with silu", f, printable(act));
   DHP_CHECK(!c.boolean("mlp_bias", false), "{}: \"mlp_bias\" is true; dhp's MLP has no biases", f);
-  // Qwen2's q/k/v always carry biases (and o_proj none); Llama's attention_bias adds one to
-  // o_proj as well, which dhp does not have.
-  DHP_CHECK(qwen2 || !c.boolean("attention_bias", false),
-            "{}: \"attention_bias\" is true in a {} config, which biases o_proj too; dhp implements "
-            "q/k/v biases only (Qwen2ForCausalLM)", f, architecture);
+  // Qwen2's q/k/v always carry biases (and o_proj none); Llama's and Qwen3's attention_bias
+  // biases q, k, v and o_proj; Mistral's attention has no biases.
+  const bool mistral = architecture == "MistralForCausalLM";
+  const bool qkvo_bias = !qwen2 && c.boolean("attention_bias", false);
+  DHP_CHECK(!mistral || !qkvo_bias, "{}: \"attention_bias\" is true in a {} config, whose attention "
+            "has no biases", f, architecture);
+  // Qwen3's sliding window applies to some layers (max_window_layers, layer_types): refused
+  // whatever its length.
+  if (qwen3) {
+    DHP_CHECK(!c.boolean("use_sliding_window", false), "{}: \"use_sliding_window\" is true; dhp implements "
+              "full causal attention only", f);
+    if (c.has("layer_types")) {
+      const json& types = c.raw()["layer_types"];
+      DHP_CHECK(types.is_array() && std::all_of(types.begin(), types.end(), [](const json& t) {
+                  return t.is_string() && t.get<std::string>() == "full_attention";
+                }),
+                "{}: \"layer_types\" is {}; dhp implements \"full_attention\" layers only", f,
+                json_excerpt(types));
+    }
+  }
   // A sliding window at least as long as every sequence is the same as full attention.
-  const bool window_on = qwen2 ? c.boolean("use_sliding_window", false) : c.has("sliding_window");
+  const bool window_on = qwen2 ? c.boolean("use_sliding_window", false) : !qwen3 && c.has("sliding_window");
   if (window_on && max_tokens > 0) {
     const int64_t w = c.integer("sliding_window", 1, int64_t(1) << 40);
     DHP_CHECK(w >= max_tokens,
@@ -178,11 +238,14 @@ ModelConfig read_decoder(const ConfigJson& c, const std::string& architecture, c
   m.layers = int(c.integer("num_hidden_layers", 1, 1024));
   m.heads = int(c.integer("num_attention_heads", 1, 1024));
   m.kv_heads = int(c.integer("num_key_value_heads", 1, 1024, m.heads));
-  m.head_dim = int(c.integer("head_dim", 2, 4096, 0));
+  // Qwen3Attention reads head_dim, whose default (Qwen3Config's) is 128, not hidden / heads.
+  m.head_dim = int(c.integer("head_dim", 2, 4096, qwen3 ? 128 : 0));
   m.rms_norm_eps = c.has("rms_norm_eps") ? c.number("rms_norm_eps", 1e-12, 0.1) : 1e-6;
-  m.rope_theta = c.has("rope_theta") ? c.number("rope_theta", 1, 1e12) : 10000.0;
+  read_rope(c, m);
   m.tie_embeddings = c.boolean("tie_word_embeddings", false);
-  m.attention_bias = qwen2;
+  m.attention_bias = qwen2 || qkvo_bias;
+  m.attention_out_bias = qkvo_bias;
+  m.qk_norm = qwen3;
   *file_vocab = int(c.integer("vocab_size", 8, 1 << 24));
   DHP_CHECK(m.head_dim > 0 || m.dim % m.heads == 0,
             "{}: \"hidden_size\" ({}) is not divisible by \"num_attention_heads\" ({}) and there is no \"head_dim\"",
@@ -351,9 +414,9 @@ HfConfig read_hf_config(const std::string& dir, const ModelConfig& base, int64_t
   const ConfigJson text = c.nested("text_config", "llama");
   const std::string type = text.string("model_type");
   const std::string arch = type == "llama" ? "LlamaForCausalLM" : type == "mistral" ? "MistralForCausalLM"
-                           : type == "qwen2" ? "Qwen2ForCausalLM" : "";
-  DHP_CHECK(!arch.empty(), "{}: \"model_type\" is {}; dhp's decoders are llama, mistral and qwen2", text.where(),
-            printable(type));
+                           : type == "qwen2" ? "Qwen2ForCausalLM" : type == "qwen3" ? "Qwen3ForCausalLM" : "";
+  DHP_CHECK(!arch.empty(), "{}: \"model_type\" is {}; dhp's decoders are llama, mistral, qwen2 and qwen3",
+            text.where(), printable(type));
   h.model = read_decoder(text, arch, base, max_tokens, vocab_size, &h.file_vocab);
   // LlavaConfig's default tower is CLIP ViT-L/14-336's.
   json tower_defaults = class_defaults("clip_vision_model");

@@ -28,9 +28,9 @@ constexpr const char* kProducer = "dhp";
 // The names an export may write, whatever its shard count: what the path check looks at.
 const char* const kFixedFiles[] = {"config.json",          "generation_config.json",
                                    "model.safetensors",    "model.safetensors.index.json",
-                                   "tokenizer.model",      "tokenizer_config.json",
-                                   "special_tokens_map.json", "added_tokens.json",
-                                   "preprocessor_config.json"};
+                                   "tokenizer.model",      "tokenizer.json",
+                                   "tokenizer_config.json", "special_tokens_map.json",
+                                   "added_tokens.json",    "preprocessor_config.json"};
 
 std::string torch_dtype(const std::string& d) {
   return d == "BF16" ? "bfloat16" : d == "F16" ? "float16" : "float32";
@@ -48,8 +48,8 @@ std::set<std::string> earlier_files(const std::string& dir) {
 }
 
 // The tokenizer's files of an export (with a tokenizer).
-const char* const kTokenizerFiles[] = {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                                       "added_tokens.json"};
+const char* const kTokenizerFiles[] = {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                                       "special_tokens_map.json", "added_tokens.json"};
 
 bool is_shard_name(const std::string& n) {
   return n.rfind("model-", 0) == 0 && n.size() > 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0;
@@ -102,11 +102,28 @@ std::vector<std::pair<std::string, std::string>> tokenizer_files(const HfTokeniz
           {"added_tokens.json", added.dump(2) + "\n"}};
 }
 
+// Llama-3.x's rope_scaling block (null without scaling), as Llama-3.1's config.json holds it.
+json rope_scaling(const ModelConfig& m) {
+  if (m.rope_scaling == RopeScaling::none) return nullptr;
+  return {{"factor", m.rope_factor},
+          {"high_freq_factor", m.rope_high_freq_factor},
+          {"low_freq_factor", m.rope_low_freq_factor},
+          {"original_max_position_embeddings", m.rope_original_max_pos},
+          {"rope_type", "llama3"}};
+}
+
 json model_config(const ModelConfig& m, const HfExportOptions& o) {
-  // Biases on q/k/v only are Qwen2's layout; transformers' Llama would bias o_proj too.
-  const bool qwen2 = m.attention_bias;
-  json c = {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-            {"model_type", qwen2 ? "qwen2" : "llama"},
+  // The class whose attention the model's is: Qwen3 with the per-head q/k norms, Qwen2 with
+  // biases on q/k/v alone, Llama otherwise. Llama's and Qwen3's attention_bias bias q, k, v
+  // and o_proj together; other combinations have no class to name.
+  const bool qwen3 = m.qk_norm, qwen2 = !qwen3 && m.attention_bias && !m.attention_out_bias;
+  DHP_CHECK(qwen2 || m.attention_bias == m.attention_out_bias,
+            "export: the model has {} (model.attention_bias = {}, model.attention_out_bias = {}); {} "
+            "biases q, k, v and o_proj together or not at all", m.attention_bias ? "q/k/v biases" : "an o_proj bias",
+            m.attention_bias, m.attention_out_bias, qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM");
+  const char* arch = qwen3 ? "Qwen3ForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  json c = {{"architectures", {arch}},
+            {"model_type", qwen3 ? "qwen3" : qwen2 ? "qwen2" : "llama"},
             {"hidden_size", m.dim},
             {"intermediate_size", m.ffn},
             {"num_hidden_layers", m.layers},
@@ -118,18 +135,21 @@ json model_config(const ModelConfig& m, const HfExportOptions& o) {
             {"initializer_range", 0.02},
             {"rms_norm_eps", m.rms_norm_eps},
             {"rope_theta", m.rope_theta},
-            {"rope_scaling", nullptr},
+            {"rope_scaling", rope_scaling(m)},
             {"tie_word_embeddings", m.tie_embeddings},
             {"vocab_size", m.vocab_size},
             {"attention_dropout", 0.0},
             {"use_cache", true},
             {"torch_dtype", torch_dtype(o.dtype)}};
-  if (qwen2) {
+  if (qwen2 || qwen3) {
     c["use_sliding_window"] = false;
     c["sliding_window"] = nullptr;
     c["max_window_layers"] = m.layers;
-  } else {
-    c["attention_bias"] = false;
+  }
+  if (qwen3) {
+    c["attention_bias"] = m.attention_bias;
+  } else if (!qwen2) {
+    c["attention_bias"] = m.attention_bias;
     c["mlp_bias"] = false;
     c["pretraining_tp"] = 1;
   }
@@ -208,16 +228,28 @@ json preprocessor_config(const VisionConfig& v) {
 
 HfTokenizerFiles hf_tokenizer_files(const TokenizerFiles& f, int64_t model_max_length) {
   HfTokenizerFiles t;
+  t.model_max_length = model_max_length;
+  for (const AddedToken& a : f.added) t.added.push_back({a.text, a.id});
+  if (f.kind == TokenizerKind::HuggingFace) {
+    // The files themselves: transformers reads them as they were read here.
+    t.copied.push_back(f.model_path);
+    if (!f.config_path.empty()) t.copied.push_back(f.config_path);
+    std::error_code ec;
+    const fs::path map = fs::path(f.model_path).parent_path() / "special_tokens_map.json";
+    if (fs::is_regular_file(map, ec)) t.copied.push_back(map.string());
+    t.unk = {"", f.ids.unk};
+    t.bos = {"", f.ids.bos};
+    t.eos = {"", f.ids.eos};
+    t.pad = {"", f.ids.pad};
+    return t;
+  }
   t.sentencepiece_model = f.model_path;
   t.unk = {"<unk>", f.ids.unk};
   t.bos = {"<s>", f.ids.bos};
   t.eos = {"</s>", f.ids.eos};
   if (f.model_has_pad) t.pad = {"<pad>", f.ids.pad};
-  for (const AddedToken& a : f.added) {
-    t.added.push_back({a.text, a.id});
+  for (const AddedToken& a : f.added)
     if (!f.model_has_pad && a.id == f.ids.pad) t.pad = {a.text, a.id};
-  }
-  t.model_max_length = model_max_length;
   return t;
 }
 
@@ -261,11 +293,24 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
   const ModelConfig& m = model.config();
   // The tokenizer's files are made (and their ids checked) before anything is written.
   std::vector<std::pair<std::string, std::string>> tok_files;
-  std::string sp_bytes;
-  if (o.tokenizer) {
+  if (o.tokenizer && !o.tokenizer->copied.empty()) {
+    for (const std::string& path : o.tokenizer->copied)
+      tok_files.emplace_back(fs::path(path).filename().string(),
+                             InputFile("tokenizer file", path).read_all(int64_t(64) << 20, "64 MiB"));
+    // Tokens the run added after the file's own ids, which the file cannot hold.
+    if (!o.tokenizer->added.empty()) {
+      json added = json::object();
+      for (const auto& [text, id] : o.tokenizer->added) {
+        DHP_CHECK(id >= 0 && id < m.vocab_size, "export: added token '{}' has id {}, outside the model's "
+                  "vocabulary of {}", printable(text), id, m.vocab_size);
+        added[text] = id;
+      }
+      tok_files.emplace_back("added_tokens.json", added.dump(2) + "\n");
+    }
+  } else if (o.tokenizer) {
     tok_files = tokenizer_files(*o.tokenizer, m.vocab_size);
-    const InputFile sp("tokenizer model", o.tokenizer->sentencepiece_model);
-    sp_bytes = sp.read_all(int64_t(256) << 20, "256 MiB");
+    tok_files.emplace_back("tokenizer.model", InputFile("tokenizer model", o.tokenizer->sentencepiece_model)
+                                                  .read_all(int64_t(256) << 20, "256 MiB"));
   }
 
   // A clip or siglip tower makes it a LLaVA model (llava-hf's layout); the native tower has no
@@ -283,6 +328,8 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
               "export: a LLaVA checkpoint names its <image> token (image_token_index), and the run's "
               "tokenizer has none in the model's vocabulary of {}", m.vocab_size);
   }
+  // config.json before any file is written: it refuses a model no Hugging Face class holds.
+  const json config = llava ? llava_config(m, o, image_token) : model_config(m, o);
   // Tensors in the name map's order, cut into shards of at most max_shard_bytes (a tensor
   // larger than that is a shard of its own).
   const std::vector<HfBinding> map = hf_name_map(m, llava ? HfLayout::LlavaHf : HfLayout::Decoder);
@@ -307,8 +354,7 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
   if (llava) files.push_back("preprocessor_config.json");
   for (size_t i = 0; i < n; ++i) files.push_back(shard_name(i));
   if (n > 1) files.push_back("model.safetensors.index.json");
-  if (o.tokenizer)
-    for (const char* f : kTokenizerFiles) files.push_back(f);
+  for (const auto& f : tok_files) files.push_back(f.first);
   const std::set<std::string> before = earlier_files(o.dir);
   // Tokenizer files of an earlier export that this one cannot write would be left beside
   // weights they may not belong to, or deleted with nothing in their place: refused, unless
@@ -369,8 +415,7 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
   if (n > 1)
     write_file_atomic((fs::path(o.dir) / "model.safetensors.index.json").string(),
                       json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
-  write_file_atomic((fs::path(o.dir) / "config.json").string(),
-                    (llava ? llava_config(m, o, image_token) : model_config(m, o)).dump(2) + "\n");
+  write_file_atomic((fs::path(o.dir) / "config.json").string(), config.dump(2) + "\n");
   if (llava)
     write_file_atomic((fs::path(o.dir) / "preprocessor_config.json").string(),
                       preprocessor_config(m.vision).dump(2) + "\n");
@@ -381,10 +426,7 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
     if (o.tokenizer->pad.id >= 0) gen["pad_token_id"] = o.tokenizer->pad.id;
   }
   write_file_atomic((fs::path(o.dir) / "generation_config.json").string(), gen.dump(2) + "\n");
-  if (o.tokenizer) {
-    write_file_atomic((fs::path(o.dir) / "tokenizer.model").string(), sp_bytes);
-    for (const auto& [name, text] : tok_files) write_file_atomic((fs::path(o.dir) / name).string(), text);
-  }
+  for (const auto& [name, text] : tok_files) write_file_atomic((fs::path(o.dir) / name).string(), text);
   // Files of an earlier export that this one neither wrote nor kept (a preprocessor config of a
   // LLaVA export under a decoder's) would mislead a loader: they go, and the list is exact.
   for (const auto& f : before)

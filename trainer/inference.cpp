@@ -20,7 +20,9 @@ Config inference_config(const std::string& checkpoint, const std::vector<std::st
       return o.find("data.tokenizer=") != std::string::npos;
     });
     std::error_code ec;
-    if (!named && std::filesystem::is_regular_file(std::filesystem::path(checkpoint) / "tokenizer.model", ec))
+    const std::filesystem::path dir(checkpoint);
+    if (!named && (std::filesystem::is_regular_file(dir / "tokenizer.model", ec) ||
+                   std::filesystem::is_regular_file(dir / "tokenizer.json", ec)))
       cfg.data.tokenizer = checkpoint;
     apply_hf_init(cfg);
     return cfg;

@@ -34,6 +34,13 @@ inline constexpr std::pair<ProjectorAct, std::string_view> kProjectorActNames[] 
     {ProjectorAct::automatic, "auto"}, {ProjectorAct::gelu_tanh, "gelu_tanh"},
     {ProjectorAct::gelu, "gelu"}, {ProjectorAct::quick_gelu, "quick_gelu"}};
 
+// RoPE's frequency scaling (model.rope_scaling): none, or Llama-3.x's "llama3" (kernels/
+// rope_spec.h has the formula; its parameters are model.rope_factor, rope_low_freq_factor,
+// rope_high_freq_factor and rope_original_max_pos).
+enum class RopeScaling : uint8_t { none, llama3 };
+inline constexpr std::pair<RopeScaling, std::string_view> kRopeScalingNames[] = {
+    {RopeScaling::none, "none"}, {RopeScaling::llama3, "llama3"}};
+
 // The image geometry (patch, merge, min_pixels, max_pixels, resize, image_size and the pixel
 // constants) plus the encoder's shape.
 struct VisionConfig : ImageGeometry {
@@ -91,7 +98,20 @@ struct ModelConfig {
   bool tie_embeddings = false;
   // Names added by dhp beyond model-spec.md (docs/pretrained.md), for Hugging Face decoders:
   bool attention_bias = false;   // q/k/v projections of the decoder carry biases (Qwen2)
+  // The attention's output projection carries a bias too (Llama's and Qwen3's attention_bias
+  // bias q, k, v and o).
+  bool attention_out_bias = false;
   double rms_norm_eps = 1e-6;    // eps of the decoder's RMSNorms; the vision encoder keeps 1e-6
+  // Qwen3: q and k RMSNormed over each head (weights attn.q_norm, attn.k_norm (head_dim), eps
+  // rms_norm_eps) after their projections, before RoPE.
+  bool qk_norm = false;
+  // The decoder's RoPE frequencies (the vision encoder's stay plain): Llama-3.x's "llama3"
+  // scaling with its four parameters (Llama-3.1's values by default).
+  RopeScaling rope_scaling = RopeScaling::none;
+  double rope_factor = 8.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_pos = 8192;
   // A Hugging Face folder the decoder starts from (trainer/hf_checkpoint.h): its config.json
   // sets the decoder's shape, its tensors the decoder's weights. "" = none.
   std::string init;

@@ -36,11 +36,23 @@ struct Where {
 };
 
 // A short description of a JSON value for messages (never the whole of a large subtree).
+// (Strings are appended piece by piece: GCC 12 warns, wrongly, of overlapping copies in
+// "literal" + std::string.)
 inline std::string describe(const json& j) {
-  if (j.is_string()) return "\"" + printable(j.get_ref<const std::string&>(), 80) + "\"";
-  if (j.is_object()) return "an object";
-  if (j.is_array()) return "an array of " + std::to_string(j.size());
-  return printable(j.dump(), 80);
+  std::string out;
+  if (j.is_string()) {
+    out += '"';
+    out += printable(j.get_ref<const std::string&>(), 80);
+    out += '"';
+  } else if (j.is_object()) {
+    out = "an object";
+  } else if (j.is_array()) {
+    out = "an array of ";
+    out += std::to_string(j.size());
+  } else {
+    out = printable(j.dump(), 80);
+  }
+  return out;
 }
 
 inline const json* find_key(const json& obj, std::string_view key) {

@@ -55,7 +55,8 @@ class ByteLevelPre : public PreTokenizer {
     std::string_view text = piece;
     std::string prefixed;
     if (add_prefix_space_ && piece[0] != ' ') {
-      prefixed = " " + std::string(piece);
+      prefixed += ' ';  // (not " " + std::string: GCC 12 warns of overlapping copies there)
+      prefixed += piece;
       text = prefixed;
     }
     if (!use_regex_) {

@@ -57,20 +57,20 @@ class CpuOps final : public Ops {
     cpu::rmsnorm_backward(f32(dx), dw, f32(dy), f32(x), f32(w), rstd, T, C);
   }
   void rope_forward(Act x, const int32_t* pos, int64_t T, int H, int hd,
-                    double theta) const override {
-    cpu::rope_forward(f32(x), pos, T, H, hd, 0, hd, theta);
+                    const RopeSpec& rope) const override {
+    cpu::rope_forward(f32(x), pos, T, H, hd, 0, hd, rope);
   }
   void rope_backward(Act dx, const int32_t* pos, int64_t T, int H, int hd,
-                     double theta) const override {
-    cpu::rope_backward(f32(dx), pos, T, H, hd, 0, hd, theta);
+                     const RopeSpec& rope) const override {
+    cpu::rope_backward(f32(dx), pos, T, H, hd, 0, hd, rope);
   }
   void rope2d_forward(Act x, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
-                      double theta) const override {
-    cpu::rope2d_forward(f32(x), row, col, T, H, hd, theta);
+                      const RopeSpec& rope) const override {
+    cpu::rope2d_forward(f32(x), row, col, T, H, hd, rope);
   }
   void rope2d_backward(Act dx, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
-                       double theta) const override {
-    cpu::rope2d_backward(f32(dx), row, col, T, H, hd, theta);
+                       const RopeSpec& rope) const override {
+    cpu::rope2d_backward(f32(dx), row, col, T, H, hd, rope);
   }
   void swiglu_forward(Act h, CAct a, CAct b, int64_t n) const override {
     cpu::swiglu_forward(f32(h), f32(a), f32(b), n);

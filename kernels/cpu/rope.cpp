@@ -7,10 +7,10 @@ namespace dhp::cpu {
 namespace {
 
 void rotate(float* x, const int32_t* pos, int64_t T, int H, int hd, int offset, int span,
-            double theta, float sign) {
+            const RopeSpec& rope, float sign) {
   const int half = span / 2;
   std::vector<double> inv_freq(half);  // (half)
-  for (int i = 0; i < half; ++i) inv_freq[i] = std::pow(theta, -2.0 * i / span);
+  for (int i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(rope, i, span);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     for (int i = 0; i < half; ++i) {
@@ -30,25 +30,25 @@ void rotate(float* x, const int32_t* pos, int64_t T, int H, int hd, int offset, 
 }  // namespace
 
 void rope_forward(float* x, const int32_t* pos, int64_t T, int H, int hd, int offset, int span,
-                  double theta) {
-  rotate(x, pos, T, H, hd, offset, span, theta, 1.0f);
+                  const RopeSpec& rope) {
+  rotate(x, pos, T, H, hd, offset, span, rope, 1.0f);
 }
 
 void rope_backward(float* dx, const int32_t* pos, int64_t T, int H, int hd, int offset, int span,
-                   double theta) {
-  rotate(dx, pos, T, H, hd, offset, span, theta, -1.0f);
+                   const RopeSpec& rope) {
+  rotate(dx, pos, T, H, hd, offset, span, rope, -1.0f);
 }
 
 void rope2d_forward(float* x, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
-                    double theta) {
-  rotate(x, row, T, H, hd, 0, hd / 2, theta, 1.0f);
-  rotate(x, col, T, H, hd, hd / 2, hd / 2, theta, 1.0f);
+                    const RopeSpec& rope) {
+  rotate(x, row, T, H, hd, 0, hd / 2, rope, 1.0f);
+  rotate(x, col, T, H, hd, hd / 2, hd / 2, rope, 1.0f);
 }
 
 void rope2d_backward(float* dx, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
-                     double theta) {
-  rotate(dx, row, T, H, hd, 0, hd / 2, theta, -1.0f);
-  rotate(dx, col, T, H, hd, hd / 2, hd / 2, theta, -1.0f);
+                     const RopeSpec& rope) {
+  rotate(dx, row, T, H, hd, 0, hd / 2, rope, -1.0f);
+  rotate(dx, col, T, H, hd, hd / 2, hd / 2, rope, -1.0f);
 }
 
 }  // namespace dhp::cpu

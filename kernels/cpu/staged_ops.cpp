@@ -90,24 +90,24 @@ class StagedOps final : public Ops {
     f_.rmsnorm_backward(sdx, dw, In(dy, T * C), In(x, T * C), In(w, C), rstd, T, C);
   }
   void rope_forward(Act x, const int32_t* pos, int64_t T, int H, int hd,
-                    double theta) const override {
+                    const RopeSpec& rope) const override {
     Out sx(x, T * H * hd, true);
-    f_.rope_forward(sx, pos, T, H, hd, theta);
+    f_.rope_forward(sx, pos, T, H, hd, rope);
   }
   void rope_backward(Act dx, const int32_t* pos, int64_t T, int H, int hd,
-                     double theta) const override {
+                     const RopeSpec& rope) const override {
     Out sx(dx, T * H * hd, true);
-    f_.rope_backward(sx, pos, T, H, hd, theta);
+    f_.rope_backward(sx, pos, T, H, hd, rope);
   }
   void rope2d_forward(Act x, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
-                      double theta) const override {
+                      const RopeSpec& rope) const override {
     Out sx(x, T * H * hd, true);
-    f_.rope2d_forward(sx, row, col, T, H, hd, theta);
+    f_.rope2d_forward(sx, row, col, T, H, hd, rope);
   }
   void rope2d_backward(Act dx, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
-                       double theta) const override {
+                       const RopeSpec& rope) const override {
     Out sx(dx, T * H * hd, true);
-    f_.rope2d_backward(sx, row, col, T, H, hd, theta);
+    f_.rope2d_backward(sx, row, col, T, H, hd, rope);
   }
   void swiglu_forward(Act h, CAct a, CAct b, int64_t n) const override {
     Out sh(h, n, false);

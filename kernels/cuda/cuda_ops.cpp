@@ -165,23 +165,23 @@ void CudaOps::rmsnorm_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, const
 }
 
 void CudaOps::rope_forward(Act x, const int32_t* pos, int64_t T, int H, int hd,
-                           double theta) const {
-  DHP_STORAGE_CALL(cuda::rope_forward(stream_, as<S>(x), pos, T, H, hd, theta));
+                           const RopeSpec& rope) const {
+  DHP_STORAGE_CALL(cuda::rope_forward(stream_, as<S>(x), pos, T, H, hd, rope));
 }
 
 void CudaOps::rope_backward(Act dx, const int32_t* pos, int64_t T, int H, int hd,
-                            double theta) const {
-  DHP_STORAGE_CALL(cuda::rope_backward(stream_, as<S>(dx), pos, T, H, hd, theta));
+                            const RopeSpec& rope) const {
+  DHP_STORAGE_CALL(cuda::rope_backward(stream_, as<S>(dx), pos, T, H, hd, rope));
 }
 
 void CudaOps::rope2d_forward(Act x, const int32_t* row, const int32_t* col, int64_t T, int H,
-                             int hd, double theta) const {
-  DHP_STORAGE_CALL(cuda::rope2d_forward(stream_, as<S>(x), row, col, T, H, hd, theta));
+                             int hd, const RopeSpec& rope) const {
+  DHP_STORAGE_CALL(cuda::rope2d_forward(stream_, as<S>(x), row, col, T, H, hd, rope));
 }
 
 void CudaOps::rope2d_backward(Act dx, const int32_t* row, const int32_t* col, int64_t T, int H,
-                              int hd, double theta) const {
-  DHP_STORAGE_CALL(cuda::rope2d_backward(stream_, as<S>(dx), row, col, T, H, hd, theta));
+                              int hd, const RopeSpec& rope) const {
+  DHP_STORAGE_CALL(cuda::rope2d_backward(stream_, as<S>(dx), row, col, T, H, hd, rope));
 }
 
 void CudaOps::swiglu_forward(Act h, CAct a, CAct b, int64_t n) const {

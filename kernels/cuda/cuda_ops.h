@@ -38,13 +38,13 @@ class CudaOps final : public Ops {
   void rmsnorm_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, const float* rstd, int64_t T,
                         int64_t C) const override;
   void rope_forward(Act x, const int32_t* pos, int64_t T, int H, int hd,
-                    double theta) const override;
+                    const RopeSpec& rope) const override;
   void rope_backward(Act dx, const int32_t* pos, int64_t T, int H, int hd,
-                     double theta) const override;
+                     const RopeSpec& rope) const override;
   void rope2d_forward(Act x, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
-                      double theta) const override;
+                      const RopeSpec& rope) const override;
   void rope2d_backward(Act dx, const int32_t* row, const int32_t* col, int64_t T, int H, int hd,
-                       double theta) const override;
+                       const RopeSpec& rope) const override;
   void swiglu_forward(Act h, CAct a, CAct b, int64_t n) const override;
   void swiglu_backward(Act da, Act db, CAct dh, CAct a, CAct b, int64_t n) const override;
   void gelu_forward(Act y, CAct x, int64_t n, GeluKind k) const override;

@@ -52,20 +52,20 @@ void layernorm_backward(cudaStream_t stream, S* dx, float* dw, float* db, const 
 // sign = +1 forward, -1 backward.
 template <class S>
 void rope_rotate(cudaStream_t stream, S* x, const int32_t* pos, int64_t T, int H, int hd,
-                 int offset, int span, double theta, float sign);
+                 int offset, int span, const RopeSpec& rope, float sign);
 template <class S>
 void rope_forward(cudaStream_t stream, S* x, const int32_t* pos, int64_t T, int H, int hd,
-                  double theta);
+                  const RopeSpec& rope);
 template <class S>
 void rope_backward(cudaStream_t stream, S* dx, const int32_t* pos, int64_t T, int H, int hd,
-                   double theta);
+                   const RopeSpec& rope);
 // 2-D: the first half of each head by row, the second by col.
 template <class S>
 void rope2d_forward(cudaStream_t stream, S* x, const int32_t* row, const int32_t* col,
-                    int64_t T, int H, int hd, double theta);
+                    int64_t T, int H, int hd, const RopeSpec& rope);
 template <class S>
 void rope2d_backward(cudaStream_t stream, S* dx, const int32_t* row, const int32_t* col,
-                     int64_t T, int H, int hd, double theta);
+                     int64_t T, int H, int hd, const RopeSpec& rope);
 
 // ---- Activations (kernels/cpu/activation.h: SwiGLU's silu gate, the GELU family);
 // gradients of inputs are written ------------------------------------------------------------

@@ -142,12 +142,19 @@ OpCase rmsnorm(int64_t T, int64_t C, float scale = 1.0f, float eps = 1e-6f) {
   return c;
 }
 
+// Llama-3.1's scaling (factor 8, low 1, high 4) with the original context shrunk to 256 so
+// that, with base 500000 and hd >= 8, the wavelengths (2π·500000^(2i/hd)) fall in all three of
+// its bands: kept below 64, blended between 64 and 256, divided by 8 above.
+RopeSpec llama3_rope() { return RopeSpec::llama3(500000.0, 8.0, 1.0, 4.0, 256.0); }
+
 // In place: forward rotates x, backward rotates dx back. 1-D RoPE by pos, or 2-D by (row, col);
-// positions up to 1e5, where the angle must be computed in double.
+// positions up to 1e5, where the angle must be computed in double. theta 0 = the vision
+// encoder's base (2-D) or the decoder's (1-D); `spec` with a factor: Llama-3.x's scaling.
 OpCase rope(int64_t T, int H, int hd, bool two_d, std::vector<int32_t> pos = {},
-            std::vector<int32_t> row = {}, std::vector<int32_t> col = {}, double theta = 0.0) {
-  OpCase c = named(two_d ? "rope2d" : "rope", "T=" + str(T) + " H=" + str(H) + " hd=" + str(hd));
-  if (theta == 0.0) theta = two_d ? 100.0 : 10000.0;  // the vision encoder's and the decoder's
+            std::vector<int32_t> row = {}, std::vector<int32_t> col = {}, RopeSpec spec = 0.0) {
+  OpCase c = named(two_d ? "rope2d" : "rope", "T=" + str(T) + " H=" + str(H) + " hd=" + str(hd) +
+                                                  (spec.scaled() ? " llama3" : ""));
+  if (spec.theta == 0.0) spec.theta = two_d ? 100.0 : 10000.0;  // the vision encoder's, the decoder's
   c.make = [=](Rng& r) {
     const int64_t n = T * H * hd;
     auto x = uniform(r, sz(n));
@@ -159,15 +166,15 @@ OpCase rope(int64_t T, int H, int hd, bool two_d, std::vector<int32_t> pos = {},
   };
   c.forward = [=](const Ops& o, const Args& a) {
     if (two_d)
-      o.rope2d_forward(a.act("x"), a.as<int32_t>("row"), a.as<int32_t>("col"), T, H, hd, theta);
+      o.rope2d_forward(a.act("x"), a.as<int32_t>("row"), a.as<int32_t>("col"), T, H, hd, spec);
     else
-      o.rope_forward(a.act("x"), a.as<int32_t>("pos"), T, H, hd, theta);
+      o.rope_forward(a.act("x"), a.as<int32_t>("pos"), T, H, hd, spec);
   };
   c.backward = [=](const Ops& o, const Args& a) {
     if (two_d)
-      o.rope2d_backward(a.act("dx"), a.as<int32_t>("row"), a.as<int32_t>("col"), T, H, hd, theta);
+      o.rope2d_backward(a.act("dx"), a.as<int32_t>("row"), a.as<int32_t>("col"), T, H, hd, spec);
     else
-      o.rope_backward(a.act("dx"), a.as<int32_t>("pos"), T, H, hd, theta);
+      o.rope_backward(a.act("dx"), a.as<int32_t>("pos"), T, H, hd, spec);
   };
   c.checks = {{"x", kRope}, {"dx", kRope}};
   c.loss = [=](const Args& a) { return weighted(a, "x", "dx", sz(T * H * hd)); };
@@ -540,6 +547,7 @@ std::vector<OpCase> grad_cases() {
           rmsnorm(4, 8, 0.05f, 1e-2f),
           rope(5, 2, 8, false, {0, 1, 7, 2, 30}, {}, {}, 100.0),
           rope(5, 2, 8, true, {}, {0, 0, 1, 3, 2}, {0, 1, 0, 4, 5}),
+          rope(5, 2, 8, false, {0, 1, 7, 2, 300}, {}, {}, llama3_rope()),
           swiglu(30, 3.0f),
           gelu(30, 4.0f),
           gelu(30, 4.0f, GeluKind::Erf),
@@ -569,6 +577,10 @@ std::vector<OpCase> device_cases() {
     v.push_back(rope(T, H, hd, false));
     if (hd % 4 == 0) v.push_back(rope(T, H, hd, true));
   }
+  v.push_back(rope(70, 4, 64, false, {}, {}, {}, llama3_rope()));
+  v.push_back(rope(300, 4, 128, false, {}, {}, {}, llama3_rope()));
+  // Qwen3's q/k norms: rows of one head.
+  v.push_back(rmsnorm(300 * 16, 128));
   for (int64_t n : {1, 3, 1000, 4097, 100003, 300 * 2048}) {
     v.push_back(swiglu(n, 4.0f));
     for (GeluKind k : {GeluKind::Tanh, GeluKind::Erf, GeluKind::Quick}) v.push_back(gelu(n, 4.0f, k));
@@ -619,6 +631,10 @@ std::vector<OpCase> emulated_cases() {
     v.push_back(rope(T, H, hd, false));
     if (hd % 4 == 0) v.push_back(rope(T, H, hd, true));
   }
+  v.push_back(rope(13, 2, 10, false, {}, {}, {}, llama3_rope()));
+  v.push_back(rope(37, 3, 64, false, {}, {}, {}, llama3_rope()));
+  // Qwen3's q/k norms: rows of one head (T·H rows of hd), fewer values than threads.
+  v.push_back(rmsnorm(37 * 3, 16));
   // Around the block of 256 threads.
   for (int64_t n : {1, 3, 255, 256, 257, 1000, 4097, 37 * 1000}) {
     v.push_back(swiglu(n, 4.0f));

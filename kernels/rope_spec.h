@@ -1,0 +1,59 @@
+// RoPE's rotation frequencies, one value for every backend: the CPU reference
+// (kernels/cpu/rope.cpp), the CUDA kernel (kernels/cuda/rope_kernels.cuh) and the thread
+// emulator of the tests evaluate the same rope_inv_freq, in double.
+//
+// Pair i of a span of n values turns by pos · f_i with f_i = theta^(-2i/n) (model-spec.md).
+// Llama-3.x's "llama3" scaling (model.rope_scaling; transformers' _compute_llama3_parameters)
+// rescales each f_i by its wavelength λ = 2π / f_i against o = original_max_pos:
+//   λ < o / high_freq_factor  ->  f_i                       (short waves kept)
+//   λ > o / low_freq_factor   ->  f_i / factor              (long waves slowed)
+//   otherwise                 ->  (1 - s) · f_i / factor + s · f_i,
+//       s = (o / λ - low_freq_factor) / (high_freq_factor - low_freq_factor)
+// Strict inequalities, as transformers; the cos/sin scale stays 1.
+#pragma once
+
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define DHP_ROPE_FN __host__ __device__ inline
+#else
+#define DHP_ROPE_FN inline
+#endif
+
+namespace dhp {
+
+struct RopeSpec {
+  double theta = 10000.0;  // the base
+  // Llama-3.x scaling; factor 0 = none (plain RoPE).
+  double factor = 0.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  double original_max_pos = 8192.0;
+
+  RopeSpec() = default;
+  // Plain RoPE of base `base` (the vision encoder's, and every decoder without scaling).
+  RopeSpec(double base) : theta(base) {}  // NOLINT(google-explicit-constructor)
+  static RopeSpec llama3(double base, double factor, double low, double high, double original) {
+    RopeSpec r(base);
+    r.factor = factor;
+    r.low_freq_factor = low;
+    r.high_freq_factor = high;
+    r.original_max_pos = original;
+    return r;
+  }
+  bool scaled() const { return factor > 0.0; }
+};
+
+// f_i of pair i in a span of `span` values.
+DHP_ROPE_FN double rope_inv_freq(const RopeSpec& r, int i, int span) {
+  const double f = pow(r.theta, -2.0 * i / span);
+  if (!(r.factor > 0.0)) return f;
+  const double two_pi = 6.283185307179586;
+  const double wavelength = two_pi / f;
+  if (wavelength < r.original_max_pos / r.high_freq_factor) return f;
+  if (wavelength > r.original_max_pos / r.low_freq_factor) return f / r.factor;
+  const double s = (r.original_max_pos / wavelength - r.low_freq_factor) /
+                   (r.high_freq_factor - r.low_freq_factor);
+  return (1.0 - s) * f / r.factor + s * f;
+}
+
+}  // namespace dhp
