@@ -146,7 +146,9 @@ Distance distance(const Result& ref, const Result& got, bool control = false) {
       mref = std::max(mref, double(std::abs(it->second[i])));
       err = std::max(err, double(std::abs(it->second[i] - g[i])));
     }
-    if (!control) EXPECT_GT(mref, 0.0) << name << " got no gradient in the reference";
+    if (!control) {
+      EXPECT_GT(mref, 0.0) << name << " got no gradient in the reference";
+    }
     if (err / mref > d.grads) d.grads = err / mref, d.worst = name;
   }
   return d;

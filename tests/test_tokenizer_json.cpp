@@ -219,9 +219,9 @@ TEST(TokenizerJson, ChatTemplatesGiveWhatTheModelsOwnTemplatesRender) {
     std::vector<int32_t> layout;
     std::vector<uint8_t> loss;
     layout_prompt(c.t, "And 3+3?", tok, layout, loss);
-    Ids prompt;
-    if (tok.ids().has_bos()) prompt.push_back(tok.ids().bos);
-    prompt.insert(prompt.end(), layout.begin(), layout.end());
+    Ids prompt(layout.size() + 1, tok.ids().bos);
+    std::copy(layout.begin(), layout.end(), prompt.begin() + 1);
+    if (!tok.ids().has_bos()) prompt.erase(prompt.begin());
     const std::string want_prompt = rendered(real(c.tokenizer), json::array({{{"role", "user"}, {"content", "And 3+3?"}}}),
                                              dir, "--generation-prompt --no-thinking");
     EXPECT_EQ(tok.decode(prompt), want_prompt);
@@ -283,7 +283,10 @@ TEST(TokenizerJson, TokenizeCommandPrintsIdsOrTokensPerLine) {
             b = hf_ids(real("qwen3") / "tokenizer.json", "twelve 12", dir);
   auto line = [](const Ids& ids) {
     std::string s;
-    for (int32_t id : ids) s += (s.empty() ? "" : " ") + std::to_string(id);
+    for (int32_t id : ids) {
+      if (!s.empty()) s += ' ';
+      s += std::to_string(id);
+    }
     return s;
   };
   EXPECT_EQ(r.output, line(a) + "\n" + line(b) + "\n");
@@ -293,7 +296,10 @@ TEST(TokenizerJson, TokenizeCommandPrintsIdsOrTokensPerLine) {
   const Tokenizer tok(folder);
   auto pieces = [&](const Ids& ids) {
     std::string s;
-    for (int32_t id : ids) s += (s.empty() ? "" : " ") + tok.token_text(id);
+    for (int32_t id : ids) {
+      if (!s.empty()) s += ' ';
+      s += tok.token_text(id);
+    }
     return s;
   };
   EXPECT_EQ(r.output, pieces(a) + "\n" + pieces(b) + "\n");
