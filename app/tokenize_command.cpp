@@ -30,9 +30,6 @@ struct TokenizeOptions {
   bool pieces = false;
 };
 
-// Files read whole for tokenizing: the cap keeps a wrong path from filling memory.
-constexpr int64_t kMaxTokenizeFileBytes = int64_t(1) << 30;
-
 // One line's output: its ids (or tokens) as the model would read them. With a template the
 // line is a prompt laid out as `dhp generate` lays it out (bos, the template's text up to where
 // the answer starts); each image stands as "<image>", its size being unknown here.
@@ -94,18 +91,10 @@ void add_tokenize_command(CLI::App& app) {
     set_up_logging(0, 1, "warn");
     DHP_CHECK(text->count() + file->count() > 0, "tokenize: give --text or --file");
     const Tokenizer tok(o->tokenizer, o->added_tokens);
-    std::vector<std::string> lines = o->texts;
-    if (!o->file.empty()) {
-      const std::string all = InputFile("text file", o->file).read_all(kMaxTokenizeFileBytes, "1 GiB");
-      size_t at = 0;
-      while (at < all.size()) {
-        size_t end = all.find('\n', at);
-        if (end == std::string::npos) end = all.size();
-        lines.push_back(all.substr(at, end - at));
-        at = end + 1;
-      }
-    }
-    for (const std::string& line : lines) fmt::print("{}\n", tokenize_line(*o, tok, line));
+    for (const std::string& line : o->texts) fmt::print("{}\n", tokenize_line(*o, tok, line));
+    if (o->file.empty()) return;
+    LineReader lines("text file", o->file);
+    for (std::string line; lines.next(line);) fmt::print("{}\n", tokenize_line(*o, tok, line));
   });
 }
 

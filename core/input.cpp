@@ -125,6 +125,17 @@ std::string InputFile::read_all(int64_t max_bytes, const std::string& cap_name) 
   return bytes;
 }
 
+int64_t append_next_chunk(const InputFile& file, std::string& buf, size_t consumed, int64_t& offset,
+                          size_t chunk) {
+  buf.erase(0, consumed);
+  const size_t old = buf.size();
+  buf.resize(old + chunk);
+  const int64_t n = file.read_at(buf.data() + old, int64_t(chunk), offset);
+  buf.resize(old + size_t(n));
+  offset += n;
+  return n;
+}
+
 LineReader::LineReader(const std::string& what, const std::string& path, const std::string& hint,
                        const volatile int* stop, int64_t max_line)
     : file_(what, path, hint), what_(what), path_(path), stop_(stop), max_line_(max_line) {}
@@ -149,14 +160,8 @@ bool LineReader::next(std::string& line) {
       return true;
     }
     if (eof_) return false;
-    buf_.erase(0, pos_);
+    eof_ = append_next_chunk(file_, buf_, pos_, offset_, kChunk) == 0;
     pos_ = 0;
-    const size_t old = buf_.size();
-    buf_.resize(old + kChunk);
-    const int64_t n = file_.read_at(buf_.data() + old, int64_t(kChunk), offset_);
-    buf_.resize(old + size_t(n));
-    offset_ += n;
-    eof_ = n == 0;
     check_stop();
   }
 }

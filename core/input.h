@@ -54,6 +54,12 @@ inline constexpr int64_t kMaxLineBytes = int64_t(64) << 20;
 // Splits a file into lines the way std::getline does ('\n' ends a line, a last line without
 // one still counts), refusing a line longer than `max_line` bytes and stopping with an error
 // when *stop becomes non-zero (a signal handler's flag).
+// The streaming step of the chunked readers (LineReader, data/manifest_reader.h): drops the
+// first `consumed` bytes of `buf` (what was handed out), appends the file's next `chunk` bytes
+// from `offset` and advances it. Returns the bytes read; 0 at the end of the file.
+int64_t append_next_chunk(const InputFile& file, std::string& buf, size_t consumed, int64_t& offset,
+                          size_t chunk);
+
 class LineReader {
  public:
   LineReader(const std::string& what, const std::string& path, const std::string& hint = "",

@@ -48,13 +48,8 @@ bool ManifestReader::fill() {
             printable(path_), element_ + 1);
   if (eof_) return false;
   // Drop what was handed out; keep the element being scanned.
-  buf_.erase(0, pos_);
+  const int64_t n = append_next_chunk(file_, buf_, pos_, offset_, kChunk);
   pos_ = 0;
-  const size_t old = buf_.size();
-  buf_.resize(old + kChunk);
-  const int64_t n = file_.read_at(buf_.data() + old, int64_t(kChunk), offset_);
-  buf_.resize(old + size_t(n));
-  offset_ += n;
   eof_ = n == 0;
   return n > 0;
 }

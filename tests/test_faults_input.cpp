@@ -423,7 +423,7 @@ TEST(FaultsInput, RanksAgreeOnOptionsImagesAndStartingWeights) {
   };
   const auto same_opts = [](int) { return TrainOptions{}; };
   // --stop-after on one rank only.
-  auto m = run([&](int r) { return small_config(3, dir / "s"); },
+  auto m = run([&](int) { return small_config(3, dir / "s"); },
                [](int r) { TrainOptions o; o.stop_after = r == 1 ? 1 : -1; return o; });
   EXPECT_TRUE(contains(m[0], "--stop-after = 1 there, -1 on rank 0")) << m[0];
   // Another image folder's bytes under the same manifest.
@@ -438,11 +438,11 @@ TEST(FaultsInput, RanksAgreeOnOptionsImagesAndStartingWeights) {
   auto world = start_world(nullptr, nullptr);
   const TrainResult a = train(small_config(1, dir / "wa"), *world);
   const TrainResult b = train(small_config(2, dir / "wb"), *world);
-  m = run([&](int r) { return small_config(1, dir / "w", {"--data.val="}); },
+  m = run([&](int) { return small_config(1, dir / "w", {"--data.val="}); },
           [&](int r) { TrainOptions o; o.init = r == 1 ? b.checkpoint : a.checkpoint; return o; });
   EXPECT_TRUE(contains(m[0], "the starting weights")) << m[0];
   // --init given to rank 0 only.
-  m = run([&](int r) { return small_config(1, dir / "o", {"--data.val="}); },
+  m = run([&](int) { return small_config(1, dir / "o", {"--data.val="}); },
           [&](int r) { TrainOptions o; if (r == 0) o.init = a.checkpoint; return o; });
   EXPECT_TRUE(contains(m[0], "--init = not given there, given on rank 0")) << m[0];
 }
