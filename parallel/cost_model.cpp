@@ -255,6 +255,13 @@ CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_p
   vis_flops_per_patch_ = passes_ * 2.0 * (vis_layers * vis_layer_params + double(v.patch_numel()) * dv);
   proj_flops_per_token_ = passes_ * 2.0 * proj_params;
   dec_weight_bytes_ = passes_ * double(dev.weight_bytes) * (L * layer_params + d * m.vocab_size);
+  // RMSNorms do few FLOPs per element and stream their activations instead: forward reads x
+  // and writes y, backward reads x and dy and writes dx (recompute: a second forward). Per
+  // token, each layer normalises its input twice (d wide) and, with qk_norm (Qwen3), every
+  // query and key head (q_dim + kv_dim); then the final norm. Priced at sec_per_weight_byte,
+  // the device's memory bandwidth.
+  const double norm_width = L * (2 * d + (m.qk_norm ? q + kv : 0.0)) + d;
+  dec_norm_bytes_per_token_ = (recompute ? 7.0 : 5.0) * double(dev.act_bytes) * norm_width;
   vis_weight_bytes_ =
       passes_ * double(dev.weight_bytes) * (vis_layers * vis_layer_params + double(v.patch_numel()) * dv + proj_params);
   // Flash-style attention: 2 matmuls forward, 5 backward (scores recomputed), 2 more under
@@ -382,7 +389,7 @@ double CostModel::evaluate(const GroupCost& g, const Vision& v, int d, bool inte
   }
   // Decoder: token-linear work split evenly (zigzag), weights streamed once per pass.
   fl[0] += dec_flops_per_token_ * double(g.tokens_) / dd;
-  fl[6] += dec_weight_bytes_;
+  fl[6] += dec_weight_bytes_ + dec_norm_bytes_per_token_ * double(g.tokens_) / dd;
   fl[5] += double(g.seqs_);
   if (d == 1) {
     fl[1] += layers * dec_att;
@@ -456,7 +463,9 @@ double CostModel::area_lower_bound(const SeqCost& c, int d, double lambda) const
   const CostCoeffs& k = coeffs_;
   const double dd = d, layers = model_.layers;
   const double byte_rate = inter(d) ? k.sec_per_byte_inter : k.sec_per_byte_intra;
-  double t = k.sec_per_flop * dec_flops_per_token_ * double(c.tokens) + k.sec_per_seq * dd;
+  double t = (k.sec_per_flop * dec_flops_per_token_ + k.sec_per_weight_byte * dec_norm_bytes_per_token_) *
+                 double(c.tokens) +
+             k.sec_per_seq * dd;
   for (const auto& im : c.img)
     t += double(im.count) * (k.sec_per_flop * image_lin(im.patches) + k.sec_per_att_flop * image_att(im.patches));
   // d x [A/d² + (d-1)·max(A/d², x)] >= A/d + (d-1)·(lambda·A/d + (1-lambda)·bytes·rate)

@@ -205,6 +205,8 @@ class CostModel {
   double fixed_seconds() const { return coeffs_.sec_per_weight_byte * dec_weight_bytes_; }
   // The ring-step latency of one layer pass set (what each of the d-1 steps costs at least).
   double step_latency() const { return model_.layers * ring_passes_ * coeffs_.sec_per_step; }
+  // Bytes the decoder's RMSNorms stream per token over all passes (sec_per_weight_byte's feature).
+  double norm_bytes_per_token() const { return dec_norm_bytes_per_token_; }
 
   const CostCoeffs& coeffs() const { return coeffs_; }
   void set_coeffs(const CostCoeffs& c) { coeffs_ = c; }
@@ -245,6 +247,7 @@ class CostModel {
   double dec_flops_per_token_, vis_flops_per_patch_, proj_flops_per_token_;
   double dec_att_per_pair_, vis_att_per_pair_, dec_bytes_per_token_, xfer_bytes_per_token_;
   double dec_weight_bytes_, vis_weight_bytes_;
+  double dec_norm_bytes_per_token_;  // the decoder's RMSNorms (q/k norms included), streamed
   int passes_;       // GEMM passes: forward, backward dX, backward dW (+ recompute forward)
   int ring_passes_;  // forward, backward (and the recompute forward) each run the ring
 };

@@ -890,9 +890,13 @@ TEST(CostModel, MicroBatchPaysLatencyAndWeightsOnce) {
     const auto f = m.features(g, d, m.inter(d));
     const auto f1 = m.features(seqs[0], d);
     // Short sequences: every ring step is transfer-bound, and there are (d-1) steps per layer
-    // and pass for the whole micro-batch.
+    // and pass for the whole micro-batch. Of the bytes streamed, the norms' activations grow
+    // with the tokens; the weights do not.
     EXPECT_EQ(f[4], f1[4]) << d;
-    EXPECT_EQ(f[6], f1[6]) << d;
+    int64_t more = 0;
+    for (const auto& c : seqs) more += c.tokens;
+    more -= seqs[0].tokens;
+    EXPECT_NEAR(f[6] - f1[6], m.norm_bytes_per_token() * double(more) / d, 1e-9 * f[6]) << d;
     EXPECT_LT(m.seconds(g, d, m.inter(d)), apart - 4.5 * (f1[4] * m.coeffs().sec_per_step)) << d;
     GroupCost r;
     for (auto it = seqs.rbegin(); it != seqs.rend(); ++it) r.add(*it);
@@ -914,6 +918,32 @@ TEST(CostModel, SmallChunksAreLessEfficient) {
                                              (m.features(large, 1)[0] / 8192));
   EXPECT_GT(t_half, 16);
   EXPECT_LT(t_half, 4096);
+}
+
+// RMSNorms are priced by the activations they stream: Qwen3's per-head q/k norms add
+// (q_dim + kv_dim) per layer to the two d-wide norms of every layer, at the memory bandwidth;
+// a small share of a 7B step, but not nothing.
+TEST(CostModel, NormsStreamTheirActivationsQkNormIncluded) {
+  ModelConfig plain = model_profile("7b"), qwen3 = plain;
+  qwen3.qk_norm = true;
+  for (Recompute mode : {Recompute::off, Recompute::full}) {
+    CostModel a(plain, device_profile("h100"), 8, mode), b(qwen3, device_profile("h100"), 8, mode);
+    const double passes = mode == Recompute::full ? 7 : 5, width = 2;  // bytes per bf16 activation
+    EXPECT_DOUBLE_EQ(a.norm_bytes_per_token(), passes * width * (28 * 2 * 3584 + 3584));
+    EXPECT_DOUBLE_EQ(b.norm_bytes_per_token() - a.norm_bytes_per_token(),
+                     passes * width * 28 * (28 * 128 + 4 * 128));
+    const SeqShape s{0, 8192, 0, 0};
+    for (int d : {1, 4}) {
+      const double extra = b.seconds(b.prepare(s), d) - a.seconds(a.prepare(s), d);
+      EXPECT_NEAR(extra, (b.norm_bytes_per_token() - a.norm_bytes_per_token()) * 8192 / d *
+                             device_profile("h100").coeffs.sec_per_weight_byte,
+                  1e-9 * a.seconds(a.prepare(s), d)) << d;
+      EXPECT_GT(extra, 0.001 * a.seconds(a.prepare(s), d)) << d;
+      EXPECT_LT(extra, 0.05 * a.seconds(a.prepare(s), d)) << d;
+      // The planner's lower bounds stay below what a plan costs.
+      EXPECT_LE(b.area_lower_bound(b.prepare(s), d, 0.5), d * b.seconds(b.prepare(s), d) * (1 + 1e-12)) << d;
+    }
+  }
 }
 
 TEST(CostModel, CoefficientsRoundTripAndAreValidated) {
