@@ -62,8 +62,8 @@ class EmulatedOps : public Ops {
     if (T <= 0) return;
     with([&](auto s) {
       using S = decltype(s);
-      run(cuda::norm::rows_launch(T), cuda::norm::kRowSharedFloats, [&](float* sm) {
-        cuda::norm::forward_block(as<S>(y), rstd, as<S>(x), as<S>(w), C, eps, sm);
+      run(cuda::norm::rows_launch(T, C), cuda::norm::kRowSharedFloats, [&](float* sm) {
+        cuda::norm::forward_block(as<S>(y), rstd, as<S>(x), as<S>(w), T, C, eps, sm);
       });
     });
   }
@@ -72,13 +72,19 @@ class EmulatedOps : public Ops {
     if (T <= 0) return;
     with([&](auto s) {
       using S = decltype(s);
-      if (dw)
-        run(cuda::norm::dw_launch(C), emu::floats_for<cuda::norm::DwShared>(), [&](float* sm) {
-          cuda::norm::dw_block(dw, as<S>(dy), as<S>(x), rstd, T, C,
+      if (dw) {
+        const cuda::LaunchDims l = cuda::norm::dw_launch(T, C);
+        std::vector<float> partial(size_t(l.grid_y > 1 ? cuda::kNormDwPartialFloats : 0));
+        run(l, emu::floats_for<cuda::norm::DwShared>(), [&](float* sm) {
+          cuda::norm::dw_block(dw, partial.data(), as<S>(dy), as<S>(x), rstd, T, C,
                                shared_as<cuda::norm::DwShared>(sm));
         });
-      run(cuda::norm::rows_launch(T), cuda::norm::kRowSharedFloats, [&](float* sm) {
-        cuda::norm::dx_block(as<S>(dx), as<S>(dy), as<S>(x), as<S>(w), rstd, C, sm);
+        if (l.grid_y > 1)
+          run(cuda::norm::dw_finish_launch(C), 0,
+              [&](float*) { cuda::norm::dw_finish(dw, partial.data(), int(l.grid_y), C); });
+      }
+      run(cuda::norm::rows_launch(T, C), cuda::norm::kRowSharedFloats, [&](float* sm) {
+        cuda::norm::dx_block(as<S>(dx), as<S>(dy), as<S>(x), as<S>(w), rstd, T, C, sm);
       });
     });
   }

@@ -98,14 +98,21 @@ INSTANTIATE_TEST_SUITE_P(OpTable, EmulatedOps, ::testing::ValuesIn(rows()), [](c
 
 // ---- Deterministic reductions and vector paths ----------------------------------------------
 
-// RMSNorm's dw: 16 lanes of T/16 rows each, then the 16 lane sums; the CPU sums T rows in order.
-// Both within (T + 16)·eps·sum|terms| of the exact sum, per column. From the reference's rstd,
-// so that the check stands alone.
+// RMSNorm's dw: per slice of rows (one up to 512 rows, then up to 256 slices: Qwen3's q/k
+// norms have 128 columns and tokens x heads rows), 16 lanes, then the 16 lane sums, then the
+// slices in order; the CPU sums T rows in order. Both within (T + 16)·eps·sum|terms| of the
+// exact sum, per column. From the reference's rstd, so that the check stands alone. The
+// shapes cover one slice, a ragged last slice, and ten slices of one-head rows.
 TEST(CudaEmulated, RmsNormDwWithinItsSummationBound) {
   Rng rng(1);
   const testing::EmulatedOps ops(DType::F32);
+  EXPECT_EQ(cuda::norm::dw_slices(512, 128), 1);
+  EXPECT_EQ(cuda::norm::dw_slices(1100, 33), 3);
+  EXPECT_EQ(cuda::norm::dw_slices(int64_t(1) << 30, 128), cuda::norm::kDwMaxSlices);
+  EXPECT_EQ(cuda::norm::dw_slices(int64_t(1) << 30, 8192), cuda::kNormDwPartialFloats / 8192);
+  EXPECT_EQ(cuda::norm::dw_slices(int64_t(1) << 30, cuda::kNormDwPartialFloats * 2), 1);
   for (auto [T, C] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {5, 300}, {40, 33}, {16, 256},
-                      {2, 512}}) {
+                      {2, 512}, {1100, 33}, {4800, 128}}) {
     const std::string at = " T=" + std::to_string(T) + " C=" + std::to_string(C);
     auto x = random_vec(rng, sz(T * C)), w = random_vec(rng, sz(C));
     auto dy = random_vec(rng, sz(T * C)), dw0 = random_vec(rng, sz(C));

@@ -63,6 +63,7 @@ CudaOps::CudaOps(Backend& backend, cudaStream_t stream, Precision precision, Att
       workspace_(backend, kGemmWorkspace),
       ce_rows_(backend, sizeof(cuda::CrossEntropyRow) * cuda::kCrossEntropyRows),
       sum_partial_(backend, sizeof(double) * cuda::kSumSquaresBlocks),
+      norm_partial_(backend, sizeof(float) * cuda::kNormDwPartialFloats),
       gemm_(std::make_unique<cuda::Gemm>(stream, precision, workspace_.data(), kGemmWorkspace)),
       attn_(std::make_unique<cuda::AttentionSelect>(
           attention, make_cudnn(backend, stream, precision, attention), stream)) {}
@@ -160,8 +161,8 @@ void CudaOps::rmsnorm_forward(Act y, float* rstd, CAct x, CAct w, int64_t T, int
 
 void CudaOps::rmsnorm_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, const float* rstd,
                                int64_t T, int64_t C) const {
-  DHP_STORAGE_CALL(cuda::rmsnorm_backward(stream_, as<S>(dx), dw, as<S>(dy), as<S>(x), as<S>(w),
-                                          rstd, T, C));
+  DHP_STORAGE_CALL(cuda::rmsnorm_backward(stream_, as<S>(dx), dw, norm_partial_.as<float>(),
+                                          as<S>(dy), as<S>(x), as<S>(w), rstd, T, C));
 }
 
 void CudaOps::rope_forward(Act x, const int32_t* pos, int64_t T, int H, int hd,

@@ -113,6 +113,7 @@ class CudaOps final : public Ops {
   DeviceBuffer workspace_;    // cuBLASLt workspace
   DeviceBuffer ce_rows_;      // (kCrossEntropyRows) CrossEntropyRow
   DeviceBuffer sum_partial_;  // (kSumSquaresBlocks) double
+  DeviceBuffer norm_partial_; // (kNormDwPartialFloats) float: RMSNorm dw's row slices
   // The plan cache grows on first use of a shape, behind the const op interface.
   std::unique_ptr<cuda::Gemm> gemm_;
   // Grows its plan cache and scratch on first use of a shape, behind the const interface too.

@@ -27,10 +27,10 @@ template <class S>
 void rmsnorm_forward(cudaStream_t stream, S* y, float* rstd, const S* x, const S* w, int64_t T,
                      int64_t C, float eps);
 // dx is written; dw (fp32) accumulates, reduced over rows column by column in a fixed order
-// (no atomics): deterministic.
+// (no atomics): deterministic. partial: kNormDwPartialFloats of scratch (scratch.h).
 template <class S>
-void rmsnorm_backward(cudaStream_t stream, S* dx, float* dw, const S* dy, const S* x, const S* w,
-                      const float* rstd, int64_t T, int64_t C);
+void rmsnorm_backward(cudaStream_t stream, S* dx, float* dw, float* partial, const S* dy, const S* x,
+                      const S* w, const float* rstd, int64_t T, int64_t C);
 
 // ---- LayerNorm (kernels/cpu/layernorm.h): y = (x - mean) · rstd · w + b, biased variance,
 // eps inside the square root ----------------------------------------------------------------

@@ -16,6 +16,10 @@ struct CrossEntropyRow {
   int counted;  // target >= 0
 };
 
+// Floats of the RMSNorm weight gradient's row-slice sums (norm_kernels.cuh): 4 MiB, room for
+// 256 slices of a 4096-wide row.
+constexpr int64_t kNormDwPartialFloats = int64_t(1) << 20;
+
 // Blocks of the first stage of sum_squares; its partial buffer holds this many doubles.
 constexpr int kSumSquaresBlocks = 1024;
 

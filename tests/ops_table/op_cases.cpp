@@ -620,10 +620,11 @@ std::vector<OpCase> device_cases() {
 
 std::vector<OpCase> emulated_cases() {
   std::vector<OpCase> v;
-  // Rows shorter than, equal to and longer than the block; dw's 16 row lanes and 32-column tiles
-  // exactly filled and with tails.
+  // Rows shorter than, equal to and longer than a warp (up to 512 columns a warp per row, 8 rows
+  // to a block, the last block ragged) and a block (wider rows); dw's 16 row lanes and 32-column
+  // tiles exactly filled and with tails, and cut into row slices (1100 rows: 3 slices).
   for (auto [T, C] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {5, 300}, {40, 33}, {16, 256},
-                      {2, 512}, {37, 300}})
+                      {2, 512}, {37, 300}, {3, 700}, {1100, 33}})
     v.push_back(rmsnorm(T, C));
   v.push_back(rmsnorm(5, 300, 0.05f, 1e-2f));  // the eps argument reaches the kernel
   for (auto [T, H, hd] : {std::tuple<int64_t, int, int>{1, 1, 2}, {9, 3, 8}, {13, 2, 10},
@@ -680,7 +681,10 @@ std::vector<OpCase> perf_cases(const PerfShape& s) {
   std::vector<int32_t> pos(s.pos, s.pos + s.T);
   OpCase sw = swiglu(s.T * s.ffn, 1.0f);
   sw.shape = str(s.T) + "x" + str(s.ffn);
-  return {rmsnorm(s.T, s.d), layernorm(s.T, s.d), rope(s.T, s.H, s.hd, false, pos), sw,
+  // Qwen3's q_norm: every (token, head) row of head_dim.
+  OpCase qn = rmsnorm(s.T * s.H, s.hd);
+  qn.shape += " (q_norm)";
+  return {rmsnorm(s.T, s.d), qn, layernorm(s.T, s.d), rope(s.T, s.H, s.hd, false, pos), sw,
           cross_entropy(s.T, s.V)};
 }
 
