@@ -172,6 +172,9 @@ struct HfTokenizerFiles {
   HfSpecialToken unk, bos, eos, pad;
   // Tokens appended after the SentencePiece vocabulary, as (text, id): ("<image>", 32000).
   std::vector<std::pair<std::string, int32_t>> added;
+  // The id an image's positions hold when the family's vocabulary has one (Qwen's
+  // <|image_pad|>): LLaVA's image_token_index. -1: LLaVA's convention, the added <image>.
+  int32_t image_pad = -1;
   bool add_bos = true;              // the tokenizer starts every text with bos
   int64_t model_max_length = 4096;  // the run's data.max_tokens
 };

@@ -230,6 +230,7 @@ HfTokenizerFiles hf_tokenizer_files(const TokenizerFiles& f, int64_t model_max_l
   HfTokenizerFiles t;
   t.model_max_length = model_max_length;
   for (const AddedToken& a : f.added) t.added.push_back({a.text, a.id});
+  t.image_pad = f.ids.image_pad;
   if (f.kind == TokenizerKind::HuggingFace) {
     // The files themselves: transformers reads them as they were read here.
     t.copied.push_back(f.model_path);
@@ -321,12 +322,14 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
     DHP_CHECK(m.vision.merge == 1, "export: a LLaVA checkpoint feeds every patch to the projector; this "
               "model merges {0}x{0} patches (model.vision.merge = {0}), which transformers' LLaVA cannot run",
               m.vision.merge);
+    if (image_token < 0 && o.tokenizer) image_token = o.tokenizer->image_pad;
     if (image_token < 0 && o.tokenizer)
       for (const auto& [text, id] : o.tokenizer->added)
         if (text == "<image>") image_token = id;
     DHP_CHECK(image_token >= 0 && image_token < m.vocab_size,
-              "export: a LLaVA checkpoint names its <image> token (image_token_index), and the run's "
-              "tokenizer has none in the model's vocabulary of {}", m.vocab_size);
+              "export: a LLaVA checkpoint names the token an image's positions hold (image_token_index: "
+              "<image>, or the family's own such as <|image_pad|>), and the run's tokenizer has none in "
+              "the model's vocabulary of {}", m.vocab_size);
   }
   // config.json before any file is written: it refuses a model no Hugging Face class holds.
   const json config = llava ? llava_config(m, o, image_token) : model_config(m, o);

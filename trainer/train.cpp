@@ -265,6 +265,9 @@ void Run::log_setup() const {
                                                     cfg_.parallel.overlap_grads
                                                         ? comm_.name() + " cannot overlap collectives"
                                                         : "parallel.overlap_grads = false"));
+  spdlog::info("tokenizer: {} ({}, {} tokens, {} added; {})", tokenizer_.path(),
+               tokenizer_.kind() == TokenizerKind::HuggingFace ? "Hugging Face tokenizer.json" : "SentencePiece",
+               tokenizer_.vocab_size(), tokenizer_.added_tokens().size(), format_special_ids(tokenizer_.ids()));
   spdlog::info("model: {:.3f} M parameters; train: {} samples; val: {} samples; {} rank(s); "
                "{} backend, {} storage, {} compute thread(s)",
                double(model_.n_params()) / 1e6, train_set_->size(),
