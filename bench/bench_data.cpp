@@ -3,13 +3,17 @@
 // 1 and 2 worker threads, and for a set with video clips the decode time per clip with
 // seeking against decoding forward and the video frames the build stores per second per
 // worker. Run it on a synthetic set made by `dhp data synth --preset ...`
-// (see docs/data.md for the commands). Prints tables; asserts nothing.
+// (see docs/data.md for the commands). With --tokenizer, it instead builds the set once per
+// tokenizer (SentencePiece against a tokenizer.json, each with its template), `--repeats` times
+// each in turn, and prints the median build time of each and its ratio to the first.
+// Prints tables; asserts nothing.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -18,6 +22,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "data/build.h"
+#include "data/chat_template.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/shard_dataset.h"
@@ -33,6 +38,79 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// One build of `manifest` with `tokenizer` laid out by `chat` on one worker; its CPU seconds
+// (the build's own threads included) and summary.
+BuildSummary timed_build(const std::string& manifest, const std::string& tokenizer, ChatTemplate chat,
+                         const ImageGeometry& v, const std::string& out_dir, double& cpu) {
+  BuildOptions o;
+  o.manifest = manifest;
+  o.tokenizer = tokenizer;
+  o.chat = chat;
+  o.out_dir = out_dir;
+  o.vision = v;
+  o.max_tokens = int64_t(1) << 20;
+  o.workers = 1;
+  o.shard_bytes = int64_t(32) << 20;
+  o.progress = false;
+  fs::remove_all(o.out_dir);
+  const double c0 = process_cpu_seconds();
+  BuildSummary s = build_dataset(o);
+  cpu = process_cpu_seconds() - c0;
+  fs::remove_all(o.out_dir);
+  return s;
+}
+
+// `dhp data build` of one set with each tokenizer ("PATH" or "PATH:TEMPLATE"), round robin
+// `repeats` times so that a change in the machine's load falls on every row alike.
+void tokenizer_rows(const std::string& manifest, const std::vector<std::string>& specs, int repeats,
+                    const ImageGeometry& v, const std::string& out) {
+  struct Row {
+    std::string path;
+    ChatTemplate chat = ChatTemplate::Dhp;
+    std::vector<double> wall, cpu;
+    BuildSummary last;
+  };
+  std::vector<Row> rows;
+  for (const std::string& spec : specs) {
+    Row r;
+    const size_t colon = spec.rfind(':');
+    r.path = colon == std::string::npos ? spec : spec.substr(0, colon);
+    if (colon != std::string::npos) r.chat = parse_template(spec.substr(colon + 1));
+    rows.push_back(std::move(r));
+  }
+  for (int i = 0; i < repeats; ++i)
+    for (Row& r : rows) {
+      double cpu = 0;
+      r.last = timed_build(manifest, r.path, r.chat, v, out + "/built-tok", cpu);
+      r.wall.push_back(r.last.seconds);
+      r.cpu.push_back(cpu);
+    }
+  fmt::print("build with each tokenizer: {} ({} bytes of manifest), 1 worker, {} runs each\n", manifest,
+             fs::file_size(manifest), repeats);
+  fmt::print("{:<48}{:>9}{:>9}{:>18}{:>10}{:>12}{:>10}\n", "tokenizer", "template", "samples", "wall s (range)",
+             "CPU s", "samples/s", "CPU ratio");
+  const double base = median(rows.front().cpu);
+  for (const Row& r : rows) {
+    const auto [lo, hi] = std::minmax_element(r.wall.begin(), r.wall.end());
+    const double cpu = median(r.cpu);
+    fmt::print("{:<48}{:>9}{:>9}{:>7.1f} ({:4.1f}-{:4.1f}){:>10.1f}{:>12.0f}{:>9.2f}x\n", r.path,
+               template_name(r.chat), r.last.samples, median(r.wall), *lo, *hi, cpu,
+               double(r.last.samples) / median(r.wall), cpu / base);
+  }
 }
 
 // Decodes `samples` samples in batches of `batch` through a BatchLoader with up to 4 batches
@@ -105,6 +183,8 @@ int main(int argc, char** argv) {
   int64_t load_samples = 4000, batch = 32;
   std::vector<int> workers = {1, 2};
   std::vector<double> video_fps = {1.0, 0.25};
+  std::vector<std::string> tokenizers;
+  int repeats = 3;
   ImageGeometry v;
   app.add_option("--data", data, "Folder written by `dhp data synth` (train.jsonl, tokenizer.model)")
       ->required();
@@ -114,6 +194,10 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "Samples per loader submission")->capture_default_str();
   app.add_option("--video-fps", video_fps, "Sampling rates of the video decode rows")
       ->capture_default_str();
+  app.add_option("--tokenizer", tokenizers,
+                 "Compare builds with these tokenizers (PATH or PATH:TEMPLATE, the first the baseline) "
+                 "instead of the worker and loader tables");
+  app.add_option("--repeats", repeats, "Builds per tokenizer (with --tokenizer)")->capture_default_str();
   app.add_option("--patch", v.patch)->capture_default_str();
   app.add_option("--merge", v.merge)->capture_default_str();
   app.add_option("--min-pixels", v.min_pixels)->capture_default_str();
@@ -123,6 +207,10 @@ int main(int argc, char** argv) {
   try {
     const std::string manifest = (fs::path(data) / "train.jsonl").string();
     const std::string tok_path = (fs::path(data) / "tokenizer.model").string();
+    if (!tokenizers.empty()) {
+      tokenizer_rows(manifest, tokenizers, std::max(1, repeats), v, out);
+      return 0;
+    }
     fmt::print("build: {} ({} bytes of manifest)\n", manifest, fs::file_size(manifest));
     fmt::print("{:<8}{:>10}{:>10}{:>10}{:>12}{:>10}{:>10}{:>16}\n", "workers", "lines", "samples",
                "seconds", "lines/s", "MB/s in", "shards", "frames/s/worker");
