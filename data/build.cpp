@@ -23,6 +23,7 @@
 #include "core/hash.h"
 #include "core/input.h"
 #include "core/log.h"
+#include "data/codecs.h"
 #include "data/config.h"
 #include "data/image.h"
 #include "data/manifest_reader.h"
@@ -184,7 +185,7 @@ LineResult process_line(const std::string& text, int64_t line_no, const Tokenize
       if (r.parsed.frames[k].index >= 0) {
         std::vector<uint8_t> bytes;
         const bool jpeg = reencode == "jpeg";
-        DHP_CHECK(cv::imencode(jpeg ? ".jpg" : ".png", frames[k], bytes,
+        DHP_CHECK(codecs::encode_image(jpeg ? ".jpg" : ".png", frames[k], bytes,
                                jpeg ? std::vector<int>{cv::IMWRITE_JPEG_QUALITY, kJpegQuality}
                                     : std::vector<int>{cv::IMWRITE_PNG_COMPRESSION, 1}),
                   "cannot encode frame {} of '{}'", r.parsed.frames[k].index, path);
@@ -202,7 +203,7 @@ LineResult process_line(const std::string& text, int64_t line_no, const Tokenize
             reencode == "jpeg" ? std::vector<int>{cv::IMWRITE_JPEG_QUALITY, kJpegQuality}
                                : std::vector<int>{cv::IMWRITE_PNG_COMPRESSION, 3};
         bytes.clear();
-        DHP_CHECK(cv::imencode(reencode == "jpeg" ? ".jpg" : ".png", bgr, bytes, params),
+        DHP_CHECK(codecs::encode_image(reencode == "jpeg" ? ".jpg" : ".png", bgr, bytes, params),
                   "cannot re-encode '{}' as {}", path, reencode);
       }
       r.blobs.push_back(std::move(bytes));

@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "core/input.h"
+#include "data/codecs.h"
 
 namespace dhp {
 
@@ -234,8 +235,7 @@ cv::Mat decode_image(const uint8_t* data, size_t n, const std::string& what) {
   } else {
     throw Error(fmt::format("image '{}' is neither PNG nor JPEG", what));
   }
-  const cv::Mat raw(1, int(n), CV_8U, const_cast<uint8_t*>(data));
-  cv::Mat bgr = cv::imdecode(raw, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
+  cv::Mat bgr = codecs::decode_image(data, n, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
   DHP_CHECK(!bgr.empty(), "image '{}' cannot be decoded (corrupt data)", what);
   return bgr;
 }

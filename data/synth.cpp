@@ -17,6 +17,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "data/codecs.h"
 #include "data/synth_scene.h"
 #include "data/tokenizer.h"
 
@@ -254,7 +255,7 @@ std::vector<std::string> write_split(const SynthOptions& opt, const std::string&
     const std::string id = fmt::format("{}-{:06d}", split, i);
     const std::string rel = "images/" + id + (as_jpeg ? ".jpg" : ".png");
     const std::string path = (dir / rel).string();
-    DHP_CHECK(cv::imwrite(path, img, as_jpeg ? jpg : png), "cannot write image '{}'", path);
+    DHP_CHECK(codecs::write_image(path, img, as_jpeg ? jpg : png), "cannot write image '{}'", path);
     const std::string prompt = kPrompts[rng.below(kPrompts.size())];
     const std::string cap = caption(scene);
     texts.push_back(prompt);

@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "data/codecs.h"
 #include "data/presets.h"
 #include "data/synth.h"
 #include "data/synth_scene.h"
@@ -58,10 +59,9 @@ std::string write_clip(const fs::path& dir, const std::string& id, const Motion&
                        int64_t frames, bool mp4) {
   const std::string rel = fmt::format("videos/{}{}", id, mp4 ? ".mp4" : ".avi");
   const std::string path = (dir / rel).string();
-  const int fourcc = mp4 ? cv::VideoWriter::fourcc('m', 'p', '4', 'v')
-                         : cv::VideoWriter::fourcc('M', 'J', 'P', 'G');
-  cv::VideoWriter out(path, cv::CAP_FFMPEG, fourcc, kClipFps, cv::Size(m.w, m.h));
-  DHP_CHECK(out.isOpened(), "cannot write video '{}' ({} with OpenCV's FFmpeg writer)", path,
+  const int fourcc = mp4 ? codecs::fourcc('m', 'p', '4', 'v') : codecs::fourcc('M', 'J', 'P', 'G');
+  codecs::VideoWriter out(path, cv::CAP_FFMPEG, fourcc, kClipFps, cv::Size(m.w, m.h));
+  DHP_CHECK(out.opened(), "cannot write video '{}' ({} with OpenCV's FFmpeg writer)", path,
             mp4 ? "MPEG-4 in MP4" : "MJPEG in AVI");
   for (int64_t f = 0; f < frames; ++f)
     out.write(render_motion(m, frames > 1 ? double(f) / double(frames - 1) : 0.0));
@@ -110,7 +110,7 @@ std::vector<std::string> write_preset_split(const SynthOptions& opt, const Prese
       const bool as_jpeg = rng.uniform() < kJpegShare;
       const std::string rel = fmt::format("images/{}-{}{}", id, k, as_jpeg ? ".jpg" : ".png");
       const std::string path = (dir / rel).string();
-      DHP_CHECK(cv::imwrite(path, img, as_jpeg ? jpg : png), "cannot write image '{}'", path);
+      DHP_CHECK(codecs::write_image(path, img, as_jpeg ? jpg : png), "cannot write image '{}'", path);
       rels.push_back(rel);
     }
     const int64_t answer_words = std::max<int64_t>(1, ss.loss_tokens - 1);

@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "core/hash.h"
 #include "core/input.h"
+#include "data/codecs.h"
 #include "data/manifest.h"
 #include "data/tokenizer.h"
 
@@ -139,7 +140,7 @@ VideoReader::VideoReader(const std::string& path, const std::string& root, bool 
   const std::string fd_path = fmt::format("/proc/self/fd/{}", file_->fd());
   DHP_CHECK(fs::exists(fd_path),
             "cannot decode video '{}': {} is missing (is /proc mounted?)", path, fd_path);
-  cap_ = std::make_unique<cv::VideoCapture>();
+  cap_ = std::make_unique<codecs::VideoCapture>();
   if (file_->size() == 0 || !reopen())
     throw LineError{"unreadable video",
                     fmt::format("'{}' is not a video FFmpeg can open (empty, unknown container "

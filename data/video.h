@@ -21,11 +21,10 @@
 #include "data/image.h"
 #include "types/image_geometry.h"
 
-namespace cv {
+namespace dhp {
+namespace codecs {
 class VideoCapture;
 }
-
-namespace dhp {
 
 class InputFile;
 class Tokenizer;
@@ -104,7 +103,7 @@ class VideoReader {
   bool first_frame_decodes();  // reopens and decodes frame 0
   std::string path_;
   std::unique_ptr<InputFile> file_;
-  std::unique_ptr<cv::VideoCapture> cap_;
+  std::unique_ptr<codecs::VideoCapture> cap_;
   VideoInfo info_;
   bool seek_ = true;
   int64_t next_ = 0;  // the frame the next read returns

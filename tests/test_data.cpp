@@ -21,6 +21,7 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "data/codecs.h"
 #include "data/dataset.h"
 #include "data/image.h"
 #include "data/loader.h"
@@ -39,6 +40,32 @@ namespace {
 struct ResizeCase {
   int H, W, want_h, want_w;
 };
+
+bool mapped(const std::string& library) {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.find(library) != std::string::npos) return true;
+  return false;
+}
+
+// OpenCV's imgcodecs and videoio (and FFmpeg under them) are not loaded with the program: the
+// first decode loads libdhp_codecs.so, which brings them; then an encode and decode round trip
+// through it.
+TEST(Codecs, LoadedByTheFirstDecodeOnly) {
+  if (mapped("libdhp_codecs.so")) GTEST_SKIP() << "another test of this process loaded the codecs first";
+  EXPECT_FALSE(mapped("libopencv_imgcodecs")) << "imgcodecs is linked into the program";
+  EXPECT_FALSE(mapped("libopencv_videoio")) << "videoio is linked into the program";
+  EXPECT_FALSE(mapped("libavcodec"));
+  const cv::Mat img(7, 5, CV_8UC3, cv::Scalar(10, 20, 30));
+  std::vector<uint8_t> png;
+  ASSERT_TRUE(codecs::encode_image(".png", img, png, {}));
+  EXPECT_TRUE(mapped("libdhp_codecs.so"));
+  EXPECT_TRUE(mapped("libopencv_imgcodecs"));
+  const cv::Mat back = codecs::decode_image(png.data(), png.size(), cv::IMREAD_COLOR);
+  ASSERT_EQ(back.rows, 7);
+  EXPECT_EQ(cv::norm(back, img, cv::NORM_INF), 0.0);
+  EXPECT_TRUE(codecs::decode_image(png.data(), png.size() / 2, cv::IMREAD_COLOR).empty());
+}
 
 TEST(Image, ResizeRuleHandComputed) {
   ImageGeometry v;  // p = 14, m = 2 -> f = 28; pixels in [256, 65536]
@@ -141,9 +168,9 @@ TEST_F(DataTest, HeaderSizeEqualsDecodedSize) {
   };
   for (const auto& f : files) {
     const std::string p = (d / f.name).string();
-    ASSERT_TRUE(cv::imwrite(p, *f.m, f.params));
+    ASSERT_TRUE(codecs::write_image(p, *f.m, f.params));
     const ImageSize s = read_image_size(p);
-    const cv::Mat back = cv::imread(p, cv::IMREAD_COLOR);
+    const cv::Mat back = codecs::read_image(p, cv::IMREAD_COLOR);
     EXPECT_EQ(s.h, back.rows) << f.name;
     EXPECT_EQ(s.w, back.cols) << f.name;
     EXPECT_EQ(s.h, f.m->rows) << f.name;

@@ -15,6 +15,7 @@
 
 #include "core/rng.h"
 #include "data/build.h"
+#include "data/codecs.h"
 #include "data/config.h"
 #include "data/dataset.h"
 #include "data/layout.h"
@@ -206,7 +207,7 @@ BadSet make_bad_set(const fs::path& d, const fs::path& synth) {
   write_text(d / "images" / "garbage.png", "\x89PNG garbage bytes");
   write_text(d / "images" / "cut.png", png.substr(0, png.size() / 2));
   write_text(d / "images" / "cut.jpg", jpg.substr(0, jpg.size() * 6 / 10));
-  cv::imwrite((d / "images" / "huge.png").string(), cv::Mat(300, 300, CV_8UC3, cv::Scalar(200, 200, 200)));
+  codecs::write_image((d / "images" / "huge.png").string(), cv::Mat(300, 300, CV_8UC3, cv::Scalar(200, 200, 200)));
   const std::string img = ", \"image\": \"images/ok.png\"";
   std::string long_answer;
   for (int i = 0; i < 400; ++i) long_answer += "a red circle ";

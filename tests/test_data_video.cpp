@@ -21,6 +21,7 @@
 
 #include "data/build.h"
 #include "data/chat_template.h"
+#include "data/codecs.h"
 #include "data/config.h"
 #include "data/dataset.h"
 #include "data/layout.h"
@@ -41,13 +42,13 @@ namespace {
 constexpr int kStep = 4;
 
 int fourcc_of(const std::string& name) {
-  return cv::VideoWriter::fourcc(name[0], name[1], name[2], name[3]);
+  return codecs::fourcc(name[0], name[1], name[2], name[3]);
 }
 
 void write_clip(const fs::path& path, int frames, double fps, int h, int w,
                 const std::string& fourcc = "MJPG") {
-  cv::VideoWriter out(path.string(), cv::CAP_FFMPEG, fourcc_of(fourcc), fps, cv::Size(w, h));
-  ASSERT_TRUE(out.isOpened()) << path << " " << fourcc;
+  codecs::VideoWriter out(path.string(), cv::CAP_FFMPEG, fourcc_of(fourcc), fps, cv::Size(w, h));
+  ASSERT_TRUE(out.opened()) << path << " " << fourcc;
   for (int i = 0; i < frames; ++i)
     out.write(cv::Mat(h, w, CV_8UC3, cv::Scalar((kStep * i) % 256, 128, 255 - (kStep * i) % 256)));
 }
@@ -181,7 +182,7 @@ TEST_F(VideoTest, ContainerProbeAndSeekingAgreeWithDecodingForward) {
 TEST_F(VideoTest, ManifestVideoBecomesTimestampedFramesInMarkerOrder) {
   write_clip(dir_ / "clip.avi", 60, 10, 96, 128);  // 6 s: six frames at 1 fps
   const cv::Mat img(56, 84, CV_8UC3, cv::Scalar(0, 0, 255));
-  ASSERT_TRUE(cv::imwrite((dir_ / "a.png").string(), img));
+  ASSERT_TRUE(codecs::write_image((dir_ / "a.png").string(), img));
   const std::string m = manifest_of(
       "m.jsonl",
       video_line("v1", ", \"image\": \"a.png\", \"video\": \"clip.avi\"",
@@ -237,7 +238,7 @@ TEST_F(VideoTest, BuiltShardsEqualTheJsonlPathAndHoldDecodedFrames) {
   write_clip(dir_ / "long.avi", 240, 8, 120, 160);     // 30 s -> 30 frames, budget-limited
   write_clip(dir_ / "short.mp4", 20, 10, 64, 64, "mp4v");  // 2 s -> min_frames = 4
   const cv::Mat img(70, 50, CV_8UC3, cv::Scalar(40, 200, 90));
-  ASSERT_TRUE(cv::imwrite((dir_ / "b.jpg").string(), img));
+  ASSERT_TRUE(codecs::write_image((dir_ / "b.jpg").string(), img));
   std::string lines;
   for (int i = 0; i < 6; ++i) {
     lines += video_line("long" + std::to_string(i), ", \"video\": \"long.avi\"", "<video>\\nWhat moves?");
@@ -426,7 +427,7 @@ TEST_F(VideoTest, VideoThatGoesBadAfterIndexingCostsOnlyItsSample) {
 TEST_F(VideoTest, EveryChatTemplateLaysOutClips) {
   write_clip(dir_ / "clip.avi", 50, 10, 48, 64);  // 5 s: five frames
   const cv::Mat img(56, 56, CV_8UC3, cv::Scalar(0, 0, 255));
-  ASSERT_TRUE(cv::imwrite((dir_ / "a.png").string(), img));
+  ASSERT_TRUE(codecs::write_image((dir_ / "a.png").string(), img));
   const std::string m = manifest_of(
       "m.jsonl", video_line("v", ", \"image\": \"a.png\", \"video\": \"clip.avi\"",
                             "<video> and <image> compared"));
@@ -531,9 +532,9 @@ TEST_F(VideoTest, FilesThatNameOtherFilesAreNeverFollowed) {
              "bandwidth=\"1000\"><BaseURL>file://" + secret +
                  "</BaseURL></Representation></AdaptationSet></Period></MPD>\n");
   // An image-sequence pattern: files that exist under the pattern's name and its expansions.
-  cv::imwrite((dir_ / "seq%03d.png").string(), cv::Mat(48, 64, CV_8UC3, cv::Scalar(1, 2, 3)));
+  codecs::write_image((dir_ / "seq%03d.png").string(), cv::Mat(48, 64, CV_8UC3, cv::Scalar(1, 2, 3)));
   for (int i = 1; i <= 3; ++i)
-    cv::imwrite((outside / fmt::format("seq{:03d}.png", i)).string(), cv::Mat(48, 64, CV_8UC3, cv::Scalar(9, 9, 9)));
+    codecs::write_image((outside / fmt::format("seq{:03d}.png", i)).string(), cv::Mat(48, 64, CV_8UC3, cv::Scalar(9, 9, 9)));
 
   // The control, in a child process whose FFmpeg options are its own: unconfined, the playlist
   // opens and plays the clip outside; with dhp's options the same open fails, and the clip
@@ -543,9 +544,9 @@ TEST_F(VideoTest, FilesThatNameOtherFilesAreNeverFollowed) {
     if (pid == 0) {
       if (options) ::setenv("OPENCV_FFMPEG_CAPTURE_OPTIONS", options, 1);
       else ::unsetenv("OPENCV_FFMPEG_CAPTURE_OPTIONS");
-      cv::VideoCapture cap(file.string(), cv::CAP_FFMPEG);
+      codecs::VideoCapture cap;
       cv::Mat m;
-      ::_exit(cap.isOpened() && cap.read(m) && !m.empty() ? 0 : 1);
+      ::_exit(cap.open(file.string(), cv::CAP_FFMPEG) && cap.read(m) && !m.empty() ? 0 : 1);
     }
     int status = 0;
     ::waitpid(pid, &status, 0);

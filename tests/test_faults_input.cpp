@@ -17,6 +17,7 @@
 #include <opencv2/imgcodecs.hpp>
 
 #include "core/input.h"
+#include "data/codecs.h"
 #include "data/tokenizer.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/threaded_comm.h"
@@ -410,9 +411,9 @@ TEST(FaultsInput, RanksAgreeOnOptionsImagesAndStartingWeights) {
   const fs::path black = dir / "black";
   fs::copy(synth_dir(), black, fs::copy_options::recursive);
   for (const auto& e : fs::directory_iterator(black / "images")) {
-    cv::Mat im = cv::imread(e.path().string(), cv::IMREAD_COLOR);
+    cv::Mat im = codecs::read_image(e.path().string(), cv::IMREAD_COLOR);
     im.setTo(cv::Scalar(0, 0, 0));
-    ASSERT_TRUE(cv::imwrite(e.path().string(), im));
+    ASSERT_TRUE(codecs::write_image(e.path().string(), im));
   }
   auto run = [&](const std::function<Config(int)>& cfg_of, const std::function<TrainOptions(int)>& opt_of) {
     std::vector<std::string> messages(2);

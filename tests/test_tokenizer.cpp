@@ -11,6 +11,7 @@
 #include "core/hash.h"
 #include "data/build.h"
 #include "data/chat_template.h"
+#include "data/codecs.h"
 #include "data/config.h"
 #include "data/dataset.h"
 #include "data/layout.h"
@@ -382,8 +383,8 @@ TEST_F(TokenizerTest, ConversationsATemplateCannotLayOutAreRefused) {
 // none.
 fs::path write_manifest(const fs::path& dir) {
   fs::create_directories(dir);
-  cv::imwrite((dir / "a.png").string(), cv::Mat(64, 48, CV_8UC3, cv::Scalar(10, 200, 30)));
-  cv::imwrite((dir / "b.png").string(), cv::Mat(100, 30, CV_8UC3, cv::Scalar(90, 20, 250)));
+  codecs::write_image((dir / "a.png").string(), cv::Mat(64, 48, CV_8UC3, cv::Scalar(10, 200, 30)));
+  codecs::write_image((dir / "b.png").string(), cv::Mat(100, 30, CV_8UC3, cv::Scalar(90, 20, 250)));
   std::ofstream out(dir / "m.jsonl");
   out << R"({"id": "one", "image": "a.png", "conversations": [{"from": "human", "value": "<image>\nWhat is in the image?"}, {"from": "gpt", "value": "A red circle."}]})" "\n"
       << R"({"id": "two", "images": ["a.png", "b.png"], "conversations": [{"from": "human", "value": "<image>\nWhat is in the image?"}, {"from": "gpt", "value": "A red circle."}, {"from": "human", "value": "And here? <image>"}, {"from": "gpt", "value": "A blue square."}]})" "\n"
