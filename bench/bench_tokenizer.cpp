@@ -136,9 +136,12 @@ int main(int argc, char** argv) {
 
     const std::string no_spaces = random_letters(size_t(long_mb) << 20);
     const std::string unknown = repeated("\xF0\x90\xB5\x90", size_t(long_mb) << 20);  // U+10D50
+    // Three sizes of each huge line: time per MB that stays flat is linear; a quadratic
+    // step would multiply it by the size ratio.
+    const std::vector<size_t> mbs = {1, size_t(std::max(2, long_mb / 4)), size_t(long_mb)};
     struct Long {
       std::string name;
-      double per_mb_1 = 0, per_mb_n = 0;
+      std::vector<double> per_mb;
     };
     std::vector<std::pair<std::string, std::vector<Long>>> longs;
     for (const auto& name : only) {
@@ -160,19 +163,23 @@ int main(int argc, char** argv) {
       std::vector<Long> rows;
       for (const auto& [label, text] : {std::pair<std::string, const std::string*>{"no spaces", &no_spaces},
                                         std::pair<std::string, const std::string*>{"U+10D50 run", &unknown}}) {
-        Long l{label};
-        const std::vector<std::string> one = {text->substr(0, size_t(1) << 20)};
-        const std::vector<std::string> all = {*text};
-        l.per_mb_1 = dhp_seconds(*tok, one, 1) / (one[0].size() / double(1 << 20));
-        l.per_mb_n = dhp_seconds(*tok, all, 1) / (all[0].size() / double(1 << 20));
+        Long l{label, {}};
+        for (size_t mb : mbs) {
+          const std::vector<std::string> line = {text->substr(0, mb << 20)};
+          l.per_mb.push_back(dhp_seconds(*tok, line, repeats) / double(mb));
+        }
         rows.push_back(l);
       }
       longs.emplace_back(name, rows);
     }
-    fmt::print("\nhuge single lines, dhp seconds per MB (linear time: the two columns about equal)\n");
-    fmt::print("{:<12} {:<12} {:>10} {:>10}\n", "tokenizer", "line", "1 MB", fmt::format("{} MB", long_mb));
+    fmt::print("\nhuge single lines, dhp seconds per MB, median of {} (linear time: the columns about equal; "
+               "quadratic: growing with the size)\n", repeats);
+    fmt::print("{:<12} {:<12} {:>10} {:>10} {:>10} {:>10}\n", "tokenizer", "line", fmt::format("{} MB", mbs[0]),
+               fmt::format("{} MB", mbs[1]), fmt::format("{} MB", mbs[2]), "last/first");
     for (const auto& [name, rows] : longs)
-      for (const auto& l : rows) fmt::print("{:<12} {:<12} {:>10.3f} {:>10.3f}\n", name, l.name, l.per_mb_1, l.per_mb_n);
+      for (const auto& l : rows)
+        fmt::print("{:<12} {:<12} {:>10.3f} {:>10.3f} {:>10.3f} {:>9.2f}x\n", name, l.name, l.per_mb[0], l.per_mb[1],
+                   l.per_mb[2], l.per_mb[2] / l.per_mb[0]);
     fs::remove_all(tmp);
   } catch (const dhp::Error& e) {
     fmt::print(stderr, "bench_tokenizer: {}\n", e.what());
