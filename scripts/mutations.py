@@ -60,6 +60,18 @@ MUTATIONS = [
      "const int row = g + 8 * (e / 2), col = 2 * t + e % 2;",
      "const int row = g + 8 * (e % 2), col = 2 * t + e / 2;",
      "test_cuda_attention_emulated", "*Tf32MatchesTheCpuReference/hd16"),
+    # RMSNorm's dw over row slices (Qwen3's q/k norms): the final sum skips slice 0.
+    ("rmsnorm-dw-drops-a-slice",
+     "kernels/cuda/norm_kernels.cuh",
+     "for (int s = 0; s < slices; ++s) total += partial",
+     "for (int s = 1; s < slices; ++s) total += partial",
+     "test_cuda_kernels_emulated", "*RmsNormDwWithinItsSummationBound*:*rmsnorm_1100x33_fp32*"),
+    # A warp per narrow row: lanes stride by half a warp, so half of each row is read twice.
+    ("rmsnorm-warp-row-half-stride",
+     "kernels/cuda/norm_kernels.cuh",
+     "            kWarp};",
+     "            kWarp / 2};",
+     "test_cuda_kernels_emulated", "*rmsnorm_37x300_fp32*"),
 ]
 
 
