@@ -30,6 +30,7 @@
 #include "data/shard_format.h"
 #include "data/shard_io.h"
 #include "data/tokenizer.h"
+#include "data/video.h"
 
 namespace dhp {
 
@@ -401,6 +402,7 @@ void finish(const BuildOptions& o, const fs::path& dir, int64_t n_shards, const 
 
 BuildSummary build_dataset(const BuildOptions& o) {
   const auto t0 = Clock::now();
+  prepare_media_decoding();
   const std::string image_root =
       o.image_root.empty() ? manifest_folder(o.manifest).string() : o.image_root;
   int64_t total_lines = 0;

@@ -3,7 +3,9 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <string_view>
 #include <system_error>
 
 #include "core/check.h"
@@ -26,10 +28,20 @@ std::vector<std::string> candidates() {
   return out;
 }
 
-const Api& load() {
+// The first candidate that is dhp's codec library from this very build; what each other one
+// was, for the message when none is.
+struct Loaded {
+  const Api* api = nullptr;
+  std::string error;
+};
+
+Loaded load() {
   std::string tried;
-  for (const std::string& path : candidates()) {
+  std::vector<std::string> paths = candidates();
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const std::string& path = paths[i];
     std::error_code ec;
+    if (std::find(paths.begin(), paths.begin() + long(i), path) != paths.begin() + long(i)) continue;
     if (!fs::exists(path, ec)) {
       tried += fmt::format("\n  {}: not there", path);
       continue;
@@ -41,21 +53,30 @@ const Api& load() {
     }
     using Entry = const Api* (*)();
     const auto entry = reinterpret_cast<Entry>(::dlsym(lib, kApiSymbol));
-    DHP_CHECK(entry != nullptr, "{} has no {}: not dhp's image and video codec library", path, kApiSymbol);
-    const Api* a = entry();
-    DHP_CHECK(a->version == kApiVersion, "{} is from another build of dhp (codec table version {}, this "
-              "dhp needs {}): rebuild or reinstall both together", path, a->version, kApiVersion);
-    return *a;
+    const Api* a = entry ? entry() : nullptr;
+    if (!a) {
+      tried += fmt::format("\n  {}: has no {} (not dhp's codec library)", path, kApiSymbol);
+    } else if (a->version != kApiVersion) {  // another layout: its build field may not be there
+      tried += fmt::format("\n  {}: codec table version {}, this dhp reads {}", path, a->version, kApiVersion);
+    } else if (std::string_view(a->build) != DHP_CODECS_BUILD_ID) {
+      tried += fmt::format("\n  {}: from another build of dhp ({}; this dhp is {})", path, a->build,
+                           DHP_CODECS_BUILD_ID);
+    } else {
+      return {a, ""};
+    }
+    ::dlclose(lib);
   }
-  throw Error(fmt::format("cannot load {} (dhp's image and video codecs, on OpenCV's imgcodecs and videoio); "
-                          "it belongs beside the dhp executable. Looked at:{}", kLibraryName, tried));
+  return {nullptr, fmt::format("cannot load {} (dhp's image and video codecs, on OpenCV's imgcodecs and "
+                               "videoio), which belongs beside the dhp executable of the same build. "
+                               "Looked at:{}", kLibraryName, tried)};
 }
 
 }  // namespace
 
 const Api& api() {
-  static const Api& a = load();
-  return a;
+  static const Loaded loaded = load();
+  if (!loaded.api) throw Error(loaded.error);
+  return *loaded.api;
 }
 
 cv::Mat decode_image(const uint8_t* data, size_t n, int flags) {

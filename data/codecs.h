@@ -69,6 +69,7 @@ class VideoWriter {
 // version changes with its layout, so a library from another build is refused, not misread.
 struct Api {
   int version;
+  const char* build;  // DHP_CODECS_BUILD_ID of the build that made the library
   bool (*decode_image)(const uint8_t* data, size_t n, int flags, cv::Mat* out);
   bool (*encode_image)(const char* ext, const cv::Mat* img, std::vector<uint8_t>* out, const std::vector<int>* params);
   bool (*write_image)(const char* path, const cv::Mat* img, const std::vector<int>* params);
@@ -87,11 +88,15 @@ struct Api {
   void (*writer_release)(void* w);
 };
 inline constexpr int kApiVersion = 1;
+// Api::build: what a library must have been built with to be used, this header's contents
+// (its hash, DHP_CODECS_INTERFACE, which CMake defines for data/codecs.cpp and the library
+// alone) and OpenCV's version (cv::Mat crosses the table).
+#define DHP_CODECS_BUILD_ID DHP_CODECS_INTERFACE "+opencv-" CV_VERSION
 inline constexpr const char* kApiSymbol = "dhp_codecs_api";
 inline constexpr const char* kLibraryName = "libdhp_codecs.so";
 
-// The loaded table (loads the library on first use; an Error naming where it looked when it
-// cannot).
+// The loaded table: the library is loaded on first use, once; when it cannot be, this and
+// every later call throw the same Error naming where it looked (no retry per sample).
 const Api& api();
 
 }  // namespace dhp::codecs

@@ -15,6 +15,7 @@ cv::VideoWriter* writer(void* w) { return static_cast<cv::VideoWriter*>(w); }
 
 const Api kApi = {
     dhp::codecs::kApiVersion,
+    DHP_CODECS_BUILD_ID,
     [](const uint8_t* data, size_t n, int flags, cv::Mat* out) {
       const cv::Mat raw(1, int(n), CV_8U, const_cast<uint8_t*>(data));
       *out = cv::imdecode(raw, flags);

@@ -51,6 +51,7 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
                            bool allow_absolute_paths, const volatile int* stop,
                            ChatTemplate chat, const VideoRules& video)
     : geometry_(geometry), skip_(on_error == "skip") {
+  prepare_media_decoding();
   ids_ = tok.ids();
   DHP_CHECK(on_error == "skip" || on_error == "fail",
             "data.on_error must be \"skip\" or \"fail\", not \"{}\"", on_error);

@@ -13,6 +13,7 @@
 #include "data/image.h"
 #include "data/layout.h"
 #include "data/tokenizer.h"
+#include "data/video.h"
 
 namespace dhp {
 
@@ -51,6 +52,7 @@ ShardDataset::ShardDataset(const std::string& dir, const Tokenizer& tok, const I
                            int64_t max_tokens, const std::string& on_error,
                            int64_t max_image_pixels, ChatTemplate chat)
     : dir_(dir), x_(read_index(dir)), geometry_(geometry), skip_(on_error == "skip") {
+  prepare_media_decoding();
   ids_ = tok.ids();
   DHP_CHECK(on_error == "skip" || on_error == "fail",
             "data.on_error must be \"skip\" or \"fail\", not \"{}\"", on_error);

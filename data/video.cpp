@@ -53,6 +53,15 @@ void confine_ffmpeg() {
   });
 }
 
+}  // namespace
+
+void prepare_media_decoding() {
+  confine_ffmpeg();
+  codecs::api();
+}
+
+namespace {
+
 // Text formats that name other files, told by their first bytes: refused by name before FFmpeg
 // sees them (the demuxer list refuses them too, with a vaguer message).
 std::string referencing_format(const InputFile& f) {

@@ -144,6 +144,12 @@ void check_line_frames(const ParsedLine& line, std::vector<cv::Mat>* out);
 // which FFmpeg would read; none of their demuxers is allowed.
 std::string confined_ffmpeg_options();
 
+// Loads the image and video codecs (data/codecs.h) and sets FFmpeg's confinement, on the
+// calling thread. Data sets and builds call it before their workers start: a missing codec
+// library is then one clear error at start, not every image skipped as corrupt, and the
+// environment FFmpeg reads is set before any worker can run it.
+void prepare_media_decoding();
+
 // FNV-1a of a clip file's bytes, opened as the readers open it (inside `root` when it lies
 // there): what ranks compare of a manifest's clips.
 uint64_t video_file_hash(const std::string& path, const std::string& root);
