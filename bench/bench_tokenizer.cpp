@@ -138,7 +138,8 @@ int main(int argc, char** argv) {
     const std::string unknown = repeated("\xF0\x90\xB5\x90", size_t(long_mb) << 20);  // U+10D50
     // Three sizes of each huge line: time per MB that stays flat is linear; a quadratic
     // step would multiply it by the size ratio.
-    const std::vector<size_t> mbs = {1, size_t(std::max(2, long_mb / 4)), size_t(long_mb)};
+    std::vector<size_t> mbs = {1, size_t(std::clamp(long_mb / 4, 1, long_mb)), size_t(long_mb)};
+    mbs.erase(std::unique(mbs.begin(), mbs.end()), mbs.end());
     struct Long {
       std::string name;
       std::vector<double> per_mb;
@@ -174,12 +175,15 @@ int main(int argc, char** argv) {
     }
     fmt::print("\nhuge single lines, dhp seconds per MB, median of {} (linear time: the columns about equal; "
                "quadratic: growing with the size)\n", repeats);
-    fmt::print("{:<12} {:<12} {:>10} {:>10} {:>10} {:>10}\n", "tokenizer", "line", fmt::format("{} MB", mbs[0]),
-               fmt::format("{} MB", mbs[1]), fmt::format("{} MB", mbs[2]), "last/first");
+    fmt::print("{:<12} {:<12}", "tokenizer", "line");
+    for (size_t mb : mbs) fmt::print(" {:>10}", fmt::format("{} MB", mb));
+    fmt::print(" {:>10}\n", "last/first");
     for (const auto& [name, rows] : longs)
-      for (const auto& l : rows)
-        fmt::print("{:<12} {:<12} {:>10.3f} {:>10.3f} {:>10.3f} {:>9.2f}x\n", name, l.name, l.per_mb[0], l.per_mb[1],
-                   l.per_mb[2], l.per_mb[2] / l.per_mb[0]);
+      for (const auto& l : rows) {
+        fmt::print("{:<12} {:<12}", name, l.name);
+        for (double s : l.per_mb) fmt::print(" {:>10.3f}", s);
+        fmt::print(" {:>9.2f}x\n", l.per_mb.back() / l.per_mb.front());
+      }
     fs::remove_all(tmp);
   } catch (const dhp::Error& e) {
     fmt::print(stderr, "bench_tokenizer: {}\n", e.what());

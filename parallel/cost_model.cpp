@@ -256,12 +256,15 @@ CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_p
   proj_flops_per_token_ = passes_ * 2.0 * proj_params;
   dec_weight_bytes_ = passes_ * double(dev.weight_bytes) * (L * layer_params + d * m.vocab_size);
   // RMSNorms do few FLOPs per element and stream their activations instead: forward reads x
-  // and writes y, backward reads x and dy and writes dx (recompute: a second forward). Per
-  // token, each layer normalises its input twice (d wide) and, with qk_norm (Qwen3), every
-  // query and key head (q_dim + kv_dim); then the final norm. Priced at sec_per_weight_byte,
-  // the device's memory bandwidth.
-  const double norm_width = L * (2 * d + (m.qk_norm ? q + kv : 0.0)) + d;
-  dec_norm_bytes_per_token_ = (recompute ? 7.0 : 5.0) * double(dev.act_bytes) * norm_width;
+  // and writes y; backward reads x and dy for dx, writes dx, and reads x and dy again for the
+  // weight's gradient: 7 widths per element. A recompute forward adds 2: full recompute for
+  // every norm of a layer, selective for the two d-wide ones (the q/k norms' outputs are
+  // kept). Per token, each layer normalises its input twice (d wide) and, with qk_norm
+  // (Qwen3), every query and key head (q_dim + kv_dim); then the final norm. Priced at
+  // sec_per_weight_byte, the device's memory bandwidth.
+  const double again = mode == Recompute::off ? 0.0 : 2.0;
+  const double layer_norms = 2 * d * (7.0 + again) + (m.qk_norm ? q + kv : 0.0) * (recompute ? 9.0 : 7.0);
+  dec_norm_bytes_per_token_ = double(dev.act_bytes) * (L * layer_norms + 7.0 * d);
   vis_weight_bytes_ =
       passes_ * double(dev.weight_bytes) * (vis_layers * vis_layer_params + double(v.patch_numel()) * dv + proj_params);
   // Flash-style attention: 2 matmuls forward, 5 backward (scores recomputed), 2 more under

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -74,7 +75,9 @@ class EmulatedOps : public Ops {
       using S = decltype(s);
       if (dw) {
         const cuda::LaunchDims l = cuda::norm::dw_launch(T, C);
-        std::vector<float> partial(size_t(l.grid_y > 1 ? cuda::kNormDwPartialFloats : 0));
+        // NaN, as stale device scratch would be garbage: a slice that is not written shows.
+        std::vector<float> partial(size_t(l.grid_y > 1 ? cuda::kNormDwPartialFloats : 0),
+                                   std::numeric_limits<float>::quiet_NaN());
         run(l, emu::floats_for<cuda::norm::DwShared>(), [&](float* sm) {
           cuda::norm::dw_block(dw, partial.data(), as<S>(dy), as<S>(x), rstd, T, C,
                                shared_as<cuda::norm::DwShared>(sm));

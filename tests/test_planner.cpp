@@ -926,12 +926,13 @@ TEST(CostModel, SmallChunksAreLessEfficient) {
 TEST(CostModel, NormsStreamTheirActivationsQkNormIncluded) {
   ModelConfig plain = model_profile("7b"), qwen3 = plain;
   qwen3.qk_norm = true;
-  for (Recompute mode : {Recompute::off, Recompute::full}) {
+  for (Recompute mode : {Recompute::off, Recompute::selective, Recompute::full}) {
     CostModel a(plain, device_profile("h100"), 8, mode), b(qwen3, device_profile("h100"), 8, mode);
-    const double passes = mode == Recompute::full ? 7 : 5, width = 2;  // bytes per bf16 activation
-    EXPECT_DOUBLE_EQ(a.norm_bytes_per_token(), passes * width * (28 * 2 * 3584 + 3584));
-    EXPECT_DOUBLE_EQ(b.norm_bytes_per_token() - a.norm_bytes_per_token(),
-                     passes * width * 28 * (28 * 128 + 4 * 128));
+    // Widths streamed per element: 7 (forward 2, dx 3, dw 2), +2 where the forward runs again.
+    const double layer = mode == Recompute::off ? 7 : 9, qk = mode == Recompute::full ? 9 : 7;
+    const double width = 2;  // bytes per bf16 activation
+    EXPECT_DOUBLE_EQ(a.norm_bytes_per_token(), width * (28 * 2 * 3584 * layer + 7 * 3584));
+    EXPECT_DOUBLE_EQ(b.norm_bytes_per_token() - a.norm_bytes_per_token(), width * qk * 28 * (28 * 128 + 4 * 128));
     const SeqShape s{0, 8192, 0, 0};
     for (int d : {1, 4}) {
       const double extra = b.seconds(b.prepare(s), d) - a.seconds(a.prepare(s), d);

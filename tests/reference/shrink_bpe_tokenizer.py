@@ -5,8 +5,9 @@ cannot afford a 150k-row embedding.
     shrink_bpe_tokenizer.py SRC_DIR OUT_DIR [--merges 1000]
 
 SRC_DIR holds a Hugging Face tokenizer.json and tokenizer_config.json whose vocabulary is
-GPT-2's layout: ids 0-255 the byte alphabet and id 256 + i the result of merge i (Qwen's,
-Llama-3's). OUT_DIR gets the same files with the first --merges merges, the vocabulary they
+GPT-2's layout (ids 0-255 the byte alphabet and id 256 + i the result of merge i) and whose
+post-processor names no token ids: Qwen's. Other files are refused with the reason (Llama-3's
+merges are not in id order, and its post-processor names ids). OUT_DIR gets the same files with the first --merges merges, the vocabulary they
 produce, and the added tokens renumbered, in their order, right after it; everything else
 (normalizer, pre-tokenizer regex, post-processor, decoder, chat template, special-token
 names) is the file's own. The result tokenizes as the original does wherever the first merges
@@ -35,11 +36,17 @@ def main():
             sys.exit(f"{a.src}: merge {i} ({left!r} {right!r}) is not id {256 + i}: not GPT-2's layout")
     model["vocab"] = {s: i for s, i in vocab.items() if i < keep}
     model["merges"] = merges[: a.merges]
+    if "ids" in json.dumps(tok.get("post_processor")):
+        sys.exit(f"{a.src}: the post-processor names token ids, which this script does not renumber")
     renumber = {}
     for j, t in enumerate(tok["added_tokens"]):
         renumber[t["id"]] = keep + j
         t["id"] = keep + j
     decoder = cfg.get("added_tokens_decoder", {})
+    unknown = [k for k in decoder if int(k) not in renumber]
+    if unknown:
+        sys.exit(f"{a.src}: tokenizer_config.json's added_tokens_decoder has ids {unknown} that "
+                 "tokenizer.json's added_tokens lacks")
     cfg["added_tokens_decoder"] = {str(renumber[int(k)]): v for k, v in decoder.items()}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "tokenizer.json"), "w", encoding="utf-8") as f:
