@@ -13,13 +13,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "bench/timing.h"
 #include "core/check.h"
+#include "core/clock.h"
 #include "core/log.h"
 #include "data/build.h"
 #include "data/chat_template.h"
@@ -40,33 +41,28 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double process_cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+// The build every row measures: `workers` threads, into `out_dir` (emptied first).
+BuildOptions bench_build(const std::string& manifest, const std::string& tokenizer, const ImageGeometry& v,
+                         const std::string& out_dir, int workers) {
+  BuildOptions o;
+  o.manifest = manifest;
+  o.tokenizer = tokenizer;
+  o.out_dir = out_dir;
+  o.vision = v;
+  o.max_tokens = int64_t(1) << 20;  // measure every sample: nothing is too long here
+  o.workers = workers;
+  o.shard_bytes = int64_t(32) << 20;  // several shards, as a real build has
+  o.progress = false;
+  fs::remove_all(o.out_dir);
+  return o;
 }
 
 // One build of `manifest` with `tokenizer` laid out by `chat` on one worker; its CPU seconds
 // (the build's own threads included) and summary.
 BuildSummary timed_build(const std::string& manifest, const std::string& tokenizer, ChatTemplate chat,
                          const ImageGeometry& v, const std::string& out_dir, double& cpu) {
-  BuildOptions o;
-  o.manifest = manifest;
-  o.tokenizer = tokenizer;
+  BuildOptions o = bench_build(manifest, tokenizer, v, out_dir, 1);
   o.chat = chat;
-  o.out_dir = out_dir;
-  o.vision = v;
-  o.max_tokens = int64_t(1) << 20;
-  o.workers = 1;
-  o.shard_bytes = int64_t(32) << 20;
-  o.progress = false;
-  fs::remove_all(o.out_dir);
   const double c0 = process_cpu_seconds();
   BuildSummary s = build_dataset(o);
   cpu = process_cpu_seconds() - c0;
@@ -103,13 +99,13 @@ void tokenizer_rows(const std::string& manifest, const std::vector<std::string>&
              fs::file_size(manifest), repeats);
   fmt::print("{:<48}{:>9}{:>9}{:>18}{:>10}{:>12}{:>10}\n", "tokenizer", "template", "samples", "wall s (range)",
              "CPU s", "samples/s", "CPU ratio");
-  const double base = median(rows.front().cpu);
+  const double base = bench::median(rows.front().cpu);
   for (const Row& r : rows) {
     const auto [lo, hi] = std::minmax_element(r.wall.begin(), r.wall.end());
-    const double cpu = median(r.cpu);
+    const double cpu = bench::median(r.cpu);
     fmt::print("{:<48}{:>9}{:>9}{:>7.1f} ({:4.1f}-{:4.1f}){:>10.1f}{:>12.0f}{:>9.2f}x\n", r.path,
-               template_name(r.chat), r.last.samples, median(r.wall), *lo, *hi, cpu,
-               double(r.last.samples) / median(r.wall), cpu / base);
+               template_name(r.chat), r.last.samples, bench::median(r.wall), *lo, *hi, cpu,
+               double(r.last.samples) / bench::median(r.wall), cpu / base);
   }
 }
 
@@ -216,16 +212,7 @@ int main(int argc, char** argv) {
                "seconds", "lines/s", "MB/s in", "shards", "frames/s/worker");
     std::string built;
     for (int w : workers) {
-      BuildOptions o;
-      o.manifest = manifest;
-      o.tokenizer = tok_path;
-      o.out_dir = out + "/built-w" + std::to_string(w);
-      o.vision = v;
-      o.max_tokens = int64_t(1) << 20;  // measure every sample: nothing is too long here
-      o.workers = w;
-      o.shard_bytes = int64_t(32) << 20;  // several shards, as a real build has
-      o.progress = false;
-      fs::remove_all(o.out_dir);
+      const BuildOptions o = bench_build(manifest, tok_path, v, out + "/built-w" + std::to_string(w), w);
       const BuildSummary s = build_dataset(o);
       fmt::print("{:<8}{:>10}{:>10}{:>10.2f}{:>12.0f}{:>10.1f}{:>10}{:>16.0f}\n", w,
                  s.processed_lines, s.samples, s.seconds,

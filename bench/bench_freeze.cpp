@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/timing.h"
 #include "core/clock.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
@@ -37,10 +38,7 @@ struct Variant {
   std::vector<double> cpu_s;  // per measured step
 };
 
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x.empty() ? 0.0 : x[x.size() / 2];
-}
+using bench::median;
 
 }  // namespace
 

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "bench/timing.h"
 #include "core/bf16.h"
 #include "core/rng.h"
 #include "kernels/backend.h"
@@ -176,10 +177,7 @@ int main(int argc, char** argv) {
   };
   fmt::print("{:<8} {:<6} {:>9} {:>10} {:>14} {:>22}\n", "what", "cache", "time s", "GB/s",
              "peak RSS GB", "RSS / (arena+tensor)");
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
+  using bench::median;
   for (const bool cold : {true, false}) {
     std::vector<double> rs, is;
     double rss_read = 0, rss_import = 0;

@@ -26,7 +26,9 @@
 #include <string>
 #include <vector>
 
+#include "bench/timing.h"
 #include "core/check.h"
+#include "core/clock.h"
 #include "data/hf_tokenizer.h"
 
 namespace {
@@ -34,16 +36,8 @@ namespace {
 namespace fs = std::filesystem;
 using dhp::HfTokenizer;
 
-double thread_seconds() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using dhp::thread_cpu_seconds;
+using dhp::bench::median;
 
 std::string run_output(const std::string& cmd) {
   std::string out;
@@ -58,10 +52,10 @@ std::string run_output(const std::string& cmd) {
 double dhp_seconds(const HfTokenizer& tok, const std::vector<std::string>& texts, int repeats) {
   std::vector<double> s;
   for (int r = 0; r < repeats; ++r) {
-    const double t0 = thread_seconds();
+    const double t0 = thread_cpu_seconds();
     size_t ids = 0;
     for (const auto& t : texts) ids += tok.encode(t, false).size();
-    s.push_back(thread_seconds() - t0);
+    s.push_back(thread_cpu_seconds() - t0);
     DHP_CHECK(ids > 0, "no ids");
   }
   return median(s);
@@ -151,9 +145,9 @@ int main(int argc, char** argv) {
         fmt::print("{:<12} (no {}: run scripts/fetch_references.sh)\n", name, file.string());
         continue;
       }
-      const double t0 = thread_seconds();
+      const double t0 = thread_cpu_seconds();
       const auto tok = HfTokenizer::load(file.string());
-      const double load = thread_seconds() - t0;
+      const double load = thread_cpu_seconds() - t0;
       dhp_seconds(*tok, texts, 1);  // warm the word cache, as the library's is warm after its first repeat
       const double mine = dhp_seconds(*tok, texts, repeats);
       const double theirs = hf ? hf_seconds(script, file, corpus, repeats) : -1;
