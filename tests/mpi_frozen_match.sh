@@ -10,19 +10,17 @@ set -euo pipefail
 source "$(dirname "$0")/mpi_lib.sh" "$1"
 
 synth_longtail "$work/data"
-small_run_toml "$work/data" 6 > "$work/run.toml" <<TOML
+{
+  cat <<TOML
 [optim.groups.vision]
 trainable = false
 [optim.groups.embeddings]
 trainable = false
 [optim.groups.projector]
 lr_scale = 0.5
-[parallel]
-bucket_mb = 0.02
-refit = false
-[log]
-progress = false
 TOML
+  quiet_run_toml
+} | small_run_toml "$work/data" 6 > "$work/run.toml"
 train_run "$work/init.log" -- --config "$work/run.toml" --train.steps=0 \
   --log.metrics="$work/init/metrics.jsonl" --checkpoint.dir="$work/init/ckpt"
 export_weights "$work/init"

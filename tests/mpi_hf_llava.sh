@@ -16,13 +16,7 @@ src=$2
   --heads 4 --kv 2 --layers 2 --ffn 128 --vocab 300 --eps 1e-5 --dtype bf16 --tokenizer --seed 7
 "$dhp" data synth --out "$work/data" --preset mixed --train 96 --val 8 --seed 5 \
   --scale 0.1 --factor 16 >/dev/null
-small_run_toml "$work/data" 6 "" 'template = "llava_v1"' > "$work/run.toml" <<TOML
-[parallel]
-bucket_mb = 0.02
-refit = false
-[log]
-progress = false
-TOML
+quiet_run_toml | small_run_toml "$work/data" 6 "" 'template = "llava_v1"' > "$work/run.toml"
 # The checkpoint's own tokenizer, not the synthetic set's.
 start=(--config "$work/run.toml" --model.init="$work/hf" --data.tokenizer="$work/hf")
 train_run "$work/one.log" -- "${start[@]}" --log.metrics="$work/one/metrics.jsonl" \
@@ -50,27 +44,16 @@ done
 /usr/bin/python3 - "$tests/reference" "$work/one" "${runs[@]}" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[1])
-from mpi_runs import same_losses, same_weights, steps, weights
-one, w_one = steps(sys.argv[2]), weights(sys.argv[2])
+from mpi_runs import compare_runs, weights
+w_one = weights(sys.argv[2])
 assert "layers.0.attn.wq.bias" in w_one and w_one["tok_embed.weight"].size == 320 * 64
-rings = 0
-for spec in sys.argv[3:]:
-    strategy, n, d = spec.split(":", 2)
-    other = steps(d)
-    same_losses(one, other, f"{strategy} on {n} ranks", 6)
-    same_weights(w_one, weights(d), f"{strategy} on {n} ranks")
-    widest = max(r["max_degree"] for r in other)
-    rings += widest > 1
-    print(f"{strategy} on {n} ranks: losses {', '.join('%.5f' % r['loss'] for r in other)}; "
-          f"widest ring {widest}")
+rings = compare_runs(sys.argv[2], sys.argv[3:], 6)
 assert rings >= 2, "no strategy put a sample on a ring: the data does not exercise ring attention"
 PY
 
 # Export to the Hugging Face layout, then import that export and export it again.
-"$dhp" export --format hf --checkpoint "$work/one/ckpt" -o "$work/e1" >"$work/e1.log" 2>&1 \
-  || { cat "$work/e1.log"; exit 1; }
-"$dhp" export --format hf --checkpoint "$work/e1" -o "$work/e2" >"$work/e2.log" 2>&1 \
-  || { cat "$work/e2.log"; exit 1; }
+export_hf "$work/one/ckpt" "$work/e1"
+export_hf "$work/e1" "$work/e2"
 /usr/bin/python3 - "$tests/reference" "$work/e1" "$work/e2" "$work/hf" <<'PY'
 import json, sys
 sys.path.insert(0, sys.argv[1])

@@ -22,13 +22,7 @@ $fixture "$work/hf" llava_hf --tower clip "${decoder[@]}"
 $fixture "$work/new" llava_new --tower siglip --feature-layer -1 "${decoder[@]}"
 "$dhp" data synth --out "$work/data" --preset mixed --train 96 --val 8 --seed 5 \
   --scale 0.1 --factor 16 >/dev/null
-small_run_toml "$work/data" 4 "" 'template = "llava_v1"' > "$work/run.toml" <<TOML
-[parallel]
-bucket_mb = 0.02
-refit = false
-[log]
-progress = false
-TOML
+quiet_run_toml | small_run_toml "$work/data" 4 "" 'template = "llava_v1"' > "$work/run.toml"
 
 for gen in orig hf new; do
   start=(--config "$work/run.toml" --model.init="$work/$gen" --data.tokenizer="$work/$gen")
@@ -48,10 +42,8 @@ for gen in orig hf new; do
   train_run "$r.log" mpirun -np 3 --oversubscribe -- "${start[@]}" --parallel.strategy=dhp \
     --log.metrics="$r/metrics.jsonl" --checkpoint.dir="$r/ckpt"
   export_weights "$r"
-  "$dhp" export --format hf --checkpoint "$r/ckpt" -o "$work/$gen-e1" >"$work/$gen-e1.log" 2>&1 \
-    || { cat "$work/$gen-e1.log"; exit 1; }
-  "$dhp" export --format hf --checkpoint "$work/$gen-e1" -o "$work/$gen-e2" >"$work/$gen-e2.log" 2>&1 \
-    || { cat "$work/$gen-e2.log"; exit 1; }
+  export_hf "$r/ckpt" "$work/$gen-e1"
+  export_hf "$work/$gen-e1" "$work/$gen-e2"
 done
 # Compose (LLaVA's stage 1): a Llama decoder and a SigLIP tower, the projector fresh and the
 # only group that trains, the plain template; on 3 ranks, then exported.
@@ -65,8 +57,7 @@ train_run "$r.log" mpirun -np 3 --oversubscribe -- --config "$work/run.toml" \
   --parallel.strategy=dhp --log.metrics="$r/metrics.jsonl" --checkpoint.dir="$r/ckpt"
 grep -q "kept their seeded initialisation (4 tensors not in the checkpoint): projector.fc1.weight" "$r.log" \
   || { echo "compose: the projector is not the only seeded part"; grep -i "seeded" "$r.log"; exit 1; }
-"$dhp" export --format hf --checkpoint "$r/ckpt" -o "$work/compose-e1" >"$work/compose-e1.log" 2>&1 \
-  || { cat "$work/compose-e1.log"; exit 1; }
+export_hf "$r/ckpt" "$work/compose-e1"
 grep -q "attention-pooling head" "$work/new-one.log" || { echo "SigLIP's head not named as ignored"; exit 1; }
 grep -Eq "model.vision.resize += \"?pad_square" "$work/orig-one.log" \
   || { echo "image_aspect_ratio pad did not set pad_square"; grep resize "$work/orig-one.log"; exit 1; }

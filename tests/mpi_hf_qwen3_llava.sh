@@ -25,13 +25,7 @@ fi
   --dtype bf16
 "$dhp" data synth --out "$work/data" --preset mixed --train 96 --val 8 --seed 5 \
   --scale 0.1 --factor 16 >/dev/null
-small_run_toml "$work/data" 4 "" 'template = "chatml"' > "$work/run.toml" <<TOML
-[parallel]
-bucket_mb = 0.02
-refit = false
-[log]
-progress = false
-TOML
+quiet_run_toml | small_run_toml "$work/data" 4 "" 'template = "chatml"' > "$work/run.toml"
 start=(--config "$work/run.toml" --model.init="$work/dec" --data.tokenizer="$work/dec"
        --model.vision.init="$work/clip" --model.vision.merge=1)
 train_run "$work/one.log" -- "${start[@]}" --log.metrics="$work/one/metrics.jsonl" \
@@ -53,28 +47,15 @@ done
 /usr/bin/python3 - "$tests/reference" "$work/one" "${runs[@]}" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[1])
-from mpi_runs import same_losses, same_weights, steps, weights
-one, w_one = steps(sys.argv[2]), weights(sys.argv[2])
+from mpi_runs import compare_runs, weights
+w_one = weights(sys.argv[2])
 assert "layers.0.attn.q_norm.weight" in w_one, sorted(k for k in w_one if "layers.0.attn" in k)
-rings = 0
-for spec in sys.argv[3:]:
-    strategy, n, d = spec.split(":", 2)
-    other = steps(d)
-    same_losses(one, other, f"{strategy} on {n} ranks", 4)
-    worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(one, other))
-    assert worst <= 1e-5, f"{strategy} on {n} ranks: a loss {worst:.2e} (relative) from one rank's"
-    same_weights(w_one, weights(d), f"{strategy} on {n} ranks")
-    widest = max(r["max_degree"] for r in other)
-    rings += widest > 1
-    print(f"{strategy} on {n} ranks: losses {', '.join('%.5f' % r['loss'] for r in other)} "
-          f"(at most {worst:.1e} from one rank's); widest ring {widest}")
+rings = compare_runs(sys.argv[2], sys.argv[3:], 4, all_steps_within=1e-5)
 assert rings >= 1, "no strategy put a sample on a ring: the data does not exercise ring attention"
 PY
 
-"$dhp" export --format hf --checkpoint "$work/dhp-3/ckpt" -o "$work/e1" >"$work/e1.log" 2>&1 \
-  || { cat "$work/e1.log"; exit 1; }
-"$dhp" export --format hf --checkpoint "$work/e1" -o "$work/e2" >"$work/e2.log" 2>&1 \
-  || { cat "$work/e2.log"; exit 1; }
+export_hf "$work/dhp-3/ckpt" "$work/e1"
+export_hf "$work/e1" "$work/e2"
 for f in tokenizer.json tokenizer_config.json; do
   cmp "$work/dec/$f" "$work/e1/$f" && cmp "$work/dec/$f" "$work/e2/$f" \
     || { echo "$f is not the source's bytes"; exit 1; }

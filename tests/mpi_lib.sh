@@ -48,6 +48,24 @@ train_run() {
   "${launcher[@]}" "$dhp" train "$@" >"$log" 2>&1 || { cat "$log"; exit 1; }
 }
 
+# quiet_run_toml: the TOML tail of the scripts that compare runs: many small gradient buckets,
+# no refit of the cost model (so every run plans alike), no progress bar.
+quiet_run_toml() {
+  cat <<TOML
+[parallel]
+bucket_mb = 0.02
+refit = false
+[log]
+progress = false
+TOML
+}
+
+# export_hf SOURCE OUT: `dhp export --format hf` of SOURCE (a checkpoint folder or an earlier
+# export) into OUT, its output in OUT.log, printed when it fails.
+export_hf() {
+  "$dhp" export --format hf --checkpoint "$1" -o "$2" >"$2.log" 2>&1 || { cat "$2.log"; exit 1; }
+}
+
 # export_weights RUN_DIR: RUN_DIR/model.safetensors from the newest checkpoint of RUN_DIR/ckpt.
 export_weights() {
   "$dhp" export --checkpoint "$1/ckpt" --out "$1/model.safetensors" >/dev/null 2>&1 \

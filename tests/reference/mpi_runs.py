@@ -39,6 +39,28 @@ def same_losses(one, other, label, n_steps):
         assert abs(x - y) <= tol * abs(x), f"{label}, step {i}: 1 rank {x}, here {y}"
 
 
+def compare_runs(one_dir, specs, n_steps, all_steps_within=None):
+    """Each run "STRATEGY:RANKS:DIR" of SPECS against the one-rank run in ONE_DIR: the same
+    losses (same_losses; with ALL_STEPS_WITHIN, every step's within that, relative) and weights
+    (same_weights). Prints a line per run; returns how many put a sample on a ring."""
+    one, w_one = steps(one_dir), weights(one_dir)
+    rings = 0
+    for spec in specs:
+        strategy, n, d = spec.split(":", 2)
+        label = f"{strategy} on {n} ranks"
+        other = steps(d)
+        same_losses(one, other, label, n_steps)
+        worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(one, other))
+        if all_steps_within is not None:
+            assert worst <= all_steps_within, f"{label}: a loss {worst:.2e} (relative) from one rank's"
+        same_weights(w_one, weights(d), label)
+        widest = max(r["max_degree"] for r in other)
+        rings += widest > 1
+        print(f"{label}: losses {', '.join('%.5f' % r['loss'] for r in other)} "
+              f"(at most {worst:.1e} from one rank's); widest ring {widest}")
+    return rings
+
+
 def same_weights(w_one, w, label, skip=lambda name: False):
     """After a few optimizer steps the weights agree within 1e-4 of each tensor's scale."""
     assert w.keys() == w_one.keys(), label
