@@ -1,6 +1,6 @@
-// Folders of the Hugging Face tests (test_hf, test_hf_llava): made by the Python scripts of
-// tests/reference/ once per test process, under a per-process temporary root that is removed
-// when the binary's tests end.
+// Folders of the Hugging Face tests (test_hf, test_hf_llava, ...): made by the Python scripts of
+// tests/reference/ (once per build, see fixture_command) and copied under a per-process
+// temporary root that is removed when the binary's tests end.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -44,12 +44,21 @@ inline std::string reference_py() {
   return "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) + "/tests/reference/";
 }
 
+// The command that makes the folder `out` with the fixture script tests/reference/`script` and its
+// `args`, through tests/reference/cached_fixture.py: the script (PyTorch: about 1.8 s a process)
+// runs once per build for the same arguments, in whichever test process asks first, and the
+// others copy its folder.
+inline std::string fixture_command(const std::string& script, const std::filesystem::path& out,
+                                   const std::string& args) {
+  return reference_py() + "cached_fixture.py " + DHP_FIXTURE_CACHE + " " + out.string() + " " + script + " " + args;
+}
+
 // hf_fixture_root()/name, made by `script` with `args` unless this process made it already.
 inline std::filesystem::path hf_fixture(const std::string& script, const std::string& name,
                                         const std::string& args) {
   const auto dir = hf_fixture_root() / name;
   if (!std::filesystem::exists(dir / "config.json")) {
-    const std::string cmd = reference_py() + script + " " + dir.string() + " " + args;
+    const std::string cmd = fixture_command(script, dir, args);
     EXPECT_EQ(std::system(cmd.c_str()), 0)
         << cmd << ": needs Debian's python3-torch (scripts/setup.sh)";
   }

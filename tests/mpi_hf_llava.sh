@@ -12,7 +12,7 @@ set -euo pipefail
 source "$(dirname "$0")/mpi_lib.sh" "$1"
 src=$2
 
-/usr/bin/python3 "$src/tests/reference/make_hf_fixture.py" "$work/hf" --arch qwen2 --hidden 64 \
+hf_fixture make_hf_fixture.py "$work/hf" --arch qwen2 --hidden 64 \
   --heads 4 --kv 2 --layers 2 --ffn 128 --vocab 300 --eps 1e-5 --dtype bf16 --tokenizer --seed 7
 "$dhp" data synth --out "$work/data" --preset mixed --train 96 --val 8 --seed 5 \
   --scale 0.1 --factor 16 >/dev/null

@@ -13,13 +13,12 @@
 set -euo pipefail
 source "$(dirname "$0")/mpi_lib.sh" "$1"
 src=$2
-fixture="/usr/bin/python3 $src/tests/reference/make_hf_llava_fixture.py"
 decoder=(--hidden 64 --heads 4 --kv 2 --layers 2 --ffn 128 --vocab 320 --tokenizer --seed 7)
 
-$fixture "$work/orig" llava_orig --no-tower "${decoder[@]}" --dtype bf16
-$fixture "$work/clip" clip_vision --seed 8 --dtype bf16
-$fixture "$work/hf" llava_hf --tower clip "${decoder[@]}"
-$fixture "$work/new" llava_new --tower siglip --feature-layer -1 "${decoder[@]}"
+hf_fixture make_hf_llava_fixture.py "$work/orig" llava_orig --no-tower "${decoder[@]}" --dtype bf16
+hf_fixture make_hf_llava_fixture.py "$work/clip" clip_vision --seed 8 --dtype bf16
+hf_fixture make_hf_llava_fixture.py "$work/hf" llava_hf --tower clip "${decoder[@]}"
+hf_fixture make_hf_llava_fixture.py "$work/new" llava_new --tower siglip --feature-layer -1 "${decoder[@]}"
 "$dhp" data synth --out "$work/data" --preset mixed --train 96 --val 8 --seed 5 \
   --scale 0.1 --factor 16 >/dev/null
 quiet_run_toml | small_run_toml "$work/data" 4 "" 'template = "llava_v1"' > "$work/run.toml"
@@ -47,8 +46,8 @@ for gen in orig hf new; do
 done
 # Compose (LLaVA's stage 1): a Llama decoder and a SigLIP tower, the projector fresh and the
 # only group that trains, the plain template; on 3 ranks, then exported.
-/usr/bin/python3 "$src/tests/reference/make_hf_fixture.py" "$work/dec" "${decoder[@]}" --dtype bf16
-$fixture "$work/siglip" siglip_vision --seed 9 --dtype bf16
+hf_fixture make_hf_fixture.py "$work/dec" "${decoder[@]}" --dtype bf16
+hf_fixture make_hf_llava_fixture.py "$work/siglip" siglip_vision --seed 9 --dtype bf16
 r="$work/compose-dhp-3"
 train_run "$r.log" mpirun -np 3 --oversubscribe -- --config "$work/run.toml" \
   --model.init="$work/dec" --data.tokenizer="$work/dec" --model.vision.init="$work/siglip" \

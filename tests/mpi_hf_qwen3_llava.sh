@@ -17,11 +17,11 @@ if [ ! -f "$qwen3/tokenizer.json" ]; then
   exit 77
 fi
 
-/usr/bin/python3 "$src/tests/reference/make_hf_fixture.py" "$work/dec" --arch qwen3 --hidden 64 \
+hf_fixture make_hf_fixture.py "$work/dec" --arch qwen3 --hidden 64 \
   --heads 4 --kv 2 --head-dim 24 --layers 2 --ffn 128 --vocab 1344 --tied --eps 1e-6 --dtype bf16 \
   --seed 7 --config bos_token_id=1256 --config eos_token_id=1258  # <|endoftext|>, <|im_end|> once cut
 /usr/bin/python3 "$src/tests/reference/shrink_bpe_tokenizer.py" "$qwen3" "$work/dec" >/dev/null
-/usr/bin/python3 "$src/tests/reference/make_hf_llava_fixture.py" "$work/clip" clip_vision --seed 8 \
+hf_fixture make_hf_llava_fixture.py "$work/clip" clip_vision --seed 8 \
   --dtype bf16
 "$dhp" data synth --out "$work/data" --preset mixed --train 96 --val 8 --seed 5 \
   --scale 0.1 --factor 16 >/dev/null

@@ -8,6 +8,15 @@ work=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
+# hf_fixture SCRIPT OUT ARGS...: the folder OUT as tests/reference/SCRIPT makes it with ARGS, the
+# script run once per build (tests/reference/cached_fixture.py; the cache lies beside the dhp
+# binary, as the gtest executables' does).
+hf_fixture() {
+  local script=$1 out=$2
+  shift 2
+  /usr/bin/python3 "$tests/reference/cached_fixture.py" "$(dirname "$dhp")/fixture-cache" "$out" "$script" "$@"
+}
+
 # synth_longtail DIR [SCALE]: the long-tail data set of the multi-process tests, scaled down
 # (by 0.1 unless SCALE) so that a few of its samples outgrow one rank's share of a batch of 8
 # (the planner rings them).

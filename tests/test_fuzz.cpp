@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/check.h"
@@ -20,6 +21,7 @@
 #include "data/manifest.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
+#include "tests/hf_fixture.h"
 #include "tests/train_fixture.h"
 #include "trainer/config.h"
 #include "trainer/hf_checkpoint.h"
@@ -168,11 +170,11 @@ TEST(Fuzz, SafetensorsHeaders) {
 // another exception, a signal (stack overflow, SIGBUS, SIGSEGV) or the limit fails the test.
 TEST(Fuzz, HuggingFaceFolders) {
   const fs::path work = testing::run_dir("fuzz_hf");
-  const std::string py = "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) + "/tests/reference/";
   const std::string dec = "--hidden 32 --heads 4 --kv 2 --layers 1 --ffn 48 --vocab 320";
-  ASSERT_EQ(std::system((py + "make_hf_fixture.py " + (work / "decoder").string() + " " + dec + " --tokenizer").c_str()), 0);
-  ASSERT_EQ(std::system((py + "make_hf_fixture.py " + (work / "sharded").string() + " " + dec + " --shards 3").c_str()), 0);
-  ASSERT_EQ(std::system((py + "make_hf_llava_fixture.py " + (work / "llava").string() + " llava_hf --tower clip").c_str()), 0);
+  for (const auto& [script, name, args] : {std::tuple{"make_hf_fixture.py", "decoder", dec + " --tokenizer"},
+                                           std::tuple{"make_hf_fixture.py", "sharded", dec + " --shards 3"},
+                                           std::tuple{"make_hf_llava_fixture.py", "llava", std::string("llava_hf --tower clip")}})
+    ASSERT_EQ(std::system(testing::fixture_command(script, work / name, args).c_str()), 0);
   // The tokenizer's added tokens, after its 300 pieces.
   std::ofstream(work / "decoder" / "added_tokens.json") << "{\"<image>\": 300, \"<pad>\": 301}";
   struct Target {

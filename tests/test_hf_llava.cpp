@@ -266,7 +266,7 @@ TEST(HfLlavaImport, EveryGenerationImportsItsTensors) {
 TEST(HfLlavaImport, ComposesADecoderAndATower) {
   const fs::path decoder = root() / "decoder";
   if (!fs::exists(decoder / "config.json")) {
-    const std::string cmd = py() + "make_hf_fixture.py " + decoder.string() + " --kv 2";
+    const std::string cmd = testing::fixture_command("make_hf_fixture.py", decoder, "--kv 2");
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
   for (const auto& [kind, arch] : {std::pair{"clip", "clip"}, std::pair{"siglip", "siglip"}}) {
@@ -399,7 +399,7 @@ TEST(HfLlavaExport, RoundTripIsByteIdentical) {
 TEST(HfLlavaExport, RefusesAMergedTowerAndNoImageToken) {
   const fs::path decoder = root() / "decoder";
   if (!fs::exists(decoder / "config.json")) {
-    const std::string cmd = py() + "make_hf_fixture.py " + decoder.string() + " --kv 2";
+    const std::string cmd = testing::fixture_command("make_hf_fixture.py", decoder, "--kv 2");
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
   const fs::path tower = fixture("clip_vision", "clip_vision");
