@@ -360,7 +360,47 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
+#endif
+
+namespace {
+
+// The variables by which an MPI launcher hands a process its place in the job: mpirun (Open
+// MPI), a PMIx server (Open MPI 5, `srun --mpi=pmix`), PMI-1/2 (MPICH's Hydra, Intel MPI,
+// `srun --mpi=pmi2`).
+constexpr const char* kMpiLauncherVars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"};
+
+bool started_by_an_mpi_launcher() {
+  for (const char* v : kMpiLauncherVars)
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+// A process that torchrun (or another launcher of its kind) started believes it is one of
+// WORLD_SIZE ranks, but without an MPI launcher it would be a world of one: N copies would
+// each train the whole job alone. Refused at once, saying how dhp is launched.
+void refuse_a_world_without_mpi() {
+  const char* world = std::getenv("WORLD_SIZE");
+  if (!world || std::string(world).empty() || std::string(world) == "1") return;
+  const char* rank = std::getenv("RANK");
+  throw Error(fmt::format(
+      "this process was started as rank {} of WORLD_SIZE={} (torchrun's variables), but not by an MPI "
+      "launcher: dhp's ranks are MPI processes, and alone this one would train the whole job by itself. "
+      "Launch with `mpirun -np {} dhp train ...` (a hostfile for several nodes) or `srun --mpi=pmix dhp "
+      "train ...` under Slurm",
+      rank ? rank : "?", world, world));
+}
+
+}  // namespace
+
+// A process no MPI launcher started is a world of one without MPI at all: Open MPI would
+// otherwise start a daemon for it (a singleton MPI_Init costs 0.45 s; single-process runs and
+// the tests start dhp hundreds of times).
 std::unique_ptr<Communicator> start_world(int* argc, char*** argv) {
+  if (!started_by_an_mpi_launcher()) {
+    refuse_a_world_without_mpi();
+    return std::make_unique<ThreadedCommunicator>(std::make_shared<ThreadedWorld>(1), 0);
+  }
+#ifdef DHP_MPI
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited) {
@@ -370,12 +410,16 @@ std::unique_ptr<Communicator> start_world(int* argc, char*** argv) {
     std::atexit(finalize_at_exit);
   }
   return std::make_unique<MpiCommunicator>();
-}
 #else
-// Without MPI a process is a world of one: the threaded world with a single rank is exactly that.
-std::unique_ptr<Communicator> start_world(int*, char***) {
-  return std::make_unique<ThreadedCommunicator>(std::make_shared<ThreadedWorld>(1), 0);
-}
+  (void)argc, (void)argv;
+  throw Error(fmt::format("this process was started by an MPI launcher ({} is set), but this dhp was built "
+                          "without MPI (DHP_MPI off): each rank would train the whole job by itself",
+                          [] {
+                            for (const char* v : kMpiLauncherVars)
+                              if (std::getenv(v)) return v;
+                            return "";
+                          }()));
 #endif
+}
 
 }  // namespace dhp

@@ -1,9 +1,11 @@
 // Process start-up and the MPI communicator.
 //
-// start_world() is the one place a process joins its job: with MPI it initialises MPI (a
-// process started without a launcher is a singleton world of one) and returns the world
-// communicator; built without MPI it returns a world of one. Everything after start-up talks
-// to the Communicator interface only.
+// start_world() is the one place a process joins its job: started by an MPI launcher (mpirun,
+// srun with PMIx or PMI) it initialises MPI and returns the world communicator; started
+// without one it is a world of one and MPI is never initialised. A process that carries
+// torchrun's WORLD_SIZE > 1 without a launcher, or a launcher's variables in a build without
+// MPI, is refused: it would train the whole job alone. Everything after start-up talks to the
+// Communicator interface only.
 #pragma once
 
 #include <memory>

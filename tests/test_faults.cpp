@@ -135,6 +135,22 @@ TEST(Faults, TemporariesOfInterruptedSavesAreRemoved) {
   EXPECT_TRUE(fs::exists(fs::path(cfg.checkpoint.dir) / "notes.tmp"));  // not a checkpoint's
 }
 
+// torchrun starts N copies with WORLD_SIZE and RANK but no MPI world: each would train the
+// whole job alone. The executable stops before reading anything and says how to launch it;
+// WORLD_SIZE=1 (or none) is an ordinary one-process run.
+TEST(Faults, ATorchrunLaunchWithoutMpiStopsAtOnceSayingHow) {
+  const auto dir = run_dir("torchrun");
+  const Config cfg = small_config(1, dir);
+  const std::string env = "export WORLD_SIZE=4 RANK=1 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500;";
+  const Outcome r = run_dhp("train -c " + config_file(cfg, dir), dir, env);
+  EXPECT_EQ(r.status, 1) << r.output;
+  for (const char* part : {"rank 1 of WORLD_SIZE=4", "not by an MPI launcher", "mpirun -np 4 dhp train", "srun --mpi=pmix"})
+    EXPECT_TRUE(contains(r.output, part)) << part << "\n" << r.output;
+  EXPECT_FALSE(fs::exists(cfg.checkpoint.dir)) << "it must stop before the run starts";
+  const Outcome one = run_dhp("train -c " + config_file(cfg, dir), dir, "export WORLD_SIZE=1 RANK=0;");
+  EXPECT_EQ(one.status, 0) << one.output;
+}
+
 TEST(Faults, SecondRunOnTheSameFolderIsRefusedNamingTheHolder) {
   auto world = start_world(nullptr, nullptr);
   Communicator& comm = *world;
