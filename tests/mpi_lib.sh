@@ -7,6 +7,9 @@ tests=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 work=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# One machine's transports only (shared memory through ob1, as Open MPI picks on one node
+# anyway): probing UCX, OFI and InfiniBand took a quarter of a second of every mpirun.
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_mtl=^ofi,psm,psm2 OMPI_MCA_osc=^ucx
 
 # hf_fixture SCRIPT OUT ARGS...: the folder OUT as tests/reference/SCRIPT makes it with ARGS, the
 # script run once per build (tests/reference/cached_fixture.py; the cache lies beside the dhp
