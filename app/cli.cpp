@@ -9,6 +9,8 @@
 #include <exception>
 
 #include "core/check.h"
+#include "core/log.h"
+#include "parallel/mpi_comm.h"
 
 namespace dhp {
 
@@ -21,6 +23,9 @@ int run_cli(int argc, char** argv, const CliHooks& hooks) {
   // A write past the file size limit (ulimit -f) then fails with EFBIG, which is reported
   // like any failed write, instead of killing the process without a word.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Lines logged before a command sets its own level and log.color (device choice, config
+  // reading) take dhp's pattern and log.color's default, not spdlog's coloured one.
+  set_up_logging(0, 1, "info", "auto", started_by_an_mpi_launcher());
   CLI::App app{"dhp: a trainer for vision-language models with dynamic hybrid parallelism"};
   app.require_subcommand(1);
   app.set_version_flag("--version", DHP_VERSION);

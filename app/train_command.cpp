@@ -96,7 +96,7 @@ void add_train_command(CLI::App& app, const CliHooks& hooks) {
     apply_hf_init_for_run(cfg, o.resume);
     world = communicator_for(std::move(world), cfg.train.device, hooks);
     Communicator& comm = *world;
-    set_up_logging(comm.rank(), comm.size(), cfg.log.level);
+    set_up_logging(comm.rank(), comm.size(), cfg.log.level, cfg.log.color, started_by_an_mpi_launcher());
     if (comm.rank() == 0) spdlog::info("resolved configuration ({}):\n{}", cfg.source, format_config(cfg));
     // A Hugging Face --init is model.init, part of the configuration a resume rebuilds the
     // model from: it goes with --resume. Other weights would be replaced by the checkpoint's.
@@ -140,7 +140,7 @@ void add_eval_command(CLI::App& app, const CliHooks& hooks) {
   sub->allow_extras();
   sub->callback([sub, checkpoint, dir, data, out, force, &hooks] {
     auto world = start_world(nullptr, nullptr);
-    set_up_logging(world->rank(), world->size(), "info");
+    set_up_logging(world->rank(), world->size(), "info", "auto", started_by_an_mpi_launcher());
     // Refused up front, so nothing is computed for a result that cannot be written.
     if (!out->empty()) check_output_path(*out, "--json", is_eval_json, *force);
     const std::string path = resolve_checkpoint(*checkpoint, *dir);

@@ -8,7 +8,10 @@
 
 namespace dhp {
 
-// level: "debug" | "info" | "warn" | "error".
-void set_up_logging(int rank, int world_size, const std::string& level);
+// level: "debug" | "info" | "warn" | "error". color: "auto" | "always" | "never" (log.color);
+// `launched`: an MPI launcher started the process, whose standard output is then a pty that
+// says nothing of where the text goes (auto colours only a terminal outside a launcher).
+void set_up_logging(int rank, int world_size, const std::string& level, const std::string& color = "auto",
+                    bool launched = false);
 
 }  // namespace dhp

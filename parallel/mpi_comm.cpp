@@ -369,12 +369,6 @@ namespace {
 // `srun --mpi=pmi2`).
 constexpr const char* kMpiLauncherVars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"};
 
-bool started_by_an_mpi_launcher() {
-  for (const char* v : kMpiLauncherVars)
-    if (std::getenv(v)) return true;
-  return false;
-}
-
 // A process that torchrun (or another launcher of its kind) started believes it is one of
 // WORLD_SIZE ranks, but without an MPI launcher it would be a world of one: N copies would
 // each train the whole job alone. Refused at once, saying how dhp is launched.
@@ -391,6 +385,12 @@ void refuse_a_world_without_mpi() {
 }
 
 }  // namespace
+
+bool started_by_an_mpi_launcher() {
+  for (const char* v : kMpiLauncherVars)
+    if (std::getenv(v)) return true;
+  return false;
+}
 
 // A process no MPI launcher started is a world of one without MPI at all: Open MPI would
 // otherwise start a daemon for it (a singleton MPI_Init costs 0.45 s; single-process runs and

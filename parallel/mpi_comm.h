@@ -16,4 +16,8 @@ namespace dhp {
 
 std::unique_ptr<Communicator> start_world(int* argc, char*** argv);
 
+// Whether an MPI launcher (mpirun, srun with PMIx or PMI) started this process: its
+// environment holds the launcher's rank variables.
+bool started_by_an_mpi_launcher();
+
 }  // namespace dhp

@@ -58,6 +58,8 @@ train_run() {
   while [ "$1" != "--" ]; do launcher+=("$1"); shift; done
   shift
   "${launcher[@]}" "$dhp" train "$@" >"$log" 2>&1 || { cat "$log"; exit 1; }
+  # mpirun gives its ranks a pty: colour must still stay out of a log that goes to a file.
+  if grep -q $'\033' "$log"; then echo "$log: colour escape codes in a log written to a file"; exit 1; fi
 }
 
 # quiet_run_toml: the TOML tail of the scripts that compare runs: many small gradient buckets,

@@ -151,6 +151,25 @@ TEST(Faults, ATorchrunLaunchWithoutMpiStopsAtOnceSayingHow) {
   EXPECT_EQ(one.status, 0) << one.output;
 }
 
+// Colour escapes only where asked for or on a terminal: a log captured to a file (here, and
+// under mpirun in tests/mpi_lib.sh's train_run) holds none; a wrong value is named.
+TEST(Faults, LogColourIsOffUnlessATerminalOrAsked) {
+  const auto dir = run_dir("colour");
+  Config cfg = small_config(1, dir);
+  cfg.checkpoint.every = 0;
+  const Outcome plain = run_dhp("train -c " + config_file(cfg, dir) + " --log.metrics= --log.level=info", dir);
+  EXPECT_EQ(plain.status, 0) << plain.output;
+  EXPECT_TRUE(contains(plain.output, "[info]")) << plain.output;
+  EXPECT_FALSE(contains(plain.output, "\033[")) << plain.output;
+  fs::remove_all(cfg.checkpoint.dir);
+  const Outcome asked = run_dhp("train -c " + config_file(cfg, dir) + " --log.metrics= --log.level=info --log.color=always", dir);
+  EXPECT_EQ(asked.status, 0) << asked.output;
+  EXPECT_TRUE(contains(asked.output, "\033[")) << asked.output;
+  const Outcome wrong = run_dhp("train -c " + config_file(cfg, dir) + " --log.color=sometimes", dir);
+  EXPECT_EQ(wrong.status, 1) << wrong.output;
+  EXPECT_TRUE(contains(wrong.output, "log.color")) << wrong.output;
+}
+
 TEST(Faults, SecondRunOnTheSameFolderIsRefusedNamingTheHolder) {
   auto world = start_world(nullptr, nullptr);
   Communicator& comm = *world;

@@ -231,6 +231,7 @@ class Schema {
     num("every", l.every, 1, big);
     str("metrics", l.metrics);
     flag("progress", l.progress);
+    str("color", l.color, {"auto", "always", "never"});
   }
 };
 

@@ -60,6 +60,10 @@ struct LogConfig {
   int64_t every = 1;                // steps between log lines
   std::string metrics = "runs/demo/metrics.jsonl";  // "" = no metrics file
   bool progress = true;             // progress bar on a terminal
+  // Coloured levels: "auto" (standard output is a terminal and no MPI launcher started the
+  // process: Open MPI hands its ranks a pty even when mpirun writes to a file), "always",
+  // "never".
+  std::string color = "auto";
 };
 
 struct Config {
