@@ -176,6 +176,8 @@ void run_plan(const PlanOptions& o) {
   if (!o.device.empty()) par.cost_profile = o.device;
   if (o.memory_set) par.memory_gb = o.memory_gb;
   if (o.ranks_set) par.ranks_per_node = o.ranks_per_node;
+  // A plan made here is for a cluster this process is not on: auto (0) means 8, a GPU node.
+  if (par.ranks_per_node == 0) par.ranks_per_node = 8;
   if (o.budget_set) par.planner_budget_ms = o.budget_ms;
   if (!o.recompute.empty())
     par.recompute = o.recompute == "on" ? Recompute::full : *find_recompute(o.recompute);
@@ -281,7 +283,7 @@ void add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--recompute", opts->recompute, "Planner models with activation recompute: off, selective or full (on = full) "
                                                   "(default: parallel.recompute)");
-  cmd->add_option("--ranks-per-node", opts->ranks_per_node, "Ranks per node (default: parallel.ranks_per_node)")
+  cmd->add_option("--ranks-per-node", opts->ranks_per_node, "Ranks per node (default: parallel.ranks_per_node; 8 when that is 0, auto)")
       ->each([opts](const std::string&) { opts->ranks_set = true; });
   cmd->add_option("--budget-ms", opts->budget_ms, "Planner budget, ms of cost evaluations (default: "
                                                   "parallel.planner_budget_ms)")

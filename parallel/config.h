@@ -13,7 +13,9 @@ struct ParallelConfig {
   Strategy strategy = Strategy::dhp;  // one of the trainable strategies (parallel/strategy.h)
   double memory_gb = 80.0;         // usable memory per device for the memory model
   bool zero1 = true;               // shard optimizer state over all ranks
-  int ranks_per_node = 8;          // placement keeps groups inside a node when it can
+  int ranks_per_node = 0;          // ranks on one node; placement keeps groups inside a node when
+                                   // it can. 0 = auto: a run takes the launcher's placement
+                                   // (parallel/placement.h); a Planner given 0 has one node
   int static_cp = 0;               // static strategy's CP degree; 0 = smallest that fits
   double planner_budget_ms = 5.0;  // time the planner may spend improving a plan
   std::string cost_profile = "cpu";  // cost-model profile: "cpu" (measured) or a GPU name

@@ -312,14 +312,25 @@ std::vector<PlanGroup> finish_groups(const BatchCosts& b, std::vector<PlanGroup>
 
 }  // namespace detail
 
+namespace {
+
+// ranks_per_node 0 (auto, not resolved by a run's placement) is one node of the whole world.
+ParallelConfig with_nodes(ParallelConfig par, int world) {
+  if (par.ranks_per_node == 0) par.ranks_per_node = std::max(1, world);
+  return par;
+}
+
+}  // namespace
+
 Planner::Planner(const ModelConfig& model, const ParallelConfig& par, int world,
                  const ParamGroups& groups)
-    : Planner(CostModel(model, device_profile(par.cost_profile), par.ranks_per_node, par.recompute), par, world,
-              groups) {}
+    : Planner(CostModel(model, device_profile(par.cost_profile), with_nodes(par, world).ranks_per_node, par.recompute),
+              par, world, groups) {}
 
-Planner::Planner(const CostModel& cost, const ParallelConfig& par, int world, const ParamGroups& groups)
-    : cost_(cost), memory_(cost.model(), cost.device(), world, par.memory_gb, par.zero1, par.recompute, groups),
-      par_(par), world_(world), groups_(groups) {
+Planner::Planner(const CostModel& cost, const ParallelConfig& given, int world, const ParamGroups& groups)
+    : cost_(cost), memory_(cost.model(), cost.device(), world, given.memory_gb, given.zero1, given.recompute, groups),
+      par_(with_nodes(given, world)), world_(world), groups_(groups) {
+  const ParallelConfig& par = par_;
   DHP_CHECK(world >= 1 && world <= kMaxWorld, "the world size must be between 1 and {} ranks, got {}", kMaxWorld,
             world);
   DHP_CHECK(par.ranks_per_node >= 1, "parallel.ranks_per_node must be at least 1, got {}", par.ranks_per_node);

@@ -3,7 +3,9 @@
 # step is planned into groups (rings of several ranks for the long samples) and gradients are
 # summed, so every step's loss and the final weights must agree to fp32 rounding (only the
 # order of the sums differs); the dhp and pow2 runs must have used rings, and the plot script
-# must chart the metrics the runs wrote.
+# must chart the metrics the runs wrote. Then 4 ranks acting as 2 nodes of 2 (DHP_NODE_SIZE):
+# the same result, rings of 2 inside a node, and a contradicting parallel.ranks_per_node
+# refused.
 #   tests/mpi_ranks_match.sh DHP_BINARY SOURCE_DIR
 set -euo pipefail
 source "$(dirname "$0")/mpi_lib.sh" "$1"
@@ -48,6 +50,22 @@ for spec in dhp:2 dhp:3 pow2:2 pow2:3 static:2 static:3 static-2:2 dhp-replicate
   export_weights "$r"
   runs+=("$name:$n:$r")
 done
+# 4 ranks acting as 2 nodes of 2 (DHP_NODE_SIZE, parallel/placement.h): the planner's node
+# rule follows the placement; rings of 2 stay inside a node; the result is still one rank's.
+r="$work/dhp-nodes-4"
+train_run "$r.log" env DHP_NODE_SIZE=2 mpirun -np 4 --oversubscribe -- --config "$work/run.toml" \
+  --parallel.refit=false --parallel.strategy=dhp --log.metrics="$r/metrics.jsonl" --checkpoint.dir="$r/ckpt"
+grep -q "placement: 4 rank(s) on 2 node(s), 2 per node" "$r.log" \
+  || { echo "dhp-nodes: placement not detected"; grep -i placement "$r.log"; exit 1; }
+export_weights "$r"
+runs+=("dhp-nodes:4:$r")
+# A stated parallel.ranks_per_node that the placement contradicts stops the job before it trains.
+if env DHP_NODE_SIZE=2 mpirun -np 4 --oversubscribe "$dhp" train --config "$work/run.toml" \
+    --parallel.ranks_per_node=4 --checkpoint.dir="$work/wrong/ckpt" --log.metrics= >"$work/wrong.log" 2>&1; then
+  cat "$work/wrong.log"; echo "a wrong parallel.ranks_per_node was accepted"; exit 1
+fi
+grep -q "parallel.ranks_per_node = 4, but the launcher placed 2 ranks on each of 2 node(s)" "$work/wrong.log" \
+  || { cat "$work/wrong.log"; echo "the refusal does not name both values"; exit 1; }
 
 /usr/bin/python3 - "$tests/reference" "$work/one" "${runs[@]}" <<'PY'
 import sys
@@ -72,6 +90,12 @@ for spec in sys.argv[3:]:
         assert all(d == 2 for r in other for d in r["degrees"]), f"static-2: {other[0]['degrees']}"
     elif strategy in ("dhp", "dhp-replicated", "dhp-after"):
         assert widest == n, f"dhp on {n} ranks: widest ring {widest}, expected {n}"
+    elif strategy == "dhp-nodes":  # nodes of 2: a ring of at most 2 never spans two of them
+        inside = [g for r in other for g in r["group_costs"] if g["d"] == 2]
+        for g in (g for r in other for g in r["group_costs"] if g["d"] <= 2):
+            assert g["rank"] // 2 == (g["rank"] + g["d"] - 1) // 2, f"dhp-nodes: {g} spans two nodes"
+        assert inside, "dhp-nodes: no ring of 2 to check"
+        print(f"dhp-nodes on 4 ranks: {len(inside)} rings of 2, each inside one node")
     else:
         assert widest == 2, f"pow2 on {n} ranks: widest ring {widest}, expected 2"
 PY

@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "parallel/exchange_order.h"
+#include "parallel/placement.h"
 #include "parallel/threaded_comm.h"
 #include "tests/comm_checks.h"
 #include "tests/error_of.h"
@@ -52,6 +53,53 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ThreadedComm, ::testing::Range(1, 9));
 
 // Transports without tags (NCCL) post each peer's messages by ascending tag, so order matching
 // pairs what tag matching pairs.
+// The planner's nodes come from where the ranks run: threads of one process share a host;
+// DHP_NODE_SIZE makes every k consecutive ranks a node (how the MPI tests make 4 ranks 2
+// nodes of 2 on one machine).
+bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+std::vector<Placement> placements(int n, const char* node_size) {
+  if (node_size) ::setenv("DHP_NODE_SIZE", node_size, 1);
+  std::vector<Placement> out(static_cast<size_t>(n));
+  std::string error;
+  try {
+    run_threaded(n, [&](Communicator& c) { out[size_t(c.rank())] = detect_placement(c); });
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  ::unsetenv("DHP_NODE_SIZE");
+  if (!error.empty()) throw Error(error);
+  return out;
+}
+
+TEST(Placement, FoundFromTheHostOrDhpNodeSize) {
+  for (const Placement& p : placements(4, nullptr)) {
+    EXPECT_EQ(p.node_of_rank, (std::vector<int>{0, 0, 0, 0}));
+    EXPECT_EQ(p.ranks_per_node, 4);
+  }
+  for (const Placement& p : placements(4, "2")) {
+    EXPECT_EQ(p.node_of_rank, (std::vector<int>{0, 0, 1, 1}));
+    EXPECT_EQ(p.ranks_per_node, 2);
+    EXPECT_EQ(resolve_ranks_per_node(0, p), 2);
+    EXPECT_EQ(resolve_ranks_per_node(2, p), 2);
+  }
+  EXPECT_EQ(placements(5, "3")[0].ranks_per_node, 0);  // 3 + 2: uneven
+  EXPECT_TRUE(has(error_of([] { placements(2, "two"); }), "DHP_NODE_SIZE='two'"));
+}
+
+TEST(Placement, AStatedValueThatDisagreesAndPlacementsThePlannerCannotDescribeAreRefused) {
+  Placement p{{0, 0, 1, 1}, 2, "test"};
+  const std::string wrong = error_of([&] { resolve_ranks_per_node(4, p); });
+  for (const char* part : {"parallel.ranks_per_node = 4", "placed 2 ranks on each of 2 node(s)"})
+    EXPECT_TRUE(has(wrong, part)) << wrong;
+  // Round robin (--map-by node): node 0 holds ranks 0 and 2.
+  const std::string rr = error_of([] { resolve_ranks_per_node(0, Placement{{0, 1, 0, 1}, 0, "test"}); });
+  for (const char* part : {"node 0: ranks 0,2", "node 1: ranks 1,3", "--map-by ppr:N:node"})
+    EXPECT_TRUE(has(rr, part)) << rr;
+  const std::string uneven = error_of([] { resolve_ranks_per_node(0, Placement{{0, 0, 0, 1, 1}, 0, "test"}); });
+  EXPECT_TRUE(has(uneven, "node 0: ranks 0-2; node 1: ranks 3,4")) << uneven;
+}
+
 TEST(ExchangeOrder, EachPeersTransfersGoByTagKeepingTheirSlotsAndTheOrderWithinATag) {
   float x[8] = {};
   const std::vector<Transfer> t{

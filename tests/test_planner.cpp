@@ -715,7 +715,9 @@ TEST(Planner, RefusesAbsurdInputs) {
   const ModelConfig m = model_profile("tiny");
   EXPECT_THROW(Planner(m, par_for("cpu", 2, 4), 0), Error);
   EXPECT_THROW(Planner(m, par_for("cpu", 2, 4), kMaxWorld + 1), Error);
-  EXPECT_THROW(Planner(m, par_for("cpu", 2, 0), 8), Error);
+  // 0 is auto: a run resolves it from the placement (parallel/placement.h); a Planner built
+  // without one sees a single node.
+  EXPECT_EQ(Planner(m, par_for("cpu", 2, 0), 8).config().ranks_per_node, 8);
   EXPECT_THROW(Planner(m, par_for("cpu", 2, -3), 8), Error);
   for (double gb : {-5.0, 0.0, std::nan(""), 1e300, HUGE_VAL})
     EXPECT_THROW(Planner(m, par_for("cpu", gb, 4), 8), Error) << gb;

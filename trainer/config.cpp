@@ -199,7 +199,7 @@ class Schema {
     choice("strategy", p.strategy, trainable);
     num("memory_gb", p.memory_gb, 0.001, 1e6);
     flag("zero1", p.zero1);
-    num("ranks_per_node", p.ranks_per_node, 1, 1 << 16);
+    num("ranks_per_node", p.ranks_per_node, 0, 1 << 16);
     num("static_cp", p.static_cp, 0, 1 << 20);
     num("planner_budget_ms", p.planner_budget_ms, 0, 1e6);
     str("cost_profile", p.cost_profile);

@@ -46,6 +46,7 @@ void to_json(nlohmann::json& j, const StepRecord& r) {
   nlohmann::json groups = nlohmann::json::array();
   for (const auto& g : r.group_costs)
     groups.push_back({{"d", g.degree},
+                      {"rank", g.first_rank},
                       {"seqs", g.seqs},
                       {"tokens", g.tokens},
                       {"piece", g.piece_tokens},
@@ -169,21 +170,50 @@ RunReport::RunReport(const Config& cfg, bool rank0)
 void RunReport::start(int64_t first_step) {
   metrics_.emplace(cfg_.log.metrics, rank0_, first_step);
   t_start_ = Clock::now();
+  first_step_ = first_step;
 }
+
+namespace {
+
+// "42s", "7m05s", "3h02m": what a person reads at a glance.
+std::string duration_text(double s) {
+  if (!(s >= 0) || s > 1e8) return "?";
+  const int64_t t = int64_t(s + 0.5);
+  if (t < 60) return fmt::format("{}s", t);
+  if (t < 3600) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}h{:02}m", t / 3600, t / 60 % 60);
+}
+
+// The busiest rank's memory high-water mark this step and what the planner's model predicted
+// for it; "" without the figures.
+std::string memory_text(const StepRecord& r) {
+  if (r.rank_mem_peak_mb.empty() || r.rank_mem_peak_mb.size() != r.rank_mem_predicted_mb.size()) return "";
+  const size_t k = size_t(std::max_element(r.rank_mem_peak_mb.begin(), r.rank_mem_peak_mb.end()) -
+                          r.rank_mem_peak_mb.begin());
+  return fmt::format(" | mem {:.0f} MB (predicted {:.0f}{})", r.rank_mem_peak_mb[k], r.rank_mem_predicted_mb[k],
+                     r.rank_mem_peak_mb.size() > 1 ? fmt::format(", rank {}", k) : "");
+}
+
+}  // namespace
 
 void RunReport::step(const StepRecord& rec) {
   if (!rank0_) return;
   metrics_->write(rec);
   if (rec.step % cfg_.log.every == 0 || rec.step == cfg_.train.steps || rec.step == 1) {
     bar_.clear();
+    // The run's pace so far (this process's steps only: a resumed run's earlier steps are not
+    // its own) for the steps left.
+    const double run_s = std::chrono::duration<double>(Clock::now() - t_start_).count();
+    const int64_t done = rec.step - first_step_, left = cfg_.train.steps - rec.step;
+    const std::string eta = done > 0 && left > 0 ? " | eta " + duration_text(run_s / double(done) * double(left)) : "";
     spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
                  "{:.1f} samples/s | wait {:.0f} ms | {} groups, ring degrees {} | plan {:.1f} ms, "
-                 "predicted {:.3f}s, measured {:.3f}s (cost model error {:.0f}%){} | {:.1f}s",
+                 "predicted {:.3f}s, measured {:.3f}s (cost model error {:.0f}%){}{} | elapsed {}{}",
                  rec.step, cfg_.train.steps, rec.loss, rec.lr, rec.grad_norm, rec.tokens_per_s,
                  rec.samples_per_s, 1e3 * rec.loader_wait_s, rec.groups, fmt::join(rec.degrees, ","),
                  1e3 * rec.plan_s, rec.predicted_s, rec.measured_s, 100 * rec.cost_error,
                  rec.candidate.empty() ? "" : fmt::format(" | {}{}", rec.candidate, rec.rule.empty() ? "" : ": " + rec.rule),
-                 rec.elapsed_s);
+                 memory_text(rec), duration_text(rec.elapsed_s), eta);
   }
   bar_.draw(rec.step, std::chrono::duration<double>(Clock::now() - t_start_).count(), rec.loss);
 }

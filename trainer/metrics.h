@@ -48,6 +48,7 @@ struct StepRecord {
   // (scripts/cost_error.py).
   struct GroupCost {
     int degree = 1;
+    int first_rank = 0;        // the group runs on ranks first_rank .. first_rank + degree - 1
     int seqs = 0;
     int64_t tokens = 0;        // decoder tokens of the whole micro-batch
     int64_t piece_tokens = 0;  // the most decoder tokens one ring member holds
@@ -120,6 +121,7 @@ class RunReport {
   ProgressBar bar_;
   std::optional<MetricsFile> metrics_;
   Clock::time_point t_start_;
+  int64_t first_step_ = 0;
 };
 
 }  // namespace dhp

@@ -60,7 +60,7 @@ CostCheck OnlinePlanner::learn(const StepWork& work, const std::vector<GroupTimi
     for (int32_t s : groups[g].seqs) o.seqs.push_back(work.plan.seqs()[size_t(s)]);
     o.degree = groups[g].ring_degree;
     // Priced at inter-node bandwidth when its ring spans nodes, as the plan priced it.
-    const int rpn = std::max(1, cfg_.ranks_per_node);
+    const int rpn = current()->config().ranks_per_node;
     o.inter = groups[g].ring_degree > rpn || groups[g].first_rank / rpn != (groups[g].first_rank + groups[g].ring_degree - 1) / rpn;
     o.seconds = measured[g];
     observed_.push_back(std::move(o));

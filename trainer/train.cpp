@@ -18,6 +18,7 @@
 #include "data/tokenizer.h"
 #include "kernels/backend.h"
 #include "model/model.h"
+#include "parallel/placement.h"
 #include "parallel/planner.h"
 #include "trainer/agreement.h"
 #include "trainer/checkpoint.h"
@@ -372,6 +373,7 @@ void describe_groups(const StepWork& work, const std::vector<double>& measured, 
     const PlanGroup& grp = plan.groups()[g];
     StepRecord::GroupCost c;
     c.degree = grp.ring_degree;
+    c.first_rank = grp.first_rank;
     c.seqs = int(grp.seqs.size());
     for (int32_t s : grp.seqs) {
       const SeqShape& q = plan.seqs()[size_t(s)];
@@ -517,6 +519,12 @@ TrainResult train(const Config& given, Communicator& comm, const TrainOptions& t
                                 {"--resume", topt.resume.empty() ? "not given" : topt.resume}});
   const auto t_start = Clock::now();
   const bool rank0 = comm.rank() == 0;
+  // The planner's nodes are where the launcher put the ranks; a stated value must agree.
+  const Placement placement = detect_placement(comm);
+  cfg.parallel.ranks_per_node = resolve_ranks_per_node(cfg.parallel.ranks_per_node, placement);
+  if (rank0 && comm.size() > 1)
+    spdlog::info("placement: {} rank(s) on {} node(s), {} per node (parallel.ranks_per_node; from {})", comm.size(),
+                 comm.size() / cfg.parallel.ranks_per_node, cfg.parallel.ranks_per_node, placement.source);
   Run run(cfg, comm, topt);
   const int64_t first = run.first_step();
   TrainResult result;
