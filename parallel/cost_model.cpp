@@ -128,6 +128,7 @@ DeviceProfile device_profile(const std::string& name) {
     // latency cannot be measured on one rank: they are shared-memory estimates (a copy at
     // ~5 GB/s, ~20 µs per exchange) until the online refit replaces them.
     c.sec_per_flop = 1.0 / 62.9e9;
+    p.peak_flops = 62.9e9, p.peak_measured = true;
     c.sec_per_att_flop = 1.0 / 164.2e9;
     c.sec_per_byte_intra = 1.0 / 5e9;
     c.sec_per_byte_inter = 1.0 / 1e9;
@@ -164,6 +165,7 @@ DeviceProfile device_profile(const std::string& name) {
   else if (name == "h200") peak = 989.4e12, hbm = 4.8e12, nvlink = 450e9, ib = 50e9;
   DHP_CHECK(peak > 0, "unknown device profile '{}' (parallel.cost_profile): use one of cpu, a100, h100, h200",
             name);
+  p.peak_flops = peak;
   c.sec_per_flop = 1.0 / (peak * 0.5);
   c.sec_per_att_flop = 1.0 / (peak * 0.4);
   c.sec_per_byte_intra = 1.0 / (nvlink * 0.7);
@@ -252,6 +254,11 @@ CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_p
   const double vis_layers = v.layers_run();
   const double proj_params = m2_ * dv * d + d * d;
   dec_flops_per_token_ = passes_ * 2.0 * (L * layer_params + d * m.vocab_size);
+  fwd_per_token_ = 2.0 * (L * layer_params + d * m.vocab_size);
+  fwd_per_pair_ = 2.0 * 2.0 * q * L;  // Q K^T and P V
+  fwd_per_patch_ = 2.0 * (vis_layers * vis_layer_params + double(v.patch_numel()) * dv);
+  fwd_per_patch_pair_ = 2.0 * 2.0 * dv * vis_layers;
+  fwd_per_merged_ = 2.0 * proj_params;
   vis_flops_per_patch_ = passes_ * 2.0 * (vis_layers * vis_layer_params + double(v.patch_numel()) * dv);
   proj_flops_per_token_ = passes_ * 2.0 * proj_params;
   dec_weight_bytes_ = passes_ * double(dev.weight_bytes) * (L * layer_params + d * m.vocab_size);
@@ -288,6 +295,15 @@ int image_classes(const SeqShape& s, int m2, ImageClass out[2], int extra) {
   if (r > 0) out[k++] = {(q + 1) * m2 + extra, r};
   if (q > 0) out[k++] = {q * m2 + extra, n - r};
   return k;
+}
+
+double CostModel::model_flops(const SeqShape& s) const {
+  const SeqCost c = prepare(s);
+  double f = fwd_per_token_ * double(c.tokens) + fwd_per_pair_ * double(c.pairs) +
+             fwd_per_merged_ * double(c.vision_tokens);
+  for (const auto& im : c.img)
+    f += double(im.count) * (fwd_per_patch_ * double(im.patches) + fwd_per_patch_pair_ * double(im.patches) * double(im.patches));
+  return 3.0 * f;
 }
 
 double CostModel::decoder_pairs(const SeqShape& s) {

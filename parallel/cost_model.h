@@ -91,6 +91,11 @@ struct DeviceProfile {
   // the CPU the one compute thread also copies the blocks and merges the partial results, so
   // a step costs compute + transfer there, and max(compute, transfer) where they overlap.
   bool ring_overlap = true;
+  // MFU's denominator per device: a GPU's dense BF16 tensor-core peak (datasheet); on the CPU,
+  // the one-thread GEMM rate its profile measured (peak_measured: times the compute threads,
+  // and the step line says so).
+  double peak_flops = 0;
+  bool peak_measured = false;
 };
 
 // "cpu" (measured with `dhp profile`, see cost_model.cpp), "a100", "h100", "h200" (sourced
@@ -202,6 +207,11 @@ class CostModel {
   double min_area_lower_bound(const SeqCost& c, int lo, int hi, double lambda) const;
   // What any micro-batch pays on each of its ranks whatever it holds: the decoder's weights
   // streamed once per pass (used to stop scans early).
+  // The model FLOPs of training on `s` (forward and backward, 3x the forward's; recompute and
+  // flash attention's recomputed scores not counted, as MFU counts them): the decoder's GEMMs
+  // and lm_head per token, causal attention over the sample's real length, the vision tower
+  // (GEMMs and attention per image) and the projector.
+  double model_flops(const SeqShape& s) const;
   double fixed_seconds() const { return coeffs_.sec_per_weight_byte * dec_weight_bytes_; }
   // The ring-step latency of one layer pass set (what each of the d-1 steps costs at least).
   double step_latency() const { return model_.layers * ring_passes_ * coeffs_.sec_per_step; }
@@ -245,6 +255,9 @@ class CostModel {
   int m2_;
   int extra_rows_;   // encoder rows per image beyond its patches (extra_image_rows)
   double dec_flops_per_token_, vis_flops_per_patch_, proj_flops_per_token_;
+  // Forward FLOPs of the model (model_flops): per decoder token, per kept decoder (query, key)
+  // pair over all layers, per encoder row, per encoder pair over the layers run, per merged token.
+  double fwd_per_token_, fwd_per_pair_, fwd_per_patch_, fwd_per_patch_pair_, fwd_per_merged_;
   double dec_att_per_pair_, vis_att_per_pair_, dec_bytes_per_token_, xfer_bytes_per_token_;
   double dec_weight_bytes_, vis_weight_bytes_;
   double dec_norm_bytes_per_token_;  // the decoder's RMSNorms (q/k norms included), streamed

@@ -857,6 +857,27 @@ TEST(CostModel, PairsAndShape) {
   }
 }
 
+// MFU's numerator. The 7b profile has Qwen2-7B's decoder, whose model card gives 6.53 B
+// non-embedding parameters (norm weights and q/k/v biases, 0.1 M, included); its matmuls are
+// those plus lm_head's 3584 x 152064. Training counts 6 FLOPs per matmul parameter and token and
+// 12 per layer, query width and kept causal pair (Q K^T and P V, forward and backward);
+// recompute does not change model FLOPs.
+TEST(CostModel, ModelFlopsAreSixPerParameterAndTokenPlusCausalAttention) {
+  const double T = 4096, matmul_params = 6.53e9 + 3584.0 * 152064;
+  const double want = 6 * matmul_params * T + 12 * 28 * 3584 * (T * (T + 1) / 2);
+  for (Recompute r : {Recompute::off, Recompute::full}) {
+    const CostModel m(model_profile("7b"), device_profile("h100"), 8, r);
+    EXPECT_NEAR(m.model_flops({0, int64_t(T), 0, 0}), want, 0.002 * want);
+  }
+  // An image adds its tower's FLOPs (per patch and per pair of its patches) and the projector's
+  // per merged token: more than the same count of text tokens' decoder FLOPs alone.
+  const CostModel m(model_profile("7b"), device_profile("h100"), 8);
+  const double text = m.model_flops({0, 100, 0, 0}), image = m.model_flops({0, 100, 256, 1});
+  EXPECT_GT(image - text, m.model_flops({0, 356, 0, 0}) - text);
+  EXPECT_EQ(device_profile("h100").peak_flops, 989.4e12);
+  EXPECT_TRUE(device_profile("cpu").peak_measured);
+}
+
 // Vision attention is per image and an image stays whole on one rank: a single big image
 // gains nothing from more ranks in the encoder, eight equal images spread over eight ranks,
 // and no vision ring is charged (only the merged image tokens are exchanged).

@@ -39,6 +39,7 @@ void to_json(nlohmann::json& j, const StepRecord& r) {
        {"rank_mem_predicted_mb", r.rank_mem_predicted_mb},
        {"ring_wait_s", r.ring_wait_s},
        {"step_s", r.step_s},
+       {"mfu", r.mfu},
        {"imbalance", r.imbalance},
        {"threads", r.threads}};
   if (!r.candidate.empty()) j["candidate"] = r.candidate;
@@ -208,11 +209,12 @@ void RunReport::step(const StepRecord& rec) {
     const std::string eta = done > 0 && left > 0 ? " | eta " + duration_text(run_s / double(done) * double(left)) : "";
     spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | "
                  "{:.1f} samples/s | wait {:.0f} ms | {} groups, ring degrees {} | plan {:.1f} ms, "
-                 "predicted {:.3f}s, measured {:.3f}s (cost model error {:.0f}%){}{} | elapsed {}{}",
+                 "predicted {:.3f}s, measured {:.3f}s (cost model error {:.0f}%){} | {}{} | elapsed {}{}",
                  rec.step, cfg_.train.steps, rec.loss, rec.lr, rec.grad_norm, rec.tokens_per_s,
                  rec.samples_per_s, 1e3 * rec.loader_wait_s, rec.groups, fmt::join(rec.degrees, ","),
                  1e3 * rec.plan_s, rec.predicted_s, rec.measured_s, 100 * rec.cost_error,
                  rec.candidate.empty() ? "" : fmt::format(" | {}{}", rec.candidate, rec.rule.empty() ? "" : ": " + rec.rule),
+                 fmt::format("MFU {:.1f}%{}", 100 * rec.mfu, rec.mfu_of_measured ? " of the measured GEMM rate" : ""),
                  memory_text(rec), duration_text(rec.elapsed_s), eta);
   }
   bar_.draw(rec.step, std::chrono::duration<double>(Clock::now() - t_start_).count(), rec.loss);

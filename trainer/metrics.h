@@ -38,6 +38,10 @@ struct StepRecord {
   std::vector<double> rank_busy_s;  // every rank's busy_s
   double ring_wait_s = 0.0;  // this rank's time waiting for ring neighbours
   double step_s = 0.0;
+  // Model FLOPs of the step over step_s x ranks x the device's dense peak (CostModel::model_flops,
+  // DeviceProfile::peak_flops); on the CPU the peak is its profile's measured GEMM rate.
+  double mfu = 0.0;
+  bool mfu_of_measured = false;
   double imbalance = 1.0;  // slowest rank's compute time over the mean of all ranks
   int threads = 0;         // compute threads this rank used for the step
   // Every rank's device memory: the high-water mark its buffers reached during the step

@@ -431,6 +431,17 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
   rec.step_s = seconds_since(t_step);
   rec.tokens_per_s = double(work.tokens) / rec.step_s;
   rec.samples_per_s = double(work.samples) / rec.step_s;
+  {
+    // Model FLOPs of the step's samples over what the world's devices could do in its time.
+    const CostModel& cost = planner_.current()->cost();
+    double flops = 0;
+    for (const SeqShape& s : work.plan.seqs()) flops += cost.model_flops(s);
+    // The CPU profile's rate is one thread's: times the threads each rank computes with.
+    const double per_rank = cost.device().peak_flops * (cost.device().peak_measured ? double(std::max(1, rec.threads)) : 1.0);
+    const double peak = per_rank * double(comm_.size());
+    rec.mfu = peak > 0 ? flops / (rec.step_s * peak) : 0.0;
+    rec.mfu_of_measured = cost.device().peak_measured;
+  }
   rec.elapsed_s = seconds_since(t_start_);
   rec.loader_wait_s = exec_.last_wait_seconds();
   describe_plan(work, rec);
