@@ -119,6 +119,12 @@ TEST(Config, TomlRoundTripAndDemoConfigLoads) {
   EXPECT_EQ(format_config(a), format_config(b));
   Config demo = load_config(std::string(DHP_SOURCE_DIR) + "/configs/demo.toml");
   EXPECT_GT(demo.train.steps, 0);
+  // Every example in configs/ holds only keys dhp knows, with values it accepts.
+  for (const auto& e : std::filesystem::directory_iterator(std::string(DHP_SOURCE_DIR) + "/configs"))
+    if (e.path().extension() == ".toml") EXPECT_NO_THROW(load_config(e.path().string())) << e.path();
+  const Config gpu = load_config(std::string(DHP_SOURCE_DIR) + "/configs/gpu.toml");
+  EXPECT_EQ(gpu.train.precision, Precision::bf16);
+  EXPECT_EQ(gpu.parallel.cost_profile, "h100");
 }
 
 TEST(Config, TomlRoundTripKeepsQuotesAndBackslashesInStrings) {
