@@ -384,13 +384,16 @@ void refuse_a_world_without_mpi() {
       rank ? rank : "?", world, world));
 }
 
+// The first of the launcher's variables that is set, or nullptr.
+const char* launcher_variable() {
+  for (const char* v : kMpiLauncherVars)
+    if (std::getenv(v)) return v;
+  return nullptr;
+}
+
 }  // namespace
 
-bool started_by_an_mpi_launcher() {
-  for (const char* v : kMpiLauncherVars)
-    if (std::getenv(v)) return true;
-  return false;
-}
+bool started_by_an_mpi_launcher() { return launcher_variable() != nullptr; }
 
 // A process no MPI launcher started is a world of one without MPI at all: Open MPI would
 // otherwise start a daemon for it (a singleton MPI_Init costs 0.45 s; single-process runs and
@@ -414,11 +417,7 @@ std::unique_ptr<Communicator> start_world(int* argc, char*** argv) {
   (void)argc, (void)argv;
   throw Error(fmt::format("this process was started by an MPI launcher ({} is set), but this dhp was built "
                           "without MPI (DHP_MPI off): each rank would train the whole job by itself",
-                          [] {
-                            for (const char* v : kMpiLauncherVars)
-                              if (std::getenv(v)) return v;
-                            return "";
-                          }()));
+                          launcher_variable()));
 #endif
 }
 

@@ -59,21 +59,27 @@ Placement detect_placement(Communicator& comm) {
     index.emplace(k, int(index.size()));
     p.node_of_rank.push_back(index[k]);
   }
-  // Node n must hold ranks n*m .. n*m+m-1 for one m.
-  const int nodes = int(index.size());
-  const int m = comm.size() / nodes;
-  p.ranks_per_node = m;
-  if (m * nodes != comm.size()) p.ranks_per_node = 0;
-  for (int r = 0; r < comm.size() && p.ranks_per_node; ++r)
-    if (p.node_of_rank[size_t(r)] != r / m) p.ranks_per_node = 0;
   return p;
 }
 
+int Placement::nodes() const {
+  int n = 0;
+  for (int v : node_of_rank) n = std::max(n, v + 1);
+  return n;
+}
+
+int Placement::ranks_per_node() const {
+  const int world = int(node_of_rank.size()), n = nodes();
+  if (n == 0 || world % n != 0) return 0;
+  const int m = world / n;
+  for (int r = 0; r < world; ++r)
+    if (node_of_rank[size_t(r)] != r / m) return 0;
+  return m;
+}
+
 int resolve_ranks_per_node(int stated, const Placement& p) {
-  const int world = int(p.node_of_rank.size());
-  int nodes = 0;
-  for (int n : p.node_of_rank) nodes = std::max(nodes, n + 1);
-  if (p.ranks_per_node == 0) {
+  const int world = int(p.node_of_rank.size()), nodes = p.nodes(), m = p.ranks_per_node();
+  if (m == 0) {
     std::vector<std::vector<int>> members(static_cast<size_t>(nodes));
     for (int r = 0; r < world; ++r) members[size_t(p.node_of_rank[size_t(r)])].push_back(r);
     std::string where;
@@ -86,11 +92,11 @@ int resolve_ranks_per_node(int stated, const Placement& p) {
         "filled in order) or `srun --distribution=block` with the same number of tasks on every node",
         world, where, p.source));
   }
-  DHP_CHECK(stated == 0 || stated == p.ranks_per_node,
+  DHP_CHECK(stated == 0 || stated == m,
             "parallel.ranks_per_node = {}, but the launcher placed {} ranks on each of {} node(s) ({}); "
             "leave it at 0 (auto) or set {}",
-            stated, p.ranks_per_node, nodes, p.source, p.ranks_per_node);
-  return p.ranks_per_node;
+            stated, m, nodes, p.source, m);
+  return m;
 }
 
 }  // namespace dhp

@@ -12,8 +12,11 @@ namespace dhp {
 
 struct Placement {
   std::vector<int> node_of_rank;  // node index of every rank, numbered by first rank
-  int ranks_per_node = 1;         // when every node holds that many consecutive ranks, else 0
   std::string source;             // how the nodes were found, for the log
+
+  int nodes() const;
+  // m when node n holds ranks n*m .. n*m+m-1 for every n, else 0.
+  int ranks_per_node() const;
 };
 
 // Collective: every rank of `comm` calls it. A node is a host as NCCL identifies one (its

@@ -75,28 +75,28 @@ std::vector<Placement> placements(int n, const char* node_size) {
 TEST(Placement, FoundFromTheHostOrDhpNodeSize) {
   for (const Placement& p : placements(4, nullptr)) {
     EXPECT_EQ(p.node_of_rank, (std::vector<int>{0, 0, 0, 0}));
-    EXPECT_EQ(p.ranks_per_node, 4);
+    EXPECT_EQ(p.ranks_per_node(), 4);
   }
   for (const Placement& p : placements(4, "2")) {
     EXPECT_EQ(p.node_of_rank, (std::vector<int>{0, 0, 1, 1}));
-    EXPECT_EQ(p.ranks_per_node, 2);
+    EXPECT_EQ(p.ranks_per_node(), 2);
     EXPECT_EQ(resolve_ranks_per_node(0, p), 2);
     EXPECT_EQ(resolve_ranks_per_node(2, p), 2);
   }
-  EXPECT_EQ(placements(5, "3")[0].ranks_per_node, 0);  // 3 + 2: uneven
+  EXPECT_EQ(placements(5, "3")[0].ranks_per_node(), 0);  // 3 + 2: uneven
   EXPECT_TRUE(has(error_of([] { placements(2, "two"); }), "DHP_NODE_SIZE='two'"));
 }
 
 TEST(Placement, AStatedValueThatDisagreesAndPlacementsThePlannerCannotDescribeAreRefused) {
-  Placement p{{0, 0, 1, 1}, 2, "test"};
+  Placement p{{0, 0, 1, 1}, "test"};
   const std::string wrong = error_of([&] { resolve_ranks_per_node(4, p); });
   for (const char* part : {"parallel.ranks_per_node = 4", "placed 2 ranks on each of 2 node(s)"})
     EXPECT_TRUE(has(wrong, part)) << wrong;
   // Round robin (--map-by node): node 0 holds ranks 0 and 2.
-  const std::string rr = error_of([] { resolve_ranks_per_node(0, Placement{{0, 1, 0, 1}, 0, "test"}); });
+  const std::string rr = error_of([] { resolve_ranks_per_node(0, Placement{{0, 1, 0, 1}, "test"}); });
   for (const char* part : {"node 0: ranks 0,2", "node 1: ranks 1,3", "--map-by ppr:N:node"})
     EXPECT_TRUE(has(rr, part)) << rr;
-  const std::string uneven = error_of([] { resolve_ranks_per_node(0, Placement{{0, 0, 0, 1, 1}, 0, "test"}); });
+  const std::string uneven = error_of([] { resolve_ranks_per_node(0, Placement{{0, 0, 0, 1, 1}, "test"}); });
   EXPECT_TRUE(has(uneven, "node 0: ranks 0-2; node 1: ranks 3,4")) << uneven;
 }
 
