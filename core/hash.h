@@ -1,5 +1,6 @@
 // FNV-1a, 64 bit: a fixed, dependency-free checksum for detecting damaged data and changed
-// inputs (not a cryptographic hash). Any flipped, missing or extra byte changes it.
+// inputs (not a cryptographic hash). Any flipped, missing or extra byte changes it. And
+// CRC-32C, the checksum other programs' formats require (TensorBoard's record framing).
 #pragma once
 
 #include <cstddef>
@@ -15,6 +16,11 @@ inline uint64_t fnv1a(const void* data, size_t n, uint64_t h = kFnvSeed) {
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
   return h;
 }
+
+// CRC-32C (Castagnoli: reflected polynomial 0x82F63B78, initial and final value ~0), as
+// RFC 3720 defines it; crc32c("123456789") is 0xE3069283. `crc` continues an earlier call's
+// result over more bytes.
+uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
 
 class InputFile;
 

@@ -20,6 +20,7 @@ packages=(
   python3-sentencepiece  # the Llama-style tokenizer of the Hugging Face fixtures (tests/reference/make_hf_fixture.py)
   python3-jinja2  # renders the models' own chat templates (tests/reference/render_chat_template.py)
   python3-matplotlib  # scripts/plot_metrics.py
+  python3-protobuf  # reads the TensorBoard event files back (tests/reference/read_tfevents.py)
 )
 missing=()
 for p in "${packages[@]}"; do

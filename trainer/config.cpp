@@ -230,6 +230,7 @@ class Schema {
     str("level", l.level, {"debug", "info", "warn", "error"});
     num("every", l.every, 1, big);
     str("metrics", l.metrics);
+    str("tensorboard", l.tensorboard);
     flag("progress", l.progress);
     str("color", l.color, {"auto", "always", "never"});
   }

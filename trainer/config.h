@@ -59,6 +59,8 @@ struct LogConfig {
   std::string level = "info";
   int64_t every = 1;                // steps between log lines
   std::string metrics = "runs/demo/metrics.jsonl";  // "" = no metrics file
+  // A folder for TensorBoard's event files (trainer/tensorboard.h); "" = none.
+  std::string tensorboard;
   bool progress = true;             // progress bar on a terminal
   // Coloured levels: "auto" (standard output is a terminal and no MPI launcher started the
   // process: Open MPI hands its ranks a pty even when mpirun writes to a file), "always",

@@ -142,8 +142,7 @@ void MetricsFile::write(const nlohmann::json& j) {
   out_.close();
 }
 
-void log_eval(const char* what, int64_t step, const EvalResult& r, const EvalResult* blank,
-              MetricsFile& metrics) {
+nlohmann::json log_eval(const char* what, int64_t step, const EvalResult& r, const EvalResult* blank) {
   std::string line = fmt::format("eval {} step {}: loss {:.4f} ppl {:.2f} caption token accuracy "
                                  "{:.2f}%", what, step, r.loss, r.perplexity, 100 * r.accuracy);
   if (r.exact_match >= 0) line += fmt::format(", exact match {:.1f}%", 100 * r.exact_match);
@@ -162,7 +161,7 @@ void log_eval(const char* what, int64_t step, const EvalResult& r, const EvalRes
     j["blank_accuracy"] = blank->accuracy;
     if (blank->exact_match >= 0) j["blank_exact_match"] = blank->exact_match;
   }
-  metrics.write(j);
+  return j;
 }
 
 RunReport::RunReport(const Config& cfg, bool rank0)
@@ -170,11 +169,32 @@ RunReport::RunReport(const Config& cfg, bool rank0)
 
 void RunReport::start(int64_t first_step) {
   metrics_.emplace(cfg_.log.metrics, rank0_, first_step);
+  if (rank0_ && !cfg_.log.tensorboard.empty()) {
+    tensorboard_.emplace(cfg_.log.tensorboard, first_step);
+    // The whole resolved configuration, as TOML in a Markdown code block.
+    const std::string toml = to_toml(cfg_);
+    std::string md;
+    for (std::string_view rest = toml; !rest.empty();) {
+      const size_t eol = std::min(rest.find('\n'), rest.size());
+      md += "    " + std::string(rest.substr(0, eol)) + "\n";
+      rest.remove_prefix(std::min(eol + 1, rest.size()));
+    }
+    tensorboard_->text(first_step, "config", md);
+  }
   t_start_ = Clock::now();
   first_step_ = first_step;
 }
 
 namespace {
+
+// Every number of a metrics record but its step, as TensorBoard scalars under `prefix`: the
+// curves are the metrics file's figures, no more and no fewer.
+TensorBoardValues scalars_of(const nlohmann::json& j, const std::string& prefix) {
+  TensorBoardValues v;
+  for (const auto& [key, value] : j.items())
+    if (value.is_number() && key != "step") v.scalars.emplace_back(prefix + key, value.get<double>());
+  return v;
+}
 
 // "42s", "7m05s", "3h02m": what a person reads at a glance.
 std::string duration_text(double s) {
@@ -199,7 +219,18 @@ std::string memory_text(const StepRecord& r) {
 
 void RunReport::step(const StepRecord& rec) {
   if (!rank0_) return;
-  metrics_->write(rec);
+  const nlohmann::json j = rec;
+  metrics_->write(j);
+  if (tensorboard_) {
+    TensorBoardValues v = scalars_of(j, "train/");
+    if (!rec.rank_mem_peak_mb.empty()) {
+      v.scalars.emplace_back("memory/peak_mb", *std::max_element(rec.rank_mem_peak_mb.begin(), rec.rank_mem_peak_mb.end()));
+      v.scalars.emplace_back("memory/predicted_mb",
+                             *std::max_element(rec.rank_mem_predicted_mb.begin(), rec.rank_mem_predicted_mb.end()));
+    }
+    v.histograms.emplace_back("plan/ring_degrees", rec.degrees);
+    tensorboard_->write(rec.step, v);
+  }
   if (rec.step % cfg_.log.every == 0 || rec.step == cfg_.train.steps || rec.step == 1) {
     bar_.clear();
     // The run's pace so far (this process's steps only: a resumed run's earlier steps are not
@@ -222,7 +253,10 @@ void RunReport::step(const StepRecord& rec) {
 
 void RunReport::eval(int64_t step, const EvalResult& r, const EvalResult* blank) {
   bar_.clear();
-  if (rank0_) log_eval("val", step, r, blank, *metrics_);
+  if (!rank0_) return;
+  const nlohmann::json j = log_eval("val", step, r, blank);
+  metrics_->write(j);
+  if (tensorboard_) tensorboard_->write(step, scalars_of(j, "eval/val/"));
 }
 
 }  // namespace dhp

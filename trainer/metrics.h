@@ -12,8 +12,9 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "trainer/config.h"
-#include "trainer/run_lock.h"
 #include "trainer/evaluate.h"
+#include "trainer/run_lock.h"
+#include "trainer/tensorboard.h"
 
 namespace dhp {
 
@@ -101,9 +102,8 @@ class MetricsFile {
   std::string path_;
 };
 
-// Logs an evaluation (and its blanked-image twin, when given) and records it in the metrics.
-void log_eval(const char* what, int64_t step, const EvalResult& r, const EvalResult* blank,
-              MetricsFile& metrics);
+// Logs an evaluation (and its blanked-image twin, when given); returns its metrics record.
+nlohmann::json log_eval(const char* what, int64_t step, const EvalResult& r, const EvalResult* blank);
 
 // What a training run reports, from rank 0 only: every step in the metrics file, a log line
 // every log.every steps (and the first and last), the progress bar, and the evaluations.
@@ -124,6 +124,7 @@ class RunReport {
   const bool rank0_;
   ProgressBar bar_;
   std::optional<MetricsFile> metrics_;
+  std::optional<TensorBoardWriter> tensorboard_;
   Clock::time_point t_start_;
   int64_t first_step_ = 0;
 };
