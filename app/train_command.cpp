@@ -97,6 +97,7 @@ void add_train_command(CLI::App& app, const CliHooks& hooks) {
     world = communicator_for(std::move(world), cfg.train.device, hooks);
     Communicator& comm = *world;
     set_up_logging(comm.rank(), comm.size(), cfg.log.level, cfg.log.color, started_by_an_mpi_launcher());
+    resolve_device_defaults(cfg, comm.rank() == 0);
     if (comm.rank() == 0) spdlog::info("resolved configuration ({}):\n{}", cfg.source, format_config(cfg));
     // A Hugging Face --init is model.init, part of the configuration a resume rebuilds the
     // model from: it goes with --resume. Other weights would be replaced by the checkpoint's.

@@ -80,8 +80,13 @@ int launcher_local_rank() {
   return -1;
 }
 
-void BackendRegistry::add(const std::string& name, Factory make, Probe unusable) {
-  factories_[name] = Entry{std::move(make), std::move(unusable)};
+void BackendRegistry::add(const std::string& name, Factory make, Probe unusable, Describe describe) {
+  factories_[name] = Entry{std::move(make), std::move(unusable), std::move(describe)};
+}
+
+std::string BackendRegistry::device_name(const std::string& name, int ordinal) const {
+  const auto it = factories_.find(name);
+  return it == factories_.end() || !it->second.describe ? std::string() : it->second.describe(ordinal);
 }
 
 std::string BackendRegistry::resolve(const std::string& name) const {
@@ -118,7 +123,9 @@ std::unique_ptr<Backend> BackendRegistry::make(const std::string& name,
   auto it = factories_.find(resolved);
   DHP_CHECK(it != factories_.end(), "device \"{}\": this build has no such backend (it has: {})",
             resolved, fmt::join(names(), ", "));
-  return it->second.make(opt);
+  BackendOptions o = opt;
+  o.precision = resolve_precision(opt.precision, resolved == "cuda" ? Device::CUDA : Device::CPU);
+  return it->second.make(o);
 }
 
 std::vector<std::string> BackendRegistry::names() const {

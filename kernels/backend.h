@@ -29,9 +29,16 @@ enum class Device { CPU, CUDA };
 //   bf16: activations and the working copy of the weights stored in bf16, bf16 tensor-core
 //         products with fp32 accumulation; master weights, gradients and optimizer state stay
 //         fp32 (Ops::dtype).
-enum class Precision : uint8_t { fp32, tf32, bf16 };
+//   auto: bf16 on a CUDA device, fp32 on the CPU (which computes fp32 alone); what the
+//         configuration holds until the device is known (resolve_precision), never what a
+//         backend runs.
+enum class Precision : uint8_t { fp32, tf32, bf16, automatic };
 inline constexpr std::pair<Precision, std::string_view> kPrecisionNames[] = {
-    {Precision::fp32, "fp32"}, {Precision::tf32, "tf32"}, {Precision::bf16, "bf16"}};
+    {Precision::fp32, "fp32"}, {Precision::tf32, "tf32"}, {Precision::bf16, "bf16"}, {Precision::automatic, "auto"}};
+// `p` with "auto" made the device's default.
+inline Precision resolve_precision(Precision p, Device d) {
+  return p != Precision::automatic ? p : d == Device::CUDA ? Precision::bf16 : Precision::fp32;
+}
 std::string_view precision_name(Precision p);
 std::optional<Precision> find_precision(std::string_view name);
 // The storage dtype of activations and working weights.
@@ -201,7 +208,9 @@ class BackendRegistry {
   using Factory = std::function<std::unique_ptr<Backend>(const BackendOptions&)>;
   // Says why the backend cannot run on this machine, or "" when it can (e.g. no driver).
   using Probe = std::function<std::string()>;
-  void add(const std::string& name, Factory make, Probe unusable = {});
+  // The product name of device `ordinal` ("NVIDIA H100 80GB HBM3"), or "" when unknown.
+  using Describe = std::function<std::string(int ordinal)>;
+  void add(const std::string& name, Factory make, Probe unusable = {}, Describe describe = {});
   // "auto" becomes "cuda" where this build has it and a device is usable, else "cpu", and the
   // choice is logged with its reason; any other name is returned as it is.
   std::string resolve(const std::string& name) const;
@@ -209,11 +218,15 @@ class BackendRegistry {
   // one of them.
   std::unique_ptr<Backend> make(const std::string& name, const BackendOptions& opt) const;
   std::vector<std::string> names() const;
+  // The product name of device `ordinal` of backend `name` (resolved), or "" when the backend
+  // does not say (the CPU).
+  std::string device_name(const std::string& name, int ordinal) const;
 
  private:
   struct Entry {
     Factory make;
     Probe unusable;
+    Describe describe;
   };
   std::map<std::string, Entry> factories_;
 };

@@ -18,7 +18,9 @@ struct ParallelConfig {
                                    // (parallel/placement.h); a Planner given 0 has one node
   int static_cp = 0;               // static strategy's CP degree; 0 = smallest that fits
   double planner_budget_ms = 5.0;  // time the planner may spend improving a plan
-  std::string cost_profile = "cpu";  // cost-model profile: "cpu" (measured) or a GPU name
+  // Cost-model profile: "cpu" (measured) or a GPU name (parallel/cost_model.h); "auto" is the
+  // device's own, chosen when the run knows its device (resolve_device_defaults).
+  std::string cost_profile = "auto";
   Recompute recompute = Recompute::off;  // activations rebuilt in backward (types/recompute.h):
                                          // the engine runs it and the planner prices it
   bool refit = true;               // refit the cost model from measured group times each step

@@ -1,6 +1,7 @@
 #include "parallel/cost_model.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -111,6 +112,7 @@ CostCoeffs CostCoeffs::from_json(const nlohmann::json& j) {
 }
 
 DeviceProfile device_profile(const std::string& name) {
+  if (name == "auto") return device_profile("cpu");
   DeviceProfile p;
   p.name = name;
   CostCoeffs& c = p.coeffs;
@@ -179,6 +181,26 @@ DeviceProfile device_profile(const std::string& name) {
 }
 
 std::vector<std::string> device_profile_names() { return {"cpu", "a100", "h100", "h200"}; }
+
+std::string profile_for_device(const std::string& device_name, std::string* why) {
+  std::string upper;
+  for (char c : device_name) upper.push_back(char(std::toupper(uint8_t(c))));
+  // The chip in the product name: an H200's and a GH200's GPU is an H100's with faster memory;
+  // the H800 and A800 are the export parts of the H100 and A100 (the same SMs, less NVLink).
+  const struct {
+    const char* part;
+    const char* profile;
+  } chips[] = {{"H200", "h200"}, {"H100", "h100"}, {"H800", "h100"}, {"A100", "a100"}, {"A800", "a100"}};
+  for (const auto& c : chips)
+    if (upper.find(c.part) != std::string::npos) {
+      *why = fmt::format("the device is an {} ({})", c.part, device_name);
+      return c.profile;
+    }
+  *why = fmt::format("no profile names the device ({}); h100's datasheet figures until the online "
+                     "refit (parallel.refit) measures it, or `dhp profile` fits it",
+                     device_name.empty() ? "its name is unknown" : device_name);
+  return "h100";
+}
 
 ModelConfig model_profile(const std::string& name) {
   ModelConfig m;

@@ -101,8 +101,14 @@ struct DeviceProfile {
 // "cpu" (measured with `dhp profile`, see cost_model.cpp), "a100", "h100", "h200" (sourced
 // hardware figures and stated assumptions; the profiling pass and the online refit replace
 // them).
+// "auto" is the profile a run picks once it knows its device (profile_for_device); before that
+// (dhp plan, a Planner made outside a run) it is the CPU's.
 DeviceProfile device_profile(const std::string& name);
 std::vector<std::string> device_profile_names();
+
+// The profile that prices a GPU named `device_name` (its product name, "NVIDIA H100 80GB
+// HBM3"): the one of its chip, else the nearest by generation; `why` says which and why.
+std::string profile_for_device(const std::string& device_name, std::string* why);
 
 // "tiny" (the built-in defaults of model/config.h) and "7b" (a Qwen2-VL-7B-like shape).
 ModelConfig model_profile(const std::string& name);

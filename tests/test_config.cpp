@@ -9,6 +9,8 @@
 
 #include "core/check.h"
 #include "tests/error_of.h"
+#include "kernels/backend.h"
+#include "parallel/cost_model.h"
 #include "trainer/config.h"
 
 namespace dhp {
@@ -123,8 +125,42 @@ TEST(Config, TomlRoundTripAndDemoConfigLoads) {
   for (const auto& e : std::filesystem::directory_iterator(std::string(DHP_SOURCE_DIR) + "/configs"))
     if (e.path().extension() == ".toml") EXPECT_NO_THROW(load_config(e.path().string())) << e.path();
   const Config gpu = load_config(std::string(DHP_SOURCE_DIR) + "/configs/gpu.toml");
+  EXPECT_EQ(gpu.train.precision, Precision::automatic);
+  EXPECT_EQ(gpu.parallel.cost_profile, "auto");
+}
+
+// train.precision and parallel.cost_profile default to what the device calls for, once the
+// device is known; stated values stay. The CUDA device here is a stand-in registered under
+// "cuda" (a CPU backend with an H200's name), so the choice is seen on a machine without one.
+TEST(Config, PrecisionAndCostProfileFollowTheDevice) {
+  Config cpu = parse_config("[train]\ndevice = \"cpu\"\n", "t.toml");
+  EXPECT_EQ(cpu.train.precision, Precision::automatic);
+  resolve_device_defaults(cpu, false);
+  EXPECT_EQ(cpu.train.precision, Precision::fp32);
+  EXPECT_EQ(cpu.parallel.cost_profile, "cpu");
+
+  backend_registry().add("cuda", make_cpu_backend, [] { return std::string(); },
+                         [](int) { return std::string("NVIDIA H200 NVL"); });
+  Config gpu = parse_config("", "t.toml");
+  resolve_device_defaults(gpu, false);
+  EXPECT_EQ(gpu.train.device, "cuda");
   EXPECT_EQ(gpu.train.precision, Precision::bf16);
-  EXPECT_EQ(gpu.parallel.cost_profile, "h100");
+  EXPECT_EQ(gpu.parallel.cost_profile, "h200");
+  const Config again = [&] { Config c = gpu; resolve_device_defaults(c, false); return c; }();
+  EXPECT_EQ(format_config(again), format_config(gpu));
+  Config stated = parse_config("[train]\nprecision = \"fp32\"\n[parallel]\ncost_profile = \"a100\"\n", "t.toml");
+  resolve_device_defaults(stated, false);
+  EXPECT_EQ(stated.train.precision, Precision::fp32);
+  EXPECT_EQ(stated.parallel.cost_profile, "a100");
+
+  std::string why;
+  EXPECT_EQ(profile_for_device("NVIDIA H100 80GB HBM3", &why), "h100");
+  EXPECT_EQ(profile_for_device("NVIDIA A100-SXM4-80GB", &why), "a100");
+  EXPECT_EQ(profile_for_device("NVIDIA H800", &why), "h100");
+  EXPECT_EQ(profile_for_device("NVIDIA GH200 480GB", &why), "h200");
+  EXPECT_NE(why.find("H200"), std::string::npos) << why;
+  EXPECT_EQ(profile_for_device("NVIDIA GeForce RTX 4090", &why), "h100");
+  EXPECT_NE(why.find("no profile names the device"), std::string::npos) << why;
 }
 
 TEST(Config, TomlRoundTripKeepsQuotesAndBackslashesInStrings) {

@@ -18,6 +18,7 @@
 #include "core/input.h"
 #include "core/text.h"
 #include "kernels/backend.h"
+#include "parallel/cost_model.h"
 #include "parallel/strategy.h"
 
 namespace dhp {
@@ -500,7 +501,7 @@ void validate(const Config& c, bool folders_read) {
     DHP_CHECK(c.train.device != "cpu",
               "{}: train.attention = \"cudnn\" needs train.device = \"cuda\" (or \"auto\" on a "
               "machine with a GPU); the CPU backend has its own attention only", f);
-    DHP_CHECK(c.train.precision == Precision::bf16,
+    DHP_CHECK(c.train.precision == Precision::bf16 || c.train.precision == Precision::automatic,
               "{}: train.attention = \"cudnn\" needs train.precision = \"bf16\": cuDNN's fused "
               "attention has no fp32 or tf32 storage (train.attention = \"auto\" picks per precision)",
               f);
@@ -668,6 +669,26 @@ BackendOptions backend_options(const Config& cfg) {
   // One GPU per rank: the ranks a launcher started on this node take devices by local rank.
   o.device = std::max(0, launcher_local_rank());
   return o;
+}
+
+void resolve_device_defaults(Config& cfg, bool say) {
+  TrainConfig& t = cfg.train;
+  t.device = backend_registry().resolve(t.device);
+  const bool cuda = t.device == "cuda";
+  if (t.precision == Precision::automatic) {
+    t.precision = resolve_precision(t.precision, cuda ? Device::CUDA : Device::CPU);
+    if (say)
+      spdlog::info("train.precision auto: {}", cuda ? "bf16 (a CUDA device: bf16 weights and activations on "
+                   "the tensor cores, fp32 master weights, gradients and Adam moments)"
+                   : "fp32 (the CPU backend computes in fp32)");
+  }
+  std::string& profile = cfg.parallel.cost_profile;
+  if (profile == "auto") {
+    std::string why = "the CPU backend: the profile measured on the CPU";
+    profile = cuda ? profile_for_device(backend_registry().device_name("cuda", std::max(0, launcher_local_rank())), &why)
+                   : "cpu";
+    if (say) spdlog::info("parallel.cost_profile auto: {} ({})", profile, why);
+  }
 }
 
 std::string format_config(const Config& cfg) {

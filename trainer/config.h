@@ -23,7 +23,8 @@ struct TrainConfig {
   int threads = 0;                  // CPU compute threads; 0 = the cores per local rank
   bool adapt_threads = true;        // CPU: use fewer threads while other processes hold cores
   std::string device = "auto";      // "auto" | "cpu" | "cuda"; auto = cuda when a device is usable
-  Precision precision = Precision::fp32;  // kernels/backend.h
+  // kernels/backend.h; auto: bf16 on a CUDA device, fp32 on the CPU (resolve_device_defaults)
+  Precision precision = Precision::automatic;
   AttentionImpl attention = AttentionImpl::automatic;  // CUDA: own | cudnn | auto (measured)
 
 };
@@ -102,6 +103,12 @@ int compute_threads(const Config& cfg);
 // The backend options of train.device from the [train] section; the device ordinal is the
 // launcher's local rank (one GPU per rank).
 BackendOptions backend_options(const Config& cfg);
+
+// The defaults that depend on the device, made concrete once train.device is known: "auto"
+// device (the registry's choice), precision (bf16 on CUDA, fp32 on the CPU) and cost profile
+// (the GPU's by its product name, the measured CPU profile on the CPU), each logged with why
+// when `say`. Settings the configuration states are kept; a second call changes nothing.
+void resolve_device_defaults(Config& cfg, bool say);
 
 // The resolved configuration as an aligned "section.key = value" table.
 std::string format_config(const Config& cfg);

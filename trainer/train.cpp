@@ -518,6 +518,9 @@ TrainResult train(const Config& given, Communicator& comm, const TrainOptions& t
   // A Hugging Face model.init sets the decoder's shape (a no-op when the caller applied it).
   Config cfg = given;
   apply_hf_init_for_run(cfg, topt.resume);
+  // Device, precision and cost profile made concrete before the ranks compare their settings
+  // (a no-op where the command line did it, to print them).
+  resolve_device_defaults(cfg, comm.rank() == 0);
   // Checked before anything is opened or locked: a stop that is never reached would train to
   // the end while the user expected a checkpoint at that step.
   DHP_CHECK(topt.stop_after < 0 || topt.stop_after <= cfg.train.steps,

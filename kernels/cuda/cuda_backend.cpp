@@ -82,6 +82,9 @@ void register_cuda_backend(BackendRegistry& registry) {
   registry.add("cuda", make_cuda_backend, [] {
     const CudaStatus st = cuda_status();
     return st.devices > 0 ? std::string() : fmt::format("no usable device: {}", st.reason);
+  }, [](int ordinal) {
+    cudaDeviceProp prop{};
+    return cudaGetDeviceProperties(&prop, ordinal) == cudaSuccess ? std::string(prop.name) : std::string();
   });
 }
 

@@ -34,6 +34,7 @@ cublasComputeType_t compute_type(Precision precision) {
     // bf16 operands are stored in bf16: plain fp32 accumulation runs them on tensor cores.
     case Precision::fp32:
     case Precision::bf16: return CUBLAS_COMPUTE_32F;
+    case Precision::automatic: break;  // resolved by BackendRegistry::make
   }
   DHP_ASSERT(false);
   return CUBLAS_COMPUTE_32F;
