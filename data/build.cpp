@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "core/progress.h"
 #include "core/hash.h"
 #include "core/input.h"
 #include "core/log.h"
@@ -241,25 +242,37 @@ void append(ShardContents& s, LineResult& r) {
 
 std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
 
+// The build's progress in manifest lines: a bar that redraws itself on a terminal, a log line
+// every few seconds elsewhere (a batch job's log), both with an ETA from the pace so far.
 class Progress {
  public:
-  Progress(int64_t total, bool on) : total_(total), on_(on && isatty(STDERR_FILENO)) {}
+  Progress(int64_t total, bool on) : total_(total), on_(on), terminal_(isatty(STDERR_FILENO) != 0) {}
   void draw(int64_t done, int64_t samples, int64_t skipped, int64_t bytes, double secs) {
-    if (!on_) return;
+    if (!on_ || (!terminal_ && secs < next_line_s_)) return;
+    const double rate = double(bytes) / 1e6 / std::max(secs, 1e-9);
+    const std::string eta = done > 0 && total_ > done
+                                ? ", eta " + duration_text(secs / double(done) * double(total_ - done)) : "";
+    if (!terminal_) {
+      spdlog::info("build: {}/{} lines ({:.0f}%), {} samples, {} skipped, {:.1f} MB/s{}", done, total_,
+                   100.0 * double(done) / double(std::max<int64_t>(1, total_)), samples, skipped, rate, eta);
+      next_line_s_ = secs + kLineEveryS;
+      return;
+    }
     const int width = 30;
     const int fill = int(width * done / std::max<int64_t>(1, total_));
-    fmt::print(stderr, "\r[{:=<{}}{:<{}}] {}/{} lines, {} samples, {} skipped, {:.1f} MB/s\033[K",
-               "", fill, "", width - fill, done, total_, samples, skipped,
-               double(bytes) / 1e6 / std::max(secs, 1e-9));
+    fmt::print(stderr, "\r[{:=<{}}{:<{}}] {}/{} lines, {} samples, {} skipped, {:.1f} MB/s{}\033[K",
+               "", fill, "", width - fill, done, total_, samples, skipped, rate, eta);
     std::fflush(stderr);
   }
   void clear() {
-    if (on_) fmt::print(stderr, "\r\033[K");
+    if (on_ && terminal_) fmt::print(stderr, "\r\033[K");
   }
 
  private:
+  static constexpr double kLineEveryS = 5.0;
   int64_t total_;
-  bool on_;
+  bool on_, terminal_;
+  double next_line_s_ = kLineEveryS;
 };
 
 // Checks the options and the folder; returns the build key that any resumed run must match.

@@ -369,19 +369,33 @@ namespace {
 // `srun --mpi=pmi2`).
 constexpr const char* kMpiLauncherVars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"};
 
-// A process that torchrun (or another launcher of its kind) started believes it is one of
-// WORLD_SIZE ranks, but without an MPI launcher it would be a world of one: N copies would
-// each train the whole job alone. Refused at once, saying how dhp is launched.
+// Launchers that tell a process it is one of N ranks without giving it an MPI world: torchrun
+// (and launchers of its kind), and Slurm's srun without an MPI plugin (no --mpi=pmix or pmi2,
+// and no MpiDefault in slurm.conf). Alone, each of the N copies would train the whole job.
+struct NonMpiLauncher {
+  const char* size_var;
+  const char* rank_var;
+  const char* whose;
+};
+constexpr NonMpiLauncher kNonMpiLaunchers[] = {
+    {"WORLD_SIZE", "RANK", "torchrun's variables"},
+    // The step's task count (srun sets it; a batch script's own process has none), not
+    // SLURM_NTASKS, which a batch script sees for the whole allocation.
+    {"SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "srun without an MPI plugin"},
+};
+
+// Refused at once, saying how dhp is launched.
 void refuse_a_world_without_mpi() {
-  const char* world = std::getenv("WORLD_SIZE");
-  if (!world || std::string(world).empty() || std::string(world) == "1") return;
-  const char* rank = std::getenv("RANK");
-  throw Error(fmt::format(
-      "this process was started as rank {} of WORLD_SIZE={} (torchrun's variables), but not by an MPI "
-      "launcher: dhp's ranks are MPI processes, and alone this one would train the whole job by itself. "
-      "Launch with `mpirun -np {} dhp train ...` (a hostfile for several nodes) or `srun --mpi=pmix dhp "
-      "train ...` under Slurm",
-      rank ? rank : "?", world, world));
+  for (const NonMpiLauncher& l : kNonMpiLaunchers) {
+    const char* world = std::getenv(l.size_var);
+    if (!world || std::string(world).empty() || std::string(world) == "1") continue;
+    const char* rank = std::getenv(l.rank_var);
+    throw Error(fmt::format(
+        "this process was started as rank {} of {}={} ({}), but not by an MPI launcher: dhp's ranks are "
+        "MPI processes, and alone this one would train the whole job by itself. Launch with `mpirun -np {} "
+        "dhp train ...` (a hostfile for several nodes) or `srun --mpi=pmix dhp train ...` under Slurm",
+        rank ? rank : "?", l.size_var, world, l.whose, world));
+  }
 }
 
 // The first of the launcher's variables that is set, or nullptr.

@@ -129,6 +129,24 @@ TEST(Config, TomlRoundTripAndDemoConfigLoads) {
   EXPECT_EQ(gpu.parallel.cost_profile, "auto");
 }
 
+// parallel.ranks_per_node is a count or "auto" (0 reads as auto, as earlier versions wrote it),
+// written back as "auto".
+TEST(Config, RanksPerNodeIsACountOrAuto) {
+  EXPECT_EQ(parse_config("[parallel]\nranks_per_node = \"auto\"\n", "t.toml").parallel.ranks_per_node, 0);
+  EXPECT_EQ(parse_config("[parallel]\nranks_per_node = 0\n", "t.toml").parallel.ranks_per_node, 0);
+  EXPECT_EQ(parse_config("", "t.toml", {"--parallel.ranks_per_node=8"}).parallel.ranks_per_node, 8);
+  EXPECT_EQ(parse_config("", "t.toml", {"--parallel.ranks_per_node=auto"}).parallel.ranks_per_node, 0);
+  const Config d = parse_config("", "t.toml");
+  EXPECT_NE(to_toml(d).find("ranks_per_node = \"auto\"\n"), std::string::npos) << to_toml(d);
+  EXPECT_EQ(parse_config(to_toml(d), "b.toml").parallel.ranks_per_node, 0);
+  const std::string word = error_of([] { parse_config("[parallel]\nranks_per_node = \"all\"\n", "t.toml"); });
+  EXPECT_NE(word.find("t.toml:2: 'parallel.ranks_per_node' = \"all\" must be a number or \"auto\""), std::string::npos) << word;
+  const std::string neg = error_of([] { parse_config("[parallel]\nranks_per_node = -2\n", "t.toml"); });
+  EXPECT_NE(neg.find("out of range"), std::string::npos) << neg;
+  const std::string type = error_of([] { parse_config("[parallel]\nranks_per_node = 2.5\n", "t.toml"); });
+  EXPECT_NE(type.find("must be an integer or \"auto\""), std::string::npos) << type;
+}
+
 // train.precision and parallel.cost_profile default to what the device calls for, once the
 // device is known; stated values stay. The CUDA device here is a stand-in registered under
 // "cuda" (a CPU backend with an H200's name), so the choice is seen on a machine without one.

@@ -151,6 +151,26 @@ TEST(Faults, ATorchrunLaunchWithoutMpiStopsAtOnceSayingHow) {
   EXPECT_EQ(one.status, 0) << one.output;
 }
 
+// Slurm, by the environment srun gives its tasks: a plain `srun` (no MPI plugin) starts tasks
+// with no MPI world, refused as torchrun's are; a batch script's own process (SLURM_NTASKS of
+// the allocation, no step of many tasks) runs; `srun --mpi=pmix` hands the tasks PMIx's
+// variables, which make them MPI ranks (the launcher test of tests/mpi_lib.sh covers those).
+TEST(Faults, APlainSrunWithoutAnMpiPluginStopsAtOnceSayingHow) {
+  const auto dir = run_dir("srun");
+  Config cfg = small_config(1, dir);
+  const std::string task = "export SLURM_JOB_ID=77 SLURM_NTASKS=8 SLURM_STEP_NUM_TASKS=8 SLURM_PROCID=5 "
+                           "SLURM_LOCALID=1 SLURM_NTASKS_PER_NODE=4 SLURM_NODEID=1;";
+  const Outcome r = run_dhp("train -c " + config_file(cfg, dir), dir, task);
+  EXPECT_EQ(r.status, 1) << r.output;
+  for (const char* part : {"rank 5 of SLURM_STEP_NUM_TASKS=8", "srun without an MPI plugin", "srun --mpi=pmix"})
+    EXPECT_TRUE(contains(r.output, part)) << part << "\n" << r.output;
+  EXPECT_FALSE(fs::exists(cfg.checkpoint.dir)) << "it must stop before the run starts";
+  cfg.checkpoint.every = 0;
+  const Outcome batch = run_dhp("train -c " + config_file(cfg, dir) + " --log.level=info", dir,
+                                "export SLURM_JOB_ID=77 SLURM_NTASKS=8 SLURM_PROCID=0 SLURM_LOCALID=0;");
+  EXPECT_EQ(batch.status, 0) << batch.output;
+}
+
 // Colour escapes only where asked for or on a terminal: a log captured to a file (here, and
 // under mpirun in tests/mpi_lib.sh's train_run) holds none; a wrong value is named.
 TEST(Faults, LogColourIsOffUnlessATerminalOrAsked) {

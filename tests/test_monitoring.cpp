@@ -10,10 +10,13 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <sstream>
 
 #include "core/check.h"
 #include "core/hash.h"
+#include "core/progress.h"
 #include "parallel/mpi_comm.h"
 #include "tests/error_of.h"
 #include "tests/file_text.h"
@@ -206,6 +209,33 @@ TEST(TensorBoard, AResumeOverACutOffFileKeepsTheWholeRecords) {
   for (const auto& e : r.events)
     if (e.contains("scalars")) steps.push_back(e["step"].get<int64_t>());
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4}));
+}
+
+// Long work's progress: a log line (not a terminal under ctest) with the bytes, share, rate and
+// ETA once its interval has passed; nothing for work that ends sooner, or on a rank that does
+// not report.
+TEST(Progress, LongWorkSaysHowFarAndHowLongElsewhereThanATerminal) {
+  std::ostringstream out;
+  const auto old = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(out)));
+  {
+    ByteProgress slow("saving step-00000010", 3'000'000'000, true, 0.0);
+    slow.add(1'000'000'000);
+    ByteProgress quick("exporting", 1000, true, 5.0);
+    quick.add(1000);
+    ByteProgress other_rank("importing", 1000, false, 0.0);
+    other_rank.add(500);
+  }
+  spdlog::set_default_logger(old);
+  const std::string log = out.str();
+  EXPECT_NE(log.find("saving step-00000010: 1.00 of 3.00 GB (33%), "), std::string::npos) << log;
+  EXPECT_NE(log.find(" MB/s, eta "), std::string::npos) << log;
+  EXPECT_EQ(log.find("exporting"), std::string::npos) << log;
+  EXPECT_EQ(log.find("importing"), std::string::npos) << log;
+  EXPECT_EQ(log.find('\r'), std::string::npos) << "no redrawn line outside a terminal";
+  EXPECT_EQ(duration_text(42), "42s");
+  EXPECT_EQ(duration_text(425), "7m05s");
+  EXPECT_EQ(duration_text(3 * 3600 + 125), "3h02m");
 }
 
 }  // namespace

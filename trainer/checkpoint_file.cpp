@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/progress.h"
 #include "core/hash.h"
 #include "data/h5.h"
 #include "data/tokenizer.h"
@@ -163,10 +164,16 @@ void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, 
     write_attr_i64(root, "format_version", kFormatVersion);
   }
   write_string(file, "config", to_toml(cfg));
+  const int64_t param_bytes = model.table().total() * int64_t(sizeof(float));
+  ByteProgress progress(fmt::format("saving {}", tmp.filename().replace_extension().string()),
+                        param_bytes * (opt ? 3 : 1));
   {
     H5 params(H5Gcreate2(file, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     const std::vector<float> p = model.download_params();
-    for (const auto& s : model.table().specs()) write_tensor(params, s, p.data() + s.offset);
+    for (const auto& s : model.table().specs()) {
+      write_tensor(params, s, p.data() + s.offset);
+      progress.add(s.numel() * int64_t(sizeof(float)));
+    }
   }
   if (opt) {
     H5 optim(H5Gcreate2(file, "optim", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
@@ -177,6 +184,7 @@ void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, 
     for (const auto& s : model.table().specs()) {
       write_tensor(m, s, hm.data() + s.offset);
       write_tensor(v, s, hv.data() + s.offset);
+      progress.add(2 * s.numel() * int64_t(sizeof(float)));
     }
   }
   {

@@ -35,7 +35,11 @@ struct Choice {
 
 // Three numbers (per-channel constants such as model.vision.pixel_mean).
 using Triple = std::array<double, 3>;
-using Ref = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, Choice, Triple*>;
+// A count that may be "auto" (held as 0, which also reads as auto: what earlier versions wrote).
+struct AutoCount {
+  int* ref;
+};
+using Ref = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, Choice, Triple*, AutoCount>;
 
 struct Key {
   std::string section;              // "model" or "model.vision"
@@ -71,6 +75,9 @@ class Schema {
   template <class T>
   void num(const char* name, T& ref, double lo, double hi) {
     keys_.push_back(Key{sec_, name, Ref(&ref), lo, hi, {}});
+  }
+  void count_or_auto(const char* name, int& ref, double hi) {
+    keys_.push_back(Key{sec_, name, Ref(AutoCount{&ref}), 0, hi, {}});
   }
   void triple(const char* name, Triple& ref, double lo, double hi) {
     keys_.push_back(Key{sec_, name, Ref(&ref), lo, hi, {}});
@@ -200,7 +207,7 @@ class Schema {
     choice("strategy", p.strategy, trainable);
     num("memory_gb", p.memory_gb, 0.001, 1e6);
     flag("zero1", p.zero1);
-    num("ranks_per_node", p.ranks_per_node, 0, 1 << 16);
+    count_or_auto("ranks_per_node", p.ranks_per_node, 1 << 16);
     num("static_cp", p.static_cp, 0, 1 << 20);
     num("planner_budget_ms", p.planner_budget_ms, 0, 1e6);
     str("cost_profile", p.cost_profile);
@@ -284,6 +291,7 @@ const char* type_name(const Ref& r) {
     case 3: return "a number";
     case 4: return "a boolean (true or false)";
     case 7: return "an array of 3 numbers";
+    case 8: return "an integer or \"auto\"";
     default: return "a string";
   }
 }
@@ -356,6 +364,17 @@ void assign(const Key& key, const toml::node& node, const std::string& at) {
             in_range(v[i]);
           }
           *alt = v;
+        } else if constexpr (std::is_same_v<A, AutoCount>) {
+          if (auto word = node.value_exact<std::string>()) {
+            DHP_CHECK(*word == "auto", "{}: '{}' = \"{}\" must be a number or \"auto\"", at, key.path(),
+                      printable(*word));
+            *alt.ref = 0;
+            return;
+          }
+          auto v = node.value_exact<int64_t>();
+          if (!v) throw bad_type();
+          in_range(double(*v));
+          *alt.ref = int(*v);
         } else if constexpr (std::is_same_v<A, double*>) {
           std::optional<double> v;
           if (node.is_floating_point()) v = node.value_exact<double>();
@@ -439,7 +458,7 @@ void apply_override(const Schema& s, std::string text) {
   DHP_CHECK(!parsed || parsed->size() == 1, "{}: the value must be a single TOML value", at);
   // Digits that do not parse are an integer beyond 64 bits, not a string.
   const bool integral = std::holds_alternative<int*>(key->ref) || std::holds_alternative<int64_t*>(key->ref) ||
-                        std::holds_alternative<uint64_t*>(key->ref);
+                        std::holds_alternative<uint64_t*>(key->ref) || std::holds_alternative<AutoCount>(key->ref);
   const bool digits = value.find_first_not_of("+-0123456789_") == std::string::npos &&
                       value.find_first_of("0123456789") != std::string::npos;
   DHP_CHECK(parsed || !integral || !digits, "{}: '{}' = {} is out of range [{}, {}]", at, key->path(), value,
@@ -575,6 +594,8 @@ std::string value_text(const Ref& r, bool quote) {
           return *alt ? "true" : "false";
         else if constexpr (std::is_same_v<A, Triple*>)
           return fmt::format("[{}, {}, {}]", (*alt)[0], (*alt)[1], (*alt)[2]);
+        else if constexpr (std::is_same_v<A, AutoCount>)
+          return *alt.ref == 0 ? (quote ? "\"auto\"" : "auto") : fmt::format("{}", *alt.ref);
         else if constexpr (std::is_same_v<A, double*>) {
           std::string s = fmt::format("{}", *alt);
           if (s.find_first_of(".eEn") == std::string::npos) s += ".0";

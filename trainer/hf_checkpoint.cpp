@@ -11,6 +11,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "core/progress.h"
 #include "core/files.h"
 #include "core/input.h"
 #include "core/json_input.h"
@@ -482,9 +483,20 @@ void check_hf_weights(const ModelConfig& cfg) {
 }
 
 HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const ParamTable& table,
-                           Backend& backend, float* arena) {
+                           Backend& backend, float* arena, bool report) {
   const std::vector<Source> sources = plan_sources(dir, cfg);
   HfImport r = verify_sources(sources, cfg, table);
+  // Every tensor is read twice: checked finite, then converted.
+  int64_t bytes = 0;
+  for (const Source& src : sources)
+    for (const HfBinding& b : src.map) {
+      const SafetensorsEntry& e = *src.ck.tensors.at(b.hf).entry;
+      bytes += 2 * (e.end - e.begin);
+    }
+  ByteProgress progress(fmt::format("importing {}", dir), bytes, report);
+  const auto counted = [&](const SafetensorsEntry& e, int64_t elements) {
+    progress.add(elements * safetensors_dtype_width(e.dtype));
+  };
 
   // Read, not mapped (for_each_chunk): a shard truncated while it is imported is an error
   // naming it, not SIGBUS. Every value is checked finite before the first byte is written.
@@ -495,6 +507,7 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
       const Located& at = src.ck.tensors.at(b.hf);
       for_each_chunk(*at.shard->in, at.shard->path, at.shard->header, *at.entry, kChunk, raw,
                      [&](const char* bytes, int64_t i0, int64_t c) {
+                       counted(*at.entry, c);
                        const int64_t bad = first_non_finite(bytes, at.entry->dtype, c);
                        DHP_CHECK(bad < 0, "'{}': tensor '{}' holds a non-finite value (NaN or infinity) at "
                                  "element {}; these weights are unusable", at.shard->path, b.hf, i0 + bad);
@@ -518,6 +531,7 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
         for_each_chunk(*at.shard->in, at.shard->path, at.shard->header, *at.entry, n, raw,
                        [&](const char* bytes, int64_t, int64_t c) {
                          widen_to_f32(staged.data(), bytes, at.entry->dtype, c);
+                         counted(*at.entry, c);
                        });
         hf_permute_patch(permuted.data(), staged.data(), spec.shape[0], cfg.vision.patch, false);
         backend.upload(arena + spec.offset, permuted.data(), size_t(n) * sizeof(float));
@@ -533,6 +547,7 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
                        if (!host) staged.resize(size_t(c));
                        float* dst = host ? arena + spec.offset + i0 : staged.data();
                        widen_to_f32(dst, bytes, at.entry->dtype, c);
+                       counted(*at.entry, c);
                        if (grow)
                          for (int64_t i = 0; i < c; ++i) column_sum[size_t((i0 + i) % d)] += dst[i];
                        if (!host) backend.upload(arena + spec.offset + i0, dst, size_t(c) * sizeof(float));
@@ -556,8 +571,8 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
   return r;
 }
 
-HfImport import_hf_checkpoint(const std::string& dir, Model& model) {
-  return import_hf_weights(dir, model.config(), model.table(), model.backend(), model.params());
+HfImport import_hf_checkpoint(const std::string& dir, Model& model, bool report) {
+  return import_hf_weights(dir, model.config(), model.table(), model.backend(), model.params(), report);
 }
 
 void log_hf_import(const HfImport& r, const ModelConfig& cfg) {

@@ -146,10 +146,11 @@ struct HfImport {
 // shapes, dtypes, the index against its shards, finite values — comes before any byte is
 // written: when it throws, the arena is unchanged. Files are memory-mapped and converted in
 // chunks, so it holds the arena plus one chunk.
+// `report` shows the bytes read as they go (core/progress.h): on one rank of many.
 HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const ParamTable& table,
-                           Backend& backend, float* arena);
+                           Backend& backend, float* arena, bool report = true);
 // The same into a model's master weights.
-HfImport import_hf_checkpoint(const std::string& dir, Model& model);
+HfImport import_hf_checkpoint(const std::string& dir, Model& model, bool report = true);
 // The log lines of an import: what was imported from where, what kept its initialisation, what
 // was ignored and why, the vocabulary's growth.
 void log_hf_import(const HfImport& r, const ModelConfig& cfg);

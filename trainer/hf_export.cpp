@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/files.h"
+#include "core/progress.h"
 #include "core/input.h"
 #include "core/text.h"
 #include "trainer/hf_checkpoint.h"
@@ -393,6 +394,7 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
 
   const float* arena = model.params();
   Backend& backend = model.backend();
+  ByteProgress progress(fmt::format("exporting to {}", o.dir), total);
   json weight_map = json::object();
   for (size_t i = 0; i < n; ++i) {
     std::vector<SafetensorsOut> out;
@@ -413,7 +415,8 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
                      }});
       weight_map[b->hf] = shard_name(i);
     }
-    write_safetensors((fs::path(o.dir) / shard_name(i)).string(), out, {{"format", "pt"}, {"producer", kProducer}});
+    write_safetensors((fs::path(o.dir) / shard_name(i)).string(), out, {{"format", "pt"}, {"producer", kProducer}},
+                      &progress);
   }
   if (n > 1)
     write_file_atomic((fs::path(o.dir) / "model.safetensors.index.json").string(),

@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "core/files.h"
 #include "core/log.h"
+#include "core/progress.h"
 
 namespace dhp {
 
@@ -194,15 +195,6 @@ TensorBoardValues scalars_of(const nlohmann::json& j, const std::string& prefix)
   for (const auto& [key, value] : j.items())
     if (value.is_number() && key != "step") v.scalars.emplace_back(prefix + key, value.get<double>());
   return v;
-}
-
-// "42s", "7m05s", "3h02m": what a person reads at a glance.
-std::string duration_text(double s) {
-  if (!(s >= 0) || s > 1e8) return "?";
-  const int64_t t = int64_t(s + 0.5);
-  if (t < 60) return fmt::format("{}s", t);
-  if (t < 3600) return fmt::format("{}m{:02}s", t / 60, t % 60);
-  return fmt::format("{}h{:02}m", t / 3600, t / 60 % 60);
 }
 
 // The busiest rank's memory high-water mark this step and what the planner's model predicted

@@ -14,6 +14,7 @@
 #include "core/bf16.h"
 #include "core/check.h"
 #include "core/files.h"
+#include "core/progress.h"
 #include "core/json_input.h"
 #include "core/text.h"
 
@@ -292,7 +293,7 @@ void for_each_chunk(const InputFile& in, const std::string& path, const Safetens
 }
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsOut>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, ByteProgress* progress) {
   json header;
   int64_t offset = 0;
   for (const auto& t : tensors) {
@@ -317,6 +318,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
       bytes.resize(size_t(t.bytes()));
       t.fill(bytes.data());
       out.write(bytes.data(), std::streamsize(bytes.size()));
+      if (progress) progress->add(int64_t(bytes.size()));
     }
     out.close();
     if (!out.good()) {

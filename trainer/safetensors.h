@@ -16,6 +16,8 @@
 
 namespace dhp {
 
+class ByteProgress;
+
 // The largest header read: the limit of the format's reference reader.
 inline constexpr uint64_t kMaxSafetensorsHeader = 100'000'000;
 
@@ -72,9 +74,10 @@ struct SafetensorsOut {
 
 // Writes a safetensors file under a temporary name, fsyncs and renames it (core/files.h); the
 // caller has checked the path (check_output_path). The header is padded with spaces to a
-// multiple of 8 so the data stays 8-byte aligned. One tensor's bytes are held at a time.
+// multiple of 8 so the data stays 8-byte aligned. One tensor's bytes are held at a time;
+// `progress`, when given, counts them as they are written.
 void write_safetensors(const std::string& path, const std::vector<SafetensorsOut>& tensors,
-                       const std::map<std::string, std::string>& metadata);
+                       const std::map<std::string, std::string>& metadata, ByteProgress* progress = nullptr);
 
 // The "__metadata__" of a file's header, or empty when it is not a readable safetensors file;
 // for recognising an earlier output of dhp.

@@ -148,7 +148,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
   } else if (!cfg.model.init.empty() || !cfg.model.vision.init.empty()) {
     DHP_CHECK(topt.init.empty(), "--init {} and model.init {} both name weights to start from",
               topt.init, cfg.model.init.empty() ? cfg.model.vision.init : cfg.model.init);
-    const HfImport r = import_hf_checkpoint(cfg.model.init, model_);
+    const HfImport r = import_hf_checkpoint(cfg.model.init, model_, rank0_);
     if (rank0_) log_hf_import(r, cfg.model);
     start_from_ = fmt::format("model.init '{}'{}", cfg.model.init,
                               cfg.model.vision.init.empty() ? "" : " and model.vision.init '" + cfg.model.vision.init + "'");
