@@ -19,22 +19,32 @@ progress = false
 every = 1
 TOML
 
-# until_steps DIR: waits until DIR/metrics.jsonl records 3 steps (a run in mid-training).
+# until_steps DIR LOG: waits until DIR/metrics.jsonl records 3 steps (a run in mid-training);
+# a run that gets there in no 120 s (a loaded machine) fails here, with its log, rather than
+# being signalled before its ranks exist.
 until_steps() {
-  for _ in $(seq 300); do
+  for _ in $(seq 1200); do
     [ -f "$1/metrics.jsonl" ] && [ "$(wc -l < "$1/metrics.jsonl")" -ge 3 ] && return
     sleep 0.1
   done
+  cat "$2"; echo "$1: no 3 steps within 120 s"; exit 1
 }
 
-# rank_pid MPIRUN_PID RANK: the pid of a rank, read from its environment.
+# rank_pid MPIRUN_PID RANK: the pid of a rank, read from its environment; fails naming what it
+# found when no child of mpirun is that rank.
 rank_pid() {
-  for p in $(pgrep -P "$1"); do
-    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
-      echo "$p"
-      return
-    fi
+  for _ in $(seq 50); do
+    for p in $(pgrep -P "$1"); do
+      if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+        echo "$p"
+        return
+      fi
+    done
+    sleep 0.1
   done
+  echo "no process of rank $2 under mpirun $1; its children:" >&2
+  ps -o pid,stat,args --ppid "$1" >&2 || true
+  exit 1
 }
 
 # Rank 0 stopped too: it holds no special role in a collective, and the others must name it.
@@ -45,7 +55,7 @@ for run in STOP:2 STOP:0 KILL:2; do
     --checkpoint.dir="$work/$sig$v/ck" --log.metrics="$work/$sig$v/metrics.jsonl" >"$log" 2>&1 &
   job=$!
   # Let a few steps run, so the signal lands in the middle of training.
-  until_steps "$work/$sig$v"
+  until_steps "$work/$sig$v" "$log"
   victim=$(rank_pid "$job" "$v")
   others=""
   for r in 0 1 2; do [ "$r" = "$v" ] || others="$others $(rank_pid "$job" "$r")"; done
@@ -89,7 +99,7 @@ done
 mpirun -np 3 --oversubscribe "$dhp" train --config "$work/run.toml" \
   --checkpoint.dir="$work/TERM/ck" --log.metrics="$work/TERM/metrics.jsonl" >"$work/TERM.log" 2>&1 &
 job=$!
-until_steps "$work/TERM"
+until_steps "$work/TERM" "$work/TERM.log"
 for r in 0 1 2; do kill -TERM "$(rank_pid "$job" "$r")"; done
 set +e
 timeout 60 tail --pid="$job" -f /dev/null
