@@ -320,7 +320,7 @@ std::string build_key(const BuildOptions& o, const std::string& image_root,
   if (o.allow_absolute_paths) j["allow_absolute_paths"] = true;
   if (o.chat != ChatTemplate::Dhp) j["template"] = template_name(o.chat);
   if (o.vision.resize != ImageFit::native) {
-    j["resize"] = "pad_square";
+    j["resize"] = std::string(image_fit_name(o.vision.resize));
     j["image_size"] = o.vision.image_size;
   }
   // The video keys decide the layout of video lines; only when changed from their defaults,

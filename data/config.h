@@ -21,6 +21,10 @@ struct DataConfig {
   int64_t max_image_pixels = kDefaultMaxImagePixels;  // an image with more (H*W) is skipped
   int workers = 1;                 // background decode threads
   std::string on_error = "skip";   // "skip" | "fail"
+  // The share of a data set's records a run may skip when it opens it (bad lines, images that
+  // do not load); more stops the run, naming the reasons: a wrong image folder or another
+  // tool's format would otherwise train on what is left and exit 0.
+  double max_skipped = 0.05;
   bool allow_absolute_paths = false;  // image paths may be absolute (else confined to the root)
   ChatTemplate chat_template = ChatTemplate::Dhp;  // data.template: how turns are laid out
   std::string added_tokens = "auto";  // "auto" | "none" | "<image>,<pad>": data/tokenizer.h

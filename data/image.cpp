@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "core/input.h"
 #include "data/codecs.h"
+#include "data/resample.h"
 
 namespace dhp {
 
@@ -61,6 +62,50 @@ bool is_sof(int m) {
   return m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
 }
 
+// RIFF | size(4) | "WEBP" | a chunk: "VP8 " (lossy: 14-bit sides in the key frame's header),
+// "VP8L" (lossless: sides - 1 in 14 bits each after the 0x2f signature) or "VP8X" (extended:
+// the canvas's sides - 1 in 24 bits each). An animation is refused: one image per path.
+ImageSize webp_size(HeaderReader& in, const std::string& path) {
+  unsigned char b[30];
+  DHP_CHECK(in.read(b, 30) == 30, "image '{}': truncated WebP header", path);
+  const auto le = [&](int at, int bytes) {
+    uint32_t v = 0;
+    for (int i = 0; i < bytes; ++i) v |= uint32_t(b[at + i]) << (8 * i);
+    return v;
+  };
+  uint32_t w = 0, h = 0;
+  if (std::equal(b + 12, b + 16, "VP8 ")) {
+    DHP_CHECK(b[23] == 0x9d && b[24] == 0x01 && b[25] == 0x2a, "image '{}': WebP (lossy) without its frame start code",
+              path);
+    w = le(26, 2) & 0x3fff, h = le(28, 2) & 0x3fff;
+  } else if (std::equal(b + 12, b + 16, "VP8L")) {
+    DHP_CHECK(b[20] == 0x2f, "image '{}': WebP (lossless) without its signature byte", path);
+    const uint32_t bits = le(21, 4);
+    w = (bits & 0x3fff) + 1, h = ((bits >> 14) & 0x3fff) + 1;
+  } else if (std::equal(b + 12, b + 16, "VP8X")) {
+    DHP_CHECK(!(b[20] & 0x02), "image '{}' is an animated WebP; dhp reads one image per path (save a frame as PNG)",
+              path);
+    w = le(24, 3) + 1, h = le(27, 3) + 1;
+  } else {
+    throw Error(fmt::format("image '{}': WebP with an unknown first chunk", path));
+  }
+  DHP_CHECK(w > 0 && h > 0, "image '{}': WebP header gives size {}x{}", path, w, h);
+  return {int(h), int(w)};
+}
+
+bool is_webp(const unsigned char* b, int64_t n) {
+  return n >= 12 && std::equal(b, b + 4, "RIFF") && std::equal(b + 8, b + 12, "WEBP");
+}
+
+bool is_gif(const unsigned char* b, int64_t n) {
+  return n >= 6 && (std::equal(b, b + 6, "GIF87a") || std::equal(b, b + 6, "GIF89a"));
+}
+
+std::string gif_refusal(const std::string& path) {
+  return fmt::format("image '{}' is a GIF, which dhp does not read (OpenCV has no GIF decoder); save its first "
+                     "frame as PNG (e.g. `convert '{}[0]' out.png`)", path, path);
+}
+
 ImageSize jpeg_size(HeaderReader& in, const std::string& path) {
   in.seek(2);
   for (;;) {
@@ -94,10 +139,10 @@ ImageSize jpeg_size(HeaderReader& in, const std::string& path) {
 
 ImageSize resized_size(int H, int W, const ImageGeometry& v) {
   DHP_CHECK(H > 0 && W > 0, "image size {}x{} is empty", H, W);
-  if (v.resize == ImageFit::pad_square) {
+  if (v.fixed_square()) {
     DHP_CHECK(v.image_size > 0 && v.image_size % v.factor() == 0,
-              "resize pad_square: image_size {} is not a positive multiple of patch x merge ({})",
-              v.image_size, v.factor());
+              "resize {}: image_size {} is not a positive multiple of patch x merge ({})",
+              image_fit_name(v.resize), v.image_size, v.factor());
     return {v.image_size, v.image_size};
   }
   const double f = v.factor();
@@ -149,16 +194,20 @@ InputFile open_image(const std::string& path, const std::string& root) {
 ImageSize read_image_size(const std::string& path, const std::string& root) {
   const InputFile f = open_image(path, root);
   HeaderReader in(f);
-  unsigned char sig[8];
-  const int64_t n = in.read(sig, 8);
+  unsigned char sig[12];
+  const int64_t n = in.read(sig, 12);
   static constexpr unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
-  if (n == 8 && std::equal(sig, sig + 8, kPng)) {
+  if (n >= 8 && std::equal(sig, sig + 8, kPng)) {
     in.seek(0);
     return png_size(in, path);
   }
   if (n >= 3 && sig[0] == 0xFF && sig[1] == 0xD8 && sig[2] == 0xFF) return jpeg_size(in, path);
-  throw Error(fmt::format("image '{}' is neither PNG nor JPEG (or its header is truncated)",
-                          path));
+  if (is_webp(sig, n)) {
+    in.seek(0);
+    return webp_size(in, path);
+  }
+  if (is_gif(sig, n)) throw Error(gif_refusal(path));
+  throw Error(fmt::format("image '{}' is not PNG, JPEG or WebP (or its header is truncated)", path));
 }
 
 PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v) {
@@ -175,7 +224,18 @@ PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v) {
     rgb = square;
   }
   const ImageSize s = resized_size(rgb.rows, rgb.cols, v);
-  if (s.h != rgb.rows || s.w != rgb.cols) {
+  if (v.resize == ImageFit::clip) {
+    // The short side to image_size, the long one int(image_size * long / short) (transformers'
+    // get_resize_output_image_size), then the centre crop at ((h - n) / 2, (w - n) / 2), floored.
+    const int n = v.image_size;
+    const bool wide = rgb.cols > rgb.rows;
+    const int shorter = wide ? rgb.rows : rgb.cols, longer = wide ? rgb.cols : rgb.rows;
+    const int stretched = int(double(n) * double(longer) / double(shorter));
+    const cv::Mat r = pil_resize_bicubic(rgb, wide ? stretched : n, wide ? n : stretched);
+    rgb = r(cv::Rect((r.cols - n) / 2, (r.rows - n) / 2, n, n)).clone();
+  } else if (v.fixed_square()) {
+    if (s.h != rgb.rows || s.w != rgb.cols) rgb = pil_resize_bicubic(rgb, s.w, s.h);
+  } else if (s.h != rgb.rows || s.w != rgb.cols) {
     cv::Mat resized;
     cv::resize(rgb, resized, cv::Size(s.w, s.h), 0, 0, cv::INTER_CUBIC);
     rgb = resized;
@@ -232,8 +292,14 @@ cv::Mat decode_image(const uint8_t* data, size_t n, const std::string& what) {
     static constexpr uint8_t kEoi[2] = {0xFF, 0xD9};
     DHP_CHECK(std::search(data + tail, data + n, kEoi, kEoi + 2) != data + n,
               "image '{}' is truncated (JPEG without its end-of-image marker)", what);
+  } else if (is_webp(data, int64_t(n))) {
+    const uint32_t riff = uint32_t(data[4]) | uint32_t(data[5]) << 8 | uint32_t(data[6]) << 16 | uint32_t(data[7]) << 24;
+    DHP_CHECK(uint64_t(riff) + 8 <= n, "image '{}' is truncated (WebP of {} bytes, its RIFF header says {})", what,
+              n, uint64_t(riff) + 8);
+  } else if (is_gif(data, int64_t(n))) {
+    throw Error(gif_refusal(what));
   } else {
-    throw Error(fmt::format("image '{}' is neither PNG nor JPEG", what));
+    throw Error(fmt::format("image '{}' is not PNG, JPEG or WebP", what));
   }
   cv::Mat bgr = codecs::decode_image(data, n, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
   DHP_CHECK(!bgr.empty(), "image '{}' cannot be decoded (corrupt data)", what);

@@ -140,6 +140,8 @@ void write_index(const std::string& dir, const ShardIndex& x) {
     w.attr("min_pixels", x.vision.min_pixels);
     w.attr("max_pixels", x.vision.max_pixels);
     w.attr("pad_square", int64_t(x.vision.resize == ImageFit::pad_square ? x.vision.image_size : 0));
+    w.attr("resize", std::string(image_fit_name(x.vision.resize)));
+    w.attr("image_size", int64_t(x.vision.image_size));
     w.attr("max_tokens", x.max_tokens);
     w.attr("max_image_pixels", x.max_image_pixels);
     w.attr("tokenizer_hash", x.tokenizer_hash);
@@ -170,8 +172,16 @@ ShardIndex read_index(const std::string& dir) {
   x.vision.merge = int(r.attr_i64("merge"));
   x.vision.min_pixels = r.attr_i64("min_pixels");
   x.vision.max_pixels = r.attr_i64("max_pixels");
-  // Builds made before pad_square existed resized natively.
-  if (r.has_attr("pad_square") && r.attr_i64("pad_square") > 0) {
+  // Builds made before the processors' modes record only pad_square's side; those made before
+  // pad_square existed resized natively.
+  if (r.has_attr("resize")) {
+    const std::string mode = r.attr_str("resize");
+    bool known = false;
+    for (const auto& [fit, name] : kImageFitNames)
+      if (name == mode) x.vision.resize = fit, known = true;
+    DHP_CHECK(known, "'{}': images resized by \"{}\", which this dhp does not know", path, mode);
+    x.vision.image_size = int(r.attr_i64("image_size"));
+  } else if (r.has_attr("pad_square") && r.attr_i64("pad_square") > 0) {
     x.vision.resize = ImageFit::pad_square;
     x.vision.image_size = int(r.attr_i64("pad_square"));
   }

@@ -109,9 +109,9 @@ std::vector<int64_t> sample_frames(int64_t frames, double fps, const VideoRules&
 ImageSize frame_size(ImageSize source, int64_t n, const ImageGeometry& vision,
                      const VideoRules& r) {
   DHP_CHECK(n >= 1, "frame_size: {} frames", n);
-  // Every frame becomes image_size x image_size by prepare_image's pad and resize; kept at its
-  // own size until then, so the pad keeps its aspect ratio.
-  if (vision.resize == ImageFit::pad_square) return source;
+  // Every frame becomes image_size x image_size by prepare_image (pad or crop, then resize);
+  // kept at its own size until then, so that the pad and the crop see its aspect ratio.
+  if (vision.fixed_square()) return source;
   ImageGeometry g = vision;
   g.max_pixels = std::clamp(r.max_pixels / n, std::min(vision.min_pixels, vision.max_pixels),
                             vision.max_pixels);

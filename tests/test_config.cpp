@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "tests/error_of.h"
 #include "kernels/backend.h"
+#include "data/config.h"
 #include "parallel/cost_model.h"
 #include "trainer/config.h"
 
@@ -123,10 +124,28 @@ TEST(Config, TomlRoundTripAndDemoConfigLoads) {
   EXPECT_GT(demo.train.steps, 0);
   // Every example in configs/ holds only keys dhp knows, with values it accepts.
   for (const auto& e : std::filesystem::directory_iterator(std::string(DHP_SOURCE_DIR) + "/configs"))
-    if (e.path().extension() == ".toml") EXPECT_NO_THROW(load_config(e.path().string())) << e.path();
+    if (e.path().extension() == ".toml") {
+      EXPECT_NO_THROW(load_config(e.path().string())) << e.path();
+    }
   const Config gpu = load_config(std::string(DHP_SOURCE_DIR) + "/configs/gpu.toml");
   EXPECT_EQ(gpu.train.precision, Precision::automatic);
   EXPECT_EQ(gpu.parallel.cost_profile, "auto");
+}
+
+// Another data set never falls back to the demo's tokenizer or held-out set: what the file or
+// the command line does not name is left unset (and training refuses a missing tokenizer).
+TEST(Config, OtherDataNeverFallsBackToTheDemosTokenizerOrValidationSet) {
+  const Config demo = parse_config("", "t.toml");
+  EXPECT_EQ(demo.data.tokenizer, DataConfig{}.tokenizer);
+  EXPECT_EQ(demo.data.val, DataConfig{}.val);
+  const Config mine = parse_config("[data]\ntrain = \"mine/train.jsonl\"\n", "t.toml");
+  EXPECT_EQ(mine.data.tokenizer, "");
+  EXPECT_EQ(mine.data.val, "");
+  const Config named = parse_config("[data]\ntrain = \"mine/train.jsonl\"\ntokenizer = \"data/demo/tokenizer.model\"\n",
+                                    "t.toml", {"--data.val=data/demo/val.jsonl"});
+  EXPECT_EQ(named.data.tokenizer, "data/demo/tokenizer.model");
+  EXPECT_EQ(named.data.val, "data/demo/val.jsonl");
+  EXPECT_EQ(parse_config("", "t.toml", {"--data.train=mine.jsonl"}).data.tokenizer, "");
 }
 
 // parallel.ranks_per_node is a count or "auto" (0 reads as auto, as earlier versions wrote it),

@@ -151,6 +151,42 @@ TEST(Faults, ATorchrunLaunchWithoutMpiStopsAtOnceSayingHow) {
   EXPECT_EQ(one.status, 0) << one.output;
 }
 
+// A wrong image folder for part of the data: more than data.max_skipped of the records lost
+// stops the run, with the reasons counted; under the share, or with it raised, the run trains.
+TEST(Faults, ARunThatSkipsMoreThanMaxSkippedStopsNamingTheReasons) {
+  auto world = start_world(nullptr, nullptr);
+  const auto dir = run_dir("max_skipped");
+  std::ifstream in(synth_dir() / "train.jsonl");
+  std::ofstream out(dir / "train.jsonl");
+  int n = 0;
+  for (std::string line; std::getline(in, line) && n < 40; ++n) {
+    // Every fifth record's image in a folder that is not there: 8 of 40, 20%.
+    if (n % 5 == 0) line.replace(line.find("\"images/"), 8, "\"elsewhere/");
+    out << line << "\n";
+  }
+  out.close();
+  const std::vector<std::string> o = {"--data.train=" + (dir / "train.jsonl").string(),
+                                      "--data.image_root=" + synth_dir().string(), "--data.val="};
+  const std::string msg = error_of([&] { train(small_config(1, dir, o), *world); });
+  for (const char* part : {"data.train", "8 of its 40 records were skipped (20.0%, more than data.max_skipped = 5.0%)",
+                           "data.max_skipped"})
+    EXPECT_TRUE(contains(msg, part)) << part << "\n" << msg;
+  std::vector<std::string> raised = o;
+  raised.push_back("--data.max_skipped=0.25");
+  EXPECT_EQ(train(small_config(1, dir, raised), *world).last_step, 1);
+}
+
+// data.tokenizer forgotten with one's own data: named as missing, never the demo's taken.
+TEST(Faults, AForgottenTokenizerIsNamedNotTakenFromTheDemo) {
+  const auto dir = run_dir("no_tokenizer");
+  write_text(dir / "x.toml", std::string(testing::kSmallModelToml) + "[data]\ntrain = \"" +
+                                 (testing::synth_dir() / "train.jsonl").string() + "\"\n");
+  const Outcome r = run_dhp("train -c " + (dir / "x.toml").string() + " --checkpoint.dir=" + (dir / "ck").string(), dir);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "data.tokenizer is not set")) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "ck")) << "it must stop before the run starts";
+}
+
 // Slurm, by the environment srun gives its tasks: a plain `srun` (no MPI plugin) starts tasks
 // with no MPI world, refused as torchrun's are; a batch script's own process (SLURM_NTASKS of
 // the allocation, no step of many tasks) runs; `srun --mpi=pmix` hands the tasks PMIx's

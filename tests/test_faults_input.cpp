@@ -381,10 +381,20 @@ TEST(FaultsInput, ClaimedSizesAreCheckedBeforeAllocating) {
   r = run_dhp("train --config " + cfg + " --model.init=" + ffn.string(), dir, memory_limit("6000000"), 30);
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "config.json implies [1048576, 32]")) << r.output;
-  // A LLaVA config without vision_config would build LlavaConfig's default ViT-L tower.
+  // A LLaVA config without vision_config would build LlavaConfig's default ViT-L tower: its 336-px
+  // position grid disagrees with the folder's image processor (16 px) before anything is
+  // allocated; with the processor's size made 336 too, the tensors' shapes are refused.
   const fs::path llava = copy_of(testing::hf_fixture("make_hf_llava_fixture.py", "llava_src", "llava_hf --tower clip"),
                                  "llava_novision");
   edit_json(llava / "config.json", [](json& c) { c.erase("vision_config"); });
+  r = run_dhp("train --config " + cfg + " --model.init=" + llava.string(), dir, memory_limit("6000000"), 30);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "resizes images to 16 px, but the tower's config.json says image_size 336")) << r.output;
+  EXPECT_FALSE(contains(r.output, "out of host memory")) << r.output;
+  edit_json(llava / "preprocessor_config.json", [](json& c) {
+    c["size"] = json{{"shortest_edge", 336}};
+    c["crop_size"] = json{{"height", 336}, {"width", 336}};
+  });
   r = run_dhp("train --config " + cfg + " --model.init=" + llava.string(), dir, memory_limit("6000000"), 30);
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "has shape")) << r.output;

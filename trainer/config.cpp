@@ -164,6 +164,7 @@ class Schema {
     num("max_image_pixels", d.max_image_pixels, 1, big);
     num("workers", d.workers, 0, kMaxDataWorkers);
     str("on_error", d.on_error, {"skip", "fail"});
+    num("max_skipped", d.max_skipped, 0, 1);
     flag("allow_absolute_paths", d.allow_absolute_paths);
     choice("template", d.chat_template, kChatTemplateNames);
     str("added_tokens", d.added_tokens);
@@ -502,11 +503,11 @@ void validate_tower(const VisionConfig& v, const std::string& f) {
               "(0 = the embeddings, 1..{} a layer's output, -1..-{} counted from the end)",
               f, v.feature_layer, v.layers, v.layers, v.layers + 1);
   }
-  if (v.resize == ImageFit::pad_square)
+  if (v.fixed_square())
     DHP_CHECK(v.image_size > 0 && v.image_size % v.factor() == 0,
-              "{}: model.vision.resize = \"pad_square\" resizes every image to image_size x "
+              "{}: model.vision.resize = \"{}\" resizes every image to image_size x "
               "image_size, so model.vision.image_size ({}) must be a positive multiple of patch x "
-              "merge ({})", f, v.image_size, v.factor());
+              "merge ({})", f, image_fit_name(v.resize), v.image_size, v.factor());
 }
 
 }  // namespace
@@ -616,6 +617,19 @@ Config finish(Config cfg, const toml::table& tbl, const std::string& name,
   Schema s(cfg);
   apply_table(s, tbl, "", name);
   for (const auto& o : overrides) apply_override(s, o);
+  // The demo's files are the defaults of the demo alone: another data set never falls back to
+  // them (a forgotten data.tokenizer would train on the demo's 160 pieces, a forgotten data.val
+  // evaluate on the demo's captions). Only what the file or the command line named is used.
+  const auto named = [&](const char* key) {
+    const bool in_file = tbl["data"][key].node() != nullptr;
+    return in_file || std::any_of(overrides.begin(), overrides.end(), [&](const std::string& o) {
+             return o.find(fmt::format("data.{}=", key)) != std::string::npos;
+           });
+  };
+  if (cfg.data.train != DataConfig{}.train) {
+    if (!named("val")) cfg.data.val.clear();
+    if (!named("tokenizer")) cfg.data.tokenizer.clear();
+  }
   const auto [mean, std] = default_pixel_norm(v.arch);
   if (std::isnan(v.pixel_mean[0])) v.pixel_mean = mean;
   if (std::isnan(v.pixel_std[0])) v.pixel_std = std;

@@ -296,8 +296,20 @@ VisionConfig read_tower(const ConfigJson& c, const VisionConfig& base) {
 struct Preprocessor {
   bool found = false;
   std::array<double, 3> mean{}, std{};
-  bool pad = false;  // LlavaImageProcessor's do_pad: pad to a square with the mean colour
+  // What the processor does to an image's size: CLIP's short side and centre crop, SigLIP's
+  // square resize, LlavaImageProcessor's do_pad first; to a square of `size`.
+  ImageFit fit = ImageFit::native;
+  int size = 0;
+  std::string where;  // the file, for messages
 };
+
+// A side of the processor's "size" or "crop_size": an integer (older configs), or the object's
+// `key` ("shortest_edge", "height", "width"); 0 when absent.
+int processor_side(const json& j, const char* key) {
+  if (j.is_number_integer()) return j.get<int>();
+  if (j.is_object() && j.contains(key) && j[key].is_number_integer()) return j[key].get<int>();
+  return 0;
+}
 
 // The image processor's constants (CLIPImageProcessor, SiglipImageProcessor,
 // LlavaImageProcessor): what the tower was trained to see.
@@ -325,8 +337,29 @@ Preprocessor read_preprocessor(const std::string& dir) {
                 key, i, v, positive ? "(0.001, 10]" : "[0, 1] (pixels are scaled to [0, 1] before it is subtracted)");
     }
   }
-  p.pad = c.boolean("do_pad", false);
+  // The resize: transformers' processors, by what they do (their keys), not their class name.
+  DHP_CHECK(c.boolean("do_resize", true), "{}: \"do_resize\" is false; dhp resizes every image as the "
+            "processor would", c.where());
+  const json none;
+  const json& size = c.raw().contains("size") ? c.raw()["size"] : none;
+  const json& crop = c.raw().contains("crop_size") ? c.raw()["crop_size"] : none;
+  const int shortest = size.is_object() ? processor_side(size, "shortest_edge") : processor_side(size, "");
+  const int h = processor_side(size, "height"), w = processor_side(size, "width");
+  const bool pad = c.boolean("do_pad", false), center_crop = c.boolean("do_center_crop", shortest > 0);
+  if (center_crop || pad) {
+    const int ch = processor_side(crop, "height"), cw = processor_side(crop, "width");
+    DHP_CHECK(shortest > 0 && (!center_crop || (ch == shortest && cw == shortest)),
+              "{}: the short side goes to {} and the centre crop is {}x{}; dhp's clip resize crops a square "
+              "of the short side (size.shortest_edge = crop_size)", c.where(), shortest, cw, ch);
+    p.fit = pad ? ImageFit::pad_square : ImageFit::clip;
+    p.size = shortest;
+  } else if (h > 0 || w > 0) {
+    DHP_CHECK(h == w, "{}: \"size\" is {}x{}; dhp's siglip resize makes squares", c.where(), w, h);
+    p.fit = ImageFit::siglip;
+    p.size = h;
+  }
   p.found = true;
+  p.where = c.where();
   return p;
 }
 
@@ -337,7 +370,12 @@ void apply_preprocessor(VisionConfig& v, const Preprocessor& p) {
   }
   v.pixel_mean = p.mean;
   v.pixel_std = p.std;
-  if (p.pad) v.resize = ImageFit::pad_square;
+  if (p.fit == ImageFit::native) return;
+  // The tower's position grid is image_size / patch: the processor must make images of it.
+  DHP_CHECK(p.size == v.image_size, "{}: the image processor resizes images to {} px, but the tower's "
+            "config.json says image_size {} (its position grid): dhp needs the two to agree", p.where, p.size,
+            v.image_size);
+  v.resize = p.fit;
 }
 
 // LLaVA's own keys: which hidden state the projector reads and how it is built.
@@ -483,6 +521,13 @@ void apply_hf_init(Config& cfg) {
             "config.json)", cfg.source, printable(vinit));
   ModelConfig m = cfg.model;
   if (!init.empty()) {
+    // A run on other data that names no tokenizer takes the folder's own.
+    std::error_code ec;
+    if (cfg.data.tokenizer.empty() && (std::filesystem::is_regular_file(std::filesystem::path(init) / "tokenizer.json", ec) ||
+                                       std::filesystem::is_regular_file(std::filesystem::path(init) / "tokenizer.model", ec))) {
+      cfg.data.tokenizer = init;
+      spdlog::info("data.tokenizer: the tokenizer of model.init '{}'", init);
+    }
     HfConfig file = read_hf_config(init, cfg.model, cfg.data.max_tokens);
     DHP_CHECK(file.kind != HfKind::Tower, "{}: model.init '{}' is a vision tower ({}); name it in "
               "model.vision.init, and a language model in model.init", cfg.source, init, file.architecture);
@@ -498,7 +543,6 @@ void apply_hf_init(Config& cfg) {
     // tokenizer's size rounded up to a multiple of 64, so a user never sizes it by hand. Applying
     // this twice gives the same. A tokenizer not found here is the data loader's error to give.
     int vocab = file.file_vocab;
-    std::error_code ec;
     if (!cfg.data.tokenizer.empty() && std::filesystem::exists(cfg.data.tokenizer, ec)) {
       const Tokenizer tok(cfg.data.tokenizer, cfg.data.added_tokens);
       // Only added tokens grow the vocabulary: a tokenizer whose own pieces outnumber the

@@ -204,11 +204,12 @@ json llava_config(const ModelConfig& m, const HfExportOptions& o, int64_t image_
           {"torch_dtype", torch_dtype(o.dtype)}};
 }
 
-// The image processor transformers pairs with the tower: its constants, and under pad_square
-// LlavaImageProcessor's do_pad (LLaVA-1.5's image_aspect_ratio "pad").
+// The image processor that does what training did (model.vision.resize): CLIP's short side and
+// centre crop, SigLIP's square resize, LlavaImageProcessor's do_pad (LLaVA-1.5's "pad"); a
+// tower trained at native resolution gets its arch's processor, the nearest transformers has.
 json preprocessor_config(const VisionConfig& v) {
   const bool pad = v.resize == ImageFit::pad_square;
-  const bool clip = v.arch == VisionArch::clip;
+  const bool clip = v.resize == ImageFit::clip || (v.resize == ImageFit::native && v.arch == VisionArch::clip);
   json c = {{"do_normalize", true}, {"do_rescale", true}, {"do_resize", true}, {"do_convert_rgb", true},
             {"image_mean", v.pixel_mean}, {"image_std", v.pixel_std}, {"resample", 3},
             {"rescale_factor", 1.0 / 255}};

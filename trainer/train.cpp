@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "data/dataset.h"
+#include "data/manifest.h"
 #include "data/sampler.h"
 #include "data/tokenizer.h"
 #include "kernels/backend.h"
@@ -107,6 +108,18 @@ class Run {
   }
 };
 
+// A data set that lost more than data.max_skipped of its records when opened stops the run.
+void check_skipped(const Dataset& set, const char* key, const std::string& path, double max_share) {
+  int64_t skipped = 0;
+  for (const auto& [why, n] : set.skipped()) skipped += n;
+  const int64_t all = skipped + set.size();
+  DHP_CHECK(double(skipped) <= max_share * double(all),
+            "{} '{}': {} of its {} records were skipped ({:.1f}%, more than data.max_skipped = {:.1f}%): {}. The "
+            "warnings above name the first lines; fix the data (an image folder: data.image_root) or raise "
+            "data.max_skipped", key, path, skipped, all, 100.0 * double(skipped) / double(std::max<int64_t>(all, 1)),
+            100.0 * max_share, format_counts(set.skipped()));
+}
+
 std::unique_ptr<Dataset> open_train_set(const Config& cfg, const Tokenizer& tok,
                                         const volatile int* stop) {
   DHP_CHECK(tok.vocab_size() <= cfg.model.vocab_size,
@@ -114,7 +127,15 @@ std::unique_ptr<Dataset> open_train_set(const Config& cfg, const Tokenizer& tok,
             cfg.source, cfg.model.vocab_size, tok.vocab_size(), cfg.data.tokenizer);
   auto set = open_dataset(cfg.data.train, cfg.data, tok, cfg.model.vision, stop);
   DHP_CHECK(set->size() > 0, "data.train '{}' holds no usable sample", cfg.data.train);
+  check_skipped(*set, "data.train", cfg.data.train, cfg.data.max_skipped);
   check_batch_fits(cfg, *set, available_memory_bytes());
+  return set;
+}
+
+std::unique_ptr<Dataset> open_val_set(const Config& cfg, const Tokenizer& tok, const volatile int* stop) {
+  if (cfg.data.val.empty()) return nullptr;
+  auto set = open_dataset(cfg.data.val, cfg.data, tok, cfg.model.vision, stop);
+  check_skipped(*set, "data.val", cfg.data.val, cfg.data.max_skipped);
   return set;
 }
 
@@ -126,9 +147,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
       backend_(make_backend(cfg.train.device, backend_options(cfg))),
       tokenizer_(cfg.data.tokenizer, cfg.data.added_tokens),
       train_set_(open_train_set(cfg, tokenizer_, topt.stop_flag)),
-      val_set_(cfg.data.val.empty() ? nullptr
-                                    : open_dataset(cfg.data.val, cfg.data, tokenizer_,
-                                                   cfg.model.vision, topt.stop_flag)),
+      val_set_(open_val_set(cfg, tokenizer_, topt.stop_flag)),
       model_(cfg.model, *backend_, cfg.optim.groups),
       opt_(model_.table(), cfg.optim, *backend_,
            cfg.parallel.zero1 ? OptimizerShard{comm.rank(), comm.size()} : OptimizerShard{}),
@@ -239,6 +258,11 @@ void Run::log_setup() const {
                                             comm_.size(), full)
                               : "",
                4.0 * double(model_.n_grads()) / mib);
+  const VisionConfig& v = cfg_.model.vision;
+  if (v.fixed_square())
+    spdlog::info("images: model.vision.resize = {} to {}x{} (Pillow's bicubic, as Hugging Face's image processor{})",
+                 image_fit_name(v.resize), v.image_size, v.image_size,
+                 v.init.empty() && cfg_.model.init.empty() ? "" : "; the folder's preprocessor_config.json chose it");
   if (!model_.table().all_trainable()) {
     std::vector<std::string> frozen;
     int64_t trained = 0, all = 0;
@@ -518,6 +542,9 @@ TrainResult train(const Config& given, Communicator& comm, const TrainOptions& t
   // A Hugging Face model.init sets the decoder's shape (a no-op when the caller applied it).
   Config cfg = given;
   apply_hf_init_for_run(cfg, topt.resume);
+  DHP_CHECK(!cfg.data.tokenizer.empty(), "{}: data.tokenizer is not set: name the tokenizer of data.train '{}' (a "
+            "SentencePiece .model, a tokenizer.json or a Hugging Face folder); dhp uses the demo's only with "
+            "the demo's data", cfg.source, cfg.data.train);
   // Device, precision and cost profile made concrete before the ranks compare their settings
   // (a no-op where the command line did it, to print them).
   resolve_device_defaults(cfg, comm.rank() == 0);

@@ -22,12 +22,23 @@ inline constexpr std::array<double, 3> kSiglipPixelStd = {0.5, 0.5, 0.5};
 // How an image becomes the pixels the tower sees (model.vision.resize).
 //   native:     model-spec.md's rule: both sides to multiples of patch·merge within
 //               [min_pixels, max_pixels], keeping the aspect ratio (resized_size).
-//   pad_square: LLaVA-1.5's image_aspect_ratio "pad": the image is centred on a square of its
-//               longer side filled with the mean colour (round(255·mean) per channel), then
-//               resized to image_size x image_size. min_pixels and max_pixels do not apply.
-enum class ImageFit : uint8_t { native, pad_square };
+// The other three are Hugging Face's image processors, pixel for pixel (Pillow's bicubic,
+// data/resample.h), each giving image_size x image_size; min_pixels and max_pixels do not apply.
+//   clip:       CLIPImageProcessor: the short side to image_size (the long side
+//               int(image_size · long / short)), then a centre crop of image_size x image_size.
+//   siglip:     SiglipImageProcessor: resized to image_size x image_size, the aspect ratio lost.
+//   pad_square: LLaVA-1.5's image_aspect_ratio "pad" (expand2square): the image is centred on a
+//               square of its longer side filled with the mean colour (pad_rgb), then resized
+//               to image_size x image_size, as the CLIP processor does a square.
+enum class ImageFit : uint8_t { native, pad_square, clip, siglip };
 inline constexpr std::pair<ImageFit, std::string_view> kImageFitNames[] = {
-    {ImageFit::native, "native"}, {ImageFit::pad_square, "pad_square"}};
+    {ImageFit::native, "native"}, {ImageFit::pad_square, "pad_square"}, {ImageFit::clip, "clip"},
+    {ImageFit::siglip, "siglip"}};
+inline std::string_view image_fit_name(ImageFit f) {
+  for (const auto& [value, name] : kImageFitNames)
+    if (value == f) return name;
+  return "?";
+}
 
 struct ImageGeometry {
   int patch = 14;            // p: patch side in pixels
@@ -36,12 +47,15 @@ struct ImageGeometry {
   int64_t max_pixels = 256 * 256;
   ImageFit resize = ImageFit::native;
   // The pretrained image side of a clip / siglip tower (its position grid is image_size /
-  // patch) and the square side under pad_square; 0 for the native tower.
+  // patch) and the square side every image becomes under pad_square, clip and siglip; 0 for
+  // the native tower.
   int image_size = 0;
   std::array<double, 3> pixel_mean = kClipPixelMean;
   std::array<double, 3> pixel_std = kClipPixelStd;
 
   int factor() const { return patch * merge; }  // f = p * m: resized sides are multiples of it
+  // Every image becomes image_size x image_size (the processors' modes), whatever its size.
+  bool fixed_square() const { return resize != ImageFit::native; }
   int64_t patch_numel() const { return int64_t(patch) * patch * 3; }
   // The 8-bit colour nearest the mean: blanked images take it, so it normalises to within
   // 0.5/255/std of zero.
