@@ -21,6 +21,7 @@ packages=(
   python3-jinja2  # renders the models' own chat templates (tests/reference/render_chat_template.py)
   python3-matplotlib  # scripts/plot_metrics.py
   python3-protobuf  # reads the TensorBoard event files back (tests/reference/read_tfevents.py)
+  python3-pil  # Pillow, the image processors' reference (tests/reference/pil_resize.py)
 )
 missing=()
 for p in "${packages[@]}"; do
