@@ -234,7 +234,7 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
     // run for hours and then pass as two tokens. No real sample needs more bytes per token.
     text_bytes += int64_t(t.value.size());
     if (text_bytes > kMaxTextBytesPerToken * rules.max_tokens)
-      throw LineError{"too long", fmt::format("more than {} bytes of text, {} per token of data.max_tokens = {}; "
+      throw LineError{kTooLong, fmt::format("more than {} bytes of text, {} per token of data.max_tokens = {}; "
                                               "refused before tokenizing",
                                               kMaxTextBytesPerToken * rules.max_tokens, kMaxTextBytesPerToken,
                                               rules.max_tokens)};
@@ -266,7 +266,7 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
   out.loss_tokens = 1;  // the final <eos>
   for (const uint8_t l : out.loss) out.loss_tokens += l;
   if (out.length() > rules.max_tokens)
-    throw LineError{"too long", fmt::format("{} tokens > data.max_tokens = {}", out.length(),
+    throw LineError{kTooLong, fmt::format("{} tokens > data.max_tokens = {}", out.length(),
                                             rules.max_tokens)};
   return out;
 }

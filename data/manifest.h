@@ -26,6 +26,10 @@ class Tokenizer;
 //   "image count mismatch", "too long"; for videos (data/video.h) "bad video path",
 //   "missing video", "unreadable video", "corrupt video", "truncated video",
 //   "video too large", "video count mismatch".
+// A sample over data.max_tokens: skipped by a limit the user set, not for bad data (so
+// data.max_skipped leaves it out).
+inline constexpr const char* kTooLong = "too long";
+
 struct LineError {
   std::string reason, detail;
 };

@@ -92,7 +92,7 @@ ShardDataset::ShardDataset(const std::string& dir, const Tokenizer& tok, const I
               "'{}': damaged index (sample {} records {} vision tokens, its images give {})", dir,
               row, x_.at(row, kVision), vision);
     const int64_t length = vision + x_.at(row, kText);
-    const char* reason = too_large ? "image too large" : length > max_tokens ? "too long" : nullptr;
+    const char* reason = too_large ? "image too large" : length > max_tokens ? kTooLong : nullptr;
     if (reason) {
       DHP_CHECK(skip_, "'{}': sample '{}' (manifest line {}): {} for this run (set "
                 "data.on_error = \"skip\" to leave such samples out)",
