@@ -27,6 +27,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/train.h"
 #include "trainer/hf_checkpoint.h"
+#include "trainer/inference.h"
 #include "trainer/safetensors.h"
 
 namespace dhp {
@@ -552,6 +553,21 @@ TEST(HfExport, ShardsWithAnExactIndex) {
   EXPECT_TRUE(fs::exists(out / "model.safetensors"));
   EXPECT_FALSE(fs::exists(out / "model.safetensors.index.json"));
   EXPECT_FALSE(fs::exists(out / "model-00001-of-00003.safetensors"));
+}
+
+// `dhp eval` and `dhp generate` of a decoder's folder use its vocabulary as it is, with no
+// flag: the rows, and so the softmax, of the file (what transformers computes). Asked for,
+// data.added_tokens = "auto" still adds LLaVA's <image> and <pad> and grows the rows.
+TEST(HfEval, AFolderIsEvaluatedWithItsOwnVocabulary) {
+  // The file's rows exactly the tokenizer's 300 pieces, as a real Llama's 32000 are.
+  const fs::path ck = fixture("llama_tok300", "--kv 2 --tokenizer --vocab 300");
+  const int64_t file_vocab = json::parse(std::ifstream(ck / "config.json"))["vocab_size"].get<int64_t>();
+  const Config plain = inference_config(ck.string(), {});
+  EXPECT_EQ(plain.data.added_tokens, "none");
+  EXPECT_EQ(plain.model.vocab_size, file_vocab);
+  EXPECT_EQ(plain.data.tokenizer, ck.string());
+  const Config grown = inference_config(ck.string(), {"--data.added_tokens=auto"});
+  EXPECT_GT(grown.model.vocab_size, file_vocab) << "the negative control: auto grows a Llama folder's rows";
 }
 
 TEST(HfExport, TokenizerFilesAndOutputRules) {

@@ -36,8 +36,9 @@ struct Removed {
 const fs::path& reference() {
   static const Removed made{[] {
     const fs::path d = fs::temp_directory_path() / ("dhp_pil_resize_" + std::to_string(::getpid()));
-    const std::string cmd = "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) + "/tests/reference/pil_resize.py '" +
-                            d.string() + "'";
+    // Through the fixture cache: Pillow runs once per build, other test processes copy its folder.
+    const std::string ref = "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) + "/tests/reference/";
+    const std::string cmd = ref + "cached_fixture.py " + DHP_FIXTURE_CACHE + " '" + d.string() + "' pil_resize.py";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd << ": needs Debian's python3-pil, python3-numpy and python3-matplotlib";
     return d;
   }()};

@@ -553,7 +553,9 @@ void apply_hf_init(Config& cfg) {
                 "(its config.json's vocab_size): it is not this checkpoint's tokenizer (ids {}..{} were never "
                 "trained); only added tokens such as <image> and <pad> may grow the vocabulary",
                 cfg.source, printable(tok.path()), own, file.file_vocab, init, file.file_vocab, own - 1);
-      vocab = std::max(vocab, tok.padded_vocab_size(64));
+      // Rows are added only for tokens the file lacks: a tokenizer that fits keeps the file's
+      // vocabulary (and softmax) exactly.
+      if (tok.vocab_size() > file.file_vocab) vocab = std::max(vocab, tok.padded_vocab_size(64));
     }
     file.model.vocab_size = vocab;
     m = file.model;
