@@ -12,8 +12,8 @@
 #include <sstream>
 
 #include "core/check.h"
-#include "core/progress.h"
 #include "core/hash.h"
+#include "core/progress.h"
 #include "data/h5.h"
 #include "data/tokenizer.h"
 

@@ -621,10 +621,7 @@ Config finish(Config cfg, const toml::table& tbl, const std::string& name,
   // them (a forgotten data.tokenizer would train on the demo's 160 pieces, a forgotten data.val
   // evaluate on the demo's captions). Only what the file or the command line named is used.
   const auto named = [&](const char* key) {
-    const bool in_file = tbl["data"][key].node() != nullptr;
-    return in_file || std::any_of(overrides.begin(), overrides.end(), [&](const std::string& o) {
-             return o.find(fmt::format("data.{}=", key)) != std::string::npos;
-           });
+    return tbl["data"][key].node() != nullptr || overrides_set(overrides, fmt::format("data.{}", key));
   };
   if (cfg.data.train != DataConfig{}.train) {
     if (!named("val")) cfg.data.val.clear();
@@ -704,6 +701,11 @@ BackendOptions backend_options(const Config& cfg) {
   // One GPU per rank: the ranks a launcher started on this node take devices by local rank.
   o.device = std::max(0, launcher_local_rank());
   return o;
+}
+
+bool overrides_set(const std::vector<std::string>& overrides, const std::string& key) {
+  return std::any_of(overrides.begin(), overrides.end(),
+                     [&](const std::string& o) { return o.find(key + "=") != std::string::npos; });
 }
 
 void resolve_device_defaults(Config& cfg, bool say) {

@@ -104,6 +104,9 @@ int compute_threads(const Config& cfg);
 // launcher's local rank (one GPU per rank).
 BackendOptions backend_options(const Config& cfg);
 
+// Whether the command line's `overrides` ("--section.key=value") set `key` ("data.tokenizer").
+bool overrides_set(const std::vector<std::string>& overrides, const std::string& key);
+
 // The defaults that depend on the device, made concrete once train.device is known: "auto"
 // device (the registry's choice), precision (bf16 on CUDA, fp32 on the CPU) and cost profile
 // (the GPU's by its product name, the measured CPU profile on the CPU), each logged with why

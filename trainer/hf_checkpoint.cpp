@@ -11,11 +11,11 @@
 #include <set>
 
 #include "core/check.h"
-#include "core/progress.h"
 #include "core/files.h"
 #include "core/input.h"
 #include "core/json_input.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "core/text.h"
 #include "data/tokenizer.h"
 #include "trainer/safetensors.h"
@@ -418,6 +418,11 @@ std::vector<HfBinding> hf_name_map(const ModelConfig& cfg, HfLayout layout) {
 bool is_hf_folder(const std::string& path) {
   std::error_code ec;
   return !path.empty() && fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
+}
+
+bool holds_tokenizer(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path(dir) / "tokenizer.model", ec) || fs::is_regular_file(fs::path(dir) / "tokenizer.json", ec);
 }
 
 namespace {

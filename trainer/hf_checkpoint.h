@@ -63,6 +63,8 @@ std::vector<HfBinding> hf_name_map(const ModelConfig& cfg, HfLayout layout = HfL
 
 // True when `path` is a folder holding a config.json (a Hugging Face checkpoint).
 bool is_hf_folder(const std::string& path);
+// True when the folder `dir` holds its tokenizer (tokenizer.model or tokenizer.json).
+bool holds_tokenizer(const std::string& dir);
 
 // What a folder is, from its config.json.
 enum class HfKind : uint8_t { Decoder, Tower, Llava };

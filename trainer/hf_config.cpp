@@ -343,7 +343,7 @@ Preprocessor read_preprocessor(const std::string& dir) {
   const json none;
   const json& size = c.raw().contains("size") ? c.raw()["size"] : none;
   const json& crop = c.raw().contains("crop_size") ? c.raw()["crop_size"] : none;
-  const int shortest = size.is_object() ? processor_side(size, "shortest_edge") : processor_side(size, "");
+  const int shortest = processor_side(size, "shortest_edge");
   const int h = processor_side(size, "height"), w = processor_side(size, "width");
   const bool pad = c.boolean("do_pad", false), center_crop = c.boolean("do_center_crop", shortest > 0);
   if (center_crop || pad) {
@@ -522,9 +522,7 @@ void apply_hf_init(Config& cfg) {
   ModelConfig m = cfg.model;
   if (!init.empty()) {
     // A run on other data that names no tokenizer takes the folder's own.
-    std::error_code ec;
-    if (cfg.data.tokenizer.empty() && (std::filesystem::is_regular_file(std::filesystem::path(init) / "tokenizer.json", ec) ||
-                                       std::filesystem::is_regular_file(std::filesystem::path(init) / "tokenizer.model", ec))) {
+    if (cfg.data.tokenizer.empty() && holds_tokenizer(init)) {
       cfg.data.tokenizer = init;
       spdlog::info("data.tokenizer: the tokenizer of model.init '{}'", init);
     }
@@ -543,6 +541,7 @@ void apply_hf_init(Config& cfg) {
     // tokenizer's size rounded up to a multiple of 64, so a user never sizes it by hand. Applying
     // this twice gives the same. A tokenizer not found here is the data loader's error to give.
     int vocab = file.file_vocab;
+    std::error_code ec;
     if (!cfg.data.tokenizer.empty() && std::filesystem::exists(cfg.data.tokenizer, ec)) {
       const Tokenizer tok(cfg.data.tokenizer, cfg.data.added_tokens);
       // Only added tokens grow the vocabulary: a tokenizer whose own pieces outnumber the

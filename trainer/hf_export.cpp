@@ -9,8 +9,8 @@
 
 #include "core/check.h"
 #include "core/files.h"
-#include "core/progress.h"
 #include "core/input.h"
+#include "core/progress.h"
 #include "core/text.h"
 #include "trainer/hf_checkpoint.h"
 #include "trainer/run_lock.h"

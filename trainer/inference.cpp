@@ -16,22 +16,13 @@ Config inference_config(const std::string& checkpoint, const std::vector<std::st
     Config cfg = parse_config("", checkpoint, overrides);
     cfg.model.init = checkpoint;
     // The folder's own tokenizer, unless the command line names another.
-    const bool named = std::any_of(overrides.begin(), overrides.end(), [](const std::string& o) {
-      return o.find("data.tokenizer=") != std::string::npos;
-    });
-    std::error_code ec;
-    const std::filesystem::path dir(checkpoint);
-    if (!named && (std::filesystem::is_regular_file(dir / "tokenizer.model", ec) ||
-                   std::filesystem::is_regular_file(dir / "tokenizer.json", ec)))
-      cfg.data.tokenizer = checkpoint;
+    if (!overrides_set(overrides, "data.tokenizer") && holds_tokenizer(checkpoint)) cfg.data.tokenizer = checkpoint;
     // A decoder's folder computes what it computes: evaluated and sampled with its own
     // vocabulary. LLaVA's <image> and <pad>, which data.added_tokens = "auto" adds for image
     // data, would grow it by mean-initialised rows that enter every softmax (0.2-1.1% on the
     // loss of the test fixtures) for tokens a text model never sees.
-    const bool added_named = std::any_of(overrides.begin(), overrides.end(), [](const std::string& o) {
-      return o.find("data.added_tokens=") != std::string::npos;
-    });
-    if (!added_named && read_hf_config(checkpoint, cfg.model, 0).kind == HfKind::Decoder) cfg.data.added_tokens = "none";
+    if (!overrides_set(overrides, "data.added_tokens") && read_hf_config(checkpoint, cfg.model, 0).kind == HfKind::Decoder)
+      cfg.data.added_tokens = "none";
     apply_hf_init(cfg);
     return cfg;
   }

@@ -197,14 +197,19 @@ TensorBoardValues scalars_of(const nlohmann::json& j, const std::string& prefix)
   return v;
 }
 
+// The rank whose memory high-water mark was highest this step, or -1 without the figures.
+int busiest_rank(const StepRecord& r) {
+  if (r.rank_mem_peak_mb.empty() || r.rank_mem_peak_mb.size() != r.rank_mem_predicted_mb.size()) return -1;
+  return int(std::max_element(r.rank_mem_peak_mb.begin(), r.rank_mem_peak_mb.end()) - r.rank_mem_peak_mb.begin());
+}
+
 // The busiest rank's memory high-water mark this step and what the planner's model predicted
 // for it; "" without the figures.
 std::string memory_text(const StepRecord& r) {
-  if (r.rank_mem_peak_mb.empty() || r.rank_mem_peak_mb.size() != r.rank_mem_predicted_mb.size()) return "";
-  const size_t k = size_t(std::max_element(r.rank_mem_peak_mb.begin(), r.rank_mem_peak_mb.end()) -
-                          r.rank_mem_peak_mb.begin());
-  return fmt::format(" | mem {:.0f} MB (predicted {:.0f}{})", r.rank_mem_peak_mb[k], r.rank_mem_predicted_mb[k],
-                     r.rank_mem_peak_mb.size() > 1 ? fmt::format(", rank {}", k) : "");
+  const int k = busiest_rank(r);
+  if (k < 0) return "";
+  return fmt::format(" | mem {:.0f} MB (predicted {:.0f}{})", r.rank_mem_peak_mb[size_t(k)],
+                     r.rank_mem_predicted_mb[size_t(k)], r.rank_mem_peak_mb.size() > 1 ? fmt::format(", rank {}", k) : "");
 }
 
 }  // namespace
@@ -215,10 +220,10 @@ void RunReport::step(const StepRecord& rec) {
   metrics_->write(j);
   if (tensorboard_) {
     TensorBoardValues v = scalars_of(j, "train/");
-    if (!rec.rank_mem_peak_mb.empty()) {
-      v.scalars.emplace_back("memory/peak_mb", *std::max_element(rec.rank_mem_peak_mb.begin(), rec.rank_mem_peak_mb.end()));
-      v.scalars.emplace_back("memory/predicted_mb",
-                             *std::max_element(rec.rank_mem_predicted_mb.begin(), rec.rank_mem_predicted_mb.end()));
+    // The step line's figures: the busiest rank's peak, and the prediction for that rank.
+    if (const int k = busiest_rank(rec); k >= 0) {
+      v.scalars.emplace_back("memory/peak_mb", rec.rank_mem_peak_mb[size_t(k)]);
+      v.scalars.emplace_back("memory/predicted_mb", rec.rank_mem_predicted_mb[size_t(k)]);
     }
     v.histograms.emplace_back("plan/ring_degrees", rec.degrees);
     tensorboard_->write(rec.step, v);

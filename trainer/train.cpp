@@ -9,7 +9,6 @@
 #include <functional>
 #include <future>
 #include <memory>
-#include <numeric>
 #include <optional>
 
 #include "core/check.h"
@@ -112,12 +111,14 @@ class Run {
 // A data set that lost more than data.max_skipped of its records when opened stops the run.
 // Samples over data.max_tokens are the user's limit, not bad data: left out of the share.
 void check_skipped(const Dataset& set, const char* key, const std::string& path, double max_share) {
-  std::map<std::string, int64_t> bad = set.skipped();
-  const int64_t all = set.size() + std::accumulate(bad.begin(), bad.end(), int64_t(0),
-                                                   [](int64_t a, const auto& kv) { return a + kv.second; });
-  bad.erase(kTooLong);
-  int64_t skipped = 0;
-  for (const auto& [why, n] : bad) skipped += n;
+  std::map<std::string, int64_t> bad;
+  int64_t all = set.size(), skipped = 0;
+  for (const auto& [why, n] : set.skipped()) {
+    all += n;
+    if (why == kTooLong) continue;
+    bad[why] = n;
+    skipped += n;
+  }
   DHP_CHECK(double(skipped) <= max_share * double(all),
             "{} '{}': {} of its {} records were skipped ({:.1f}%, more than data.max_skipped = {:.1f}%): {}. The "
             "warnings above name the first lines; fix the data (an image folder: data.image_root) or raise "
