@@ -38,17 +38,22 @@ void push(std::vector<int32_t>& layout, std::vector<uint8_t>& loss, const std::v
 
 // Encodes `text` chunk by chunk around its <image> markers (as they stand: LLaVA keeps the
 // spaces and newlines next to its image token), each marker becoming the next placeholder
-// (a <video> marker kVideoMarker, when allowed: parse_line expands it into frames).
+// (a <video> marker kVideoMarker, when allowed: parse_line expands it into frames). The text
+// after a marker continues the text before it when <image> is a token of the tokenizer's own
+// files (llava-hf's processor tokenizes the whole prompt); else each chunk is a text of its
+// own, as LLaVA's tokenizer_image_token encodes them. `continues`: the first chunk follows a
+// special token (an <eos>).
 int64_t encode_with_images(const std::string& text, const Tokenizer& tok, int64_t markers_before,
                            std::vector<int32_t>& layout, std::vector<uint8_t>& loss,
-                           bool allow_video = false) {
+                           bool allow_video = false, bool continues = false) {
   int64_t k = 0;
   size_t at = 0;
   for (;;) {
     bool video = false;
     const size_t next = next_marker(text, at, allow_video, &video);
     push(layout, loss,
-         tok.encode(text.substr(at, next == std::string::npos ? std::string::npos : next - at)),
+         tok.encode(text.substr(at, next == std::string::npos ? std::string::npos : next - at),
+                    at == 0 ? continues : tok.images_in_text()),
          false);
     if (next == std::string::npos) return k;
     layout.push_back(video ? kVideoMarker : -int32_t(markers_before + ++k));
@@ -68,9 +73,38 @@ int64_t answer_text(const Turn& turn, const Tokenizer& tok, std::vector<int32_t>
   return int64_t(ids.size());
 }
 
-LaidOut layout_llava_v1(const std::vector<Turn>& turns, const Tokenizer& tok,
+// Python's str.strip(): the characters str.isspace() accepts, ASCII and Unicode.
+std::string python_strip(const std::string& s) {
+  static const std::string_view kSpaces[] = {
+      " ", "\t", "\n", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x1f", "\u0085", "\u00a0", "\u1680",
+      "\u2000", "\u2001", "\u2002", "\u2003", "\u2004", "\u2005", "\u2006", "\u2007", "\u2008", "\u2009",
+      "\u200a", "\u2028", "\u2029", "\u202f", "\u205f", "\u3000"};
+  auto space_at = [&](std::string_view t, bool front) -> size_t {
+    for (std::string_view sp : kSpaces)
+      if (t.size() >= sp.size() && t.substr(front ? 0 : t.size() - sp.size(), sp.size()) == sp) return sp.size();
+    return 0;
+  };
+  std::string_view t = s;
+  for (size_t n; (n = space_at(t, true)) > 0;) t.remove_prefix(n);
+  for (size_t n; (n = space_at(t, false)) > 0;) t.remove_suffix(n);
+  return std::string(t);
+}
+
+// LLaVA's preprocess_multimodal: a turn holding one <image> has it moved to its front, on a
+// line of its own ("<image>\n" + the rest, stripped). Turns with several images or a video
+// (dhp's own; LLaVA has one image) keep their markers where they stand.
+std::string image_first(const std::string& value) {
+  if (count_markers(value) != 1 || value.find(kVideoTag) != std::string::npos) return value;
+  std::string rest = value;
+  rest.erase(rest.find(kImageMarker), kImageMarker.size());
+  return python_strip(std::string(kImageMarker) + "\n" + python_strip(rest));
+}
+
+std::string_view vicuna_system(ChatTemplate t) { return t == ChatTemplate::VicunaV1 ? kVicunaUserSystem : kVicunaSystem; }
+
+LaidOut layout_llava_v1(ChatTemplate t, const std::vector<Turn>& turns, const Tokenizer& tok,
                         std::vector<int32_t>& layout, std::vector<uint8_t>& loss) {
-  std::string system(kVicunaSystem);
+  std::string system(vicuna_system(t));
   size_t first = 0;
   if (!turns.empty() && turns[0].from == "system") system = turns[0].value, first = 1;
   const size_t n = turns.size() - first;
@@ -79,15 +113,16 @@ LaidOut layout_llava_v1(const std::vector<Turn>& turns, const Tokenizer& tok,
     alternating = turns[i].answer() == ((i - first) % 2 == 1) && turns[i].from != "system";
   if (!alternating)
     throw LineError{"bad format",
-                    "the llava_v1 template takes alternating human and gpt turns, starting "
+                    "the llava_v1 and vicuna_v1 templates take alternating human and gpt turns, starting "
                     "with human and ending with gpt (after an optional first system turn)"};
   LaidOut out;
   for (size_t r = 0; r < n / 2; ++r) {
     const Turn& human = turns[first + 2 * r];
     const std::string instruction =
-        (r == 0 ? system + " " : std::string()) + "USER: " + human.value + " ASSISTANT:";
+        (r == 0 ? system + " " : std::string()) + "USER: " + image_first(human.value) + " ASSISTANT:";
+    // Rounds after the first follow the previous answer's </s> in LLaVA's prompt.
     out.markers += encode_with_images(instruction, tok, out.markers, layout, loss,
-                                      /*allow_video=*/true);
+                                      /*allow_video=*/true, /*continues=*/r > 0);
     out.answer_tokens += answer_text(turns[first + 2 * r + 1], tok, layout, loss);
     // The last answer's </s> is the document's closing <eos> (expand_layout adds it).
     if (2 * r + 2 < n) {
@@ -114,7 +149,13 @@ LaidOut layout_plain(const std::vector<Turn>& turns, const Tokenizer& tok,
     layout.push_back(video ? kVideoMarker : -int32_t(++out.markers));
     loss.push_back(0);
   }
-  out.answer_tokens = answer_text(turns[1], tok, layout, loss);
+  // LLaVA's preprocess_plain: "<image>" + caption + "\n", the caption and its newline the
+  // targets (dhp's closing <eos> follows: the document boundary of packed sequences).
+  if (turns[1].value.find(kImageMarker) != std::string::npos)
+    throw LineError{"bad format", "an <image> marker in an answer"};
+  const std::vector<int32_t> ids = tok.encode(turns[1].value + "\n", out.markers > 0 && tok.images_in_text());
+  push(layout, loss, ids, true);
+  out.answer_tokens = int64_t(ids.size());
   return out;
 }
 
@@ -238,7 +279,8 @@ LaidOut layout_conversation(ChatTemplate t, const std::vector<Turn>& turns, cons
   if (const TaggedFamily* f = tagged_family(t)) return layout_tagged(*f, turns, tok, layout, loss);
   switch (t) {
     case ChatTemplate::LlavaV1:
-      return layout_llava_v1(turns, tok, layout, loss);
+    case ChatTemplate::VicunaV1:
+      return layout_llava_v1(t, turns, tok, layout, loss);
     case ChatTemplate::Plain:
       return layout_plain(turns, tok, layout, loss);
     case ChatTemplate::Dhp:
@@ -261,7 +303,8 @@ int64_t layout_prompt(ChatTemplate t, const std::string& prompt, const Tokenizer
   if (const TaggedFamily* f = tagged_family(t)) return prompt_tagged(*f, prompt, tok, layout, loss);
   switch (t) {
     case ChatTemplate::LlavaV1:
-      return encode_with_images(std::string(kVicunaSystem) + " USER: " + prompt + " ASSISTANT:",
+    case ChatTemplate::VicunaV1:
+      return encode_with_images(std::string(vicuna_system(t)) + " USER: " + image_first(prompt) + " ASSISTANT:",
                                 tok, 0, layout, loss);
     case ChatTemplate::Plain: {
       const int64_t markers = count_markers(prompt);

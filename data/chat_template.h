@@ -4,10 +4,15 @@
 //             markers stand, loss on the answers (and the final <eos>).
 //   llava_v1  Vicuna v1.1 as LLaVA-1.5 trains it:
 //               <bos>{system} USER: {human} ASSISTANT: {gpt}</s>USER: {human} ASSISTANT: {gpt}</s>
-//             with each image's tokens where its <image> marker stands; loss on every answer
-//             and the </s> (<eos>) after it.
-//   plain     LLaVA's pretraining stage: the human turn's images, then the caption, then
-//             <eos>; the human turn's text is dropped; loss on the caption and <eos>.
+//             with each image's tokens where its <image> marker stands (a turn's one
+//             <image> moved to its front and followed by "\n", as LLaVA's
+//             preprocess_multimodal does); loss on every answer and the </s> (<eos>) after it.
+//   vicuna_v1 the same with Vicuna's own system line (LLaVA's conv_vicuna_v1: "...a curious
+//             user ... the user's questions."), which LLaVA-1.5's finetune.sh selects with
+//             --version v1.
+//   plain     LLaVA's pretraining stage: the human turn's images, then the caption and "\n"
+//             (LLaVA's separator), then <eos>; the human turn's text is dropped; loss on the
+//             caption, its "\n" and <eos>.
 //   chatml    Qwen's (as Qwen3's tokenizer_config.json renders a conversation without tools):
 //               <|im_start|>system\n{system}<|im_end|>\n   (only when the data has one)
 //               <|im_start|>user\n{human}<|im_end|>\n<|im_start|>assistant\n{gpt}<|im_end|>\n ...
@@ -24,7 +29,10 @@
 //             final "\n" chatml writes after the last <|im_end|> is not part of the sample.
 // Each piece of text between images, answers and <eos> is encoded by the tokenizer on its own
 // (as LLaVA tokenizes the chunks around its image token), so SentencePiece's word-boundary
-// prefix starts each piece. docs/data.md shows every template with the ids it gives.
+// prefix starts each piece, except where the tokenizer's own code continues a text: after an
+// <eos> (a tokenizer with legacy=false puts no prefix there, as LLaVA's prompt meets it) and,
+// when <image> is a token of the tokenizer's own files (llava-hf), after an image.
+// docs/data.md shows every template with the ids it gives.
 #pragma once
 
 #include <array>
@@ -38,11 +46,12 @@ namespace dhp {
 
 class Tokenizer;
 
-enum class ChatTemplate { Dhp, LlavaV1, Plain, ChatMl, Llama3 };
+enum class ChatTemplate { Dhp, LlavaV1, VicunaV1, Plain, ChatMl, Llama3 };
 
-inline constexpr std::array<std::pair<ChatTemplate, std::string_view>, 5> kChatTemplateNames = {{
+inline constexpr std::array<std::pair<ChatTemplate, std::string_view>, 6> kChatTemplateNames = {{
     {ChatTemplate::Dhp, "dhp"},
     {ChatTemplate::LlavaV1, "llava_v1"},
+    {ChatTemplate::VicunaV1, "vicuna_v1"},
     {ChatTemplate::Plain, "plain"},
     {ChatTemplate::ChatMl, "chatml"},
     {ChatTemplate::Llama3, "llama3"},
@@ -60,6 +69,10 @@ inline constexpr std::string_view kImageMarker = "<image>";
 inline constexpr std::string_view kVicunaSystem =
     "A chat between a curious human and an artificial intelligence assistant. The assistant "
     "gives helpful, detailed, and polite answers to the human's questions.";
+// vicuna_v1's (LLaVA's conv_vicuna_v1).
+inline constexpr std::string_view kVicunaUserSystem =
+    "A chat between a curious user and an artificial intelligence assistant. The assistant "
+    "gives helpful, detailed, and polite answers to the user's questions.";
 
 struct Turn {
   std::string from;   // "human" | "user" | "system" | "gpt" | "assistant"

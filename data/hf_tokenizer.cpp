@@ -353,7 +353,7 @@ std::unique_ptr<HfTokenizer> HfTokenizer::from_json(std::string_view json_text, 
   return std::unique_ptr<HfTokenizer>(new HfTokenizer(std::move(impl)));
 }
 
-std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special_tokens) const {
+std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special_tokens, bool at_start) const {
   const Impl& t = *impl_;
   // Symbols and merge-queue entries hold 32-bit positions.
   DHP_CHECK(text.size() < (size_t(1) << 31), "{}: a text of {} bytes is over the 2 GiB that encode takes", t.name, text.size());
@@ -392,7 +392,7 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
     }
     if (piece.empty()) continue;
     if (t.normalized_trie.empty()) {
-      pipeline.emit(0, piece, rp.begin == 0);
+      pipeline.emit(0, piece, at_start && rp.begin == 0);
       continue;
     }
     split_added(piece, t.normalized_trie, t.added, matches, norm_pieces);
@@ -400,7 +400,7 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
       if (np.id >= 0) {
         ids.push_back(np.id);
       } else {
-        pipeline.emit(0, piece.substr(np.begin, np.end - np.begin), rp.begin == 0 && np.begin == 0);
+        pipeline.emit(0, piece.substr(np.begin, np.end - np.begin), at_start && rp.begin == 0 && np.begin == 0);
       }
     }
   }

@@ -84,7 +84,10 @@ class HfTokenizer {
   HfTokenizer& operator=(const HfTokenizer&) = delete;
 
   // Special tokens in the text are always recognised (as the library's encode does).
-  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const;
+  // at_start false: the text continues a longer one after a special token (Metaspace's
+  // prepend_scheme "first" then prepends nothing), as the library treats the pieces between
+  // the added tokens it cuts out.
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens, bool at_start = true) const;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
 
   // The token string of an id (an added token's content first, else the model's token);

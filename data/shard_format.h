@@ -27,7 +27,10 @@ namespace dhp {
 // Version 2: the stored vision lengths (and the samples filtered as too long) follow the
 // resize rule with its final clamp (model-spec.md); version 1 files hold lengths from the rule
 // without it, so they are refused rather than read with lengths that no longer match.
-inline constexpr int64_t kShardFormatVersion = 2;
+// Version 3: the llava_v1 and plain layouts are LLaVA's own ids (the image moved to the front
+// of its turn, the caption's "\n", text after an <eos> or a tokenizer's own <image> continued
+// as the tokenizer's code continues it): shards of version 2 hold other ids for them.
+inline constexpr int64_t kShardFormatVersion = 3;
 
 enum SampleCol : int {
   kLayoutBegin, kLayoutEnd,  // [begin, end) of layout / layout_loss

@@ -200,7 +200,8 @@ std::vector<std::string> tokenizer_input_files(const std::string& path) {
   std::vector<std::string> out = {source.file};
   std::error_code ec;
   const fs::path dir = fs::path(source.file).parent_path();
-  if (source.json && fs::exists(dir / "tokenizer_config.json", ec)) out.push_back((dir / "tokenizer_config.json").string());
+  // A tokenizer.json's special tokens and a SentencePiece model's `legacy` are read from it.
+  if (fs::exists(dir / "tokenizer_config.json", ec)) out.push_back((dir / "tokenizer_config.json").string());
   if (fs::exists(dir / kAddedTokensFile, ec)) out.push_back((dir / kAddedTokensFile).string());
   return out;
 }
@@ -224,10 +225,14 @@ Tokenizer::Tokenizer(const std::string& model_path, const std::string& added_tok
   std::error_code ec;
   const std::string listed = (fs::path(path_).parent_path() / kAddedTokensFile).string();
   std::string source_name;  // for messages
+  // <image> is a token of the folder's own files (llava-hf's tokenizer), or one dhp adds.
+  images_in_text_ = token_id("<image>") >= 0;
   if (added_tokens == "auto" && fs::exists(listed, ec)) {
     // Some conversions restate tokens of the model itself ({"</s>": 2}): those add nothing.
-    for (AddedToken& t : read_added_tokens_file(listed))
+    for (AddedToken& t : read_added_tokens_file(listed)) {
+      images_in_text_ = images_in_text_ || t.text == "<image>";
       if (token_id(t.text) != t.id) added_.push_back(std::move(t));
+    }
     source_name = listed;
   } else if (added_tokens == "auto" && !hf_) {
     const bool markers = token_id("<img>") >= 0 && token_id("</img>") >= 0;
@@ -262,6 +267,7 @@ Tokenizer::Tokenizer(const std::string& model_path, const std::string& added_tok
   }
 
   hash_ = fnv1a(bytes.data(), bytes.size());
+  if (sp_raw_) hash_ = fnv1a("legacy=false", 12, hash_);  // the same file encodes differently
   for (const auto& t : added_) {
     const std::string line = fmt::format("{}\t{}\n", t.text, t.id);
     hash_ = fnv1a(line.data(), line.size(), hash_);
@@ -296,6 +302,22 @@ void Tokenizer::load_sentencepiece(const std::string& bytes) {
             "layout needs both",
             path_, sp_->bos_id(), sp_->eos_id());
   model_has_pad_ = sp_->pad_id() >= 0;
+  // transformers' LlamaTokenizer with legacy=false (tokenizer_config.json; absent means true)
+  // encodes the text after a special token without SentencePiece's word-boundary prefix: a
+  // second copy of the model with add_dummy_prefix off does that. Protobuf merges a repeated
+  // message field into the first, so appending normalizer_spec {add_dummy_prefix: false}
+  // (field 3 of ModelProto, field 3 of NormalizerSpec) changes only that flag.
+  const std::string config = (fs::path(path_).parent_path() / "tokenizer_config.json").string();
+  const auto cfg = read_tokenizer_config(config);
+  const auto legacy = cfg.find("legacy");
+  DHP_CHECK(legacy == cfg.end() || legacy->is_boolean() || legacy->is_null(), "'{}': legacy is {}, not true or false",
+            config, json_excerpt(*legacy));
+  if (legacy != cfg.end() && legacy->is_boolean() && !legacy->get<bool>()) {
+    sp_raw_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
+    const auto raw = sp_raw_->LoadFromSerializedProto(bytes + std::string("\x1a\x02\x18\x00", 4));
+    DHP_CHECK(raw.ok(), "tokenizer '{}': cannot load it without its word-boundary prefix: {}", path_, raw.ToString());
+    unk_pieces_ = encode_raw(kUnkText).size();
+  }
 }
 
 void Tokenizer::load_hugging_face(const std::string& bytes) {
@@ -343,20 +365,39 @@ int32_t Tokenizer::token_id(const std::string& text) const {
 
 Tokenizer::~Tokenizer() = default;
 
-void Tokenizer::encode_pieces(const std::string& text, std::vector<int32_t>& out) const {
+std::vector<int> Tokenizer::encode_raw(const std::string& text) const {
+  std::vector<int> ids;
+  const auto st = sp_raw_->Encode(text, &ids);
+  DHP_CHECK(st.ok(), "tokenizer '{}': cannot encode text: {}", path_, st.ToString());
+  return ids;
+}
+
+void Tokenizer::encode_pieces(const std::string& text, bool continues, std::vector<int32_t>& out) const {
   if (text.empty()) return;
   if (hf_) {
-    const std::vector<int32_t> ids = hf_->encode(text, /*add_special_tokens=*/false);
+    const std::vector<int32_t> ids = hf_->encode(text, /*add_special_tokens=*/false, /*at_start=*/!continues);
     out.insert(out.end(), ids.begin(), ids.end());
     return;
   }
   std::vector<int> ids;
-  const auto st = sp_->Encode(text, &ids);
-  DHP_CHECK(st.ok(), "tokenizer '{}': cannot encode text: {}", path_, st.ToString());
+  if (continues && sp_raw_) {
+    // LlamaTokenizer._tokenize without legacy: a piece that starts with a space is encoded
+    // behind "<unk>" (so the space stays a word boundary) and the unk's pieces dropped; any
+    // other piece without a prefix.
+    if (text[0] == ' ') {
+      ids = encode_raw(std::string(kUnkText) + text);
+      ids.erase(ids.begin(), ids.begin() + long(std::min(unk_pieces_, ids.size())));
+    } else {
+      ids = encode_raw(text);
+    }
+  } else {
+    const auto st = sp_->Encode(text, &ids);
+    DHP_CHECK(st.ok(), "tokenizer '{}': cannot encode text: {}", path_, st.ToString());
+  }
   out.insert(out.end(), ids.begin(), ids.end());
 }
 
-std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
+std::vector<int32_t> Tokenizer::encode(const std::string& text, bool continues) const {
   std::vector<int32_t> out;
   size_t at = 0;
   while (at < text.size()) {
@@ -368,7 +409,8 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
           (p < best || (p == best && t.text.size() > hit->text.size())))
         best = p, hit = &t;
     }
-    encode_pieces(text.substr(at, best == std::string::npos ? std::string::npos : best - at), out);
+    encode_pieces(text.substr(at, best == std::string::npos ? std::string::npos : best - at),
+                  continues || at > 0, out);
     if (!hit) break;
     out.push_back(hit->id);
     at = best + hit->text.size();

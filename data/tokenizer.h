@@ -114,7 +114,14 @@ class Tokenizer {
   // id; the text between them is encoded by the model (a tokenizer.json's own special tokens,
   // such as <|im_start|>, are recognised in the text as Hugging Face's encode does; no bos or
   // eos is added: the layout places them). Thread-safe.
-  std::vector<int32_t> encode(const std::string& text) const;
+  // continues: the text follows a special token or an image in the same document (the
+  // templates' pieces after an <eos>, and after an <image> that is a token of the folder's own
+  // tokenizer): it is encoded as the tokenizer encodes text in that place (a tokenizer.json by
+  // its pre-tokenizer's rule, e.g. Metaspace's prepend_scheme "first"; a SentencePiece model
+  // whose tokenizer_config.json says legacy=false without the word-boundary prefix, as
+  // transformers' LlamaTokenizer does); else as a text of its own. An added token inside the
+  // text is such a place for what follows it.
+  std::vector<int32_t> encode(const std::string& text, bool continues = false) const;
   // Added tokens decode to their text; ids outside the vocabulary (a model may have a larger
   // output layer) decode as <unk> (SentencePiece) or nothing (tokenizer.json, as Hugging Face
   // decodes them).
@@ -131,6 +138,10 @@ class Tokenizer {
   int padded_vocab_size(int multiple = 64) const;
   const SpecialIds& ids() const { return ids_; }
   const std::vector<AddedToken>& added_tokens() const { return added_; }
+  // <image> is a token of the folder's own files (llava-hf's tokenizer, which its processor
+  // tokenizes in place in the text), not one dhp added for LLaVA's layout (whose training code
+  // encodes the text between images piece by piece, tokenizer_image_token).
+  bool images_in_text() const { return images_in_text_; }
   TokenizerFiles files() const;
   TokenizerKind kind() const { return hf_ ? TokenizerKind::HuggingFace : TokenizerKind::SentencePiece; }
   // Ids of the file itself, without the tokens added after them.
@@ -142,10 +153,14 @@ class Tokenizer {
   uint64_t hash() const { return hash_; }
 
  private:
-  void encode_pieces(const std::string& text, std::vector<int32_t>& out) const;
+  void encode_pieces(const std::string& text, bool continues, std::vector<int32_t>& out) const;
+  std::vector<int> encode_raw(const std::string& text) const;
+  static constexpr const char* kUnkText = "<unk>";
   void load_sentencepiece(const std::string& bytes);
   void load_hugging_face(const std::string& bytes);
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_raw_;  // legacy=false: no dummy prefix
+  size_t unk_pieces_ = 0;                                            // pieces of kUnkText in sp_raw_
   std::unique_ptr<HfTokenizer> hf_;
   std::string path_;
   std::string config_path_;
@@ -154,6 +169,7 @@ class Tokenizer {
   std::vector<AddedToken> added_;
   int sp_size_ = 0;  // ids of the file itself
   bool model_has_pad_ = false;
+  bool images_in_text_ = false;
 };
 
 // Trains a BPE model on `texts` and writes it to model_path, reserving the ids above (a

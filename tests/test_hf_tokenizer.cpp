@@ -49,12 +49,17 @@
 
 #include "core/check.h"
 #include "core/hash.h"
+#include "data/chat_template.h"
+#include "data/tokenizer.h"
 #include "tests/file_text.h"
+#include "tests/tokenizer_fixture.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using dhp::ChatTemplate;
 using dhp::HfTokenizer;
+using dhp::Tokenizer;
 using dhp::testing::read_text;
 using dhp::testing::write_text;
 using json = nlohmann::json;
@@ -695,6 +700,63 @@ TEST(HfTokenizerReal, NegativeControlsMismatch) {
   auto no_nfc = mismatches(nfc, "qwen3");
   EXPECT_GT(wrong_regex.get(), 1000u) << "a wrong regex must be caught";
   EXPECT_GT(no_nfc.get(), 100u) << "a missing NFC must be caught";
+}
+
+// llava-hf's processor tokenizes the whole prompt, <image> a token of its tokenizer: dhp's
+// llava_v1 and plain layouts with such a tokenizer give the library's ids for the prompt LLaVA
+// renders (tests/reference/llava_ids.py render), on Llama-2's real tokenizer.json (its
+// Prepend normalizer puts a "▁" after every special token) and on the same vocabulary as
+// transformers' LlamaConverter writes it with legacy=false (Metaspace with prepend_scheme
+// "first": none after one), each with llava-hf's <image> 32000 and <pad> 32001.
+TEST(HfTokenizerReal, LlavaHfPromptsAreTheProcessorsIds) {
+  SKIP_UNLESS(real_missing("llama2"));
+  json base = json::parse(read_text(kRefs / "llama2" / "tokenizer.json"));
+  int32_t next = 32000;
+  for (const char* t : {"<image>", "<pad>"})
+    base["added_tokens"].push_back({{"id", next++}, {"content", t}, {"single_word", false}, {"lstrip", false},
+                                    {"rstrip", false}, {"normalized", false}, {"special", true}});
+  std::map<std::string, std::vector<Ids>> by_variant;
+  for (const bool legacy : {true, false}) {
+    json j = base;
+    if (!legacy) {
+      j["normalizer"] = nullptr;
+      j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", false}};
+    }
+    const fs::path dir = temp_root() / (legacy ? "llava_hf_legacy" : "llava_hf");
+    fs::create_directories(dir);
+    write_text(dir / "tokenizer.json", j.dump());
+    fs::copy_file(kRefs / "llama2" / "tokenizer_config.json", dir / "tokenizer_config.json",
+                  fs::copy_options::overwrite_existing);
+    const Tokenizer tok(dir.string());
+    ASSERT_TRUE(tok.images_in_text());
+    ASSERT_EQ(tok.token_id("<image>"), 32000);
+    ASSERT_TRUE(tok.added_tokens().empty());
+    for (const auto& [t, records] : {std::pair{ChatTemplate::LlavaV1, dhp::llava_v1_records()},
+                                     std::pair{ChatTemplate::Plain, dhp::plain_records()}}) {
+      const std::string name(dhp::template_name(t));
+      SCOPED_TRACE(name + (legacy ? " (Prepend normalizer)" : " (Metaspace first)"));
+      const fs::path in = dir / (name + ".jsonl"), prompts = dir / (name + ".prompts.jsonl");
+      write_text(in, dhp::llava_records_jsonl(records));
+      const std::string cmd = "/usr/bin/python3 " + (kSource / "tests/reference/llava_ids.py").string() + " render " +
+                              name + " " + in.string() + " " + prompts.string();
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+      const std::vector<Ids> want = read_ids(run_references({ids_job(dir / "tokenizer.json", prompts, "--add-special")})[0]);
+      ASSERT_EQ(want.size(), records.size());
+      for (size_t i = 0; i < records.size(); ++i) {
+        std::vector<int32_t> layout;
+        std::vector<uint8_t> loss;
+        dhp::layout_conversation(t, records[i].turns, tok, layout, loss);
+        const Ids got = dhp::as_llava_ids(layout, loss, tok.ids(), 32000, t != ChatTemplate::Plain).first;
+        EXPECT_EQ(got, want[i]) << records[i].turns[0].value;
+        by_variant[name + std::to_string(i)].push_back(got);
+      }
+    }
+  }
+  // Negative control: the two files' rules differ on every prompt with text after a special
+  // token (an image or a </s>), and dhp followed each.
+  int differ = 0;
+  for (const auto& [key, both] : by_variant) differ += both[0] != both[1];
+  EXPECT_GE(differ, 6);
 }
 
 TEST(HfTokenizerReal, LongLinesMatch) {

@@ -6,7 +6,9 @@
 #include <sentencepiece_processor.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
+#include <sstream>
 
 #include "core/hash.h"
 #include "data/build.h"
@@ -270,8 +272,9 @@ TEST_F(TokenizerTest, TemplatesGiveTheDocumentedIds) {
   EXPECT_EQ(two.loss, m2);
 
   const Laid p = lay(ChatTemplate::Plain, kOneTurn, ll);
-  EXPECT_EQ(p.ids, (std::vector<int32_t>{-1, 264, 293, 325, 611}));
-  EXPECT_EQ(p.loss, mask(1, 4));
+  // LLaVA's plain target: the caption and its "\n" (<0x0A>, 13).
+  EXPECT_EQ(p.ids, (std::vector<int32_t>{-1, 264, 293, 325, 611, 13}));
+  EXPECT_EQ(p.loss, mask(1, 5));
 
   // Expanded with a 4-token image: markers from dhp's table, none from the Llama one.
   StoredLayout sd{d.ids.data(), d.loss.data(), int64_t(d.ids.size()), {4}, dh.ids()};
@@ -280,9 +283,9 @@ TEST_F(TokenizerTest, TemplatesGiveTheDocumentedIds) {
   EXPECT_EQ(ed.loss_mask, mask(13, 5));
   StoredLayout sp{p.ids.data(), p.loss.data(), int64_t(p.ids.size()), {4}, ll.ids()};
   const Sample ep = expand_layout(sp, 0, full_length(sp), nullptr, 2, ImageLoad::Skip);
-  EXPECT_EQ(ep.tokens, (std::vector<int32_t>{1, pad, pad, pad, pad, 264, 293, 325, 611, 2}));
-  EXPECT_EQ(ep.loss_mask, mask(5, 5));
-  EXPECT_EQ(ep.image_of, (std::vector<int32_t>{-1, 0, 0, 0, 0, -1, -1, -1, -1, -1}));
+  EXPECT_EQ(ep.tokens, (std::vector<int32_t>{1, pad, pad, pad, pad, 264, 293, 325, 611, 13, 2}));
+  EXPECT_EQ(ep.loss_mask, mask(5, 6));
+  EXPECT_EQ(ep.image_of, (std::vector<int32_t>{-1, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1}));
   StoredLayout s1{one.ids.data(), one.loss.data(), int64_t(one.ids.size()), {4}, ll.ids()};
   EXPECT_EQ(full_length(s1), 1 + 47 - 1 + 4 + 1);
   const Sample e1 = expand_layout(s1, 0, full_length(s1), nullptr, 2, ImageLoad::Skip);
@@ -314,10 +317,19 @@ TEST_F(TokenizerTest, TemplatesAreTheDocumentedPieces) {
             cat({enc(sys + " USER: "), {-1}, enc("\nWhat is in the image? ASSISTANT:"),
                  enc("A red circle."), {ll.ids().eos}, enc("USER: What color is it? ASSISTANT:"),
                  enc("It is red.")}));
-  // A first system turn replaces the system line.
+  // A first system turn replaces the system line; a turn's one <image> goes to its front, on a
+  // line of its own, as LLaVA's preprocess_multimodal puts it.
   const Laid custom = lay(ChatTemplate::LlavaV1,
                           {{"system", "Be brief."}, {"human", "Hi <image>"}, {"gpt", "A circle."}}, ll);
-  EXPECT_EQ(custom.ids, cat({enc("Be brief. USER: Hi "), {-1}, enc(" ASSISTANT:"), enc("A circle.")}));
+  EXPECT_EQ(custom.ids, cat({enc("Be brief. USER: "), {-1}, enc("\nHi ASSISTANT:"), enc("A circle.")}));
+  // Two images in one turn stay where they stand.
+  EXPECT_EQ(lay(ChatTemplate::LlavaV1, {{"human", "Hi <image> and <image>"}, {"gpt", "A circle."}}, ll).ids,
+            cat({enc(sys + " USER: Hi "), {-1}, enc(" and "), {-2}, enc(" ASSISTANT:"), enc("A circle.")}));
+  // vicuna_v1: the same with Vicuna's own system line.
+  EXPECT_EQ(lay(ChatTemplate::VicunaV1, kTwoTurns, ll).ids,
+            cat({enc(std::string(kVicunaUserSystem) + " USER: "), {-1}, enc("\nWhat is in the image? ASSISTANT:"),
+                 enc("A red circle."), {ll.ids().eos}, enc("USER: What color is it? ASSISTANT:"),
+                 enc("It is red.")}));
   // Two images in two human turns are numbered in order.
   const Laid imgs = lay(ChatTemplate::LlavaV1,
                         {{"human", "<image>"}, {"gpt", "a"}, {"human", "<image>"}, {"gpt", "b"}}, ll);
@@ -328,7 +340,54 @@ TEST_F(TokenizerTest, TemplatesAreTheDocumentedPieces) {
             cat({{-1}, enc("What is in the image?"), enc("A red circle.")}));
   // plain drops the instruction text and keeps its images.
   EXPECT_EQ(lay(ChatTemplate::Plain, {{"human", "<image><image> Describe."}, {"gpt", "Two."}}, ll).ids,
-            cat({{-1, -2}, enc("Two.")}));
+            cat({{-1, -2}, enc("Two.\n")}));
+}
+
+// LLaVA's own code (tests/reference/llava_ids.py: train.py's preprocess_multimodal,
+// preprocess_v1 / preprocess_plain and tokenizer_image_token over transformers' slow
+// LlamaTokenizer on the real sentencepiece) gives the same input ids and labels as dhp's
+// llava_v1, vicuna_v1 and plain layouts, with the tokenizer's legacy flag absent (true) and
+// false: the flag changes the ids after each </s>, and both follow it.
+TEST_F(TokenizerTest, LlavaTemplatesGiveLlavasOwnIds) {
+  const std::string ref = "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) + "/tests/reference/llava_ids.py";
+  int compared_labels = 0, ids_differ = 0;
+  std::map<std::string, std::vector<std::vector<int32_t>>> by_flag;
+  for (const bool legacy : {true, false}) {
+    const fs::path dir = llama_folder(legacy ? "llava_legacy" : "llava_nonlegacy", "");
+    if (!legacy) write_text(dir / "tokenizer_config.json", R"({"legacy": false, "tokenizer_class": "LlamaTokenizer"})");
+    const Tokenizer tok(dir.string(), "none");
+    ASSERT_FALSE(tok.images_in_text());
+    for (const auto& [t, records] : {std::pair{ChatTemplate::LlavaV1, llava_v1_records()},
+                                     std::pair{ChatTemplate::VicunaV1, llava_v1_records()},
+                                     std::pair{ChatTemplate::Plain, plain_records()}}) {
+      const std::string name(template_name(t));
+      SCOPED_TRACE(name + (legacy ? " legacy" : " legacy=false"));
+      const fs::path in = dir / (name + ".jsonl"), out = dir / (name + ".ids.jsonl");
+      write_text(in, llava_records_jsonl(records));
+      const std::string cmd = fmt::format("{} {} {} {} {} 2>/dev/null", ref, name, dir.string(), in.string(), out.string());
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << ": needs Debian's python3-sentencepiece";
+      std::istringstream lines(read_text(out));
+      for (const LlavaRecord& r : records) {
+        std::string line;
+        ASSERT_TRUE(std::getline(lines, line));
+        const auto want = nlohmann::json::parse(line);
+        const Laid laid = lay(t, r.turns, tok);
+        const auto [ids, labels] = as_llava_ids(laid.ids, laid.loss, tok.ids(), -200, t != ChatTemplate::Plain);
+        EXPECT_EQ(ids, want["input_ids"].get<std::vector<int32_t>>()) << r.turns[0].value;
+        by_flag[name + r.turns[0].value].push_back(ids);
+        // LLaVA masks every label when its length check disagrees with its own count (its
+        // round_len -= 1 for legacy=false assumes Llama-2's pieces, where "USER" is one piece
+        // fewer than "▁USER"; the fixture's pieces differ): then only the ids are compared.
+        const auto want_labels = want["labels"].get<std::vector<int32_t>>();
+        if (std::all_of(want_labels.begin(), want_labels.end(), [](int32_t v) { return v == -100; })) continue;
+        EXPECT_EQ(labels, want_labels) << r.turns[0].value;
+        ++compared_labels;
+      }
+    }
+  }
+  for (const auto& [key, both] : by_flag) ids_differ += both.size() == 2 && both[0] != both[1];
+  EXPECT_GE(compared_labels, 14);
+  EXPECT_GE(ids_differ, 6);  // negative control: the flag matters on every conversation of two rounds
 }
 
 // What `dhp generate` feeds the model: the training layout up to where the answer starts.
@@ -374,7 +433,7 @@ TEST_F(TokenizerTest, ConversationsATemplateCannotLayOutAreRefused) {
   EXPECT_EQ(reason(ChatTemplate::LlavaV1, kTwoTurns), "accepted");
   EXPECT_EQ(reason(ChatTemplate::Plain, kOneTurn), "accepted");
   EXPECT_EQ(parse_template("llava_v1"), ChatTemplate::LlavaV1);
-  EXPECT_TRUE(contains(error_of([] { parse_template("vicuna"); }), "dhp, llava_v1, plain"));
+  EXPECT_TRUE(contains(error_of([] { parse_template("vicuna"); }), "dhp, llava_v1, vicuna_v1, plain"));
 }
 
 // ---- layouts of whole data sets ------------------------------------------------------------

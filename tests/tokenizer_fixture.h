@@ -9,6 +9,8 @@
 
 #include <sentencepiece_trainer.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -79,6 +81,59 @@ inline void train_llama_style_tokenizer(const std::string& path, int vocab_size 
 
 inline void train_dhp_fixture_tokenizer(const std::string& path) {
   train_tokenizer(fixture_corpus(), 200, path);
+}
+
+// Conversations on which dhp's llava_v1/vicuna_v1/plain layouts are compared with LLaVA's own
+// code (tests/reference/llava_ids.py) and llava-hf's tokenizer: an image before its text,
+// after it, in a later round, a turn holding only the image, none; plain captions.
+struct LlavaRecord {
+  bool has_image = true;
+  std::vector<Turn> turns;
+};
+inline std::vector<LlavaRecord> llava_v1_records() {
+  return {
+      {true, {{"human", "<image>\nWhat is in the image?"}, {"gpt", "A red circle."}}},
+      {true,
+       {{"human", "What color is it? <image>"}, {"gpt", "It is red."},
+        {"human", "Describe the image."}, {"gpt", "A blue square at the top left."}}},
+      {true,
+       {{"human", "what is the shape"}, {"gpt", "a red circle and a blue square"},
+        {"human", "  What is at the top <image> left of the image?  "}, {"gpt", "A blue square."},
+        {"human", "And the color?"}, {"gpt", "It is red."}}},
+      {true, {{"human", "<image>"}, {"gpt", "A red circle and a blue square."}}},
+      {false,
+       {{"human", "What color is it?"}, {"gpt", "It is red."}, {"human", "Describe the image."},
+        {"gpt", "A blue square."}}},
+  };
+}
+inline std::vector<LlavaRecord> plain_records() {
+  return {
+      {true, {{"human", "<image>\nDescribe the image."}, {"gpt", "a red circle and a blue square"}}},
+      {true, {{"human", "Describe. <image>"}, {"gpt", "A blue square at the top left."}}},
+  };
+}
+// One JSON object a line: {"has_image": ..., "conversations": [{"from", "value"}, ...]}.
+inline std::string llava_records_jsonl(const std::vector<LlavaRecord>& records) {
+  std::string out;
+  for (const LlavaRecord& r : records) {
+    nlohmann::json turns = nlohmann::json::array();
+    for (const Turn& t : r.turns) turns.push_back({{"from", t.from}, {"value", t.value}});
+    out += nlohmann::json{{"has_image", r.has_image}, {"conversations", turns}}.dump() + "\n";
+  }
+  return out;
+}
+// A stored layout as LLaVA's input_ids and labels: <bos>, each image as `image_id`, the
+// closing <eos> when `closing_eos` (LLaVA's plain prompt has none), targets where the loss is.
+inline std::pair<std::vector<int32_t>, std::vector<int32_t>> as_llava_ids(
+    const std::vector<int32_t>& layout, const std::vector<uint8_t>& loss, const SpecialIds& ids,
+    int32_t image_id, bool closing_eos) {
+  std::vector<int32_t> input = {ids.bos}, labels = {-100};
+  for (size_t k = 0; k < layout.size(); ++k) {
+    input.push_back(layout[k] < 0 ? image_id : layout[k]);
+    labels.push_back(loss[k] ? layout[k] : -100);
+  }
+  if (closing_eos) input.push_back(ids.eos), labels.push_back(ids.eos);
+  return {input, labels};
 }
 
 }  // namespace dhp
