@@ -244,7 +244,7 @@ void add_export_command(CLI::App& app) {
       std::error_code ec;
       if (std::filesystem::exists(m.cfg.data.tokenizer, ec)) {
         const Tokenizer t(m.cfg.data.tokenizer, m.cfg.data.added_tokens);
-        tok = hf_tokenizer_files(t.files(), m.cfg.data.max_tokens);
+        tok = hf_tokenizer_files(t.files(), m.cfg.data.max_tokens, m.cfg.data.chat_template);
         o.tokenizer = &tok;
       } else {
         spdlog::warn("the run's tokenizer '{}' is not found from here: the export has no tokenizer "

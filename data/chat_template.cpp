@@ -258,6 +258,35 @@ const TaggedFamily* tagged_family(ChatTemplate t) {
 
 }  // namespace
 
+std::string jinja_chat_template(ChatTemplate t, bool legacy) {
+  // After bos_token, LlamaTokenizer with legacy=false puts no word-boundary prefix before the
+  // next text unless it starts with a space; the layout's first piece has one.
+  const std::string after_bos = legacy ? "" : " ";
+  // preprocess_multimodal: a turn's one <image> to its front, on a line of its own.
+  const std::string user_text =
+      "{% if m['content'].count('<image>') == 1 and '<video>' not in m['content'] %}"
+      "{{ ('<image>\\n' + m['content'].replace('<image>', '').strip()).strip() }}"
+      "{% else %}{{ m['content'] }}{% endif %}";
+  switch (t) {
+    case ChatTemplate::LlavaV1:
+    case ChatTemplate::VicunaV1:
+      return "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}"
+             "{% set turns = messages[1:] %}{% else %}{% set system = \"" + std::string(vicuna_system(t)) +
+             "\" %}{% set turns = messages %}{% endif %}{{ '" + after_bos + "' + system }}"
+             "{% for m in turns %}{% if m['role'] == 'user' %}{{ ' USER: ' if loop.first else 'USER: ' }}" +
+             user_text + "{{ ' ASSISTANT:' }}{% else %}{{ ' ' + m['content'] + eos_token }}{% endif %}{% endfor %}";
+    case ChatTemplate::Plain:
+      return "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}"
+             "{{ '<image>' * m['content'].count('<image>') }}{% else %}{{ m['content'] + '\\n' + eos_token }}"
+             "{% endif %}{% endfor %}";
+    case ChatTemplate::Dhp:
+    case ChatTemplate::ChatMl:
+    case ChatTemplate::Llama3:
+      break;
+  }
+  return "";
+}
+
 std::string_view template_name(ChatTemplate t) {
   for (const auto& [value, name] : kChatTemplateNames)
     if (value == t) return name;

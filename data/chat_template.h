@@ -90,6 +90,13 @@ struct LaidOut {
 LaidOut layout_conversation(ChatTemplate t, const std::vector<Turn>& turns, const Tokenizer& tok,
                             std::vector<int32_t>& layout, std::vector<uint8_t>& loss);
 
+// transformers' chat_template (Jinja, as apply_chat_template renders it: messages of role
+// system/user/assistant with string content, `<image>` markers in the text) that renders a
+// conversation to the text whose ids, under a LlamaTokenizer with this `legacy` flag, are the
+// template's layout here: llava_v1, vicuna_v1 and plain; "" for the others (dhp's own layout
+// has no text form; chatml and llama3 tokenizers carry their family's).
+std::string jinja_chat_template(ChatTemplate t, bool legacy);
+
 // The layout of a one-turn prompt for generation, up to where the answer starts (for
 // llava_v1: the system line, " USER: {prompt} ASSISTANT:"). Returns the markers placed.
 int64_t layout_prompt(ChatTemplate t, const std::string& prompt, const Tokenizer& tok,

@@ -462,7 +462,7 @@ int Tokenizer::padded_vocab_size(int multiple) const {
 }
 
 TokenizerFiles Tokenizer::files() const {
-  return TokenizerFiles{kind(), path_, config_path_, ids_, added_, sp_size_, model_has_pad_};
+  return TokenizerFiles{kind(), path_, config_path_, ids_, added_, sp_size_, model_has_pad_, sp_raw_ == nullptr};
 }
 
 void train_tokenizer(const std::vector<std::string>& texts, int vocab_size,

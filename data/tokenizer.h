@@ -83,6 +83,7 @@ struct TokenizerFiles {
                                      // tokenizer.json's largest id + 1)
   bool model_has_pad = false;        // pad is one of the model's pieces (else an added token
                                      // or, with neither, unk)
+  bool legacy = true;                // a SentencePiece model's tokenizer_config.json "legacy"
 };
 
 // The file beside a tokenizer model that lists its added tokens ({"<image>": 32000, ...}).

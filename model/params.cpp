@@ -108,6 +108,24 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
     if (v.pretrained()) vit_block(pre);
     else block(pre, dv, dv, dv, v.ffn, v.layers, false);
   }
+  if (v.pretrained() && v.post_norm) {
+    add("vision.post_norm.weight", {dv}, Init::Ones, false);
+    add("vision.post_norm.bias", {dv}, Init::Zeros, false);
+  }
+  if (v.pretrained() && v.pool_head) {
+    // nn.MultiheadAttention's packed q/k/v, a LayerNorm and a GELU MLP behind one probe row.
+    add("vision.head.probe", {1, 1, dv}, Init::Normal, false);
+    add("vision.head.attn.in_proj.weight", {3 * dv, dv}, Init::Normal, true);
+    add("vision.head.attn.in_proj.bias", {3 * dv}, Init::Zeros, false);
+    add("vision.head.attn.out_proj.weight", {dv, dv}, Init::Normal, true);
+    add("vision.head.attn.out_proj.bias", {dv}, Init::Zeros, false);
+    add("vision.head.norm.weight", {dv}, Init::Ones, false);
+    add("vision.head.norm.bias", {dv}, Init::Zeros, false);
+    add("vision.head.mlp.fc1.weight", {v.ffn, dv}, Init::Normal, true);
+    add("vision.head.mlp.fc1.bias", {v.ffn}, Init::Zeros, false);
+    add("vision.head.mlp.fc2.weight", {dv, v.ffn}, Init::Normal, true);
+    add("vision.head.mlp.fc2.bias", {dv}, Init::Zeros, false);
+  }
   if (!v.pretrained()) add("vision.norm.weight", {dv}, Init::Ones, false);
   add("projector.fc1.weight", {d, int64_t(v.merge) * v.merge * dv}, Init::Normal, true);
   add("projector.fc1.bias", {d}, Init::Zeros, false);
@@ -119,15 +137,16 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
           c.attention_bias, c.attention_out_bias, c.qk_norm ? c.hd() : 0);
   add("final_norm.weight", {d}, Init::Ones, false);
   if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, d}, Init::Normal, true);
-  // A clip/siglip tower's layers after feature_layer never run: they are held (a checkpoint's
-  // own, exported as they came) but take no gradient, moments or weight decay, as PyTorch's
-  // AdamW leaves a parameter without a gradient untouched.
-  if (v.pretrained())
-    for (int i = v.layers_run(); i < v.layers; ++i) {
-      const std::string pre = "vision.layers." + std::to_string(i) + ".";
+  // A clip/siglip tower's layers after feature_layer, its post_layernorm and pooling head
+  // never run: they are held (a checkpoint's own, exported as they came) but take no gradient,
+  // moments or weight decay, as PyTorch's AdamW leaves a parameter without a gradient untouched.
+  if (v.pretrained()) {
+    std::vector<std::string> unused = {"vision.post_norm.", "vision.head."};
+    for (int i = v.layers_run(); i < v.layers; ++i) unused.push_back("vision.layers." + std::to_string(i) + ".");
+    for (const std::string& pre : unused)
       for (auto& p : specs_)
         if (p.name.rfind(pre, 0) == 0) p.trainable = false;
-    }
+  }
   // The gradient layout: trainable parameters in table order, aligned as in the arena, so
   // that with nothing frozen it is the arena's own layout.
   for (auto& p : specs_) {

@@ -5,8 +5,9 @@
 # transformers >= 4.52 (SigLIP tower). Each imports, trains with the llava_v1 template on one
 # rank and on 3 MPI ranks with dhp's rings (the same losses and weights to fp32 rounding), is
 # exported to the llava-hf layout, and the export imported and exported again gives the same
-# bytes. The tensors that the run trained all changed; the tower's ignored tensors
-# (post_layernorm, SigLIP's head) are named in the log. Then LLaVA's stage 1 composed from a
+# bytes. The tensors that the run trained all changed; the tower's parts LLaVA never runs
+# (its last layer, post_layernorm, SigLIP's head) are held, named in the log, and exported
+# as they came. Then LLaVA's stage 1 composed from a
 # Llama decoder and a SigLIP tower: only the fresh projector trains, on 3 ranks with the plain
 # template, and the export's decoder and tower are the folders' bytes.
 #   tests/mpi_hf_llava_towers.sh DHP_BINARY SOURCE_DIR
@@ -34,8 +35,8 @@ for gen in orig hf new; do
     --checkpoint.dir="$work/$gen-one/ckpt"
   grep -q "imported .* tensors" "$work/$gen-one.log" \
     || { echo "$gen: nothing imported"; cat "$work/$gen-one.log"; exit 1; }
-  grep -q "ignored 2 tensors the model does not use: the tower's post_layernorm" "$work/$gen-one.log" \
-    || { echo "$gen: post_layernorm not named as ignored"; grep -i ignored "$work/$gen-one.log"; exit 1; }
+  grep -q "the tower's parts LLaVA never runs: its layers after feature_layer, post_layernorm and pooling head" \
+    "$work/$gen-one.log" || { echo "$gen: the held parts are not named"; grep -i frozen "$work/$gen-one.log"; exit 1; }
   export_weights "$work/$gen-one"
   r="$work/$gen-dhp-3"
   train_run "$r.log" mpirun -np 3 --oversubscribe -- "${start[@]}" --parallel.strategy=dhp \
@@ -57,7 +58,6 @@ train_run "$r.log" mpirun -np 3 --oversubscribe -- --config "$work/run.toml" \
 grep -q "kept their seeded initialisation (4 tensors not in the checkpoint): projector.fc1.weight" "$r.log" \
   || { echo "compose: the projector is not the only seeded part"; grep -i "seeded" "$r.log"; exit 1; }
 export_hf "$r/ckpt" "$work/compose-e1"
-grep -q "attention-pooling head" "$work/new-one.log" || { echo "SigLIP's head not named as ignored"; exit 1; }
 grep -Eq "model.vision.resize += \"?pad_square" "$work/orig-one.log" \
   || { echo "image_aspect_ratio pad did not set pad_square"; grep resize "$work/orig-one.log"; exit 1; }
 
@@ -80,12 +80,14 @@ for gen, tower in (("orig", "clip"), ("hf", "clip"), ("new", "siglip")):
     cfg = json.load(open(f"{work}/{gen}-e1/config.json"))
     assert cfg["architectures"] == ["LlavaForConditionalGeneration"], cfg["architectures"]
     assert cfg["vision_config"]["model_type"] == f"{tower}_vision_model", cfg["vision_config"]
-    # max_position_embeddings is the exporting run's data.max_tokens: the training run's for e1,
-    # the defaults' for e2 (exported from a folder); every other key must come back the same.
+    # Every key comes back the same, max_position_embeddings (the source's) and top-level
+    # pad_token_id (llava-hf's place) included.
     cfg2 = json.load(open(f"{work}/{gen}-e2/config.json"))
-    for c in (cfg, cfg2):
-        c["text_config"].pop("max_position_embeddings")
     assert cfg == cfg2, (cfg, cfg2)
+    src_cfg = json.load(open(f"{work}/{gen}/config.json"))
+    src_text = src_cfg.get("text_config", src_cfg)
+    assert cfg["text_config"]["max_position_embeddings"] == src_text["max_position_embeddings"]
+    assert "pad_token_id" in cfg, cfg
     pre1 = open(f"{work}/{gen}-e1/preprocessor_config.json").read()
     assert pre1 == open(f"{work}/{gen}-e2/preprocessor_config.json").read()
     assert json.loads(pre1).get("do_pad", False) == (gen == "orig"), pre1
@@ -93,12 +95,15 @@ for gen, tower in (("orig", "clip"), ("hf", "clip"), ("new", "siglip")):
     if gen == "hf":  # the source's names are llava-hf's: every tensor the features reach trained
         src = safetensors(f"{work}/hf/model.safetensors")
         assert all(k in src for k in e1)
-        # The tower's last layer runs after hidden_states[-2]: it takes no gradient, moments
-        # or weight decay, so all its 16 tensors are the file's bytes, and nothing else is.
-        unused = "vision_tower.vision_model.encoder.layers.2."
+        # The tower's last layer runs after hidden_states[-2], and post_layernorm after it: they
+        # take no gradient, moments or weight decay, so their 18 tensors are the file's bytes,
+        # and nothing else is; every tensor of the source is in the export.
+        unused = ("vision_tower.vision_model.encoder.layers.2.", "vision_tower.vision_model.post_layernorm.")
         kept = [k for k in e1 if e1[k][2] == src[k][2]]
         assert all(k.startswith(unused) for k in kept), kept
-        assert len(kept) == 16, kept  # q/k/v/out, fc1/fc2 weights and biases, two LayerNorms' weight and bias
+        assert len(kept) == 18, kept  # q/k/v/out, fc1/fc2, two LayerNorms (weights, biases); post_layernorm
+        missing = [k for k in src if k not in e1 and "position_ids" not in k]
+        assert not missing, missing
     names = [k for k in e1 if k.startswith(("multi_modal_projector.", "vision_tower.", "language_model."))]
     assert len(names) == len(e1), sorted(set(e1) - set(names))
     print(f"{gen} ({tower}): losses {', '.join('%.5f' % r['loss'] for r in three)} on 3 ranks as on 1; "

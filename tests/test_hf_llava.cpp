@@ -254,7 +254,9 @@ TEST(HfLlavaImport, EveryGenerationImportsItsTensors) {
     EXPECT_TRUE(m.result.initialised.empty()) << kind << ": " << m.result.initialised.size() << " seeded";
     EXPECT_EQ(m.result.imported.size(), hf_name_map(c.model, layout).size()) << kind;
     expect_imported_as_in_file(dir, layout, m);
-    EXPECT_EQ(count_ignored(m.result, "post_layernorm"), 2) << kind;
+    // post_layernorm is held (never run) so that an export writes it back.
+    EXPECT_TRUE(c.model.vision.post_norm) << kind;
+    EXPECT_EQ(count_ignored(m.result, "post_layernorm"), 0) << kind;
     EXPECT_EQ(count_ignored(m.result, "position_ids"), 1) << kind;
     ASSERT_EQ(m.result.sources.size(), 1u);
     EXPECT_NE(m.result.sources[0].find(hf_layout_name(layout)), std::string::npos) << m.result.sources[0];
@@ -297,9 +299,10 @@ TEST(HfLlavaImport, ComposesADecoderAndATower) {
     EXPECT_EQ(0, std::memcmp(m.at("projector.fc1.weight"), fresh.data() + fc1.offset, size_t(fc1.numel()) * 4));
     EXPECT_GT(count_ignored(m.result, "text tower"), 10) << kind;
     EXPECT_GE(count_ignored(m.result, "logit scale"), 1) << kind;
-    if (std::string(kind) == "siglip") {
-      EXPECT_EQ(count_ignored(m.result, "attention-pooling head"), 11);
-    }
+    // SigLIP's pooling head is held (never run), as post_layernorm is.
+    EXPECT_EQ(c.model.vision.pool_head, std::string(kind) == "siglip");
+    EXPECT_TRUE(c.model.vision.post_norm);
+    EXPECT_EQ(count_ignored(m.result, "attention-pooling head"), 0);
   }
 }
 
@@ -353,9 +356,10 @@ Model& model_from(const fs::path& dir, const Config& c, std::unique_ptr<Backend>
 // llava-hf names; importing the export and exporting again gives the same bytes, config and
 // preprocessor config.
 TEST(HfLlavaExport, RoundTripIsByteIdentical) {
-  for (const auto& [kind, extra] : {std::pair{"llava_hf", ""}, std::pair{"llava_new", " --tower siglip --dtype bf16"},
-                                    std::pair{"llava_orig", ""}}) {
-    const fs::path dir = fixture(std::string("rt_") + kind, std::string(kind) + extra);
+  for (const auto& [kind, extra] : {std::pair{"llava_hf", ""}, std::pair{"llava_hf", " --tower siglip"},
+                                    std::pair{"llava_new", " --tower siglip --dtype bf16"}, std::pair{"llava_orig", ""}}) {
+    const std::string tag = std::string(kind) + (std::string(extra).empty() ? "" : "_siglip");
+    const fs::path dir = fixture("rt_" + tag, std::string(kind) + extra);
     std::vector<std::string> o = {"--model.init=" + dir.string()};
     if (std::string(kind) == "llava_orig")
       o.insert(o.end(), {"--model.vision.init=" + fixture("clip_vision", "clip_vision").string(),
@@ -365,7 +369,7 @@ TEST(HfLlavaExport, RoundTripIsByteIdentical) {
     std::unique_ptr<Model> m1, m2;
     Model& first = model_from(dir, c, b1, m1);
     HfExportOptions e;
-    e.dir = (root() / (std::string("rt1_") + kind)).string();
+    e.dir = (root() / ("rt1_" + tag)).string();
     e.dtype = hf_checkpoint_dtype(dir.string());
     e.image_token_index = 300;
     export_hf_checkpoint(first, e);
@@ -379,6 +383,15 @@ TEST(HfLlavaExport, RoundTripIsByteIdentical) {
     ASSERT_EQ(out.size(), out_names.size()) << kind;
     for (size_t i = 0; i < src_names.size(); ++i)
       EXPECT_EQ(src.at(src_names[i].hf), out.at(out_names[i].hf)) << kind << ": " << out_names[i].hf;
+    // Strict: every tensor of a llava-hf source is in the export under its own name, with its
+    // bytes (post_layernorm and SigLIP's head included), but the position_ids buffers, which
+    // transformers no longer saves.
+    if (std::string(kind) == "llava_hf")
+      for (const auto& [name, bytes] : src)
+        if (name.find("position_ids") == std::string::npos) {
+          ASSERT_TRUE(out.count(name)) << name << " is not in the export";
+          EXPECT_EQ(bytes, out.at(name)) << name;
+        }
     const json cfg = json::parse(std::ifstream(fs::path(e.dir) / "config.json"));
     EXPECT_EQ(cfg["architectures"][0], "LlavaForConditionalGeneration");
     EXPECT_EQ(cfg["vision_feature_layer"], c.model.vision.feature_layer);
@@ -388,12 +401,74 @@ TEST(HfLlavaExport, RoundTripIsByteIdentical) {
     Model& second = model_from(e.dir, again, b2, m2);
     EXPECT_EQ(first.download_params(), second.download_params()) << kind;
     HfExportOptions e2 = e;
-    e2.dir = (root() / (std::string("rt2_") + kind)).string();
+    e2.dir = (root() / ("rt2_" + tag)).string();
     export_hf_checkpoint(second, e2);
     EXPECT_EQ(tensor_bytes(e.dir), tensor_bytes(e2.dir)) << kind;
     for (const char* f : {"config.json", "preprocessor_config.json", "generation_config.json"})
       EXPECT_EQ(testing::read_text(fs::path(e.dir) / f), testing::read_text(fs::path(e2.dir) / f)) << kind << ": " << f;
   }
+}
+
+// An original LLaVA's tokenizer has no <image> (LLaVA splices an image in by position): read
+// with data.added_tokens "none" the model keeps the file's vocabulary, and its export adds
+// <image> and <pad> after the tokenizer's ids and grows the rows to a multiple of 64 at the
+// mean row, as llava-hf's conversion does. The files say so (added_tokens.json,
+// image_token_index, pad_token_id at the top level, tokenizer_config.json's legacy and
+// chat_template, processor_config.json), the rows the model had are its bytes, and the export
+// imports back with the grown vocabulary.
+TEST(HfLlavaExport, AnOriginalLlavaWithoutAnImageTokenIsExported) {
+  // As many rows as the tokenizer has pieces (Vicuna's 32000 rows and pieces).
+  const fs::path dir = fixture("orig_tok", "llava_orig --tokenizer --vocab 300");
+  const std::vector<std::string> o = {"--model.init=" + dir.string(),
+                                      "--model.vision.init=" + fixture("clip_vision", "clip_vision").string(),
+                                      "--model.vision.arch=clip", "--model.vision.patch=4", "--model.vision.image_size=16",
+                                      "--data.tokenizer=" + dir.string(), "--data.added_tokens=none",
+                                      "--data.template=llava_v1"};
+  const Config c = applied(o);
+  const Tokenizer t(dir.string(), "none");
+  const int file_vocab = json::parse(std::ifstream(dir / "config.json"))["vocab_size"].get<int>();
+  ASSERT_EQ(c.model.vocab_size, file_vocab);  // nothing added: the file's softmax
+  ASSERT_EQ(t.vocab_size(), file_vocab);
+  std::unique_ptr<Backend> b;
+  std::unique_ptr<Model> m;
+  Model& model = model_from(dir, c, b, m);
+  const HfTokenizerFiles tok = hf_tokenizer_files(t.files(), 2048, ChatTemplate::LlavaV1);
+  HfExportOptions e;
+  e.dir = (root() / "orig_tok_export").string();
+  e.tokenizer = &tok;
+  export_hf_checkpoint(model, e);
+  const int image = t.vocab_size(), grown = (t.vocab_size() + 2 + 63) / 64 * 64;
+  const json cfg = json::parse(std::ifstream(fs::path(e.dir) / "config.json"));
+  EXPECT_EQ(cfg["image_token_index"], image);
+  EXPECT_EQ(cfg["pad_token_id"], image + 1);
+  EXPECT_FALSE(cfg["text_config"].contains("pad_token_id"));
+  EXPECT_EQ(cfg["vocab_size"], grown);
+  EXPECT_EQ(cfg["text_config"]["max_position_embeddings"], 2048);  // the source's
+  const json added = json::parse(std::ifstream(fs::path(e.dir) / "added_tokens.json"));
+  EXPECT_EQ(added, (json{{"<image>", image}, {"<pad>", image + 1}}));
+  const json tc = json::parse(std::ifstream(fs::path(e.dir) / "tokenizer_config.json"));
+  EXPECT_EQ(tc["chat_template"], jinja_chat_template(ChatTemplate::LlavaV1, true));
+  EXPECT_EQ(tc["legacy"], true);
+  const json pc = json::parse(std::ifstream(fs::path(e.dir) / "processor_config.json"));
+  EXPECT_EQ(pc["image_token"], "<image>");
+  EXPECT_EQ(pc["num_additional_image_tokens"], 1);
+  const auto src = read_all(dir), out = read_all(e.dir);
+  for (const auto& [from, to] : {std::pair{"model.embed_tokens.weight", "language_model.model.embed_tokens.weight"},
+                                 std::pair{"lm_head.weight", "language_model.lm_head.weight"}}) {
+    const std::vector<float>& a = src.at(from);
+    const std::vector<float>& x = out.at(to);
+    const size_t d = a.size() / size_t(file_vocab);
+    ASSERT_EQ(x.size(), size_t(cfg["vocab_size"].get<int>()) * d) << to;
+    EXPECT_TRUE(std::equal(a.begin(), a.end(), x.begin())) << to << ": the file's rows changed";
+    for (size_t col = 0; col < d; ++col) {  // a grown row is the mean of the model's rows
+      double mean = 0;
+      for (size_t r = 0; r < size_t(file_vocab); ++r) mean += a[r * d + col];
+      EXPECT_NEAR(x[(x.size() / d - 1) * d + col], mean / file_vocab, 1e-6) << to;
+    }
+  }
+  // And back: the grown folder is a llava-hf checkpoint.
+  const Config again = applied({"--model.init=" + e.dir});
+  EXPECT_EQ(again.model.vocab_size, cfg["vocab_size"].get<int>());
 }
 
 TEST(HfLlavaExport, RefusesAMergedTowerAndNoImageToken) {

@@ -390,6 +390,62 @@ TEST_F(TokenizerTest, LlavaTemplatesGiveLlavasOwnIds) {
   EXPECT_GE(ids_differ, 6);  // negative control: the flag matters on every conversation of two rounds
 }
 
+// The chat_template an export writes (jinja_chat_template), rendered as transformers'
+// apply_chat_template renders it (tests/reference/render_chat_template.py, Jinja2) and
+// tokenized as transformers' slow LlamaTokenizer does (llava_ids.py encode), gives the ids
+// of dhp's layout, for a tokenizer holding <image> (as an export's does) with legacy absent
+// and false.
+TEST_F(TokenizerTest, ExportedChatTemplatesRenderTheLayout) {
+  const std::string ref = "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) + "/tests/reference/";
+  int compared = 0;
+  for (const bool legacy : {true, false}) {
+    const int n = sp_size(llama());
+    const fs::path dir = llama_folder(legacy ? "jinja_legacy" : "jinja_nonlegacy",
+                                      fmt::format("{{\"<image>\": {}, \"<pad>\": {}}}", n, n + 1));
+    for (const ChatTemplate t : {ChatTemplate::LlavaV1, ChatTemplate::VicunaV1, ChatTemplate::Plain}) {
+      const std::string name(template_name(t));
+      SCOPED_TRACE(name + (legacy ? " legacy" : " legacy=false"));
+      nlohmann::json cfg = {{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"chat_template", jinja_chat_template(t, legacy)}};
+      if (!legacy) cfg["legacy"] = false;
+      write_text(dir / "tokenizer_config.json", cfg.dump());
+      const Tokenizer tok(dir.string());
+      ASSERT_TRUE(tok.images_in_text());
+      const auto records = t == ChatTemplate::Plain ? plain_records() : llava_v1_records();
+      std::string texts;
+      for (size_t i = 0; i < records.size(); ++i) {
+        nlohmann::json messages = nlohmann::json::array();
+        for (const Turn& turn : records[i].turns)
+          messages.push_back({{"role", turn.answer() ? "assistant" : "user"}, {"content", turn.value}});
+        const fs::path conv = dir / fmt::format("{}-{}.json", name, i), out = dir / fmt::format("{}-{}.txt", name, i);
+        write_text(conv, messages.dump());
+        const std::string cmd = ref + "render_chat_template.py " + (dir / "tokenizer_config.json").string() + " " +
+                                conv.string() + " " + out.string();
+        ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << ": needs Debian's python3-jinja2";
+        texts += nlohmann::json(read_text(out)).dump() + "\n";
+      }
+      write_text(dir / (name + ".texts.jsonl"), texts);
+      const std::string cmd = ref + "llava_ids.py encode " + dir.string() + " " + (dir / (name + ".texts.jsonl")).string() +
+                              " " + (dir / (name + ".ids")).string();
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+      std::istringstream lines(read_text(dir / (name + ".ids")));
+      for (const LlavaRecord& r : records) {
+        std::string line;
+        ASSERT_TRUE(std::getline(lines, line));
+        std::vector<int32_t> want;
+        std::istringstream row(line);
+        for (int32_t v; row >> v;) want.push_back(v);
+        const Laid laid = lay(t, r.turns, tok);
+        EXPECT_EQ(as_llava_ids(laid.ids, laid.loss, tok.ids(), n, true).first, want) << r.turns[0].value;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 24);
+  // Negative control: the template of the other legacy flag gives other ids.
+  EXPECT_NE(jinja_chat_template(ChatTemplate::LlavaV1, true), jinja_chat_template(ChatTemplate::LlavaV1, false));
+  EXPECT_EQ(jinja_chat_template(ChatTemplate::Dhp, true), "");
+}
+
 // What `dhp generate` feeds the model: the training layout up to where the answer starts.
 TEST_F(TokenizerTest, PromptsAreTheTrainingLayoutUpToTheAnswer) {
   const Tokenizer ll(llama());

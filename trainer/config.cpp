@@ -132,6 +132,7 @@ class Schema {
     num("rope_low_freq_factor", m.rope_low_freq_factor, 1e-6, 1e6);
     num("rope_high_freq_factor", m.rope_high_freq_factor, 1e-6, 1e6);
     num("rope_original_max_pos", m.rope_original_max_pos, 1, int64_t(1) << 40);
+    num("max_position_embeddings", m.max_positions, 0, int64_t(1) << 40);
     str("init", m.init);
     sec_ = "model.vision";
     auto& v = c.model.vision;
@@ -153,6 +154,8 @@ class Schema {
     triple("pixel_std", v.pixel_std, 1e-6, 1e3);
     choice("resize", v.resize, kImageFitNames);
     str("init", v.init);
+    flag("post_norm", v.post_norm);
+    flag("pool_head", v.pool_head);
 
     sec_ = "data";
     auto& d = c.data;

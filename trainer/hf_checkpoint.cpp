@@ -84,6 +84,20 @@ constexpr HfPattern kNameMap[] = {
     {HfPart::Vision, "encoder.layers.{i}.mlp.fc1.bias", "vision.layers.{i}.mlp.fc1.bias", kCopy},
     {HfPart::Vision, "encoder.layers.{i}.mlp.fc2.weight", "vision.layers.{i}.mlp.fc2.weight", kCopy},
     {HfPart::Vision, "encoder.layers.{i}.mlp.fc2.bias", "vision.layers.{i}.mlp.fc2.bias", kCopy},
+    // Held, never run (VisionConfig::post_norm, pool_head): exported as they came.
+    {HfPart::Vision, "post_layernorm.weight", "vision.post_norm.weight", kCopy},
+    {HfPart::Vision, "post_layernorm.bias", "vision.post_norm.bias", kCopy},
+    {HfPart::Vision, "head.probe", "vision.head.probe", kCopy},
+    {HfPart::Vision, "head.attention.in_proj_weight", "vision.head.attn.in_proj.weight", kCopy},
+    {HfPart::Vision, "head.attention.in_proj_bias", "vision.head.attn.in_proj.bias", kCopy},
+    {HfPart::Vision, "head.attention.out_proj.weight", "vision.head.attn.out_proj.weight", kCopy},
+    {HfPart::Vision, "head.attention.out_proj.bias", "vision.head.attn.out_proj.bias", kCopy},
+    {HfPart::Vision, "head.layernorm.weight", "vision.head.norm.weight", kCopy},
+    {HfPart::Vision, "head.layernorm.bias", "vision.head.norm.bias", kCopy},
+    {HfPart::Vision, "head.mlp.fc1.weight", "vision.head.mlp.fc1.weight", kCopy},
+    {HfPart::Vision, "head.mlp.fc1.bias", "vision.head.mlp.fc1.bias", kCopy},
+    {HfPart::Vision, "head.mlp.fc2.weight", "vision.head.mlp.fc2.weight", kCopy},
+    {HfPart::Vision, "head.mlp.fc2.bias", "vision.head.mlp.fc2.bias", kCopy},
     // LLaVA's mlp2x_gelu: Linear, GELU, Linear.
     {HfPart::Projector1, "weight", "projector.fc1.weight", kCopy},
     {HfPart::Projector1, "bias", "projector.fc1.bias", kCopy},
@@ -378,6 +392,20 @@ std::vector<Source> plan_sources(const std::string& dir, const ModelConfig& cfg)
 }
 
 }  // namespace
+
+void find_held_tensors(ModelConfig& cfg) {
+  if (!cfg.vision.pretrained() || (cfg.init.empty() && cfg.vision.init.empty())) return;
+  ModelConfig plain = cfg;
+  plain.vision.post_norm = plain.vision.pool_head = false;
+  for (const Source& s : plan_sources(cfg.init, plain)) {
+    const char* v = names_of(s.layout).vision;
+    // The folder whose tower the model takes: an original LLaVA without one gave none.
+    if (!v || !std::any_of(s.map.begin(), s.map.end(), [](const HfBinding& b) { return starts_with(b.dhp, "vision."); }))
+      continue;
+    cfg.vision.post_norm = s.ck.tensors.count(std::string(v) + "post_layernorm.weight") > 0;
+    cfg.vision.pool_head = cfg.vision.arch == VisionArch::siglip && s.ck.tensors.count(std::string(v) + "head.probe") > 0;
+  }
+}
 
 const char* hf_layout_name(HfLayout layout) { return names_of(layout).name; }
 

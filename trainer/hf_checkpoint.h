@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "data/chat_template.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
 #include "trainer/config.h"
@@ -116,6 +117,11 @@ void apply_hf_init(Config& cfg);
 // run continues from anyway; the log says so. Otherwise apply_hf_init.
 void apply_hf_init_for_run(Config& cfg, const std::string& resume);
 
+// Sets cfg.vision.post_norm and pool_head to whether the folder the tower comes from
+// (cfg.init or cfg.vision.init) holds post_layernorm and SigLIP's pooling head: the model then
+// holds them, frozen and never run, and an export writes them back. Reads tensor names only.
+void find_held_tensors(ModelConfig& cfg);
+
 // The checks of import_hf_weights that read no tensor data (plan_sources, then every name,
 // shape and dtype against the name map of `cfg`, whose keys apply_hf_init has read from
 // cfg.init and cfg.vision.init): run before the model is built, so a config.json whose sizes
@@ -180,21 +186,28 @@ struct HfTokenizerFiles {
   int32_t image_pad = -1;
   bool add_bos = true;              // the tokenizer starts every text with bos
   int64_t model_max_length = 4096;  // the run's data.max_tokens
+  bool legacy = true;               // LlamaTokenizer's legacy flag, as the run's tokenizer had it
+  int32_t vocab = 0;                // ids the tokenizer has, added tokens included
+  std::string chat_template;        // the run's template as Jinja (jinja_chat_template); "" = none
 };
 
-// The files of a run's tokenizer (data/tokenizer.h, Tokenizer::files) in that form. A
+// The files of a run's tokenizer (data/tokenizer.h, Tokenizer::files) in that form, with the
+// chat_template of the run's data.template. A
 // tokenizer.json is copied with its configuration (and an added_tokens.json for the tokens the
 // run added). For a SentencePiece model, special
 // tokens take SentencePiece's default pieces (<unk>, <s>, </s>, and <pad> when the model holds
 // a pad piece: dhp's trainer and Llama's tokenizers both use them); a pad that is an added
 // token takes its text; no pad stays none.
-HfTokenizerFiles hf_tokenizer_files(const TokenizerFiles& files, int64_t model_max_length);
+HfTokenizerFiles hf_tokenizer_files(const TokenizerFiles& files, int64_t model_max_length,
+                                    ChatTemplate chat = ChatTemplate::Dhp);
 
 struct HfExportOptions {
   std::string dir;                                // the output folder
   std::string dtype = "F32";                      // "F32", "BF16" or "F16"
   int64_t max_shard_bytes = int64_t(2) << 30;     // larger exports are sharded, with an index
-  int64_t max_position_embeddings = 4096;         // config.json's; the run's data.max_tokens
+  // config.json's when the model's source folder named none (model.max_position_embeddings):
+  // the run's data.max_tokens.
+  int64_t max_position_embeddings = 4096;
   // LLaVA exports (clip / siglip towers): image_token_index, the tokenizer's <image> id; -1 =
   // the <image> among the tokenizer's added tokens.
   int64_t image_token_index = -1;

@@ -243,6 +243,7 @@ ModelConfig read_decoder(const ConfigJson& c, const std::string& architecture, c
   m.rms_norm_eps = c.has("rms_norm_eps") ? c.number("rms_norm_eps", 1e-12, 0.1) : 1e-6;
   read_rope(c, m);
   m.tie_embeddings = c.boolean("tie_word_embeddings", false);
+  m.max_positions = c.integer("max_position_embeddings", 1, int64_t(1) << 40, 0);
   m.attention_bias = qwen2 || qkvo_bias;
   m.attention_out_bias = qkvo_bias;
   m.qk_norm = qwen3;
@@ -572,6 +573,7 @@ void apply_hf_init(Config& cfg) {
   }
   m.init = init;
   m.vision.init = vinit;
+  find_held_tensors(m);
   cfg.model = m;
   validate(cfg, true);
   check_hf_weights(cfg.model);

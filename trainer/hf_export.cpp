@@ -1,6 +1,7 @@
 // export_hf_checkpoint and its output-path rules (trainer/hf_checkpoint.h).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -31,7 +32,8 @@ const char* const kFixedFiles[] = {"config.json",          "generation_config.js
                                    "model.safetensors",    "model.safetensors.index.json",
                                    "tokenizer.model",      "tokenizer.json",
                                    "tokenizer_config.json", "special_tokens_map.json",
-                                   "added_tokens.json",    "preprocessor_config.json"};
+                                   "added_tokens.json",    "preprocessor_config.json",
+                                   "processor_config.json"};
 
 std::string torch_dtype(const std::string& d) {
   return d == "BF16" ? "bfloat16" : d == "F16" ? "float16" : "float32";
@@ -93,8 +95,9 @@ std::vector<std::pair<std::string, std::string>> tokenizer_files(const HfTokeniz
   cfg["add_eos_token"] = false;
   cfg["added_tokens_decoder"] = decoder;
   cfg["clean_up_tokenization_spaces"] = false;
-  cfg["legacy"] = false;
+  cfg["legacy"] = t.legacy;
   cfg["model_max_length"] = t.model_max_length;
+  if (!t.chat_template.empty()) cfg["chat_template"] = t.chat_template;
   cfg["padding_side"] = "right";
   cfg["sp_model_kwargs"] = json::object();
   cfg["tokenizer_class"] = "LlamaTokenizer";
@@ -132,7 +135,8 @@ json model_config(const ModelConfig& m, const HfExportOptions& o) {
             {"num_key_value_heads", m.kv_heads},
             {"head_dim", m.hd()},
             {"hidden_act", "silu"},
-            {"max_position_embeddings", o.max_position_embeddings},
+            // The source folder's, else the exporting run's longest sequence.
+            {"max_position_embeddings", m.max_positions > 0 ? m.max_positions : o.max_position_embeddings},
             {"initializer_range", 0.02},
             {"rms_norm_eps", m.rms_norm_eps},
             {"rope_theta", m.rope_theta},
@@ -172,6 +176,9 @@ json llava_config(const ModelConfig& m, const HfExportOptions& o, int64_t image_
   const bool clip = v.arch == VisionArch::clip;
   json text = model_config(m, o);
   text.erase("architectures");
+  // llava-hf keeps the pad token's id at the top level.
+  const json pad = text.contains("pad_token_id") ? text["pad_token_id"] : json(nullptr);
+  text.erase("pad_token_id");
   json vision = {{"model_type", clip ? "clip_vision_model" : "siglip_vision_model"},
                  {"hidden_size", v.dim},
                  {"intermediate_size", v.ffn},
@@ -183,10 +190,10 @@ json llava_config(const ModelConfig& m, const HfExportOptions& o, int64_t image_
                  {"hidden_act", act_name(v.act)},
                  {"layer_norm_eps", v.norm_eps},
                  {"attention_dropout", 0.0}};
-  if (!clip) vision["vision_use_head"] = false;  // LLaVA reads the patches; no pooling head is written
+  if (!clip) vision["vision_use_head"] = v.pool_head;  // written when the source had it
   const ProjectorAct pa = v.projector_gelu();
   const int64_t grid = int64_t(v.pos_grid()) * v.pos_grid();
-  return {{"architectures", {"LlavaForConditionalGeneration"}},
+  json c = {{"architectures", {"LlavaForConditionalGeneration"}},
           {"model_type", "llava"},
           {"text_config", text},
           {"vision_config", vision},
@@ -202,6 +209,18 @@ json llava_config(const ModelConfig& m, const HfExportOptions& o, int64_t image_
           {"tie_word_embeddings", m.tie_embeddings},
           {"vocab_size", m.vocab_size},
           {"torch_dtype", torch_dtype(o.dtype)}};
+  if (!pad.is_null()) c["pad_token_id"] = pad;
+  return c;
+}
+
+// LlavaProcessor's processor_config.json: how many positions an image's <image> becomes.
+json processor_config(const VisionConfig& v) {
+  const bool clip = v.arch == VisionArch::clip;
+  return {{"image_token", "<image>"},
+          {"num_additional_image_tokens", clip ? 1 : 0},
+          {"patch_size", v.patch},
+          {"processor_class", "LlavaProcessor"},
+          {"vision_feature_select_strategy", clip ? "default" : "full"}};
 }
 
 // The image processor that does what training did (model.vision.resize): CLIP's short side and
@@ -228,9 +247,12 @@ json preprocessor_config(const VisionConfig& v) {
 
 }  // namespace
 
-HfTokenizerFiles hf_tokenizer_files(const TokenizerFiles& f, int64_t model_max_length) {
+HfTokenizerFiles hf_tokenizer_files(const TokenizerFiles& f, int64_t model_max_length, ChatTemplate chat) {
   HfTokenizerFiles t;
   t.model_max_length = model_max_length;
+  t.legacy = f.legacy;
+  t.chat_template = jinja_chat_template(chat, f.legacy);
+  t.vocab = f.sentencepiece_size + int32_t(f.added.size());
   for (const AddedToken& a : f.added) t.added.push_back({a.text, a.id});
   t.image_pad = f.ids.image_pad;
   if (f.kind == TokenizerKind::HuggingFace) {
@@ -293,32 +315,15 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
                "two exports into one folder would remove each other's files: wait for it to end or "
                "choose another folder");
   check_hf_export_paths(o);
-  const ModelConfig& m = model.config();
-  // The tokenizer's files are made (and their ids checked) before anything is written.
-  std::vector<std::pair<std::string, std::string>> tok_files;
-  if (o.tokenizer && !o.tokenizer->copied.empty()) {
-    for (const std::string& path : o.tokenizer->copied)
-      tok_files.emplace_back(fs::path(path).filename().string(),
-                             InputFile("tokenizer file", path).read_all(int64_t(64) << 20, "64 MiB"));
-    // Tokens the run added after the file's own ids, which the file cannot hold.
-    if (!o.tokenizer->added.empty()) {
-      json added = json::object();
-      for (const auto& [text, id] : o.tokenizer->added) {
-        DHP_CHECK(id >= 0 && id < m.vocab_size, "export: added token '{}' has id {}, outside the model's "
-                  "vocabulary of {}", printable(text), id, m.vocab_size);
-        added[text] = id;
-      }
-      tok_files.emplace_back("added_tokens.json", added.dump(2) + "\n");
-    }
-  } else if (o.tokenizer) {
-    tok_files = tokenizer_files(*o.tokenizer, m.vocab_size);
-    tok_files.emplace_back("tokenizer.model", InputFile("tokenizer model", o.tokenizer->sentencepiece_model)
-                                                  .read_all(int64_t(256) << 20, "256 MiB"));
-  }
-
+  const ModelConfig& model_cfg = model.config();
   // A clip or siglip tower makes it a LLaVA model (llava-hf's layout); the native tower has no
   // Hugging Face counterpart and only the decoder is written.
-  const bool llava = m.vision.pretrained();
+  const bool llava = model_cfg.vision.pretrained();
+  // What is written: the model's config, the vocabulary grown when the tokenizer lacks the
+  // token an image's positions hold (below).
+  ModelConfig m = model_cfg;
+  HfExportOptions out_opts = o;
+  HfTokenizerFiles grown_tok;
   int64_t image_token = o.image_token_index;
   if (llava) {
     DHP_CHECK(m.vision.merge == 1, "export: a LLaVA checkpoint feeds every patch to the projector; this "
@@ -328,21 +333,72 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
     if (image_token < 0 && o.tokenizer)
       for (const auto& [text, id] : o.tokenizer->added)
         if (text == "<image>") image_token = id;
+    if (image_token < 0 && o.tokenizer) {
+      // transformers' LLaVA finds an image's positions by a token, which a tokenizer that never
+      // held one (Vicuna's, an original LLaVA's: LLaVA splices the image in by position) lacks:
+      // <image>, and <pad> when there is no pad, go after its vocabulary as llava-hf's
+      // conversion adds them, and the embedding and output rows grow to a multiple of 64 at
+      // the mean row. Their logits join the softmax, so the folder's loss on text is not
+      // exactly the run's; the image's rows are never read.
+      grown_tok = *o.tokenizer;
+      int32_t next = std::max(grown_tok.vocab, int32_t(0));
+      image_token = next;
+      grown_tok.added.push_back({"<image>", next++});
+      const bool add_pad = grown_tok.pad.id < 0;
+      if (add_pad) {
+        grown_tok.pad = {"<pad>", next};
+        grown_tok.added.push_back({"<pad>", next++});
+      }
+      m.vocab_size = std::max(m.vocab_size, (next + 63) / 64 * 64);
+      out_opts.tokenizer = &grown_tok;
+      spdlog::info("export: the tokenizer has no token for an image's positions; <image> = {}{} added after its "
+                   "{} ids and the vocabulary grown from {} to {} rows (mean rows), as llava-hf's conversion does",
+                   image_token, add_pad ? fmt::format(" and <pad> = {}", next - 1) : "",
+                   o.tokenizer->vocab, model_cfg.vocab_size, m.vocab_size);
+    }
     DHP_CHECK(image_token >= 0 && image_token < m.vocab_size,
               "export: a LLaVA checkpoint names the token an image's positions hold (image_token_index: "
               "<image>, or the family's own such as <|image_pad|>), and the run's tokenizer has none in "
-              "the model's vocabulary of {}", m.vocab_size);
+              "the model's vocabulary of {} (pass --data.tokenizer=PATH so that the export can add <image>)",
+              m.vocab_size);
+  }
+  const HfTokenizerFiles* tk = out_opts.tokenizer;
+  // The tokenizer's files are made (and their ids checked) before anything is written.
+  std::vector<std::pair<std::string, std::string>> tok_files;
+  if (tk && !tk->copied.empty()) {
+    for (const std::string& path : tk->copied)
+      tok_files.emplace_back(fs::path(path).filename().string(),
+                             InputFile("tokenizer file", path).read_all(int64_t(64) << 20, "64 MiB"));
+    // Tokens the run added after the file's own ids, which the file cannot hold.
+    if (!tk->added.empty()) {
+      json added = json::object();
+      for (const auto& [text, id] : tk->added) {
+        DHP_CHECK(id >= 0 && id < m.vocab_size, "export: added token '{}' has id {}, outside the model's "
+                  "vocabulary of {}", printable(text), id, m.vocab_size);
+        added[text] = id;
+      }
+      tok_files.emplace_back("added_tokens.json", added.dump(2) + "\n");
+    }
+  } else if (tk) {
+    tok_files = tokenizer_files(*tk, m.vocab_size);
+    tok_files.emplace_back("tokenizer.model", InputFile("tokenizer model", tk->sentencepiece_model)
+                                                  .read_all(int64_t(256) << 20, "256 MiB"));
   }
   // config.json before any file is written: it refuses a model no Hugging Face class holds.
-  const json config = llava ? llava_config(m, o, image_token) : model_config(m, o);
+  const json config = llava ? llava_config(m, out_opts, image_token) : model_config(m, out_opts);
   // Tensors in the name map's order, cut into shards of at most max_shard_bytes (a tensor
   // larger than that is a shard of its own).
   const std::vector<HfBinding> map = hf_name_map(m, llava ? HfLayout::LlavaHf : HfLayout::Decoder);
   const int width = safetensors_dtype_width(o.dtype);
   std::vector<std::vector<const HfBinding*>> shards(1);
   int64_t in_shard = 0, total = 0;
+  // Rows of a vocabulary tensor beyond the model's are the mean row (the grown vocabulary).
+  auto exported_numel = [&](const HfBinding& b) {
+    const ParamSpec& s = model.table().get(b.dhp);
+    return b.transform == HfTransform::VocabRows ? s.numel() / model_cfg.vocab_size * m.vocab_size : s.numel();
+  };
   for (const auto& b : map) {
-    const int64_t bytes = model.table().get(b.dhp).numel() * width;
+    const int64_t bytes = exported_numel(b) * width;
     if (!shards.back().empty() && in_shard + bytes > o.max_shard_bytes) {
       shards.emplace_back();
       in_shard = 0;
@@ -356,7 +412,7 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
     return n == 1 ? std::string("model.safetensors") : fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n);
   };
   std::vector<std::string> files = {"config.json", "generation_config.json"};
-  if (llava) files.push_back("preprocessor_config.json");
+  if (llava) files.insert(files.end(), {"preprocessor_config.json", "processor_config.json"});
   for (size_t i = 0; i < n; ++i) files.push_back(shard_name(i));
   if (n > 1) files.push_back("model.safetensors.index.json");
   for (const auto& f : tok_files) files.push_back(f.first);
@@ -404,15 +460,26 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
       std::vector<int64_t> shape = s.shape;
       const bool conv = b->transform == HfTransform::ConvPatch;
       if (conv) shape = {s.shape[0], 3, m.vision.patch, m.vision.patch};
-      out.push_back({b->hf, o.dtype, shape, [&, s, conv](char* dst) {
+      const int64_t numel = exported_numel(*b);
+      if (b->transform == HfTransform::VocabRows) shape[0] = m.vocab_size;
+      out.push_back({b->hf, o.dtype, shape, [&, s, conv, numel](char* dst) {
                        std::vector<float> host(size_t(s.numel()));
                        backend.download(host.data(), arena + s.offset, host.size() * sizeof(float));
+                       if (numel > s.numel()) {
+                         const int64_t cols = s.shape[1], rows = s.shape[0];
+                         std::vector<double> mean(size_t(cols), 0.0);
+                         for (int64_t r = 0; r < rows; ++r)
+                           for (int64_t c = 0; c < cols; ++c) mean[size_t(c)] += host[size_t(r * cols + c)];
+                         host.resize(size_t(numel));
+                         for (int64_t r = rows; r < numel / cols; ++r)
+                           for (int64_t c = 0; c < cols; ++c) host[size_t(r * cols + c)] = float(mean[size_t(c)] / double(rows));
+                       }
                        if (conv) {
                          std::vector<float> kernel(host.size());
                          hf_permute_patch(kernel.data(), host.data(), s.shape[0], m.vision.patch, true);
                          host.swap(kernel);
                        }
-                       narrow_from_f32(dst, host.data(), o.dtype, s.numel());
+                       narrow_from_f32(dst, host.data(), o.dtype, numel);
                      }});
       weight_map[b->hf] = shard_name(i);
     }
@@ -423,14 +490,17 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
     write_file_atomic((fs::path(o.dir) / "model.safetensors.index.json").string(),
                       json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
   write_file_atomic((fs::path(o.dir) / "config.json").string(), config.dump(2) + "\n");
-  if (llava)
+  if (llava) {
     write_file_atomic((fs::path(o.dir) / "preprocessor_config.json").string(),
                       preprocessor_config(m.vision).dump(2) + "\n");
+    write_file_atomic((fs::path(o.dir) / "processor_config.json").string(),
+                      processor_config(m.vision).dump(2) + "\n");
+  }
   json gen = {{"_from_model_config", true}};
-  if (o.tokenizer) {
-    if (o.tokenizer->bos.id >= 0) gen["bos_token_id"] = o.tokenizer->bos.id;
-    if (o.tokenizer->eos.id >= 0) gen["eos_token_id"] = o.tokenizer->eos.id;
-    if (o.tokenizer->pad.id >= 0) gen["pad_token_id"] = o.tokenizer->pad.id;
+  if (tk) {
+    if (tk->bos.id >= 0) gen["bos_token_id"] = tk->bos.id;
+    if (tk->eos.id >= 0) gen["eos_token_id"] = tk->eos.id;
+    if (tk->pad.id >= 0) gen["pad_token_id"] = tk->pad.id;
   }
   write_file_atomic((fs::path(o.dir) / "generation_config.json").string(), gen.dump(2) + "\n");
   for (const auto& [name, text] : tok_files) write_file_atomic((fs::path(o.dir) / name).string(), text);

@@ -284,7 +284,8 @@ void Run::log_setup() const {
       else if (cfg_.optim.groups.trainable(p.group)) unused += p.numel();
     }
     if (unused > 0)
-      frozen.push_back(fmt::format("the tower's layers after feature_layer ({:.3f} M)", double(unused) / 1e6));
+      frozen.push_back(fmt::format("the tower's parts LLaVA never runs: its layers after feature_layer, "
+                                   "post_layernorm and pooling head ({:.3f} M)", double(unused) / 1e6));
     spdlog::info("frozen: {}; {:.3f} M of {:.3f} M parameters train", fmt::join(frozen, ", "),
                  double(trained) / 1e6, double(all) / 1e6);
   }

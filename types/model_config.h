@@ -60,6 +60,11 @@ struct VisionConfig : ImageGeometry {
   ProjectorAct projector_act = ProjectorAct::automatic;
   // A CLIP or SigLIP Hugging Face folder the tower starts from (trainer/hf_*). "" = none.
   std::string init;
+  // Parts of a pretrained tower that LLaVA never runs, held (frozen, never run) so that an
+  // export writes every tensor its folder had: post_layernorm, SigLIP's attention-pooling head
+  // (SiglipMultiheadAttentionPoolingHead). Set from the folder's tensors by the import.
+  bool post_norm = false;
+  bool pool_head = false;
 
   int head_dim() const { return dim / heads; }
   bool pretrained() const { return arch != VisionArch::native; }
@@ -112,6 +117,9 @@ struct ModelConfig {
   double rope_low_freq_factor = 1.0;
   double rope_high_freq_factor = 4.0;
   int64_t rope_original_max_pos = 8192;
+  // config.json's max_position_embeddings of the folder the decoder came from, which an
+  // export writes back (0: none known; an export then writes the run's data.max_tokens).
+  int64_t max_positions = 0;
   // A Hugging Face folder the decoder starts from (trainer/hf_checkpoint.h): its config.json
   // sets the decoder's shape, its tensors the decoder's weights. "" = none.
   std::string init;

@@ -7,6 +7,8 @@ commit 879ef31 "Fix training.") on top of a re-implementation of transformers' s
 
   llava_ids.py TEMPLATE TOKENIZER_DIR IN_JSONL OUT_JSONL [--model-max-length N]
   llava_ids.py render TEMPLATE IN_JSONL OUT_JSONL
+  llava_ids.py encode TOKENIZER_DIR TEXTS_JSONL OUT    (one JSON string a line -> ids a line,
+      no bos: as apply_chat_template tokenizes a rendered chat_template)
   llava_ids.py --self-test
 TEMPLATE: llava_v1 (conv_llava_v1, "curious human"), vicuna_v1 (conv_vicuna_v1, "curious user"), plain.
 """
@@ -41,7 +43,14 @@ class SlowLlamaTokenizer:
         for ent in (cfg.get("added_tokens_decoder") or {}).values():
             if ent.get("content") in self.strip:
                 self.strip[ent["content"]] = (bool(ent.get("lstrip")), bool(ent.get("rstrip")))
-        self.split_re = re.compile("(" + "|".join(re.escape(t) for t in self.special) + ")")
+        # Tokens added after the vocabulary (llava-hf's <image>, <pad>: added_tokens.json), split
+        # out of the text as the special tokens are (the added-tokens trie of tokenize()).
+        added_path = os.path.join(folder, "added_tokens.json")
+        self.added = json.load(open(added_path, encoding="utf-8")) if os.path.exists(added_path) else {}
+        for t in self.added:
+            self.strip.setdefault(t, (False, False))
+        self.split_re = re.compile("(" + "|".join(re.escape(t) for t in sorted(
+            self.special + list(self.added), key=len, reverse=True)) + ")")
 
         # get_spm_processor: legacy (or from_slow) loads the file as is; otherwise the proto is
         # reloaded with normalizer_spec.add_dummy_prefix = False.
@@ -85,15 +94,22 @@ class SlowLlamaTokenizer:
         if self.add_prefix_space:
             text = SPIECE_UNDERLINE + text
         tokens = self._split_on_special(text)
-        if len(tokens) > 1 and tokens[0] == SPIECE_UNDERLINE and tokens[1] in self.special:
+        if len(tokens) > 1 and tokens[0] == SPIECE_UNDERLINE and (tokens[1] in self.special or tokens[1] in self.added):
             tokens = tokens[1:]
         return tokens
 
     def __call__(self, text):
         # encode -> convert_tokens_to_ids -> build_inputs_with_special_tokens (bos + ids [+ eos])
-        ids = [self.sp.piece_to_id(t) for t in self.tokenize(text)]
+        ids = self.ids(text)
         return ([self.bos_token_id] if self.add_bos_token else []) + ids + \
                ([self.eos_token_id] if self.add_eos_token else [])
+
+
+def _ids(self, text):
+    return [self.added[t] if t in self.added else self.sp.piece_to_id(t) for t in self.tokenize(text)]
+
+
+SlowLlamaTokenizer.ids = _ids  # tokenize + convert_tokens_to_ids, no special tokens added
 
 
 def tokenizer_image_token(prompt, tok):
@@ -253,6 +269,13 @@ def self_test():
 def main(argv):
     if argv[:1] == ["--self-test"]:
         return self_test()
+    if argv[:1] == ["encode"] and len(argv) == 4:  # encode TOKENIZER_DIR TEXTS_JSONL OUT
+        tok = SlowLlamaTokenizer(argv[1])  # as apply_chat_template: add_special_tokens=False
+        with open(argv[2], encoding="utf-8") as fin, open(argv[3], "w", encoding="utf-8") as fout:
+            for line in fin:
+                if line.strip():
+                    fout.write(" ".join(str(i) for i in tok.ids(json.loads(line))) + "\n")
+        return
     max_len = 2048  # LLaVA-1.5 scripts pass --model_max_length 2048
     if "--model-max-length" in argv:
         k = argv.index("--model-max-length")
