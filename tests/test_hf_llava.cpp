@@ -16,6 +16,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "core/input.h"
 #include "model/model.h"
@@ -246,9 +247,10 @@ TEST(HfLlavaImport, EveryGenerationImportsItsTensors) {
                                      std::pair{"llava_orig", HfLayout::LlavaOriginal}}) {
     const fs::path dir = fixture(std::string("gen_") + kind, std::string(kind) + " --position-ids");
     std::vector<std::string> o = {"--model.init=" + dir.string()};
-    if (layout == HfLayout::LlavaOriginal)  // its config does not describe the tower
+    if (layout == HfLayout::LlavaOriginal)  // its config does not describe the tower; its copy is read
       o.insert(o.end(), {"--model.vision.init=" + fixture("clip_vision", "clip_vision").string(),
-                         "--model.vision.arch=clip", "--model.vision.patch=4", "--model.vision.image_size=16"});
+                         "--model.vision.arch=clip", "--model.vision.patch=4", "--model.vision.image_size=16",
+                         "--model.vision.embedded_tower=true"});
     const Config c = applied(o);
     const Imported m = import_into_table(dir.string(), c.model);
     EXPECT_TRUE(m.result.initialised.empty()) << kind << ": " << m.result.initialised.size() << " seeded";
@@ -261,6 +263,38 @@ TEST(HfLlavaImport, EveryGenerationImportsItsTensors) {
     ASSERT_EQ(m.result.sources.size(), 1u);
     EXPECT_NE(m.result.sources[0].find(hf_layout_name(layout)), std::string::npos) << m.result.sources[0];
   }
+}
+
+// The tower of an original LLaVA checkpoint that holds a copy of it: model.vision.init's
+// (mm_vision_tower's download) unless the copy is asked for, by LLaVA's own
+// unfreeze_mm_vision_tower or by model.vision.embedded_tower; the import's notes say which.
+TEST(HfLlavaImport, AnOriginalLlavaRunsTheTowerLlavaLoads) {
+  const fs::path tower = fixture("clip_vision_seed8", "clip_vision --seed 8");
+  const fs::path plain = fixture("orig_copy", "llava_orig");
+  const fs::path unfrozen = fixture("orig_unfrozen", "llava_orig --config unfreeze_mm_vision_tower=true");
+  for (const auto& [dir, key, copy] : {std::tuple{plain, "", false}, std::tuple{plain, "--model.vision.embedded_tower=true", true},
+                                       std::tuple{unfrozen, "", true}}) {
+    std::vector<std::string> o = {"--model.init=" + dir.string(), "--model.vision.init=" + tower.string(),
+                                  "--model.vision.arch=clip", "--model.vision.patch=4", "--model.vision.image_size=16"};
+    if (*key) o.push_back(key);
+    const Config c = applied(o);
+    const Imported m = import_into_table(dir.string(), c.model);
+    SCOPED_TRACE(dir.filename().string() + " " + key);
+    EXPECT_TRUE(m.result.initialised.empty());
+    if (copy) {
+      expect_imported_as_in_file(dir, HfLayout::LlavaOriginal, m);
+    } else {
+      expect_imported_as_in_file(tower, HfLayout::Tower, m);
+      EXPECT_GT(count_ignored(m.result, "copy of the tower"), 10);
+    }
+    std::string notes;
+    for (const auto& n : m.result.notes) notes += n + "\n";
+    EXPECT_NE(notes.find(copy ? "the copy saved in" : "the tower LLaVA loads from mm_vision_tower"), std::string::npos) << notes;
+    if (copy && !*key) EXPECT_NE(notes.find("unfreeze_mm_vision_tower"), std::string::npos) << notes;
+  }
+  // The two towers differ: the test can tell which was read.
+  EXPECT_NE(tensor_bytes(tower).at("vision_model.encoder.layers.0.mlp.fc1.weight"),
+            tensor_bytes(plain).at("model.vision_tower.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight"));
 }
 
 // Compose: a Llama decoder and a CLIP (dual encoder) or SigLIP folder; the projector keeps its
@@ -363,7 +397,8 @@ TEST(HfLlavaExport, RoundTripIsByteIdentical) {
     std::vector<std::string> o = {"--model.init=" + dir.string()};
     if (std::string(kind) == "llava_orig")
       o.insert(o.end(), {"--model.vision.init=" + fixture("clip_vision", "clip_vision").string(),
-                         "--model.vision.arch=clip", "--model.vision.patch=4", "--model.vision.image_size=16"});
+                         "--model.vision.arch=clip", "--model.vision.patch=4", "--model.vision.image_size=16",
+                         "--model.vision.embedded_tower=true"});
     const Config c = applied(o);
     std::unique_ptr<Backend> b1, b2;
     std::unique_ptr<Model> m1, m2;

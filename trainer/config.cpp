@@ -156,6 +156,7 @@ class Schema {
     str("init", v.init);
     flag("post_norm", v.post_norm);
     flag("pool_head", v.pool_head);
+    flag("embedded_tower", v.embedded_tower);
 
     sec_ = "data";
     auto& d = c.data;

@@ -316,6 +316,10 @@ struct Source {
   int file_vocab = 0;  // the decoder's rows in the file (config.json's vocab_size)
   std::vector<HfBinding> map;
   Checkpoint ck;
+  // An original LLaVA's copy of its tower, set aside for model.vision.init's (LLaVA's rule):
+  // its tensors are ignored, the reason named.
+  std::string tower_set_aside;
+  std::string note;  // which tower an original LLaVA runs with, and why
 };
 
 bool holds_prefix(const Checkpoint& ck, const std::string& prefix) {
@@ -365,13 +369,27 @@ std::vector<Source> plan_sources(const std::string& dir, const ModelConfig& cfg)
     if (s.layout == HfLayout::LlavaOriginal) {
       // LLaVA's own checkpoints hold the tower only when it was trained; otherwise it is the
       // tower folder's (model.vision.init).
-      if (!holds_prefix(s.ck, names_of(s.layout).vision)) {
+      // LLaVA's CLIPVisionTower reads the copy saved in the checkpoint only when the config
+      // sets unfreeze_mm_vision_tower; otherwise it loads mm_vision_tower (model.vision.init).
+      const bool has_copy = holds_prefix(s.ck, names_of(s.layout).vision);
+      const bool use_copy = has_copy && (file.unfreeze_tower || cfg.vision.embedded_tower);
+      const std::string named = file.mm_vision_tower.empty() ? "" : " ('" + printable(file.mm_vision_tower) + "')";
+      if (use_copy) {
+        need_tower = false;  // model.vision.init gave the tower's shape; the tensors are LLaVA's
+        s.note = fmt::format("vision tower: the copy saved in '{}' ({})", dir,
+                             file.unfreeze_tower ? "its config sets unfreeze_mm_vision_tower, as LLaVA reads it"
+                                                 : "model.vision.embedded_tower = true");
+      } else {
         DHP_CHECK(need_tower, "'{}' is an original LLaVA checkpoint without the vision tower's tensors; set "
                   "model.vision.init to the tower's folder (e.g. a download of openai/clip-vit-large-patch14-336)",
                   dir);
         std::erase_if(s.map, [](const HfBinding& b) { return starts_with(b.dhp, "vision."); });
-      } else {
-        need_tower = false;  // model.vision.init gave the tower's shape; the tensors are LLaVA's
+        if (has_copy) s.tower_set_aside = names_of(s.layout).vision;
+        s.note = fmt::format("vision tower: model.vision.init '{}', the tower LLaVA loads from mm_vision_tower{}{}",
+                             cfg.vision.init, named,
+                             has_copy ? "; the copy saved in the checkpoint is not read (LLaVA reads it only with "
+                                        "unfreeze_mm_vision_tower; model.vision.embedded_tower = true reads it)"
+                                      : "");
       }
     } else if (s.layout != HfLayout::Decoder) {
       DHP_CHECK(!need_tower, "'{}' holds its own vision tower; model.vision.init '{}' would replace it",
@@ -468,7 +486,10 @@ HfImport verify_sources(const std::vector<Source>& sources, const ModelConfig& c
     for (const auto& b : src.map) mapped.insert(b.hf);
     for (const auto& [name, at] : src.ck.tensors) {
       if (mapped.count(name)) continue;
-      const std::string why = ignored_because(name, names);
+      const std::string why = !src.tower_set_aside.empty() && starts_with(name, src.tower_set_aside)
+                                  ? "the copy of the tower saved in an original LLaVA checkpoint (LLaVA loads "
+                                    "mm_vision_tower instead unless unfreeze_mm_vision_tower)"
+                                  : ignored_because(name, names);
       if (!why.empty()) {
         if (!ignored[why]++) reasons.push_back(why);
         continue;
@@ -498,6 +519,7 @@ HfImport verify_sources(const std::vector<Source>& sources, const ModelConfig& c
     if (r.dtype.empty()) r.dtype = dtype;
     if (r.file_vocab == 0) r.file_vocab = src.file_vocab;
     if (!src.ck.note.empty()) r.notes.push_back(src.ck.note);
+    if (!src.note.empty()) r.notes.push_back(src.note);
     const char* what = src.layout == HfLayout::Decoder ? "decoder tensors"
                        : src.layout == HfLayout::Tower ? "vision tower tensors"
                                                        : "tensors of the decoder, vision tower and projector";
@@ -616,7 +638,10 @@ void log_hf_import(const HfImport& r, const ModelConfig& cfg) {
                fmt::join(r.initialised, ", "));
   for (const auto& [why, n] : r.ignored) spdlog::info("ignored {} tensors the model does not use: {}", n, why);
   if (r.grown_rows > 0)
-    spdlog::info("vocabulary grown from {} to {} rows; the new rows start at the mean of the checkpoint's rows",
+    spdlog::info("vocabulary grown from {} to {} rows for the tokenizer's added tokens (data.added_tokens); the "
+                 "new rows start at the mean of the checkpoint's rows and their logits join the softmax, so the "
+                 "loss is not the checkpoint's own (data.added_tokens = \"none\" keeps its vocabulary: image "
+                 "positions then hold the pad, or unk, as LLaVA-1.5's do)",
                  r.file_vocab, cfg.vocab_size);
 }
 

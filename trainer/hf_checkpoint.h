@@ -76,6 +76,11 @@ struct HfConfig {
   std::string architecture;   // "LlamaForCausalLM", "LlavaForConditionalGeneration", ...
   int file_vocab = 0;         // the decoder's vocab_size: the rows the file holds
   bool original_llava = false;  // LlavaLlamaForCausalLM: the tower's shape is not in the folder
+  // An original LLaVA's tower rule: the tower it names ("openai/clip-vit-large-patch14-336"),
+  // and whether its config asks for the copy saved inside the checkpoint (LLaVA's
+  // CLIPVisionTower loads that copy only with unfreeze_mm_vision_tower, else mm_vision_tower).
+  std::string mm_vision_tower;
+  bool unfreeze_tower = false;
 };
 
 // Reads DIR/config.json over `base`. A decoder folder sets the decoder's shape and keeps the

@@ -448,6 +448,8 @@ HfConfig read_hf_config(const std::string& dir, const ModelConfig& base, int64_t
     // A Llama config with LLaVA's mm_* keys; the tower is named (mm_vision_tower), not described.
     h.model = read_decoder(c, "LlamaForCausalLM", base, max_tokens, vocab_size, &h.file_vocab);
     read_llava_settings(c, true, h.model);
+    h.mm_vision_tower = c.string("mm_vision_tower", "");
+    h.unfreeze_tower = c.boolean("unfreeze_mm_vision_tower", false);
     return h;
   }
   const ConfigJson text = c.nested("text_config", "llama");

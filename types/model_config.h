@@ -65,6 +65,10 @@ struct VisionConfig : ImageGeometry {
   // (SiglipMultiheadAttentionPoolingHead). Set from the folder's tensors by the import.
   bool post_norm = false;
   bool pool_head = false;
+  // An original LLaVA checkpoint holding a copy of its tower: read that copy instead of
+  // model.vision.init's (LLaVA itself reads it only when its config sets
+  // unfreeze_mm_vision_tower, which has the same effect here).
+  bool embedded_tower = false;
 
   int head_dim() const { return dim / heads; }
   bool pretrained() const { return arch != VisionArch::native; }
