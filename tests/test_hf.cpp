@@ -17,6 +17,9 @@
 #include <tuple>
 
 #include "core/input.h"
+#include "data/chat_template.h"
+#include "data/layout.h"
+#include "data/tokenizer.h"
 #include "model/model.h"
 #include "tests/error_of.h"
 #include "tests/hf_fixture.h"
@@ -568,6 +571,57 @@ TEST(HfEval, AFolderIsEvaluatedWithItsOwnVocabulary) {
   EXPECT_EQ(plain.data.tokenizer, ck.string());
   const Config grown = inference_config(ck.string(), {"--data.added_tokens=auto"});
   EXPECT_GT(grown.model.vocab_size, file_vocab) << "the negative control: auto grows a Llama folder's rows";
+}
+
+// `dhp eval --checkpoint FOLDER` with no other flag gives the loss transformers computes: the
+// mean next-token loss over the answer's tokens from the logits of the reference
+// (hf_llama_ref.py, written from modeling_llama.py) on the ids dhp lays the sample out as.
+// Negative control: data.added_tokens = "auto" (the rows LLaVA's layout would add) moves it.
+TEST(HfEval, EvalOfAFolderIsTheReferenceLoss) {
+  const fs::path ck = fixture("llama_tok300", "--kv 2 --tokenizer --vocab 300");
+  const fs::path dir = root() / "eval_ref";
+  fs::create_directories(dir);
+  const std::vector<Turn> turns = {{"human", "What color is the circle at the top left?"},
+                                   {"gpt", "It is red, and the square is blue."}};
+  std::ofstream(dir / "m.jsonl") << json{{"id", "a"}, {"conversations", {{{"from", "human"}, {"value", turns[0].value}},
+                                                                          {{"from", "gpt"}, {"value", turns[1].value}}}}}
+                                        .dump()
+                                 << "\n";
+  auto eval_loss = [&](const std::string& extra) {
+    fs::remove(dir / "eval.json");
+    const testing::Outcome e = testing::run_dhp("eval --checkpoint " + ck.string() + " --data " + (dir / "m.jsonl").string() +
+                                                    " --json " + (dir / "eval.json").string() + extra, dir);
+    EXPECT_EQ(e.status, 0) << e.output;
+    return json::parse(std::ifstream(dir / "eval.json"))["real"]["loss"].get<double>();
+  };
+  // The ids dhp trains and evaluates on: the folder's tokenizer, the default template.
+  const Tokenizer tok(ck.string(), "none");
+  std::vector<int32_t> layout;
+  std::vector<uint8_t> mask;
+  layout_conversation(ChatTemplate::Dhp, turns, tok, layout, mask);
+  const StoredLayout stored{layout.data(), mask.data(), int64_t(layout.size()), {}, tok.ids()};
+  const Sample sample = expand_layout(stored, 0, full_length(stored), nullptr, 2, ImageLoad::Skip);
+  std::ofstream(dir / "tokens.json") << json(sample.tokens).dump();
+  const std::string cmd = py() + "hf_llama_ref.py " + ck.string() + " " + (dir / "tokens.json").string() + " " + dir.string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const int64_t V = 300, T = int64_t(sample.tokens.size());
+  std::vector<float> logits(size_t(T * V));
+  std::ifstream(dir / "logits.bin", std::ios::binary).read(reinterpret_cast<char*>(logits.data()), std::streamsize(logits.size() * 4));
+  double sum = 0;
+  int targets = 0;
+  for (int64_t t = 1; t < T; ++t) {
+    if (!sample.loss_mask[size_t(t)]) continue;
+    const float* row = logits.data() + (t - 1) * V;
+    double mx = row[0], z = 0;
+    for (int64_t v = 1; v < V; ++v) mx = std::max(mx, double(row[v]));
+    for (int64_t v = 0; v < V; ++v) z += std::exp(double(row[v]) - mx);
+    sum += mx + std::log(z) - double(row[sample.tokens[size_t(t)]]);
+    ++targets;
+  }
+  ASSERT_GT(targets, 5);
+  const double want = sum / targets;
+  EXPECT_NEAR(eval_loss(""), want, 1e-5 * want);
+  EXPECT_GT(std::abs(eval_loss(" --data.added_tokens=auto") - want), 1e-3 * want) << "the negative control";
 }
 
 TEST(HfExport, TokenizerFilesAndOutputRules) {
