@@ -17,15 +17,19 @@
 #include "data/synth.h"
 #include "data/tokenizer.h"
 #include "trainer/config.h"
+#include "trainer/hf_checkpoint.h"
 
 namespace dhp {
 
 namespace {
 
 // The run configuration a data command reads its [model.vision] and [data] settings from:
-// --config, or the defaults, with --section.key=value overrides either way.
+// --config, or the defaults, with --section.key=value overrides either way; a tower named by
+// model.init or model.vision.init gives its geometry (patch, image size, resize) as a run's would.
 Config data_config(const std::string& path, const std::vector<std::string>& overrides) {
-  return path.empty() ? parse_config("", "defaults", overrides) : load_config(path, overrides);
+  Config cfg = path.empty() ? parse_config("", "defaults", overrides) : load_config(path, overrides);
+  apply_hf_init_if_here(cfg);
+  return cfg;
 }
 
 void add_synth(CLI::App* data) {

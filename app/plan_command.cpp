@@ -23,6 +23,7 @@
 #include "parallel/planner.h"
 #include "parallel/simulate.h"
 #include "trainer/config.h"
+#include "trainer/hf_checkpoint.h"
 
 namespace dhp {
 namespace {
@@ -170,6 +171,7 @@ void run_plan(const PlanOptions& o) {
   ParamGroups groups;
   if (!o.config.empty()) {
     Config cfg = load_config(o.config);
+    apply_hf_init_if_here(cfg);  // the folders' shapes, as the run will have them
     model = cfg.model, par = cfg.parallel, groups = cfg.optim.groups;
   }
   if (!o.model_profile.empty()) model = model_profile(o.model_profile);

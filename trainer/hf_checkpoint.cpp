@@ -634,8 +634,9 @@ void log_hf_import(const HfImport& r, const ModelConfig& cfg) {
   for (const auto& n : r.notes) spdlog::warn("{}", n);
   for (const auto& s : r.sources) spdlog::info("imported {}", s);
   spdlog::info("imported tensors: {}", fmt::join(r.imported, ", "));
-  spdlog::info("kept their seeded initialisation ({} tensors not in the checkpoint): {}", r.initialised.size(),
-               fmt::join(r.initialised, ", "));
+  if (!r.initialised.empty())
+    spdlog::info("kept their seeded initialisation ({} tensors not in the checkpoint): {}", r.initialised.size(),
+                 fmt::join(r.initialised, ", "));
   for (const auto& [why, n] : r.ignored) spdlog::info("ignored {} tensors the model does not use: {}", n, why);
   if (r.grown_rows > 0)
     spdlog::info("vocabulary grown from {} to {} rows for the tokenizer's added tokens (data.added_tokens); the "

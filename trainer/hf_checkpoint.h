@@ -116,6 +116,11 @@ VisionConfig read_hf_tower_config(const std::string& dir, const VisionConfig& ba
 // nothing. sliding_window is checked against data.max_tokens. No-op when both are empty.
 void apply_hf_init(Config& cfg);
 
+// apply_hf_init for a command that only reads the model's shape (data stats/build, plan): the
+// folders' keys when they are here; when a named folder is not, the configuration's keys are
+// kept and a warning says so. Returns whether the folders were read.
+bool apply_hf_init_if_here(Config& cfg);
+
 // apply_hf_init for a training run that may resume (`resume` as --resume): when a folder that
 // model.init or model.vision.init names is not here (moved, or on another machine) and
 // --resume finds a checkpoint, the model's keys come from that checkpoint, whose weights the

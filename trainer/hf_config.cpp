@@ -513,6 +513,20 @@ void apply_hf_init_for_run(Config& cfg, const std::string& resume) {
   apply_hf_init(cfg);
 }
 
+bool apply_hf_init_if_here(Config& cfg) {
+  const std::string& init = cfg.model.init;
+  const std::string& vinit = cfg.model.vision.init;
+  if (init.empty() && vinit.empty()) return false;
+  for (const std::string* f : {&init, &vinit})
+    if (!f->empty() && !is_hf_folder(*f)) {
+      spdlog::warn("{} '{}' is not a Hugging Face folder here: the model's shape is the configuration's keys",
+                   f == &init ? "model.init" : "model.vision.init", printable(*f));
+      return false;
+    }
+  apply_hf_init(cfg);
+  return true;
+}
+
 void apply_hf_init(Config& cfg) {
   const std::string init = folder_name(cfg.model.init), vinit = folder_name(cfg.model.vision.init);
   if (init.empty() && vinit.empty()) return;

@@ -352,9 +352,12 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
       m.vocab_size = std::max(m.vocab_size, (next + 63) / 64 * 64);
       out_opts.tokenizer = &grown_tok;
       spdlog::info("export: the tokenizer has no token for an image's positions; <image> = {}{} added after its "
-                   "{} ids and the vocabulary grown from {} to {} rows (mean rows), as llava-hf's conversion does",
-                   image_token, add_pad ? fmt::format(" and <pad> = {}", next - 1) : "",
-                   o.tokenizer->vocab, model_cfg.vocab_size, m.vocab_size);
+                   "{} ids, {}", image_token, add_pad ? fmt::format(" and <pad> = {}", next - 1) : "",
+                   o.tokenizer->vocab,
+                   m.vocab_size > model_cfg.vocab_size
+                       ? fmt::format("and the vocabulary grown from {} to {} rows (mean rows), as llava-hf's "
+                                     "conversion does", model_cfg.vocab_size, m.vocab_size)
+                       : fmt::format("within the model's {} rows", m.vocab_size));
     }
     DHP_CHECK(image_token >= 0 && image_token < m.vocab_size,
               "export: a LLaVA checkpoint names the token an image's positions hold (image_token_index: "
