@@ -63,12 +63,12 @@ int64_t encode_with_images(const std::string& text, const Tokenizer& tok, int64_
 }
 
 int64_t answer_text(const Turn& turn, const Tokenizer& tok, std::vector<int32_t>& layout,
-                    std::vector<uint8_t>& loss) {
+                    std::vector<uint8_t>& loss, bool continues = false) {
   if (turn.value.find(kImageMarker) != std::string::npos)
     throw LineError{"bad format", "an <image> marker in an answer"};
   if (turn.value.find(kVideoTag) != std::string::npos)
     throw LineError{"bad format", "a <video> marker in an answer"};
-  const std::vector<int32_t> ids = tok.encode(turn.value);
+  const std::vector<int32_t> ids = tok.encode(turn.value, continues);
   push(layout, loss, ids, true);
   return int64_t(ids.size());
 }
@@ -151,11 +151,8 @@ LaidOut layout_plain(const std::vector<Turn>& turns, const Tokenizer& tok,
   }
   // LLaVA's preprocess_plain: "<image>" + caption + "\n", the caption and its newline the
   // targets (dhp's closing <eos> follows: the document boundary of packed sequences).
-  if (turns[1].value.find(kImageMarker) != std::string::npos)
-    throw LineError{"bad format", "an <image> marker in an answer"};
-  const std::vector<int32_t> ids = tok.encode(turns[1].value + "\n", out.markers > 0 && tok.images_in_text());
-  push(layout, loss, ids, true);
-  out.answer_tokens = int64_t(ids.size());
+  out.answer_tokens = answer_text(Turn{turns[1].from, turns[1].value + "\n"}, tok, layout, loss,
+                                  out.markers > 0 && tok.images_in_text());
   return out;
 }
 
