@@ -325,6 +325,31 @@ TEST(Checkpoint, DamageAnywhereIsRefusedAsDamagedNeverLoadedAsOtherValues) {
   EXPECT_LT(loaded, refused / 4);
 }
 
+// --init of a checkpoint into a model of a smaller configuration loads what the model has and
+// names what it leaves out (here the q/k/v biases of a model trained with attention_bias).
+TEST(Weights, InitFromALargerCheckpointNamesWhatIsLeftOut) {
+  auto world = start_world(nullptr, nullptr);
+  Communicator& comm = *world;
+  const auto dir = run_dir("leftout");
+  Config big = small_config(1, dir);
+  big.model.attention_bias = true;
+  TrainResult r = train(big, comm);
+  Config small = checkpoint_config(r.checkpoint);
+  small.model.attention_bias = false;
+  auto backend = make_cpu_backend({1});
+  Model full(checkpoint_config(r.checkpoint).model, *backend), part(small.model, *backend);
+  load_checkpoint(r.checkpoint, full, nullptr);
+  load_weights(r.checkpoint, part);
+  const std::vector<std::string> left = checkpoint_params_not_in(r.checkpoint, part.table());
+  EXPECT_EQ(left.size(), size_t(3 * big.model.layers));
+  for (const auto& n : left) EXPECT_NE(n.find("attn.w"), std::string::npos) << n;
+  EXPECT_TRUE(checkpoint_params_not_in(r.checkpoint, full.table()).empty());
+  // What the smaller model has is the checkpoint's.
+  const ParamSpec& w = part.table().get("tok_embed.weight");
+  EXPECT_EQ(0, std::memcmp(part.params() + w.offset, full.params() + full.table().get("tok_embed.weight").offset,
+                           size_t(w.numel()) * sizeof(float)));
+}
+
 TEST(Weights, ExportThenImportIsIdentical) {
   auto world = start_world(nullptr, nullptr);
   Communicator& comm = *world;

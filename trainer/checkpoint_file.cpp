@@ -281,6 +281,26 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
   return st;
 }
 
+std::vector<std::string> checkpoint_params_not_in(const std::string& path, const ParamTable& table) {
+  quiet_hdf5();
+  H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
+  H5 params(H5Gopen2(file, "params", H5P_DEFAULT), H5Gclose);
+  DHP_CHECK(params.ok(), "checkpoint '{}' has no /params", path);
+  H5G_info_t info;
+  DHP_CHECK(H5Gget_info(params, &info) >= 0, "checkpoint '{}': /params cannot be listed ({})", path, hdf5_reason());
+  std::vector<std::string> out;
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    const ssize_t n = H5Lget_name_by_idx(params, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    DHP_CHECK(n >= 0, "checkpoint '{}': /params cannot be listed ({})", path, hdf5_reason());
+    std::string name(size_t(n) + 1, '\0');
+    H5Lget_name_by_idx(params, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT);
+    name.resize(size_t(n));
+    if (!table.find(name)) out.push_back(std::move(name));
+  }
+  return out;
+}
+
 void check_tokenizer(const std::string& path, const TrainState& st, const Tokenizer& tok) {
   // Checkpoints from before the table was recorded were all trained with dhp's own table.
   const SpecialIds saved = st.special_ids.empty()

@@ -56,6 +56,11 @@ Config checkpoint_config(const std::string& path, const std::vector<std::string>
 // name and shape, and every checksum. Throws dhp::Error naming the file and the problem.
 TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt);
 
+// The weights a checkpoint holds that `table` has no parameter for (a model of another
+// configuration: a tower part it does not hold, biases it lacks), in the file's order: what
+// --init of that checkpoint leaves out.
+std::vector<std::string> checkpoint_params_not_in(const std::string& path, const ParamTable& table);
+
 class Tokenizer;
 // Refuses a tokenizer whose special ids, added tokens or file differ from those the checkpoint
 // was trained with (a replaced file at the same path would silently change what every token

@@ -1,6 +1,7 @@
 #include "trainer/weights.h"
 
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -118,10 +119,18 @@ void load_weights(const std::string& path, Model& model) {
   }
   // A regular file, as every input (core/input.h): a FIFO or a device would block or never end.
   const InputFile file("weights file", path);
-  if (std::filesystem::path(path).extension() == ".h5")
+  if (std::filesystem::path(path).extension() == ".h5") {
     load_checkpoint(path, model, nullptr);
-  else
+    // A checkpoint of a larger configuration loads into a smaller one: say what stays behind.
+    const std::vector<std::string> left = checkpoint_params_not_in(path, model.table());
+    if (!left.empty())
+      spdlog::warn("--init '{}': {} tensors of the checkpoint are not in this model's configuration and were "
+                   "not loaded: {}{}", path, left.size(),
+                   fmt::join(left.begin(), left.begin() + long(std::min<size_t>(left.size(), 8)), ", "),
+                   left.size() > 8 ? ", ..." : "");
+  } else {
     load_safetensors(file, path, model);
+  }
 }
 
 }  // namespace dhp
