@@ -184,16 +184,14 @@ run eval-export "$dhp" eval --checkpoint runs/llava15_finetune/llava-hf --data d
   --data.template=vicuna_v1 --json runs/llava15_finetune/eval_export.json
 
 echo "starting from a released LLaVA"
-# llava-hf: its preprocessor_config.json (CLIPImageProcessor) crops; "do_pad": true pads as
-# finetune.sh's image_aspect_ratio pad does.
-jq '.do_pad = true' checkpoints/llava-1.5-7b-hf/preprocessor_config.json > p.json \
-  && mv p.json checkpoints/llava-1.5-7b-hf/preprocessor_config.json
+# llava-hf: its preprocessor_config.json (CLIPImageProcessor) would crop; the config's
+# resize = "pad_square" (finetune.sh's image_aspect_ratio pad) wins.
 run release-llava-hf "$dhp" train --config "$fine" --model.init=checkpoints/llava-1.5-7b-hf \
   --data.tokenizer=checkpoints/llava-1.5-7b-hf --checkpoint.dir=runs/llava15_finetune_hf/checkpoints \
   --log.metrics=runs/llava15_finetune_hf/metrics.jsonl --log.tensorboard=runs/llava15_finetune_hf/tb \
   "${tiny[@]}" --train.steps=2 --optim.warmup=1
 expect release-llava-hf "imported [0-9]+ tensors of the decoder, vision tower and projector .*llava-hf layout"
-expect release-llava-hf "model.vision.resize = pad_square"
+expect release-llava-hf "model.vision.resize = pad_square, as the configuration says"
 run release-original "$dhp" train --config "$fine" --model.init=checkpoints/llava-v1.5-7b \
   --model.vision.init=checkpoints/clip-vit-large-patch14-336 --data.tokenizer=checkpoints/llava-v1.5-7b \
   --checkpoint.dir=runs/llava15_finetune_orig/checkpoints --log.metrics=runs/llava15_finetune_orig/metrics.jsonl \

@@ -131,6 +131,20 @@ TEST(HfLlavaConfig, EachGenerationSetsTheTowerAndLlavaKeys) {
 
 // llava-hf saves only what differs from transformers' defaults: a sparse text_config is
 // Llama-2-7B's shape, a sparse vision_config CLIP's.
+// A resize the configuration names (file or command line) wins over a LLaVA folder's
+// processor, which chooses only when nothing is named.
+TEST(HfLlavaConfig, AStatedResizeWinsOverTheFoldersProcessor) {
+  const fs::path dir = clip_llava();
+  EXPECT_EQ(applied({"--model.init=" + dir.string()}).model.vision.resize, ImageFit::clip);
+  EXPECT_EQ(applied({"--model.init=" + dir.string(), "--model.vision.resize=pad_square"}).model.vision.resize,
+            ImageFit::pad_square);
+  Config c = parse_config("[model.vision]\nresize = \"pad_square\"\n", "stated.toml", {"--model.init=" + dir.string()});
+  apply_hf_init(c);
+  EXPECT_EQ(c.model.vision.resize, ImageFit::pad_square);
+  apply_hf_init(c);  // twice: the same
+  EXPECT_EQ(c.model.vision.resize, ImageFit::pad_square);
+}
+
 TEST(HfLlavaConfig, NestedConfigsTakeTheClassDefaults) {
   const fs::path dir = root() / "sparse_config";
   fs::create_directories(dir);

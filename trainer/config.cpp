@@ -631,6 +631,7 @@ Config finish(Config cfg, const toml::table& tbl, const std::string& name,
     if (!named("val")) cfg.data.val.clear();
     if (!named("tokenizer")) cfg.data.tokenizer.clear();
   }
+  v.resize_stated = tbl["model"]["vision"]["resize"].node() != nullptr || overrides_set(overrides, "model.vision.resize");
   const auto [mean, std] = default_pixel_norm(v.arch);
   if (std::isnan(v.pixel_mean[0])) v.pixel_mean = mean;
   if (std::isnan(v.pixel_std[0])) v.pixel_std = std;

@@ -574,6 +574,13 @@ void apply_hf_init(Config& cfg) {
       if (tok.vocab_size() > file.file_vocab) vocab = std::max(vocab, tok.padded_vocab_size(64));
     }
     file.model.vocab_size = vocab;
+    // A resize the configuration names wins over a LLaVA folder's processor (LLaVA's own
+    // fine-tuning pads, "pad_square", where llava-hf's processor centre-crops).
+    if (cfg.model.vision.resize_stated && file.model.vision.resize != cfg.model.vision.resize) {
+      spdlog::info("model.vision.resize = {}, as the configuration says (model.init '{}''s preprocessor_config.json "
+                   "would give {})", image_fit_name(cfg.model.vision.resize), init, image_fit_name(file.model.vision.resize));
+      file.model.vision.resize = cfg.model.vision.resize;
+    }
     m = file.model;
   }
   if (!vinit.empty()) {
@@ -581,7 +588,7 @@ void apply_hf_init(Config& cfg) {
     // stay those of an original LLaVA model.init, the TOML's when composing.
     const ImageFit resize = m.vision.resize;
     m.vision = read_hf_tower_config(vinit, m.vision);
-    if (resize == ImageFit::pad_square) m.vision.resize = resize;
+    if (resize == ImageFit::pad_square || m.vision.resize_stated) m.vision.resize = resize;
     const int f = m.vision.feature_layer, n = m.vision.layers;
     DHP_CHECK(f >= -(n + 1) && f <= n, "{}: the tower of model.vision.init '{}' has {} layers; feature layer "
               "{} (model.vision.feature_layer, or the LLaVA config's) is not a hidden state of it "

@@ -268,7 +268,9 @@ void Run::log_setup() const {
   if (v.fixed_square())
     spdlog::info("images: model.vision.resize = {} to {}x{} (Pillow's bicubic, as Hugging Face's image processor{})",
                  image_fit_name(v.resize), v.image_size, v.image_size,
-                 v.init.empty() && cfg_.model.init.empty() ? "" : "; the folder's preprocessor_config.json chose it");
+                 v.resize_stated ? "; the configuration names it"
+                 : v.init.empty() && cfg_.model.init.empty() ? ""
+                                                              : "; the folder's preprocessor_config.json chose it");
   if (!model_.table().all_trainable()) {
     std::vector<std::string> frozen;
     int64_t trained = 0, all = 0;

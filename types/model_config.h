@@ -69,6 +69,9 @@ struct VisionConfig : ImageGeometry {
   // model.vision.init's (LLaVA itself reads it only when its config sets
   // unfreeze_mm_vision_tower, which has the same effect here).
   bool embedded_tower = false;
+  // model.vision.resize was named by the configuration file or the command line (not a key:
+  // set by the parser): it then wins over a folder's preprocessor_config.json.
+  bool resize_stated = false;
 
   int head_dim() const { return dim / heads; }
   bool pretrained() const { return arch != VisionArch::native; }
