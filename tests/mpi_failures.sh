@@ -100,7 +100,12 @@ mpirun -np 3 --oversubscribe "$dhp" train --config "$work/run.toml" \
   --checkpoint.dir="$work/TERM/ck" --log.metrics="$work/TERM/metrics.jsonl" >"$work/TERM.log" 2>&1 &
 job=$!
 until_steps "$work/TERM" "$work/TERM.log"
-for r in 0 1 2; do kill -TERM "$(rank_pid "$job" "$r")"; done
+# Every rank found first, then signalled at once, as a launcher does: looked up one by one, the
+# last could already have stopped (the others agree on the stop with it) and not be found.
+pids=""
+for r in 0 1 2; do pids="$pids $(rank_pid "$job" "$r")"; done
+# shellcheck disable=SC2086
+kill -TERM $pids
 set +e
 timeout 60 tail --pid="$job" -f /dev/null
 wait "$job"
