@@ -270,7 +270,8 @@ void Run::log_setup() const {
                  image_fit_name(v.resize), v.image_size, v.image_size,
                  v.resize_stated ? "; the configuration names it"
                  : v.init.empty() && cfg_.model.init.empty() ? ""
-                                                              : "; the folder's preprocessor_config.json chose it");
+                                                              : "; the folders chose it: a preprocessor_config.json, "
+                                                                "or an original LLaVA's image_aspect_ratio");
   if (!model_.table().all_trainable()) {
     std::vector<std::string> frozen;
     int64_t trained = 0, all = 0;
