@@ -73,7 +73,8 @@ int64_t answer_text(const Turn& turn, const Tokenizer& tok, std::vector<int32_t>
   return int64_t(ids.size());
 }
 
-// Python's str.strip(): the characters str.isspace() accepts, ASCII and Unicode.
+// Python's str.strip(): the characters str.isspace() accepts, ASCII and Unicode. (Jinja's `trim`
+// filter is this strip, so the llama3 template's `| trim` uses it too.)
 std::string python_strip(const std::string& s) {
   static const std::string_view kSpaces[] = {
       " ", "\t", "\n", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x1f", "\u0085", "\u00a0", "\u1680",
@@ -164,19 +165,12 @@ struct TaggedFamily {
   std::string_view open_before_role, open_after_role;  // around the role's name
   std::string_view end;                                // a turn's end token
   std::string_view after_end;                          // text after it (not a target)
-  bool trim = false;                                   // Jinja's `| trim` of each turn's text
+  bool trim = false;                                   // Jinja's `| trim` of each turn's text (python_strip)
   std::string_view last_answer_opening;                // after the last answer's header
 };
 
 constexpr TaggedFamily kChatMl{"chatml", "<|im_start|>", "\n", "<|im_end|>", "\n", false, "<think>\n\n</think>\n\n"};
 constexpr TaggedFamily kLlama3{"llama3", "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", "", true, ""};
-
-std::string jinja_trim(const std::string& s) {
-  const char* ws = " \t\n\r\f\v";
-  const size_t b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return {};
-  return s.substr(b, s.find_last_not_of(ws) - b + 1);
-}
 
 std::string role_of(const Turn& t) {
   if (t.answer()) return "assistant";
@@ -214,14 +208,14 @@ LaidOut layout_tagged(const TaggedFamily& f, const std::vector<Turn>& turns, con
     const bool last = i + 1 == turns.size();
     std::string header = std::string(f.open_before_role) + role_of(turn) + std::string(f.open_after_role);
     if (!turn.answer()) {
-      const std::string text = f.trim ? jinja_trim(turn.value) : turn.value;
+      const std::string text = f.trim ? python_strip(turn.value) : turn.value;
       out.markers += encode_with_images(header + text + std::string(f.end) + std::string(f.after_end), tok,
                                         out.markers, layout, loss, /*allow_video=*/true);
       continue;
     }
     if (turn.value.find("</think>") != std::string::npos)
       throw LineError{"bad format", "an answer holding </think> (reasoning text is not laid out)"};
-    std::string text = f.trim ? jinja_trim(turn.value) : turn.value;
+    std::string text = f.trim ? python_strip(turn.value) : turn.value;
     if (last && i > last_user && !f.last_answer_opening.empty()) {
       header += f.last_answer_opening;
       text.erase(0, text.find_first_not_of('\n') == std::string::npos ? text.size() : text.find_first_not_of('\n'));
@@ -242,7 +236,7 @@ LaidOut layout_tagged(const TaggedFamily& f, const std::vector<Turn>& turns, con
 int64_t prompt_tagged(const TaggedFamily& f, const std::string& prompt, const Tokenizer& tok,
                       std::vector<int32_t>& layout, std::vector<uint8_t>& loss) {
   family_token(f, f.end, tok);
-  const std::string text = f.trim ? jinja_trim(prompt) : prompt;
+  const std::string text = f.trim ? python_strip(prompt) : prompt;
   return encode_with_images(std::string(f.open_before_role) + "user" + std::string(f.open_after_role) + text +
                                 std::string(f.end) + std::string(f.after_end) + std::string(f.open_before_role) +
                                 "assistant" + std::string(f.open_after_role) + std::string(f.last_answer_opening),

@@ -225,6 +225,21 @@ TEST(TokenizerJson, ChatTemplatesGiveWhatTheModelsOwnTemplatesRender) {
     EXPECT_EQ(tok.decode(prompt), want_prompt);
     EXPECT_EQ(prompt, hf_ids(tok.path(), want_prompt, dir));
   }
+  // Llama-3's `| trim` is Python's str.strip: Unicode spaces (no-break, ideographic, em) and
+  // the ASCII separators 0x1c-0x1f go too, as the model's own template renders it.
+  {
+    const Tokenizer tok(real("llama3_1").string());
+    const std::string padded = "\u00a0\x1c\u3000And 3+3? \u2003\n";
+    std::vector<int32_t> layout;
+    std::vector<uint8_t> loss;
+    layout_prompt(ChatTemplate::Llama3, padded, tok, layout, loss);
+    Ids prompt = {tok.ids().bos};
+    prompt.insert(prompt.end(), layout.begin(), layout.end());
+    const std::string want = rendered(real("llama3_1"), json::array({{{"role", "user"}, {"content", padded}}}), dir,
+                                      "--generation-prompt");
+    EXPECT_EQ(tok.decode(prompt), want);
+    EXPECT_EQ(prompt, hf_ids(tok.path(), want, dir));
+  }
   // A template of another family is refused by the token it lacks (a negative control: the
   // ids above would not match).
   const Tokenizer llama(real("llama3_1").string());
