@@ -35,8 +35,12 @@ for gen in orig hf new; do
     --checkpoint.dir="$work/$gen-one/ckpt"
   grep -q "imported .* tensors" "$work/$gen-one.log" \
     || { echo "$gen: nothing imported"; cat "$work/$gen-one.log"; exit 1; }
-  grep -q "the tower's parts LLaVA never runs: its layers after feature_layer, post_layernorm and pooling head" \
-    "$work/$gen-one.log" || { echo "$gen: the held parts are not named"; grep -i frozen "$work/$gen-one.log"; exit 1; }
+  # clip (orig, hf; feature layer -2): the last layer and post_layernorm; siglip (new; feature
+  # layer -1): post_layernorm and the pooling head.
+  held="its layers after feature_layer, post_layernorm"
+  [ "$gen" = new ] && held="post_layernorm, pooling head"
+  grep -q "the tower's parts LLaVA never runs: $held (" "$work/$gen-one.log" \
+    || { echo "$gen: the held parts are not named"; grep -i frozen "$work/$gen-one.log"; exit 1; }
   export_weights "$work/$gen-one"
   r="$work/$gen-dhp-3"
   train_run "$r.log" mpirun -np 3 --oversubscribe -- "${start[@]}" --parallel.strategy=dhp \

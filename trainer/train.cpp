@@ -281,14 +281,20 @@ void Run::log_setup() const {
       if (!cfg_.optim.groups.group[g].trainable)
         frozen.push_back(fmt::format("{} ({:.3f} M)", kParamGroupNames[g], double(n) / 1e6));
     }
-    int64_t unused = 0;  // a tower's layers after feature_layer, in a group that trains
+    int64_t unused = 0;  // a tower's parts that never run, in a group that trains
     for (const auto& p : model_.table().specs()) {
       if (p.trainable) trained += p.numel();
       else if (cfg_.optim.groups.trainable(p.group)) unused += p.numel();
     }
-    if (unused > 0)
-      frozen.push_back(fmt::format("the tower's parts LLaVA never runs: its layers after feature_layer, "
-                                   "post_layernorm and pooling head ({:.3f} M)", double(unused) / 1e6));
+    if (unused > 0) {
+      const VisionConfig& tower = cfg_.model.vision;
+      std::vector<std::string> parts;
+      if (tower.layers_run() < tower.layers) parts.push_back("its layers after feature_layer");
+      if (tower.post_norm) parts.push_back("post_layernorm");
+      if (tower.pool_head) parts.push_back("pooling head");
+      frozen.push_back(fmt::format("the tower's parts LLaVA never runs: {} ({:.3f} M)", fmt::join(parts, ", "),
+                                   double(unused) / 1e6));
+    }
     spdlog::info("frozen: {}; {:.3f} M of {:.3f} M parameters train", fmt::join(frozen, ", "),
                  double(trained) / 1e6, double(all) / 1e6);
   }
