@@ -98,6 +98,10 @@ class SlowLlamaTokenizer:
             tokens = tokens[1:]
         return tokens
 
+    def ids(self, text):
+        # tokenize + convert_tokens_to_ids, no special tokens added
+        return [self.added[t] if t in self.added else self.sp.piece_to_id(t) for t in self.tokenize(text)]
+
     def __call__(self, text):
         # encode -> convert_tokens_to_ids -> build_inputs_with_special_tokens (bos + ids [+ eos])
         ids = self.ids(text)
@@ -105,11 +109,6 @@ class SlowLlamaTokenizer:
                ([self.eos_token_id] if self.add_eos_token else [])
 
 
-def _ids(self, text):
-    return [self.added[t] if t in self.added else self.sp.piece_to_id(t) for t in self.tokenize(text)]
-
-
-SlowLlamaTokenizer.ids = _ids  # tokenize + convert_tokens_to_ids, no special tokens added
 
 
 def tokenizer_image_token(prompt, tok):
