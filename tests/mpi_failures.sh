@@ -112,10 +112,15 @@ wait "$job"
 rc=$?
 set -e
 [ "$rc" -eq 0 ] || { cat "$work/TERM.log"; echo "SIGTERM: exit status $rc, expected 0"; exit 1; }
-n=$(ls "$work/TERM/ck"/*.h5 | wc -l)
+# One complete checkpoint (its marker), its weights' file and the part of the moments each of
+# the 3 ranks wrote beside it.
+n=$(ls "$work/TERM/ck"/*.done | wc -l)
 [ "$n" -eq 1 ] || { ls "$work/TERM/ck"; echo "SIGTERM: $n checkpoints, expected 1"; exit 1; }
+ck=$(basename "$(ls "$work/TERM/ck"/*.done)" .done)
+n=$(ls "$work/TERM/ck/$ck".optim-*-of-00003.h5 | wc -l)
+[ "$n" -eq 3 ] && [ -f "$work/TERM/ck/$ck.h5" ] || { ls "$work/TERM/ck"; echo "SIGTERM: $n moment parts, expected 3"; exit 1; }
 mpirun -np 2 --oversubscribe "$dhp" train --config "$work/run.toml" --resume auto \
   --checkpoint.dir="$work/TERM/ck" --train.steps="$(( $(wc -l < "$work/TERM/metrics.jsonl") + 1 ))" \
   --log.metrics= >"$work/TERM-resume.log" 2>&1 || { cat "$work/TERM-resume.log"; echo "resume failed"; exit 1; }
-echo "SIGTERM to all 3 ranks: exit 0, one checkpoint ($(basename "$(ls "$work/TERM/ck"/*.h5)")), resumed on 2 ranks"
+echo "SIGTERM to all 3 ranks: exit 0, one checkpoint ($ck.h5 and its 3 moment parts), resumed on 2 ranks"
 

@@ -70,6 +70,18 @@ TrainResult train_on(int n, const Config& cfg, const TrainOptions& o = {}) {
   return r0;
 }
 
+// Copies checkpoint `step` of run folder `from` into `to`/checkpoints: the main file, its
+// completion marker and the moment parts every rank wrote beside it.
+void copy_checkpoint(const std::filesystem::path& from, int64_t step, const std::filesystem::path& to) {
+  std::filesystem::create_directories(to / "checkpoints");
+  const std::string prefix = fmt::format("step-{:08d}.", step);
+  int copied = 0;
+  for (const auto& e : std::filesystem::directory_iterator(from / "checkpoints"))
+    if (e.path().filename().string().rfind(prefix, 0) == 0)
+      std::filesystem::copy(e.path(), to / "checkpoints"), ++copied;
+  DHP_CHECK(copied >= 2, "no checkpoint of step {} in '{}'", step, from.string());
+}
+
 std::vector<float> weights_of(const std::string& checkpoint, const Config& cfg) {
   auto backend = make_cpu_backend({1});
   Model m(cfg.model, *backend);
@@ -455,9 +467,7 @@ TEST_P(ResumeAcrossWorlds, ResumeOnAnotherNumberOfRanks) {
   const std::vector<float> w_straight = weights_of(straight.checkpoint, base);
   for (int n : {3, 1}) {
     const auto dir = testing::run_dir("resume_on_" + std::to_string(n) + "_" + tag);
-    std::filesystem::create_directories(dir / "checkpoints");
-    std::filesystem::copy(base_dir / "checkpoints" / "step-00000003.h5", dir / "checkpoints");
-    std::filesystem::copy(base_dir / "checkpoints" / "step-00000003.done", dir / "checkpoints");
+    copy_checkpoint(base_dir, 3, dir);
     const Config cfg = config(dir);
     TrainOptions o;
     o.resume = "auto";
@@ -585,9 +595,7 @@ TEST(ResumeAcrossWorlds, ResumeWithAnotherFreezing) {
       const bool zero1 = n == 3;
       const std::string tag = std::string(frozen ? "frozen_" : "thawed_") + std::to_string(n);
       const auto dir = testing::run_dir("resume_frozen_" + tag);
-      std::filesystem::create_directories(dir / "checkpoints");
-      std::filesystem::copy(base_dir / "checkpoints" / "step-00000003.h5", dir / "checkpoints");
-      std::filesystem::copy(base_dir / "checkpoints" / "step-00000003.done", dir / "checkpoints");
+      copy_checkpoint(base_dir, 3, dir);
       const Config cfg = config(dir, frozen, zero1);
       TrainOptions o;
       o.resume = "auto";
@@ -679,9 +687,7 @@ TEST(PlanInvariance, ResumeCarriesTheRefittedCostModel) {
   EXPECT_TRUE(moved);
 
   const auto dir = testing::run_dir("resume_costs_on_3");
-  std::filesystem::create_directories(dir / "checkpoints");
-  std::filesystem::copy(at2, dir / "checkpoints");
-  std::filesystem::copy(base_dir / "checkpoints" / "step-00000002.done", dir / "checkpoints");
+  copy_checkpoint(base_dir, 2, dir);
   Config cfg = longtail_config("dhp", 4, dir);
   TrainOptions o;
   o.resume = "auto";

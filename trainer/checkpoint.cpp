@@ -2,11 +2,14 @@
 
 #include <sys/statvfs.h>
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "core/check.h"
 #include "core/files.h"
@@ -22,32 +25,36 @@ fs::path marker_of(const fs::path& h5) {
   return m.replace_extension(".done");
 }
 
-// The step a file name step-NNNNNNNN.h5 claims, or -1 for another name.
+// The step a file name step-NNNNNNNN.h5 claims, or -1 for another name (a moment part's too).
 int64_t named_step(const fs::path& p) {
-  const std::string stem = p.stem().string();
-  if (p.extension() != ".h5" || stem.size() != 13 || stem.rfind("step-", 0) != 0) return -1;
-  if (stem.find_first_not_of("0123456789", 5) != std::string::npos) return -1;
-  return std::stoll(stem.substr(5));
+  const int64_t step = checkpoint_file_step(p);
+  return step >= 0 && p.extension() == ".h5" && p.stem().string().size() == 13 ? step : -1;
 }
 
 // Keeps the newest `keep` complete checkpoints; the marker goes first so a crash in between
-// never leaves a marker that points at a missing file. Also removes the temporaries of saves
-// that a kill interrupted: the run saving is the folder's only writer (RunLock), so none of
-// them is in progress, and each may be as large as a whole checkpoint.
+// never leaves a marker that points at a missing file, then the main file, then its moment
+// parts. Also removes the temporaries of saves that a kill interrupted and the parts no
+// complete checkpoint owns: the run saving is the folder's only writer (RunLock) and prunes
+// only between saves, so none of them is in progress, and each may be large.
 void prune(const fs::path& dir, int keep) {
   std::error_code ec;
-  std::vector<fs::path> stale;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const fs::path p = e.path();
-    if (p.extension() == ".tmp" && named_step(p.parent_path() / p.stem()) >= 0) stale.push_back(p);
-  }
-  for (const auto& p : stale) fs::remove(p, ec);
   const auto all = list_checkpoints(dir.string());
-  for (size_t i = 0; i + size_t(keep) < all.size(); ++i) {
+  const size_t drop = all.size() > size_t(keep) ? all.size() - size_t(keep) : 0;
+  std::set<std::string> kept;
+  for (size_t i = drop; i < all.size(); ++i) kept.insert(all[i]);
+  for (size_t i = 0; i < drop; ++i) {
     fs::remove(marker_of(all[i]), ec);
     if (!ec) fs::remove(all[i], ec);
     if (ec) spdlog::warn("could not delete old checkpoint '{}': {}", all[i], ec.message());
   }
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const fs::path p = e.path();
+    if (checkpoint_file_step(p) < 0 || named_step(p) >= 0) continue;  // not a temporary or part
+    const fs::path main = dir / fmt::format("step-{:08d}.h5", checkpoint_file_step(p));
+    if (p.extension() == ".tmp" || !kept.contains(main.string())) stale.push_back(p);
+  }
+  for (const auto& p : stale) fs::remove(p, ec);
 }
 
 // A save that cannot fit fails before it writes anything: a disk that fills mid-write is
@@ -75,10 +82,14 @@ void write_marker(const fs::path& h5, int64_t step) {
   fsync_path(marker_of(h5).string(), false);
 }
 
-}  // namespace
+// Before a save writes anything: the folder exists, holds at most `keep` checkpoints, has room,
+// and no longer calls an older save of the same step complete (it is about to be overwritten).
+// Returns the checkpoint's path.
+fs::path checkpoint_path(const Config& cfg, int64_t step) {
+  return fs::path(cfg.checkpoint.dir) / fmt::format("step-{:08d}.h5", step);
+}
 
-std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* opt,
-                            const TrainState& st) {
+fs::path prepare_save(const Config& cfg, const Model& model, bool with_moments, int64_t step) {
   const fs::path dir = cfg.checkpoint.dir;
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -86,14 +97,23 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
   // A run killed between its last save and that save's pruning left one checkpoint too many;
   // pruning first too keeps the folder at most one over `keep` at any moment.
   prune(dir, cfg.checkpoint.keep);
-  const fs::path final_path = dir / fmt::format("step-{:08d}.h5", st.step);
-  const fs::path tmp = fs::path(final_path.string() + ".tmp");
-  check_free_space(dir, model, opt != nullptr, st.step);
-  // An older save of the same step is no longer complete once we start overwriting it.
+  check_free_space(dir, model, with_moments, step);
+  const fs::path final_path = checkpoint_path(cfg, step);
   fs::remove(marker_of(final_path), ec);
   DHP_CHECK(!ec, "cannot remove '{}': {}", marker_of(final_path).string(), ec.message());
+  return final_path;
+}
+
+fs::path temporary_of(const fs::path& p) { return fs::path(p.string() + ".tmp"); }
+
+// Writes `final_path`'s temporary with `write` and makes it durable; a failure removes it and
+// throws naming the step.
+template <class Write>
+void write_durable(const fs::path& final_path, int64_t step, Write&& write) {
+  const fs::path tmp = temporary_of(final_path);
+  std::error_code ec;
   try {
-    write_checkpoint_file(tmp, cfg, model, opt, st);
+    write(tmp);
     // Durable before visible: data on disk, then the name, then the marker that says complete.
     fsync_path(tmp.string(), false);
   } catch (const Error& e) {
@@ -102,14 +122,27 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
     // an open file's blocks are not freed by unlinking it.
     fs::resize_file(tmp, 0, ec);
     fs::remove(tmp, ec);
-    throw Error(fmt::format("checkpoint of step {} not saved ({}): {}", st.step, tmp.string(),
-                            e.what()));
+    throw Error(fmt::format("checkpoint of step {} not saved ({}): {}", step, tmp.string(), e.what()));
   }
-  commit_rename(tmp.string(), final_path.string());
-  write_marker(final_path, st.step);
-  fsync_path(dir.string(), true);
+}
 
-  prune(dir, cfg.checkpoint.keep);
+// The last act of a save, once every file of it is durable under its final name: the marker
+// that makes it complete, then retention.
+void complete_save(const Config& cfg, const fs::path& final_path, int64_t step) {
+  write_marker(final_path, step);
+  fsync_path(final_path.parent_path().string(), true);
+  prune(final_path.parent_path(), cfg.checkpoint.keep);
+}
+
+}  // namespace
+
+std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* opt,
+                            const TrainState& st) {
+  const fs::path final_path = prepare_save(cfg, model, opt != nullptr, st.step);
+  write_durable(final_path, st.step,
+                [&](const fs::path& tmp) { write_checkpoint_file(tmp, cfg, model, opt, st); });
+  commit_rename(temporary_of(final_path).string(), final_path.string());
+  complete_save(cfg, final_path, st.step);
   return final_path.string();
 }
 
@@ -188,20 +221,148 @@ bool CheckpointManager::periodic(int64_t step) const {
   return every > 0 && step % every == 0 && step < cfg_.train.steps;
 }
 
+double save_timeout(const Config& cfg, const ParamTable& table, int world) {
+  if (cfg.checkpoint.timeout_s > 0) return cfg.checkpoint.timeout_s;
+  // Rank 0's part is the largest: the weights and its share of the moments.
+  const int64_t n = table.trainable_total();
+  const double bytes = double(sizeof(float)) * double(table.total() + 2 * (n / world + n % world));
+  return cfg.parallel.timeout_s + bytes / 20e6;
+}
+
+namespace {
+
+// A save that every rank agreed had failed, its message complete.
+class SaveFailed : public Error {
+ public:
+  using Error::Error;
+};
+
+// Every rank's outcome of one stage of a save, known to all: the ranks that failed it.
+std::vector<int> failed_ranks(Communicator& comm, const std::string& error) {
+  std::vector<int32_t> failed(size_t(comm.size()), 0);
+  int32_t mine = error.empty() ? 0 : 1;
+  comm.all_gather(&mine, failed.data(), 1, DataType::I32);
+  std::vector<int> out;
+  for (int r = 0; r < comm.size(); ++r)
+    if (failed[size_t(r)]) out.push_back(r);
+  return out;
+}
+
+// The wait for a save, however long its writes take, is bounded by the save's own limit,
+// not by parallel.timeout_s, which is sized for one step's collectives.
+class SaveTimeout {
+ public:
+  SaveTimeout(Communicator& comm, double save, double usual) : comm_(comm), usual_(usual) {
+    comm.set_timeout(save);
+  }
+  ~SaveTimeout() { comm_.set_timeout(usual_); }
+  SaveTimeout(const SaveTimeout&) = delete;
+  SaveTimeout& operator=(const SaveTimeout&) = delete;
+
+ private:
+  Communicator& comm_;
+  double usual_;
+};
+
+}  // namespace
+
 std::string CheckpointManager::save(const Model& model, const AdamW& opt, const TrainState& state,
                                     bool last) {
-  std::string path;
-  if (rank0_) {
-    try {
-      path = save_checkpoint(cfg_, model, &opt, state);
-      spdlog::info("checkpoint saved: {}", path);
-    } catch (const Error& e) {
-      if (last) throw;
-      spdlog::warn("{}; training goes on and saves again at the next interval", e.what());
-    }
+  const double limit = save_timeout(cfg_, model.table(), comm_.size());
+  const SaveTimeout scope(comm_, limit, cfg_.parallel.timeout_s);
+  try {
+    return save_with_every_rank(model, opt, state, last);
+  } catch (const SaveFailed&) {
+    throw;
+  } catch (const Error& e) {
+    // A rank that stopped answering: the others' waits ended at the save's limit.
+    throw Error(fmt::format("checkpoint of step {} not saved: {} (a save waits for the other ranks up to {:.1f} s: "
+                            "checkpoint.timeout_s)", state.step, e.what(), limit));
   }
-  comm_.barrier();
-  return path;
+}
+
+std::string CheckpointManager::save_with_every_rank(const Model& model, const AdamW& opt,
+                                                    const TrainState& state, bool last) {
+  const int world = comm_.size(), rank = comm_.rank();
+  const int64_t step = state.step;
+  // Each stage's failures are agreed on before the next, so that every rank leaves the save
+  // the same way; this rank's own reason, and which ranks failed where.
+  std::string error;
+  std::vector<int> failed;
+  const char* stage = "";
+  auto run_stage = [&](const char* name, auto&& body) {
+    if (!failed.empty()) return;
+    stage = name;
+    try {
+      body();
+    } catch (const Error& e) {
+      error = e.what();
+      if (world > 1) spdlog::warn("rank {}: {}", rank, error);
+    }
+    failed = world > 1 ? failed_ranks(comm_, error) : std::vector<int>(error.empty() ? 0 : 1, 0);
+  };
+  run_stage("preparing the folder", [&] {
+    if (rank0_) prepare_save(cfg_, model, true, step);
+  });
+  const fs::path final_path = checkpoint_path(cfg_, step);
+  // Several ranks: each writes its part of the moments at once, and rank 0 the weights and
+  // the record of the parts' checksums, gathered first.
+  const bool in_parts = world > 1;
+  const auto [begin, end] = AdamW::save_part(opt.compact_size(), rank, world);
+  const fs::path part_path = moment_part_path(final_path, rank, world);
+  std::vector<float> m, v;
+  MomentParts parts;
+  if (in_parts) {
+    run_stage("reading its moments", [&] {
+      m.resize(size_t(end - begin)), v.resize(size_t(end - begin));
+      opt.download_compact(begin, end - begin, m.data(), v.data());
+    });
+    if (!failed.empty()) return give_up(failed, error, stage, step, last, part_path);
+    const uint64_t mine[2] = {moment_checksum(m), moment_checksum(v)};
+    parts = {world, std::vector<uint64_t>(size_t(2 * world))};
+    comm_.all_gather(mine, parts.checksums.data(), 2, DataType::I64);
+  }
+  run_stage("writing", [&] {
+    if (in_parts)
+      write_durable(part_path, step, [&](const fs::path& tmp) {
+        write_moment_part(tmp, step, rank, world, begin, m, v);
+      });
+    if (rank0_)
+      write_durable(final_path, step, [&](const fs::path& tmp) {
+        write_checkpoint_file(tmp, cfg_, model, &opt, state, parts);
+      });
+  });
+  // Parts first; the main file's name, then the marker, make the checkpoint whole.
+  run_stage("naming the parts", [&] {
+    if (in_parts) commit_rename(temporary_of(part_path).string(), part_path.string());
+  });
+  run_stage("completing", [&] {
+    if (!rank0_) return;
+    commit_rename(temporary_of(final_path).string(), final_path.string());
+    complete_save(cfg_, final_path, step);
+  });
+  if (failed.empty()) {
+    if (rank0_) spdlog::info("checkpoint saved: {}", final_path.string());
+    return final_path.string();
+  }
+  return give_up(failed, error, stage, step, last, part_path);
+}
+
+std::string CheckpointManager::give_up(const std::vector<int>& failed, const std::string& error,
+                                       const char* stage, int64_t step, bool last,
+                                       const fs::path& part_path) const {
+  // A part already named is left to the next save's pruning: no marker makes it complete.
+  std::error_code ec;
+  fs::remove(temporary_of(part_path), ec);
+  if (rank0_) fs::remove(temporary_of(checkpoint_path(cfg_, step)), ec);
+  const std::string what =
+      !error.empty() ? error
+                     : fmt::format("checkpoint of step {} not saved: rank{} {} failed while {} (its log says why)", step,
+                                   failed.size() > 1 ? "s" : "", fmt::join(failed, ", "), stage);
+  const std::string kept = fmt::format("{}; the checkpoints before it are unchanged", what);
+  if (last) throw SaveFailed(kept);
+  if (rank0_) spdlog::warn("{}; training goes on and saves again at the next interval", kept);
+  return "";
 }
 
 }  // namespace dhp

@@ -5,10 +5,13 @@
 // Saving writes NAME.h5.tmp, fsyncs it, renames it to NAME.h5, then writes the completion
 // marker NAME.done holding the step; only checkpoints whose marker, name and recorded step
 // agree are ever listed or loaded. A failed save removes its temporary and throws with the
-// operating system's reason.
+// operating system's reason. A run of several ranks saves in parallel: each rank writes its
+// part of the optimizer moments beside NAME.h5 (checkpoint_file.h) while rank 0 writes the
+// weights, and the marker follows every part's fsync and rename.
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +29,11 @@ namespace dhp {
 // checkpoints. Returns the path written.
 std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* opt,
                             const TrainState& state);
+
+// How long the ranks of a save wait for each other: checkpoint.timeout_s, or when 0
+// parallel.timeout_s plus the time to write rank 0's part (the weights and its share of the
+// moments) at 20 MB/s.
+double save_timeout(const Config& cfg, const ParamTable& table, int world);
 
 // Complete checkpoints of a directory, oldest first ("" entries never).
 std::vector<std::string> list_checkpoints(const std::string& dir, bool warn = true);
@@ -58,13 +66,18 @@ class CheckpointManager {
   // the last step excepted (the run ends with its own save).
   bool periodic(int64_t step) const;
 
-  // Saves on rank 0 while the other ranks wait; every rank gets the path ("" on the others
-  // and when a periodic save failed). The save a run ends with (last) must succeed; a
-  // periodic one that fails (a full disk) warns, and training goes on to try again at the
-  // next interval. The optimizer's moments must be whole (AdamW::gather_moments).
+  // Saves with every rank, each writing its part, the waits bounded by save_timeout; every
+  // rank gets the path ("" when a periodic save failed). The save a run ends with (last) must
+  // succeed; a periodic one that fails (a full disk, a rank that could not write) warns,
+  // naming the ranks that failed, and training goes on to try again at the next interval.
   std::string save(const Model& model, const AdamW& opt, const TrainState& state, bool last);
 
  private:
+  std::string save_with_every_rank(const Model& model, const AdamW& opt, const TrainState& state, bool last);
+  // A save that `failed` on those ranks while at `stage`: this rank's temporaries removed,
+  // then a throw (last) or a warning and "".
+  std::string give_up(const std::vector<int>& failed, const std::string& error, const char* stage,
+                      int64_t step, bool last, const std::filesystem::path& part_path) const;
   const Config& cfg_;
   Communicator& comm_;
   const bool rank0_;

@@ -21,7 +21,9 @@ namespace dhp {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 1;       // moments in the file
+constexpr int kPartsFormatVersion = 2;  // moments in parts beside it
+constexpr const char* kPartFormat = "dhp-checkpoint-moments";
 constexpr const char* kFormat = "dhp-checkpoint";
 
 // A failed write names what was being written and why it failed.
@@ -111,62 +113,170 @@ std::string read_string(hid_t loc, const char* name, const std::string& path) {
   return s;
 }
 
-void write_tensor(hid_t group, const ParamSpec& spec, const float* x) {
-  std::vector<hsize_t> dims(spec.shape.begin(), spec.shape.end());
+// A float array `name` of shape `dims` with its checksum attribute.
+void write_array(hid_t loc, const std::string& name, const std::vector<int64_t>& shape, const float* x,
+                 int64_t n) {
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
   H5 space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
-  H5 d(H5Dcreate2(group, spec.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
-                  H5P_DEFAULT),
+  H5 d(H5Dcreate2(loc, name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
        H5Dclose);
   h5_check(d.ok() && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x) >= 0,
-           fmt::format("writing tensor {}", spec.name));
-  write_attr_u64(d, "checksum", checksum(x, spec.numel()));
+           fmt::format("writing tensor {}", name));
+  write_attr_u64(d, "checksum", checksum(x, n));
 }
 
-void read_tensor(hid_t group, const std::string& gname, const ParamSpec& spec, float* x,
-                 const std::string& path) {
-  const std::string where = fmt::format("checkpoint '{}': {}/{}", path, gname, spec.name);
-  DHP_CHECK(has_link(group, spec.name, where),
+void write_tensor(hid_t group, const ParamSpec& spec, const float* x) {
+  write_array(group, spec.name, spec.shape, x, spec.numel());
+}
+
+// Reads float array `name` of `shape` into x after checking the shape, its checksum (returned)
+// and that every value is finite; `where` names it in messages.
+uint64_t read_array(hid_t loc, const std::string& name, const std::vector<int64_t>& shape, float* x,
+                    int64_t n, const std::string& where) {
+  DHP_CHECK(has_link(loc, name, where),
             "{} is missing (was it saved by a different model configuration?)", where);
-  H5 d(H5Dopen2(group, spec.name.c_str(), H5P_DEFAULT), H5Dclose);
+  H5 d(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
   DHP_CHECK(d.ok(), "{} cannot be opened: the file is damaged", where);
   H5 space(H5Dget_space(d), H5Sclose);
   const int rank = H5Sget_simple_extent_ndims(space);
   std::vector<hsize_t> dims(std::max(rank, 0));
   H5Sget_simple_extent_dims(space, dims.data(), nullptr);
-  std::vector<int64_t> shape(dims.begin(), dims.end());
-  DHP_CHECK(shape == spec.shape, "{} has shape [{}], the model expects [{}]", where,
-            fmt::join(shape, ", "), fmt::join(spec.shape, ", "));
+  const std::vector<int64_t> found(dims.begin(), dims.end());
+  DHP_CHECK(found == shape, "{} has shape [{}], the model expects [{}]", where, fmt::join(found, ", "),
+            fmt::join(shape, ", "));
   DHP_CHECK(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x) >= 0,
             "{} cannot be read: the file is damaged or truncated", where);
   uint64_t want = 0;
   DHP_CHECK(read_attr(d, "checksum", H5T_NATIVE_UINT64, &want), "{} has no checksum", where);
-  DHP_CHECK(checksum(x, spec.numel()) == want,
+  DHP_CHECK(checksum(x, n) == want,
             "{} does not match its checksum: the file is damaged; refusing to load it", where);
-  DHP_CHECK(std::all_of(x, x + spec.numel(), [](float f) { return std::isfinite(f); }),
+  DHP_CHECK(std::all_of(x, x + n, [](float f) { return std::isfinite(f); }),
             "{} holds non-finite values (NaN or infinity): the run that saved it had diverged; "
             "refusing to load it",
             where);
+  return want;
+}
+
+void read_tensor(hid_t group, const std::string& gname, const ParamSpec& spec, float* x,
+                 const std::string& path) {
+  read_array(group, spec.name, spec.shape, x, spec.numel(),
+             fmt::format("checkpoint '{}': {}/{}", path, gname, spec.name));
+}
+
+void write_u64s(hid_t loc, const char* name, const std::vector<uint64_t>& x) {
+  const hsize_t n = x.size();
+  H5 space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+  H5 d(H5Dcreate2(loc, name, H5T_STD_U64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+  h5_check(d.ok() && H5Dwrite(d, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data()) >= 0,
+           fmt::format("writing {}", name));
+}
+
+void write_format(hid_t file, const char* format, int64_t version) {
+  H5 root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose);
+  write_string_attr(root, "format", format);
+  write_attr_i64(root, "format_version", version);
+}
+
+// The format version of an open file whose root says `format`; throws naming `path` otherwise.
+int64_t read_format(hid_t file, const char* format, const std::string& path, const char* what) {
+  H5 root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose);
+  // The root's header unreadable is damage, not another program's file.
+  DHP_CHECK(root.ok() && H5Aexists(root, "format") >= 0,
+            "{} '{}': its root cannot be read ({}): the file is damaged", what, path, hdf5_reason());
+  int64_t version = 0;
+  DHP_CHECK(read_string_attr(root, "format") == format &&
+                read_attr(root, "format_version", H5T_NATIVE_INT64, &version),
+            "'{}' is not a dhp {} (no format = \"{}\" and format_version)", path, what, format);
+  return version;
+}
+
+// One '0' or '1' per parameter in table order: which ones the compact layout holds.
+std::string trainable_mask(const ParamTable& table) {
+  std::string mask;
+  for (const auto& p : table.specs()) mask += p.trainable ? '1' : '0';
+  return mask;
+}
+
+// Moments kept in parts (format_version 2) loaded into `opt`: each rank reads the parts that
+// hold moments it keeps, all of them verified before any is taken. A checkpoint whose
+// trainable parameters differ from this run's (a group frozen or thawed since) is mapped
+// through the weight arena's layout, as the moments of a one-file checkpoint are.
+void load_moment_parts(hid_t optim, const std::string& path, const ParamTable& table, AdamW& opt) {
+  int64_t world = 0;
+  DHP_CHECK(read_attr(optim, "parts", H5T_NATIVE_INT64, &world) && world >= 1 && world <= (1 << 20),
+            "checkpoint '{}': /optim parts is missing or damaged", path);
+  const std::string mask = read_string_attr(optim, "trainable");
+  DHP_CHECK(mask.size() == table.specs().size(),
+            "checkpoint '{}': /optim trainable lists {} parameters, the model has {}", path, mask.size(),
+            table.specs().size());
+  std::vector<uint64_t> sums(size_t(2 * world));
+  {
+    H5 d(H5Dopen2(optim, "part_checksums", H5P_DEFAULT), H5Dclose);
+    H5 space(d.ok() ? H5Dget_space(d) : -1, H5Sclose);
+    DHP_CHECK(space.ok() && H5Sget_simple_extent_npoints(space) == hssize_t(sums.size()) &&
+                  H5Dread(d, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, sums.data()) >= 0,
+              "checkpoint '{}': /optim/part_checksums is missing or damaged", path);
+  }
+  int64_t n = 0;
+  for (size_t i = 0; i < mask.size(); ++i) n += mask[i] == '1' ? table.specs()[i].numel() : 0;
+  const bool same_layout = mask == trainable_mask(table);
+  struct Part {
+    int64_t begin;
+    std::vector<float> m, v;
+  };
+  std::vector<Part> parts;
+  for (int r = 0; r < world; ++r) {
+    const auto [begin, end] = AdamW::save_part(n, r, int(world));
+    if (same_layout && !opt.holds_any(begin, end)) continue;
+    const fs::path file_path = moment_part_path(path, r, int(world));
+    const std::string at = file_path.string();
+    DHP_CHECK(fs::is_regular_file(file_path),
+              "checkpoint '{}' keeps its optimizer moments in {} parts beside it and part {} ('{}') is "
+              "missing: copy every {}.optim-*.h5 with it", path, world, r, at,
+              fs::path(path).stem().string());
+    H5 file(H5Fopen(at.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated part of checkpoint '{}')", at, path);
+    read_format(file, kPartFormat, at, "checkpoint part");
+    Part part{begin, std::vector<float>(size_t(end - begin)), std::vector<float>(size_t(end - begin))};
+    const std::vector<int64_t> shape{end - begin};
+    const uint64_t sm = read_array(file, "m", shape, part.m.data(), end - begin, fmt::format("checkpoint part '{}': m", at));
+    const uint64_t sv = read_array(file, "v", shape, part.v.data(), end - begin, fmt::format("checkpoint part '{}': v", at));
+    DHP_CHECK(sm == sums[size_t(2 * r)] && sv == sums[size_t(2 * r + 1)],
+              "checkpoint part '{}' is not the one '{}' was saved with (its checksums differ from those the "
+              "checkpoint records): it belongs to another save", at, path);
+    parts.push_back(std::move(part));
+  }
+  if (same_layout) {
+    for (const Part& p : parts) opt.upload_compact(p.begin, int64_t(p.m.size()), p.m.data(), p.v.data());
+    return;
+  }
+  std::vector<float> m(size_t(table.total()), 0.0f), v(size_t(table.total()), 0.0f);
+  std::vector<float> cm, cv;
+  for (Part& p : parts) cm.insert(cm.end(), p.m.begin(), p.m.end()), cv.insert(cv.end(), p.v.begin(), p.v.end());
+  int64_t at = 0;
+  for (size_t i = 0; i < mask.size(); ++i) {
+    if (mask[i] != '1') continue;
+    const ParamSpec& s = table.specs()[i];
+    std::copy_n(cm.begin() + at, s.numel(), m.begin() + s.offset);
+    std::copy_n(cv.begin() + at, s.numel(), v.begin() + s.offset);
+    at += s.numel();
+  }
+  opt.upload_moments(m, v);
 }
 
 }  // namespace
 
 void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, const Model& model,
-                           const AdamW* opt, const TrainState& st) {
+                           const AdamW* opt, const TrainState& st, const MomentParts& parts) {
   quiet_hdf5();
   H5 file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, newest_format_access()), H5Fclose);
   h5_check(file.ok(), fmt::format("cannot create checkpoint file '{}'", tmp.string()));
-  {
-    H5 root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose);
-    H5 type(string_type(std::strlen(kFormat)), H5Tclose);
-    H5 space(H5Screate(H5S_SCALAR), H5Sclose);
-    H5 a(H5Acreate2(root, "format", type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-    h5_check(a.ok() && H5Awrite(a, type, kFormat) >= 0, "writing attribute format");
-    write_attr_i64(root, "format_version", kFormatVersion);
-  }
+  const bool in_parts = opt && parts.world > 0;
+  write_format(file, kFormat, in_parts ? kPartsFormatVersion : kFormatVersion);
   write_string(file, "config", to_toml(cfg));
   const int64_t param_bytes = model.table().total() * int64_t(sizeof(float));
   ByteProgress progress(fmt::format("saving {}", tmp.filename().replace_extension().string()),
-                        param_bytes * (opt ? 3 : 1));
+                        param_bytes * (opt && !in_parts ? 3 : 1));
   {
     H5 params(H5Gcreate2(file, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     const std::vector<float> p = model.download_params();
@@ -178,13 +288,20 @@ void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, 
   if (opt) {
     H5 optim(H5Gcreate2(file, "optim", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     write_attr_i64(optim, "step", opt->steps_taken());
-    H5 m(H5Gcreate2(optim, "m", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    H5 v(H5Gcreate2(optim, "v", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    const std::vector<float> hm = opt->download_m(), hv = opt->download_v();
-    for (const auto& s : model.table().specs()) {
-      write_tensor(m, s, hm.data() + s.offset);
-      write_tensor(v, s, hv.data() + s.offset);
-      progress.add(2 * s.numel() * int64_t(sizeof(float)));
+    if (in_parts) {
+      DHP_ASSERT(parts.checksums.size() == size_t(2 * parts.world));
+      write_attr_i64(optim, "parts", parts.world);
+      write_string_attr(optim, "trainable", trainable_mask(model.table()));
+      write_u64s(optim, "part_checksums", parts.checksums);
+    } else {
+      H5 m(H5Gcreate2(optim, "m", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      H5 v(H5Gcreate2(optim, "v", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      const std::vector<float> hm = opt->download_m(), hv = opt->download_v();
+      for (const auto& s : model.table().specs()) {
+        write_tensor(m, s, hm.data() + s.offset);
+        write_tensor(v, s, hv.data() + s.offset);
+        progress.add(2 * s.numel() * int64_t(sizeof(float)));
+      }
     }
   }
   {
@@ -201,6 +318,48 @@ void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, 
   }
   if (!st.cost_state.empty()) write_string(file, "cost_model", st.cost_state);
   h5_check(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, fmt::format("flushing '{}'", tmp.string()));
+}
+
+fs::path moment_part_path(const fs::path& main, int rank, int world) {
+  fs::path p = main;
+  return p.replace_extension(fmt::format(".optim-{:05d}-of-{:05d}.h5", rank, world));
+}
+
+int64_t checkpoint_file_step(const fs::path& p) {
+  std::string name = p.filename().string();
+  if (name.size() > 4 && name.ends_with(".tmp")) name.resize(name.size() - 4);
+  if (!name.ends_with(".h5") || name.rfind("step-", 0) != 0 || name.size() < 16) return -1;
+  const std::string digits = name.substr(5, 8);
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  const std::string rest = name.substr(13, name.size() - 16);  // between the step and ".h5"
+  const bool part = rest.size() == 21 && rest.rfind(".optim-", 0) == 0 && rest.substr(12, 4) == "-of-" &&
+                    (rest.substr(7, 5) + rest.substr(16)).find_first_not_of("0123456789") == std::string::npos;
+  return rest.empty() || part ? std::stoll(digits) : -1;
+}
+
+uint64_t moment_checksum(const std::vector<float>& x) { return checksum(x.data(), int64_t(x.size())); }
+
+void write_moment_part(const fs::path& path, int64_t step, int rank, int world, int64_t begin,
+                       const std::vector<float>& m, const std::vector<float>& v) {
+  quiet_hdf5();
+  H5 file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, newest_format_access()), H5Fclose);
+  h5_check(file.ok(), fmt::format("cannot create checkpoint part '{}'", path.string()));
+  write_format(file, kPartFormat, 1);
+  {
+    H5 root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose);
+    write_attr_i64(root, "step", step);
+    write_attr_i64(root, "rank", rank);
+    write_attr_i64(root, "world", world);
+    write_attr_i64(root, "begin", begin);
+  }
+  ByteProgress progress(fmt::format("saving {}", path.filename().replace_extension().string()),
+                        int64_t(2 * m.size() * sizeof(float)));
+  const std::vector<int64_t> shape{int64_t(m.size())};
+  write_array(file, "m", shape, m.data(), int64_t(m.size()));
+  progress.add(int64_t(m.size() * sizeof(float)));
+  write_array(file, "v", shape, v.data(), int64_t(v.size()));
+  progress.add(int64_t(v.size() * sizeof(float)));
+  h5_check(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, fmt::format("flushing '{}'", path.string()));
 }
 
 // The step a checkpoint file records in /state, or -1 when it cannot be read.
@@ -227,17 +386,10 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
   DHP_CHECK(fs::is_regular_file(path), "checkpoint '{}' not found", path);
   H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
-  H5 root(H5Gopen2(file, "/", H5P_DEFAULT), H5Gclose);
-  // The root's header unreadable is damage, not another program's file.
-  DHP_CHECK(root.ok() && H5Aexists(root, "format") >= 0,
-            "checkpoint '{}': its root cannot be read ({}): the file is damaged", path,
-            hdf5_reason());
-  int64_t version = 0;
-  DHP_CHECK(read_string_attr(root, "format") == kFormat &&
-                read_attr(root, "format_version", H5T_NATIVE_INT64, &version),
-            "'{}' is not a dhp checkpoint (no format = \"{}\" and format_version)", path, kFormat);
-  DHP_CHECK(version == kFormatVersion, "checkpoint '{}' has format version {}; this dhp reads {}",
-            path, version, kFormatVersion);
+  const int64_t version = read_format(file, kFormat, path, "checkpoint");
+  DHP_CHECK(version == kFormatVersion || version == kPartsFormatVersion,
+            "checkpoint '{}' has format version {}; this dhp reads {} and {}", path, version, kFormatVersion,
+            kPartsFormatVersion);
   DHP_CHECK(has_link(file, "params", where),
             "checkpoint '{}' has no /params", path);
   H5 params(H5Gopen2(file, "params", H5P_DEFAULT), H5Gclose);
@@ -266,6 +418,12 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
     H5 optim(H5Gopen2(file, "optim", H5P_DEFAULT), H5Gclose);
     int64_t t = 0;
     DHP_CHECK(read_attr(optim, "step", H5T_NATIVE_INT64, &t), "checkpoint '{}': no optimizer step", path);
+    if (version == kPartsFormatVersion) {
+      load_moment_parts(optim, path, model.table(), *opt);
+      opt->set_steps_taken(t);
+      model.upload_params(staged);
+      return st;
+    }
     H5 m(H5Gopen2(optim, "m", H5P_DEFAULT), H5Gclose);
     H5 v(H5Gopen2(optim, "v", H5P_DEFAULT), H5Gclose);
     DHP_CHECK(m.ok() && v.ok(), "checkpoint '{}': optimizer moments missing", path);

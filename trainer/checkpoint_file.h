@@ -11,7 +11,17 @@
 //   /cost_model       the online refit's state as JSON text (parallel/cost_model.h CostState);
 //                     absent when the run did not refit
 // Every dataset carries a 64-bit checksum attribute verified on load, so a file damaged on
-// disk is refused rather than loaded. Nothing depends on the world size.
+// disk is refused rather than loaded.
+//
+// A checkpoint saved by several ranks (format_version 2) keeps the moments out of the main
+// file, so that every rank writes its own part at once: part r, the compact moments (the
+// trainable parameters' in the gradient layout) of AdamW::save_part(n, r, W), goes to
+// NAME.optim-RRRRR-of-WWWWW.h5 beside NAME.h5 (datasets m and v; attributes step, rank, world,
+// begin). The main file's /optim then holds, instead of m and v, the attributes parts (W) and
+// trainable (one '0' or '1' per parameter in table order: the layout the parts follow) and
+// the dataset part_checksums (m and v of each part), so that a part of another save is
+// refused. Weights, configuration and state stay whole in the main file, which eval,
+// generate, export and --init read alone; a resume on any number of ranks re-slices the parts.
 #pragma once
 
 #include <cstdint>
@@ -38,10 +48,31 @@ struct TrainState {
   std::string added_tokens;     // format_added_tokens; "" = not recorded (none)
 };
 
-// Writes and flushes a whole checkpoint at `path`. A failure throws dhp::Error with the
-// operating system's reason and may leave a partial file for the caller to remove.
+// The moments of a checkpoint kept in parts (format_version 2): their number and checksums.
+struct MomentParts {
+  int world = 0;                    // 0: the moments are in the main file (format_version 1)
+  std::vector<uint64_t> checksums;  // m and v of each part: 2 · world
+};
+
+// Writes and flushes a whole checkpoint at `path`, its moments in the file or, when
+// parts.world > 0, recorded as parts written by write_moment_part. A failure throws
+// dhp::Error with the operating system's reason and may leave a partial file for the caller
+// to remove.
 void write_checkpoint_file(const std::filesystem::path& path, const Config& cfg,
-                           const Model& model, const AdamW* opt, const TrainState& state);
+                           const Model& model, const AdamW* opt, const TrainState& state,
+                           const MomentParts& parts = {});
+
+// Where part `rank` of `world` of the checkpoint `main` (NAME.h5) lives.
+std::filesystem::path moment_part_path(const std::filesystem::path& main, int rank, int world);
+// The step of a checkpoint's main file or moment part named as save_checkpoint names them,
+// with or without the temporary's ".tmp"; -1 for any other name.
+int64_t checkpoint_file_step(const std::filesystem::path& p);
+
+// Writes and flushes part `rank` of `world` at `path`: the compact moments m and v from
+// compact offset `begin`. The main file records their moment_checksum.
+void write_moment_part(const std::filesystem::path& path, int64_t step, int rank, int world,
+                       int64_t begin, const std::vector<float>& m, const std::vector<float>& v);
+uint64_t moment_checksum(const std::vector<float>& x);
 
 // The step a checkpoint file records in /state, or -1 when it cannot be read.
 int64_t recorded_step(const std::string& path);

@@ -229,6 +229,7 @@ class Schema {
     str("dir", k.dir);
     num("every", k.every, 0, big);
     num("keep", k.keep, 2, 1 << 20);
+    num("timeout_s", k.timeout_s, 0, 1e7);
 
     sec_ = "eval";
     auto& e = c.eval;

@@ -45,6 +45,9 @@ struct CheckpointConfig {
   std::string dir = "runs/demo/checkpoints";
   int64_t every = 0;                // steps between checkpoints; 0 = only at the end
   int keep = 2;
+  double timeout_s = 0;             // longest wait of the ranks for a save to be written;
+                                    // 0 = parallel.timeout_s plus the largest part's bytes
+                                    // at 20 MB/s (save_timeout)
 };
 
 struct EvalConfig {

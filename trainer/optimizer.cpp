@@ -256,4 +256,44 @@ void AdamW::upload_moments(const std::vector<float>& m, const std::vector<float>
   }
 }
 
+std::pair<int64_t, int64_t> AdamW::save_part(int64_t n, int rank, int world) {
+  const int64_t s = n / world;
+  return {rank * s, rank + 1 == world ? n : (rank + 1) * s};
+}
+
+std::vector<AdamW::Held> AdamW::held() const {
+  if (!sharded()) return {{0, n_, 0}};
+  const int64_t lo = int64_t(shard_.rank) * block_, tail0 = int64_t(shard_.world) * block_;
+  return {{lo, lo + block_, 0}, {tail0, n_, block_}};
+}
+
+bool AdamW::holds_any(int64_t begin, int64_t end) const {
+  for (const Held& h : held())
+    if (std::max(begin, h.begin) < std::min(end, h.end)) return true;
+  return false;
+}
+
+void AdamW::download_compact(int64_t begin, int64_t count, float* m, float* v) const {
+  int64_t copied = 0;
+  for (const Held& h : held()) {
+    const int64_t a = std::max(begin, h.begin), b = std::min(begin + count, h.end);
+    if (a >= b) continue;
+    const size_t bytes = sizeof(float) * size_t(b - a);
+    backend_.download(m + (a - begin), this->m() + h.local + (a - h.begin), bytes);
+    backend_.download(v + (a - begin), this->v() + h.local + (a - h.begin), bytes);
+    copied += b - a;
+  }
+  DHP_ASSERT(copied == count);
+}
+
+void AdamW::upload_compact(int64_t begin, int64_t count, const float* m, const float* v) {
+  for (const Held& h : held()) {
+    const int64_t a = std::max(begin, h.begin), b = std::min(begin + count, h.end);
+    if (a >= b) continue;
+    const size_t bytes = sizeof(float) * size_t(b - a);
+    backend_.upload(this->m() + h.local + (a - h.begin), m + (a - begin), bytes);
+    backend_.upload(this->v() + h.local + (a - h.begin), v + (a - begin), bytes);
+  }
+}
+
 }  // namespace dhp

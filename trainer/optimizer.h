@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -85,6 +86,21 @@ class AdamW {
   // Full moments from a checkpoint (weight arena layout): the trainable parameters' are kept,
   // a sharded rank keeps its block and the tail.
   void upload_moments(const std::vector<float>& m, const std::vector<float>& v);
+  // A checkpoint of several ranks (trainer/checkpoint.h) saves the moments in the gradient
+  // layout ("compact": the trainable parameters only) as `world` contiguous parts, part r of
+  // n elements being ZeRO-1's block r and the last part also the tail: each rank saves what
+  // it holds, replicated or sharded. [begin, end) of part `rank`.
+  static std::pair<int64_t, int64_t> save_part(int64_t n, int rank, int world);
+  int64_t compact_size() const { return n_; }
+  // Copies compact range [begin, begin + count) of the moments to the host; this rank holds
+  // all of it.
+  void download_compact(int64_t begin, int64_t count, float* m, float* v) const;
+  // Takes the moments of compact range [begin, begin + count) that this rank holds from the
+  // host (none when it holds none of the range).
+  void upload_compact(int64_t begin, int64_t count, const float* m, const float* v);
+  // Whether this rank holds any of compact range [begin, end).
+  bool holds_any(int64_t begin, int64_t end) const;
+
   // Device pointers to the moments this rank holds (all of them when not sharded).
   float* m() { return m_.as<float>(); }
   float* v() { return v_.as<float>(); }
@@ -110,6 +126,11 @@ class AdamW {
   std::vector<float> to_arena_layout(const std::vector<float>& compact) const;
   // After a sharded update of frozen-group runs: the parameters of every block all-gathered.
   void gather_params(float* params, float* grads, Communicator& comm);
+  // The compact ranges this rank holds, each with its offset in m_ and v_.
+  struct Held {
+    int64_t begin, end, local;
+  };
+  std::vector<Held> held() const;
   const ParamTable& table_;
   OptimConfig cfg_;
   Backend& backend_;

@@ -229,11 +229,22 @@ SamplerState Run::resume(const std::string& path, const TrainOptions& topt) {
                    now ? "its AdamW moments start at zero" : "its AdamW moments are dropped");
   }
   TrainState st;
+  std::string damage;
   try {
     st = load_checkpoint(path, model_, &opt_);
   } catch (const Error& e) {
-    throw DamagedCheckpoint(e.what());
+    damage = e.what();
   }
+  // The ranks read different parts of the moments: one rank's damaged part turns every rank
+  // to the checkpoint before.
+  int32_t negated = damage.empty() ? -comm_.size() : -comm_.rank();  // Max finds the first rank
+  comm_.all_reduce_max(&negated, 1);
+  const int first_bad = -negated;
+  if (!damage.empty() && !rank0_) spdlog::warn("rank {}: {}", comm_.rank(), damage);
+  if (first_bad < comm_.size())
+    throw DamagedCheckpoint(!damage.empty() ? damage
+                                            : fmt::format("checkpoint '{}': rank {} could not load its part of it "
+                                                          "(its log says why)", path, first_bad));
   check_tokenizer(path, st, tokenizer_);
   DHP_CHECK(st.seed == cfg_.train.seed,
             "cannot resume from '{}': it was trained with train.seed = {}, this run has {}; "
@@ -519,7 +530,6 @@ std::string Run::save(int64_t step, bool last) {
                       sampler_->state_at(position_of(step)), train_set_->size(), tokenizer_.hash(),
                       planner_.saved(), format_special_ids(tokenizer_.ids()),
                       format_added_tokens(tokenizer_.added_tokens())};
-  opt_.gather_moments(comm_);  // a checkpoint holds the full state, whatever the sharding
   report_.clear();
   return checkpoints_.save(model_, opt_, st, last);
 }

@@ -1,0 +1,265 @@
+// Checkpoints of several ranks: every rank writes its part of the optimizer moments beside the
+// main file. The parts re-slice onto any number of ranks, sharded or not, bit for bit; a part
+// that is damaged, missing or from another save is refused by name, and a resume whose one
+// rank finds its part damaged turns every rank to the checkpoint before; the ranks wait for a
+// save under the save's own limit, never parallel.timeout_s.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "core/check.h"
+#include "core/rng.h"
+#include "model/model.h"
+#include "parallel/threaded_comm.h"
+#include "tests/error_of.h"
+#include "tests/train_fixture.h"
+#include "trainer/checkpoint.h"
+#include "trainer/train.h"
+
+namespace dhp {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::error_of;
+using testing::run_dir;
+using testing::small_config;
+
+// Moments as a checkpoint holds them: the weight arena's layout, zeros where a parameter is
+// frozen (it has none).
+struct Moments {
+  std::vector<float> m, v;
+};
+
+Moments random_moments(const ParamTable& table, uint64_t seed) {
+  Rng rng(seed);
+  Moments x{std::vector<float>(size_t(table.total()), 0.0f), std::vector<float>(size_t(table.total()), 0.0f)};
+  for (const auto& p : table.specs())
+    if (p.trainable)
+      for (int64_t i = 0; i < p.numel(); ++i) {
+        x.m[size_t(p.offset + i)] = float(rng.uniform() - 0.5);
+        x.v[size_t(p.offset + i)] = float(rng.uniform());
+      }
+  return x;
+}
+
+OptimizerShard shard_of(const Communicator& comm, bool zero1) {
+  return zero1 ? OptimizerShard{comm.rank(), comm.size()} : OptimizerShard{};
+}
+
+// Saves a checkpoint of step 7 with moments `x` on `world` ranks; returns its path.
+std::string save_on(int world, bool zero1, const Config& cfg, const Moments& x) {
+  std::string path;
+  run_threaded(world, [&](Communicator& comm) {
+    auto backend = make_cpu_backend({1});
+    Model model(cfg.model, *backend, cfg.optim.groups);
+    model.initialise(cfg.train.seed);
+    AdamW opt(model.table(), cfg.optim, *backend, shard_of(comm, zero1));
+    opt.upload_moments(x.m, x.v);
+    opt.set_steps_taken(7);
+    CheckpointManager checkpoints(cfg, comm);
+    TrainState st;
+    st.step = 7;
+    st.seed = cfg.train.seed;
+    const std::string p = checkpoints.save(model, opt, st, true);
+    if (comm.rank() == 0) path = p;
+  });
+  return path;
+}
+
+// What `world` ranks load from `path`: the moments gathered, the step, the weights.
+struct Loaded {
+  Moments x;
+  int64_t steps = 0;
+  std::vector<float> params;
+};
+
+Loaded load_on(int world, bool zero1, const Config& cfg, const std::string& path) {
+  Loaded out;
+  run_threaded(world, [&](Communicator& comm) {
+    auto backend = make_cpu_backend({1});
+    Model model(cfg.model, *backend, cfg.optim.groups);
+    AdamW opt(model.table(), cfg.optim, *backend, shard_of(comm, zero1));
+    load_checkpoint(path, model, &opt);
+    opt.gather_moments(comm);
+    if (comm.rank() == 0) out = {{opt.download_m(), opt.download_v()}, opt.steps_taken(), model.download_params()};
+  });
+  return out;
+}
+
+TEST(CheckpointParts, MomentsReSliceBitExactlyOntoAnyWorldAndSharding) {
+  const Config cfg = small_config(1, run_dir("parts_reslice_1"));
+  const ParamTable table(cfg.model);
+  const Moments x = random_moments(table, 3);
+  std::vector<float> weights;
+  for (const int saved : {2, 3}) {
+    Config c = cfg;
+    c.checkpoint.dir = (run_dir("parts_reslice_" + std::to_string(saved)) / "checkpoints").string();
+    const std::string path = save_on(saved, true, c, x);
+    for (int r = 0; r < saved; ++r) EXPECT_TRUE(fs::is_regular_file(moment_part_path(path, r, saved))) << r;
+    for (const int world : {1, 2, 3, 4})
+      for (const bool zero1 : {false, true}) {
+        const Loaded got = load_on(world, zero1, c, path);
+        EXPECT_TRUE(got.x.m == x.m && got.x.v == x.v) << saved << " -> " << world << (zero1 ? " sharded" : "");
+        EXPECT_EQ(got.steps, 7);
+        if (weights.empty()) weights = got.params;
+        EXPECT_TRUE(got.params == weights);
+      }
+  }
+}
+
+// A group frozen since the save drops its moments; one thawed since starts from zeros: the
+// parts are mapped through the layout the checkpoint records, not the one the run has now.
+TEST(CheckpointParts, AnotherFreezingMapsThePartsThroughTheRecordedLayout) {
+  Config frozen = small_config(1, run_dir("parts_frozen"));
+  frozen.optim.groups[ParamGroup::Vision].trainable = false;
+  Config thawed = frozen;
+  thawed.optim.groups[ParamGroup::Vision].trainable = true;
+  const ParamTable table_frozen(frozen.model, frozen.optim.groups), table_thawed(thawed.model, thawed.optim.groups);
+  ASSERT_LT(table_frozen.trainable_total(), table_thawed.trainable_total());
+  // Saved thawed, loaded frozen: the vision moments are gone, the rest as saved.
+  Config c = thawed;
+  const Moments all = random_moments(table_thawed, 5);
+  const std::string path = save_on(3, true, c, all);
+  const Loaded dropped = load_on(2, true, frozen, path);
+  for (const auto& p : table_frozen.specs())
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      const size_t at = size_t(p.offset + i);
+      ASSERT_EQ(dropped.x.m[at], p.trainable ? all.m[at] : 0.0f) << p.name;
+      ASSERT_EQ(dropped.x.v[at], p.trainable ? all.v[at] : 0.0f) << p.name;
+    }
+  // Saved frozen, loaded thawed: what was saved, zeros for the thawed group.
+  c = frozen;
+  c.checkpoint.dir = (run_dir("parts_frozen_2") / "checkpoints").string();
+  const Moments some = random_moments(table_frozen, 6);
+  const Loaded grown = load_on(3, true, thawed, save_on(2, true, c, some));
+  EXPECT_TRUE(grown.x.m == some.m && grown.x.v == some.v);
+}
+
+// Flips one bit in the stored data of dataset `name` of an HDF5 file.
+void flip_byte(const fs::path& file, const char* name) {
+  hsize_t offset = 0;
+  {
+    hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+    offset = H5Dget_offset(d);
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  ASSERT_GT(offset, 0u);
+  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(std::streamoff(offset + 5));
+  char c = 0;
+  io.read(&c, 1);
+  c ^= 0x10;
+  io.seekp(std::streamoff(offset + 5));
+  io.write(&c, 1);
+}
+
+TEST(CheckpointParts, ADamagedMissingOrForeignPartIsRefusedByName) {
+  const Config cfg = small_config(1, run_dir("parts_refused"));
+  const ParamTable table(cfg.model);
+  const std::string path = save_on(2, true, cfg, random_moments(table, 7));
+  Config other = cfg;
+  other.checkpoint.dir = (run_dir("parts_refused_other") / "checkpoints").string();
+  const std::string foreign = save_on(2, true, other, random_moments(table, 8));
+  const fs::path part1 = moment_part_path(path, 1, 2);
+  EXPECT_EQ(part1.filename().string(), "step-00000007.optim-00001-of-00002.h5");
+  auto load_error = [&](bool with_moments) {
+    return error_of([&] {
+      auto backend = make_cpu_backend({1});
+      Model model(cfg.model, *backend);
+      AdamW opt(model.table(), cfg.optim, *backend);
+      load_checkpoint(path, model, with_moments ? &opt : nullptr);
+    });
+  };
+  ASSERT_EQ(load_error(true), "");
+
+  fs::copy_file(moment_part_path(foreign, 1, 2), part1, fs::copy_options::overwrite_existing);
+  std::string e = load_error(true);
+  EXPECT_NE(e.find("step-00000007.optim-00001-of-00002.h5' is not the one"), std::string::npos) << e;
+  EXPECT_NE(e.find("belongs to another save"), std::string::npos) << e;
+
+  fs::remove(part1);
+  e = load_error(true);
+  EXPECT_NE(e.find("part 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("is missing"), std::string::npos) << e;
+  // The weights alone (eval, generate, export, --init) need only the main file.
+  EXPECT_EQ(load_error(false), "");
+
+  const std::string again = save_on(2, true, cfg, random_moments(table, 7));
+  ASSERT_EQ(again, path);
+  flip_byte(part1, "v");
+  e = load_error(true);
+  EXPECT_NE(e.find("checkpoint part '"), std::string::npos) << e;
+  EXPECT_NE(e.find("does not match its checksum"), std::string::npos) << e;
+}
+
+TrainResult train_on(int n, const Config& cfg, const TrainOptions& o = {}) {
+  TrainResult r0;
+  run_threaded(n, [&](Communicator& comm) {
+    TrainResult r = train(cfg, comm, o);
+    if (comm.rank() == 0) r0 = r;
+  });
+  return r0;
+}
+
+// Rank 0 holds block 0 and never reads part 1: without agreement it would resume from step 4
+// while rank 1 fell back to step 2, and the ranks would train different steps.
+TEST(CheckpointParts, OneRanksDamagedPartTurnsEveryRankToTheCheckpointBefore) {
+  const auto dir = run_dir("parts_resume_damaged");
+  const std::vector<std::string> extra = {"--checkpoint.every=2", "--checkpoint.keep=3", "--parallel.zero1=true",
+                                          "--eval.exact_match=false", "--data.val="};
+  train_on(2, small_config(4, dir, extra));
+  const fs::path ck = dir / "checkpoints";
+  flip_byte(moment_part_path(ck / "step-00000004.h5", 1, 2), "m");
+  TrainOptions o;
+  o.resume = "auto";
+  const TrainResult r = train_on(2, small_config(6, dir, extra), o);
+  ASSERT_FALSE(r.steps.empty());
+  EXPECT_EQ(r.steps.front().step, 3);  // resumed after step 2, the step 4 checkpoint passed over
+  EXPECT_EQ(r.last_step, 6);
+}
+
+// Rank 1 reaches the save 0.6 s after rank 0, far past parallel.timeout_s = 0.1 s: the save
+// completes under checkpoint.timeout_s, and the step's limit is back in force after it. The
+// same save under a limit shorter than the wait fails, naming the wait.
+TEST(CheckpointParts, TheRanksWaitForASaveUnderItsOwnLimit) {
+  auto attempt = [](double save_limit, const std::string& name) {
+    Config cfg = small_config(1, run_dir(name), {"--parallel.timeout_s=0.1"});
+    cfg.checkpoint.timeout_s = save_limit;
+    const Moments x = random_moments(ParamTable(cfg.model), 9);
+    return error_of([&] {
+      run_threaded(
+          2,
+          [&](Communicator& comm) {
+            auto backend = make_cpu_backend({1});
+            Model model(cfg.model, *backend);
+            AdamW opt(model.table(), cfg.optim, *backend, shard_of(comm, true));
+            opt.upload_moments(x.m, x.v);
+            CheckpointManager checkpoints(cfg, comm);
+            if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+            TrainState st;
+            st.step = 1;
+            DHP_CHECK(!checkpoints.save(model, opt, st, true).empty(), "rank {}: no path", comm.rank());
+            if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+            comm.barrier();
+          },
+          std::chrono::milliseconds(100));
+    });
+  };
+  const std::string restored = attempt(30.0, "parts_limit_ok");
+  // The save passed; the barrier after it, with rank 1 late again, ran under the step's limit.
+  EXPECT_NE(restored.find("barrier"), std::string::npos) << restored;
+  EXPECT_EQ(restored.find("not saved"), std::string::npos) << restored;
+  const std::string short_limit = attempt(0.2, "parts_limit_short");
+  EXPECT_NE(short_limit.find("checkpoint of step 1 not saved"), std::string::npos) << short_limit;
+  EXPECT_NE(short_limit.find("0.2 s"), std::string::npos) << short_limit;
+  EXPECT_EQ(short_limit.find("barrier"), std::string::npos) << short_limit;
+}
+
+}  // namespace
+}  // namespace dhp
