@@ -241,7 +241,7 @@ void run_plan(const PlanOptions& o) {
   fmt::print("model: dim {} x {} layers, vision {} x {} layers; {} parameters ({} trainable); recompute {}\n",
              model.dim, model.layers, model.vision.dim, model.vision.layers, mem.parameters(),
              mem.trainable_parameters(), recompute_name(par.recompute));
-  fmt::print("per rank: weights, gradients and optimizer state {:.2f} MiB (gradients {:.2f}, optimizer {:.2f}{})\n",
+  fmt::print("per rank: weights, gradients and optimizer state {:.2f} MiB (gradients {:.2f}, moments {:.2f}{})\n",
              double(mem.static_bytes()) / mib, double(mem.gradient_bytes()) / mib,
              double(mem.optimizer_bytes()) / mib, par.zero1 ? ", ZeRO-1" : "");
   // The longest text-only sample one rank holds in each recompute mode (bytes grow with the
@@ -271,7 +271,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--data", opts->data, "File of lengths: 'vision_tokens text_tokens [images]' per line, or JSON lines");
   cmd->add_option("--preset", opts->preset, "Synthetic lengths: captions, mixed, video-longtail")->capture_default_str();
   cmd->add_option("--config", opts->config, "TOML config whose [model] and [parallel] are used");
-  cmd->add_option("--model-profile", opts->model_profile, "Model shape instead of the config's: tiny, 7b");
+  cmd->add_option("--model-profile", opts->model_profile, "Model shape instead of the config's: tiny, 7b, 13b, 34b, 72b");
   cmd->add_option("--device", opts->device, "Cost profile: cpu, a100, h100, h200 (default: parallel.cost_profile)");
   cmd->add_option("--coeffs", opts->coeffs, "JSON cost coefficients (e.g. written by dhp profile) instead of the "
                                             "device profile's");

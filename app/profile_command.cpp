@@ -186,7 +186,7 @@ void add_profile_command(CLI::App& app, const CliHooks& hooks) {
       ->capture_default_str();
   cmd->add_option("--max-chunk", opts->max_chunk, "Longest attention chunk probed, in tokens (default: 65536 on "
                   "cuda, 2048 on the CPU)");
-  cmd->add_option("--model-profile", opts->model_profile, "Model shape instead of the config's: tiny, 7b");
+  cmd->add_option("--model-profile", opts->model_profile, "Model shape instead of the config's: tiny, 7b, 13b, 34b, 72b");
   cmd->add_flag("--probe-only", opts->probe_only, "Only the device's rates op by op: no whole steps, no model built "
                 "(the coefficients written are the probed ones)");
   cmd->allow_extras();

@@ -22,6 +22,7 @@
 #include "trainer/evaluate.h"
 #include "trainer/hf_checkpoint.h"
 #include "trainer/inference.h"
+#include "trainer/online_planner.h"
 #include "trainer/train.h"
 #include "trainer/weights.h"
 
@@ -158,7 +159,7 @@ void add_eval_command(CLI::App& app, const CliHooks& hooks) {
     const Dataset& ds = *data;
     EvalOptions eo{m.cfg.train.batch_size, m.cfg.eval.max_samples, false, m.cfg.data.workers,
                    m.cfg.eval.exact_match, tok.ids().eos};
-    const Planner planner(m.cfg.model, m.cfg.parallel, comm.size());
+    const Planner planner(m.cfg.model, m.cfg.parallel, comm.size(), {}, engine_layout(m.cfg));
     EvalResult real = evaluate(*m.model, ds, eo, comm, planner);
     eo.blank_images = true;
     EvalResult blank = evaluate(*m.model, ds, eo, comm, planner);

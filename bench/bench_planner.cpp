@@ -107,7 +107,7 @@ void wall_time_table() {
 void strategy_tables() {
   const int steps = 10;
   for (bool recompute : {false, true}) {
-    fmt::print("### 7b on h100 80 GiB, 8 ranks per node, {}; batch = 8 x world, {} steps, seed 7\n\n",
+    fmt::print("### 7b on h200 141 GiB, 8 ranks per node, {}; batch = 8 x world, {} steps, seed 7\n\n",
                recompute ? "full recompute" : "no recompute", steps);
     fmt::print("| preset | world | dhp s | pow2 s | pow2, whole budget s | best static s (cp) | bound s | dhp / bound | "
                "pow2 / dhp | pow2 whole / dhp | static / dhp | dhp plans won by |\n");
@@ -115,7 +115,7 @@ void strategy_tables() {
     for (const char* preset : {"captions", "mixed", "video-longtail"}) {
       for (int n : {8, 12, 17, 24, 40, 64, 100}) {
         ParallelConfig par;
-        par.cost_profile = "h100", par.memory_gb = 80, par.ranks_per_node = 8,
+        par.cost_profile = "h200", par.memory_gb = 141, par.ranks_per_node = 8,
         par.recompute = recompute ? Recompute::full : Recompute::off;
         Planner planner(model_profile("7b"), par, n);
         ParallelConfig rich = par;
@@ -160,15 +160,16 @@ void strategy_tables() {
   }
 }
 
-// The headline of the issue and docs: 64 x h100, 7b, batch 512, video-longtail.
+// The headline of the docs: 64 x h200, 7b, batch 512, video-longtail. (An 80 GiB device holds
+// the 7b state at no world size under ZeRO-1: fits_table.)
 void headline() {
   for (bool recompute : {false, true}) {
     ParallelConfig par;
-    par.cost_profile = "h100", par.memory_gb = 80, par.ranks_per_node = 8,
+    par.cost_profile = "h200", par.memory_gb = 141, par.ranks_per_node = 8,
         par.recompute = recompute ? Recompute::full : Recompute::off;
     Planner planner(model_profile("7b"), par, 64);
     auto bs = batches("video-longtail", 512, 20, 1);
-    fmt::print("## video-longtail: 7b on 64 x h100 80 GiB (8 per node, {}), global batch 512, 20 steps, seed 1\n\n```\n",
+    fmt::print("## video-longtail: 7b on 64 x h200 141 GiB (8 per node, {}), global batch 512, 20 steps, seed 1\n\n```\n",
                recompute ? "full recompute" : "no recompute");
     std::vector<StrategyReport> rows;
     rows.push_back(simulate(planner, Strategy::dhp, bs));
@@ -184,13 +185,55 @@ void headline() {
   }
 }
 
+// What fits where: each model profile's state per rank as the engine holds it in bf16
+// (types/state_bytes.h), replicated and under ZeRO-1, on 80 and 141 GiB devices, and the
+// longest text-only sample one rank then holds (full recompute; 0: the state alone does not
+// fit, and the planner's refusal says what would).
+void fits_table() {
+  fmt::print("## What fits where: state per rank in bf16 (fp32 master weights, gradients and moments), "
+             "longest text sample on one rank with full recompute\n\n");
+  fmt::print("| model | parameters | ranks | optimizer | state GiB per rank | h100 80 GiB: fits, longest sample | "
+             "h200 141 GiB: fits, longest sample |\n|---|---:|---:|---|---:|---|---|\n");
+  const double gib = double(int64_t(1) << 30);
+  for (const char* name : {"7b", "13b", "34b", "72b"}) {
+    const ModelConfig m = model_profile(name);
+    for (const int world : {8, 64, 256}) {
+      for (const bool zero1 : {false, true}) {
+        std::string cells[2];
+        double state = 0;
+        int64_t params = 0;
+        for (int i = 0; i < 2; ++i) {
+          const char* dev = i == 0 ? "h100" : "h200";
+          const MemoryModel mem(m, device_profile(dev), world, i == 0 ? 80 : 141, zero1, Recompute::full);
+          state = double(mem.static_bytes()) / gib, params = mem.parameters();
+          if (mem.rank_bytes(0, 0) >= mem.capacity()) {
+            cells[i] = "no";
+            continue;
+          }
+          int64_t lo = 0, hi = kMaxSampleTokens;
+          while (lo < hi) {
+            const int64_t mid = lo + (hi - lo + 1) / 2;
+            if (mem.group_bytes(SeqShape{0, mid, 0, 0}, 1) <= mem.capacity()) lo = mid;
+            else hi = mid - 1;
+          }
+          cells[i] = fmt::format("yes, {} tokens", lo);
+        }
+        fmt::print("| {} | {:.2f} B | {} | {} | {:.1f} | {} | {} |\n", name, double(params) / 1e9, world,
+                   zero1 ? "ZeRO-1" : "replicated", state, cells[0], cells[1]);
+      }
+    }
+  }
+  fmt::print("\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Optional section filter ("solver", "wall", "headline", "tables") for quick reruns.
+  // Optional section filter ("solver", "wall", "fits", "headline", "tables") for quick reruns.
   const std::string only = argc > 1 ? argv[1] : "";
   if (only.empty() || only == "solver") solver_table();
   if (only.empty() || only == "wall") wall_time_table();
+  if (only.empty() || only == "fits") fits_table();
   if (only.empty() || only == "headline") headline();
   if (only.empty() || only == "tables") strategy_tables();
   std::fflush(stdout);

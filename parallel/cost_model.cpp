@@ -1,5 +1,7 @@
 #include "parallel/cost_model.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -139,14 +141,14 @@ DeviceProfile device_profile(const std::string& name) {
     c.sec_per_weight_byte = 1.0 / 23.7e12;
     // One thread computes, copies the ring's blocks and merges the partial outputs.
     p.ring_overlap = false;
-    p.act_bytes = 4, p.weight_bytes = 4, p.grad_bytes = 4, p.optim_bytes = 8;
+    p.act_bytes = 4, p.weight_bytes = 4;
     // Workspace: every buffer the CPU ops use is carved from an arena the memory model counts;
     // what is left is each arena's rounding to 64 KiB (model, batch, ring metadata and work,
     // image exchange: kernels/backend.cpp).
     p.workspace_bytes = int64_t(5 * 64) << 10, p.logits_chunk = 1024;
     return p;
   }
-  // GPUs: bf16 compute and gradients, fp32 master weights and Adam moments (ZeRO-1 shards).
+  // GPUs: bf16 storage and compute, fp32 master weights, gradients and Adam moments.
   //  - peak: dense BF16 tensor-core FLOP/s from NVIDIA's datasheets (A100 SXM 312 T; H100
   //    SXM5 and H200 SXM 989.4 T — the same GH100 SMs).
   //  - GEMM efficiency 0.5 of peak: the end-to-end MFU Megatron-LM reports for large dense
@@ -175,7 +177,7 @@ DeviceProfile device_profile(const std::string& name) {
   c.sec_per_step = 15e-6;
   c.sec_per_seq = 20e-6;
   c.sec_per_weight_byte = 1.0 / hbm;
-  p.act_bytes = 2, p.weight_bytes = 2, p.grad_bytes = 2, p.optim_bytes = 12;
+  p.act_bytes = 2, p.weight_bytes = 2;
   p.workspace_bytes = int64_t(3) << 30, p.logits_chunk = 4096;
   return p;
 }
@@ -205,14 +207,32 @@ std::string profile_for_device(const std::string& device_name, std::string* why)
 ModelConfig model_profile(const std::string& name) {
   ModelConfig m;
   if (name == "tiny") return m;
-  DHP_CHECK(name == "7b", "unknown model profile '{}': use tiny or 7b", name);
-  m.dim = 3584, m.layers = 28, m.heads = 28, m.kv_heads = 4, m.head_dim = 128;
-  m.ffn = 18944, m.vocab_size = 152064, m.rope_theta = 1e6;
+  // Decoders of published vision-language models, from their config.json: 7b Qwen2-VL-7B's
+  // (Qwen2-7B), 13b LLaVA-1.5-13B's (Vicuna-13B, Llama-2-13B's shape), 34b LLaVA-NeXT-34B's
+  // (Nous-Hermes-2-Yi-34B), 72b Qwen2-VL-72B's (Qwen2-72B); every one behind Qwen2-VL's
+  // 675M-parameter vision tower, so that they differ in the decoder alone.
+  struct Shape {
+    const char* name;
+    int dim, layers, heads, kv_heads, head_dim, ffn, vocab;
+    double rope_theta;
+  };
+  static constexpr Shape kShapes[] = {{"7b", 3584, 28, 28, 4, 128, 18944, 152064, 1e6},
+                                      {"13b", 5120, 40, 40, 40, 128, 13824, 32000, 1e4},
+                                      {"34b", 7168, 60, 56, 8, 128, 20480, 64000, 5e6},
+                                      {"72b", 8192, 80, 64, 8, 128, 29568, 152064, 1e6}};
+  const Shape* s = nullptr;
+  for (const Shape& x : kShapes)
+    if (name == x.name) s = &x;
+  DHP_CHECK(s, "unknown model profile '{}': use one of {}", name, fmt::join(model_profile_names(), ", "));
+  m.dim = s->dim, m.layers = s->layers, m.heads = s->heads, m.kv_heads = s->kv_heads, m.head_dim = s->head_dim;
+  m.ffn = s->ffn, m.vocab_size = s->vocab, m.rope_theta = s->rope_theta;
   m.vision.patch = 14, m.vision.dim = 1280, m.vision.layers = 32, m.vision.heads = 16;
   m.vision.ffn = 3420, m.vision.merge = 2;
   m.vision.min_pixels = 56 * 56, m.vision.max_pixels = 28 * 28 * 4096;
   return m;
 }
+
+std::vector<std::string> model_profile_names() { return {"tiny", "7b", "13b", "34b", "72b"}; }
 
 void balance_images(std::span<const ImageClass> classes, int d, std::vector<ImageLevel>& levels, int64_t* work) {
   DHP_ASSERT(d >= 1);

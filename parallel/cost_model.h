@@ -81,10 +81,9 @@ struct CostCoeffs {
 struct DeviceProfile {
   std::string name;
   CostCoeffs coeffs;
-  int act_bytes = 4;              // bytes per stored activation element
-  int weight_bytes = 4;           // working copy of a parameter
-  int grad_bytes = 4;
-  int optim_bytes = 8;            // optimizer state per parameter (master copy, moments)
+  int act_bytes = 4;              // bytes per element of the storage dtype (activations, and
+                                  // the working copy of the weights: types/state_bytes.h)
+  int weight_bytes = 4;           // bytes a pass streams per weight
   int64_t workspace_bytes = 0;    // kernels' scratch, allocator slack
   int64_t logits_chunk = 1024;    // tokens whose logits exist at once (chunked loss)
   // Does a ring step's transfer run beside its compute (a GPU's copy engines and NCCL)? On
@@ -110,8 +109,10 @@ std::vector<std::string> device_profile_names();
 // HBM3"): the one of its chip, else the nearest by generation; `why` says which and why.
 std::string profile_for_device(const std::string& device_name, std::string* why);
 
-// "tiny" (the built-in defaults of model/config.h) and "7b" (a Qwen2-VL-7B-like shape).
+// "tiny" (the built-in defaults of model/config.h), and the decoders of published
+// vision-language models behind one vision tower: "7b", "13b", "34b", "72b" (cost_model.cpp).
 ModelConfig model_profile(const std::string& name);
+std::vector<std::string> model_profile_names();
 
 // Images of a group with the same patch count, dealt as one class.
 struct ImageClass {

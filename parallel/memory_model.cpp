@@ -5,11 +5,12 @@
 #include <vector>
 
 #include "core/check.h"
+#include "types/state_bytes.h"
 
 namespace dhp {
 
 MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int world, double memory_gb,
-                         bool zero1, Recompute recompute, const ParamGroups& groups) {
+                         bool zero1, Recompute recompute, const ParamGroups& groups, const EngineLayout& engine) {
   DHP_CHECK(world >= 1, "the world size must be at least 1, got {}", world);
   DHP_CHECK(std::isfinite(memory_gb) && memory_gb > 0 && memory_gb <= kMaxMemoryGb,
             "memory per device (parallel.memory_gb) = {} GiB: it must be a positive number of GiB, at most {}",
@@ -43,19 +44,16 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
     params_ += n[g];
     if (groups.group[g].trainable) trainable_ += n[g];
   }
-  // The optimizer shards the trainable parameters only (trainer/optimizer.h). A profile's
-  // optimizer bytes beyond the two fp32 moments are an fp32 master copy of a weight stored in
-  // a narrower dtype: a frozen parameter keeps that copy (the weights are read from it) but
-  // no moments.
-  const int64_t shards = zero1 ? world : 1;
-  const int64_t master = std::max(0, dev.optim_bytes - 8);
-  grad_bytes_ = trainable_ * dev.grad_bytes;
-  optim_bytes_ = (trainable_ * dev.optim_bytes + shards - 1) / shards;
-  // A ZeRO-1 shard is trainable / N elements, the last rank's also the remainder (< N); each
-  // rank of a sharded run also holds its block of the reduce-scattered gradients
-  // (trainer/optimizer.cpp).
-  shard_bytes_ = shards > 1 ? (shards - 1) * dev.optim_bytes + trainable_ / shards * dev.grad_bytes : 0;
-  static_ = params_ * dev.weight_bytes + (params_ - trainable_) * master + grad_bytes_ + optim_bytes_ + shard_bytes_;
+  // The engine's own layout (types/state_bytes.h): fp32 master weights, the working copy in
+  // the storage dtype, fp32 gradients of the trainable parameters, their moments (a ZeRO-1
+  // block and the remainder) and the block of summed gradients.
+  const bool table = engine.params > 0;
+  const StateBytes state = state_bytes(table ? engine.params : params_, table ? engine.trainable : trainable_,
+                                       dev.act_bytes, zero1 ? world : 1);
+  grad_bytes_ = state.gradients;
+  optim_bytes_ = state.moments;
+  shard_bytes_ = state.grad_block;
+  static_ = state.total();
   // Per token, what a block of width c, ffn f, q/kv widths qw/kvw and h query heads holds for
   // backward (model/block.cpp): the layer input; the two norm outputs and the SwiGLU product
   // (rebuilt under selective and full); q, k, v, the attention output, the residual and the

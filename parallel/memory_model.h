@@ -1,7 +1,8 @@
 // Memory model of design.md §2.2: bytes one rank needs to run its share of a group.
 //
-//   static (weights of every parameter + gradients and optimizer state of the trainable ones,
-//   the latter / N under ZeRO-1: frozen groups hold neither)
+//   static (types/state_bytes.h: fp32 master weights of every parameter and their working
+//   copy in the storage dtype, fp32 gradients and moments of the trainable ones, the moments
+//   / N under ZeRO-1: frozen groups hold neither)
 //   + decoder activations per token held (what the mode of parallel.recompute keeps: every
 //     layer's kept buffers, plus one set of the buffers it rebuilds; model/block.h) (a rank of a ring of degree c holds at most
 //     ceil(L/c) tokens of a sequence of L: zigzag split, plan.h)
@@ -44,21 +45,31 @@ struct ArenaBytes {
   }
 };
 
+// What the engine that runs the plans holds, where the planner knows it (a training run): the
+// bytes of its storage dtype (train.precision) and its parameter table's totals, every tensor
+// aligned as its arenas are (model/params.h). Zeros: the profile's dtype, and the counts from
+// the model's shape without the alignment (at most 15 elements a tensor).
+struct EngineLayout {
+  int storage_bytes = 0;
+  int64_t params = 0, trainable = 0;
+};
+
 class MemoryModel {
  public:
   MemoryModel(const ModelConfig& model, const DeviceProfile& device, int world, double memory_gb,
-              bool zero1, Recompute recompute = Recompute::off, const ParamGroups& groups = {});
+              bool zero1, Recompute recompute = Recompute::off, const ParamGroups& groups = {},
+              const EngineLayout& engine = {});
 
   int64_t capacity() const { return capacity_; }
   int64_t parameters() const { return params_; }
   int64_t trainable_parameters() const { return trainable_; }
   // Parameters of one group (model-spec.md's table).
   int64_t group_parameters(ParamGroup g) const { return group_params_[size_t(g)]; }
-  // Of static_bytes(): the gradients, and the optimizer state this rank holds.
+  // Of static_bytes() (types/state_bytes.h): the gradients, and the moments this rank holds.
   int64_t gradient_bytes() const { return grad_bytes_; }
   int64_t optimizer_bytes() const { return optim_bytes_; }
   // Of static_bytes() under ZeRO-1 on several ranks: the block of reduce-scattered gradients
-  // a rank holds and the remainder elements of the last shard's optimizer state.
+  // a rank holds.
   int64_t shard_bytes() const { return shard_bytes_; }
   int64_t static_bytes() const { return static_; }
   // Over every arena (a ring's and the image exchange's counted on one rank too):

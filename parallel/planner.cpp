@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "parallel/planner_detail.h"
 #include "parallel/solver.h"
+#include "types/state_bytes.h"
 
 namespace dhp {
 namespace detail {
@@ -320,16 +321,25 @@ ParallelConfig with_nodes(ParallelConfig par, int world) {
   return par;
 }
 
+// A profile stored in another dtype than it assumes (a CPU run in bf16, a GPU run in fp32).
+DeviceProfile stored_in(DeviceProfile p, int storage_bytes) {
+  if (storage_bytes > 0) p.act_bytes = p.weight_bytes = storage_bytes;
+  return p;
+}
+
 }  // namespace
 
 Planner::Planner(const ModelConfig& model, const ParallelConfig& par, int world,
-                 const ParamGroups& groups)
-    : Planner(CostModel(model, device_profile(par.cost_profile), with_nodes(par, world).ranks_per_node, par.recompute),
-              par, world, groups) {}
+                 const ParamGroups& groups, const EngineLayout& engine)
+    : Planner(CostModel(model, stored_in(device_profile(par.cost_profile), engine.storage_bytes),
+                        with_nodes(par, world).ranks_per_node, par.recompute),
+              par, world, groups, engine) {}
 
-Planner::Planner(const CostModel& cost, const ParallelConfig& given, int world, const ParamGroups& groups)
-    : cost_(cost), memory_(cost.model(), cost.device(), world, given.memory_gb, given.zero1, given.recompute, groups),
-      par_(with_nodes(given, world)), world_(world), groups_(groups) {
+Planner::Planner(const CostModel& cost, const ParallelConfig& given, int world, const ParamGroups& groups,
+                 const EngineLayout& engine)
+    : cost_(cost),
+      memory_(cost.model(), cost.device(), world, given.memory_gb, given.zero1, given.recompute, groups, engine),
+      par_(with_nodes(given, world)), world_(world), groups_(groups), engine_(engine) {
   const ParallelConfig& par = par_;
   DHP_CHECK(world >= 1 && world <= kMaxWorld, "the world size must be between 1 and {} ranks, got {}", kMaxWorld,
             world);
@@ -337,9 +347,31 @@ Planner::Planner(const CostModel& cost, const ParallelConfig& given, int world, 
   DHP_CHECK(std::isfinite(par.planner_budget_ms) && par.planner_budget_ms >= 0 && par.planner_budget_ms <= 1e6,
             "parallel.planner_budget_ms must be between 0 and 1e6, got {}", par.planner_budget_ms);
   DHP_CHECK(memory_.rank_bytes(0, 0) < memory_.capacity(),
-            "the model alone needs {:.2f} GiB per rank ({} parameters), more than parallel.memory_gb = {}: "
-            "raise memory_gb, enable parallel.zero1 or use more ranks",
-            memory_.rank_bytes(0, 0) / double(int64_t(1) << 30), memory_.parameters(), par.memory_gb);
+            "the model alone needs {:.2f} GiB per rank ({} parameters), more than parallel.memory_gb = {}: {}",
+            memory_.rank_bytes(0, 0) / double(int64_t(1) << 30), memory_.parameters(), par.memory_gb,
+            what_would_fit(cost.model(), cost.device(), world, par, groups, engine));
+}
+
+std::string what_would_fit(const ModelConfig& model, const DeviceProfile& device, int world,
+                           const ParallelConfig& par, const ParamGroups& groups, const EngineLayout& engine) {
+  const double gib = double(int64_t(1) << 30);
+  auto holds = [&](int n) { return MemoryModel(model, device, n, par.memory_gb, true, par.recompute, groups, engine); };
+  const MemoryModel here = holds(world);
+  if (!par.zero1 && here.rank_bytes(0, 0) < here.capacity())
+    return fmt::format("enable parallel.zero1 (then {:.2f} GiB per rank: the moments sharded over the {} ranks)",
+                       here.rank_bytes(0, 0) / gib, world);
+  // Under ZeRO-1 only the moments and the block of summed gradients shrink with the ranks.
+  for (int64_t n = int64_t(world) * 2; n <= kMaxWorld; n *= 2) {
+    const MemoryModel m = holds(int(n));
+    if (m.rank_bytes(0, 0) < m.capacity())
+      return fmt::format("with parallel.zero1 it fits from {} ranks ({:.2f} GiB per rank), or raise memory_gb",
+                         n, m.rank_bytes(0, 0) / gib);
+  }
+  const StateBytes every = state_bytes(here.parameters(), here.trainable_parameters(), device.act_bytes, kMaxWorld);
+  return fmt::format("no number of ranks makes it fit: what every rank holds however many there are (fp32 master "
+                     "weights {:.2f} GiB, the working copy {:.2f} GiB, fp32 gradients {:.2f} GiB) is beyond it; "
+                     "raise memory_gb, freeze parameter groups (optim.groups) or train a smaller model",
+                     every.master / gib, every.working / gib, every.gradients / gib);
 }
 
 Plan Planner::plan(const std::vector<SeqShape>& batch, PlanStats* stats) const {
@@ -354,7 +386,7 @@ int Planner::min_degree(const SeqShape& s) const {
   std::string other = "no recompute mode fits it either";
   for (const auto& [mode, name] : kRecomputeNames) {
     if (mode == par_.recompute) continue;
-    const MemoryModel m(cost_.model(), cost_.device(), world_, par_.memory_gb, par_.zero1, mode, groups_);
+    const MemoryModel m(cost_.model(), cost_.device(), world_, par_.memory_gb, par_.zero1, mode, groups_, engine_);
     const int dm = m.min_degree(s, world_);
     if (dm <= world_) {
       other = fmt::format("parallel.recompute = \"{}\" fits it on {} rank{} ({:.2f} GiB each)", name, dm,

@@ -66,15 +66,24 @@ struct PlanStats {
   std::string rule;         // what decided between dhp's candidates (choose_robustly)
 };
 
+// What would make a model whose state alone exceeds parallel.memory_gb on `world` ranks fit:
+// ZeRO-1 on these ranks, ZeRO-1 on the fewest ranks that fit it (a power-of-two multiple of
+// `world`), or, where no number of ranks does, what every rank holds regardless.
+std::string what_would_fit(const ModelConfig& model, const DeviceProfile& device, int world,
+                           const ParallelConfig& par, const ParamGroups& groups, const EngineLayout& engine);
+
 class Planner {
  public:
   // Cost and memory models from the model config and parallel.cost_profile / memory_gb / zero1;
   // `groups` says which parameters train (the memory model counts their gradients and moments).
+  // `engine`: what the run's engine holds (memory_model.h): its storage dtype decides what its
+  // activations and working weights take whatever the profile assumes.
   Planner(const ModelConfig& model, const ParallelConfig& par, int world,
-          const ParamGroups& groups = {});
-  // With an explicit cost model, e.g. one whose coefficients were refitted.
+          const ParamGroups& groups = {}, const EngineLayout& engine = {});
+  // With an explicit cost model, e.g. one whose coefficients were refitted (its device already
+  // in the engine's storage dtype).
   Planner(const CostModel& cost, const ParallelConfig& par, int world,
-          const ParamGroups& groups = {});
+          const ParamGroups& groups = {}, const EngineLayout& engine = {});
 
   // The strategy of parallel.strategy (static uses parallel.static_cp).
   Plan plan(const std::vector<SeqShape>& batch, PlanStats* stats = nullptr) const;
@@ -120,6 +129,7 @@ class Planner {
   ParallelConfig par_;
   int world_;
   ParamGroups groups_;
+  EngineLayout engine_;
 };
 
 namespace detail {

@@ -153,6 +153,14 @@ std::vector<SeqShape> random_batch(std::mt19937_64& rng, int count, int64_t long
   return out;
 }
 
+// The scenarios below were set on 80 and 88 GiB devices when the memory model priced the 7b
+// profile's weights and gradients in bf16 and its master weights with the moments, all /N: the
+// engine holds fp32 master weights and gradients on every rank under ZeRO-1 and a bf16 working
+// copy (types/state_bytes.h), 46 GiB more per rank. Added to the device, the activations keep
+// the room these tests need to force wide rings and micro-steps; an 80 GiB device alone holds
+// the 7b state at no world size (MemoryModel.SevenBOnEightyGiBIsRefusedWithWhatWouldFit).
+constexpr double kSevenBStateGb = 46;
+
 ParallelConfig par_for(const std::string& device, double gb, int rpn, bool recompute = false) {
   // recompute: full, the mode the planner's tests size memory-bound plans with.
   ParallelConfig p;
@@ -213,7 +221,7 @@ TEST(Planner, EveryStrategyGivesValidPlansOnManyWorlds) {
 
 TEST(Planner, StaticTriesEveryDivisor) {
   const int n = 12;
-  Planner p(model_profile("7b"), par_for("h100", 80, 8), n);
+  Planner p(model_profile("7b"), par_for("h100", 80 + kSevenBStateGb, 8), n);
   auto batch = preset_batch("video-longtail", 96, 5);
   const int cmin = p.static_min_cp(batch);
   for (int c = cmin; c <= n; ++c) {
@@ -450,7 +458,7 @@ TEST(Planner, DhpNeverSlowerThanPow2OrBestStatic) {
   int compared_pow2 = 0, compared_static = 0;
   for (bool recompute : {false, true}) {
     for (int n : {8, 12, 17, 24, 40, 64, 100}) {
-      Planner p(seven, par_for("h100", 80, 8, recompute), n);
+      Planner p(seven, par_for("h100", 80 + kSevenBStateGb, 8, recompute), n);
       for (const char* preset : {"captions", "mixed", "video-longtail"}) {
         std::vector<std::vector<SeqShape>> steps;
         for (int step = 0; step < 2; ++step) {
@@ -579,7 +587,7 @@ TEST(Schedule, BarrierFreeBeatsWavesWhenMemoryForcesMicroSteps) {
   // model prices every buffer the engine carves), so the long-tail batch needs several
   // micro-steps. Barriers make every rank wait for the slowest group of each wave; the
   // barrier-free schedule only synchronises at the end.
-  Planner p(model_profile("7b"), par_for("h100", 88, 8), 64);
+  Planner p(model_profile("7b"), par_for("h100", 88 + kSevenBStateGb, 8), 64);
   auto batch = preset_batch("video-longtail", 512, 7);
   const Plan dhp = p.plan_dhp(batch), waves = p.plan_dhp_waves(batch);
   expect_valid(p, dhp, batch);
@@ -648,7 +656,7 @@ TEST(Schedule, CheckRejectsBrokenSchedules) {
 // its best ring.
 TEST(Planner, LowerBoundIsTightWhereMemoryForcesWideRings) {
   const int n = 17;
-  Planner p(model_profile("7b"), par_for("h100", 88, 8), n);
+  Planner p(model_profile("7b"), par_for("h100", 88 + kSevenBStateGb, 8), n);
   for (int step = 0; step < 3; ++step) {
     std::vector<SeqShape> batch;
     for (const auto& s : preset_samples(preset_params("video-longtail"), int64_t(step) * 512, 512, 1, 28))
@@ -786,7 +794,7 @@ TEST(Planner, FewSequencesThatFillAlmostAllMemoryAreAllPlanned) {
 }
 
 TEST(Planner, TooLongSequenceNamesTheSample) {
-  Planner p(model_profile("7b"), par_for("h100", 80, 8), 5);
+  Planner p(model_profile("7b"), par_for("h100", 80 + kSevenBStateGb, 8), 5);
   std::vector<SeqShape> batch = preset_batch("captions", 20, 1);
   batch.push_back({4242, 3'000'000, 0, 0});
   for (auto f : {&Planner::plan_dhp, &Planner::plan_pow2}) {
@@ -1053,10 +1061,50 @@ TEST(CostModel, RingStepsWithoutOverlapCostComputeAndTransfer) {
   }
 }
 
+// A model whose state alone exceeds the device is refused with what would make it fit, and
+// "more ranks" only where more ranks would: ZeRO-1 shards the moments and nothing else, so
+// 7b's fp32 master weights, bf16 working copy and fp32 gradients (77 GiB) fit 80 GiB at no
+// world size, while on 84 GiB ZeRO-1 fits it from the world the message names and not on half
+// of it; a replicated run that ZeRO-1 would fit on its own world is told so.
+TEST(MemoryModel, SevenBOnEightyGiBIsRefusedWithWhatWouldFit) {
+  const ModelConfig m = model_profile("7b");
+  auto error_on = [&](double gb, int world, bool zero1) {
+    ParallelConfig par = par_for("h100", gb, 8);
+    par.zero1 = zero1;
+    try {
+      Planner p(m, par, world);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  std::string e = error_on(80, 8, true);
+  EXPECT_NE(e.find("the model alone needs"), std::string::npos) << e;
+  EXPECT_NE(e.find("no number of ranks makes it fit"), std::string::npos) << e;
+  EXPECT_NE(e.find("fp32 master weights 30.84 GiB, the working copy 15.42 GiB, fp32 gradients 30.84 GiB"),
+            std::string::npos) << e;
+  EXPECT_EQ(e.find("more ranks"), std::string::npos) << e;
+  EXPECT_NE(error_on(80, 4096, true), "");
+
+  e = error_on(84, 8, true);
+  const std::string says = "with parallel.zero1 it fits from ";
+  const size_t at = e.find(says);
+  ASSERT_NE(at, std::string::npos) << e;
+  const int from = std::stoi(e.substr(at + says.size()));
+  EXPECT_EQ(from, 32) << e;
+  EXPECT_EQ(error_on(84, from, true), "");
+  EXPECT_NE(error_on(84, from / 2, true), "");
+
+  e = error_on(84, 64, false);
+  EXPECT_NE(e.find("enable parallel.zero1 (then "), std::string::npos) << e;
+  EXPECT_EQ(error_on(84, 64, true), "");
+}
+
 TEST(MemoryModel, ZeroOneAndMonotoneInDegree) {
   const ModelConfig m = model_profile("7b");
   const DeviceProfile dev = device_profile("h100");
-  MemoryModel one(m, dev, 1, 80, true), many(m, dev, 64, 80, true), plain(m, dev, 64, 80, false);
+  const double gb = 80 + kSevenBStateGb;
+  MemoryModel one(m, dev, 1, gb, true), many(m, dev, 64, gb, true), plain(m, dev, 64, gb, false);
   EXPECT_LT(many.static_bytes(), one.static_bytes());
   EXPECT_EQ(one.static_bytes(), plain.static_bytes());
   EXPECT_GT(many.parameters(), int64_t(7e9));

@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "model/params.h"
 
 namespace dhp {
 namespace {
@@ -22,12 +23,18 @@ double rebuilt_makespan(const Plan& plan, const std::vector<double>& seconds) {
 
 }  // namespace
 
+EngineLayout engine_layout(const Config& cfg) {
+  const ParamTable table(cfg.model, cfg.optim.groups);
+  return {storage_bytes(cfg), table.total(), table.trainable_total()};
+}
+
 OnlinePlanner::OnlinePlanner(const Config& cfg, Communicator& comm)
     : cfg_(cfg.parallel),
       groups_(cfg.optim.groups),
       comm_(comm),
       rank0_(comm.rank() == 0),
-      planner_(std::make_shared<const Planner>(cfg.model, cfg.parallel, comm.size(), groups_)) {}
+      engine_(engine_layout(cfg)),
+      planner_(std::make_shared<const Planner>(cfg.model, cfg.parallel, comm.size(), groups_, engine_)) {}
 
 std::shared_ptr<const Planner> OnlinePlanner::current() const {
   std::lock_guard lk(mu_);
@@ -35,7 +42,7 @@ std::shared_ptr<const Planner> OnlinePlanner::current() const {
 }
 
 void OnlinePlanner::replace(const CostModel& cost) {
-  auto next = std::make_shared<const Planner>(cost, cfg_, comm_.size(), groups_);
+  auto next = std::make_shared<const Planner>(cost, cfg_, comm_.size(), groups_, engine_);
   std::lock_guard lk(mu_);
   planner_ = std::move(next);
 }

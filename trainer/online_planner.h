@@ -24,6 +24,10 @@ struct CostCheck {
   std::vector<double> group_seconds;  // every group's measured time (its slowest member's)
 };
 
+// What this run's engine holds, for its planner's memory model: the storage dtype of
+// train.precision and the parameter table's aligned totals.
+EngineLayout engine_layout(const Config& cfg);
+
 class OnlinePlanner {
  public:
   OnlinePlanner(const Config& cfg, Communicator& comm);
@@ -48,6 +52,7 @@ class OnlinePlanner {
 
   const ParallelConfig& cfg_;
   const ParamGroups groups_;  // which parameters train: the memory model counts their state
+  const EngineLayout engine_;
   Communicator& comm_;
   const bool rank0_;
   mutable std::mutex mu_;
