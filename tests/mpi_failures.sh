@@ -2,7 +2,8 @@
 # A rank that stops answering (SIGSTOP) or dies (SIGKILL) in the middle of training: the other
 # ranks must stop within the configured time (parallel.timeout_s), the job must exit non-zero,
 # and the output must name the rank. Prints the time from the signal until the other ranks are
-# gone. Then SIGTERM to every rank mid-run: one checkpoint, loadable, and exit 0.
+# gone. Then SIGKILL to one rank in the middle of a save: the checkpoint before stays loadable.
+# Then SIGTERM to every rank mid-run: one checkpoint, loadable, and exit 0.
 #   tests/mpi_failures.sh DHP_BINARY
 set -euo pipefail
 source "$(dirname "$0")/mpi_lib.sh" "$1"
@@ -93,6 +94,39 @@ for run in STOP:2 STOP:0 KILL:2; do
     grep -m1 -iE "rank 2|signal 9" "$log"
   fi
 done
+
+# SIGKILL to rank 1 in the middle of a save, its part of step 2's moments half written (a model
+# of 25M parameters, so that a save takes a while): the others stop under checkpoint.timeout_s,
+# step 1's checkpoint stays complete and resumes on 2 ranks, and the resumed run's save removes
+# what the dead one left.
+ck="$work/SAVE/ck"
+mpirun -np 3 --oversubscribe "$dhp" train --config "$work/run.toml" --model.dim=512 --model.layers=6 \
+  --model.heads=8 --model.kv_heads=8 --model.ffn=2048 --checkpoint.every=1 --checkpoint.timeout_s=3 \
+  --checkpoint.dir="$ck" --log.metrics= >"$work/SAVE.log" 2>&1 &
+job=$!
+victim=$(rank_pid "$job" 1)
+part="$ck/step-00000002.optim-00001-of-00003.h5.tmp"
+for _ in $(seq 12000); do [ -e "$part" ] && break; sleep 0.01; done
+[ -e "$part" ] || { cat "$work/SAVE.log"; echo "no save of step 2 in progress within 120 s"; exit 1; }
+kill -KILL "$victim"
+set +e
+timeout 60 tail --pid="$job" -f /dev/null
+wait "$job"
+rc=$?
+set -e
+[ "$rc" -ne 0 ] || { cat "$work/SAVE.log"; echo "SIGKILL mid-save: the job must fail"; exit 1; }
+[ -f "$ck/step-00000001.done" ] && [ ! -e "$ck/step-00000002.done" ] ||
+  { ls "$ck"; echo "SIGKILL mid-save: step 1 must be the newest complete checkpoint"; exit 1; }
+mpirun -np 2 --oversubscribe "$dhp" train --config "$work/run.toml" --model.dim=512 --model.layers=6 \
+  --model.heads=8 --model.kv_heads=8 --model.ffn=2048 --checkpoint.every=1 --resume auto --train.steps=2 \
+  --checkpoint.dir="$ck" --log.metrics= >"$work/SAVE-resume.log" 2>&1 ||
+  { cat "$work/SAVE-resume.log"; echo "SIGKILL mid-save: resuming on 2 ranks failed"; exit 1; }
+grep -q "resumed from $ck/step-00000001.h5 at step 1" "$work/SAVE-resume.log" ||
+  { cat "$work/SAVE-resume.log"; echo "SIGKILL mid-save: not resumed from step 1"; exit 1; }
+left=$(find "$ck" -name '*.tmp' -o -name 'step-00000002.optim-*-of-00003.h5' | wc -l)
+[ "$left" -eq 0 ] && [ -f "$ck/step-00000002.done" ] ||
+  { ls "$ck"; echo "SIGKILL mid-save: $left files of the dead save left, or no step 2 saved"; exit 1; }
+echo "SIGKILL to rank 1 mid-save (exit status $rc): step 1 complete, resumed on 2 ranks, the dead save's files pruned"
 
 # SIGTERM to every rank, as a launcher sends it: the ranks agree on the step to stop after,
 # save one checkpoint together and exit 0; the checkpoint resumes.
