@@ -198,6 +198,56 @@ TEST(CheckpointParts, ADamagedMissingOrForeignPartIsRefusedByName) {
   EXPECT_NE(e.find("does not match its checksum"), std::string::npos) << e;
 }
 
+// Rank 1 cannot create its part (a folder, not empty, stands at its temporary's path): every
+// rank leaves the save the same way. A periodic save returns "" on each and the run goes on; the
+// save a run ends with throws on each, and the message names rank 1 and the stage. Nothing of
+// the failed save is marked complete.
+TEST(CheckpointParts, ARankThatCannotWriteItsPartFailsTheSaveOnEveryRank) {
+  const Config cfg = small_config(1, run_dir("parts_rank_fails"));
+  const Moments x = random_moments(ParamTable(cfg.model), 4);
+  const fs::path dir = cfg.checkpoint.dir;
+  const fs::path blocked = fs::path(moment_part_path(dir / "step-00000003.h5", 1, 2).string() + ".tmp");
+  fs::create_directories(blocked);
+  std::ofstream(blocked / "keep") << "x";
+  for (const bool last : {false, true}) {
+    std::vector<std::string> got(2, "unset");
+    const std::string e = error_of([&] {
+      run_threaded(2, [&](Communicator& comm) {
+        auto backend = make_cpu_backend({1});
+        Model model(cfg.model, *backend);
+        AdamW opt(model.table(), cfg.optim, *backend, shard_of(comm, true));
+        opt.upload_moments(x.m, x.v);
+        CheckpointManager checkpoints(cfg, comm);
+        TrainState st;
+        st.step = 3;
+        std::string message;
+        try {
+          got[size_t(comm.rank())] = checkpoints.save(model, opt, st, last);
+        } catch (const Error& e) {
+          message = e.what();
+        }
+        if (!message.empty()) got[size_t(comm.rank())] = "threw: " + message;
+      });
+    });
+    EXPECT_EQ(e, "");
+    for (int r = 0; r < 2; ++r) {
+      if (!last) {
+        EXPECT_EQ(got[size_t(r)], "") << r;
+        continue;
+      }
+      EXPECT_EQ(got[size_t(r)].rfind("threw: checkpoint of step 3 not saved", 0), 0u) << got[size_t(r)];
+      EXPECT_NE(got[size_t(r)].find("the checkpoints before it are unchanged"), std::string::npos) << got[size_t(r)];
+    }
+    if (last) {
+      EXPECT_NE(got[0].find("rank 1 failed while writing (its log says why)"), std::string::npos) << got[0];
+      EXPECT_NE(got[1].find("cannot create checkpoint part"), std::string::npos) << got[1];
+    }
+    EXPECT_FALSE(fs::exists(dir / "step-00000003.done"));
+    EXPECT_FALSE(fs::exists(dir / "step-00000003.h5"));
+    EXPECT_FALSE(fs::exists(moment_part_path(dir / "step-00000003.h5", 0, 2)));
+  }
+}
+
 TrainResult train_on(int n, const Config& cfg, const TrainOptions& o = {}) {
   TrainResult r0;
   run_threaded(n, [&](Communicator& comm) {

@@ -357,8 +357,9 @@ std::string CheckpointManager::give_up(const std::vector<int>& failed, const std
   if (rank0_) fs::remove(temporary_of(checkpoint_path(cfg_, step)), ec);
   const std::string what =
       !error.empty() ? error
-                     : fmt::format("checkpoint of step {} not saved: rank{} {} failed while {} (its log says why)", step,
-                                   failed.size() > 1 ? "s" : "", fmt::join(failed, ", "), stage);
+                     : fmt::format("checkpoint of step {} not saved: rank{} {} failed while {} ({} why)", step,
+                                   failed.size() > 1 ? "s" : "", fmt::join(failed, ", "), stage,
+                                   failed.size() > 1 ? "their logs say" : "its log says");
   const std::string kept = fmt::format("{}; the checkpoints before it are unchanged", what);
   if (last) throw SaveFailed(kept);
   if (rank0_) spdlog::warn("{}; training goes on and saves again at the next interval", kept);

@@ -1,0 +1,191 @@
+// Checkpoint save and load on 1, 2 and 3 ranks (threads of one process: one machine, one
+// disk): every rank writing its part of the moments (CheckpointManager) against rank 0
+// gathering the moments and writing the whole checkpoint alone (save_checkpoint, the one-file
+// format), side by side in one run, against the disk's own sequential write speed measured in
+// the same run (a file of the checkpoint's size written in 64 MiB blocks and fsynced). Loads
+// read cold files: every file is dropped from the page cache (fsync, then
+// posix_fadvise DONTNEED) before it is loaded. The ranks share one model (the weights a save
+// reads), each has its own optimizer, sharded (ZeRO-1) or replicated. Prints markdown;
+// asserts nothing.
+// The ranks are threads of one process, each loading into a model of its own: the default shape
+// (0.2 B parameters, 2.4 GB a checkpoint) keeps 3 of them within this machine's 23 GB (the
+// one-file format's load, which holds every moment on every rank, is what runs out first).
+//   bench_checkpoint [--dir /tmp/dhp_bench_checkpoint] [--dim 768] [--layers 16] [--repeats 2]
+#include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/timing.h"
+#include "core/check.h"
+#include "model/model.h"
+#include "parallel/threaded_comm.h"
+#include "trainer/checkpoint.h"
+#include "trainer/config.h"
+#include "trainer/optimizer.h"
+
+namespace {
+
+using namespace dhp;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+
+// Evicts a file's pages from the page cache, so that the next read comes from the disk.
+void drop_cached(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+void drop_folder(const fs::path& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) drop_cached(e.path());
+}
+
+// Seconds to write `bytes` sequentially in 64 MiB blocks and fsync them.
+double disk_write_seconds(const fs::path& dir, int64_t bytes) {
+  const fs::path p = dir / "sequential.bin";
+  std::vector<char> block(size_t(64) << 20, 1);
+  const auto t0 = Clock::now();
+  const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  DHP_CHECK(fd >= 0, "cannot create '{}'", p.string());
+  for (int64_t left = bytes; left > 0; left -= int64_t(block.size())) {
+    const size_t n = size_t(std::min<int64_t>(left, int64_t(block.size())));
+    DHP_CHECK(::write(fd, block.data(), n) == ssize_t(n), "writing '{}' failed", p.string());
+  }
+  ::fsync(fd);
+  ::close(fd);
+  const double s = seconds(t0);
+  fs::remove(p);
+  return s;
+}
+
+int64_t folder_bytes(const fs::path& dir) {
+  int64_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file()) n += int64_t(e.file_size());
+  return n;
+}
+
+struct Timing {
+  std::vector<double> save, load;
+  int64_t bytes = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("Checkpoint save and load: every rank its part against rank 0 alone");
+  std::string dir = (fs::temp_directory_path() / "dhp_bench_checkpoint").string();
+  int dim = 768, layers = 16, repeats = 2;
+  std::vector<int> worlds = {1, 2, 3};
+  app.add_option("--dir", dir, "folder on the disk to measure (emptied)")->capture_default_str();
+  app.add_option("--dim", dim, "decoder width")->capture_default_str();
+  app.add_option("--layers", layers, "decoder layers")->capture_default_str();
+  app.add_option("--repeats", repeats, "saves and loads per variant")->capture_default_str();
+  app.add_option("--worlds", worlds, "ranks")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  Config cfg;
+  ModelConfig& m = cfg.model;
+  m.dim = dim, m.layers = layers, m.heads = dim / 128, m.kv_heads = dim / 128, m.ffn = 4 * dim;
+  m.vocab_size = 32000;
+  cfg.parallel.timeout_s = 1.0;  // far below a save: the parts' save waits under its own limit
+  cfg.checkpoint.keep = 2;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+
+  auto backend = make_cpu_backend({1});
+  const int64_t n = ParamTable(m).total();
+  struct statvfs sv {};
+  ::statvfs(dir.c_str(), &sv);
+  fmt::print("# Checkpoint save and load\n\nmodel: {} parameters (dim {}, {} layers, vocab {}), fp32 weights and "
+             "AdamW moments: {:.2f} GB per checkpoint; folder {} ({:.0f} GB free)\n\n",
+             n, dim, layers, m.vocab_size, 12.0 * double(n) / 1e9, dir, double(sv.f_bavail) * double(sv.f_frsize) / 1e9);
+
+  std::map<std::string, Timing> results;
+  std::vector<double> disk;
+  for (const int world : worlds) {
+    for (const bool parts : {false, true}) {
+      if (world == 1 && parts) continue;  // one rank writes one file either way
+      const std::string name = fmt::format("{} rank{}, {}", world, world > 1 ? "s" : "",
+                                           parts ? "every rank its part" : "rank 0 alone");
+      Timing& t = results[name];
+      for (int rep = 0; rep < repeats; ++rep) {
+        Config c = cfg;
+        c.checkpoint.dir = (fs::path(dir) / fmt::format("w{}_{}_{}", world, parts, rep)).string();
+        c.parallel.zero1 = world > 1;
+        std::string path;
+        double save_s = 0;
+        // The ranks of a save share one model (only rank 0 reads its weights); each loads into
+        // its own.
+        auto model = std::make_unique<Model>(m, *backend);
+        model->initialise(1);
+        run_threaded(world, [&](Communicator& comm) {
+          comm.set_timeout(parts ? c.parallel.timeout_s : 3600.0);  // the baseline at its best
+          AdamW opt(model->table(), c.optim, *backend, OptimizerShard{comm.rank(), comm.size()});
+          opt.set_steps_taken(1);
+          CheckpointManager checkpoints(c, comm);
+          TrainState st;
+          st.step = 1;
+          comm.barrier();
+          const auto t0 = Clock::now();
+          if (parts) {
+            path = checkpoints.save(*model, opt, st, true);
+          } else {
+            opt.gather_moments(comm);
+            if (comm.rank() == 0) path = save_checkpoint(c, *model, &opt, st);
+            comm.barrier();
+          }
+          if (comm.rank() == 0) save_s = seconds(t0);
+        });
+        model.reset();
+        t.save.push_back(save_s);
+        t.bytes = folder_bytes(c.checkpoint.dir);
+        drop_folder(c.checkpoint.dir);
+        double load_s = 0;
+        run_threaded(world, [&](Communicator& comm) {
+          comm.set_timeout(3600.0);
+          Model loaded(m, *backend);
+          AdamW opt(loaded.table(), c.optim, *backend, OptimizerShard{comm.rank(), comm.size()});
+          comm.barrier();
+          const auto t0 = Clock::now();
+          load_checkpoint(path, loaded, &opt);
+          comm.barrier();
+          if (comm.rank() == 0) load_s = seconds(t0);
+        });
+        t.load.push_back(load_s);
+        fs::remove_all(c.checkpoint.dir);
+        disk.push_back(disk_write_seconds(dir, t.bytes));
+      }
+    }
+  }
+  const double disk_s = bench::median(disk);
+  const int64_t bytes = results.begin()->second.bytes;
+  fmt::print("disk: sequential write of {:.2f} GB in 64 MiB blocks + fsync: median {:.1f} s ({:.0f} MB/s, {} runs "
+             "between the saves, spread {:.1f}–{:.1f} s)\n\n",
+             double(bytes) / 1e9, disk_s, double(bytes) / disk_s / 1e6, disk.size(),
+             *std::min_element(disk.begin(), disk.end()), *std::max_element(disk.begin(), disk.end()));
+  fmt::print("| ranks, writer | bytes | save s (median, spread) | save MB/s | of the disk's | load s (cold, median) | "
+             "load MB/s |\n|---|---|---|---|---|---|---|\n");
+  for (const auto& [name, t] : results) {
+    const double s = bench::median(t.save), l = bench::median(t.load);
+    fmt::print("| {} | {:.2f} GB | {:.2f} ({:.2f}–{:.2f}) | {:.0f} | {:.2f}× | {:.2f} | {:.0f} |\n", name,
+               double(t.bytes) / 1e9, s, *std::min_element(t.save.begin(), t.save.end()),
+               *std::max_element(t.save.begin(), t.save.end()), double(t.bytes) / s / 1e6,
+               (double(t.bytes) / s) / (double(bytes) / disk_s), l, double(t.bytes) / l / 1e6);
+  }
+  fs::remove_all(dir);
+  return 0;
+}
