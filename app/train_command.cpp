@@ -234,28 +234,37 @@ void add_export_command(CLI::App& app) {
       if (!dtype->empty()) o.dtype = *dtype == "f32" ? "F32" : *dtype == "bf16" ? "BF16" : "F16";
       check_hf_export_paths(o);
       const std::string path = resolve_checkpoint(*checkpoint, *dir);
-      LoadedModel m = load_for_inference(path, inference_config(path, sub->remaining()));
-      if (dtype->empty() && !m.cfg.model.init.empty()) {
-        const std::string from = hf_checkpoint_dtype(m.cfg.model.init);
+      const Config cfg = inference_config(path, sub->remaining());
+      if (dtype->empty() && !cfg.model.init.empty()) {
+        const std::string from = hf_checkpoint_dtype(cfg.model.init);
         if (!from.empty()) o.dtype = from;
       }
-      o.max_position_embeddings = m.cfg.data.max_tokens;
+      o.max_position_embeddings = cfg.data.max_tokens;
       // The run's tokenizer: its SentencePiece model, special ids and added tokens.
       HfTokenizerFiles tok;
       std::error_code ec;
-      if (std::filesystem::exists(m.cfg.data.tokenizer, ec)) {
-        const Tokenizer t(m.cfg.data.tokenizer, m.cfg.data.added_tokens);
-        tok = hf_tokenizer_files(t.files(), m.cfg.data.max_tokens, m.cfg.data.chat_template);
+      if (std::filesystem::exists(cfg.data.tokenizer, ec)) {
+        const Tokenizer t(cfg.data.tokenizer, cfg.data.added_tokens);
+        tok = hf_tokenizer_files(t.files(), cfg.data.max_tokens, cfg.data.chat_template);
         o.tokenizer = &tok;
       } else {
         spdlog::warn("the run's tokenizer '{}' is not found from here: the export has no tokenizer "
-                     "files (pass --data.tokenizer=PATH)", m.cfg.data.tokenizer);
+                     "files (pass --data.tokenizer=PATH)", cfg.data.tokenizer);
       }
-      export_hf_checkpoint(*m.model, o);
-      const bool llava = m.cfg.model.vision.pretrained();
+      if (is_hf_folder(path)) {
+        // A Hugging Face folder (with model.vision.init's tower) is imported into a model first.
+        LoadedModel m = load_for_inference(path, cfg);
+        export_hf_checkpoint(*m.model, o);
+      } else {
+        // A checkpoint's weights stream from its file, one tensor at a time.
+        const CheckpointWeights weights(path);
+        export_hf_checkpoint(cfg.model, ParamTable(cfg.model),
+                             [&](const ParamSpec& s, float* out) { weights.read(s, out); }, o);
+      }
+      const bool llava = cfg.model.vision.pretrained();
       spdlog::info("exported {} of {} to {} as {} ({} tensors)",
                    llava ? "the LLaVA model (llava-hf layout)" : "the decoder", path, o.dir, o.dtype,
-                   hf_name_map(m.cfg.model, llava ? HfLayout::LlavaHf : HfLayout::Decoder).size());
+                   hf_name_map(cfg.model, llava ? HfLayout::LlavaHf : HfLayout::Decoder).size());
       return;
     }
     const std::string config_path = (std::filesystem::path(*out).parent_path() / "config.json").string();

@@ -439,6 +439,34 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
   return st;
 }
 
+CheckpointWeights::CheckpointWeights(const std::string& path) : path_(path) {
+  quiet_hdf5();
+  DHP_CHECK(fs::is_regular_file(path), "checkpoint '{}' not found", path);
+  file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  DHP_CHECK(file_ >= 0, "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
+  try {
+    const int64_t version = read_format(file_, kFormat, path, "checkpoint");
+    DHP_CHECK(version == kFormatVersion || version == kPartsFormatVersion,
+              "checkpoint '{}' has format version {}; this dhp reads {} and {}", path, version, kFormatVersion,
+              kPartsFormatVersion);
+    DHP_CHECK(has_link(file_, "params", fmt::format("checkpoint '{}'", path)), "checkpoint '{}' has no /params", path);
+    params_ = H5Gopen2(file_, "params", H5P_DEFAULT);
+    DHP_CHECK(params_ >= 0, "checkpoint '{}': /params cannot be opened ({}): the file is damaged", path, hdf5_reason());
+  } catch (...) {
+    H5Fclose(file_);
+    throw;
+  }
+}
+
+CheckpointWeights::~CheckpointWeights() {
+  if (params_ >= 0) H5Gclose(params_);
+  H5Fclose(file_);
+}
+
+void CheckpointWeights::read(const ParamSpec& spec, float* out) const {
+  read_tensor(params_, "params", spec, out, path_);
+}
+
 std::vector<std::string> checkpoint_params_not_in(const std::string& path, const ParamTable& table) {
   quiet_hdf5();
   H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);

@@ -87,6 +87,22 @@ Config checkpoint_config(const std::string& path, const std::vector<std::string>
 // name and shape, and every checksum. Throws dhp::Error naming the file and the problem.
 TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt);
 
+// A checkpoint's weights read one tensor at a time, each checked as load_checkpoint checks it
+// (name, shape, checksum, finite values): `dhp export` streams a model that no process holds
+// whole. Opening checks the format.
+class CheckpointWeights {
+ public:
+  explicit CheckpointWeights(const std::string& path);
+  ~CheckpointWeights();
+  CheckpointWeights(const CheckpointWeights&) = delete;
+  CheckpointWeights& operator=(const CheckpointWeights&) = delete;
+  void read(const ParamSpec& spec, float* out) const;
+
+ private:
+  std::string path_;
+  int64_t file_ = -1, params_ = -1;  // HDF5 identifiers
+};
+
 // The weights a checkpoint holds that `table` has no parameter for (a model of another
 // configuration: a tower part it does not hold, biases it lacks), in the file's order: what
 // --init of that checkpoint leaves out.

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -240,5 +241,13 @@ void check_hf_export_paths(const HfExportOptions& opt);
 // tower and projector under the LlavaHf layout's names, config.json with text_config and
 // vision_config, and preprocessor_config.json.
 void export_hf_checkpoint(const Model& model, const HfExportOptions& opt);
+
+// The weights an export reads, one tensor at a time: `spec.numel()` floats into `out`.
+using TensorSource = std::function<void(const ParamSpec& spec, float* out)>;
+// The same from a model of `cfg` whose parameter table is `table`, its tensors read one at a time
+// from `weights` as they are written (a checkpoint's file: CheckpointWeights), so that no process
+// holds the whole model.
+void export_hf_checkpoint(const ModelConfig& cfg, const ParamTable& table, const TensorSource& weights,
+                          const HfExportOptions& opt);
 
 }  // namespace dhp

@@ -303,6 +303,15 @@ void check_hf_export_paths(const HfExportOptions& o) {
 }
 
 void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
+  const float* arena = model.params();
+  Backend& backend = model.backend();
+  export_hf_checkpoint(model.config(), model.table(), [&](const ParamSpec& s, float* out) {
+    backend.download(out, arena + s.offset, size_t(s.numel()) * sizeof(float));
+  }, o);
+}
+
+void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table, const TensorSource& weights,
+                          const HfExportOptions& o) {
   check_hf_export_paths(o);
   std::error_code ec;
   fs::create_directories(o.dir, ec);
@@ -315,7 +324,6 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
                "two exports into one folder would remove each other's files: wait for it to end or "
                "choose another folder");
   check_hf_export_paths(o);
-  const ModelConfig& model_cfg = model.config();
   // A clip or siglip tower makes it a LLaVA model (llava-hf's layout); the native tower has no
   // Hugging Face counterpart and only the decoder is written.
   const bool llava = model_cfg.vision.pretrained();
@@ -397,7 +405,7 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
   int64_t in_shard = 0, total = 0;
   // Rows of a vocabulary tensor beyond the model's are the mean row (the grown vocabulary).
   auto exported_numel = [&](const HfBinding& b) {
-    const ParamSpec& s = model.table().get(b.dhp);
+    const ParamSpec& s = table.get(b.dhp);
     return b.transform == HfTransform::VocabRows ? s.numel() / model_cfg.vocab_size * m.vocab_size : s.numel();
   };
   for (const auto& b : map) {
@@ -452,14 +460,12 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
   listed.insert(before.begin(), before.end());
   write_manifest(listed);
 
-  const float* arena = model.params();
-  Backend& backend = model.backend();
   ByteProgress progress(fmt::format("exporting to {}", o.dir), total);
   json weight_map = json::object();
   for (size_t i = 0; i < n; ++i) {
     std::vector<SafetensorsOut> out;
     for (const HfBinding* b : shards[i]) {
-      const ParamSpec& s = model.table().get(b->dhp);
+      const ParamSpec& s = table.get(b->dhp);
       std::vector<int64_t> shape = s.shape;
       const bool conv = b->transform == HfTransform::ConvPatch;
       if (conv) shape = {s.shape[0], 3, m.vision.patch, m.vision.patch};
@@ -467,7 +473,7 @@ void export_hf_checkpoint(const Model& model, const HfExportOptions& o) {
       if (b->transform == HfTransform::VocabRows) shape[0] = m.vocab_size;
       out.push_back({b->hf, o.dtype, shape, [&, s, conv, numel](char* dst) {
                        std::vector<float> host(size_t(s.numel()));
-                       backend.download(host.data(), arena + s.offset, host.size() * sizeof(float));
+                       weights(s, host.data());
                        if (numel > s.numel()) {
                          const int64_t cols = s.shape[1], rows = s.shape[0];
                          std::vector<double> mean(size_t(cols), 0.0);
