@@ -98,7 +98,9 @@ class Communicator {
   // type and root. Reductions run in an order fixed for a given world size, so a run is
   // reproducible.
   virtual void all_reduce(void* buf, int64_t count, DataType type, ReduceOp op) = 0;  // in place
-  // send (size()·count) -> recv (count): rank r receives the sum over ranks of block r.
+  // send (size()·count) -> recv (count): rank r receives the sum over ranks of block r. recv
+  // may be send's own block r (send + r·count): the sum then replaces it in place, and the
+  // other blocks of send are left undefined.
   virtual void reduce_scatter(const void* send, void* recv, int64_t count, DataType type) = 0;
   // send (count) -> recv (size()·count): block r is rank r's send.
   virtual void all_gather(const void* send, void* recv, int64_t count, DataType type) = 0;

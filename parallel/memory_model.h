@@ -68,9 +68,6 @@ class MemoryModel {
   // Of static_bytes() (types/state_bytes.h): the gradients, and the moments this rank holds.
   int64_t gradient_bytes() const { return grad_bytes_; }
   int64_t optimizer_bytes() const { return optim_bytes_; }
-  // Of static_bytes() under ZeRO-1 on several ranks: the block of reduce-scattered gradients
-  // a rank holds.
-  int64_t shard_bytes() const { return shard_bytes_; }
   int64_t static_bytes() const { return static_; }
   // Over every arena (a ring's and the image exchange's counted on one rank too):
   int64_t bytes_per_token() const { return per_token_ + 2 * routed_per_token_ + ring_per_token_; }
@@ -118,7 +115,7 @@ class MemoryModel {
  private:
   int64_t capacity_, params_, trainable_, static_, per_token_, per_patch_, logits_per_token_, fixed_;
   int64_t ring_per_token_, routed_per_token_, sent_per_patch_;
-  int64_t grad_bytes_, optim_bytes_, shard_bytes_;
+  int64_t grad_bytes_, optim_bytes_;
   int64_t group_params_[kParamGroups];
   int64_t logits_chunk_;
   int m2_;

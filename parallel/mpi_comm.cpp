@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstring>
 #include <climits>
 #include <cstdlib>
 #include <exception>
@@ -306,11 +307,17 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiCollective>(std::move(r), comm_, rank_, size_, timeout_);
   }
   void reduce_scatter(const void* send, void* recv, int64_t count, DataType type) override {
+    // MPI forbids a receive buffer inside the send buffer: the in-place form (recv is this
+    // rank's block of send) receives into a block-sized temporary.
+    const size_t bytes = size_t(count) * data_type_size(type);
+    const bool in_place = recv == static_cast<const char*>(send) + size_t(rank_) * bytes;
+    std::vector<char> staged(in_place ? bytes : 0);
     std::vector<MPI_Request> r(1);
-    mpi_check(MPI_Ireduce_scatter_block(send, recv, checked_count(count, "reduce_scatter"),
+    mpi_check(MPI_Ireduce_scatter_block(send, in_place ? staged.data() : recv, checked_count(count, "reduce_scatter"),
                                         reduce_type(type), MPI_SUM, comm_, &r[0]),
               "MPI_Ireduce_scatter_block");
     finish(r, "a reduce-scatter");
+    if (in_place && bytes) std::memcpy(recv, staged.data(), bytes);
   }
   void all_gather(const void* send, void* recv, int64_t count, DataType type) override {
     const int n = checked_count(count, "all_gather");

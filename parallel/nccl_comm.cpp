@@ -290,6 +290,7 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, int64_t coun
   check_usable(what);
   DHP_CUDA_CHECK(cudaSetDevice(device_));
   after_compute(stream_);
+  // NCCL's own in-place form is recv == send + rank·count, the Communicator's.
   nccl_done(ncclReduceScatter(send, recv, size_t(count), nccl_type(type), ncclSum, comm_, stream_),
             what);
   enqueue_done(what);

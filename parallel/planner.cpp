@@ -360,7 +360,7 @@ std::string what_would_fit(const ModelConfig& model, const DeviceProfile& device
   if (!par.zero1 && here.rank_bytes(0, 0) < here.capacity())
     return fmt::format("enable parallel.zero1 (then {:.2f} GiB per rank: the moments sharded over the {} ranks)",
                        here.rank_bytes(0, 0) / gib, world);
-  // Under ZeRO-1 only the moments and the block of summed gradients shrink with the ranks.
+  // Under ZeRO-1 only the moments shrink with the ranks.
   for (int64_t n = int64_t(world) * 2; n <= kMaxWorld; n *= 2) {
     const MemoryModel m = holds(int(n));
     if (m.rank_bytes(0, 0) < m.capacity())

@@ -199,6 +199,8 @@ void ThreadedCommunicator::reduce_scatter(const void* send, void* recv, int64_t 
                                         data_type_name(type)), send, recv});
   std::vector<const void*> in;
   for (const auto& c : calls) in.push_back(c.send);
+  // In place (recv is this rank's block of send) as well: each element is read from every rank
+  // before it is written, and the other ranks read other blocks of this rank's send.
   reduce(recv, in, int64_t(rank_) * count, count, type, ReduceOp::Sum);
   world_.arrive(rank_, "reduce_scatter (done)");
 }

@@ -423,7 +423,7 @@ TEST(FrozenCheckpoint, ResumesAcrossFreezingWorldSizeAndZero1) {
 // ranks, replicated and ZeRO-1, with every freezing, the bytes a rank's model and optimizer
 // hold once built equal static_bytes() but for two scalars (the loss statistics, the norm):
 // fp32 master weights of every parameter, the bf16 working copy, fp32 gradients and moments of
-// the trainable groups only, the moments (and the block of summed gradients) sharded. A
+// the trainable groups only, the moments sharded. A
 // pricing of the weights in their storage dtype alone, or of 2-byte gradients, misses by
 // megabytes here. Its group counts are the parameter table's.
 TEST(FrozenMemoryModel, StaticBytesAreWhatTheEnginesBuffersHold) {

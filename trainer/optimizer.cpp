@@ -24,7 +24,6 @@ AdamW::AdamW(const ParamTable& table, const OptimConfig& cfg, Backend& backend,
   tail_ = n - block_ * shard.world;
   m_ = DeviceBuffer(backend, sizeof(float) * size_t(block_ + tail_));
   v_ = DeviceBuffer(backend, sizeof(float) * size_t(block_ + tail_));
-  if (sharded()) grad_block_ = DeviceBuffer(backend, sizeof(float) * size_t(block_));
   norm_ = DeviceBuffer(backend, sizeof(double));
   backend_.zero(m_.data(), m_.bytes());
   backend_.zero(v_.data(), v_.bytes());
@@ -110,7 +109,7 @@ void AdamW::grads_final_from(int64_t offset) {
 
 double AdamW::sharded_norm(const float* grads, Communicator& comm) const {
   // Blocks summed in rank order; the tail (the same on every rank) counted once.
-  double sq = squared_norm(grad_block_.as<float>(), block_);
+  double sq = squared_norm(grads + int64_t(shard_.rank) * block_, block_);
   if (shard_.rank == 0) sq += squared_norm(grads + shard_.world * block_, tail_);
   comm.all_reduce_sum(&sq, 1);
   return std::sqrt(sq);
@@ -124,17 +123,14 @@ double AdamW::reduce(float* grads, Communicator& comm) {
     inflight_.clear();
     overlap_grads_ = nullptr;
     if (!sharded()) return grad_norm(grads);
-    // This rank's block was summed in place; the update reads it from grad_block_.
-    backend_.copy(grad_block_.data(), grads + int64_t(shard_.rank) * block_,
-                  sizeof(float) * size_t(block_));
-    return sharded_norm(grads, comm);
+    return sharded_norm(grads, comm);  // this rank's block was summed in place
   }
   if (!sharded()) {
     comm.all_reduce_sum(grads, n_);
     return grad_norm(grads);
   }
   const int64_t W = shard_.world;
-  comm.reduce_scatter(grads, grad_block_.data(), block_, DataType::F32);
+  comm.reduce_scatter(grads, grads + int64_t(shard_.rank) * block_, block_, DataType::F32);
   if (tail_ > 0) comm.all_reduce_sum(grads + W * block_, tail_);
   return sharded_norm(grads, comm);
 }
@@ -146,7 +142,7 @@ void AdamW::apply(float* params, float* grads, double lr, double norm, Communica
     return;
   }
   const int64_t W = shard_.world, lo = int64_t(shard_.rank) * block_, tail0 = W * block_;
-  float* g = grad_block_.as<float>();
+  float* g = grads + lo;  // this rank's summed block, in place
   if (cfg_.grad_clip > 0.0 && norm > cfg_.grad_clip) {
     const float s = float(cfg_.grad_clip / (norm + 1e-6));
     backend_.ops().scale_inplace(g, s, block_);

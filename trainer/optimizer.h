@@ -10,8 +10,8 @@
 //
 // ZeRO-1: the flat gradient arena of n trainable elements is cut into one contiguous block of
 // s = floor(n / N) elements per rank, plus a tail of n - N·s < N elements that every rank
-// keeps. Gradients are reduce-scattered (each rank receives the sum of its block) and the
-// tail all-reduced; the global norm is summed from the blocks; each rank updates its block
+// keeps. Gradients are reduce-scattered in place (each rank's block of the arena receives its
+// sum; no second buffer) and the tail all-reduced; the global norm is summed from the blocks; each rank updates its block
 // and the tail, and the parameters are all-gathered. Moments exist for a rank's block and the
 // tail only: optimizer memory per rank falls by N. With a frozen group the updated block is
 // gathered through the gradient arena (its sums are spent by then) and copied back to the
@@ -115,7 +115,8 @@ class AdamW {
   void update(float* params, const float* grads, double lr);
   AdamWStep step_of(const ParamSpec& p, double lr) const;
   double squared_norm(const float* x, int64_t n) const;
-  // Under ZeRO-1, once grad_block_ and the tail hold their sums: the global norm.
+  // Under ZeRO-1, once this rank's block of the arena and the tail hold their sums: the global
+  // norm.
   double sharded_norm(const float* grads, Communicator& comm) const;
   struct Bucket {
     int64_t begin, end;  // [begin, end) of the arena
@@ -138,7 +139,6 @@ class AdamW {
   int64_t n_ = 0;                 // elements of the gradient layout (trainable parameters)
   int64_t block_ = 0, tail_ = 0;  // s and n - N·s; unsharded: n and 0
   DeviceBuffer m_, v_;            // (block + tail) moments
-  DeviceBuffer grad_block_;       // (block) this rank's summed gradient under ZeRO-1
   DeviceBuffer norm_;             // (1) double: a squared norm
   std::vector<float> full_m_, full_v_;  // gathered for a checkpoint (sharded only)
   std::vector<Bucket> buckets_;         // in starting order: from the end of the arena

@@ -3,8 +3,9 @@
 // storage dtype when that is narrower (bf16 on GPUs: the passes read it), and the fp32
 // gradients of the trainable parameters; trainer/optimizer.h adds AdamW's two fp32 moments
 // of the trainable parameters and, under ZeRO-1 over N ranks, keeps those for its block of
-// n / N elements and the remainder n mod N that every rank updates, plus the block of summed
-// gradients. The planner's memory model prices exactly this (parallel/memory_model.h) and a
+// n / N elements and the remainder n mod N that every rank updates (the block's gradients are
+// summed in place, in the gradient arena). The planner's memory model prices exactly this
+// (parallel/memory_model.h) and a
 // test compares it with the bytes the engine's buffers hold, on every profile's storage dtype.
 #pragma once
 
@@ -17,8 +18,7 @@ struct StateBytes {
   int64_t working = 0;     // the working copy in the storage dtype (none when it is fp32)
   int64_t gradients = 0;   // fp32, trainable parameters
   int64_t moments = 0;     // AdamW m and v this rank holds
-  int64_t grad_block = 0;  // ZeRO-1: this rank's block of the reduce-scattered gradients
-  int64_t total() const { return master + working + gradients + moments + grad_block; }
+  int64_t total() const { return master + working + gradients + moments; }
 };
 
 // `storage_bytes`: bytes of an element in the storage dtype (4 fp32, 2 bf16); `shards`: the
@@ -30,7 +30,6 @@ inline StateBytes state_bytes(int64_t params, int64_t trainable, int storage_byt
   s.gradients = 4 * trainable;
   const int64_t block = trainable / shards, held = shards > 1 ? block + trainable % shards : trainable;
   s.moments = 2 * 4 * held;
-  s.grad_block = shards > 1 ? 4 * block : 0;
   return s;
 }
 
