@@ -62,6 +62,10 @@ inline void check_collectives(Communicator& c, int64_t count) {
     for (int q = 0; q < N; ++q) want[i] = q == 0 ? value_of(q, r * count + i) : want[i] + value_of(q, r * count + i);
   c.reduce_scatter(send.data(), recv.data(), count, DataType::F32);
   expect_equal(recv, want, "reduce_scatter", r);
+  // In place: the sum replaces this rank's own block of the send buffer (ZeRO-1's gradients).
+  c.reduce_scatter(send.data(), send.data() + r * count, count, DataType::F32);
+  expect_equal(std::vector<float>(send.begin() + r * count, send.begin() + (r + 1) * count), want,
+               "reduce_scatter in place", r);
 
   // all_gather: block q is rank q's buffer.
   std::vector<int32_t> mine(count), all(size_t(N) * count), all_want(size_t(N) * count);
