@@ -285,6 +285,23 @@ TEST(CheckpointParts, AnExportStreamedFromTheFileIsTheLoadedModelsExport) {
   EXPECT_NE(e.find("params/layers.1.mlp.w2.weight does not match its checksum"), std::string::npos) << e;
 }
 
+// What a run that stops on an error says it saved is the folder's newest complete checkpoint,
+// not only what its loop saw returned: a save whose marker was written before a rank stopped
+// answering in the save's last exchange threw, yet is complete. Renamed and unmarked files do
+// not count.
+TEST(CheckpointParts, TheNewestCompleteStepIsTheFoldersNotTheLoops) {
+  const Config cfg = small_config(1, run_dir("parts_newest"));
+  const std::string dir = cfg.checkpoint.dir;
+  EXPECT_EQ(newest_complete_step(dir), 0);
+  const ParamTable table(cfg.model);
+  save_on(2, true, cfg, random_moments(table, 1));  // step 7
+  EXPECT_EQ(newest_complete_step(dir), 7);
+  fs::copy_file(fs::path(dir) / "step-00000007.h5", fs::path(dir) / "step-00000009.h5");
+  testing::write_text(fs::path(dir) / "step-00000009.done", "9\n");  // renamed: its contents say 7
+  fs::copy_file(fs::path(dir) / "step-00000007.h5", fs::path(dir) / "step-00000008.h5");  // no marker
+  EXPECT_EQ(newest_complete_step(dir), 7);
+}
+
 TrainResult train_on(int n, const Config& cfg, const TrainOptions& o = {}) {
   TrainResult r0;
   run_threaded(n, [&](Communicator& comm) {

@@ -175,6 +175,11 @@ std::vector<std::string> list_checkpoints(const std::string& dir, bool warn) {
   return out;
 }
 
+int64_t newest_complete_step(const std::string& dir) {
+  const auto all = list_checkpoints(dir, false);
+  return all.empty() ? 0 : std::max<int64_t>(0, recorded_step(all.back()));
+}
+
 std::string resolve_checkpoint(const std::string& what, const std::string& default_dir, bool warn) {
   const std::string dir = what == "auto" ? default_dir : what;
   if (what != "auto" && fs::is_regular_file(what)) return what;

@@ -37,6 +37,8 @@ double save_timeout(const Config& cfg, const ParamTable& table, int world);
 
 // Complete checkpoints of a directory, oldest first ("" entries never).
 std::vector<std::string> list_checkpoints(const std::string& dir, bool warn = true);
+// The step the newest complete checkpoint of `dir` holds; 0 when there is none.
+int64_t newest_complete_step(const std::string& dir);
 
 // "auto" = the newest complete checkpoint of cfg.checkpoint.dir (throws if none); otherwise a
 // path to a .h5 file, to a directory holding checkpoints, or to a Hugging Face folder (returned

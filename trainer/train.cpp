@@ -535,6 +535,9 @@ std::string Run::save(int64_t step, bool last) {
 }
 
 std::string Run::rescue(int64_t done, int64_t saved, const std::string& what) {
+  // The folder is the truth: a save whose marker was written before its ranks failed to agree
+  // on it (a rank that stopped answering in its last exchange) is complete, whatever it threw.
+  saved = std::max(saved, newest_complete_step(cfg_.checkpoint.dir));
   if (done <= saved) return what;
   const std::string last = saved > 0 ? fmt::format("step {}", saved) : "no checkpoint yet";
   // The state is whole between steps: an error in a step's loads or compute comes before its
