@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "core/check.h"
@@ -264,7 +265,32 @@ void load_moment_parts(hid_t optim, const std::string& path, const ParamTable& t
   opt.upload_moments(m, v);
 }
 
+// A file about to be opened as a checkpoint: there, and then opened read-only.
+H5 open_existing(const std::string& path) {
+  quiet_hdf5();
+  DHP_CHECK(fs::is_regular_file(path), "checkpoint '{}' not found", path);
+  return H5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+}
+
 }  // namespace
+
+// A checkpoint file opened for reading: a readable HDF5 file of a format version this dhp
+// reads, its /params group open. load_checkpoint and CheckpointWeights open files this way.
+struct OpenCheckpoint {
+  explicit OpenCheckpoint(const std::string& p) : path(p), file(open_existing(p)) {
+    DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
+    version = read_format(file, kFormat, path, "checkpoint");
+    DHP_CHECK(version == kFormatVersion || version == kPartsFormatVersion,
+              "checkpoint '{}' has format version {}; this dhp reads {} and {}", path, version, kFormatVersion,
+              kPartsFormatVersion);
+    DHP_CHECK(has_link(file, "params", fmt::format("checkpoint '{}'", path)), "checkpoint '{}' has no /params", path);
+    params.emplace(H5Gopen2(file, "params", H5P_DEFAULT), H5Gclose);
+  }
+  std::string path;
+  H5 file;
+  int64_t version = 0;
+  std::optional<H5> params;
+};
 
 void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, const Model& model,
                            const AdamW* opt, const TrainState& st, const MomentParts& parts) {
@@ -381,20 +407,12 @@ Config checkpoint_config(const std::string& path, const std::vector<std::string>
 }
 
 TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
-  quiet_hdf5();
   const std::string where = fmt::format("checkpoint '{}'", path);
-  DHP_CHECK(fs::is_regular_file(path), "checkpoint '{}' not found", path);
-  H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
-  const int64_t version = read_format(file, kFormat, path, "checkpoint");
-  DHP_CHECK(version == kFormatVersion || version == kPartsFormatVersion,
-            "checkpoint '{}' has format version {}; this dhp reads {} and {}", path, version, kFormatVersion,
-            kPartsFormatVersion);
-  DHP_CHECK(has_link(file, "params", where),
-            "checkpoint '{}' has no /params", path);
-  H5 params(H5Gopen2(file, "params", H5P_DEFAULT), H5Gclose);
+  const OpenCheckpoint open(path);
+  const H5& file = open.file;
+  const int64_t version = open.version;
   std::vector<float> staged(model.n_params());  // loaded fully before anything is replaced
-  for (const auto& s : model.table().specs()) read_tensor(params, "params", s, staged.data() + s.offset, path);
+  for (const auto& s : model.table().specs()) read_tensor(*open.params, "params", s, staged.data() + s.offset, path);
 
   TrainState st;
   H5 state(H5Gopen2(file, "state", H5P_DEFAULT), H5Gclose);
@@ -439,32 +457,12 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
   return st;
 }
 
-CheckpointWeights::CheckpointWeights(const std::string& path) : path_(path) {
-  quiet_hdf5();
-  DHP_CHECK(fs::is_regular_file(path), "checkpoint '{}' not found", path);
-  file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  DHP_CHECK(file_ >= 0, "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
-  try {
-    const int64_t version = read_format(file_, kFormat, path, "checkpoint");
-    DHP_CHECK(version == kFormatVersion || version == kPartsFormatVersion,
-              "checkpoint '{}' has format version {}; this dhp reads {} and {}", path, version, kFormatVersion,
-              kPartsFormatVersion);
-    DHP_CHECK(has_link(file_, "params", fmt::format("checkpoint '{}'", path)), "checkpoint '{}' has no /params", path);
-    params_ = H5Gopen2(file_, "params", H5P_DEFAULT);
-    DHP_CHECK(params_ >= 0, "checkpoint '{}': /params cannot be opened ({}): the file is damaged", path, hdf5_reason());
-  } catch (...) {
-    H5Fclose(file_);
-    throw;
-  }
-}
+CheckpointWeights::CheckpointWeights(const std::string& path) : open_(std::make_unique<OpenCheckpoint>(path)) {}
 
-CheckpointWeights::~CheckpointWeights() {
-  if (params_ >= 0) H5Gclose(params_);
-  H5Fclose(file_);
-}
+CheckpointWeights::~CheckpointWeights() = default;
 
 void CheckpointWeights::read(const ParamSpec& spec, float* out) const {
-  read_tensor(params_, "params", spec, out, path_);
+  read_tensor(*open_->params, "params", spec, out, open_->path);
 }
 
 std::vector<std::string> checkpoint_params_not_in(const std::string& path, const ParamTable& table) {

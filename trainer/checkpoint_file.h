@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include "data/sampler.h"
@@ -90,6 +91,7 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt);
 // A checkpoint's weights read one tensor at a time, each checked as load_checkpoint checks it
 // (name, shape, checksum, finite values): `dhp export` streams a model that no process holds
 // whole. Opening checks the format.
+struct OpenCheckpoint;
 class CheckpointWeights {
  public:
   explicit CheckpointWeights(const std::string& path);
@@ -99,8 +101,7 @@ class CheckpointWeights {
   void read(const ParamSpec& spec, float* out) const;
 
  private:
-  std::string path_;
-  int64_t file_ = -1, params_ = -1;  // HDF5 identifiers
+  std::unique_ptr<OpenCheckpoint> open_;  // the file load_checkpoint opens the same way
 };
 
 // The weights a checkpoint holds that `table` has no parameter for (a model of another
