@@ -25,6 +25,9 @@ fs::path marker_of(const fs::path& h5) {
   return m.replace_extension(".done");
 }
 
+// The main file of the checkpoint of `step` in `dir`.
+fs::path checkpoint_in(const fs::path& dir, int64_t step) { return dir / fmt::format("step-{:08d}.h5", step); }
+
 // The step a file name step-NNNNNNNN.h5 claims, or -1 for another name (a moment part's too).
 int64_t named_step(const fs::path& p) {
   const int64_t step = checkpoint_file_step(p);
@@ -50,9 +53,9 @@ void prune(const fs::path& dir, int keep) {
   std::vector<fs::path> stale;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const fs::path p = e.path();
-    if (checkpoint_file_step(p) < 0 || named_step(p) >= 0) continue;  // not a temporary or part
-    const fs::path main = dir / fmt::format("step-{:08d}.h5", checkpoint_file_step(p));
-    if (p.extension() == ".tmp" || !kept.contains(main.string())) stale.push_back(p);
+    const int64_t step = checkpoint_file_step(p);
+    if (step < 0 || named_step(p) >= 0) continue;  // not a temporary or part
+    if (p.extension() == ".tmp" || !kept.contains(checkpoint_in(dir, step).string())) stale.push_back(p);
   }
   for (const auto& p : stale) fs::remove(p, ec);
 }
@@ -82,13 +85,11 @@ void write_marker(const fs::path& h5, int64_t step) {
   fsync_path(marker_of(h5).string(), false);
 }
 
+fs::path checkpoint_path(const Config& cfg, int64_t step) { return checkpoint_in(cfg.checkpoint.dir, step); }
+
 // Before a save writes anything: the folder exists, holds at most `keep` checkpoints, has room,
 // and no longer calls an older save of the same step complete (it is about to be overwritten).
 // Returns the checkpoint's path.
-fs::path checkpoint_path(const Config& cfg, int64_t step) {
-  return fs::path(cfg.checkpoint.dir) / fmt::format("step-{:08d}.h5", step);
-}
-
 fs::path prepare_save(const Config& cfg, const Model& model, bool with_moments, int64_t step) {
   const fs::path dir = cfg.checkpoint.dir;
   std::error_code ec;
