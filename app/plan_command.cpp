@@ -244,18 +244,11 @@ void run_plan(const PlanOptions& o) {
   fmt::print("per rank: weights, gradients and optimizer state {:.2f} MiB (gradients {:.2f}, moments {:.2f}{})\n",
              double(mem.static_bytes()) / mib, double(mem.gradient_bytes()) / mib,
              double(mem.optimizer_bytes()) / mib, par.zero1 ? ", ZeRO-1" : "");
-  // The longest text-only sample one rank holds in each recompute mode (bytes grow with the
-  // tokens: binary search).
+  // The longest text-only sample one rank holds in each recompute mode.
   std::vector<std::string> longest;
   for (const auto& [mode, name] : kRecomputeNames) {
     const MemoryModel m(model, device_profile(par.cost_profile), o.world, par.memory_gb, par.zero1, mode, groups);
-    int64_t lo = 0, hi = kMaxSampleTokens;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo + 1) / 2;
-      if (m.group_bytes(SeqShape{0, mid, 0, 0}, 1) <= m.capacity()) lo = mid;
-      else hi = mid - 1;
-    }
-    longest.push_back(fmt::format("{} {}", name, lo));
+    longest.push_back(fmt::format("{} {}", name, m.longest_text_tokens()));
   }
   fmt::print("longest text sample on one rank, tokens by parallel.recompute: {}\n\n", fmt::join(longest, ", "));
   fmt::print("{}", format_reports(rows));

@@ -210,13 +210,7 @@ void fits_table() {
             cells[i] = "no";
             continue;
           }
-          int64_t lo = 0, hi = kMaxSampleTokens;
-          while (lo < hi) {
-            const int64_t mid = lo + (hi - lo + 1) / 2;
-            if (mem.group_bytes(SeqShape{0, mid, 0, 0}, 1) <= mem.capacity()) lo = mid;
-            else hi = mid - 1;
-          }
-          cells[i] = fmt::format("yes, {} tokens", lo);
+          cells[i] = fmt::format("yes, {} tokens", mem.longest_text_tokens());
         }
         fmt::print("| {} | {:.2f} B | {} | {} | {:.1f} | {} | {} |\n", name, double(params) / 1e9, world,
                    zero1 ? "ZeRO-1" : "replicated", state, cells[0], cells[1]);

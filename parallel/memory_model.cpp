@@ -139,6 +139,17 @@ int64_t MemoryModel::one_rank_bytes(const SeqShape& s) const {
   return sat(s.tokens(), bytes_per_token(), rows, bytes_per_patch());
 }
 
+int64_t MemoryModel::longest_text_tokens() const {
+  // Bytes grow with the tokens: a binary search.
+  int64_t lo = 0, hi = kMaxSampleTokens;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (group_bytes(SeqShape{0, mid, 0, 0}, 1) <= capacity_) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
 int64_t MemoryModel::rank_bytes(int64_t activations, int64_t tokens) const {
   return static_ + activations + std::min(tokens, logits_chunk_) * logits_per_token_ + fixed_;
 }

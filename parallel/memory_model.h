@@ -96,6 +96,9 @@ class MemoryModel {
   // What a rank holds with these arenas: static state, the arenas (their eighth of headroom
   // included: kernels/backend.h), and the workspace.
   int64_t held_bytes(const ArenaBytes& a) const;
+  // The most tokens a text-only sample may have to fit on one rank alone (no ring); 0 when
+  // not even one token does.
+  int64_t longest_text_tokens() const;
   // The smallest ring degree <= max_degree at which the sequences fit; max_degree + 1 if none.
   int min_degree(std::span<const SeqShape* const> seqs, int max_degree) const;
   // One sequence alone.
