@@ -709,13 +709,6 @@ BackendOptions backend_options(const Config& cfg) {
   return o;
 }
 
-int storage_bytes(const Config& cfg) {
-  return resolve_precision(cfg.train.precision, cfg.train.device == "cuda" ? Device::CUDA : Device::CPU) ==
-                 Precision::bf16
-             ? 2
-             : 4;
-}
-
 bool overrides_set(const std::vector<std::string>& overrides, const std::string& key) {
   return std::any_of(overrides.begin(), overrides.end(),
                      [&](const std::string& o) { return o.find(key + "=") != std::string::npos; });

@@ -106,9 +106,6 @@ int compute_threads(const Config& cfg);
 // The backend options of train.device from the [train] section; the device ordinal is the
 // launcher's local rank (one GPU per rank).
 BackendOptions backend_options(const Config& cfg);
-// Bytes of an element of the run's storage dtype (train.precision made concrete): what the
-// planner prices its activations and working weights at (Planner's storage_bytes).
-int storage_bytes(const Config& cfg);
 
 // Whether the command line's `overrides` ("--section.key=value") set `key` ("data.tokenizer").
 bool overrides_set(const std::vector<std::string>& overrides, const std::string& key);

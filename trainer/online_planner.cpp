@@ -25,7 +25,9 @@ double rebuilt_makespan(const Plan& plan, const std::vector<double>& seconds) {
 
 EngineLayout engine_layout(const Config& cfg) {
   const ParamTable table(cfg.model, cfg.optim.groups);
-  return {storage_bytes(cfg), table.total(), table.trainable_total()};
+  const Device device = cfg.train.device == "cuda" ? Device::CUDA : Device::CPU;
+  const int storage_bytes = resolve_precision(cfg.train.precision, device) == Precision::bf16 ? 2 : 4;
+  return {storage_bytes, table.total(), table.trainable_total()};
 }
 
 OnlinePlanner::OnlinePlanner(const Config& cfg, Communicator& comm)
