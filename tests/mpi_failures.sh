@@ -48,6 +48,16 @@ rank_pid() {
   exit 1
 }
 
+# wait_job MPIRUN_PID: waits (at most 60 s) for a job whose ranks were signalled; its exit
+# status in $rc. (In this shell, not a subshell: only the shell that started the job can wait.)
+wait_job() {
+  set +e
+  timeout 60 tail --pid="$1" -f /dev/null
+  wait "$1"
+  rc=$?
+  set -e
+}
+
 # Rank 0 stopped too: it holds no special role in a collective, and the others must name it.
 for run in STOP:2 STOP:0 KILL:2; do
   sig=${run%:*} v=${run#*:}
@@ -100,8 +110,8 @@ done
 # step 1's checkpoint stays complete and resumes on 2 ranks, and the resumed run's save removes
 # what the dead one left.
 ck="$work/SAVE/ck"
-mpirun -np 3 --oversubscribe "$dhp" train --config "$work/run.toml" --model.dim=512 --model.layers=6 \
-  --model.heads=8 --model.kv_heads=8 --model.ffn=2048 --checkpoint.every=1 --checkpoint.timeout_s=3 \
+wide=(--model.dim=512 --model.layers=6 --model.heads=8 --model.kv_heads=8 --model.ffn=2048 --checkpoint.every=1)
+mpirun -np 3 --oversubscribe "$dhp" train --config "$work/run.toml" "${wide[@]}" --checkpoint.timeout_s=3 \
   --checkpoint.dir="$ck" --log.metrics= >"$work/SAVE.log" 2>&1 &
 job=$!
 victim=$(rank_pid "$job" 1)
@@ -109,16 +119,11 @@ part="$ck/step-00000002.optim-00001-of-00003.h5.tmp"
 for _ in $(seq 12000); do [ -e "$part" ] && break; sleep 0.01; done
 [ -e "$part" ] || { cat "$work/SAVE.log"; echo "no save of step 2 in progress within 120 s"; exit 1; }
 kill -KILL "$victim"
-set +e
-timeout 60 tail --pid="$job" -f /dev/null
-wait "$job"
-rc=$?
-set -e
+wait_job "$job"
 [ "$rc" -ne 0 ] || { cat "$work/SAVE.log"; echo "SIGKILL mid-save: the job must fail"; exit 1; }
 [ -f "$ck/step-00000001.done" ] && [ ! -e "$ck/step-00000002.done" ] ||
   { ls "$ck"; echo "SIGKILL mid-save: step 1 must be the newest complete checkpoint"; exit 1; }
-mpirun -np 2 --oversubscribe "$dhp" train --config "$work/run.toml" --model.dim=512 --model.layers=6 \
-  --model.heads=8 --model.kv_heads=8 --model.ffn=2048 --checkpoint.every=1 --resume auto --train.steps=2 \
+mpirun -np 2 --oversubscribe "$dhp" train --config "$work/run.toml" "${wide[@]}" --resume auto --train.steps=2 \
   --checkpoint.dir="$ck" --log.metrics= >"$work/SAVE-resume.log" 2>&1 ||
   { cat "$work/SAVE-resume.log"; echo "SIGKILL mid-save: resuming on 2 ranks failed"; exit 1; }
 grep -q "resumed from $ck/step-00000001.h5 at step 1" "$work/SAVE-resume.log" ||
@@ -140,11 +145,7 @@ pids=""
 for r in 0 1 2; do pids="$pids $(rank_pid "$job" "$r")"; done
 # shellcheck disable=SC2086
 kill -TERM $pids
-set +e
-timeout 60 tail --pid="$job" -f /dev/null
-wait "$job"
-rc=$?
-set -e
+wait_job "$job"
 [ "$rc" -eq 0 ] || { cat "$work/TERM.log"; echo "SIGTERM: exit status $rc, expected 0"; exit 1; }
 # One complete checkpoint (its marker), its weights' file and the part of the moments each of
 # the 3 ranks wrote beside it.

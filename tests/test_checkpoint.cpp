@@ -22,6 +22,7 @@
 #include "parallel/mpi_comm.h"
 #include "tests/error_of.h"
 #include "tests/file_text.h"
+#include "tests/h5_damage.h"
 #include "tests/train_fixture.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train.h"
@@ -37,6 +38,7 @@ using testing::run_dir;
 using testing::small_config;
 
 using testing::error_of;
+using testing::flip_tensor_byte;
 
 std::vector<float> weights_of(const std::string& checkpoint) {
   Config cfg = checkpoint_config(checkpoint);
@@ -44,27 +46,6 @@ std::vector<float> weights_of(const std::string& checkpoint) {
   Model m(cfg.model, *backend);
   load_checkpoint(checkpoint, m, nullptr);
   return std::vector<float>(m.params(), m.params() + m.n_params());
-}
-
-// Flips one bit inside a tensor's stored data (past its first elements), as a disk might: the
-// file stays a readable HDF5 file and only the tensor's checksum can tell.
-void flip_tensor_byte(const std::string& file, const char* tensor) {
-  hsize_t offset = 0;
-  {
-    hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    hid_t d = H5Dopen2(f, tensor, H5P_DEFAULT);
-    offset = H5Dget_offset(d);
-    H5Dclose(d);
-    H5Fclose(f);
-  }
-  ASSERT_GT(offset, 0u);
-  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
-  io.seekg(std::streamoff(offset + 17));
-  char c = 0;
-  io.read(&c, 1);
-  c ^= 0x10;
-  io.seekp(std::streamoff(offset + 17));
-  io.write(&c, 1);
 }
 
 TEST(Checkpoint, ResumeIsBitExact) {

@@ -4,7 +4,6 @@
 // rank finds its part damaged turns every rank to the checkpoint before; the ranks wait for a
 // save under the save's own limit, never parallel.timeout_s.
 #include <gtest/gtest.h>
-#include <hdf5.h>
 
 #include <chrono>
 #include <filesystem>
@@ -17,6 +16,7 @@
 #include "parallel/threaded_comm.h"
 #include "tests/error_of.h"
 #include "tests/file_text.h"
+#include "tests/h5_damage.h"
 #include "tests/train_fixture.h"
 #include "trainer/checkpoint.h"
 #include "trainer/hf_checkpoint.h"
@@ -27,6 +27,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::error_of;
+using testing::flip_tensor_byte;
 using testing::run_dir;
 using testing::small_config;
 
@@ -141,26 +142,6 @@ TEST(CheckpointParts, AnotherFreezingMapsThePartsThroughTheRecordedLayout) {
   EXPECT_TRUE(grown.x.m == some.m && grown.x.v == some.v);
 }
 
-// Flips one bit in the stored data of dataset `name` of an HDF5 file.
-void flip_byte(const fs::path& file, const char* name) {
-  hsize_t offset = 0;
-  {
-    hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
-    offset = H5Dget_offset(d);
-    H5Dclose(d);
-    H5Fclose(f);
-  }
-  ASSERT_GT(offset, 0u);
-  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
-  io.seekg(std::streamoff(offset + 5));
-  char c = 0;
-  io.read(&c, 1);
-  c ^= 0x10;
-  io.seekp(std::streamoff(offset + 5));
-  io.write(&c, 1);
-}
-
 TEST(CheckpointParts, ADamagedMissingOrForeignPartIsRefusedByName) {
   const Config cfg = small_config(1, run_dir("parts_refused"));
   const ParamTable table(cfg.model);
@@ -194,7 +175,7 @@ TEST(CheckpointParts, ADamagedMissingOrForeignPartIsRefusedByName) {
 
   const std::string again = save_on(2, true, cfg, random_moments(table, 7));
   ASSERT_EQ(again, path);
-  flip_byte(part1, "v");
+  flip_tensor_byte(part1.string(), "v");
   e = load_error(true);
   EXPECT_NE(e.find("checkpoint part '"), std::string::npos) << e;
   EXPECT_NE(e.find("does not match its checksum"), std::string::npos) << e;
@@ -276,7 +257,7 @@ TEST(CheckpointParts, AnExportStreamedFromTheFileIsTheLoadedModelsExport) {
     EXPECT_EQ(testing::read_text(e.path()), testing::read_text(fs::path(streamed.dir) / name)) << name;
   }
   EXPECT_GE(files, 3);
-  flip_byte(path, "params/layers.1.mlp.w2.weight");
+  flip_tensor_byte(path, "params/layers.1.mlp.w2.weight");
   const std::string e = error_of([&] {
     const CheckpointWeights weights(path);
     std::vector<float> x(size_t(ParamTable(cfg.model).get("layers.1.mlp.w2.weight").numel()));
@@ -319,7 +300,7 @@ TEST(CheckpointParts, OneRanksDamagedPartTurnsEveryRankToTheCheckpointBefore) {
                                           "--eval.exact_match=false", "--data.val="};
   train_on(2, small_config(4, dir, extra));
   const fs::path ck = dir / "checkpoints";
-  flip_byte(moment_part_path(ck / "step-00000004.h5", 1, 2), "m");
+  flip_tensor_byte(moment_part_path(ck / "step-00000004.h5", 1, 2).string(), "m");
   TrainOptions o;
   o.resume = "auto";
   const TrainResult r = train_on(2, small_config(6, dir, extra), o);
