@@ -33,9 +33,9 @@ EngineLayout engine_layout(const Config& cfg) {
 OnlinePlanner::OnlinePlanner(const Config& cfg, Communicator& comm)
     : cfg_(cfg.parallel),
       groups_(cfg.optim.groups),
+      engine_(engine_layout(cfg)),
       comm_(comm),
       rank0_(comm.rank() == 0),
-      engine_(engine_layout(cfg)),
       planner_(std::make_shared<const Planner>(cfg.model, cfg.parallel, comm.size(), groups_, engine_)) {}
 
 std::shared_ptr<const Planner> OnlinePlanner::current() const {
