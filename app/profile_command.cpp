@@ -35,12 +35,6 @@ struct ProfileOptions {
   bool force = false;  // replace an --out that is not an earlier profile
 };
 
-std::string arch_name(VisionArch a) {
-  for (const auto& [value, name] : kVisionArchNames)
-    if (value == a) return std::string(name);
-  return "?";
-}
-
 // An earlier profile's coefficients file, which a new profile may replace.
 bool is_profile_json(const std::string& path) {
   const nlohmann::json j = nlohmann::json::parse(read_head(path, 16 << 20), nullptr, false);
@@ -77,7 +71,7 @@ void run_profile(const ProfileOptions& o, const std::vector<std::string>& overri
     fmt::print("dhp profile on {} ({} storage, {} rank(s)): model dim {} x {} layers, vision {} {} x {} layers ({} run), "
                "{} thread(s), median of {} runs\n\n",
                cfg.train.device, dtype_name(backend->ops().dtype()), comm.size(), m.dim, m.layers,
-               arch_name(m.vision.arch), m.vision.dim, m.vision.layers, m.vision.layers_run(), o.threads, o.repeats);
+               std::string(m.vision.traits().name), m.vision.dim, m.vision.layers, m.vision.layers_run(), o.threads, o.repeats);
 
   // The device's rates op by op: the prior of the fit below instead of the datasheet's.
   ProbeOptions po;
@@ -157,7 +151,7 @@ void run_profile(const ProfileOptions& o, const std::vector<std::string>& overri
                       {"probe", probe_json},
                       {"model", {{"dim", m.dim}, {"layers", m.layers}, {"vision_dim", m.vision.dim},
                                  {"vision_layers", m.vision.layers},
-                                 {"vision_arch", arch_name(m.vision.arch)},
+                                 {"vision_arch", std::string(m.vision.traits().name)},
                                  {"vision_layers_run", m.vision.layers_run()}}}};
   check_output_path(o.out, "--out", is_profile_json, o.force);
   try {

@@ -261,7 +261,7 @@ void add_export_command(CLI::App& app) {
         export_hf_checkpoint(cfg.model, ParamTable(cfg.model),
                              [&](const ParamSpec& s, float* out) { weights.read(s, out); }, o);
       }
-      const bool llava = cfg.model.vision.pretrained();
+      const bool llava = cfg.model.vision.traits().has_hf();
       spdlog::info("exported {} of {} to {} as {} ({} tensors)",
                    llava ? "the LLaVA model (llava-hf layout)" : "the decoder", path, o.dir, o.dtype,
                    hf_name_map(cfg.model, llava ? HfLayout::LlavaHf : HfLayout::Decoder).size());

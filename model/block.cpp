@@ -42,7 +42,7 @@ BlockActs carve_some(Carver& c, const BlockDims& d, int64_t T, DType t, Rebuilt 
   if (own.norms) {
     a.xn1 = c.take(T * d.C, t);
     a.rstd1 = c.take<float>(T);
-    if (d.vit) a.mean1 = c.take<float>(T);
+    if (d.norm == NormKind::layer) a.mean1 = c.take<float>(T);
   }
   if (own.linears) {
     a.q = c.take(T * qd, t);
@@ -61,11 +61,11 @@ BlockActs carve_some(Carver& c, const BlockDims& d, int64_t T, DType t, Rebuilt 
   if (own.norms) {
     a.xn2 = c.take(T * d.C, t);
     a.rstd2 = c.take<float>(T);
-    if (d.vit) a.mean2 = c.take<float>(T);
+    if (d.norm == NormKind::layer) a.mean2 = c.take<float>(T);
   }
   if (own.linears) {
     a.a = c.take(T * d.F, t);
-    if (!d.vit) a.b = c.take(T * d.F, t);
+    if (d.mlp == MlpKind::swiglu) a.b = c.take(T * d.F, t);
   }
   if (own.swiglu) a.g = c.take(T * d.F, t);
   return a;
@@ -89,7 +89,7 @@ BlockScratch carve_block_scratch(Carver& c, const BlockDims& d, int64_t T, DType
   BlockScratch s;
   s.dg = c.take(T * d.F, t);
   s.da = c.take(T * d.F, t);
-  if (!d.vit) s.db = c.take(T * d.F, t);
+  if (d.mlp == MlpKind::swiglu) s.db = c.take(T * d.F, t);
   s.dxn = c.take(T * d.C, t);
   s.dtmp = c.take(T * d.C, t);
   s.datt = c.take(T * qd, t);
@@ -99,65 +99,32 @@ BlockScratch carve_block_scratch(Carver& c, const BlockDims& d, int64_t T, DType
   return s;
 }
 
-namespace {
-
-void vit_forward(const Ops& ops, const BlockDims& d, const BlockWeights& w, const BlockActs& a,
-                 Act out, int64_t T, Attention& attn, int layer) {
-  const int64_t C = d.C, qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd, F = d.F;
-  ops.layernorm_forward(a.xn1, a.mean1, a.rstd1, a.x_in, w.attn_norm, w.attn_norm_b, T, C, d.eps);
-  ops.linear_forward(a.q, a.xn1, w.wq, w.bq, T, C, qd);
-  ops.linear_forward(a.k, a.xn1, w.wk, w.bk, T, C, kvd);
-  ops.linear_forward(a.v, a.xn1, w.wv, w.bv, T, C, kvd);
-  attn.forward(layer, a.att, a.lse, a.q, a.k, a.v, d.attn());
-  ops.linear_forward(a.h, a.att, w.wo, w.bo, T, qd, C);
-  ops.add_inplace(a.h, a.x_in, T * C);
-
-  ops.layernorm_forward(a.xn2, a.mean2, a.rstd2, a.h, w.mlp_norm, w.mlp_norm_b, T, C, d.eps);
-  ops.linear_forward(a.a, a.xn2, w.w1, w.b1, T, C, F);
-  ops.gelu_forward(a.g, a.a, T * F, d.act);
-  ops.linear_forward(out, a.g, w.w2, w.b2, T, F, C);
-  ops.add_inplace(out, a.h, T * C);
+void norm_forward(const Ops& ops, const BlockDims& d, Act out, float* mean, float* rstd, CAct x, CAct w,
+                  CAct b, int64_t T, int64_t C) {
+  if (d.norm == NormKind::layer) ops.layernorm_forward(out, mean, rstd, x, w, b, T, C, d.eps);
+  else ops.rmsnorm_forward(out, rstd, x, w, T, C, d.eps);
 }
 
-void vit_backward(const Ops& ops, const BlockDims& d, const BlockWeights& w, const BlockParams& gw,
-                  const BlockActs& a, const BlockScratch& s, Act dx, int64_t T, Attention& attn,
-                  int layer, Recompute mode) {
-  const int64_t C = d.C, qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd, F = d.F;
-  if (mode == Recompute::full) {
-    vit_forward(ops, d, w, a, s.dtmp, T, attn, layer);
-  } else if (mode == Recompute::selective) {
-    ops.layernorm_forward(a.xn1, a.mean1, a.rstd1, a.x_in, w.attn_norm, w.attn_norm_b, T, C,
-                          d.eps);
-    ops.layernorm_forward(a.xn2, a.mean2, a.rstd2, a.h, w.mlp_norm, w.mlp_norm_b, T, C, d.eps);
-    ops.gelu_forward(a.g, a.a, T * F, d.act);
-  }
-  ops.linear_backward(s.dg, gw.w2, gw.b2, dx, a.g, w.w2, T, F, C, false);
-  ops.gelu_backward(s.da, s.dg, a.a, T * F, d.act);
-  ops.linear_backward(s.dxn, gw.w1, gw.b1, s.da, a.xn2, w.w1, T, C, F, false);
-  ops.layernorm_backward(s.dtmp, gw.mlp_norm, gw.mlp_norm_b, s.dxn, a.h, w.mlp_norm, a.mean2,
-                         a.rstd2, T, C);
-  ops.add_inplace(dx, s.dtmp, T * C);  // dx = d(h)
+void norm_backward(const Ops& ops, const BlockDims& d, Act dx, float* dw, float* db, CAct dout, CAct x,
+                   CAct w, const float* mean, const float* rstd, int64_t T, int64_t C) {
+  if (d.norm == NormKind::layer) ops.layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, T, C);
+  else ops.rmsnorm_backward(dx, dw, dout, x, w, rstd, T, C);
+}
 
-  ops.linear_backward(s.datt, gw.wo, gw.bo, dx, a.att, w.wo, T, qd, C, false);
-  attn.backward(layer, s.dq, s.dk, s.dv, s.datt, a.att, a.lse, a.q, a.k, a.v, d.attn());
-  ops.linear_backward(s.dxn, gw.wq, gw.bq, s.dq, a.xn1, w.wq, T, C, qd, false);
-  ops.linear_backward(s.dxn, gw.wk, gw.bk, s.dk, a.xn1, w.wk, T, C, kvd, true);
-  ops.linear_backward(s.dxn, gw.wv, gw.bv, s.dv, a.xn1, w.wv, T, C, kvd, true);
-  ops.layernorm_backward(s.dtmp, gw.attn_norm, gw.attn_norm_b, s.dxn, a.x_in, w.attn_norm,
-                         a.mean1, a.rstd1, T, C);
-  ops.add_inplace(dx, s.dtmp, T * C);  // dx = d(x_in)
+namespace {
+
+// g from the MLP's first projection(s): silu(a)·b, or act(a).
+void mlp_act_forward(const Ops& ops, const BlockDims& d, const BlockActs& a, int64_t n) {
+  if (d.mlp == MlpKind::swiglu) ops.swiglu_forward(a.g, a.a, a.b, n);
+  else ops.gelu_forward(a.g, a.a, n, d.act);
 }
 
 }  // namespace
 
 void block_forward(const Ops& ops, const BlockDims& d, const BlockWeights& w, const BlockActs& a,
                    Act out, int64_t T, RopePos rope, Attention& attn, int layer) {
-  if (d.vit) {
-    vit_forward(ops, d, w, a, out, T, attn, layer);
-    return;
-  }
   const int64_t C = d.C, qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd, F = d.F;
-  ops.rmsnorm_forward(a.xn1, a.rstd1, a.x_in, w.attn_norm, T, C, d.eps);
+  norm_forward(ops, d, a.xn1, a.mean1, a.rstd1, a.x_in, w.attn_norm, w.attn_norm_b, T, C);
   ops.linear_forward(d.qk_norm ? a.qp : a.q, a.xn1, w.wq, w.bq, T, C, qd);
   ops.linear_forward(d.qk_norm ? a.kp : a.k, a.xn1, w.wk, w.bk, T, C, kvd);
   ops.linear_forward(a.v, a.xn1, w.wv, w.bv, T, C, kvd);
@@ -166,50 +133,55 @@ void block_forward(const Ops& ops, const BlockDims& d, const BlockWeights& w, co
     ops.rmsnorm_forward(a.q, a.rstd_q, a.qp, w.q_norm, T * d.Hq, d.hd, d.eps);
     ops.rmsnorm_forward(a.k, a.rstd_k, a.kp, w.k_norm, T * d.Hkv, d.hd, d.eps);
   }
-  rope_apply(ops, a.q, T, d.Hq, d, rope, false);
-  rope_apply(ops, a.k, T, d.Hkv, d, rope, false);
+  if (d.rope_on) {
+    rope_apply(ops, a.q, T, d.Hq, d, rope, false);
+    rope_apply(ops, a.k, T, d.Hkv, d, rope, false);
+  }
   attn.forward(layer, a.att, a.lse, a.q, a.k, a.v, d.attn());
   ops.linear_forward(a.h, a.att, w.wo, w.bo, T, qd, C);
   ops.add_inplace(a.h, a.x_in, T * C);
 
-  ops.rmsnorm_forward(a.xn2, a.rstd2, a.h, w.mlp_norm, T, C, d.eps);
-  ops.linear_forward(a.a, a.xn2, w.w1, nullptr, T, C, F);
-  ops.linear_forward(a.b, a.xn2, w.w3, nullptr, T, C, F);
-  ops.swiglu_forward(a.g, a.a, a.b, T * F);
-  ops.linear_forward(out, a.g, w.w2, nullptr, T, F, C);
+  norm_forward(ops, d, a.xn2, a.mean2, a.rstd2, a.h, w.mlp_norm, w.mlp_norm_b, T, C);
+  ops.linear_forward(a.a, a.xn2, w.w1, w.b1, T, C, F);
+  if (d.mlp == MlpKind::swiglu) ops.linear_forward(a.b, a.xn2, w.w3, nullptr, T, C, F);
+  mlp_act_forward(ops, d, a, T * F);
+  ops.linear_forward(out, a.g, w.w2, w.b2, T, F, C);
   ops.add_inplace(out, a.h, T * C);
 }
 
 void block_backward(const Ops& ops, const BlockDims& d, const BlockWeights& w,
                     const BlockParams& gw, const BlockActs& a, const BlockScratch& s, Act dx,
                     int64_t T, RopePos rope, Attention& attn, int layer, Recompute mode) {
-  if (d.vit) {
-    vit_backward(ops, d, w, gw, a, s, dx, T, attn, layer, mode);
-    return;
-  }
   const int64_t C = d.C, qd = int64_t(d.Hq) * d.hd, kvd = int64_t(d.Hkv) * d.hd, F = d.F;
   if (mode == Recompute::full) {
     // The layer's output is not needed again (the next layer's input is kept): dtmp takes it
     // before backward first writes there.
     block_forward(ops, d, w, a, s.dtmp, T, rope, attn, layer);
   } else if (mode == Recompute::selective) {
-    ops.rmsnorm_forward(a.xn1, a.rstd1, a.x_in, w.attn_norm, T, C, d.eps);
-    ops.rmsnorm_forward(a.xn2, a.rstd2, a.h, w.mlp_norm, T, C, d.eps);
-    ops.swiglu_forward(a.g, a.a, a.b, T * F);
+    norm_forward(ops, d, a.xn1, a.mean1, a.rstd1, a.x_in, w.attn_norm, w.attn_norm_b, T, C);
+    norm_forward(ops, d, a.xn2, a.mean2, a.rstd2, a.h, w.mlp_norm, w.mlp_norm_b, T, C);
+    mlp_act_forward(ops, d, a, T * F);
   }
   // MLP branch: dx holds d(out) = d(h) through the residual, plus what flows through the MLP.
-  ops.linear_backward(s.dg, gw.w2, nullptr, dx, a.g, w.w2, T, F, C, false);
-  ops.swiglu_backward(s.da, s.db, s.dg, a.a, a.b, T * F);
-  ops.linear_backward(s.dxn, gw.w1, nullptr, s.da, a.xn2, w.w1, T, C, F, false);
-  ops.linear_backward(s.dxn, gw.w3, nullptr, s.db, a.xn2, w.w3, T, C, F, true);
-  ops.rmsnorm_backward(s.dtmp, gw.mlp_norm, s.dxn, a.h, w.mlp_norm, a.rstd2, T, C);
+  ops.linear_backward(s.dg, gw.w2, gw.b2, dx, a.g, w.w2, T, F, C, false);
+  if (d.mlp == MlpKind::swiglu) {
+    ops.swiglu_backward(s.da, s.db, s.dg, a.a, a.b, T * F);
+    ops.linear_backward(s.dxn, gw.w1, nullptr, s.da, a.xn2, w.w1, T, C, F, false);
+    ops.linear_backward(s.dxn, gw.w3, nullptr, s.db, a.xn2, w.w3, T, C, F, true);
+  } else {
+    ops.gelu_backward(s.da, s.dg, a.a, T * F, d.act);
+    ops.linear_backward(s.dxn, gw.w1, gw.b1, s.da, a.xn2, w.w1, T, C, F, false);
+  }
+  norm_backward(ops, d, s.dtmp, gw.mlp_norm, gw.mlp_norm_b, s.dxn, a.h, w.mlp_norm, a.mean2, a.rstd2, T, C);
   ops.add_inplace(dx, s.dtmp, T * C);  // dx = d(h)
 
   // Attention branch.
   ops.linear_backward(s.datt, gw.wo, gw.bo, dx, a.att, w.wo, T, qd, C, false);
   attn.backward(layer, s.dq, s.dk, s.dv, s.datt, a.att, a.lse, a.q, a.k, a.v, d.attn());
-  rope_apply(ops, s.dq, T, d.Hq, d, rope, true);
-  rope_apply(ops, s.dk, T, d.Hkv, d, rope, true);
+  if (d.rope_on) {
+    rope_apply(ops, s.dq, T, d.Hq, d, rope, true);
+    rope_apply(ops, s.dk, T, d.Hkv, d, rope, true);
+  }
   // The biases are added before RoPE (and the q/k norms), so their gradients are those of the
   // projections' outputs. With qk_norm, datt (free once attention's backward has read it; at
   // least Hkv·hd wide) takes d(qp), then d(kp).
@@ -223,7 +195,7 @@ void block_backward(const Ops& ops, const BlockDims& d, const BlockWeights& w,
     ops.linear_backward(s.dxn, gw.wk, gw.bk, s.dk, a.xn1, w.wk, T, C, kvd, true);
   }
   ops.linear_backward(s.dxn, gw.wv, gw.bv, s.dv, a.xn1, w.wv, T, C, kvd, true);
-  ops.rmsnorm_backward(s.dtmp, gw.attn_norm, s.dxn, a.x_in, w.attn_norm, a.rstd1, T, C);
+  norm_backward(ops, d, s.dtmp, gw.attn_norm, gw.attn_norm_b, s.dxn, a.x_in, w.attn_norm, a.mean1, a.rstd1, T, C);
   ops.add_inplace(dx, s.dtmp, T * C);  // dx = d(x_in)
 }
 

@@ -1,10 +1,10 @@
-// The pre-norm transformer block shared by the vision encoder and the decoder
-// (model-spec.md): h = x + Attn(RMSNorm(x)); out = h + SwiGLU-MLP(RMSNorm(h)). Hugging Face
-// decoders add, where their checkpoints have them: biases on q/k/v (Qwen2) and on the output
-// projection (Llama's and Qwen3's attention_bias), and Qwen3's per-head q/k RMSNorm before RoPE.
-// The pretrained towers' kind (BlockDims::vit: clip, siglip) is Hugging Face's encoder layer:
-// h = x + Wo·Attn(LN1(x)) + bo with biased q/k/v and no RoPE; out = h + fc2(act(fc1(LN2(h)))),
-// LayerNorms with weight and bias.
+// The pre-norm transformer block shared by every vision encoder and decoder (model-spec.md):
+// h = x + Wo·Attn(RoPE(Wq·N1(x)), RoPE(Wk·N1(x)), Wv·N1(x)); out = h + MLP(N2(h)), its kind
+// given by values (types/architecture.h): the norms RMSNorm or LayerNorm (weight and bias),
+// the MLP SwiGLU or a GELU MLP fc2(act(fc1·x)), RoPE 1-D, 2-D or none. Biases are where the
+// weights have them (a null bias is none): q/k/v (Qwen2), the output projection (Llama's and
+// Qwen3's attention_bias), every projection of the Hugging Face towers. Qwen3 adds per-head
+// q/k RMSNorms before RoPE.
 // Gradient convention: parameter gradients accumulate (+=), activation gradients are written.
 // Every buffer is a device pointer carved from the model's activation arena.
 #pragma once
@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "model/attention_seam.h"
 #include "model/params.h"
+#include "types/architecture.h"
 #include "types/recompute.h"
 
 namespace dhp {
@@ -23,9 +24,11 @@ struct BlockDims {
   int Hq, Hkv, hd;
   int64_t F;      // SwiGLU hidden size
   RopeSpec rope;  // RoPE's base, and Llama-3.x's frequency scaling (kernels/rope_spec.h)
-  float eps;      // RMSNorm eps; LayerNorm eps of the vit kind
-  bool vit = false;              // LayerNorm, biases, GELU MLP, no RoPE (clip, siglip)
-  GeluKind act = GeluKind::Quick;  // the vit kind's MLP activation
+  float eps;      // the norms' eps
+  NormKind norm = NormKind::rms;
+  MlpKind mlp = MlpKind::swiglu;
+  GeluKind act = GeluKind::Quick;  // the GELU MLP's activation
+  bool rope_on = true;             // RoPE on q and k, at the RopePos positions
   // Qwen3: q and k RMSNormed over each head's hd values (weights q_norm, k_norm (hd), eps as
   // above) after their projections and before RoPE; v is not normed.
   bool qk_norm = false;
@@ -44,14 +47,14 @@ struct RopePos {
 // (types/recompute.h) the buffers a layer rebuilds in backward are one set shared by every
 // layer of the pass (carve_block_rebuilt): forward writes them and the next layer overwrites
 // them; backward rebuilds them just before it reads them.
-// The vit kind keeps the same buffers: a = fc1's output, g = act(a), b unused, and the
-// LayerNorms' means beside their rstd.
+// A GELU MLP keeps a = fc1's output and g = act(a) (b unused); LayerNorms keep their means
+// beside their rstd.
 struct BlockActs {
   Act x_in;      // (T, C) block input (the first residual)
-  Act xn1;       // (T, C) RMSNorm(x_in)
+  Act xn1;       // (T, C) N1(x_in)
   float* rstd1;  // (T)
-  float* mean1 = nullptr;  // (T) vit kind only
-  float* mean2 = nullptr;  // (T) vit kind only
+  float* mean1 = nullptr;  // (T) LayerNorm only
+  float* mean2 = nullptr;  // (T) LayerNorm only
   Act q;         // (T, Hq·hd) after RoPE
   Act k;         // (T, Hkv·hd) after RoPE
   // qk_norm only (else null): q and k as projected, before their norms, and the norms' rstd.
@@ -66,8 +69,8 @@ struct BlockActs {
   Act xn2;       // (T, C)
   float* rstd2;  // (T)
   Act a;         // (T, F) x·W1
-  Act b;         // (T, F) x·W3
-  Act g;         // (T, F) silu(a)·b
+  Act b;         // (T, F) x·W3 (SwiGLU only)
+  Act g;         // (T, F) silu(a)·b, or act(a)
 };
 // The buffers `mode` rebuilds, once per pass (nothing under off).
 BlockActs carve_block_rebuilt(Carver& c, const BlockDims& d, int64_t T, DType t, Recompute mode);
@@ -83,6 +86,14 @@ struct BlockScratch {
   Act dk, dv;      // (T, Hkv·hd)
 };
 BlockScratch carve_block_scratch(Carver& c, const BlockDims& d, int64_t T, DType t);
+
+// N(x) of d's norm kind and eps over T rows of C: the output, its statistics (mean for
+// LayerNorm only, else unused) and the norm's weight and bias (null for RMSNorm); and its
+// backward, which accumulates dw and db.
+void norm_forward(const Ops& ops, const BlockDims& d, Act out, float* mean, float* rstd, CAct x, CAct w,
+                  CAct b, int64_t T, int64_t C);
+void norm_backward(const Ops& ops, const BlockDims& d, Act dx, float* dw, float* db, CAct dout, CAct x,
+                   CAct w, const float* mean, const float* rstd, int64_t T, int64_t C);
 
 // Reads the block input from acts.x_in and writes its output to out (T, C).
 void block_forward(const Ops& ops, const BlockDims& d, const BlockWeights& w,

@@ -50,9 +50,11 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
       }
     merge_.push_back(MergeImage{im.patch_offset, im.grid_h, im.grid_w});
   }
-  // The pretrained towers' stream: a class row before each image's patches for clip.
-  const bool cls = cfg_.vision.has_class_row();
-  const int64_t S = cfg_.vision.pretrained() ? P + (cls ? int64_t(b.images.size()) : 0) : 0;
+  // The stream of a tower that has one (TowerTraits::own_stream): a class row before each
+  // image's patches where the tower has class rows.
+  const TowerTraits& tower = cfg_.vision.traits();
+  const bool cls = tower.class_row;
+  const int64_t S = tower.own_stream() ? P + (cls ? int64_t(b.images.size()) : 0) : 0;
   stream_image_.resize(S);
   stream_zero_.assign(S, 0);
   stream_patch_.resize(S);

@@ -34,9 +34,9 @@ struct DeviceBatch {
   const int32_t* patch_row = nullptr;   // (P) grid row, for 2-D RoPE
   const int32_t* patch_col = nullptr;   // (P) grid column
   const MergeImage* merge = nullptr;    // (n_images)
-  // The encoder stream of a clip / siglip tower: per image, its class row (clip) then its
-  // patches row-major, images back to back; S = P + n_images for clip, P otherwise (the
-  // native tower's stream is its patches).
+  // The encoder stream of a tower that has one (TowerTraits::own_stream): per image, its class
+  // row (where the tower has one) then its patches row-major, images back to back; S = P +
+  // n_images with class rows, P otherwise; 0 for a tower whose stream is its patches.
   int64_t S = 0;
   const int32_t* stream_image = nullptr;  // (S) image index: the encoder's doc and block
   const int32_t* stream_zero = nullptr;   // (S) zeros

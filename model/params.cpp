@@ -49,98 +49,98 @@ void ParamTable::add(std::string name, std::vector<int64_t> shape, Init init, bo
 ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups_(groups) {
   const auto& v = c.vision;
   const int64_t dv = v.dim, d = c.dim;
-  // qkv_bias, o_bias: model.attention_bias, model.attention_out_bias; qk_norm_hd: the head
-  // dimension of Qwen3's q/k norms (model.qk_norm), 0 for none.
-  auto block = [&](const std::string& pre, int64_t C, int64_t qd, int64_t kvd, int64_t F,
-                   int n_layers, bool qkv_bias, bool o_bias = false, int64_t qk_norm_hd = 0) {
+  // One transformer block of the row's kind (types/architecture.h). The biases of q/k/v
+  // follow the three weights in a decoder and each its own weight in a tower with biases, the
+  // order every earlier checkpoint's layout records.
+  struct Kind {
+    NormKind norm;
+    MlpKind mlp;
+    bool qkv_bias, o_bias, mlp_bias, biases_follow;
+    int64_t qk_norm_hd;  // the head dimension of Qwen3's q/k norms (model.qk_norm), 0 for none
+  };
+  auto block = [&](const std::string& pre, const Kind& k, int64_t C, int64_t qd, int64_t kvd, int64_t F,
+                   int n_layers) {
     // Output projections are scaled by 1/sqrt(2·layers) so the residual stream's variance
     // does not grow with depth (model-spec.md "Initialisation").
     const float out_std = 0.02f / std::sqrt(2.0f * float(std::max(1, n_layers)));
-    add(pre + "attn_norm.weight", {C}, Init::Ones, false);
-    add(pre + "attn.wq.weight", {qd, C}, Init::Normal, true);
-    add(pre + "attn.wk.weight", {kvd, C}, Init::Normal, true);
-    add(pre + "attn.wv.weight", {kvd, C}, Init::Normal, true);
-    if (qkv_bias) {
-      add(pre + "attn.wq.bias", {qd}, Init::Zeros, false);
-      add(pre + "attn.wk.bias", {kvd}, Init::Zeros, false);
-      add(pre + "attn.wv.bias", {kvd}, Init::Zeros, false);
+    auto norm = [&](const std::string& name) {
+      add(pre + name + ".weight", {C}, Init::Ones, false);
+      if (k.norm == NormKind::layer) add(pre + name + ".bias", {C}, Init::Zeros, false);
+    };
+    norm("attn_norm");
+    const std::pair<const char*, int64_t> qkv[] = {{"wq", qd}, {"wk", kvd}, {"wv", kvd}};
+    for (const auto& [w, rows] : qkv) {
+      add(pre + "attn." + w + ".weight", {rows, C}, Init::Normal, true);
+      if (k.qkv_bias && k.biases_follow) add(pre + "attn." + w + ".bias", {rows}, Init::Zeros, false);
     }
+    if (k.qkv_bias && !k.biases_follow)
+      for (const auto& [w, rows] : qkv) add(pre + "attn." + w + ".bias", {rows}, Init::Zeros, false);
     add(pre + "attn.wo.weight", {C, qd}, Init::Normal, true, out_std);
-    if (o_bias) add(pre + "attn.wo.bias", {C}, Init::Zeros, false);
-    if (qk_norm_hd > 0) {
-      add(pre + "attn.q_norm.weight", {qk_norm_hd}, Init::Ones, false);
-      add(pre + "attn.k_norm.weight", {qk_norm_hd}, Init::Ones, false);
+    if (k.o_bias) add(pre + "attn.wo.bias", {C}, Init::Zeros, false);
+    if (k.qk_norm_hd > 0) {
+      add(pre + "attn.q_norm.weight", {k.qk_norm_hd}, Init::Ones, false);
+      add(pre + "attn.k_norm.weight", {k.qk_norm_hd}, Init::Ones, false);
     }
-    add(pre + "mlp_norm.weight", {C}, Init::Ones, false);
-    add(pre + "mlp.w1.weight", {F, C}, Init::Normal, true);
-    add(pre + "mlp.w2.weight", {C, F}, Init::Normal, true, out_std);
-    add(pre + "mlp.w3.weight", {F, C}, Init::Normal, true);
+    norm("mlp_norm");
+    if (k.mlp == MlpKind::swiglu) {
+      add(pre + "mlp.w1.weight", {F, C}, Init::Normal, true);
+      add(pre + "mlp.w2.weight", {C, F}, Init::Normal, true, out_std);
+      add(pre + "mlp.w3.weight", {F, C}, Init::Normal, true);
+    } else {
+      add(pre + "mlp.fc1.weight", {F, C}, Init::Normal, true);
+      if (k.mlp_bias) add(pre + "mlp.fc1.bias", {F}, Init::Zeros, false);
+      add(pre + "mlp.fc2.weight", {C, F}, Init::Normal, true, out_std);
+      if (k.mlp_bias) add(pre + "mlp.fc2.bias", {C}, Init::Zeros, false);
+    }
   };
-  // The pretrained towers' block (docs/vision_towers.md): LayerNorms with biases, biases on
-  // every projection, a GELU MLP fc1 -> act -> fc2.
-  auto vit_block = [&](const std::string& pre) {
-    const float out_std = 0.02f / std::sqrt(2.0f * float(std::max(1, v.layers)));
-    add(pre + "attn_norm.weight", {dv}, Init::Ones, false);
-    add(pre + "attn_norm.bias", {dv}, Init::Zeros, false);
-    for (const char* w : {"wq", "wk", "wv"}) {
-      add(pre + "attn." + w + ".weight", {dv, dv}, Init::Normal, true);
-      add(pre + "attn." + w + ".bias", {dv}, Init::Zeros, false);
-    }
-    add(pre + "attn.wo.weight", {dv, dv}, Init::Normal, true, out_std);
-    add(pre + "attn.wo.bias", {dv}, Init::Zeros, false);
-    add(pre + "mlp_norm.weight", {dv}, Init::Ones, false);
-    add(pre + "mlp_norm.bias", {dv}, Init::Zeros, false);
-    add(pre + "mlp.fc1.weight", {v.ffn, dv}, Init::Normal, true);
-    add(pre + "mlp.fc1.bias", {v.ffn}, Init::Zeros, false);
-    add(pre + "mlp.fc2.weight", {dv, v.ffn}, Init::Normal, true, out_std);
-    add(pre + "mlp.fc2.bias", {dv}, Init::Zeros, false);
+  const TowerTraits& tower = v.traits();
+  const Kind tower_kind{tower.norm, tower.mlp, tower.block_biases, tower.block_biases, tower.block_biases,
+                        true, 0};
+  const Kind decoder_kind{NormKind::rms, MlpKind::swiglu, c.attention_bias, c.attention_out_bias, false,
+                          false, c.qk_norm ? c.hd() : 0};
+  auto layer_norm_pair = [&](const std::string& name) {
+    add(name + ".weight", {dv}, Init::Ones, false);
+    add(name + ".bias", {dv}, Init::Zeros, false);
   };
   add("vision.patch_embed.weight", {dv, v.patch_numel()}, Init::Normal, true);
-  if (v.arch != VisionArch::clip) add("vision.patch_embed.bias", {dv}, Init::Zeros, false);
-  if (v.has_class_row()) add("vision.class_embed", {dv}, Init::Normal, false);
-  if (v.pretrained()) add("vision.pos_embed.weight", {v.pos_rows(), dv}, Init::Normal, false);
-  if (v.arch == VisionArch::clip) {
-    add("vision.pre_norm.weight", {dv}, Init::Ones, false);
-    add("vision.pre_norm.bias", {dv}, Init::Zeros, false);
-  }
-  for (int i = 0; i < v.layers; ++i) {
-    const std::string pre = "vision.layers." + std::to_string(i) + ".";
-    if (v.pretrained()) vit_block(pre);
-    else block(pre, dv, dv, dv, v.ffn, v.layers, false);
-  }
-  if (v.pretrained() && v.post_norm) {
-    add("vision.post_norm.weight", {dv}, Init::Ones, false);
-    add("vision.post_norm.bias", {dv}, Init::Zeros, false);
-  }
-  if (v.pretrained() && v.pool_head) {
+  if (tower.patch_bias) add("vision.patch_embed.bias", {dv}, Init::Zeros, false);
+  if (tower.class_row) add("vision.class_embed", {dv}, Init::Normal, false);
+  if (tower.positions == TowerPositions::learned)
+    add("vision.pos_embed.weight", {v.pos_rows(), dv}, Init::Normal, false);
+  if (tower.pre_norm) layer_norm_pair("vision.pre_norm");
+  for (int i = 0; i < v.layers; ++i)
+    block("vision.layers." + std::to_string(i) + ".", tower_kind, dv, dv, dv, v.ffn, v.layers);
+  if (tower.feature_layer && v.post_norm) layer_norm_pair("vision.post_norm");
+  if (tower.pool_head && v.pool_head) {
     // nn.MultiheadAttention's packed q/k/v, a LayerNorm and a GELU MLP behind one probe row.
     add("vision.head.probe", {1, 1, dv}, Init::Normal, false);
     add("vision.head.attn.in_proj.weight", {3 * dv, dv}, Init::Normal, true);
     add("vision.head.attn.in_proj.bias", {3 * dv}, Init::Zeros, false);
     add("vision.head.attn.out_proj.weight", {dv, dv}, Init::Normal, true);
     add("vision.head.attn.out_proj.bias", {dv}, Init::Zeros, false);
-    add("vision.head.norm.weight", {dv}, Init::Ones, false);
-    add("vision.head.norm.bias", {dv}, Init::Zeros, false);
+    layer_norm_pair("vision.head.norm");
     add("vision.head.mlp.fc1.weight", {v.ffn, dv}, Init::Normal, true);
     add("vision.head.mlp.fc1.bias", {v.ffn}, Init::Zeros, false);
     add("vision.head.mlp.fc2.weight", {dv, v.ffn}, Init::Normal, true);
     add("vision.head.mlp.fc2.bias", {dv}, Init::Zeros, false);
   }
-  if (!v.pretrained()) add("vision.norm.weight", {dv}, Init::Ones, false);
+  if (tower.final_norm) {
+    add("vision.norm.weight", {dv}, Init::Ones, false);
+    if (tower.norm == NormKind::layer) add("vision.norm.bias", {dv}, Init::Zeros, false);
+  }
   add("projector.fc1.weight", {d, int64_t(v.merge) * v.merge * dv}, Init::Normal, true);
   add("projector.fc1.bias", {d}, Init::Zeros, false);
   add("projector.fc2.weight", {d, d}, Init::Normal, true);
   add("projector.fc2.bias", {d}, Init::Zeros, false);
   add("tok_embed.weight", {c.vocab_size, d}, Init::Normal, true);
   for (int i = 0; i < c.layers; ++i)
-    block("layers." + std::to_string(i) + ".", d, c.q_dim(), c.kv_dim(), c.ffn, c.layers,
-          c.attention_bias, c.attention_out_bias, c.qk_norm ? c.hd() : 0);
+    block("layers." + std::to_string(i) + ".", decoder_kind, d, c.q_dim(), c.kv_dim(), c.ffn, c.layers);
   add("final_norm.weight", {d}, Init::Ones, false);
   if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, d}, Init::Normal, true);
-  // A clip/siglip tower's layers after feature_layer, its post_layernorm and pooling head
+  // A pretrained tower's layers after feature_layer, its post_layernorm and pooling head
   // never run: they are held (a checkpoint's own, exported as they came) but take no gradient,
   // moments or weight decay, as PyTorch's AdamW leaves a parameter without a gradient untouched.
-  if (v.pretrained()) {
+  if (tower.feature_layer) {
     std::vector<std::string> unused = {"vision.post_norm.", "vision.head."};
     for (int i = v.layers_run(); i < v.layers; ++i) unused.push_back("vision.layers." + std::to_string(i) + ".");
     for (const std::string& pre : unused)
@@ -216,14 +216,13 @@ ModelParamsOf<P> bind_with(const ParamTable& t, const ModelConfig& c, const At& 
     b.bo = maybe(pre + "attn.wo.bias");
     b.q_norm = maybe(pre + "attn.q_norm.weight");
     b.k_norm = maybe(pre + "attn.k_norm.weight");
+    b.attn_norm_b = maybe(pre + "attn_norm.bias");
+    b.mlp_norm_b = maybe(pre + "mlp_norm.bias");
     if (t.find(pre + "mlp.fc1.weight")) {
       b.w1 = at(pre + "mlp.fc1.weight");
       b.w2 = at(pre + "mlp.fc2.weight");
-      b.b1 = at(pre + "mlp.fc1.bias");
-      b.b2 = at(pre + "mlp.fc2.bias");
-      b.attn_norm_b = at(pre + "attn_norm.bias");
-      b.mlp_norm_b = at(pre + "mlp_norm.bias");
-      b.bo = at(pre + "attn.wo.bias");
+      b.b1 = maybe(pre + "mlp.fc1.bias");
+      b.b2 = maybe(pre + "mlp.fc2.bias");
     } else {
       b.w1 = at(pre + "mlp.w1.weight");
       b.w2 = at(pre + "mlp.w2.weight");
@@ -241,6 +240,7 @@ ModelParamsOf<P> bind_with(const ParamTable& t, const ModelConfig& c, const At& 
   for (int i = 0; i < c.vision.layers; ++i)
     p.vision_layers.push_back(block("vision.layers." + std::to_string(i) + "."));
   p.vision_norm = maybe("vision.norm.weight");
+  p.vision_norm_b = maybe("vision.norm.bias");
   p.fc1_w = at("projector.fc1.weight");
   p.fc1_b = at("projector.fc1.bias");
   p.fc2_w = at("projector.fc2.weight");

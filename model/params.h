@@ -77,14 +77,14 @@ struct BlockParamsOf {
   P w1;         // (F, C)
   P w2;         // (C, F)
   P w3;         // (F, C)
-  P bq;         // (Hq·hd) or null: q/k/v biases (model.attention_bias; clip/siglip towers)
+  P bq;         // (Hq·hd) or null: q/k/v biases (model.attention_bias; towers with biases)
   P bk;         // (Hkv·hd) or null
   P bv;         // (Hkv·hd) or null
   P q_norm;     // (hd) or null: Qwen3's per-head q/k RMSNorm weights (model.qk_norm)
   P k_norm;     // (hd) or null
-  // The pretrained towers' block (clip, siglip): LayerNorm biases, the output projection's bias
-  // and the GELU MLP fc2(act(fc1(x))), whose weights are w1 (fc1, (F, C)) and w2 (fc2, (C, F));
-  // w3 is null there. Null in the native block and the decoder (bo aside).
+  // LayerNorm's biases, the output projection's bias and the GELU MLP fc2(act(fc1(x))), whose
+  // weights are w1 (fc1, (F, C)) and w2 (fc2, (C, F)); w3 is null there (types/architecture.h:
+  // the row's norm, MLP and biases). Each null where the block has none.
   P attn_norm_b;  // (C)
   P bo;           // (C); also the decoder's, with model.attention_out_bias (else null)
   P mlp_norm_b;   // (C)
@@ -96,14 +96,16 @@ struct BlockParamsOf {
 template <class P>
 struct ModelParamsOf {
   P patch_embed_w;           // (dv, p·p·3)
-  P patch_embed_b;           // (dv); null for clip
-  P class_embed;             // (dv): clip only
-  P pos_embed;               // (g0² + 1 for clip, g0² for siglip, dv): clip/siglip only
-  P pre_norm_w, pre_norm_b;  // (dv): clip only (pre_layrnorm)
-  // Every layer of the table (all model.vision.layers), though clip/siglip run only
+  // Each optional tensor is null where the tower's row (TowerTraits) has none.
+  P patch_embed_b;           // (dv): patch_bias
+  P class_embed;             // (dv): class_row
+  P pos_embed;               // (g0² (+ 1 with a class row), dv): learned positions
+  P pre_norm_w, pre_norm_b;  // (dv): pre_norm (CLIP's pre_layrnorm)
+  // Every layer of the table (all model.vision.layers), though a pretrained tower runs only
   // vision.layers_run() of them.
   std::vector<BlockParamsOf<P>> vision_layers;
-  P vision_norm;             // (dv); null for clip/siglip (LLaVA's features skip the last norm)
+  P vision_norm;             // (dv): final_norm (LLaVA's features skip the last norm)
+  P vision_norm_b;           // (dv): a final LayerNorm's bias
   P fc1_w;                   // (d, m²·dv)
   P fc1_b;                   // (d)
   P fc2_w;                   // (d, d)

@@ -1,7 +1,6 @@
 #include "model/vision.h"
 
 #include "core/check.h"
-#include "kernels/cpu/norm.h"
 
 namespace dhp {
 
@@ -36,102 +35,96 @@ GeluKind gelu_kind(ProjectorAct a) {
 VisionPath::VisionPath(const ModelConfig& cfg, const Ops& ops)
     : cfg_(cfg), ops_(ops), layers_run_(cfg.vision.layers_run()), attn_(ops) {
   const auto& v = cfg.vision;
+  const TowerTraits& t = v.traits();
   DHP_CHECK(layers_run_ >= 0 && layers_run_ <= v.layers,
             "model.vision.feature_layer = {} names no hidden state of a {}-layer tower",
             v.feature_layer, v.layers);
-  dims_ = BlockDims{v.dim, v.heads, v.heads, v.head_dim(), v.ffn, cfg.rope_theta, cpu::kRmsEps};
-  if (v.pretrained()) {
-    DHP_CHECK(v.pos_grid() > 0, "model.vision.image_size ({}) gives no position grid at patch {}",
-              v.image_size, v.patch);
-    dims_.eps = float(v.norm_eps);
-    dims_.vit = true;
-    dims_.act = gelu_kind(v.act);
-  }
+  DHP_CHECK(t.positions != TowerPositions::learned || v.pos_grid() > 0,
+            "model.vision.image_size ({}) gives no position grid at patch {}", v.image_size, v.patch);
+  dims_ = BlockDims{v.dim, v.heads, v.heads, v.head_dim(), v.ffn, cfg.rope_theta,
+                    t.norm_eps > 0 ? t.norm_eps : float(v.norm_eps)};
+  dims_.norm = t.norm;
+  dims_.mlp = t.mlp;
+  dims_.act = gelu_kind(v.act);
+  dims_.rope_on = t.positions == TowerPositions::rope2d;
   acts_.resize(size_t(layers_run_));
 }
 
 void VisionPath::carve(Carver& c, int64_t P, int64_t S, int64_t N, bool backward,
                        bool encoder_grads, Recompute mode) {
   const auto& v = cfg_.vision;
+  const TowerTraits& t = v.traits();
   const int64_t dv = v.dim, d = cfg_.dim, m = v.merge;
-  const bool pre = v.pretrained(), cls = v.has_class_row();
-  const int64_t rows = pre ? S : P;  // the encoder stream
-  const DType t = ops_.dtype();
-  patches_ = c.take(P * v.patch_numel(), t);
+  const int64_t rows = t.own_stream() ? S : P;  // the encoder stream
+  const DType dt = ops_.dtype();
+  patches_ = c.take(P * v.patch_numel(), dt);
   mode_ = mode;
-  if (cls) {
-    xn_ = c.take(P * dv, t);
-    embed_ = c.take(S * dv, t);
-    pre_mean_ = c.take<float>(S);
-    pre_rstd_ = c.take<float>(S);
+  if (t.class_row) patch_emb_ = c.take(P * dv, dt);
+  if (t.pre_norm) {
+    embed_ = c.take(rows * dv, dt);
+    pre_mean_ = c.take<float>(rows);
+    pre_rstd_ = c.take<float>(rows);
   }
-  rebuilt_ = carve_block_rebuilt(c, dims_, rows, t, mode);
-  for (auto& a : acts_) a = carve_block_acts(c, dims_, rows, t, mode, rebuilt_);
-  x_final_ = c.take(rows * dv, t);
-  if (!pre) {
-    xn_ = c.take(P * dv, t);
-    rstd_ = c.take<float>(P);
+  rebuilt_ = carve_block_rebuilt(c, dims_, rows, dt, mode);
+  for (auto& a : acts_) a = carve_block_acts(c, dims_, rows, dt, mode, rebuilt_);
+  x_final_ = c.take(rows * dv, dt);
+  if (t.final_norm) {
+    normed_ = c.take(rows * dv, dt);
+    norm_rstd_ = c.take<float>(rows);
+    if (t.norm == NormKind::layer) norm_mean_ = c.take<float>(rows);
   }
-  if (cls) feat_ = c.take(P * dv, t);
-  merged_ = c.take(N * m * m * dv, t);
-  f1_ = c.take(N * d, t);
-  g1_ = c.take(N * d, t);
-  tokens_ = c.take(N * d, t);
+  if (t.class_row) feat_ = c.take(P * dv, dt);
+  merged_ = c.take(N * m * m * dv, dt);
+  f1_ = c.take(N * d, dt);
+  g1_ = c.take(N * d, dt);
+  tokens_ = c.take(N * d, dt);
   if (!backward) return;
-  dtokens_ = c.take(N * d, t);
-  dg1_ = c.take(N * d, t);
+  dtokens_ = c.take(N * d, dt);
+  dg1_ = c.take(N * d, dt);
   if (!encoder_grads) return;
-  scratch_ = carve_block_scratch(c, dims_, rows, t);
-  dx_ = c.take(rows * dv, t);
-  dmerged_ = c.take(N * m * m * dv, t);
-  if (cls) {
-    dfeat_ = c.take(P * dv, t);
-    dembed_ = c.take(S * dv, t);
-  } else if (pre) {
-    dfeat_ = dx_;  // the stream is the patches
-  } else {
-    dfeat_ = xn_;  // d(xn) of the native tower's final norm
-  }
+  scratch_ = carve_block_scratch(c, dims_, rows, dt);
+  dx_ = c.take(rows * dv, dt);
+  dmerged_ = c.take(N * m * m * dv, dt);
+  // d(features): its own rows where class rows are dropped, else the top's gradient in place
+  // (the final norm's output, free in backward; or the stream's gradient itself).
+  if (t.class_row) dfeat_ = c.take(P * dv, dt);
+  else dfeat_ = t.final_norm ? normed_ : dx_;
+  if (t.pre_norm) dembed_ = c.take(rows * dv, dt);
 }
 
-Act VisionPath::features() const {
-  if (!cfg_.vision.pretrained()) return xn_;
-  return cfg_.vision.has_class_row() ? feat_ : x_final_;
-}
+Act VisionPath::top() const { return cfg_.vision.traits().final_norm ? normed_ : x_final_; }
 
-void VisionPath::encode_native(const ModelWeights& p, const DeviceBatch& b) {
+Act VisionPath::features() const { return cfg_.vision.traits().class_row ? feat_ : top(); }
+
+void VisionPath::encode(const ModelWeights& p, const DeviceBatch& b) {
   const auto& v = cfg_.vision;
+  const TowerTraits& t = v.traits();
   const int64_t dv = v.dim, pn = v.patch_numel(), P = b.P;
-  ops_.linear_forward(stream(0), patches_, p.patch_embed_w, p.patch_embed_b, P, pn, dv);
-  attn_.prepare(b.vision_meta(), P);
+  const int64_t rows = t.own_stream() ? b.S : P;
+  const int g0 = v.pos_grid();
+  // The embeddings: the patches' (scattered into the stream around the class rows), plus the
+  // learned positions and class rows, then the pre-norm.
+  const Act emb = t.pre_norm ? embed_ : stream(0);
+  if (t.class_row) {
+    ops_.linear_forward(patch_emb_, patches_, p.patch_embed_w, p.patch_embed_b, P, pn, dv);
+    ops_.scatter_rows(emb, patch_emb_, b.stream_patch, rows, dv);
+  } else {
+    ops_.linear_forward(emb, patches_, p.patch_embed_w, p.patch_embed_b, P, pn, dv);
+  }
+  if (t.positions == TowerPositions::learned)
+    ops_.vision_embed_forward(emb, p.pos_embed, p.class_embed, b.pos_images, b.n_images, dv, g0, g0);
+  if (t.pre_norm)
+    ops_.layernorm_forward(stream(0), pre_mean_, pre_rstd_, embed_, p.pre_norm_w, p.pre_norm_b, rows, dv,
+                           dims_.eps);
+  attn_.prepare(t.own_stream() ? b.stream_meta() : b.vision_meta(), rows);
   const RopePos rope{nullptr, b.patch_row, b.patch_col};
   for (int l = 0; l < layers_run_; ++l)
-    block_forward(ops_, dims_, p.vision_layers[l], acts_[l], stream(l + 1), P, rope, attn_, l);
-  ops_.rmsnorm_forward(xn_, rstd_, x_final_, p.vision_norm, P, dv, cpu::kRmsEps);
-}
-
-void VisionPath::encode_pretrained(const ModelWeights& p, const DeviceBatch& b) {
-  const auto& v = cfg_.vision;
-  const int64_t dv = v.dim, pn = v.patch_numel(), P = b.P, S = b.S;
-  const int g0 = v.pos_grid();
-  if (v.has_class_row()) {
-    // Patch embeddings into their stream rows; vision_embed writes the class rows.
-    ops_.linear_forward(xn_, patches_, p.patch_embed_w, nullptr, P, pn, dv);
-    ops_.scatter_rows(embed_, xn_, b.stream_patch, S, dv);
-    ops_.vision_embed_forward(embed_, p.pos_embed, p.class_embed, b.pos_images, b.n_images, dv,
-                              g0, g0);
-    ops_.layernorm_forward(stream(0), pre_mean_, pre_rstd_, embed_, p.pre_norm_w, p.pre_norm_b, S,
-                           dv, dims_.eps);
-  } else {
-    ops_.linear_forward(stream(0), patches_, p.patch_embed_w, p.patch_embed_b, P, pn, dv);
-    ops_.vision_embed_forward(stream(0), p.pos_embed, nullptr, b.pos_images, b.n_images, dv, g0,
-                              g0);
-  }
-  attn_.prepare(b.stream_meta(), S);
-  for (int l = 0; l < layers_run_; ++l)
-    block_forward(ops_, dims_, p.vision_layers[l], acts_[l], stream(l + 1), S, RopePos{}, attn_, l);
+    block_forward(ops_, dims_, p.vision_layers[l], acts_[l], stream(l + 1), rows, rope, attn_, l);
+  if (t.final_norm)
+    norm_forward(ops_, dims_, normed_, norm_mean_, norm_rstd_, x_final_, p.vision_norm, p.vision_norm_b,
+                 rows, dv);
   // hidden_states[feature_layer] without the class rows.
-  if (v.has_class_row()) ops_.gather_rows(feat_, x_final_, b.stream_patch, S, dv);
+  if (t.class_row) ops_.gather_rows(feat_, top(), b.stream_patch, rows, dv);
 }
 
 void VisionPath::forward(const ModelWeights& p, const DeviceBatch& b) {
@@ -141,54 +134,47 @@ void VisionPath::forward(const ModelWeights& p, const DeviceBatch& b) {
   if (P == 0) return;
   // The batch's 8-bit pixels become the encoder's input here, on the device.
   ops_.normalize_pixels(patches_, b.pixels, P * pn, pixel_norm(v));
-  if (v.pretrained()) encode_pretrained(p, b);
-  else encode_native(p, b);
+  encode(p, b);
   ops_.patch_merge_forward(merged_, features(), b.merge, b.n_images, dv, int(m));
   ops_.linear_forward(f1_, merged_, p.fc1_w, p.fc1_b, N, m * m * dv, d);
   ops_.gelu_forward(g1_, f1_, N * d, gelu_kind(v.projector_gelu()));
   ops_.linear_forward(tokens_, g1_, p.fc2_w, p.fc2_b, N, d, d);
 }
 
-void VisionPath::encode_native_backward(const ModelWeights& p, const ModelParams& g,
-                                        const DeviceBatch& b) {
+void VisionPath::encode_backward(const ModelWeights& p, const ModelParams& g, const DeviceBatch& b) {
   const auto& v = cfg_.vision;
+  const TowerTraits& t = v.traits();
   const int64_t dv = v.dim, pn = v.patch_numel(), P = b.P;
-  ops_.rmsnorm_backward(dx_, g.vision_norm, dfeat_, x_final_, p.vision_norm, rstd_, P, dv);
+  const int64_t rows = t.own_stream() ? b.S : P;
+  const int g0 = v.pos_grid();
+  // d(top): the class rows were dropped from the features, so their gradient starts at zero.
+  const Act dtop = t.final_norm ? normed_ : dx_;
+  if (t.class_row) {
+    ops_.fill(dtop, 0.0f, rows * dv);
+    ops_.scatter_rows(dtop, dfeat_, b.stream_patch, rows, dv);
+  }
+  if (t.final_norm)
+    norm_backward(ops_, dims_, dx_, g.vision_norm, g.vision_norm_b, dtop, x_final_, p.vision_norm, norm_mean_,
+                  norm_rstd_, rows, dv);
   const RopePos rope{nullptr, b.patch_row, b.patch_col};
   for (int l = layers_run_ - 1; l >= 0; --l)
-    block_backward(ops_, dims_, p.vision_layers[l], g.vision_layers[l], acts_[l], scratch_, dx_,
-                   P, rope, attn_, l, mode_);
-  ops_.linear_backward(nullptr, g.patch_embed_w, g.patch_embed_b, dx_, patches_,
-                       p.patch_embed_w, P, pn, dv, false);
-}
-
-void VisionPath::encode_pretrained_backward(const ModelWeights& p, const ModelParams& g,
-                                            const DeviceBatch& b) {
-  const auto& v = cfg_.vision;
-  const int64_t dv = v.dim, pn = v.patch_numel(), P = b.P, S = b.S;
-  const int g0 = v.pos_grid();
-  const bool cls = v.has_class_row();
-  if (cls) {
-    // The class rows were dropped from the features: their gradient starts at zero.
-    ops_.fill(dx_, 0.0f, S * dv);
-    ops_.scatter_rows(dx_, dfeat_, b.stream_patch, S, dv);
+    block_backward(ops_, dims_, p.vision_layers[l], g.vision_layers[l], acts_[l], scratch_, dx_, rows, rope,
+                   attn_, l, mode_);
+  Act demb = dx_;  // d(embeddings)
+  if (t.pre_norm) {
+    ops_.layernorm_backward(dembed_, g.pre_norm_w, g.pre_norm_b, dx_, embed_, p.pre_norm_w, pre_mean_,
+                            pre_rstd_, rows, dv);
+    demb = dembed_;
   }
-  for (int l = layers_run_ - 1; l >= 0; --l)
-    block_backward(ops_, dims_, p.vision_layers[l], g.vision_layers[l], acts_[l], scratch_, dx_,
-                   S, RopePos{}, attn_, l, mode_);
-  if (cls) {
-    ops_.layernorm_backward(dembed_, g.pre_norm_w, g.pre_norm_b, dx_, embed_, p.pre_norm_w,
-                            pre_mean_, pre_rstd_, S, dv);
-    ops_.vision_embed_backward(g.pos_embed, g.class_embed, dembed_, b.pos_images, b.n_images, dv,
-                               g0, g0);
-    ops_.gather_rows(dfeat_, dembed_, b.stream_patch, S, dv);  // d(patch embedding)
-    ops_.linear_backward(nullptr, g.patch_embed_w, nullptr, dfeat_, patches_, p.patch_embed_w, P,
-                         pn, dv, false);
-  } else {
-    ops_.vision_embed_backward(g.pos_embed, nullptr, dx_, b.pos_images, b.n_images, dv, g0, g0);
-    ops_.linear_backward(nullptr, g.patch_embed_w, g.patch_embed_b, dx_, patches_,
-                         p.patch_embed_w, P, pn, dv, false);
+  if (t.positions == TowerPositions::learned)
+    ops_.vision_embed_backward(g.pos_embed, g.class_embed, demb, b.pos_images, b.n_images, dv, g0, g0);
+  Act dpatch = demb;  // d(patch embedding)
+  if (t.class_row) {
+    ops_.gather_rows(dfeat_, demb, b.stream_patch, rows, dv);
+    dpatch = dfeat_;
   }
+  ops_.linear_backward(nullptr, g.patch_embed_w, g.patch_embed_b, dpatch, patches_, p.patch_embed_w, P, pn,
+                       dv, false);
 }
 
 void VisionPath::backward(const ModelWeights& p, const ModelParams& g, const DeviceBatch& b) {
@@ -204,8 +190,7 @@ void VisionPath::backward(const ModelWeights& p, const ModelParams& g, const Dev
                        m * m * dv, d, false);
   if (!encoder) return;
   ops_.patch_merge_backward(dfeat_, dmerged_, b.merge, b.n_images, dv, int(m));
-  if (v.pretrained()) encode_pretrained_backward(p, g, b);
-  else encode_native_backward(p, g, b);
+  encode_backward(p, g, b);
 }
 
 }  // namespace dhp

@@ -1,10 +1,11 @@
-// The vision path (model-spec.md): patch embedding, bidirectional encoder blocks with 2-D
-// RoPE, encoder norm, m x m merge and the GELU projector into the decoder's width.
-// The pretrained towers (model.vision.arch = clip, siglip; docs/vision_towers.md) instead run
-// Hugging Face's CLIP / SigLIP vision model on an encoder stream of their own (per image: the
-// class row for clip, then its patches): patch embedding scattered into the stream, class row
-// and bicubically resized positions (vision_embed), CLIP's pre_layrnorm, the LayerNorm/GELU
-// blocks up to feature_layer, the class rows dropped, then the same merge and projector.
+// The vision path (model-spec.md): patch embedding, bidirectional encoder blocks, m x m merge
+// and the GELU projector into the decoder's width; what the tower is comes from its row of
+// types/architecture.h. The native tower: 2-D RoPE blocks on the patches, then a final norm.
+// The Hugging Face towers (clip, siglip; docs/vision_towers.md) run on an encoder stream of
+// their own (per image: a class row where the row has one, then its patches): the patch
+// embedding scattered into the stream, the class row and bicubically resized positions
+// (vision_embed), a pre-norm, the LayerNorm/GELU blocks up to feature_layer, the class rows
+// dropped, then the same merge and projector.
 // Images are encoded whole: the encoder's attention is always local (one image never sees
 // another), whatever the decoder's attention is.
 #pragma once
@@ -30,7 +31,7 @@ class VisionPath {
   VisionPath(const ModelConfig& cfg, const Ops& ops);
 
   // Takes this pass's buffers for P patches, an encoder stream of S rows (DeviceBatch::S; 0
-  // for the native tower) and N merged tokens from the model's arena. With encoder_grads
+  // for a tower without a stream of its own) and N merged tokens from the model's arena. With encoder_grads
   // false (the encoder frozen) backward stops at the projector: the encoder's backward
   // buffers are not taken.
   // `mode`: what the encoder's layers keep for backward (types/recompute.h).
@@ -46,38 +47,43 @@ class VisionPath {
  private:
   // The encoder up to its features (P, dv): features() afterwards; and its transpose from
   // d(features) in dfeat_.
-  void encode_native(const ModelWeights& w, const DeviceBatch& b);
-  void encode_pretrained(const ModelWeights& w, const DeviceBatch& b);
-  void encode_native_backward(const ModelWeights& w, const ModelParams& g, const DeviceBatch& b);
-  void encode_pretrained_backward(const ModelWeights& w, const ModelParams& g,
-                                  const DeviceBatch& b);
+  void encode(const ModelWeights& w, const DeviceBatch& b);
+  void encode_backward(const ModelWeights& w, const ModelParams& g, const DeviceBatch& b);
   Act features() const;
+  // The top of the encoder: its final norm's output, else the last stream row set.
+  Act top() const;
   Act stream(int layer) const { return layer < int(acts_.size()) ? acts_[layer].x_in : x_final_; }
   const ModelConfig& cfg_;
   const Ops& ops_;
   BlockDims dims_;
-  int layers_run_;               // encoder layers the pass runs (clip/siglip: up to feature_layer)
+  int layers_run_;               // encoder layers the pass runs (pretrained: up to feature_layer)
   LocalAttention attn_;
   std::vector<BlockActs> acts_;  // per encoder layer that runs
   BlockActs rebuilt_{};          // the buffers recompute rebuilds, shared by the layers
   Recompute mode_ = Recompute::off;  // of the last carve
   BlockScratch scratch_{};
+  // Rows: P patches; S the encoder stream (DeviceBatch::S, the patches where the tower has no
+  // stream of its own); N merged tokens. Each optional buffer is there where the row's trait
+  // (named) is.
   Act patches_;                  // (P, p·p·3) the normalised pixels in the storage dtype
-  Act x_final_;                  // (rows, dv) the stream after the last layer that runs
-  Act xn_;                       // native: (P, dv) normed; clip: (P, dv) the patch embedding
-  float* rstd_ = nullptr;        // native: (P)
-  Act embed_;                    // clip: (S, dv) the embeddings before pre_layrnorm
-  float* pre_mean_ = nullptr;    // clip: (S)
-  float* pre_rstd_ = nullptr;    // clip: (S)
-  Act feat_;                     // clip: (P, dv) the features without class rows
+  Act patch_emb_;                // class_row: (P, dv) the patch embedding, then scattered
+  Act embed_;                    // pre_norm: (S, dv) the embeddings before the pre-norm
+  float* pre_mean_ = nullptr;    // pre_norm: (S)
+  float* pre_rstd_ = nullptr;    // pre_norm: (S)
+  Act x_final_;                  // (S, dv) the stream after the last layer that runs
+  Act normed_;                   // final_norm: (S, dv) its output; in backward its gradient
+  float* norm_mean_ = nullptr;   // final_norm, LayerNorm: (S)
+  float* norm_rstd_ = nullptr;   // final_norm: (S)
+  Act feat_;                     // class_row: (P, dv) the features without class rows
   Act merged_;                   // (N, m²·dv)
   Act f1_;                       // (N, d) projector hidden before GELU
   Act g1_;                       // (N, d) after GELU
   Act tokens_;                   // (N, d)
   Act dtokens_;                  // (N, d)
-  Act dx_;                       // (rows, dv) gradient of the encoder stream
-  Act dfeat_;                    // (P, dv) gradient of the features
-  Act dembed_;                   // clip: (S, dv) gradient of the embeddings; then (P, dv)
+  Act dx_;                       // (S, dv) gradient of the encoder stream
+  Act dfeat_;                    // (P, dv) gradient of the features; class_row: then of the
+                                 // patch embedding
+  Act dembed_;                   // pre_norm: (S, dv) gradient of the embeddings
   Act dmerged_;                  // (N, m²·dv)
   Act dg1_;                      // (N, d)
 };

@@ -290,9 +290,9 @@ CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_p
   // recompute adds a second forward. Each of those passes streams the weights once.
   passes_ = recompute ? 4 : 3;
   const double layer_params = d * q + 2 * d * kv + q * d + 3 * d * m.ffn;
-  // SwiGLU has three matrices, the clip/siglip GELU MLP two; those towers run only the layers
-  // up to feature_layer (the image rows the cost counts are encoder rows: class rows included).
-  const double vis_layer_params = 4 * dv * dv + (v.pretrained() ? 2 : 3) * dv * v.ffn;
+  // SwiGLU has three matrices, the GELU MLP two; a pretrained tower runs only the layers up to
+  // feature_layer (the image rows the cost counts are encoder rows: class rows included).
+  const double vis_layer_params = 4 * dv * dv + (v.traits().mlp == MlpKind::swiglu ? 3 : 2) * dv * v.ffn;
   const double vis_layers = v.layers_run();
   const double proj_params = m2_ * dv * d + d * d;
   dec_flops_per_token_ = passes_ * 2.0 * (L * layer_params + d * m.vocab_size);

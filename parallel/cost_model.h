@@ -143,7 +143,7 @@ void balance_images(std::span<const ImageClass> classes, int d, std::vector<Imag
 // rows of the image's encoder stream). Returns how many of out[0..1] are used.
 int image_classes(const SeqShape& s, int m2, ImageClass out[2], int extra = 0);
 // The encoder rows an image has beyond its patches: 1 for a clip tower's class row.
-inline int extra_image_rows(const ModelConfig& m) { return m.vision.has_class_row() ? 1 : 0; }
+inline int extra_image_rows(const ModelConfig& m) { return m.vision.traits().class_row ? 1 : 0; }
 
 // Per-sample terms, computed once. Integer counts, so that a group's sums, and with them its
 // time, do not depend on the order its sequences are added in.

@@ -21,22 +21,23 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   m2_ = v.merge * v.merge;
   // Parameter count of model-spec.md's table, by group (types/param_group.h).
   auto& n = group_params_;
+  const TowerTraits& tower = v.traits();
   const int64_t qkv_bias = m.attention_bias ? q + 2 * kv : 0;  // model.attention_bias
   const int64_t o_bias = m.attention_out_bias ? d : 0;         // model.attention_out_bias
   const int64_t qk_norm = m.qk_norm ? 2 * int64_t(m.hd()) : 0;  // model.qk_norm
-  const int64_t layer = d * q + 2 * d * kv + q * d + 3 * d * m.ffn + 2 * d;  // matrices, two norms
+  const int64_t layer = block_params(NormKind::rms, MlpKind::swiglu, false, d, q, kv, m.ffn);
   n[size_t(ParamGroup::Language)] = int64_t(m.layers) * (layer + qkv_bias + o_bias + qk_norm) + d;
   n[size_t(ParamGroup::Embeddings)] = int64_t(m.vocab_size) * d * (m.tie_embeddings ? 1 : 2);
-  if (v.pretrained()) {
-    // model/params.cpp's clip/siglip table: every layer of the checkpoint, biases and
-    // LayerNorm biases included; no final norm.
-    const int64_t layer = 4 * dv * dv + 4 * dv + 2 * dv * v.ffn + v.ffn + dv + 4 * dv;
-    n[size_t(ParamGroup::Vision)] = v.patch_numel() * dv + (v.has_class_row() ? 3 * dv : dv) +
-                                    v.pos_rows() * dv + int64_t(v.layers) * layer;
-  } else {
-    n[size_t(ParamGroup::Vision)] =
-        v.patch_numel() * dv + dv + int64_t(v.layers) * (4 * dv * dv + 3 * dv * v.ffn + 2 * dv) + dv;
-  }
+  // model/params.cpp's tower table from its row (types/architecture.h): every layer of a
+  // checkpoint, run or not, and what it holds beside them.
+  const int64_t norm_params = tower.norm == NormKind::layer ? 2 * dv : dv;
+  int64_t vision = v.patch_numel() * dv + (tower.patch_bias ? dv : 0) + (tower.class_row ? dv : 0) +
+                   (tower.positions == TowerPositions::learned ? v.pos_rows() * dv : 0) +
+                   (tower.pre_norm ? 2 * dv : 0) + (tower.final_norm ? norm_params : 0) +
+                   int64_t(v.layers) * block_params(tower.norm, tower.mlp, tower.block_biases, dv, dv, dv, v.ffn);
+  if (tower.feature_layer && v.post_norm) vision += 2 * dv;
+  if (tower.pool_head && v.pool_head) vision += dv + 4 * dv * dv + 4 * dv + 2 * dv + 2 * dv * v.ffn + v.ffn + dv;
+  n[size_t(ParamGroup::Vision)] = vision;
   extra_rows_ = extra_image_rows(m);
   n[size_t(ParamGroup::Projector)] = m2_ * dv * d + d + d * d + d;
   params_ = trainable_ = 0;
@@ -62,14 +63,15 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // Kept buffers count once per layer, rebuilt ones once per pass; the backward scratch
   // shared by the layers (BlockScratch) once.
   const int64_t act = dev.act_bytes;
-  // The clip/siglip block (vit) keeps a mean beside each rstd, one MLP input (fc1's output)
+  // A LayerNorm block keeps a mean beside each rstd; a GELU MLP one input (fc1's output)
   // instead of SwiGLU's two, and its scratch has no second MLP gradient.
-  auto layers_bytes = [&](int64_t layers, int64_t c, int64_t f, int64_t qw, int64_t kvw,
-                          int64_t h, bool vit = false, int64_t extra = 0) {
-    const int64_t norms = 2 * c * act + (vit ? 4 : 2) * 4, swiglu = f * act;
-    const int64_t linears = (2 * qw + 2 * kvw + c + (vit ? 1 : 2) * f) * act + h * 4 + extra;
+  auto layers_bytes = [&](int64_t layers, int64_t c, int64_t f, int64_t qw, int64_t kvw, int64_t h,
+                          NormKind norm, MlpKind mlp, int64_t extra = 0) {
+    const int64_t mlp_inputs = mlp == MlpKind::swiglu ? 2 : 1;
+    const int64_t norms = 2 * c * act + (norm == NormKind::layer ? 4 : 2) * 4, swiglu = f * act;
+    const int64_t linears = (2 * qw + 2 * kvw + c + mlp_inputs * f) * act + h * 4 + extra;
     const int64_t input = c * act;
-    const int64_t scratch = ((vit ? 2 : 3) * f + 2 * c + 2 * qw + 2 * kvw) * act;
+    const int64_t scratch = ((mlp_inputs + 1) * f + 2 * c + 2 * qw + 2 * kvw) * act;
     switch (recompute) {
       case Recompute::off: return layers * (input + norms + swiglu + linears) + scratch;
       case Recompute::selective: return layers * (input + linears) + norms + swiglu + scratch;
@@ -81,28 +83,22 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // their gradients and the stream's gradient (4 d) and its rstd; the batch's six int32
   // columns (model/device_batch.cpp).
   const int64_t qk_norm_bytes = m.qk_norm ? (q + kv) * act + int64_t(m.heads + m.kv_heads) * 4 : 0;
-  per_token_ = layers_bytes(m.layers, d, m.ffn, q, kv, m.heads, false, qk_norm_bytes) + 4 * d * act + 4 +
-               6 * 4;
-  // Vision, per patch before the merge (model/vision.cpp): the normalised pixels, the
-  // layers, the encoder norm's input, output and rstd, the stream's gradient, the merged
-  // rows and their gradient (m² patches make one), the projector's five (N, d) buffers (per
-  // merged token); the batch's pixels (one byte a value) and four int32 columns.
-  per_patch_ = v.patch_numel() * act + layers_bytes(v.layers, dv, v.ffn, dv, dv, v.heads) +
-               (3 * dv + 2 * dv) * act + 4 + (5 * d * act + m2_ - 1) / m2_ +
-               v.patch_numel() + 4 * 4;
-  if (v.pretrained()) {
-    // A clip/siglip tower (model/vision.cpp) prices every row of its encoder stream (a clip
-    // image's class row too: image_classes counts it) at the bytes of a patch row: the
-    // normalised pixels, the layers that run, the stream after them, its gradient, the
-    // merged rows and their gradient; clip adds the patch embedding, the embeddings before
-    // pre_layrnorm with its two statistics and their gradient, the features without class
-    // rows and theirs. The batch: pixels, four int32 columns per patch, three per stream row.
-    const int64_t rows = v.has_class_row() ? 9 : 4;
-    per_patch_ = v.patch_numel() * act +
-                 layers_bytes(v.layers_run(), dv, v.ffn, dv, dv, v.heads, true) + rows * dv * act +
-                 (v.has_class_row() ? 8 : 0) + (5 * d * act + m2_ - 1) / m2_ + v.patch_numel() +
-                 7 * 4;
-  }
+  per_token_ = layers_bytes(m.layers, d, m.ffn, q, kv, m.heads, NormKind::rms, MlpKind::swiglu, qk_norm_bytes) +
+               4 * d * act + 4 + 6 * 4;
+  // Vision (model/vision.cpp), per row of the encoder stream (the patches, or the tower's own
+  // stream: a class row of an image is priced as a patch row, image_classes counting it): the
+  // normalised pixels; the layers that run; the stream after them and its gradient, the merged
+  // rows and their gradient (m² rows make one); with class rows the patch embedding, the
+  // features without class rows and their gradient; with a pre-norm the embeddings before it
+  // and their gradient, and its two statistics; with a final norm its output and statistics;
+  // the projector's five (N, d) buffers (per merged token). The batch: pixels (one byte a
+  // value), four int32 columns per patch and three per row of a stream of its own.
+  const int64_t rows = 4 + (tower.class_row ? 3 : 0) + (tower.pre_norm ? 2 : 0) + (tower.final_norm ? 1 : 0);
+  const int64_t stats = (tower.pre_norm ? 2 * 4 : 0) +
+                        (tower.final_norm ? (tower.norm == NormKind::layer ? 2 : 1) * 4 : 0);
+  per_patch_ = v.patch_numel() * act +
+               layers_bytes(v.layers_run(), dv, v.ffn, dv, dv, v.heads, tower.norm, tower.mlp) + rows * dv * act +
+               stats + (5 * d * act + m2_ - 1) / m2_ + v.patch_numel() + (tower.own_stream() ? 7 : 4) * 4;
   // A ring of degree c > 1 carves, per token of the rank: in the ring's work arena
   // (parallel/ring_attention.cpp, the larger backward set) two K/V blocks in flight, their
   // fp32 dK/dV accumulators, dQ's fp32 sum and one block's dQ, dK, dV parts; in its metadata

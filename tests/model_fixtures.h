@@ -32,6 +32,26 @@ inline ModelConfig tiny_config() {
   return c;
 }
 
+// tiny_config() with the tower of `arch`, as its row says (types/architecture.h): learned
+// positions at a 4x4 grid (image_size 8 at patch 2); a pretrained tower's three layers, of
+// which feature_layer -2 runs two; the row's pixel constants.
+inline ModelConfig tower_config(VisionArch arch) {
+  ModelConfig c = tiny_config();
+  auto& v = c.vision;
+  const TowerTraits& t = tower_traits(arch);
+  v.arch = arch;
+  if (t.positions == TowerPositions::learned) v.image_size = 8;
+  if (t.feature_layer) {
+    v.layers = 3;
+    v.feature_layer = -2;
+  }
+  v.norm_eps = t.pool_head ? 1e-6 : 1e-5;
+  v.act = t.pool_head ? VisionAct::gelu_tanh : VisionAct::quick_gelu;
+  v.pixel_mean = t.pixel_mean;
+  v.pixel_std = t.pixel_std;
+  return c;
+}
+
 // A document: text ids with a loss flag each, and images (grid_h x grid_w patches) inserted
 // where `image_at` says (before text position k).
 struct Doc {
@@ -94,6 +114,48 @@ inline void randomise(Model& m, uint64_t seed) {
   // finite-difference noise floor.
   Rng rng(seed);
   for (int64_t i = 0; i < m.n_params(); ++i) m.params()[i] = float((rng.uniform() * 2 - 1) * 0.5);
+}
+
+// Every parameter tensor's gradient against central differences (6 probes each) after one
+// step over sample_docs(); the tower's layers after feature_layer hold no gradient (nor
+// moments, nor decay), and every tensor of the vision path that runs gets a nonzero one.
+inline void expect_every_gradient(const ModelConfig& cfg) {
+  auto backend = make_cpu_backend({1});
+  Model model(cfg, *backend);
+  randomise(model, 17);
+  Batch b = make_batch(sample_docs(), cfg, 3);
+  const float scale = 1.0f / float(b.loss_tokens());
+  model.zero_grads();
+  model.step(b, scale, true);
+  std::vector<float> params(model.params(), model.params() + model.n_params());
+  std::vector<float> grads(model.grads(), model.grads() + model.n_grads());
+  const int run = cfg.vision.layers_run();
+  int64_t unused_numel = 0;
+  for (const auto& spec : model.table().specs()) {
+    std::vector<float> x(params.begin() + spec.offset, params.begin() + spec.offset + spec.numel());
+    bool unused = false;
+    for (int i = run; i < cfg.vision.layers; ++i)
+      unused = unused || spec.name.rfind("vision.layers." + std::to_string(i) + ".", 0) == 0;
+    EXPECT_EQ(spec.trainable, !unused) << spec.name;
+    if (unused) {
+      unused_numel += spec.numel();
+      continue;
+    }
+    std::vector<float> g(grads.begin() + spec.grad_offset, grads.begin() + spec.grad_offset + spec.numel());
+    // With no layer run, a dropped class row reaches nothing: its embedding gets no gradient.
+    const bool reaches = run > 0 || spec.name != "vision.class_embed";
+    if ((spec.name.rfind("vision.", 0) == 0 || spec.name.rfind("projector.", 0) == 0) && reaches) {
+      EXPECT_TRUE(std::any_of(g.begin(), g.end(), [](float v) { return v != 0.0f; })) << spec.name;
+    }
+    auto loss = [&] {
+      std::copy(x.begin(), x.end(), model.params() + spec.offset);
+      return model.step(b, 0.0f, false).loss_sum * scale;
+    };
+    expect_gradient(spec.name, x, g, loss, 6);
+    std::copy(x.begin(), x.end(), model.params() + spec.offset);
+  }
+  EXPECT_EQ(unused_numel > 0, run < cfg.vision.layers);
+  EXPECT_EQ(model.table().all_trainable(), run == cfg.vision.layers);
 }
 
 // The largest relative L2 gap between two models' gradients (same table; `a` the reference),

@@ -12,6 +12,7 @@
 namespace dhp {
 namespace {
 
+using testing::expect_every_gradient;
 using testing::expect_gradient;
 using testing::make_batch;
 using testing::randomise;
@@ -53,28 +54,6 @@ TEST(Model, SameSeedSameWeightsAndSpecNames) {
 }
 
 class ModelGradients : public ::testing::TestWithParam<bool> {};
-
-void expect_every_gradient(const ModelConfig& cfg) {
-  auto backend = make_cpu_backend({1});
-  Model model(cfg, *backend);
-  randomise(model, 17);
-  Batch b = make_batch(sample_docs(), cfg, 3);
-  const float scale = 1.0f / float(b.loss_tokens());
-  model.zero_grads();
-  model.step(b, scale, true);
-  std::vector<float> params(model.params(), model.params() + model.n_params());
-  std::vector<float> grads(model.grads(), model.grads() + model.n_params());
-  for (const auto& spec : model.table().specs()) {
-    std::vector<float> x(params.begin() + spec.offset, params.begin() + spec.offset + spec.numel());
-    std::vector<float> g(grads.begin() + spec.offset, grads.begin() + spec.offset + spec.numel());
-    auto loss = [&] {
-      std::copy(x.begin(), x.end(), model.params() + spec.offset);
-      return model.step(b, 0.0f, false).loss_sum * scale;
-    };
-    expect_gradient(spec.name, x, g, loss, 6);
-    std::copy(x.begin(), x.end(), model.params() + spec.offset);
-  }
-}
 
 TEST_P(ModelGradients, EveryParameterTensor) {
   ModelConfig cfg = tiny_config();

@@ -17,6 +17,7 @@
 namespace dhp {
 namespace {
 
+using testing::expect_every_gradient;
 using testing::expect_gradient;
 using testing::make_batch;
 using testing::random_vec;
@@ -25,22 +26,8 @@ using testing::Fp32AndBf16;
 using testing::randomise;
 using testing::sample_docs;
 using testing::tiny_config;
+using testing::tower_config;
 using testing::weighted_sum;
-
-ModelConfig tower_config(VisionArch arch) {
-  ModelConfig c = tiny_config();
-  auto& v = c.vision;
-  v.arch = arch;
-  v.image_size = 8;  // a 4 x 4 position grid at patch 2
-  v.layers = 3;
-  v.feature_layer = -2;
-  v.norm_eps = arch == VisionArch::siglip ? 1e-6 : 1e-5;
-  v.act = arch == VisionArch::siglip ? VisionAct::gelu_tanh : VisionAct::quick_gelu;
-  const auto [mean, std] = default_pixel_norm(arch);
-  v.pixel_mean = mean;
-  v.pixel_std = std;
-  return c;
-}
 
 std::vector<int64_t> shape(const ParamTable& t, const std::string& name) {
   return t.get(name).shape;
@@ -117,12 +104,12 @@ TEST(VisionTowerTable, SiglipNamesAndShapes) {
 
 // ---- the block ----------------------------------------------------------------------------
 
-// One vit block on an encoder stream of two images (a class row and 2x3 patches, a class row
+// One LayerNorm/GELU block with biases and no RoPE (the Hugging Face towers') on an encoder stream of two images (a class row and 2x3 patches, a class row
 // and 2x2), each one bidirectional block; parameters and input in host vectors (the CPU
 // backend's device memory is the host's).
 struct VitBlockCase {
   static constexpr int64_t C = 8, F = 12, T = 1 + 6 + 1 + 4;
-  BlockDims dims{C, 2, 2, 4, F, 10000.0, 1e-5f, true, GeluKind::Quick};
+  BlockDims dims{C, 2, 2, 4, F, 10000.0, 1e-5f, NormKind::layer, MlpKind::gelu, GeluKind::Quick, false};
   std::unique_ptr<Backend> backend = make_cpu_backend({1});
   Arena arena{*backend};
   // The parameters in BlockParams order: attn_norm, wq, wk, wv, wo, mlp_norm, w1, w2, (w3),
@@ -223,56 +210,15 @@ INSTANTIATE_TEST_SUITE_P(Acts, VitBlock,
 
 // ---- the whole model --------------------------------------------------------------------
 
-// Images of 4x4, 2x4 and 4x2 patches against a 4x4 position grid (and, at merge 1, against a
-// 3x3 one: every grid resized), decoder included: every parameter tensor's gradient by finite
-// differences, and the layers after feature_layer get none.
-void expect_every_tower_gradient(const ModelConfig& cfg) {
-  auto backend = make_cpu_backend({1});
-  Model model(cfg, *backend);
-  randomise(model, 17);
-  Batch b = make_batch(sample_docs(), cfg, 3);
-  const float scale = 1.0f / float(b.loss_tokens());
-  model.zero_grads();
-  model.step(b, scale, true);
-  std::vector<float> params(model.params(), model.params() + model.n_params());
-  std::vector<float> grads(model.grads(), model.grads() + model.n_grads());
-  const int run = cfg.vision.layers_run();
-  int64_t unused_numel = 0;
-  for (const auto& spec : model.table().specs()) {
-    std::vector<float> x(params.begin() + spec.offset, params.begin() + spec.offset + spec.numel());
-    bool unused = false;
-    for (int i = run; i < cfg.vision.layers; ++i)
-      unused = unused || spec.name.rfind("vision.layers." + std::to_string(i) + ".", 0) == 0;
-    // A layer that does not run holds no gradient at all (nor moments, nor decay).
-    EXPECT_EQ(spec.trainable, !unused) << spec.name;
-    if (unused) {
-      unused_numel += spec.numel();
-      continue;
-    }
-    std::vector<float> g(grads.begin() + spec.grad_offset,
-                         grads.begin() + spec.grad_offset + spec.numel());
-    // With no layer run, the dropped class row reaches nothing: its embedding gets no gradient.
-    const bool reaches = run > 0 || spec.name != "vision.class_embed";
-    if ((spec.name.rfind("vision.", 0) == 0 || spec.name.rfind("projector.", 0) == 0) && reaches) {
-      EXPECT_TRUE(std::any_of(g.begin(), g.end(), [](float v) { return v != 0.0f; })) << spec.name;
-    }
-    auto loss = [&] {
-      std::copy(x.begin(), x.end(), model.params() + spec.offset);
-      return model.step(b, 0.0f, false).loss_sum * scale;
-    };
-    expect_gradient(spec.name, x, g, loss, 6);
-    std::copy(x.begin(), x.end(), model.params() + spec.offset);
-  }
-  EXPECT_EQ(unused_numel > 0, run < cfg.vision.layers);
-  EXPECT_EQ(model.table().all_trainable(), run == cfg.vision.layers);
-}
-
+// expect_every_gradient: images of 4x4, 2x4 and 4x2 patches against a 4x4 position grid (and,
+// at merge 1, against a 3x3 one: every grid resized), decoder included; the layers after
+// feature_layer get no gradient.
 TEST(VisionTowerGradients, ClipEveryParameterTensor) {
-  expect_every_tower_gradient(tower_config(VisionArch::clip));
+  expect_every_gradient(tower_config(VisionArch::clip));
 }
 
 TEST(VisionTowerGradients, SiglipEveryParameterTensor) {
-  expect_every_tower_gradient(tower_config(VisionArch::siglip));
+  expect_every_gradient(tower_config(VisionArch::siglip));
 }
 
 // LLaVA-1.5's shape: merge 1 (a token per patch), the projector's erf GELU, features from the
@@ -283,7 +229,7 @@ TEST(VisionTowerGradients, ClipMergeOneLastLayer) {
   c.vision.image_size = 6;
   c.vision.layers = 2;
   c.vision.feature_layer = -1;
-  expect_every_tower_gradient(c);
+  expect_every_gradient(c);
 }
 
 // feature_layer 0: the embeddings after pre_layrnorm, no layer runs.
@@ -291,7 +237,7 @@ TEST(VisionTowerGradients, ClipFeaturesFromTheEmbeddings) {
   ModelConfig c = tower_config(VisionArch::clip);
   c.vision.layers = 1;
   c.vision.feature_layer = 0;
-  expect_every_tower_gradient(c);
+  expect_every_gradient(c);
 }
 
 // The model in every recompute mode: bit-identical loss and gradients (clip tower, whose

@@ -491,23 +491,24 @@ std::string value_name(const Names& names, E value) {
 void validate_tower(const VisionConfig& v, const std::string& f) {
   DHP_CHECK(v.dim % v.heads == 0, "{}: model.vision.dim ({}) must be divisible by model.vision.heads ({})",
             f, v.dim, v.heads);
-  if (!v.pretrained())
+  const TowerTraits& t = v.traits();
+  if (t.positions == TowerPositions::rope2d)
     DHP_CHECK(v.head_dim() % 4 == 0,
               "{}: the vision head dimension ({}) must be a multiple of 4 for 2-D RoPE", f,
               v.head_dim());
-  const std::string arch = value_name(kVisionArchNames, v.arch);
-  if (v.pretrained()) {
+  if (t.positions == TowerPositions::learned) {
     DHP_CHECK(v.image_size > 0,
               "{}: model.vision.arch = \"{}\" needs model.vision.image_size, the side its position "
-              "embeddings were trained at (Hugging Face vision_config.image_size)", f, arch);
+              "embeddings were trained at (Hugging Face vision_config.image_size)", f, t.name);
     DHP_CHECK(v.image_size % v.patch == 0,
               "{}: model.vision.image_size ({}) must be a multiple of model.vision.patch ({}): the "
               "position grid is image_size / patch", f, v.image_size, v.patch);
+  }
+  if (t.feature_layer)
     DHP_CHECK(v.feature_layer >= -(v.layers + 1) && v.feature_layer <= v.layers,
               "{}: model.vision.feature_layer = {} names no hidden state of a {}-layer tower "
               "(0 = the embeddings, 1..{} a layer's output, -1..-{} counted from the end)",
               f, v.feature_layer, v.layers, v.layers, v.layers + 1);
-  }
   if (v.fixed_square())
     DHP_CHECK(v.image_size > 0 && v.image_size % v.factor() == 0,
               "{}: model.vision.resize = \"{}\" resizes every image to image_size x "

@@ -263,11 +263,6 @@ Checkpoint open_checkpoint(const std::string& named) {
 // `tower`), or "".
 std::string shape_difference(const ModelConfig& want, const ModelConfig& file, bool decoder, bool tower) {
   auto s = [](auto v) { return fmt::format("{}", v); };
-  auto arch = [](VisionArch a) {
-    for (const auto& [value, name] : kVisionArchNames)
-      if (value == a) return std::string(name);
-    return std::string("?");
-  };
   // The scaling's parameters count only where it is on.
   auto rope = [&](const ModelConfig& m) {
     if (m.rope_scaling == RopeScaling::none) return std::string("none");
@@ -295,7 +290,7 @@ std::string shape_difference(const ModelConfig& want, const ModelConfig& file, b
       {false, "attention_out_bias", s(want.attention_out_bias), s(file.attention_out_bias)},
       {false, "qk_norm", s(want.qk_norm), s(file.qk_norm)},
       {false, "rope_scaling", rope(want), rope(file)},
-      {true, "vision.arch", arch(w.arch), arch(f.arch)},
+      {true, "vision.arch", std::string(w.traits().name), std::string(f.traits().name)},
       {true, "vision.dim", s(w.dim), s(f.dim)},
       {true, "vision.layers", s(w.layers), s(f.layers)},
       {true, "vision.heads", s(w.heads), s(f.heads)},
@@ -331,7 +326,7 @@ bool holds_prefix(const Checkpoint& ck, const std::string& prefix) {
 // elsewhere, cfg.vision.init. Config checks first, then the layout by tensor names.
 std::vector<Source> plan_sources(const std::string& dir, const ModelConfig& cfg) {
   std::vector<Source> out;
-  bool need_tower = cfg.vision.pretrained() && !cfg.vision.init.empty();
+  bool need_tower = cfg.vision.traits().has_hf() && !cfg.vision.init.empty();
   if (need_tower) {
     // The tower's shape comes from model.vision.init whether its tensors do or not.
     ModelConfig file = cfg;
@@ -362,9 +357,10 @@ std::vector<Source> plan_sources(const std::string& dir, const ModelConfig& cfg)
                 "names (language_model.model.*) nor those of transformers >= 4.52 (model.language_model.*)", dir);
       s.layout = HfLayout::LlavaHf;
     }
-    DHP_CHECK(s.layout == HfLayout::Decoder || cfg.vision.pretrained(),
-              "'{}' is a LLaVA checkpoint, but the model's tower is the native one (model.vision.arch = "
-              "\"native\"); start the run through model.init so that its config sets the tower", dir);
+    DHP_CHECK(s.layout == HfLayout::Decoder || cfg.vision.traits().has_hf(),
+              "'{}' is a LLaVA checkpoint, but the model's tower (model.vision.arch = \"{}\") has no Hugging "
+              "Face counterpart; start the run through model.init so that its config sets the tower", dir,
+              cfg.vision.traits().name);
     s.map = hf_name_map(cfg, s.layout);
     if (s.layout == HfLayout::LlavaOriginal) {
       // LLaVA's own checkpoints hold the tower only when it was trained; otherwise it is the
@@ -412,7 +408,7 @@ std::vector<Source> plan_sources(const std::string& dir, const ModelConfig& cfg)
 }  // namespace
 
 void find_held_tensors(ModelConfig& cfg) {
-  if (!cfg.vision.pretrained() || (cfg.init.empty() && cfg.vision.init.empty())) return;
+  if (!cfg.vision.traits().has_hf() || (cfg.init.empty() && cfg.vision.init.empty())) return;
   ModelConfig plain = cfg;
   plain.vision.post_norm = plain.vision.pool_head = false;
   for (const Source& s : plan_sources(cfg.init, plain)) {
@@ -421,7 +417,7 @@ void find_held_tensors(ModelConfig& cfg) {
     if (!v || !std::any_of(s.map.begin(), s.map.end(), [](const HfBinding& b) { return starts_with(b.dhp, "vision."); }))
       continue;
     cfg.vision.post_norm = s.ck.tensors.count(std::string(v) + "post_layernorm.weight") > 0;
-    cfg.vision.pool_head = cfg.vision.arch == VisionArch::siglip && s.ck.tensors.count(std::string(v) + "head.probe") > 0;
+    cfg.vision.pool_head = cfg.vision.traits().pool_head && s.ck.tensors.count(std::string(v) + "head.probe") > 0;
   }
 }
 
@@ -444,8 +440,8 @@ std::vector<HfBinding> hf_name_map(const ModelConfig& cfg, HfLayout layout) {
   for (const auto& p : kNameMap) {
     const char* prefix = prefix_of(names, p.part);
     if (!prefix) continue;
-    // The native tower shares dhp's layer names but has no Hugging Face counterpart.
-    if (p.part == HfPart::Vision && !cfg.vision.pretrained()) continue;
+    // A tower without a Hugging Face counterpart (the native one) shares dhp's layer names.
+    if (p.part == HfPart::Vision && !cfg.vision.traits().has_hf()) continue;
     const bool per_layer = std::string(p.hf).find("{i}") != std::string::npos;
     const int n = !per_layer ? 1 : p.part == HfPart::Vision ? cfg.vision.layers : cfg.layers;
     for (int i = 0; i < n; ++i) {

@@ -27,10 +27,46 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const char* const kDecoders[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                 "Qwen3ForCausalLM"};
-const char* const kTowers[] = {"CLIPVisionModel", "CLIPModel", "SiglipVisionModel", "SiglipModel"};
 const char* const kLlavas[] = {"LlavaForConditionalGeneration", "LlavaLlamaForCausalLM"};
+
+// The rows of types/architecture.h by their Hugging Face names (nullptr: none).
+const DecoderTraits* decoder_of_class(std::string_view a) {
+  for (const DecoderTraits& t : kDecoderTraits)
+    if (t.hf_class == a) return &t;
+  return nullptr;
+}
+const DecoderTraits* decoder_of_type(std::string_view type) {
+  for (const DecoderTraits& t : kDecoderTraits)
+    if (t.model_type == type) return &t;
+  return nullptr;
+}
+const TowerTraits* tower_of_class(std::string_view a) {
+  for (const TowerTraits& t : kTowerTraits)
+    if (t.has_hf() && (t.hf_tower_class == a || t.hf_dual_class == a)) return &t;
+  return nullptr;
+}
+const TowerTraits* tower_of_type(std::string_view type) {
+  for (const TowerTraits& t : kTowerTraits)
+    if (t.has_hf() && t.hf_model_type == type) return &t;
+  return nullptr;
+}
+std::vector<std::string> decoder_names(std::string_view DecoderTraits::*field) {
+  std::vector<std::string> out;
+  for (const DecoderTraits& t : kDecoderTraits) out.emplace_back(t.*field);
+  return out;
+}
+std::vector<std::string> tower_names(std::string_view TowerTraits::*field) {
+  std::vector<std::string> out;
+  for (const TowerTraits& t : kTowerTraits)
+    if (t.has_hf()) out.emplace_back(t.*field);
+  return out;
+}
+std::vector<std::string> tower_classes() {
+  std::vector<std::string> out;
+  for (const TowerTraits& t : kTowerTraits)
+    if (t.has_hf()) out.insert(out.end(), {std::string(t.hf_tower_class), std::string(t.hf_dual_class)});
+  return out;
+}
 
 json read_json_file(const std::string& path, const char* what) {
   const InputFile in(what, path);
@@ -41,35 +77,12 @@ json read_json_file(const std::string& path, const char* what) {
 
 // Defaults of the transformers config classes a nested config may leave out: save_pretrained
 // writes only the keys that differ from the class's defaults (llava-hf's text_config holds
-// little more than its vocab_size).
+// little more than its vocab_size). Each row of types/architecture.h holds its class's.
 json class_defaults(const std::string& model_type) {
-  if (model_type == "llama")
-    return {{"hidden_size", 4096}, {"intermediate_size", 11008}, {"num_hidden_layers", 32},
-            {"num_attention_heads", 32}, {"vocab_size", 32000}, {"rms_norm_eps", 1e-6},
-            {"rope_theta", 10000.0}, {"hidden_act", "silu"}};
-  if (model_type == "mistral")
-    return {{"hidden_size", 4096}, {"intermediate_size", 14336}, {"num_hidden_layers", 32},
-            {"num_attention_heads", 32}, {"num_key_value_heads", 8}, {"vocab_size", 32000},
-            {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0}, {"sliding_window", 4096},
-            {"hidden_act", "silu"}};
-  if (model_type == "qwen2")
-    return {{"hidden_size", 4096}, {"intermediate_size", 22016}, {"num_hidden_layers", 32},
-            {"num_attention_heads", 32}, {"num_key_value_heads", 32}, {"vocab_size", 151936},
-            {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0}, {"hidden_act", "silu"}};
-  if (model_type == "qwen3")
-    return {{"hidden_size", 4096}, {"intermediate_size", 22016}, {"num_hidden_layers", 32},
-            {"num_attention_heads", 32}, {"num_key_value_heads", 32}, {"head_dim", 128},
-            {"vocab_size", 151936}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0},
-            {"hidden_act", "silu"}};
-  if (model_type == "clip_vision_model")
-    return {{"hidden_size", 768}, {"intermediate_size", 3072}, {"num_hidden_layers", 12},
-            {"num_attention_heads", 12}, {"num_channels", 3}, {"image_size", 224},
-            {"patch_size", 32}, {"hidden_act", "quick_gelu"}, {"layer_norm_eps", 1e-5}};
-  if (model_type == "siglip_vision_model")
-    return {{"hidden_size", 768}, {"intermediate_size", 3072}, {"num_hidden_layers", 12},
-            {"num_attention_heads", 12}, {"num_channels", 3}, {"image_size", 224},
-            {"patch_size", 16}, {"hidden_act", "gelu_pytorch_tanh"}, {"layer_norm_eps", 1e-6}};
-  return json::object();
+  std::string_view text;
+  if (const DecoderTraits* d = decoder_of_type(model_type)) text = d->hf_defaults;
+  if (const TowerTraits* t = tower_of_type(model_type)) text = t->hf_defaults;
+  return text.empty() ? json::object() : json::parse(text);
 }
 
 // A config object read with every value's type checked, errors naming the key and where it is
@@ -134,9 +147,10 @@ ConfigJson open_config(const std::string& dir) {
 
 std::string architecture_of(const ConfigJson& c) {
   const json& j = c.raw();
-  std::vector<std::string> known(std::begin(kDecoders), std::end(kDecoders));
+  std::vector<std::string> known = decoder_names(&DecoderTraits::hf_class);
   known.insert(known.end(), std::begin(kLlavas), std::end(kLlavas));
-  known.insert(known.end(), std::begin(kTowers), std::end(kTowers));
+  const std::vector<std::string> towers = tower_classes();
+  known.insert(known.end(), towers.begin(), towers.end());
   DHP_CHECK(c.has("architectures") && j["architectures"].is_array() && j["architectures"].size() == 1 &&
                 j["architectures"][0].is_string(),
             "{}: \"architectures\" must list one model class ({})", c.where(), fmt::join(known, ", "));
@@ -144,11 +158,6 @@ std::string architecture_of(const ConfigJson& c) {
   DHP_CHECK(std::find(known.begin(), known.end(), a) != known.end(), "{}: \"architectures\" is {}; dhp reads {}",
             c.where(), printable(a), fmt::join(known, ", "));
   return a;
-}
-
-template <size_t N>
-bool one_of(const std::string& a, const char* const (&list)[N]) {
-  return std::find(std::begin(list), std::end(list), a) != std::end(list);
 }
 
 // RoPE's keys into m: rope_theta and rope_scaling (transformers 4), or one rope_parameters
@@ -191,27 +200,24 @@ void read_rope(const ConfigJson& c, ModelConfig& m) {
             m.rope_high_freq_factor, m.rope_low_freq_factor);
 }
 
-// The decoder's keys of a Llama-family config (top level, or LLaVA's text_config) over `base`.
-ModelConfig read_decoder(const ConfigJson& c, const std::string& architecture, const ModelConfig& base,
+// The decoder's keys of a Llama-family config (top level, or LLaVA's text_config) over `base`,
+// read as its family's row says.
+ModelConfig read_decoder(const ConfigJson& c, const DecoderTraits& family, const ModelConfig& base,
                          int64_t max_tokens, int vocab_size, int* file_vocab) {
   const std::string& f = c.where();
-  const bool qwen2 = architecture == "Qwen2ForCausalLM";
-  const bool qwen3 = architecture == "Qwen3ForCausalLM";
   // Refused by name: each changes the computation in a way dhp does not implement.
   DHP_CHECK(!c.has("quantization_config"), "{}: \"quantization_config\" is set; dhp reads unquantised "
             "F32, F16 and BF16 weights only", f);
   const std::string act = c.string("hidden_act", "silu");
   DHP_CHECK(act == "silu", "{}: \"hidden_act\" is {}; dhp's MLP is SwiGLU with silu", f, printable(act));
   DHP_CHECK(!c.boolean("mlp_bias", false), "{}: \"mlp_bias\" is true; dhp's MLP has no biases", f);
-  // Qwen2's q/k/v always carry biases (and o_proj none); Llama's and Qwen3's attention_bias
-  // biases q, k, v and o_proj; Mistral's attention has no biases.
-  const bool mistral = architecture == "MistralForCausalLM";
-  const bool qkvo_bias = !qwen2 && c.boolean("attention_bias", false);
-  DHP_CHECK(!mistral || !qkvo_bias, "{}: \"attention_bias\" is true in a {} config, whose attention "
-            "has no biases", f, architecture);
-  // Qwen3's sliding window applies to some layers (max_window_layers, layer_types): refused
-  // whatever its length.
-  if (qwen3) {
+  const bool bias_key = c.boolean("attention_bias", false);
+  DHP_CHECK(family.bias != DecoderBias::none || !bias_key, "{}: \"attention_bias\" is true in a {} config, "
+            "whose attention has no biases", f, family.hf_class);
+  const bool qkv_bias = family.bias == DecoderBias::qkv_always || (family.bias == DecoderBias::qkvo_optional && bias_key);
+  const bool out_bias = family.bias == DecoderBias::qkvo_optional && bias_key;
+  // Windows of some layers (max_window_layers, layer_types): refused whatever their length.
+  if (family.window == DecoderWindow::per_layer) {
     DHP_CHECK(!c.boolean("use_sliding_window", false), "{}: \"use_sliding_window\" is true; dhp implements "
               "full causal attention only", f);
     if (c.has("layer_types")) {
@@ -224,7 +230,8 @@ ModelConfig read_decoder(const ConfigJson& c, const std::string& architecture, c
     }
   }
   // A sliding window at least as long as every sequence is the same as full attention.
-  const bool window_on = qwen2 ? c.boolean("use_sliding_window", false) : !qwen3 && c.has("sliding_window");
+  const bool window_on = family.window == DecoderWindow::use_sliding_window ? c.boolean("use_sliding_window", false)
+                         : family.window == DecoderWindow::sliding_window && c.has("sliding_window");
   if (window_on && max_tokens > 0) {
     const int64_t w = c.integer("sliding_window", 1, int64_t(1) << 40);
     DHP_CHECK(w >= max_tokens,
@@ -239,14 +246,14 @@ ModelConfig read_decoder(const ConfigJson& c, const std::string& architecture, c
   m.heads = int(c.integer("num_attention_heads", 1, 1024));
   m.kv_heads = int(c.integer("num_key_value_heads", 1, 1024, m.heads));
   // Qwen3Attention reads head_dim, whose default (Qwen3Config's) is 128, not hidden / heads.
-  m.head_dim = int(c.integer("head_dim", 2, 4096, qwen3 ? 128 : 0));
+  m.head_dim = int(c.integer("head_dim", 2, 4096, family.default_head_dim));
   m.rms_norm_eps = c.has("rms_norm_eps") ? c.number("rms_norm_eps", 1e-12, 0.1) : 1e-6;
   read_rope(c, m);
   m.tie_embeddings = c.boolean("tie_word_embeddings", false);
   m.max_positions = c.integer("max_position_embeddings", 1, int64_t(1) << 40, 0);
-  m.attention_bias = qwen2 || qkvo_bias;
-  m.attention_out_bias = qkvo_bias;
-  m.qk_norm = qwen3;
+  m.attention_bias = qkv_bias;
+  m.attention_out_bias = out_bias;
+  m.qk_norm = family.qk_norm;
   *file_vocab = int(c.integer("vocab_size", 8, 1 << 24));
   DHP_CHECK(m.head_dim > 0 || m.dim % m.heads == 0,
             "{}: \"hidden_size\" ({}) is not divisible by \"num_attention_heads\" ({}) and there is no \"head_dim\"",
@@ -273,11 +280,11 @@ VisionAct vision_act(const ConfigJson& c, const char* key) {
 // The tower's keys of a CLIPVisionConfig / SiglipVisionConfig object over `base`.
 VisionConfig read_tower(const ConfigJson& c, const VisionConfig& base) {
   const std::string type = c.string("model_type");
-  DHP_CHECK(type == "clip_vision_model" || type == "siglip_vision_model",
-            "{}: \"model_type\" is {}; dhp's towers are clip_vision_model and siglip_vision_model", c.where(),
-            printable(type));
+  const TowerTraits* tower = tower_of_type(type);
+  DHP_CHECK(tower, "{}: \"model_type\" is {}; dhp's towers are {}", c.where(), printable(type),
+            fmt::join(tower_names(&TowerTraits::hf_model_type), ", "));
   VisionConfig v = base;
-  v.arch = type == "clip_vision_model" ? VisionArch::clip : VisionArch::siglip;
+  v.arch = tower->arch;
   v.dim = int(c.integer("hidden_size", 1, 1 << 16));
   v.ffn = int(c.integer("intermediate_size", 1, 1 << 20));
   v.layers = int(c.integer("num_hidden_layers", 1, 1024));
@@ -390,7 +397,7 @@ void read_llava_settings(const ConfigJson& c, bool original, ModelConfig& m) {
   const int64_t n = original ? 1024 : v.layers;
   v.feature_layer = int(c.integer(layer_key, -(n + 1), n, -2));
   v.merge = 1;  // LLaVA-1.5 feeds every patch to the projector (576 tokens at 336x336)
-  const bool clip = v.arch == VisionArch::clip;
+  const TowerTraits& tower = v.traits();
   if (original) {
     const std::string proj = c.string("mm_projector_type", "linear");
     DHP_CHECK(proj == "mlp2x_gelu", "{}: \"mm_projector_type\" is {}; dhp's projector is LLaVA-1.5's "
@@ -411,12 +418,12 @@ void read_llava_settings(const ConfigJson& c, bool original, ModelConfig& m) {
     return;
   }
   const std::string strategy = c.string("vision_feature_select_strategy", "default");
-  // "default" drops hidden state row 0: CLIP's class row, but a SigLIP tower's first patch.
-  DHP_CHECK(clip ? strategy == "default" : strategy == "full",
+  // "default" drops hidden state row 0: a class row, but the first patch of a tower without one.
+  DHP_CHECK(strategy == tower.hf_feature_select,
             "{}: \"vision_feature_select_strategy\" is {} with a {} tower; dhp {} (\"{}\")", c.where(),
-            printable(strategy), clip ? "CLIP" : "SigLIP",
-            clip ? "drops the class row" : "keeps every patch of a tower without a class row",
-            clip ? "default" : "full");
+            printable(strategy), tower.hf_tower_class,
+            tower.class_row ? "drops the class row" : "keeps every patch of a tower without a class row",
+            tower.hf_feature_select);
   DHP_CHECK(c.boolean("multimodal_projector_bias", true), "{}: \"multimodal_projector_bias\" is false; dhp's "
             "projector has biases", c.where());
   const std::string act = c.string("projector_hidden_act", "gelu");
@@ -434,19 +441,19 @@ HfConfig read_hf_config(const std::string& dir, const ModelConfig& base, int64_t
   HfConfig h;
   h.architecture = architecture_of(c);
   h.model = base;
-  if (one_of(h.architecture, kTowers)) {
+  if (tower_of_class(h.architecture)) {
     h.kind = HfKind::Tower;
     return h;
   }
-  if (one_of(h.architecture, kDecoders)) {
-    h.model = read_decoder(c, h.architecture, base, max_tokens, vocab_size, &h.file_vocab);
+  if (const DecoderTraits* family = decoder_of_class(h.architecture)) {
+    h.model = read_decoder(c, *family, base, max_tokens, vocab_size, &h.file_vocab);
     return h;
   }
   h.kind = HfKind::Llava;
   h.original_llava = h.architecture == "LlavaLlamaForCausalLM";
   if (h.original_llava) {
     // A Llama config with LLaVA's mm_* keys; the tower is named (mm_vision_tower), not described.
-    h.model = read_decoder(c, "LlamaForCausalLM", base, max_tokens, vocab_size, &h.file_vocab);
+    h.model = read_decoder(c, *decoder_of_class("LlamaForCausalLM"), base, max_tokens, vocab_size, &h.file_vocab);
     read_llava_settings(c, true, h.model);
     h.mm_vision_tower = c.string("mm_vision_tower", "");
     h.unfreeze_tower = c.boolean("unfreeze_mm_vision_tower", false);
@@ -454,11 +461,10 @@ HfConfig read_hf_config(const std::string& dir, const ModelConfig& base, int64_t
   }
   const ConfigJson text = c.nested("text_config", "llama");
   const std::string type = text.string("model_type");
-  const std::string arch = type == "llama" ? "LlamaForCausalLM" : type == "mistral" ? "MistralForCausalLM"
-                           : type == "qwen2" ? "Qwen2ForCausalLM" : type == "qwen3" ? "Qwen3ForCausalLM" : "";
-  DHP_CHECK(!arch.empty(), "{}: \"model_type\" is {}; dhp's decoders are llama, mistral, qwen2 and qwen3",
-            text.where(), printable(type));
-  h.model = read_decoder(text, arch, base, max_tokens, vocab_size, &h.file_vocab);
+  const DecoderTraits* family = decoder_of_type(type);
+  DHP_CHECK(family, "{}: \"model_type\" is {}; dhp's decoders are {}", text.where(), printable(type),
+            fmt::join(decoder_names(&DecoderTraits::model_type), ", "));
+  h.model = read_decoder(text, *family, base, max_tokens, vocab_size, &h.file_vocab);
   // LlavaConfig's default tower is CLIP ViT-L/14-336's.
   json tower_defaults = class_defaults("clip_vision_model");
   tower_defaults.update(json{{"model_type", "clip_vision_model"}, {"hidden_size", 1024}, {"intermediate_size", 4096},
@@ -476,11 +482,11 @@ HfConfig read_hf_config(const std::string& dir, const ModelConfig& base, int64_t
 VisionConfig read_hf_tower_config(const std::string& dir, const VisionConfig& base) {
   const ConfigJson c = open_config(dir);
   const std::string a = architecture_of(c);
-  DHP_CHECK(one_of(a, kTowers), "{}: \"architectures\" is {}; model.vision.init takes a vision tower ({})",
-            c.where(), a, fmt::join(kTowers, ", "));
-  const bool dual = a == "CLIPModel" || a == "SiglipModel";
-  const bool clip = a.rfind("CLIP", 0) == 0;
-  const std::string type = clip ? "clip_vision_model" : "siglip_vision_model";
+  const TowerTraits* row = tower_of_class(a);
+  DHP_CHECK(row, "{}: \"architectures\" is {}; model.vision.init takes a vision tower ({})", c.where(), a,
+            fmt::join(tower_classes(), ", "));
+  const bool dual = a == row->hf_dual_class;
+  const std::string type(row->hf_model_type);
   ConfigJson tower = dual ? c.nested("vision_config", type) : [&] {
     json full = class_defaults(type);
     full.update(c.raw());

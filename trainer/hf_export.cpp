@@ -117,17 +117,26 @@ json rope_scaling(const ModelConfig& m) {
 }
 
 json model_config(const ModelConfig& m, const HfExportOptions& o) {
-  // The class whose attention the model's is: Qwen3 with the per-head q/k norms, Qwen2 with
-  // biases on q/k/v alone, Llama otherwise. Llama's and Qwen3's attention_bias bias q, k, v
-  // and o_proj together; other combinations have no class to name.
-  const bool qwen3 = m.qk_norm, qwen2 = !qwen3 && m.attention_bias && !m.attention_out_bias;
-  DHP_CHECK(qwen2 || m.attention_bias == m.attention_out_bias,
-            "export: the model has {} (model.attention_bias = {}, model.attention_out_bias = {}); {} "
-            "biases q, k, v and o_proj together or not at all", m.attention_bias ? "q/k/v biases" : "an o_proj bias",
-            m.attention_bias, m.attention_out_bias, qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM");
-  const char* arch = qwen3 ? "Qwen3ForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
-  json c = {{"architectures", {arch}},
-            {"model_type", qwen3 ? "qwen3" : qwen2 ? "qwen2" : "llama"},
+  // The class whose attention the model's is: the first family of types/architecture.h an
+  // export names whose traits are the model's (Qwen3 with the per-head q/k norms, Qwen2 with
+  // biases on q/k/v alone, Llama otherwise). Biases on o_proj without q/k/v have no class.
+  const DecoderTraits* family = exported_family(m.attention_bias, m.attention_out_bias, m.qk_norm);
+  if (!family) {
+    std::vector<std::string> classes;
+    for (const DecoderTraits& t : kDecoderTraits)
+      if (t.exported)
+        classes.push_back(fmt::format("{} ({}{})", t.hf_class,
+                                      t.bias == DecoderBias::qkvo_optional ? "biases on q, k, v and o_proj together or none"
+                                      : t.bias == DecoderBias::qkv_always  ? "biases on q, k and v, none on o_proj"
+                                                                           : "no biases",
+                                      t.qk_norm ? ", q/k norms" : ""));
+    throw Error(fmt::format("export: the model has {} (model.attention_bias = {}, model.attention_out_bias = {}, "
+                            "model.qk_norm = {}); no Hugging Face class has that attention: {}",
+                            m.attention_bias ? "q/k/v biases" : "an o_proj bias", m.attention_bias,
+                            m.attention_out_bias, m.qk_norm, fmt::join(classes, "; ")));
+  }
+  json c = {{"architectures", {family->hf_class}},
+            {"model_type", family->model_type},
             {"hidden_size", m.dim},
             {"intermediate_size", m.ffn},
             {"num_hidden_layers", m.layers},
@@ -146,18 +155,13 @@ json model_config(const ModelConfig& m, const HfExportOptions& o) {
             {"attention_dropout", 0.0},
             {"use_cache", true},
             {"torch_dtype", torch_dtype(o.dtype)}};
-  if (qwen2 || qwen3) {
+  if (family->window != DecoderWindow::sliding_window) {
     c["use_sliding_window"] = false;
     c["sliding_window"] = nullptr;
     c["max_window_layers"] = m.layers;
   }
-  if (qwen3) {
-    c["attention_bias"] = m.attention_bias;
-  } else if (!qwen2) {
-    c["attention_bias"] = m.attention_bias;
-    c["mlp_bias"] = false;
-    c["pretraining_tp"] = 1;
-  }
+  if (family->bias == DecoderBias::qkvo_optional) c["attention_bias"] = m.attention_bias;
+  c.update(json::parse(family->hf_extra));
   const HfTokenizerFiles* t = o.tokenizer;
   c["bos_token_id"] = t && t->bos.id >= 0 ? json(t->bos.id) : json(nullptr);
   c["eos_token_id"] = t && t->eos.id >= 0 ? json(t->eos.id) : json(nullptr);
@@ -173,13 +177,13 @@ const char* act_name(VisionAct a) {
 // own keys.
 json llava_config(const ModelConfig& m, const HfExportOptions& o, int64_t image_token) {
   const VisionConfig& v = m.vision;
-  const bool clip = v.arch == VisionArch::clip;
+  const TowerTraits& tower = v.traits();
   json text = model_config(m, o);
   text.erase("architectures");
   // llava-hf keeps the pad token's id at the top level.
   const json pad = text.contains("pad_token_id") ? text["pad_token_id"] : json(nullptr);
   text.erase("pad_token_id");
-  json vision = {{"model_type", clip ? "clip_vision_model" : "siglip_vision_model"},
+  json vision = {{"model_type", tower.hf_model_type},
                  {"hidden_size", v.dim},
                  {"intermediate_size", v.ffn},
                  {"num_hidden_layers", v.layers},
@@ -190,7 +194,7 @@ json llava_config(const ModelConfig& m, const HfExportOptions& o, int64_t image_
                  {"hidden_act", act_name(v.act)},
                  {"layer_norm_eps", v.norm_eps},
                  {"attention_dropout", 0.0}};
-  if (!clip) vision["vision_use_head"] = v.pool_head;  // written when the source had it
+  if (tower.pool_head) vision["vision_use_head"] = v.pool_head;  // written when the source had it
   const ProjectorAct pa = v.projector_gelu();
   const int64_t grid = int64_t(v.pos_grid()) * v.pos_grid();
   json c = {{"architectures", {"LlavaForConditionalGeneration"}},
@@ -202,8 +206,8 @@ json llava_config(const ModelConfig& m, const HfExportOptions& o, int64_t image_
                                                                                                    : "gelu_pytorch_tanh"},
           {"multimodal_projector_bias", true},
           {"vision_feature_layer", v.feature_layer},
-          // "default" drops hidden-state row 0, CLIP's class row; SigLIP has none to drop.
-          {"vision_feature_select_strategy", clip ? "default" : "full"},
+          // "default" drops hidden-state row 0, a class row; "full" keeps every row.
+          {"vision_feature_select_strategy", tower.hf_feature_select},
           {"image_seq_length", grid},
           {"ignore_index", -100},
           {"tie_word_embeddings", m.tie_embeddings},
@@ -215,20 +219,21 @@ json llava_config(const ModelConfig& m, const HfExportOptions& o, int64_t image_
 
 // LlavaProcessor's processor_config.json: how many positions an image's <image> becomes.
 json processor_config(const VisionConfig& v) {
-  const bool clip = v.arch == VisionArch::clip;
+  const TowerTraits& tower = v.traits();
   return {{"image_token", "<image>"},
-          {"num_additional_image_tokens", clip ? 1 : 0},
+          {"num_additional_image_tokens", tower.class_row ? 1 : 0},
           {"patch_size", v.patch},
           {"processor_class", "LlavaProcessor"},
-          {"vision_feature_select_strategy", clip ? "default" : "full"}};
+          {"vision_feature_select_strategy", tower.hf_feature_select}};
 }
 
 // The image processor that does what training did (model.vision.resize): CLIP's short side and
 // centre crop, SigLIP's square resize, LlavaImageProcessor's do_pad (LLaVA-1.5's "pad"); a
-// tower trained at native resolution gets its arch's processor, the nearest transformers has.
+// tower trained at native resolution gets its row's processor, the nearest transformers has.
 json preprocessor_config(const VisionConfig& v) {
-  const bool pad = v.resize == ImageFit::pad_square;
-  const bool clip = v.resize == ImageFit::clip || (v.resize == ImageFit::native && v.arch == VisionArch::clip);
+  const ImageFit fit = v.resize == ImageFit::native ? v.traits().hf_fit : v.resize;
+  const bool pad = fit == ImageFit::pad_square;
+  const bool clip = fit == ImageFit::clip;
   json c = {{"do_normalize", true}, {"do_rescale", true}, {"do_resize", true}, {"do_convert_rgb", true},
             {"image_mean", v.pixel_mean}, {"image_std", v.pixel_std}, {"resample", 3},
             {"rescale_factor", 1.0 / 255}};
@@ -326,7 +331,7 @@ void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table,
   check_hf_export_paths(o);
   // A clip or siglip tower makes it a LLaVA model (llava-hf's layout); the native tower has no
   // Hugging Face counterpart and only the decoder is written.
-  const bool llava = model_cfg.vision.pretrained();
+  const bool llava = model_cfg.vision.traits().has_hf();
   // What is written: the model's config, the vocabulary grown when the tokenizer lacks the
   // token an image's positions hold (below).
   ModelConfig m = model_cfg;

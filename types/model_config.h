@@ -7,18 +7,10 @@
 #include <string_view>
 #include <utility>
 
+#include "types/architecture.h"
 #include "types/image_geometry.h"
 
 namespace dhp {
-
-// Which vision tower (model.vision.arch).
-//   native: model-spec.md's encoder: RMSNorm, SwiGLU, 2-D RoPE, a final norm.
-//   clip:   Hugging Face's CLIPVisionModel: class row, learned positions resized bicubically
-//           to each image's grid, pre_layrnorm, LayerNorm blocks with biases and a GELU MLP.
-//   siglip: SiglipVisionModel: as clip without the class row and pre_layrnorm; patch bias.
-enum class VisionArch : uint8_t { native, clip, siglip };
-inline constexpr std::pair<VisionArch, std::string_view> kVisionArchNames[] = {
-    {VisionArch::native, "native"}, {VisionArch::clip, "clip"}, {VisionArch::siglip, "siglip"}};
 
 // A GELU of the tower's MLP or the projector (kernels' GeluKind by name):
 //   gelu_tanh: the tanh approximation (Hugging Face gelu_pytorch_tanh);
@@ -27,9 +19,6 @@ enum class VisionAct : uint8_t { gelu_tanh, gelu, quick_gelu };
 inline constexpr std::pair<VisionAct, std::string_view> kVisionActNames[] = {
     {VisionAct::quick_gelu, "quick_gelu"}, {VisionAct::gelu_tanh, "gelu_tanh"},
     {VisionAct::gelu, "gelu"}};
-// The projector's GELU: auto = gelu_tanh for the native tower (model-spec.md), gelu (erf) for
-// clip and siglip (LLaVA's mlp2x_gelu).
-enum class ProjectorAct : uint8_t { automatic, gelu_tanh, gelu, quick_gelu };
 inline constexpr std::pair<ProjectorAct, std::string_view> kProjectorActNames[] = {
     {ProjectorAct::automatic, "auto"}, {ProjectorAct::gelu_tanh, "gelu_tanh"},
     {ProjectorAct::gelu, "gelu"}, {ProjectorAct::quick_gelu, "quick_gelu"}};
@@ -74,28 +63,26 @@ struct VisionConfig : ImageGeometry {
   bool resize_stated = false;
 
   int head_dim() const { return dim / heads; }
-  bool pretrained() const { return arch != VisionArch::native; }
-  bool has_class_row() const { return arch == VisionArch::clip; }
-  // Encoder layers that run: all for the native tower; up to feature_layer otherwise.
+  const TowerTraits& traits() const { return tower_traits(arch); }
+  // Encoder layers that run: all, or those up to feature_layer (TowerTraits::feature_layer).
   int layers_run() const {
-    if (!pretrained()) return layers;
+    if (!traits().feature_layer) return layers;
     return feature_layer < 0 ? layers + 1 + feature_layer : feature_layer;
   }
   // The pretrained position grid's side: image_size / patch.
   int pos_grid() const { return patch > 0 ? image_size / patch : 0; }
   int64_t pos_rows() const {
-    return int64_t(pos_grid()) * pos_grid() + (has_class_row() ? 1 : 0);
+    return int64_t(pos_grid()) * pos_grid() + (traits().class_row ? 1 : 0);
   }
   ProjectorAct projector_gelu() const {
     if (projector_act != ProjectorAct::automatic) return projector_act;
-    return pretrained() ? ProjectorAct::gelu : ProjectorAct::gelu_tanh;
+    return traits().projector_act;
   }
 };
 
 // The pixel constants a tower normalises by when the config does not set them.
 inline std::pair<std::array<double, 3>, std::array<double, 3>> default_pixel_norm(VisionArch a) {
-  if (a == VisionArch::siglip) return {kSiglipPixelMean, kSiglipPixelStd};
-  return {kClipPixelMean, kClipPixelStd};
+  return {tower_traits(a).pixel_mean, tower_traits(a).pixel_std};
 }
 
 struct ModelConfig {

@@ -1,0 +1,220 @@
+// The architectures dhp runs, one row each (docs/architecture.md, "Add an architecture"): what a
+// vision tower or a decoder family is, as values. The model's blocks and parameter table, the
+// cost and memory models, the Hugging Face import and export and the configuration checks read
+// these traits; none of them compares an architecture's name. A new enum value without its row
+// does not compile (the static_asserts below).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+
+#include "types/image_geometry.h"
+
+namespace dhp {
+
+// Which vision tower (model.vision.arch); its row in kTowerTraits says what it is.
+enum class VisionArch : uint8_t { native, clip, siglip };
+
+// The projector's GELU (model.vision.projector_act); automatic = the tower's row's.
+enum class ProjectorAct : uint8_t { automatic, gelu_tanh, gelu, quick_gelu };
+
+// A block's normalisation: RMSNorm (a weight) or LayerNorm (a weight and a bias).
+enum class NormKind : uint8_t { rms, layer };
+// A block's MLP: SwiGLU, w2(silu(w1·x) ⊙ w3·x) without biases; or fc2(act(fc1·x)) with biases
+// and the tower's GELU (model.vision.act).
+enum class MlpKind : uint8_t { swiglu, gelu };
+// Where a tower's patches learn where they are: 2-D RoPE in every attention (rows and columns
+// of the image's grid), or learned position rows added to the patch embeddings, resized
+// bicubically from the pretrained image_size / patch grid to each image's grid.
+enum class TowerPositions : uint8_t { rope2d, learned };
+
+// The parameters of one transformer block of width c, q/kv widths qd/kvd and MLP width f.
+// `biases`: on q, k, v, the output projection and (GELU MLP) both MLP layers.
+constexpr int64_t block_params(NormKind norm, MlpKind mlp, bool biases, int64_t c, int64_t qd,
+                               int64_t kvd, int64_t f) {
+  const int64_t attn = c * qd + 2 * c * kvd + qd * c + (biases ? qd + 2 * kvd + c : 0);
+  const int64_t mlp_w = mlp == MlpKind::swiglu ? 3 * c * f : 2 * c * f + (biases ? f + c : 0);
+  const int64_t norms = norm == NormKind::layer ? 4 * c : 2 * c;
+  return attn + mlp_w + norms;
+}
+
+struct TowerTraits {
+  VisionArch arch;
+  std::string_view name;           // model.vision.arch
+  // The encoder's blocks.
+  NormKind norm;
+  MlpKind mlp;
+  bool block_biases;               // q/k/v/o and the GELU MLP's biases
+  TowerPositions positions;
+  // The embedding: a bias on the patch embedding; a learned class row before each image's
+  // patches (its own stream row, attended to, dropped from the features); a norm of the
+  // embeddings before the first layer (CLIP's pre_layrnorm, a LayerNorm).
+  bool patch_bias;
+  bool class_row;
+  bool pre_norm;
+  // A norm of the tower's own (vision.norm, of the row's kind) after the last layer feeds the
+  // merge; without one the merge reads a hidden state as it is.
+  bool final_norm;
+  // The norms' eps, or 0: model.vision.norm_eps (a checkpoint's layer_norm_eps).
+  float norm_eps;
+  // A pretrained checkpoint's tower: runs the layers up to model.vision.feature_layer (LLaVA's
+  // vision_feature_layer) and holds the rest, frozen and never run, with its post_layernorm
+  // and, where the row says, an attention-pooling head, so that an export writes them back.
+  bool feature_layer;
+  bool pool_head;
+  ProjectorAct projector_act;      // what model.vision.projector_act = "auto" means
+  std::array<double, 3> pixel_mean, pixel_std;  // the defaults of model.vision.pixel_mean/std
+  // Hugging Face ("" where the tower has no Hugging Face counterpart): the vision config's
+  // model_type, the tower's class and its dual-encoder class, LLaVA's
+  // vision_feature_select_strategy for it ("default" drops hidden-state row 0, a class row),
+  // the resize of the image processor transformers pairs with it (an export of a tower
+  // trained at native resolution writes that one), and the config class's defaults (JSON:
+  // save_pretrained leaves out the keys that equal them).
+  std::string_view hf_model_type;
+  std::string_view hf_tower_class;
+  std::string_view hf_dual_class;
+  std::string_view hf_feature_select;
+  ImageFit hf_fit;
+  std::string_view hf_defaults;
+
+  constexpr bool has_hf() const { return !hf_model_type.empty(); }
+  // The encoder runs over a stream of its own rather than the patches: a class row per image,
+  // or learned positions addressed by each image's first row and grid (model/device_batch.h).
+  constexpr bool own_stream() const { return class_row || positions == TowerPositions::learned; }
+};
+
+inline constexpr TowerTraits kTowerTraits[] = {
+    // model-spec.md's encoder: RMSNorm, SwiGLU, 2-D RoPE, a final norm.
+    {VisionArch::native, "native", NormKind::rms, MlpKind::swiglu, false, TowerPositions::rope2d,
+     true, false, false, true, 1e-6f, false, false, ProjectorAct::gelu_tanh, kClipPixelMean, kClipPixelStd,
+     "", "", "", "", ImageFit::native, ""},
+    // CLIPVisionModel: class row, learned positions, pre_layrnorm, LayerNorm/GELU blocks.
+    {VisionArch::clip, "clip", NormKind::layer, MlpKind::gelu, true, TowerPositions::learned,
+     false, true, true, false, 0.0f, true, false, ProjectorAct::gelu, kClipPixelMean, kClipPixelStd,
+     "clip_vision_model", "CLIPVisionModel", "CLIPModel", "default", ImageFit::clip,
+     R"({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+         "num_channels": 3, "image_size": 224, "patch_size": 32, "hidden_act": "quick_gelu",
+         "layer_norm_eps": 1e-5})"},
+    // SiglipVisionModel: as CLIP without the class row and pre_layrnorm; a patch bias; an
+    // attention-pooling head.
+    {VisionArch::siglip, "siglip", NormKind::layer, MlpKind::gelu, true, TowerPositions::learned,
+     true, false, false, false, 0.0f, true, true, ProjectorAct::gelu, kSiglipPixelMean, kSiglipPixelStd,
+     "siglip_vision_model", "SiglipVisionModel", "SiglipModel", "full", ImageFit::siglip,
+     R"({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+         "num_channels": 3, "image_size": 224, "patch_size": 16, "hidden_act": "gelu_pytorch_tanh",
+         "layer_norm_eps": 1e-6})"},
+};
+
+constexpr size_t kVisionArchCount = 3;
+static_assert(std::size(kTowerTraits) == kVisionArchCount, "one row per VisionArch");
+constexpr bool tower_rows_in_enum_order() {
+  for (size_t i = 0; i < std::size(kTowerTraits); ++i)
+    if (size_t(kTowerTraits[i].arch) != i) return false;
+  return true;
+}
+static_assert(tower_rows_in_enum_order(), "kTowerTraits[i] is VisionArch i's row");
+
+// 2-D RoPE reads each patch's grid row and column: a tower with a stream of its own has learned
+// positions instead.
+constexpr bool rope_towers_run_on_patches() {
+  for (const TowerTraits& t : kTowerTraits)
+    if (t.positions == TowerPositions::rope2d && t.own_stream()) return false;
+  return true;
+}
+static_assert(rope_towers_run_on_patches(), "a 2-D RoPE tower runs on its patches");
+
+constexpr const TowerTraits& tower_traits(VisionArch a) { return kTowerTraits[size_t(a)]; }
+
+// model.vision.arch's names, from the rows.
+inline constexpr auto kVisionArchNames = [] {
+  std::array<std::pair<VisionArch, std::string_view>, kVisionArchCount> n{};
+  for (size_t i = 0; i < n.size(); ++i) n[i] = {kTowerTraits[i].arch, kTowerTraits[i].name};
+  return n;
+}();
+
+// How a decoder family's config.json says which projections carry biases.
+//   qkvo_optional: "attention_bias" biases q, k, v and o_proj together (Llama, Qwen3);
+//   qkv_always:    q, k and v always carry biases, o_proj never (Qwen2);
+//   none:          no biases ("attention_bias": true is refused; Mistral).
+enum class DecoderBias : uint8_t { qkvo_optional, qkv_always, none };
+// How it says its attention is windowed (dhp runs full causal attention: a window is accepted
+// only when it is at least every sequence's length).
+//   sliding_window:     a "sliding_window" value is a window (Llama, Mistral);
+//   use_sliding_window: "use_sliding_window" turns "sliding_window" on (Qwen2);
+//   per_layer:          windows of some layers ("use_sliding_window", "layer_types"): refused
+//                       whatever their length (Qwen3).
+enum class DecoderWindow : uint8_t { sliding_window, use_sliding_window, per_layer };
+
+// The Llama-family decoders of Hugging Face: each block RMSNorm, SwiGLU with silu and 1-D RoPE;
+// what differs is in the row.
+struct DecoderTraits {
+  std::string_view model_type;   // config.json's model_type (LLaVA's text_config too)
+  std::string_view hf_class;     // its architectures entry
+  DecoderBias bias;
+  bool qk_norm;                  // q and k RMSNormed per head before RoPE (model.qk_norm)
+  int default_head_dim;          // head_dim when config.json has none (0: hidden / heads)
+  DecoderWindow window;
+  // An export names this class for the models it describes (a Mistral is written as the
+  // Llama it computes the same as).
+  bool exported;
+  std::string_view hf_defaults;  // the config class's defaults (JSON), as for the towers
+  std::string_view hf_extra;     // keys an export writes for this class alone (JSON)
+};
+
+inline constexpr DecoderTraits kDecoderTraits[] = {
+    {"llama", "LlamaForCausalLM", DecoderBias::qkvo_optional, false, 0, DecoderWindow::sliding_window, true,
+     R"({"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+         "vocab_size": 32000, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu"})",
+     R"({"mlp_bias": false, "pretraining_tp": 1})"},
+    {"mistral", "MistralForCausalLM", DecoderBias::none, false, 0, DecoderWindow::sliding_window, false,
+     R"({"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "vocab_size": 32000, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+         "sliding_window": 4096, "hidden_act": "silu"})",
+     "{}"},
+    {"qwen2", "Qwen2ForCausalLM", DecoderBias::qkv_always, false, 0, DecoderWindow::use_sliding_window, true,
+     R"({"hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32, "num_attention_heads": 32,
+         "num_key_value_heads": 32, "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+         "hidden_act": "silu"})",
+     "{}"},
+    {"qwen3", "Qwen3ForCausalLM", DecoderBias::qkvo_optional, true, 128, DecoderWindow::per_layer, true,
+     R"({"hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32, "num_attention_heads": 32,
+         "num_key_value_heads": 32, "head_dim": 128, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+         "rope_theta": 10000.0, "hidden_act": "silu"})",
+     "{}"},
+};
+
+// The (attention_bias, attention_out_bias) pairs a family's checkpoints can have.
+constexpr bool admits_biases(const DecoderTraits& t, bool qkv, bool out) {
+  switch (t.bias) {
+    case DecoderBias::qkvo_optional: return qkv == out;
+    case DecoderBias::qkv_always: return qkv && !out;
+    case DecoderBias::none: return !qkv && !out;
+  }
+  return false;
+}
+
+// The family an export names for a model of these traits: the first exported row that admits
+// them (its index, -1 when none does; exported_family gives the row or nullptr).
+constexpr int exported_row(bool qkv_bias, bool out_bias, bool qk_norm) {
+  for (size_t i = 0; i < std::size(kDecoderTraits); ++i) {
+    const DecoderTraits& t = kDecoderTraits[i];
+    if (t.exported && t.qk_norm == qk_norm && admits_biases(t, qkv_bias, out_bias)) return int(i);
+  }
+  return -1;
+}
+inline const DecoderTraits* exported_family(bool qkv_bias, bool out_bias, bool qk_norm) {
+  const int i = exported_row(qkv_bias, out_bias, qk_norm);
+  return i < 0 ? nullptr : &kDecoderTraits[size_t(i)];
+}
+
+// Every combination of the decoder's traits is exported by some row, or refused with a reason
+// (o_proj biased without q/k/v): a new row cannot leave one unnamed by accident.
+static_assert(exported_row(false, false, false) >= 0 && exported_row(true, true, false) >= 0 &&
+                  exported_row(true, false, false) >= 0 && exported_row(false, false, true) >= 0 &&
+                  exported_row(true, true, true) >= 0,
+              "every decoder dhp builds is exported as some Hugging Face class");
+
+}  // namespace dhp
