@@ -1,0 +1,217 @@
+// Every row of the architecture table (types/architecture.h) through one test: a tiny model of
+// each vision tower and of each decoder family, through forward and backward with every
+// parameter tensor's gradient checked by finite differences, recompute's bit-identical
+// gradients, bf16 storage tracking fp32, the memory model's count of the parameter table and
+// of the vision path's activations, and export -> import -> export byte-identical. A row added
+// to the table is a case here without another line.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "parallel/memory_model.h"
+#include "tests/file_text.h"
+#include "tests/hf_fixture.h"
+#include "tests/model_fixtures.h"
+#include "trainer/config.h"
+#include "trainer/hf_checkpoint.h"
+
+namespace dhp {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Doc;
+using testing::Fp32AndBf16;
+using testing::make_batch;
+using testing::randomise;
+using testing::sample_docs;
+using testing::tensor_bytes;
+using testing::tiny_config;
+using testing::tower_config;
+using testing::worst_gradient_gap;
+
+struct Row {
+  std::string name;
+  ModelConfig cfg;
+};
+void PrintTo(const Row& r, std::ostream* os) { *os << r.name; }
+
+// A decoder family's traits on tiny_config(): the biases its checkpoints can carry (both
+// where they are optional) and its q/k norms.
+ModelConfig decoder_config(const DecoderTraits& d) {
+  ModelConfig c = tiny_config();
+  c.attention_bias = d.bias != DecoderBias::none;
+  c.attention_out_bias = d.bias == DecoderBias::qkvo_optional;
+  c.qk_norm = d.qk_norm;
+  return c;
+}
+
+std::vector<Row> rows() {
+  std::vector<Row> out;
+  for (const TowerTraits& t : kTowerTraits) {
+    ModelConfig c = tower_config(t.arch);
+    if (t.has_hf()) c.vision.merge = 1;  // LLaVA's: a token per patch, as an export needs
+    out.push_back({"tower_" + std::string(t.name), c});
+  }
+  for (const DecoderTraits& d : kDecoderTraits) out.push_back({"decoder_" + std::string(d.model_type), decoder_config(d)});
+  return out;
+}
+
+class Architecture : public ::testing::TestWithParam<Row> {};
+
+TEST_P(Architecture, EveryGradientByFiniteDifferences) { testing::expect_every_gradient(GetParam().cfg); }
+
+// Each recompute mode rebuilds with the same ops on the same inputs: the same loss and
+// bit-identical gradients, holding fewer activation bytes.
+TEST_P(Architecture, RecomputeIsBitIdenticalAndHoldsLess) {
+  const ModelConfig& cfg = GetParam().cfg;
+  auto backend = make_cpu_backend({2});
+  Model model(cfg, *backend);
+  randomise(model, 31);
+  const Batch b = make_batch(sample_docs(), cfg, 8);
+  model.zero_grads();
+  const double off = model.step(b, 0.1f, true).loss_sum;
+  const std::vector<float> g_off(model.grads(), model.grads() + model.n_grads());
+  size_t held = model.activation_bytes();
+  for (Recompute mode : {Recompute::selective, Recompute::full}) {
+    model.set_recompute(mode);
+    model.zero_grads();
+    EXPECT_EQ(model.step(b, 0.1f, true).loss_sum, off) << recompute_name(mode);
+    EXPECT_TRUE(std::equal(g_off.begin(), g_off.end(), model.grads())) << recompute_name(mode);
+    EXPECT_LT(model.activation_bytes(), held) << recompute_name(mode);
+    held = model.activation_bytes();
+  }
+}
+
+// bf16 storage: the loss and every gradient tensor within bf16's rounding of fp32's, and not
+// equal to them (something was rounded).
+TEST_P(Architecture, Bf16TracksFp32) {
+  const Fp32AndBf16 pair(GetParam().cfg, 17);
+  EXPECT_NEAR(pair.sb.loss_sum, pair.sa.loss_sum, 2e-3 * std::abs(pair.sa.loss_sum));
+  EXPECT_NE(pair.sb.loss_sum, pair.sa.loss_sum);
+  // The key bias takes no gradient (the softmax ignores it: its gradient is rounding alone).
+  std::string where;
+  const double worst = worst_gradient_gap(pair.a, pair.b, &where, [](const ParamSpec& s, double ref) {
+    return ref < 1e-10 || s.name.find("attn.wk.bias") != std::string::npos;
+  });
+  EXPECT_LT(worst, 5e-2) << where;
+  EXPECT_GT(worst, 1e-4) << "bf16 gradients equal fp32's: nothing was rounded";
+}
+
+// The memory model reads the same row: its parameter count is the table's, group by group, and
+// what it prices for the model's arena per encoder row is what the vision path carves
+// (measured as the model with images less the model on as many text tokens), with the arena's
+// eighth of headroom above it and the batch's pixels and columns (the uploader's arena) beside
+// it: within 3% above, never below. A tower four times as wide with four times the patches
+// keeps the arena's alignment below 1% of it.
+TEST_P(Architecture, MemoryModelPricesWhatTheEngineHolds) {
+  ModelConfig cfg = GetParam().cfg;
+  const DeviceProfile dev = device_profile("cpu");
+  const ParamTable table(cfg);
+  for (size_t g = 0; g < kParamGroups; ++g)
+    EXPECT_EQ(MemoryModel(cfg, dev, 1, 80, false).group_parameters(ParamGroup(g)), table.group_numel(ParamGroup(g)))
+        << kParamGroupNames[g];
+  cfg.vision.dim *= 4;
+  cfg.vision.ffn *= 4;
+  std::vector<Doc> with_images = sample_docs();
+  for (Doc& d : with_images)
+    for (auto& im : d.images) im.second = {im.second.first * 2, im.second.second * 2};
+  std::vector<Doc> text = with_images;
+  const int m2 = cfg.vision.merge * cfg.vision.merge;
+  int64_t rows = 0;
+  for (Doc& d : text) {
+    for (auto it = d.images.rbegin(); it != d.images.rend(); ++it) {
+      const int64_t p = int64_t(it->second.first) * it->second.second;
+      rows += p + extra_image_rows(cfg);
+      d.ids.insert(d.ids.begin() + long(it->first), size_t(p / m2), 4);
+      d.loss.insert(d.loss.begin() + long(it->first), size_t(p / m2), 0);
+    }
+    d.images.clear();
+  }
+  const Batch a = make_batch(with_images, cfg, 1), b = make_batch(text, cfg, 1);
+  ASSERT_EQ(a.T, b.T);
+  for (Recompute mode : {Recompute::off, Recompute::selective, Recompute::full}) {
+    auto carved = [&](const Batch& batch) {
+      auto backend = make_cpu_backend({1});
+      Model m(cfg, *backend);
+      m.set_recompute(mode);
+      m.initialise(1);
+      m.step(batch, 0.1f, true);
+      return int64_t(m.activation_bytes());
+    };
+    const double measured = double(carved(a) - carved(b)) * 9 / 8;
+    const MemoryModel mem(cfg, dev, 1, 80, false, mode);
+    const double predicted = double(mem.arenas_for(a.T, rows, 1, a.T).model - mem.arenas_for(a.T, 0, 1, a.T).model);
+    EXPECT_GE(predicted, measured) << recompute_name(mode);
+    EXPECT_LE(predicted, measured * 1.03) << recompute_name(mode);
+  }
+}
+
+// Export, import the export into a model of the configuration its folder gives, export again:
+// the same tensors' bytes and the same config.json. A tower without a Hugging Face form is not
+// written (only the decoder is); a family an export does not name is written as the one it
+// computes the same as.
+TEST_P(Architecture, ExportImportExportIsByteIdentical) {
+  const Row& row = GetParam();
+  auto backend = make_cpu_backend({1});
+  Model first(row.cfg, *backend);
+  randomise(first, 23);
+  const fs::path root = testing::hf_fixture_root() / row.name;
+  HfExportOptions e;
+  e.dir = (root / "one").string();
+  e.image_token_index = row.cfg.vocab_size - 1;
+  export_hf_checkpoint(first, e);
+  Config again = parse_config("", "test.toml", {"--model.init=" + e.dir});
+  if (!row.cfg.vision.traits().has_hf()) again.model.vision = row.cfg.vision;  // the decoder alone came
+  apply_hf_init(again);
+  Model second(again.model, *backend);
+  second.initialise(5);
+  import_hf_checkpoint(e.dir, second);
+  HfExportOptions e2 = e;
+  e2.dir = (root / "two").string();
+  export_hf_checkpoint(second, e2);
+  const auto one = tensor_bytes(e.dir), two = tensor_bytes(e2.dir);
+  const auto written = hf_name_map(row.cfg, row.cfg.vision.traits().has_hf() ? HfLayout::LlavaHf : HfLayout::Decoder);
+  EXPECT_EQ(one.size(), written.size());
+  EXPECT_EQ(one, two);
+  for (const char* f : {"config.json", "generation_config.json"})
+    EXPECT_EQ(testing::read_text(fs::path(e.dir) / f), testing::read_text(fs::path(e2.dir) / f)) << f;
+  // The tensors written came across as the first model's.
+  for (const HfBinding& w : written) {
+    const ParamSpec& a = first.table().get(w.dhp);
+    const ParamSpec* b = second.table().find(w.dhp);
+    ASSERT_TRUE(b) << w.dhp;
+    EXPECT_TRUE(std::equal(first.params() + a.offset, first.params() + a.offset + a.numel(), second.params() + b->offset))
+        << w.dhp;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Rows, Architecture, ::testing::ValuesIn(rows()),
+                         [](const ::testing::TestParamInfo<Row>& i) { return i.param.name; });
+
+// The table itself: names unique, the Hugging Face names of each row unique, LLaVA's feature
+// strategy the one that drops exactly the row's class row.
+TEST(ArchitectureTable, RowsAreConsistent) {
+  std::set<std::string> names, hf;
+  for (const TowerTraits& t : kTowerTraits) {
+    EXPECT_TRUE(names.insert(std::string(t.name)).second) << t.name;
+    if (!t.has_hf()) continue;
+    for (std::string_view n : {t.hf_model_type, t.hf_tower_class, t.hf_dual_class})
+      EXPECT_TRUE(hf.insert(std::string(n)).second) << n;
+    EXPECT_EQ(t.hf_feature_select, t.class_row ? "default" : "full") << t.name;
+    EXPECT_TRUE(t.feature_layer) << t.name << ": a checkpoint's tower is read up to LLaVA's feature layer";
+  }
+  for (const DecoderTraits& d : kDecoderTraits) {
+    EXPECT_TRUE(hf.insert(std::string(d.model_type)).second) << d.model_type;
+    EXPECT_TRUE(hf.insert(std::string(d.hf_class)).second) << d.hf_class;
+  }
+  EXPECT_EQ(kVisionArchNames.size(), std::size(kTowerTraits));
+}
+
+}  // namespace
+}  // namespace dhp
