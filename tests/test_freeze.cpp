@@ -471,7 +471,9 @@ TEST(FrozenMemoryModel, StaticBytesAreWhatTheEnginesBuffersHold) {
             EXPECT_GE(held, m.static_bytes()) << where << ", rank " << rank;
             EXPECT_LE(held, m.static_bytes() + 64) << where << ", rank " << rank;
           }
-          if (name != "none") EXPECT_LT(m.static_bytes(), all.static_bytes()) << where;
+          if (name != "none") {
+            EXPECT_LT(m.static_bytes(), all.static_bytes()) << where;
+          }
           // The planner's memory model is the one of the run's groups and engine.
           ParallelConfig par;
           par.cost_profile = profile;

@@ -304,7 +304,9 @@ TEST(HfLlavaImport, AnOriginalLlavaRunsTheTowerLlavaLoads) {
     std::string notes;
     for (const auto& n : m.result.notes) notes += n + "\n";
     EXPECT_NE(notes.find(copy ? "the copy saved in" : "the tower LLaVA loads from mm_vision_tower"), std::string::npos) << notes;
-    if (copy && !*key) EXPECT_NE(notes.find("unfreeze_mm_vision_tower"), std::string::npos) << notes;
+    if (copy && !*key) {
+      EXPECT_NE(notes.find("unfreeze_mm_vision_tower"), std::string::npos) << notes;
+    }
   }
   // The two towers differ: the test can tell which was read.
   EXPECT_NE(tensor_bytes(tower).at("vision_model.encoder.layers.0.mlp.fc1.weight"),
