@@ -35,7 +35,8 @@ class Ops {
   virtual void rmsnorm_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, const float* rstd,
                                 int64_t T, int64_t C) const = 0;
   // RoPE in place on x (T, H, hd) by pos (T); the frequencies are rope_inv_freq of `rope`
-  // (kernels/rope_spec.h: a base, and Llama-3.x's scaling where the model has it). Backward
+  // (kernels/rope_spec.h: a base, and Llama-3.x's scaling where the model has it; under its
+  // M-RoPE sections pos is (T, 3), a temporal, height and width position a token). Backward
   // rotates back. The 2-D form (vision encoder) rotates each head's halves by row and col.
   virtual void rope_forward(Act x, const int32_t* pos, int64_t T, int H, int hd,
                             const RopeSpec& rope) const = 0;

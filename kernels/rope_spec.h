@@ -10,6 +10,15 @@
 //   otherwise                 ->  (1 - s) · f_i / factor + s · f_i,
 //       s = (o / λ - low_freq_factor) / (high_freq_factor - low_freq_factor)
 // Strict inequalities, as transformers; the cos/sin scale stays 1.
+//
+// M-RoPE (Qwen2-VL's multimodal RoPE; model.mrope_section): each token has three positions,
+// temporal, height and width (pos then holds (T, 3)), and pair i of the span turns by one of
+// them at the same f_i. The sections give the pairs of each axis (they sum to span / 2):
+//   blocked (Qwen2-VL, Qwen2.5-VL):   the first sections[0] pairs by t, the next sections[1]
+//                                     by h, the rest by w;
+//   interleaved (Qwen3-VL):           pair i by h when i % 3 == 1 and i < 3·sections[1], by w
+//                                     when i % 3 == 2 and i < 3·sections[2], by t otherwise.
+// A text token has t = h = w, so on text M-RoPE is the plain RoPE of that position.
 #pragma once
 
 #include <cmath>
@@ -41,7 +50,26 @@ struct RopeSpec {
     return r;
   }
   bool scaled() const { return factor > 0.0; }
+
+  // M-RoPE's pairs per axis (t, h, w); all 0 = plain RoPE, one position per token.
+  int mrope_section[3] = {0, 0, 0};
+  bool mrope_interleaved = false;
+  DHP_ROPE_FN bool mrope() const { return mrope_section[0] + mrope_section[1] + mrope_section[2] > 0; }
 };
+
+// The position pair i of token t turns by: pos[t], or under M-RoPE pos[3t + axis of pair i].
+DHP_ROPE_FN int32_t rope_position(const RopeSpec& r, const int32_t* pos, int64_t t, int i) {
+  if (!r.mrope()) return pos[t];
+  const int* s = r.mrope_section;
+  int axis = 0;
+  if (r.mrope_interleaved) {
+    if (i % 3 == 1 && i < 3 * s[1]) axis = 1;
+    else if (i % 3 == 2 && i < 3 * s[2]) axis = 2;
+  } else {
+    axis = i < s[0] ? 0 : i < s[0] + s[1] ? 1 : 2;
+  }
+  return pos[3 * t + axis];
+}
 
 // f_i of pair i in a span of `span` values.
 DHP_ROPE_FN double rope_inv_freq(const RopeSpec& r, int i, int span) {

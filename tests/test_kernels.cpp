@@ -278,6 +278,71 @@ TEST(VisionEmbed, BackwardSameBitsForAnyThreadCount) {
   EXPECT_EQ(c1, c2);
 }
 
+// M-RoPE against Hugging Face's rotary of the Qwen-VL text models (tests/reference/mrope_ref.py,
+// float64): Qwen3-VL's interleaved layout with its sections (24, 20, 20) at head_dim 128, and
+// Qwen2-VL's blocked one (16, 24, 24), on image-like positions (a shared temporal position,
+// height and width apart) and text ones (all three equal). Negative controls: the other layout
+// and 1-D RoPE by the temporal row each miss by far more than the tolerance; on text positions
+// alone every layout is 1-D RoPE.
+TEST(MRope, MatchesTransformersRotaryInBothLayouts) {
+  namespace fs = std::filesystem;
+  const int64_t T = 40;
+  const int H = 2, hd = 128;
+  const fs::path dir = fs::temp_directory_path() / ("dhp_mrope_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  Rng rng(41);
+  const std::vector<float> x = random_vec(rng, size_t(T * H * hd));
+  std::vector<int32_t> pos(size_t(3 * T));
+  for (int64_t t = 0; t < T; ++t) {
+    // Tokens 10..33 an image of 4 x 6 merged tokens at base 10; text before and after it.
+    const bool image = t >= 10 && t < 34;
+    const int32_t base = t < 10 ? int32_t(t) : t < 34 ? 10 : int32_t(16 + t - 34);
+    const int32_t r = image ? int32_t((t - 10) / 6) : 0, c = image ? int32_t((t - 10) % 6) : 0;
+    pos[size_t(3 * t)] = base, pos[size_t(3 * t + 1)] = base + r, pos[size_t(3 * t + 2)] = base + c;
+  }
+  std::ofstream(dir / "x.bin", std::ios::binary).write(reinterpret_cast<const char*>(x.data()), std::streamsize(x.size() * 4));
+  std::ofstream(dir / "pos.bin", std::ios::binary).write(reinterpret_cast<const char*>(pos.data()), std::streamsize(pos.size() * 4));
+  auto read = [&](const std::string& name) {
+    std::vector<float> v(x.size());
+    std::ifstream in(dir / name, std::ios::binary);
+    in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 4));
+    EXPECT_TRUE(in.good()) << name;
+    return v;
+  };
+  auto worst = [](const std::vector<float>& a, const std::vector<float>& b, int64_t t0, int64_t t1, int64_t row) {
+    double w = 0.0;
+    for (int64_t i = t0 * row; i < t1 * row; ++i) w = std::max(w, double(std::abs(a[size_t(i)] - b[size_t(i)])));
+    return w;
+  };
+  const int64_t row = int64_t(H) * hd;
+  for (const auto& [interleaved, section] : {std::pair{true, std::array<int, 3>{24, 20, 20}},
+                                             std::pair{false, std::array<int, 3>{16, 24, 24}}}) {
+    std::ofstream(dir / "case.json") << fmt::format("{{\"T\": {}, \"H\": {}, \"hd\": {}, \"theta\": 1000000.0, "
+                                                    "\"section\": [{}, {}, {}]}}",
+                                                    T, H, hd, section[0], section[1], section[2]);
+    const std::string cmd = "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) + "/tests/reference/mrope_ref.py " + dir.string();
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " failed: it needs Debian's python3-torch (scripts/setup.sh)";
+    RopeSpec spec(1000000.0);
+    for (int a = 0; a < 3; ++a) spec.mrope_section[a] = section[size_t(a)];
+    spec.mrope_interleaved = interleaved;
+    std::vector<float> y = x;
+    rope_forward(y.data(), pos.data(), T, H, hd, 0, hd, spec);
+    const auto ours = interleaved ? read("interleaved.bin") : read("blocked.bin");
+    const auto other = interleaved ? read("blocked.bin") : read("interleaved.bin");
+    const auto plain = read("plain.bin");
+    const char* what = interleaved ? "interleaved" : "blocked";
+    EXPECT_LT(worst(y, ours, 0, T, row), 2e-5) << what;
+    EXPECT_GT(worst(y, other, 10, 34, row), 100 * 2e-5) << what << ": the other layout";
+    EXPECT_GT(worst(y, plain, 10, 34, row), 100 * 2e-5) << what << ": 1-D RoPE";
+    EXPECT_LT(worst(y, plain, 0, 10, row), 2e-5) << what << ": text";
+    EXPECT_LT(worst(y, plain, 34, T, row), 2e-5) << what << ": text";
+    // Backward undoes forward.
+    rope_backward(y.data(), pos.data(), T, H, hd, 0, hd, spec);
+    EXPECT_LT(worst(y, x, 0, T, row), 1e-5) << what;
+  }
+  fs::remove_all(dir);
+}
+
 // The bicubic resize against PyTorch's own (tests/reference/bicubic_ref.py: F.interpolate with
 // mode="bicubic", align_corners=False, size=..., and its autograd), on streams of several
 // images: up and down, non-square, a side of 1, the pretrained size; with and without the class

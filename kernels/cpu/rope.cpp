@@ -15,7 +15,7 @@ void rotate(float* x, const int32_t* pos, int64_t T, int H, int hd, int offset, 
   for (int64_t t = 0; t < T; ++t) {
     for (int i = 0; i < half; ++i) {
       // Angles in double: positions reach 1e5 and float loses the phase there.
-      double a = double(pos[t]) * inv_freq[i];
+      double a = double(rope_position(rope, pos, t, i)) * inv_freq[i];
       float c = float(std::cos(a)), s = sign * float(std::sin(a));
       for (int h = 0; h < H; ++h) {
         float* v = x + (t * H + h) * hd + offset;
