@@ -62,7 +62,7 @@ Batch build_prompt(const GenerateOptions& o, const Tokenizer& tok, ChatTemplate 
   StoredLayout s;
   for (const auto& path : o.images) {
     images.push_back(load_image(path, v, max_image_pixels));
-    s.image_tokens.push_back(int64_t(images.back().grid_h / v.merge) * (images.back().grid_w / v.merge));
+    s.image_grids.push_back({images.back().grid_h / v.merge, images.back().grid_w / v.merge});
   }
   s.layout = layout.data();
   s.loss = loss.data();

@@ -111,7 +111,7 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
       image_paths_.push_back(p.paths[k]);
       image_sizes_.push_back(p.sizes[k]);
       image_frames_.push_back(p.frames[k]);
-      image_tokens_.push_back(image_tokens(p.sizes[k].h, p.sizes[k].w, geometry));
+      image_grids_.push_back(image_grid(p.sizes[k].h, p.sizes[k].w, geometry));
     }
     e.image_end = int64_t(image_paths_.size());
     entries_.push_back(std::move(e));
@@ -155,7 +155,7 @@ StoredLayout JsonlDataset::stored_layout(int64_t i) const {
   s.layout = layout_.data() + e.layout_begin;
   s.loss = layout_loss_.data() + e.layout_begin;
   s.n = e.layout_end - e.layout_begin;
-  s.image_tokens.assign(image_tokens_.begin() + e.image_begin, image_tokens_.begin() + e.image_end);
+  s.image_grids.assign(image_grids_.begin() + e.image_begin, image_grids_.begin() + e.image_end);
   s.ids = ids_;
   return s;
 }

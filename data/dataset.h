@@ -111,7 +111,7 @@ class JsonlDataset final : public Dataset {
   struct Entry {
     std::string name;
     int64_t layout_begin = 0, layout_end = 0;  // range of layout_/layout_loss_
-    int64_t image_begin = 0, image_end = 0;    // range of image_paths_/image_tokens_
+    int64_t image_begin = 0, image_end = 0;    // range of image_paths_/image_grids_
     int64_t length = 0;
     int64_t vision_tokens = 0;
     int64_t loss_tokens = 0;
@@ -123,7 +123,7 @@ class JsonlDataset final : public Dataset {
   std::string image_root_;              // resolved: every load stays inside it
   std::vector<ImageSize> image_sizes_;  // header sizes, checked against the decoded pixels
   std::vector<FrameRef> image_frames_;  // which video frame an image is (index -1: a file)
-  std::vector<int64_t> image_tokens_;   // predicted from the header sizes
+  std::vector<MergedGrid> image_grids_;  // predicted from the header sizes
   std::vector<Entry> entries_;
   std::map<std::string, int64_t> skipped_;
   ImageGeometry geometry_;

@@ -173,9 +173,9 @@ ImageSize resized_size(int H, int W, const ImageGeometry& v) {
   return {int(h), int(w)};
 }
 
-int64_t image_tokens(int H, int W, const ImageGeometry& v) {
+MergedGrid image_grid(int H, int W, const ImageGeometry& v) {
   const ImageSize s = resized_size(H, W, v);
-  return int64_t(s.h / v.patch / v.merge) * (s.w / v.patch / v.merge);
+  return {s.h / v.patch / v.merge, s.w / v.patch / v.merge};
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "types/image_geometry.h"
+#include "types/image_span.h"
 
 namespace cv {
 class Mat;
@@ -22,8 +23,10 @@ struct ImageSize {
 // The spec's resize rule, to the letter: both sides become multiples of f = patch * merge.
 // Under resize = pad_square every image becomes image_size x image_size.
 ImageSize resized_size(int H, int W, const ImageGeometry& v);
-// Decoder tokens contributed by an H x W image: (h/p/m) * (w/p/m) after resized_size.
-int64_t image_tokens(int H, int W, const ImageGeometry& v);
+// The merged-token grid of an H x W image after resized_size: (h/p/m) x (w/p/m); its decoder
+// tokens are their product.
+MergedGrid image_grid(int H, int W, const ImageGeometry& v);
+inline int64_t image_tokens(int H, int W, const ImageGeometry& v) { return image_grid(H, W, v).tokens(); }
 
 // Reads only the PNG IHDR or JPEG SOFn header (no pixel decode). Throws dhp::Error naming the
 // file for a missing file, one that is not a regular file (a FIFO would block the open

@@ -11,12 +11,12 @@ int64_t full_length(const StoredLayout& s) {
   const int64_t markers = s.ids.markers() ? 2 : 0;
   int64_t L = s.ids.has_bos() ? 2 : 1;  // <bos> (when the tokenizer has one), <eos>
   for (int64_t t = 0; t < s.n; ++t)
-    L += s.layout[t] >= 0 ? 1 : markers + s.image_tokens[size_t(-s.layout[t] - 1)];
+    L += s.layout[t] >= 0 ? 1 : markers + s.image_grids[size_t(-s.layout[t] - 1)].tokens();
   return L;
 }
 
 std::vector<ImageSpan> image_spans(const StoredLayout& s) {
-  std::vector<ImageSpan> spans(s.image_tokens.size());
+  std::vector<ImageSpan> spans(s.image_grids.size());
   const int64_t marker = s.ids.markers() ? 1 : 0;
   int64_t t = s.ids.has_bos() ? 1 : 0;  // after <bos>
   for (int64_t i = 0; i < s.n; ++i) {
@@ -26,8 +26,8 @@ std::vector<ImageSpan> image_spans(const StoredLayout& s) {
       continue;
     }
     const size_t k = size_t(-v - 1);
-    spans[k] = {t + marker, s.image_tokens[k]};  // after <img>, if any
-    t += 2 * marker + s.image_tokens[k];
+    spans[k] = {t + marker, s.image_grids[k].tokens()};  // after <img>, if any
+    t += 2 * marker + s.image_grids[k].tokens();
   }
   return spans;
 }
@@ -39,7 +39,7 @@ Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
   DHP_CHECK(begin >= 0 && begin <= end && end <= L,
             "token range [{}, {}) is outside the sample's {} tokens", begin, end, L);
   // Pass 1: where each image's tokens lie, to pick the images the range needs.
-  const int64_t n_images = int64_t(s.image_tokens.size());
+  const int64_t n_images = int64_t(s.image_grids.size());
   const std::vector<ImageSpan> spans = image_spans(s);
   int64_t k_first = n_images, k_last = -1;
   for (int64_t k = 0; k < n_images; ++k) {
@@ -55,10 +55,10 @@ Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
   out.images_elsewhere = images == ImageLoad::Skip;
   for (int64_t k = k_first; k <= k_last && !out.images_elsewhere; ++k) {
     PreparedImage im = decode(k);
-    const int64_t got = int64_t(im.grid_h / merge) * (im.grid_w / merge);
-    DHP_CHECK(got == s.image_tokens[size_t(k)],
-              "image {} decodes to {} tokens ({}x{} patches) but its stored size gives {}", k,
-              got, im.grid_h, im.grid_w, s.image_tokens[size_t(k)]);
+    const MergedGrid want = s.image_grids[size_t(k)];
+    DHP_CHECK(im.grid_h / merge == want.rows && im.grid_w / merge == want.cols,
+              "image {} decodes to {}x{} merged tokens ({}x{} patches) but its stored size gives {}x{}", k,
+              im.grid_h / merge, im.grid_w / merge, im.grid_h, im.grid_w, want.rows, want.cols);
     if (images == ImageLoad::Blank) blank(im, blank_rgb);
     out.images.push_back(std::move(im));
   }
@@ -68,16 +68,20 @@ Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
   out.tokens.reserve(cap);
   out.loss_mask.reserve(cap);
   out.image_of.reserve(cap);
+  out.rope_pos.reserve(3 * cap);
   int64_t t = 0;
+  int64_t m = 0;  // the M-RoPE count: token t's text position
   auto put = [&](int32_t tok, uint8_t loss, int32_t img) {
     if (t >= begin && t < end) {
       out.tokens.push_back(tok);
       out.loss_mask.push_back(loss);
       out.image_of.push_back(img);
+      out.rope_pos.insert(out.rope_pos.end(), 3, int32_t(m));
     } else if (t == end) {
       out.next_target = loss ? tok : -1;
     }
     ++t;
+    ++m;
   };
   const SpecialIds& ids = s.ids;
   if (ids.has_bos()) put(ids.bos, 0, -1);
@@ -88,7 +92,8 @@ Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
       continue;
     }
     const int64_t k = -v - 1;
-    const int64_t n = s.image_tokens[size_t(k)];
+    const MergedGrid grid = s.image_grids[size_t(k)];
+    const int64_t n = grid.tokens();
     if (ids.markers()) put(ids.img_begin, 0, -1);
     // Image tokens are emitted in one block, clipped to the range; they never carry loss, so
     // a range ending just before one keeps next_target = -1.
@@ -98,8 +103,11 @@ Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
       out.tokens.insert(out.tokens.end(), size_t(b - a), ids.image_token());
       out.loss_mask.insert(out.loss_mask.end(), size_t(b - a), 0);
       out.image_of.insert(out.image_of.end(), size_t(b - a), rel);
+      for (int64_t j = a - t; j < b - t; ++j)
+        out.rope_pos.insert(out.rope_pos.end(), {int32_t(m), int32_t(m + j / grid.cols), int32_t(m + j % grid.cols)});
     }
     t += n;
+    m += std::max(grid.rows, grid.cols);
     if (ids.markers()) put(ids.img_end, 0, -1);
   }
   put(ids.eos, 1, -1);
@@ -134,6 +142,8 @@ Sample slice_sample(const Sample& full, int64_t begin, int64_t end) {
     const int32_t k = full.image_of[size_t(t)];
     out.image_of.push_back(k < 0 ? -1 : k - k_first);
   }
+  if (!full.rope_pos.empty())
+    out.rope_pos.assign(full.rope_pos.begin() + 3 * begin, full.rope_pos.begin() + 3 * end);
   return out;
 }
 

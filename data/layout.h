@@ -9,6 +9,7 @@
 
 #include "data/sample.h"
 #include "data/tokenizer.h"
+#include "types/image_span.h"
 #include "types/image_geometry.h"
 
 namespace dhp {
@@ -17,7 +18,7 @@ struct StoredLayout {
   const int32_t* layout = nullptr;  // (n) text ids; -(k+1) stands for image k
   const uint8_t* loss = nullptr;    // (n) 1 on answer tokens
   int64_t n = 0;
-  std::vector<int64_t> image_tokens;  // merged tokens of each image, predicted from its size
+  std::vector<MergedGrid> image_grids;  // merged tokens of each image, predicted from its size
   SpecialIds ids;  // the tokenizer's table: bos, eos, pad, and the image markers if it has them
 };
 
@@ -28,10 +29,10 @@ int64_t full_length(const StoredLayout& s);
 // Where each image's tokens lie in the document, in image order.
 std::vector<ImageSpan> image_spans(const StoredLayout& s);
 
-// Tokens [begin, end) of the document. `decode(k)` is called only for the images whose image
-// tokens overlap the range (none with ImageLoad::Skip); a decoded grid that disagrees with the
-// predicted token count throws dhp::Error (the stored size does not describe the stored
-// pixels).
+// Tokens [begin, end) of the document, with their M-RoPE positions (Sample::rope_pos).
+// `decode(k)` is called only for the images whose image tokens overlap the range (none with
+// ImageLoad::Skip); a decoded grid that disagrees with the predicted one throws dhp::Error (the
+// stored size does not describe the stored pixels).
 Sample expand_layout(const StoredLayout& s, int64_t begin, int64_t end,
                      const std::function<PreparedImage(int64_t)>& decode, int merge,
                      ImageLoad images, std::array<uint8_t, 3> blank_rgb = ImageGeometry{}.mean_rgb());

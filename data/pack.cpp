@@ -34,6 +34,7 @@ Batch pack(const std::vector<const Sample*>& samples, const ImageGeometry& v) {
   b.doc.reserve(size_t(T));
   b.pos.reserve(size_t(T));
   b.image_slot.reserve(size_t(T));
+  b.rope_pos.reserve(size_t(3 * T));
   b.pixels.reserve(size_t(P * pn));
 
   int64_t slot_base = 0;  // merged tokens of the images packed before this sample
@@ -52,6 +53,11 @@ Batch pack(const std::vector<const Sample*>& samples, const ImageGeometry& v) {
     std::vector<int64_t> seen(s.images.size(), 0);
     if (!seen.empty()) seen[0] = s.first_image_token;
     const int64_t L = int64_t(s.tokens.size());
+    DHP_ASSERT(s.rope_pos.empty() || int64_t(s.rope_pos.size()) == 3 * L);
+    if (s.rope_pos.empty())
+      for (int64_t t = 0; t < L; ++t) b.rope_pos.insert(b.rope_pos.end(), 3, int32_t(s.begin + t));
+    else
+      b.rope_pos.insert(b.rope_pos.end(), s.rope_pos.begin(), s.rope_pos.end());
     for (int64_t t = 0; t < L; ++t) {
       b.tokens.push_back(s.tokens[size_t(t)]);
       // The last token of a piece predicts the first token after it (next_target).

@@ -19,6 +19,12 @@ struct Sample {
   std::vector<int32_t> tokens;         // (L) token ids; image tokens hold the pad id
   std::vector<uint8_t> loss_mask;      // (L) 1 on answer tokens and the final <eos>
   std::vector<int32_t> image_of;       // (L) index into `images` for image tokens, -1 on text
+  // (L, 3) each token's M-RoPE position (temporal, height, width), as Qwen2-VL's get_rope_index
+  // gives them for the whole document: a text token's three are equal and count on from the
+  // document's start; an image's tokens share its start as temporal position, and add their
+  // row and column among its merged tokens; after an image the count goes on from its start
+  // plus the larger of its rows and columns. Empty: the text rule (begin + t) for every token.
+  std::vector<int32_t> rope_pos;
   std::vector<PreparedImage> images;   // whole images whose tokens the piece holds, in order
   int64_t begin = 0;                   // position of tokens[0] in the full document
   int64_t full_length = 0;             // tokens of the full document

@@ -73,10 +73,9 @@ ShardDataset::ShardDataset(const std::string& dir, const Tokenizer& tok, const I
                          (geometry.resize == ImageFit::native ||
                           x_.vision.image_size == geometry.image_size);
   const int64_t n_images = int64_t(x_.images.size()) / kImageCols;
-  image_tokens_.resize(size_t(n_images));
+  image_grids_.resize(size_t(n_images));
   for (int64_t k = 0; k < n_images; ++k)
-    image_tokens_[size_t(k)] = image_tokens(int(x_.image(k, kHeight)), int(x_.image(k, kWidth)),
-                                            geometry);
+    image_grids_[size_t(k)] = image_grid(int(x_.image(k, kHeight)), int(x_.image(k, kWidth)), geometry);
   for (const auto& r : x_.skipped) ++skipped_[r.reason];
   int64_t filtered = 0;
   for (int64_t row = 0; row < x_.size(); ++row) {
@@ -84,7 +83,7 @@ ShardDataset::ShardDataset(const std::string& dir, const Tokenizer& tok, const I
     bool too_large = false;
     for (int64_t k = x_.at(row, kImageBegin); k < x_.at(row, kImageEnd); ++k) {
       DHP_CHECK(k >= 0 && k < n_images, "'{}': damaged index (image row {})", dir, k);
-      vision += image_tokens_[size_t(k)];
+      vision += image_grids_[size_t(k)].tokens();
       too_large |= max_image_pixels > 0 &&
                    x_.image(k, kHeight) * x_.image(k, kWidth) > max_image_pixels;
     }
@@ -161,7 +160,7 @@ void ShardDataset::read_text(int64_t i, const ShardFile& f, Text& out) const {
   out.view.layout = out.layout.data();
   out.view.loss = out.loss.data();
   out.view.n = n;
-  out.view.image_tokens.assign(image_tokens_.begin() + ib, image_tokens_.begin() + ib + n_img);
+  out.view.image_grids.assign(image_grids_.begin() + ib, image_grids_.begin() + ib + n_img);
   out.view.ids = ids_;
   const int64_t L_stored = full_length(out.view);
   DHP_CHECK(L_stored == length(i), "shard '{}': manifest line {} lays out {} tokens, the index says {}",

@@ -60,7 +60,7 @@ class ShardDataset final : public Dataset {
   bool skip_ = true;
   std::vector<int64_t> rows_;          // (size) index row of each usable sample
   std::vector<int64_t> vision_;        // (size) vision tokens under geometry_
-  std::vector<int64_t> image_tokens_;  // (images of the index) merged tokens per image
+  std::vector<MergedGrid> image_grids_;  // (images of the index) merged tokens per image
   std::vector<std::string> names_;     // (size)
   std::map<std::string, int64_t> skipped_;
 };

@@ -76,6 +76,7 @@ inline void expect_same(const Sample& a, const Sample& b) {
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(a.loss_mask, b.loss_mask);
   EXPECT_EQ(a.image_of, b.image_of);
+  EXPECT_EQ(a.rope_pos, b.rope_pos);
   EXPECT_EQ(a.begin, b.begin);
   EXPECT_EQ(a.full_length, b.full_length);
   EXPECT_EQ(a.first_image, b.first_image);

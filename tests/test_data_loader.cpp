@@ -271,8 +271,80 @@ TEST_F(DataTest, PackedPiecesEqualSlicesOfThePackedSample) {
         ASSERT_EQ(pb.tokens[p], whole.tokens[size_t(t)]);
         ASSERT_EQ(pb.targets[p], whole.targets[size_t(t)]);
         ASSERT_EQ(pb.pos[p], whole.pos[size_t(t)]);
+        for (size_t a3 = 0; a3 < 3; ++a3) ASSERT_EQ(pb.rope_pos[3 * p + a3], whole.rope_pos[size_t(3 * t) + a3]);
         ASSERT_EQ(pb.image_slot[p] < 0 ? -1 : pb.image_slot[p] + slot_base, whole.image_slot[size_t(t)]);
       }
+    }
+  }
+}
+
+// M-RoPE positions (Sample::rope_pos) are Hugging Face's: Qwen3VLModel.get_rope_index written
+// out in PyTorch (tests/reference/rope_index_ref.py) over whole samples with several images of
+// several shapes, framed by the vision-start marker; a range loaded without its images (another
+// rank encodes them) has the same positions as one loaded with them. Negative control: the
+// positions differ from 1-D ones wherever an image stands.
+TEST_F(DataTest, MRopePositionsAreTransformersRopeIndex) {
+  Tokenizer tok(tokenizer());
+  ImageGeometry geometry;
+  JsonlDataset ds(manifest(), "", tok, geometry, 4096, "fail");
+  const SpecialIds ids = tok.ids();
+  ASSERT_TRUE(ids.markers());
+  // Four of the data set's samples with an image, and documents laid out here with several
+  // images of several shapes (wide, tall, one token, two in a row, one first), their images
+  // not decoded: the positions come from the stored sizes alone.
+  std::vector<Sample> samples;
+  std::vector<std::vector<MergedGrid>> grids;
+  for (int64_t i = 0; i < ds.size() && samples.size() < 4; ++i) {
+    Sample s = ds.load(i, false);
+    if (s.images.empty()) continue;
+    grids.emplace_back();
+    for (const auto& im : s.images) grids.back().push_back({im.grid_h / geometry.merge, im.grid_w / geometry.merge});
+    samples.push_back(std::move(s));
+  }
+  const std::vector<std::pair<std::vector<int32_t>, std::vector<MergedGrid>>> made = {
+      {{7, 8, -1, 9, -2, 10, 11, -3, 12}, {{2, 3}, {4, 1}, {1, 1}}},
+      {{-1, -2, 7, 8, 9}, {{3, 3}, {1, 5}}},
+      {{7, -1, 8, -2, -3, 9}, {{5, 2}, {2, 2}, {1, 4}}}};
+  for (const auto& [layout, g] : made) {
+    const std::vector<uint8_t> loss(layout.size(), 1);
+    StoredLayout st{layout.data(), loss.data(), int64_t(layout.size()), g, ids};
+    Sample s = expand_layout(st, 0, full_length(st), nullptr, geometry.merge, ImageLoad::Skip);
+    grids.push_back(g);
+    samples.push_back(std::move(s));
+  }
+  nlohmann::json cases = nlohmann::json::array();
+  for (size_t n = 0; n < samples.size(); ++n) {
+    nlohmann::json c = {{"ids", samples[n].tokens}, {"vision_start", ids.img_begin}, {"image_token", ids.image_token()},
+                        {"merge", geometry.merge}, {"grids", nlohmann::json::array()}};
+    for (const MergedGrid& g : grids[n]) c["grids"].push_back({1, g.rows * geometry.merge, g.cols * geometry.merge});
+    cases.push_back(c);
+  }
+  const fs::path dir = fs::temp_directory_path() / ("dhp_rope_index_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "cases.json") << cases.dump();
+  const std::string cmd = "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) + "/tests/reference/rope_index_ref.py " +
+                          (dir / "cases.json").string() + " " + (dir / "out.json").string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " failed: it needs Debian's python3-torch (scripts/setup.sh)";
+  const nlohmann::json want = nlohmann::json::parse(std::ifstream(dir / "out.json"));
+  fs::remove_all(dir);
+  for (size_t n = 0; n < samples.size(); ++n) {
+    const Sample& full = samples[n];
+    const int64_t L = int64_t(full.tokens.size());
+    ASSERT_EQ(int64_t(full.rope_pos.size()), 3 * L);
+    bool differs_from_1d = false;
+    for (int64_t t = 0; t < L; ++t)
+      for (int a = 0; a < 3; ++a) {
+        ASSERT_EQ(full.rope_pos[size_t(3 * t + a)], want[n][size_t(a)][size_t(t)].get<int32_t>())
+            << "sample " << full.id << " token " << t << " axis " << a;
+        differs_from_1d |= full.rope_pos[size_t(3 * t + a)] != t;
+      }
+    EXPECT_TRUE(differs_from_1d) << "sample " << full.id;
+    // Ranges, with and without their images.
+    if (n >= 4) continue;
+    const auto cuts = cuts_for(full, uint64_t(full.id));
+    for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+      const Sample skipped = ds.load_range(full.id, cuts[k], cuts[k + 1], ImageLoad::Skip);
+      EXPECT_EQ(skipped.rope_pos, slice_sample(full, cuts[k], cuts[k + 1]).rope_pos) << "sample " << full.id;
     }
   }
 }

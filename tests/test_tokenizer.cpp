@@ -277,16 +277,16 @@ TEST_F(TokenizerTest, TemplatesGiveTheDocumentedIds) {
   EXPECT_EQ(p.loss, mask(1, 5));
 
   // Expanded with a 4-token image: markers from dhp's table, none from the Llama one.
-  StoredLayout sd{d.ids.data(), d.loss.data(), int64_t(d.ids.size()), {4}, dh.ids()};
+  StoredLayout sd{d.ids.data(), d.loss.data(), int64_t(d.ids.size()), {{2, 2}}, dh.ids()};
   const Sample ed = expand_layout(sd, 0, full_length(sd), nullptr, 2, ImageLoad::Skip);
   EXPECT_EQ(ed.tokens, (std::vector<int32_t>{2, 4, 0, 0, 0, 0, 5, 67, 20, 115, 10, 43, 195, 11, 40, 72, 180, 3}));
   EXPECT_EQ(ed.loss_mask, mask(13, 5));
-  StoredLayout sp{p.ids.data(), p.loss.data(), int64_t(p.ids.size()), {4}, ll.ids()};
+  StoredLayout sp{p.ids.data(), p.loss.data(), int64_t(p.ids.size()), {{2, 2}}, ll.ids()};
   const Sample ep = expand_layout(sp, 0, full_length(sp), nullptr, 2, ImageLoad::Skip);
   EXPECT_EQ(ep.tokens, (std::vector<int32_t>{1, pad, pad, pad, pad, 264, 293, 325, 611, 13, 2}));
   EXPECT_EQ(ep.loss_mask, mask(5, 6));
   EXPECT_EQ(ep.image_of, (std::vector<int32_t>{-1, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1}));
-  StoredLayout s1{one.ids.data(), one.loss.data(), int64_t(one.ids.size()), {4}, ll.ids()};
+  StoredLayout s1{one.ids.data(), one.loss.data(), int64_t(one.ids.size()), {{2, 2}}, ll.ids()};
   EXPECT_EQ(full_length(s1), 1 + 47 - 1 + 4 + 1);
   const Sample e1 = expand_layout(s1, 0, full_length(s1), nullptr, 2, ImageLoad::Skip);
   std::vector<int32_t> want1 = {1};

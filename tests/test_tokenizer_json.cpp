@@ -267,7 +267,7 @@ TEST(TokenizerJson, ImagesAreFramedByTheFamilysVisionTokens) {
   s.loss = loss.data();
   s.n = int64_t(layout.size());
   s.ids = tok.ids();
-  s.image_tokens = {3};
+  s.image_grids = {{1, 3}};
   const Sample full = expand_layout(s, 0, full_length(s), nullptr, 1, ImageLoad::Skip);
   const auto dir = run_dir("vision_tokens");
   const std::string text = "<|im_start|>user\n<|vision_start|><|image_pad|><|image_pad|><|image_pad|><|vision_end|>\n"

@@ -23,6 +23,9 @@ struct Batch {
   std::vector<int32_t> doc;           // (T) document (sample) index within the pack, 0..
   std::vector<int32_t> pos;           // (T) position within its document, from 0
   std::vector<int32_t> image_slot;    // (T) row of the merged image tokens, or -1 for text
+  // (T, 3) each token's M-RoPE position, temporal, height and width (data/sample.h), which a
+  // model with M-RoPE (model.mrope_section) turns by; empty: each token's three are its pos.
+  std::vector<int32_t> rope_pos;
   std::vector<uint8_t> pixels;        // (P, p*p*3) RGB pixels by patch, channel fastest
   std::vector<PackedImage> images;    // images in order; merged tokens follow this order
   std::vector<int64_t> sample_ids;    // dataset index of each document of the pack

@@ -12,4 +12,10 @@ struct ImageSpan {
   int64_t tokens = 0;  // merged tokens (its patches / merge²)
 };
 
+// An image's merged tokens as its grid: rows x cols, row-major in its span.
+struct MergedGrid {
+  int rows = 0, cols = 0;
+  int64_t tokens() const { return int64_t(rows) * cols; }
+};
+
 }  // namespace dhp
