@@ -15,6 +15,15 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
   DHP_ASSERT(int64_t(b.tokens.size()) == T && int64_t(b.targets.size()) == T &&
              int64_t(b.doc.size()) == T && int64_t(b.pos.size()) == T &&
              int64_t(b.image_slot.size()) == T && int64_t(b.pixels.size()) == P * pn);
+  DHP_ASSERT(b.rope_pos.empty() || int64_t(b.rope_pos.size()) == 3 * T);
+  // M-RoPE's three positions a token; a batch without them (text made by hand, a generated
+  // token) has each token's three equal to its pos.
+  const bool mrope = cfg_.mrope();
+  if (mrope && b.rope_pos.empty()) {
+    rope_.resize(size_t(3 * T));
+    for (int64_t t = 0; t < T; ++t) std::fill_n(rope_.begin() + 3 * t, 3, b.pos[size_t(t)]);
+  }
+  const std::vector<int32_t>& rope_host = b.rope_pos.empty() ? rope_ : b.rope_pos;
 
   ids_.resize(T);
   blk_.assign(T, -1);
@@ -77,7 +86,7 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
   }
 
   DeviceBatch& d = db_;
-  int32_t *ids, *targets, *doc, *pos, *blk, *slot, *pimg, *pzero, *prow, *pcol;
+  int32_t *ids, *targets, *doc, *pos, *blk, *slot, *rope = nullptr, *pimg, *pzero, *prow, *pcol;
   uint8_t* pixels;
   MergeImage* merge;
   int32_t *simg, *szero, *spatch;
@@ -89,6 +98,7 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
     pos = c.take<int32_t>(T);        // (T)
     blk = c.take<int32_t>(T);        // (T)
     slot = c.take<int32_t>(T);       // (T)
+    if (mrope) rope = c.take<int32_t>(3 * T);  // (T, 3)
     pixels = c.take<uint8_t>(P * pn);  // (P, pn)
     pimg = c.take<int32_t>(P);       // (P)
     pzero = c.take<int32_t>(P);      // (P)
@@ -109,6 +119,7 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
   up(pos, b.pos);
   up(blk, blk_);
   up(slot, b.image_slot);
+  if (mrope) up(rope, rope_host);
   up(pixels, b.pixels);
   up(pimg, patch_image_);
   up(pzero, patch_zero_);
@@ -124,7 +135,7 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
   attention_runs(stream_runs_, stream_image_.data(), stream_zero_.data(), stream_image_.data(), S);
   auto view = [](const std::vector<AttnRun>& r) { return AttnRuns{r.data(), int64_t(r.size())}; };
   d = DeviceBatch{T, P, N, R, int(merge_.size()), b.loss_tokens(), ids, targets, doc, pos, blk,
-                  slot, pixels, pimg, pzero, prow, pcol, merge, S, simg, szero, spatch, pimgs,
+                  slot, mrope ? rope : pos, pixels, pimg, pzero, prow, pcol, merge, S, simg, szero, spatch, pimgs,
                   view(decoder_runs_), view(vision_runs_), view(stream_runs_)};
   return d;
 }

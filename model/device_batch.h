@@ -27,6 +27,8 @@ struct DeviceBatch {
   const int32_t* pos = nullptr;         // position in its document: RoPE and causal order
   const int32_t* blk = nullptr;         // -1 (no bidirectional block in the decoder)
   const int32_t* image_slot = nullptr;  // row of the merged image tokens, or -1
+  const int32_t* rope = nullptr;        // the decoder's RoPE positions: pos, or under M-RoPE
+                                        // (model.mrope_section) Batch::rope_pos, (T, 3)
   // Vision encoder.
   const uint8_t* pixels = nullptr;      // (P, p·p·3) RGB, normalised by the vision path
   const int32_t* patch_image = nullptr; // (P) image index: the encoder's doc and block
@@ -66,7 +68,7 @@ class BatchUploader {
   Arena arena_;
   DeviceBatch db_;
   // Host staging of the derived metadata, kept between uploads so it stops reallocating.
-  std::vector<int32_t> ids_, blk_, patch_image_, patch_zero_, patch_row_, patch_col_;
+  std::vector<int32_t> ids_, blk_, rope_, patch_image_, patch_zero_, patch_row_, patch_col_;
   std::vector<int32_t> stream_image_, stream_zero_, stream_patch_;
   std::vector<MergeImage> merge_;
   std::vector<PosImage> pos_images_;

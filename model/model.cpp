@@ -40,10 +40,13 @@ int32_t pick_token(const std::vector<float>& logits, double temperature, double 
 
 // The decoder's RoPE frequencies: model.rope_theta, and model.rope_scaling's parameters.
 RopeSpec decoder_rope(const ModelConfig& c) {
+  RopeSpec r(c.rope_theta);
   if (c.rope_scaling == RopeScaling::llama3)
-    return RopeSpec::llama3(c.rope_theta, c.rope_factor, c.rope_low_freq_factor,
-                            c.rope_high_freq_factor, double(c.rope_original_max_pos));
-  return RopeSpec(c.rope_theta);
+    r = RopeSpec::llama3(c.rope_theta, c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
+                         double(c.rope_original_max_pos));
+  for (int a = 0; a < 3; ++a) r.mrope_section[a] = c.mrope_section[size_t(a)];
+  r.mrope_interleaved = c.mrope_interleaved;
+  return r;
 }
 }  // namespace
 
@@ -136,7 +139,7 @@ void Model::forward_hidden(const DeviceBatch& b, Attention& attn, ImageRoute* ro
   if (b.R > 0) ops_.scatter_rows(stream(0), image_rows, b.image_slot, T, d);
   // Causal within each document by position; doc keeps packed documents apart.
   attn.prepare(b.decoder_meta(), T);
-  const RopePos rope{b.pos, nullptr, nullptr};
+  const RopePos rope{b.rope, nullptr, nullptr};
   for (int l = 0; l < cfg_.layers; ++l)
     block_forward(ops_, dims_, w_.layers[l], acts_[l], stream(l + 1), T, rope, attn, l);
   ops_.rmsnorm_forward(xf_, rstd_, x_final_, w_.final_norm, T, d, dims_.eps);
@@ -171,7 +174,7 @@ void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention
 
   ops_.rmsnorm_backward(dx_, g_.final_norm, dxf_, x_final_, w_.final_norm, rstd_, T, d);
   done_from(final_norm_at_);
-  const RopePos rope{b.pos, nullptr, nullptr};
+  const RopePos rope{b.rope, nullptr, nullptr};
   for (int l = cfg_.layers - 1; l >= 0; --l) {
     block_backward(ops_, dims_, w_.layers[l], g_.layers[l], acts_[l], scratch_, dx_, T, rope,
                    attn, l, recompute_);
@@ -224,6 +227,10 @@ std::vector<int32_t> Model::generate(const Batch& prompt, int32_t eos, const Sam
   std::vector<float> logits(V);                                         // (V) on the host
   std::vector<uint16_t> logits_bf16(dtype_ == DType::BF16 ? V : 0);
   std::vector<int32_t> out;
+  // Each new token's RoPE position: one past the prompt's largest (under M-RoPE an image's
+  // tokens end the count before their last text position; each of the three is that one).
+  int32_t next_rope = 0;
+  for (int32_t p : prompt.rope_pos.empty() ? prompt.pos : prompt.rope_pos) next_rope = std::max(next_rope, p + 1);
   const DeviceBatch& first = upload(prompt);
   carve(first.T, first.P, first.S, first.N, 0, false);
   forward_hidden(first, cache, nullptr);
@@ -249,6 +256,8 @@ std::vector<int32_t> Model::generate(const Batch& prompt, int32_t eos, const Sam
     one.doc = {0};
     one.pos = {int32_t(cache.len())};
     one.image_slot = {-1};
+    one.rope_pos = {next_rope, next_rope, next_rope};
+    ++next_rope;
     const DeviceBatch& next = upload(one);
     carve(1, 0, 0, 0, 0, false);
     forward_hidden(next, cache, nullptr);

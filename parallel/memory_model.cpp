@@ -81,10 +81,10 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   };
   // Decoder, per token (model/model.cpp): the layers; the final norm's input, output and
   // their gradients and the stream's gradient (4 d) and its rstd; the batch's six int32
-  // columns (model/device_batch.cpp).
+  // columns (model/device_batch.cpp), nine under M-RoPE.
   const int64_t qk_norm_bytes = m.qk_norm ? (q + kv) * act + int64_t(m.heads + m.kv_heads) * 4 : 0;
   per_token_ = layers_bytes(m.layers, d, m.ffn, q, kv, m.heads, NormKind::rms, MlpKind::swiglu, qk_norm_bytes) +
-               4 * d * act + 4 + 6 * 4;
+               4 * d * act + 4 + (m.mrope() ? 9 : 6) * 4;
   // Vision (model/vision.cpp), per row of the encoder stream (the patches, or the tower's own
   // stream: a class row of an image is priced as a patch row, image_classes counting it): the
   // normalised pixels; the layers that run; the stream after them and its gradient, the merged

@@ -69,6 +69,10 @@ inline Batch make_batch(const std::vector<Doc>& docs, const ModelConfig& cfg, ui
     const Doc& d = docs[di];
     std::vector<int32_t> toks, slots;
     std::vector<int> loss;
+    // M-RoPE positions as the data path gives them (data/sample.h): an image's tokens share
+    // the count at its start and add their row and column; the count then moves past the
+    // image's larger side.
+    int32_t count = 0;
     size_t next_image = 0;
     for (size_t k = 0; k <= d.ids.size(); ++k) {
       while (next_image < d.images.size() && d.images[next_image].first == k) {
@@ -77,16 +81,20 @@ inline Batch make_batch(const std::vector<Doc>& docs, const ModelConfig& cfg, ui
         for (int64_t k = 0; k < int64_t(gh) * gw * cfg.vision.patch_numel(); ++k)
           b.pixels.push_back(uint8_t(rng.below(256)));
         b.images.push_back(im);
-        for (int t = 0; t < gh * gw / (m * m); ++t) {
+        const int rows = gh / m, cols = gw / m;
+        for (int t = 0; t < rows * cols; ++t) {
           toks.push_back(0);
           slots.push_back(slot++);
           loss.push_back(0);
+          b.rope_pos.insert(b.rope_pos.end(), {count, count + t / cols, count + t % cols});
         }
+        count += std::max(rows, cols);
       }
       if (k == d.ids.size()) break;
       toks.push_back(d.ids[k]);
       slots.push_back(-1);
       loss.push_back(d.loss[k]);
+      b.rope_pos.insert(b.rope_pos.end(), 3, count++);
     }
     for (size_t t = 0; t < toks.size(); ++t) {
       b.tokens.push_back(toks[t]);

@@ -298,6 +298,25 @@ TEST(Config, ConfigFileMustBeARegularFile) {
   std::filesystem::remove_all(dir);
 }
 
+// model.mrope_section: three integers splitting the head's rotary pairs, written back as read;
+// a split that does not cover them, a fourth count or a fraction say what and where.
+TEST(Config, MRopeSectionIsThreeCountsOfTheHeadsPairs) {
+  const Config c = parse_config("[model]\ndim = 64\nheads = 2\nmrope_section = [6, 5, 5]\nmrope_interleaved = false\n",
+                                "m.toml");
+  EXPECT_EQ(c.model.mrope_section, (std::array<int, 3>{6, 5, 5}));
+  EXPECT_TRUE(c.model.mrope());
+  EXPECT_FALSE(c.model.mrope_interleaved);
+  EXPECT_EQ(parse_config(to_toml(c), "again.toml").model.mrope_section, c.model.mrope_section);
+  EXPECT_FALSE(parse_config("", "d.toml").model.mrope());
+  std::string msg = error_of([] { parse_config("[model]\ndim = 64\nheads = 2\nmrope_section = [8, 8, 8]\n", "m.toml"); });
+  EXPECT_NE(msg.find("model.mrope_section = [8, 8, 8] must split the head's 16 rotary pairs"), std::string::npos) << msg;
+  msg = error_of([] { parse_config("[model]\nmrope_section = [8, 8, 8, 8]\n", "m.toml"); });
+  EXPECT_NE(msg.find("m.toml:2: 'model.mrope_section' must hold 3 integers (temporal, height, width)"), std::string::npos)
+      << msg;
+  msg = error_of([] { parse_config("[model]\nmrope_section = [8.5, 8, 8]\n", "m.toml"); });
+  EXPECT_NE(msg.find("an array of 3 integers"), std::string::npos) << msg;
+}
+
 TEST(Config, VisionTowerKeysAndTheirDefaultsByArch) {
   Config native = parse_config("", "v.toml");
   EXPECT_EQ(native.model.vision.arch, VisionArch::native);

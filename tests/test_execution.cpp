@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -117,11 +118,14 @@ std::set<std::string> clip_ids() {
 // loss summed over ranks as the trainer does.
 // `engine`: the recompute mode the model runs; `planned`: the one the planner prices (the
 // plan, and so the rings, can differ between modes).
+// `model_edit`: changes to the longtail set's model.
 StepResult one_step(int n, const std::string& strategy, const std::string& precision = "fp32",
                     const ParamGroups& groups = {}, Recompute engine = Recompute::off,
-                    Recompute planned = Recompute::off) {
+                    Recompute planned = Recompute::off,
+                    const std::function<void(ModelConfig&)>& model_edit = {}) {
   Config cfg = longtail_config(strategy, 1, testing::run_dir("unused"));
   cfg.parallel.recompute = planned;
+  if (model_edit) model_edit(cfg.model);
   StepResult out;
   std::mutex mu;
   run_threaded(n, [&](Communicator& comm) {
@@ -221,6 +225,43 @@ TEST_P(PlanInvariance, LossAndGradientsDoNotDependOnTheRanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, PlanInvariance, ::testing::Values("dhp", "static", "pow2"));
+
+// M-RoPE (model.mrope_section): each token's three positions travel with it onto the ranks of
+// a ring (a video clip's frames split mid-image included), so 2 to 4 ranks give what one rank
+// gives; and the positions matter: the gradients differ from 1-D RoPE's on the same batch.
+TEST(PlanInvariance, HoldsWithMRope) {
+  auto mrope = [](bool interleaved) {
+    return [interleaved](ModelConfig& m) {
+      const int pairs = m.hd() / 2;
+      m.mrope_section = {pairs - 2 * (pairs / 3), pairs / 3, pairs / 3};
+      m.mrope_interleaved = interleaved;
+    };
+  };
+  const StepResult plain = one_step(1, "dhp");
+  for (bool interleaved : {true, false}) {
+    const StepResult one = one_step(1, "dhp", "fp32", {}, Recompute::off, Recompute::off, mrope(interleaved));
+    double gmax = 0.0, moved = 0.0;
+    for (size_t i = 0; i < one.grads.size(); ++i) {
+      gmax = std::max(gmax, double(std::abs(one.grads[i])));
+      moved = std::max(moved, double(std::abs(one.grads[i] - plain.grads[i])));
+    }
+    EXPECT_NE(one.loss, plain.loss);
+    // A hundred times the tolerance the ranks are held to below (at initialisation attention is
+    // near uniform, so positions move the gradients little).
+    EXPECT_GT(moved, 1e-4 * gmax) << "M-RoPE changed nothing";
+    int widest = 0;
+    for (int n = 2; n <= 6; ++n) {
+      const StepResult r = one_step(n, "dhp", "fp32", {}, Recompute::off, Recompute::off, mrope(interleaved));
+      widest = std::max(widest, r.max_cp);
+      EXPECT_NEAR(r.loss, one.loss, 1e-5 * std::abs(one.loss)) << n << " ranks";
+      ASSERT_EQ(r.grads.size(), one.grads.size());
+      for (size_t i = 0; i < r.grads.size(); ++i)
+        ASSERT_NEAR(r.grads[i], one.grads[i], 1e-5 * std::abs(one.grads[i]) + 1e-6 * gmax)
+            << n << " ranks, parameter element " << i;
+    }
+    EXPECT_GT(widest, 1) << "no sample was split over a ring";
+  }
+}
 
 ParamGroups freeze(std::initializer_list<ParamGroup> groups) {
   ParamGroups p;

@@ -259,6 +259,46 @@ TEST(Generate, KvCacheMatchesFullRecomputationWithQkNormAndLlama3Rope) {
   }
 }
 
+// M-RoPE: the prompt's image takes its rows and columns, and each new token goes on from one
+// past the prompt's largest position, as a full pass over the longer prompt places it. The
+// same model with 1-D RoPE generates other logits from the same prompt.
+TEST(Generate, KvCacheMatchesFullRecomputationWithMRope) {
+  for (bool interleaved : {true, false}) {
+    ModelConfig cfg = testing::tiny_config();
+    cfg.head_dim = 12;
+    cfg.mrope_section = {2, 2, 2};
+    cfg.mrope_interleaved = interleaved;
+    auto backend = make_cpu_backend({1});
+    Model model(cfg, *backend);
+    testing::randomise(model, 37);
+    SamplingOptions greedy;
+    greedy.max_new_tokens = 5;
+    std::vector<float> cached_logits;
+    const auto cached = model.generate(prompt_with({}), -1, greedy, &cached_logits);
+    ASSERT_EQ(cached.size(), 5u);
+    const int64_t V = cfg.vocab_size;
+    SamplingOptions one;
+    one.max_new_tokens = 1;
+    for (size_t k = 0; k < cached.size(); ++k) {
+      std::vector<float> full;
+      const std::vector<int32_t> prefix(cached.begin(), cached.begin() + k);
+      model.generate(prompt_with(prefix), -1, one, &full);
+      for (int64_t v = 0; v < V; ++v)
+        ASSERT_NEAR(full[v], cached_logits[k * V + v], 1e-5) << "step " << k << " logit " << v;
+    }
+    ModelConfig plain_cfg = cfg;
+    plain_cfg.mrope_section = {0, 0, 0};
+    Model plain(plain_cfg, *backend);
+    testing::randomise(plain, 37);
+    std::vector<float> plain_logits;
+    plain.generate(prompt_with({}), -1, greedy, &plain_logits);
+    double diff = 0.0;
+    for (size_t i = 0; i < std::min(plain_logits.size(), cached_logits.size()); ++i)
+      diff = std::max(diff, double(std::abs(plain_logits[i] - cached_logits[i])));
+    EXPECT_GT(diff, 1e-3) << "M-RoPE changed no logit";
+  }
+}
+
 TEST(Generate, StopsAtEosAndSamplingIsSeeded) {
   auto backend = make_cpu_backend({1});
   Model model(testing::tiny_config(), *backend);

@@ -33,13 +33,16 @@ struct Choice {
   std::string if_false, if_true;
 };
 
-// Three numbers (per-channel constants such as model.vision.pixel_mean).
+// Three numbers (per-channel constants such as model.vision.pixel_mean), or three integers
+// (model.mrope_section).
 using Triple = std::array<double, 3>;
+using IntTriple = std::array<int, 3>;
 // A count that may be "auto" (held as 0, which also reads as auto: what earlier versions wrote).
 struct AutoCount {
   int* ref;
 };
-using Ref = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, Choice, Triple*, AutoCount>;
+using Ref = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, Choice, Triple*, IntTriple*,
+                         AutoCount>;
 
 struct Key {
   std::string section;              // "model" or "model.vision"
@@ -79,7 +82,8 @@ class Schema {
   void count_or_auto(const char* name, int& ref, double hi) {
     keys_.push_back(Key{sec_, name, Ref(AutoCount{&ref}), 0, hi, {}});
   }
-  void triple(const char* name, Triple& ref, double lo, double hi) {
+  template <class T>
+  void triple(const char* name, std::array<T, 3>& ref, double lo, double hi) {
     keys_.push_back(Key{sec_, name, Ref(&ref), lo, hi, {}});
   }
   void flag(const char* name, bool& ref) {
@@ -133,6 +137,8 @@ class Schema {
     num("rope_high_freq_factor", m.rope_high_freq_factor, 1e-6, 1e6);
     num("rope_original_max_pos", m.rope_original_max_pos, 1, int64_t(1) << 40);
     num("max_position_embeddings", m.max_positions, 0, int64_t(1) << 40);
+    triple("mrope_section", m.mrope_section, 0, 1 << 12);
+    flag("mrope_interleaved", m.mrope_interleaved);
     str("init", m.init);
     sec_ = "model.vision";
     auto& v = c.model.vision;
@@ -292,14 +298,19 @@ std::string where(const std::string& file, const toml::source_region& src) {
 }
 
 const char* type_name(const Ref& r) {
-  switch (r.index()) {
-    case 0: case 1: case 2: return "an integer";
-    case 3: return "a number";
-    case 4: return "a boolean (true or false)";
-    case 7: return "an array of 3 numbers";
-    case 8: return "an integer or \"auto\"";
-    default: return "a string";
-  }
+  return std::visit(
+      [](const auto& alt) {
+        using A = std::decay_t<decltype(alt)>;
+        if constexpr (std::is_same_v<A, int*> || std::is_same_v<A, int64_t*> || std::is_same_v<A, uint64_t*>)
+          return "an integer";
+        else if constexpr (std::is_same_v<A, double*>) return "a number";
+        else if constexpr (std::is_same_v<A, bool*>) return "a boolean (true or false)";
+        else if constexpr (std::is_same_v<A, Triple*>) return "an array of 3 numbers";
+        else if constexpr (std::is_same_v<A, IntTriple*>) return "an array of 3 integers";
+        else if constexpr (std::is_same_v<A, AutoCount>) return "an integer or \"auto\"";
+        else return "a string";
+      },
+      r);
 }
 
 // What a TOML value is, in words, for "must be X, got Y".
@@ -356,18 +367,22 @@ void assign(const Key& key, const toml::node& node, const std::string& at) {
           if (!v) throw bad_type();
           one_of(*v);
           *alt = *v;
-        } else if constexpr (std::is_same_v<A, Triple*>) {
+        } else if constexpr (std::is_same_v<A, Triple*> || std::is_same_v<A, IntTriple*>) {
+          constexpr bool integers = std::is_same_v<A, IntTriple*>;
           const toml::array* arr = node.as_array();
           if (!arr) throw bad_type();
-          DHP_CHECK(arr->size() == 3, "{}: '{}' must hold 3 numbers (R, G, B), got {}", at,
-                    key.path(), arr->size());
-          Triple v{};
+          DHP_CHECK(arr->size() == 3, "{}: '{}' must hold 3 {} ({}), got {}", at, key.path(),
+                    integers ? "integers" : "numbers", integers ? "temporal, height, width" : "R, G, B",
+                    arr->size());
+          std::decay_t<decltype(*alt)> v{};
           for (size_t i = 0; i < 3; ++i) {
             const toml::node& e = *arr->get(i);
-            if (e.is_floating_point()) v[i] = *e.value_exact<double>();
-            else if (e.is_integer()) v[i] = double(*e.value_exact<int64_t>());
+            double x = 0.0;
+            if (e.is_floating_point() && !integers) x = *e.value_exact<double>();
+            else if (e.is_integer()) x = double(*e.value_exact<int64_t>());
             else throw bad_type();
-            in_range(v[i]);
+            in_range(x);
+            v[i] = static_cast<std::decay_t<decltype(v[i])>>(x);
           }
           *alt = v;
         } else if constexpr (std::is_same_v<A, AutoCount>) {
@@ -538,6 +553,10 @@ void validate(const Config& c, bool folders_read) {
   DHP_CHECK(m.heads % m.kv_heads == 0, "{}: model.heads ({}) must be a multiple of model.kv_heads ({})",
             f, m.heads, m.kv_heads);
   DHP_CHECK(m.hd() % 2 == 0, "{}: the head dimension ({}) must be even for RoPE", f, m.hd());
+  const auto& ms = m.mrope_section;
+  DHP_CHECK(!m.mrope() || ms[0] + ms[1] + ms[2] == m.hd() / 2,
+            "{}: model.mrope_section = [{}, {}, {}] must split the head's {} rotary pairs (head dimension "
+            "{} / 2): its three counts sum to {}", f, ms[0], ms[1], ms[2], m.hd() / 2, m.hd(), ms[0] + ms[1] + ms[2]);
   // The llama3 rule blends between the two wavelength bounds and divides by their distance.
   DHP_CHECK(m.rope_scaling != RopeScaling::llama3 ||
                 m.rope_high_freq_factor > m.rope_low_freq_factor,
@@ -599,7 +618,7 @@ std::string value_text(const Ref& r, bool quote) {
           return quote ? toml_quoted(*alt) : *alt;
         else if constexpr (std::is_same_v<A, bool*>)
           return *alt ? "true" : "false";
-        else if constexpr (std::is_same_v<A, Triple*>)
+        else if constexpr (std::is_same_v<A, Triple*> || std::is_same_v<A, IntTriple*>)
           return fmt::format("[{}, {}, {}]", (*alt)[0], (*alt)[1], (*alt)[2]);
         else if constexpr (std::is_same_v<A, AutoCount>)
           return *alt.ref == 0 ? (quote ? "\"auto\"" : "auto") : fmt::format("{}", *alt.ref);

@@ -2,6 +2,7 @@
 // plus the pretrained towers' keys (docs/vision_towers.md).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -114,12 +115,19 @@ struct ModelConfig {
   // config.json's max_position_embeddings of the folder the decoder came from, which an
   // export writes back (0: none known; an export then writes the run's data.max_tokens).
   int64_t max_positions = 0;
+  // M-RoPE (Qwen2-VL's multimodal RoPE, kernels/rope_spec.h): the decoder's rotary pairs split
+  // over each token's temporal, height and width positions (Batch::rope_pos: an image's
+  // tokens take their rows and columns), the counts summing to head_dim / 2; all 0 = 1-D RoPE.
+  // Interleaved is Qwen3-VL's layout of the axes over the pairs, blocked Qwen2-VL's.
+  std::array<int, 3> mrope_section = {0, 0, 0};
+  bool mrope_interleaved = true;
   // A Hugging Face folder the decoder starts from (trainer/hf_checkpoint.h): its config.json
   // sets the decoder's shape, its tensors the decoder's weights. "" = none.
   std::string init;
   VisionConfig vision;
 
   int hd() const { return head_dim > 0 ? head_dim : dim / heads; }
+  bool mrope() const { return mrope_section[0] + mrope_section[1] + mrope_section[2] > 0; }
   int q_dim() const { return heads * hd(); }
   int kv_dim() const { return kv_heads * hd(); }
 };
