@@ -200,6 +200,7 @@ TEST(ArchitectureTable, RowsAreConsistent) {
   std::set<std::string> names, hf;
   for (const TowerTraits& t : kTowerTraits) {
     EXPECT_TRUE(names.insert(std::string(t.name)).second) << t.name;
+    EXPECT_EQ(t.has_hf(), t.hf_names != HfTowerNames::none) << t.name << ": a Hugging Face tower has its tensor names";
     if (!t.has_hf()) continue;
     for (std::string_view n : {t.hf_model_type, t.hf_tower_class, t.hf_dual_class})
       EXPECT_TRUE(hf.insert(std::string(n)).second) << n;

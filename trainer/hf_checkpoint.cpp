@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <span>
 
 #include "core/check.h"
 #include "core/files.h"
@@ -61,7 +62,16 @@ constexpr HfPattern kNameMap[] = {
     {HfPart::Decoder, "layers.{i}.mlp.up_proj.weight", "layers.{i}.mlp.w3.weight", kCopy},
     {HfPart::Decoder, "norm.weight", "final_norm.weight", kCopy},
     {HfPart::LmHead, "", "lm_head.weight", HfTransform::VocabRows},
-    // CLIPVisionTransformer / SiglipVisionTransformer, under "vision_model.".
+    // LLaVA's mlp2x_gelu: Linear, GELU, Linear.
+    {HfPart::Projector1, "weight", "projector.fc1.weight", kCopy},
+    {HfPart::Projector1, "bias", "projector.fc1.bias", kCopy},
+    {HfPart::Projector2, "weight", "projector.fc2.weight", kCopy},
+    {HfPart::Projector2, "bias", "projector.fc2.bias", kCopy},
+};
+
+// Each tower's own rows, by its row's TowerTraits::hf_names (types/architecture.h).
+// CLIPVisionTransformer / SiglipVisionTransformer, under "vision_model.".
+constexpr HfPattern kClipTowerNames[] = {
     {HfPart::Vision, "embeddings.patch_embedding.weight", "vision.patch_embed.weight", HfTransform::ConvPatch},
     {HfPart::Vision, "embeddings.patch_embedding.bias", "vision.patch_embed.bias", kCopy},  // SigLIP
     {HfPart::Vision, "embeddings.class_embedding", "vision.class_embed", kCopy},             // CLIP
@@ -98,12 +108,15 @@ constexpr HfPattern kNameMap[] = {
     {HfPart::Vision, "head.mlp.fc1.bias", "vision.head.mlp.fc1.bias", kCopy},
     {HfPart::Vision, "head.mlp.fc2.weight", "vision.head.mlp.fc2.weight", kCopy},
     {HfPart::Vision, "head.mlp.fc2.bias", "vision.head.mlp.fc2.bias", kCopy},
-    // LLaVA's mlp2x_gelu: Linear, GELU, Linear.
-    {HfPart::Projector1, "weight", "projector.fc1.weight", kCopy},
-    {HfPart::Projector1, "bias", "projector.fc1.bias", kCopy},
-    {HfPart::Projector2, "weight", "projector.fc2.weight", kCopy},
-    {HfPart::Projector2, "bias", "projector.fc2.bias", kCopy},
 };
+
+std::span<const HfPattern> tower_names(HfTowerNames n) {
+  switch (n) {
+    case HfTowerNames::none: return {};
+    case HfTowerNames::clip_vision_transformer: return kClipTowerNames;
+  }
+  return {};
+}
 
 // Where each layout keeps each part (nullptr: not in such a folder).
 struct LayoutNames {
@@ -437,11 +450,12 @@ std::vector<HfBinding> hf_name_map(const ModelConfig& cfg, HfLayout layout) {
   const ParamTable table(cfg);
   const LayoutNames& names = names_of(layout);
   std::map<std::string, HfBinding> by_dhp;
-  for (const auto& p : kNameMap) {
+  std::vector<HfPattern> rows(std::begin(kNameMap), std::end(kNameMap));
+  const std::span<const HfPattern> tower = tower_names(cfg.vision.traits().hf_names);
+  rows.insert(rows.end(), tower.begin(), tower.end());
+  for (const auto& p : rows) {
     const char* prefix = prefix_of(names, p.part);
     if (!prefix) continue;
-    // A tower without a Hugging Face counterpart (the native one) shares dhp's layer names.
-    if (p.part == HfPart::Vision && !cfg.vision.traits().has_hf()) continue;
     const bool per_layer = std::string(p.hf).find("{i}") != std::string::npos;
     const int n = !per_layer ? 1 : p.part == HfPart::Vision ? cfg.vision.layers : cfg.layers;
     for (int i = 0; i < n; ++i) {

@@ -41,6 +41,10 @@ constexpr int64_t block_params(NormKind norm, MlpKind mlp, bool biases, int64_t 
   return attn + mlp_w + norms;
 }
 
+// The tensor names of a tower's Hugging Face checkpoints: trainer/hf_checkpoint.cpp holds one
+// set of name rows per value. CLIP and SigLIP share CLIPVisionTransformer's.
+enum class HfTowerNames : uint8_t { none, clip_vision_transformer };
+
 struct TowerTraits {
   VisionArch arch;
   std::string_view name;           // model.vision.arch
@@ -67,18 +71,19 @@ struct TowerTraits {
   bool pool_head;
   ProjectorAct projector_act;      // what model.vision.projector_act = "auto" means
   std::array<double, 3> pixel_mean, pixel_std;  // the defaults of model.vision.pixel_mean/std
-  // Hugging Face ("" where the tower has no Hugging Face counterpart): the vision config's
+  // Hugging Face ("" and none where the tower has no Hugging Face counterpart): the vision config's
   // model_type, the tower's class and its dual-encoder class, LLaVA's
   // vision_feature_select_strategy for it ("default" drops hidden-state row 0, a class row),
   // the resize of the image processor transformers pairs with it (an export of a tower
   // trained at native resolution writes that one), and the config class's defaults (JSON:
-  // save_pretrained leaves out the keys that equal them).
+  // save_pretrained leaves out the keys that equal them), and its tensor names.
   std::string_view hf_model_type;
   std::string_view hf_tower_class;
   std::string_view hf_dual_class;
   std::string_view hf_feature_select;
   ImageFit hf_fit;
   std::string_view hf_defaults;
+  HfTowerNames hf_names;
 
   constexpr bool has_hf() const { return !hf_model_type.empty(); }
   // The encoder runs over a stream of its own rather than the patches: a class row per image,
@@ -90,14 +95,15 @@ inline constexpr TowerTraits kTowerTraits[] = {
     // model-spec.md's encoder: RMSNorm, SwiGLU, 2-D RoPE, a final norm.
     {VisionArch::native, "native", NormKind::rms, MlpKind::swiglu, false, TowerPositions::rope2d,
      true, false, false, true, 1e-6f, false, false, ProjectorAct::gelu_tanh, kClipPixelMean, kClipPixelStd,
-     "", "", "", "", ImageFit::native, ""},
+     "", "", "", "", ImageFit::native, "", HfTowerNames::none},
     // CLIPVisionModel: class row, learned positions, pre_layrnorm, LayerNorm/GELU blocks.
     {VisionArch::clip, "clip", NormKind::layer, MlpKind::gelu, true, TowerPositions::learned,
      false, true, true, false, 0.0f, true, false, ProjectorAct::gelu, kClipPixelMean, kClipPixelStd,
      "clip_vision_model", "CLIPVisionModel", "CLIPModel", "default", ImageFit::clip,
      R"({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
          "num_channels": 3, "image_size": 224, "patch_size": 32, "hidden_act": "quick_gelu",
-         "layer_norm_eps": 1e-5})"},
+         "layer_norm_eps": 1e-5})",
+     HfTowerNames::clip_vision_transformer},
     // SiglipVisionModel: as CLIP without the class row and pre_layrnorm; a patch bias; an
     // attention-pooling head.
     {VisionArch::siglip, "siglip", NormKind::layer, MlpKind::gelu, true, TowerPositions::learned,
@@ -105,7 +111,8 @@ inline constexpr TowerTraits kTowerTraits[] = {
      "siglip_vision_model", "SiglipVisionModel", "SiglipModel", "full", ImageFit::siglip,
      R"({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
          "num_channels": 3, "image_size": 224, "patch_size": 16, "hidden_act": "gelu_pytorch_tanh",
-         "layer_norm_eps": 1e-6})"},
+         "layer_norm_eps": 1e-6})",
+     HfTowerNames::clip_vision_transformer},
 };
 
 constexpr size_t kVisionArchCount = 3;
