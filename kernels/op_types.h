@@ -91,6 +91,10 @@ struct AttnShape {
 enum class GeluKind : uint8_t { Tanh, Erf, Quick };
 const char* gelu_kind_name(GeluKind k);
 
+// How a pretrained position grid is resized to an image's patch grid (kernels/pos_resize.h):
+// PyTorch's bicubic (CLIP, SigLIP) or Qwen3-VL's bilinear over linspace(0, in-1, out).
+enum class PosResize : uint8_t { bicubic, bilinear_corners };
+
 // One image's rows in a vision encoder stream (Ops::vision_embed_forward).
 struct PosImage {
   int64_t row;             // first row: the class row when the op's cls is given, else patch (0,0)

@@ -65,15 +65,15 @@ class Ops {
   // has the exact arithmetic). table (n_pos, C), n_pos = (cls ? 1 : 0) + g0h·g0w: with cls,
   // row 0 is the class position and the g0h x g0w grid follows row-major. Per image (images is
   // a device array): with cls (C), x[row] = cls + table[0] (written) and the patches start at
-  // row + 1; patch (r, c) += the grid resized to (grid_h, grid_w) as PyTorch's
-  // F.interpolate(mode="bicubic", align_corners=False, size=(grid_h, grid_w)) resizes it.
+  // row + 1; patch (r, c) += the grid resized to (grid_h, grid_w) by `resize`
+  // (kernels/pos_resize.h: PyTorch's bicubic F.interpolate, or Qwen3-VL's bilinear).
   virtual void vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images,
-                                    int n_images, int64_t C, int g0h, int g0w) const = 0;
+                                    int n_images, int64_t C, int g0h, int g0w, PosResize resize) const = 0;
   // The transpose: dtable (n_pos, C) and dcls (C) accumulate (fp32, null = frozen), from dx.
   // The class row is taken to exist exactly when dcls is given: the class embedding and the
   // table are one parameter group, frozen together. Deterministic for any thread count.
   virtual void vision_embed_backward(float* dtable, float* dcls, CAct dx, const PosImage* images,
-                                     int n_images, int64_t C, int g0h, int g0w) const = 0;
+                                     int n_images, int64_t C, int g0h, int g0w, PosResize resize) const = 0;
   virtual void attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, AttnMeta qm,
                                  AttnMeta km, const AttnShape& s) const = 0;
   virtual void attention_backward(Act dq, Act dk, Act dv, CAct dout, CAct out, const float* lse,

@@ -22,6 +22,10 @@ GeluKind gelu_kind(VisionAct a) {
   return GeluKind::Tanh;
 }
 
+PosResize pos_resize(PositionResize r) {
+  return r == PositionResize::bilinear_corners ? PosResize::bilinear_corners : PosResize::bicubic;
+}
+
 GeluKind gelu_kind(ProjectorAct a) {
   switch (a) {
     case ProjectorAct::gelu: return GeluKind::Erf;
@@ -112,7 +116,8 @@ void VisionPath::encode(const ModelWeights& p, const DeviceBatch& b) {
     ops_.linear_forward(emb, patches_, p.patch_embed_w, p.patch_embed_b, P, pn, dv);
   }
   if (t.positions == TowerPositions::learned)
-    ops_.vision_embed_forward(emb, p.pos_embed, p.class_embed, b.pos_images, b.n_images, dv, g0, g0);
+    ops_.vision_embed_forward(emb, p.pos_embed, p.class_embed, b.pos_images, b.n_images, dv, g0, g0,
+                              pos_resize(t.position_resize));
   if (t.pre_norm)
     ops_.layernorm_forward(stream(0), pre_mean_, pre_rstd_, embed_, p.pre_norm_w, p.pre_norm_b, rows, dv,
                            dims_.eps);
@@ -167,7 +172,8 @@ void VisionPath::encode_backward(const ModelWeights& p, const ModelParams& g, co
     demb = dembed_;
   }
   if (t.positions == TowerPositions::learned)
-    ops_.vision_embed_backward(g.pos_embed, g.class_embed, demb, b.pos_images, b.n_images, dv, g0, g0);
+    ops_.vision_embed_backward(g.pos_embed, g.class_embed, demb, b.pos_images, b.n_images, dv, g0, g0,
+                               pos_resize(t.position_resize));
   Act dpatch = demb;  // d(patch embedding)
   if (t.class_row) {
     ops_.gather_rows(dfeat_, demb, b.stream_patch, rows, dv);

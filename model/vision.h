@@ -25,6 +25,8 @@ PixelNorm pixel_norm(const VisionConfig& v);
 // The kernels' GeluKind of a config activation.
 GeluKind gelu_kind(VisionAct a);
 GeluKind gelu_kind(ProjectorAct a);
+// The kernels' PosResize of a tower's position resize.
+PosResize pos_resize(PositionResize r);
 
 class VisionPath {
  public:

@@ -160,24 +160,24 @@ class EmulatedOps : public Ops {
     });
   }
   void vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images, int n_images,
-                            int64_t C, int g0h, int g0w) const override {
+                            int64_t C, int g0h, int g0w, PosResize resize) const override {
     if (n_images <= 0) return;
     with([&](auto s) {
       using S = decltype(s);
       run(cuda::vembed::forward_launch(C, n_images), 0, [&](float*) {
         cuda::vembed::forward_block(as<S>(x), as<S>(table), as<S>(cls), images, n_images, C, g0h,
-                                    g0w);
+                                    g0w, resize);
       });
     });
   }
   void vision_embed_backward(float* dtable, float* dcls, CAct dx, const PosImage* images,
-                             int n_images, int64_t C, int g0h, int g0w) const override {
+                             int n_images, int64_t C, int g0h, int g0w, PosResize resize) const override {
     if (n_images <= 0 || (!dtable && !dcls)) return;
     const int64_t rows = dtable ? (dcls ? 1 : 0) + int64_t(g0h) * g0w : 1;
     with([&](auto s) {
       using S = decltype(s);
       run(cuda::vembed::backward_launch(C, rows), 0, [&](float*) {
-        cuda::vembed::backward_block(dtable, dcls, as<S>(dx), images, n_images, C, g0h, g0w);
+        cuda::vembed::backward_block(dtable, dcls, as<S>(dx), images, n_images, C, g0h, g0w, resize);
       });
     });
   }

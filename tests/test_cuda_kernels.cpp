@@ -259,7 +259,7 @@ TEST_F(CudaOpsTest, LayerNormAndVisionEmbedGradientsAreDeterministic) {
     auto DT = put(std::vector<float>(size_t(n_pos * C), 0.5f));
     auto DC = put(std::vector<float>(size_t(C), 0.5f));
     g().vision_embed_backward(DT.as<float>(), DC.as<float>(), G.as<float>(),
-                              IMS.as<PosImage>(), 3, C, g0, g0);
+                              IMS.as<PosImage>(), 3, C, g0, g0, PosResize::bicubic);
     const auto dt = get<float>(DT, size_t(n_pos * C)), dc = get<float>(DC, size_t(C));
     if (run == 0) {
       first_t = dt, first_c = dc;

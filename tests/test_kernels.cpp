@@ -233,13 +233,15 @@ TEST(LayerNorm, Forward) {
 // row is written (not added), rows outside the images keep their values, and a constant table
 // stays constant at any size (the weights of every output sum to one).
 TEST(VisionEmbed, IdentityClassRowAndConstants) {
+  for (PosResize resize : {PosResize::bicubic, PosResize::bilinear_corners}) {
+  SCOPED_TRACE(resize == PosResize::bicubic ? "bicubic" : "bilinear");
   Rng rng(17);
   const int64_t C = 6;
   const int g0h = 3, g0w = 5;
   auto table = random_vec(rng, (1 + g0h * g0w) * C), cls = random_vec(rng, C);
   const std::vector<PosImage> same = {{1, g0h, g0w}};
   std::vector<float> x(size_t(2 + 1 + g0h * g0w) * C, 0.5f);
-  vision_embed_forward(x.data(), table.data(), cls.data(), same.data(), 1, C, g0h, g0w);
+  vision_embed_forward(x.data(), table.data(), cls.data(), same.data(), 1, C, g0h, g0w, resize);
   for (int64_t k = 0; k < C; ++k) {
     EXPECT_EQ(x[k], 0.5f);                               // the row before the image
     EXPECT_EQ(x[C + k], cls[k] + table[k]);              // the class row
@@ -253,9 +255,10 @@ TEST(VisionEmbed, IdentityClassRowAndConstants) {
   for (auto [gh, gw] : {std::pair<int, int>{1, 1}, {7, 2}, {2, 13}, {40, 40}}) {
     const std::vector<PosImage> im = {{0, gh, gw}};
     std::vector<float> y(size_t(gh * gw) * C, 0.0f);
-    vision_embed_forward(y.data(), flat.data(), nullptr, im.data(), 1, C, g0h, g0w);
+    vision_embed_forward(y.data(), flat.data(), nullptr, im.data(), 1, C, g0h, g0w, resize);
     // Up to a few float roundings of weights that sum to one.
     for (float v : y) ASSERT_NEAR(v, 0.25f, 5e-7) << gh << "x" << gw;
+  }
   }
 }
 
@@ -271,9 +274,9 @@ TEST(VisionEmbed, BackwardSameBitsForAnyThreadCount) {
   auto d1 = random_vec(rng, (1 + g0h * g0w) * C), c1 = random_vec(rng, C);
   auto d2 = d1, c2 = c1;
   omp_set_num_threads(1);
-  vision_embed_backward(d1.data(), c1.data(), dx.data(), ims.data(), 3, C, g0h, g0w);
+  vision_embed_backward(d1.data(), c1.data(), dx.data(), ims.data(), 3, C, g0h, g0w, PosResize::bicubic);
   omp_set_num_threads(2);
-  vision_embed_backward(d2.data(), c2.data(), dx.data(), ims.data(), 3, C, g0h, g0w);
+  vision_embed_backward(d2.data(), c2.data(), dx.data(), ims.data(), 3, C, g0h, g0w, PosResize::bicubic);
   EXPECT_EQ(d1, d2);
   EXPECT_EQ(c1, c2);
 }
@@ -417,7 +420,7 @@ TEST(VisionEmbed, MatchesPyTorchBicubicAndItsGradient) {
     const int n = int(r.images.size());
     std::vector<float> x(size_t(r.rows * C), 0.0f);
     vision_embed_forward(x.data(), r.table.data(), g.cls ? r.cls.data() : nullptr,
-                         r.images.data(), n, C, g.g0h, g.g0w);
+                         r.images.data(), n, C, g.g0h, g.g0w, PosResize::bicubic);
     const auto exact = read(fmt::format("exact_{}.bin", i), x.size());
     const auto torch32 = read(fmt::format("torch_{}.bin", i), x.size());
     const auto bilinear = read(fmt::format("bilinear_{}.bin", i), x.size());
@@ -449,7 +452,7 @@ TEST(VisionEmbed, MatchesPyTorchBicubicAndItsGradient) {
     // and of PyTorch's fp32 kernel, whose backward adds every term in float.
     std::vector<float> dtable(size_t(r.n_pos * C), 0.0f), dcls(size_t(C), 0.0f);
     vision_embed_backward(dtable.data(), g.cls ? dcls.data() : nullptr, r.dy.data(),
-                          r.images.data(), n, C, g.g0h, g.g0w);
+                          r.images.data(), n, C, g.g0h, g.g0w, PosResize::bicubic);
     const auto ref_table = read(fmt::format("dtable_exact_{}.bin", i), dtable.size());
     const auto torch_table = read(fmt::format("dtable_torch_{}.bin", i), dtable.size());
     const auto ref_cls = read(fmt::format("dcls_exact_{}.bin", i), dcls.size());
@@ -465,13 +468,69 @@ TEST(VisionEmbed, MatchesPyTorchBicubicAndItsGradient) {
   fs::remove_all(dir);
 }
 
+// Qwen3-VL's bilinear resize against transformers' fast_pos_embed_interpolate written out in
+// PyTorch (tests/reference/qwen_pos_ref.py, float64 from the float32 inputs) and its autograd:
+// a 6 x 6 table onto grids larger, smaller, non-square, a side of 1, and its own size. The
+// negative control: the same table resized bicubically (CLIP's rule) misses by far more.
+TEST(VisionEmbed, MatchesQwen3VlBilinearAndItsGradient) {
+  namespace fs = std::filesystem;
+  const int N = 6;
+  const int64_t C = 5;
+  const std::vector<std::pair<int, int>> grids = {{6, 6}, {12, 8}, {3, 10}, {1, 4}, {9, 1}, {2, 2}};
+  const fs::path dir = fs::temp_directory_path() / ("dhp_qwen_pos_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  Rng rng(23);
+  std::vector<PosImage> ims;
+  int64_t rows = 0;
+  std::string spec = fmt::format("{{\"N\": {}, \"C\": {}, \"grids\": [", N, C);
+  for (size_t k = 0; k < grids.size(); ++k) {
+    ims.push_back(PosImage{rows, grids[k].first, grids[k].second});
+    rows += int64_t(grids[k].first) * grids[k].second;
+    spec += fmt::format("{}[{}, {}]", k ? ", " : "", grids[k].first, grids[k].second);
+  }
+  spec += "]}";
+  const auto table = random_vec(rng, size_t(N * N * C)), dy = random_vec(rng, size_t(rows * C));
+  auto write = [&](const char* name, const std::vector<float>& v) {
+    std::ofstream(dir / name, std::ios::binary).write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4));
+  };
+  auto read = [&](const char* name, size_t n) {
+    std::vector<float> v(n);
+    std::ifstream in(dir / name, std::ios::binary);
+    in.read(reinterpret_cast<char*>(v.data()), std::streamsize(n * 4));
+    EXPECT_TRUE(in.good()) << name;
+    return v;
+  };
+  write("table.bin", table);
+  write("dy.bin", dy);
+  std::ofstream(dir / "case.json") << spec;
+  const std::string cmd = "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) + "/tests/reference/qwen_pos_ref.py " + dir.string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " failed: it needs Debian's python3-torch (scripts/setup.sh)";
+  const auto want = read("out.bin", size_t(rows * C)), want_d = read("dtable.bin", table.size());
+  fs::remove_all(dir);
+  std::vector<float> x(size_t(rows * C), 0.0f), cubic(x.size(), 0.0f);
+  vision_embed_forward(x.data(), table.data(), nullptr, ims.data(), int(ims.size()), C, N, N, PosResize::bilinear_corners);
+  vision_embed_forward(cubic.data(), table.data(), nullptr, ims.data(), int(ims.size()), C, N, N, PosResize::bicubic);
+  double worst = 0.0, control = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    worst = std::max(worst, double(std::abs(x[i] - want[i])));
+    control = std::max(control, double(std::abs(cubic[i] - want[i])));
+  }
+  EXPECT_LT(worst, 1e-6);
+  EXPECT_GT(control, 1000 * 1e-6) << "bicubic and bilinear agree: the comparison cannot tell them apart";
+  std::vector<float> dtable(table.size(), 0.0f);
+  vision_embed_backward(dtable.data(), nullptr, dy.data(), ims.data(), int(ims.size()), C, N, N,
+                        PosResize::bilinear_corners);
+  for (size_t j = 0; j < dtable.size(); ++j)
+    ASSERT_NEAR(dtable[j], want_d[j], 1e-6 * (1 + std::abs(want_d[j]))) << "dtable[" << j / C << "][" << j % C << "]";
+}
+
 TEST(VisionEmbed, BadGridIsRejected) {
   std::vector<float> x(8), table(8);
   const std::vector<PosImage> im = {{0, 0, 2}};
-  EXPECT_THROW(vision_embed_forward(x.data(), table.data(), nullptr, im.data(), 1, 2, 2, 2),
+  EXPECT_THROW(vision_embed_forward(x.data(), table.data(), nullptr, im.data(), 1, 2, 2, 2, PosResize::bicubic),
                dhp::Error);
   const std::vector<PosImage> ok = {{0, 1, 2}};
-  EXPECT_THROW(vision_embed_forward(x.data(), table.data(), nullptr, ok.data(), 1, 2, 0, 2),
+  EXPECT_THROW(vision_embed_forward(x.data(), table.data(), nullptr, ok.data(), 1, 2, 0, 2, PosResize::bicubic),
                dhp::Error);
 }
 

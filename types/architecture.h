@@ -30,6 +30,9 @@ enum class MlpKind : uint8_t { swiglu, gelu };
 // of the image's grid), or learned position rows added to the patch embeddings, resized
 // bicubically from the pretrained image_size / patch grid to each image's grid.
 enum class TowerPositions : uint8_t { rope2d, learned };
+// How learned positions are resized to an image's grid (kernels/pos_resize.h): PyTorch's
+// bicubic (CLIP, SigLIP) or Qwen3-VL's bilinear over linspace(0, in-1, out).
+enum class PositionResize : uint8_t { bicubic, bilinear_corners };
 
 // The parameters of one transformer block of width c, q/kv widths qd/kvd and MLP width f.
 // `biases`: on q, k, v, the output projection and (GELU MLP) both MLP layers.
@@ -53,6 +56,7 @@ struct TowerTraits {
   MlpKind mlp;
   bool block_biases;               // q/k/v/o and the GELU MLP's biases
   TowerPositions positions;
+  PositionResize position_resize;  // learned positions only
   // The embedding: a bias on the patch embedding; a learned class row before each image's
   // patches (its own stream row, attended to, dropped from the features); a norm of the
   // embeddings before the first layer (CLIP's pre_layrnorm, a LayerNorm).
@@ -94,10 +98,12 @@ struct TowerTraits {
 inline constexpr TowerTraits kTowerTraits[] = {
     // model-spec.md's encoder: RMSNorm, SwiGLU, 2-D RoPE, a final norm.
     {VisionArch::native, "native", NormKind::rms, MlpKind::swiglu, false, TowerPositions::rope2d,
+     PositionResize::bicubic,
      true, false, false, true, 1e-6f, false, false, ProjectorAct::gelu_tanh, kClipPixelMean, kClipPixelStd,
      "", "", "", "", ImageFit::native, "", HfTowerNames::none},
     // CLIPVisionModel: class row, learned positions, pre_layrnorm, LayerNorm/GELU blocks.
     {VisionArch::clip, "clip", NormKind::layer, MlpKind::gelu, true, TowerPositions::learned,
+     PositionResize::bicubic,
      false, true, true, false, 0.0f, true, false, ProjectorAct::gelu, kClipPixelMean, kClipPixelStd,
      "clip_vision_model", "CLIPVisionModel", "CLIPModel", "default", ImageFit::clip,
      R"({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
@@ -107,6 +113,7 @@ inline constexpr TowerTraits kTowerTraits[] = {
     // SiglipVisionModel: as CLIP without the class row and pre_layrnorm; a patch bias; an
     // attention-pooling head.
     {VisionArch::siglip, "siglip", NormKind::layer, MlpKind::gelu, true, TowerPositions::learned,
+     PositionResize::bicubic,
      true, false, false, false, 0.0f, true, true, ProjectorAct::gelu, kSiglipPixelMean, kSiglipPixelStd,
      "siglip_vision_model", "SiglipVisionModel", "SiglipModel", "full", ImageFit::siglip,
      R"({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,

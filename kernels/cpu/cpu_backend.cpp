@@ -94,12 +94,12 @@ class CpuOps final : public Ops {
     cpu::layernorm_backward(f32(dx), dw, db, f32(dy), f32(x), f32(w), mean, rstd, T, C);
   }
   void vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images, int n_images,
-                            int64_t C, int g0h, int g0w) const override {
-    cpu::vision_embed_forward(f32(x), f32(table), f32(cls), images, n_images, C, g0h, g0w);
+                            int64_t C, int g0h, int g0w, PosResize resize) const override {
+    cpu::vision_embed_forward(f32(x), f32(table), f32(cls), images, n_images, C, g0h, g0w, resize);
   }
   void vision_embed_backward(float* dtable, float* dcls, CAct dx, const PosImage* images,
-                             int n_images, int64_t C, int g0h, int g0w) const override {
-    cpu::vision_embed_backward(dtable, dcls, f32(dx), images, n_images, C, g0h, g0w);
+                             int n_images, int64_t C, int g0h, int g0w, PosResize resize) const override {
+    cpu::vision_embed_backward(dtable, dcls, f32(dx), images, n_images, C, g0h, g0w, resize);
   }
   void attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, AttnMeta qm, AttnMeta km,
                          const AttnShape& s) const override {

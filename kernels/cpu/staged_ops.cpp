@@ -139,18 +139,18 @@ class StagedOps final : public Ops {
   // The stream's rows up to the last image's are staged: rows the op does not touch round-trip
   // exactly (a bf16 value is an fp32 value).
   void vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images, int n_images,
-                            int64_t C, int g0h, int g0w) const override {
+                            int64_t C, int g0h, int g0w, PosResize resize) const override {
     const int64_t off = cls ? 1 : 0;
     Out sx(x, stream_rows(images, n_images, off) * C, true);
     f_.vision_embed_forward(sx, In(table, (off + int64_t(g0h) * g0w) * C), In(cls, C), images,
-                            n_images, C, g0h, g0w);
+                            n_images, C, g0h, g0w, resize);
   }
   void vision_embed_backward(float* dtable, float* dcls, CAct dx, const PosImage* images,
-                             int n_images, int64_t C, int g0h, int g0w) const override {
+                             int n_images, int64_t C, int g0h, int g0w, PosResize resize) const override {
     if (!dtable && !dcls) return;
     const int64_t off = dcls ? 1 : 0;
     f_.vision_embed_backward(dtable, dcls, In(dx, stream_rows(images, n_images, off) * C), images,
-                             n_images, C, g0h, g0w);
+                             n_images, C, g0h, g0w, resize);
   }
   void attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, AttnMeta qm, AttnMeta km,
                          const AttnShape& s) const override {

@@ -9,16 +9,6 @@
 namespace dhp::cpu {
 namespace {
 
-constexpr double kCubicA = -0.75;  // PyTorch's bicubic (Keys with A = -0.75)
-
-// Keys' kernel for |d| <= 1 and for 1 < |d| < 2, in PyTorch's form.
-inline double cubic_near(double d) {
-  return ((kCubicA + 2.0) * d - (kCubicA + 3.0)) * d * d + 1.0;
-}
-inline double cubic_far(double d) {
-  return ((kCubicA * d - 5.0 * kCubicA) * d + 8.0 * kCubicA) * d - 4.0 * kCubicA;
-}
-
 // Channels per step: the forward pass's accumulators, the backward pass's tasks.
 constexpr int64_t kChunk = 16;
 
@@ -33,21 +23,8 @@ void check_shapes(const PosImage* images, int n_images, int64_t C, int g0h, int 
 
 }  // namespace
 
-CubicTaps cubic_taps(int64_t dst, int64_t in, int64_t out) {
-  const double src = (double(dst) + 0.5) * (double(in) / double(out)) - 0.5;
-  const double fl = std::floor(src);
-  const double t = src - fl;
-  CubicTaps k;
-  k.w[0] = cubic_far(t + 1.0);
-  k.w[1] = cubic_near(t);
-  k.w[2] = cubic_near(1.0 - t);
-  k.w[3] = cubic_far(2.0 - t);
-  for (int j = 0; j < 4; ++j) k.idx[j] = std::clamp(int64_t(fl) - 1 + j, int64_t(0), in - 1);
-  return k;
-}
-
 void vision_embed_forward(float* x, const float* table, const float* cls, const PosImage* images,
-                          int n_images, int64_t C, int g0h, int g0w) {
+                          int n_images, int64_t C, int g0h, int g0w, PosResize resize) {
   check_shapes(images, n_images, C, g0h, g0w);
   const int64_t off = cls ? 1 : 0;
   for (int i = 0; i < n_images; ++i) {
@@ -58,7 +35,7 @@ void vision_embed_forward(float* x, const float* table, const float* cls, const 
     const int64_t gh = im.grid_h, gw = im.grid_w;
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < gh * gw; ++p) {
-      const CubicTaps ty = cubic_taps(p / gw, g0h, gh), tx = cubic_taps(p % gw, g0w, gw);
+      const ResizeTaps ty = resize_taps(resize, p / gw, g0h, gh), tx = resize_taps(resize, p % gw, g0w, gw);
       float* xp = patches + p * C;
       for (int64_t c0 = 0; c0 < C; c0 += kChunk) {
         const int64_t n = std::min(kChunk, C - c0);
@@ -78,7 +55,7 @@ void vision_embed_forward(float* x, const float* table, const float* cls, const 
 }
 
 void vision_embed_backward(float* dtable, float* dcls, const float* dx, const PosImage* images,
-                           int n_images, int64_t C, int g0h, int g0w) {
+                           int n_images, int64_t C, int g0h, int g0w, PosResize resize) {
   if (!dtable && !dcls) return;  // both frozen
   check_shapes(images, n_images, C, g0h, g0w);
   const int64_t off = dcls ? 1 : 0, cells = int64_t(g0h) * g0w;
@@ -103,7 +80,7 @@ void vision_embed_backward(float* dtable, float* dcls, const float* dx, const Po
       const int64_t gh = im.grid_h, gw = im.grid_w;
       const float* patches = dx + (im.row + off) * C + c0;
       for (int64_t p = 0; p < gh * gw; ++p) {
-        const CubicTaps ty = cubic_taps(p / gw, g0h, gh), tx = cubic_taps(p % gw, g0w, gw);
+        const ResizeTaps ty = resize_taps(resize, p / gw, g0h, gh), tx = resize_taps(resize, p % gw, g0w, gw);
         const float* g = patches + p * C;
         for (int a = 0; a < 4; ++a)
           for (int b = 0; b < 4; ++b) {

@@ -216,17 +216,17 @@ void CudaOps::layernorm_backward(Act dx, float* dw, float* db, CAct dy, CAct x, 
 }
 
 void CudaOps::vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images,
-                                   int n_images, int64_t C, int g0h, int g0w) const {
+                                   int n_images, int64_t C, int g0h, int g0w, PosResize resize) const {
   check_position_grid(C, g0h, g0w);
   DHP_STORAGE_CALL(cuda::vision_embed_forward(stream_, as<S>(x), as<S>(table), as<S>(cls),
-                                              images, n_images, C, g0h, g0w));
+                                              images, n_images, C, g0h, g0w, resize));
 }
 
 void CudaOps::vision_embed_backward(float* dtable, float* dcls, CAct dx, const PosImage* images,
-                                    int n_images, int64_t C, int g0h, int g0w) const {
+                                    int n_images, int64_t C, int g0h, int g0w, PosResize resize) const {
   check_position_grid(C, g0h, g0w);
   DHP_STORAGE_CALL(cuda::vision_embed_backward(stream_, dtable, dcls, as<S>(dx), images,
-                                               n_images, C, g0h, g0w));
+                                               n_images, C, g0h, g0w, resize));
 }
 
 void CudaOps::attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, AttnMeta qm,

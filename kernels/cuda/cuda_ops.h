@@ -55,9 +55,9 @@ class CudaOps final : public Ops {
                           const float* mean, const float* rstd, int64_t T,
                           int64_t C) const override;
   void vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images, int n_images,
-                            int64_t C, int g0h, int g0w) const override;
+                            int64_t C, int g0h, int g0w, PosResize resize) const override;
   void vision_embed_backward(float* dtable, float* dcls, CAct dx, const PosImage* images,
-                             int n_images, int64_t C, int g0h, int g0w) const override;
+                             int n_images, int64_t C, int g0h, int g0w, PosResize resize) const override;
   void attention_forward(Act out, float* lse, CAct q, CAct k, CAct v, AttnMeta qm, AttnMeta km,
                          const AttnShape& s) const override;
   void attention_backward(Act dq, Act dk, Act dv, CAct dout, CAct out, const float* lse, CAct q,

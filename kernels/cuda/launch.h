@@ -164,12 +164,12 @@ void patch_merge_backward(cudaStream_t stream, S* din, const S* dout, const Merg
 // written cls + table[0]. images (n_images) is a device array.
 template <class S>
 void vision_embed_forward(cudaStream_t stream, S* x, const S* table, const S* cls,
-                          const PosImage* images, int n_images, int64_t C, int g0h, int g0w);
+                          const PosImage* images, int n_images, int64_t C, int g0h, int g0w, PosResize resize);
 // dtable and dcls (fp32, null = frozen) accumulate the transpose; the class row exists exactly
 // when dcls is given. Each table row gathers its terms in one fixed order: deterministic.
 template <class S>
 void vision_embed_backward(cudaStream_t stream, float* dtable, float* dcls, const S* dx,
-                           const PosImage* images, int n_images, int64_t C, int g0h, int g0w);
+                           const PosImage* images, int n_images, int64_t C, int g0h, int g0w, PosResize resize);
 
 // ---- Small vector operations (kernels/cpu/elementwise.h) -----------------------------------
 

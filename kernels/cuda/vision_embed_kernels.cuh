@@ -1,6 +1,7 @@
 // The bodies of the vision position-embedding kernels (kernels/cuda/vision_embed.cu launches
 // them) and their launch shapes; the CPU reference, whose arithmetic these repeat expression
-// for expression, is kernels/cpu/vision_embed.h. A thread owns one channel, so every load and
+// for expression, is kernels/cpu/vision_embed.h, and both take their taps from
+// kernels/pos_resize.h. A thread owns one channel, so every load and
 // store of a warp is one contiguous run of a row.
 #pragma once
 
@@ -10,6 +11,7 @@
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/storage.cuh"
 #include "kernels/op_types.h"
+#include "kernels/pos_resize.h"
 
 namespace dhp::cuda::vembed {
 
@@ -31,41 +33,12 @@ inline LaunchDims backward_launch(int64_t C, int64_t rows) {
                     1};
 }
 
-// The four taps of output sample dst of a resize from in to out samples: the CPU's cubic_taps.
-struct Taps {
-  int64_t idx[4];
-  double w[4];
-};
-
-__device__ __forceinline__ double cubic_near(double d) {
-  return ((-0.75 + 2.0) * d - (-0.75 + 3.0)) * d * d + 1.0;
-}
-__device__ __forceinline__ double cubic_far(double d) {
-  return ((-0.75 * d - 5.0 * -0.75) * d + 8.0 * -0.75) * d - 4.0 * -0.75;
-}
-
-__device__ __forceinline__ Taps taps(int64_t dst, int64_t in, int64_t out) {
-  const double src = (double(dst) + 0.5) * (double(in) / double(out)) - 0.5;
-  const double fl = floor(src);
-  const double t = src - fl;
-  Taps k;
-  k.w[0] = cubic_far(t + 1.0);
-  k.w[1] = cubic_near(t);
-  k.w[2] = cubic_near(1.0 - t);
-  k.w[3] = cubic_far(2.0 - t);
-  for (int j = 0; j < 4; ++j) {
-    const int64_t i = int64_t(fl) - 1 + j;
-    k.idx[j] = i < 0 ? 0 : i > in - 1 ? in - 1 : i;
-  }
-  return k;
-}
-
 // blockIdx.y strides over (image, slice) pairs; the slice-0 block of an image writes its class
 // row. Patches add the 16-tap sum, in double, rounded once.
 template <class S>
 __device__ __forceinline__ void forward_block(S* x, const S* table, const S* cls,
                                               const PosImage* images, int n_images, int64_t C,
-                                              int g0h, int g0w) {
+                                              int g0h, int g0w, PosResize resize) {
   const int64_t ch = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (ch >= C) return;
   const int64_t off = cls ? 1 : 0;
@@ -76,7 +49,7 @@ __device__ __forceinline__ void forward_block(S* x, const S* table, const S* cls
     const int64_t gh = im.grid_h, gw = im.grid_w;
     S* patches = x + (im.row + off) * C + ch;
     for (int64_t p = slice; p < gh * gw; p += kSlices) {
-      const Taps ty = taps(p / gw, g0h, gh), tx = taps(p % gw, g0w, gw);
+      const ResizeTaps ty = resize_taps(resize, p / gw, g0h, gh), tx = resize_taps(resize, p % gw, g0w, gw);
       double acc = 0.0;
       for (int a = 0; a < 4; ++a) {
         const S* row = table + (off + ty.idx[a] * g0w) * C + ch;
@@ -88,24 +61,13 @@ __device__ __forceinline__ void forward_block(S* x, const S* table, const S* cls
   }
 }
 
-// The rows of an output axis whose taps may reach input sample i: a superset (margins of one),
-// the exact test is the taps' own indices.
-__device__ __forceinline__ void reaching(int64_t i, int64_t in, int64_t out, int64_t& lo,
-                                         int64_t& hi) {
-  const double per = double(out) / double(in);
-  lo = int64_t(floor((double(i) - 1.5) * per - 0.5)) - 1;
-  hi = int64_t(ceil((double(i) + 2.5) * per - 0.5)) + 1;
-  if (lo < 0) lo = 0;
-  if (hi > out - 1) hi = out - 1;
-}
-
 // One thread per (table row, channel), blockIdx.y striding over the rows: each row gathers its
 // terms in the CPU's order (images, patches row-major, row taps, column taps), in double,
 // added to the gradient once. With dcls, row 0 is the class position: the class rows' sum.
 template <class S>
 __device__ __forceinline__ void backward_block(float* dtable, float* dcls, const S* dx,
                                                const PosImage* images, int n_images, int64_t C,
-                                               int g0h, int g0w) {
+                                               int g0h, int g0w, PosResize resize) {
   const int64_t ch = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (ch >= C) return;
   const int64_t off = dcls ? 1 : 0;
@@ -125,13 +87,13 @@ __device__ __forceinline__ void backward_block(float* dtable, float* dcls, const
       const int64_t gh = im.grid_h, gw = im.grid_w;
       const S* patches = dx + (im.row + off) * C + ch;
       int64_t r0, r1, c0, c1;
-      reaching(ia, g0h, gh, r0, r1);
-      reaching(ib, g0w, gw, c0, c1);
+      resize_reach(resize, ia, g0h, gh, r0, r1);
+      resize_reach(resize, ib, g0w, gw, c0, c1);
       for (int64_t r = r0; r <= r1; ++r) {
-        const Taps ty = taps(r, g0h, gh);
+        const ResizeTaps ty = resize_taps(resize, r, g0h, gh);
         if (ty.idx[0] != ia && ty.idx[1] != ia && ty.idx[2] != ia && ty.idx[3] != ia) continue;
         for (int64_t c = c0; c <= c1; ++c) {
-          const Taps tx = taps(c, g0w, gw);
+          const ResizeTaps tx = resize_taps(resize, c, g0w, gw);
           if (tx.idx[0] != ib && tx.idx[1] != ib && tx.idx[2] != ib && tx.idx[3] != ib) continue;
           const double g = double(ld(patches[(r * gw + c) * C]));
           for (int a = 0; a < 4; ++a) {

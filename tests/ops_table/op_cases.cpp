@@ -290,9 +290,11 @@ OpCase layernorm(int64_t T, int64_t C, float scale = 1.0f, float shift = 0.0f, f
 enum class EmbedGrads { all, no_table, none };
 
 // Images of the given patch grids in one encoder stream, with an untouched row between images
-// (it must keep its value); the pretrained grid g0h x g0w, with or without the class row.
+// (it must keep its value); the pretrained grid g0h x g0w, with or without the class row;
+// resized bicubically (CLIP, SigLIP) or bilinearly (Qwen3-VL).
 OpCase vision_embed(int g0h, int g0w, bool cls, const std::vector<std::pair<int, int>>& grids,
-                    int64_t C, EmbedGrads grads = EmbedGrads::all, int probes = 300) {
+                    int64_t C, EmbedGrads grads = EmbedGrads::all, int probes = 300,
+                    PosResize resize = PosResize::bicubic) {
   std::vector<PosImage> images;
   int64_t rows = 1, patches = 0;  // row 0 is a gap too
   std::string shape = fmt::format("g0={}x{}{} C={} grids", g0h, g0w, cls ? " cls" : "", C);
@@ -304,6 +306,7 @@ OpCase vision_embed(int g0h, int g0w, bool cls, const std::vector<std::pair<int,
   }
   if (grads == EmbedGrads::no_table) shape += " frozen table";
   if (grads == EmbedGrads::none) shape += " frozen";
+  if (resize == PosResize::bilinear_corners) shape += " bilinear";
   OpCase c = named("vision embed", shape);
   const int n = int(images.size());
   const int64_t n_pos = (cls ? 1 : 0) + int64_t(g0h) * g0w;
@@ -316,12 +319,12 @@ OpCase vision_embed(int g0h, int g0w, bool cls, const std::vector<std::pair<int,
   };
   c.forward = [=](const Ops& o, const Args& a) {
     o.vision_embed_forward(a.act("x"), a.act("table"), cls ? a.act("cls") : CAct(),
-                           a.as<PosImage>("images"), n, C, g0h, g0w);
+                           a.as<PosImage>("images"), n, C, g0h, g0w, resize);
   };
   c.backward = [=](const Ops& o, const Args& a) {
     float* dtable = grads == EmbedGrads::all ? a.f32("dtable") : nullptr;
     float* dcls = cls && grads != EmbedGrads::none ? a.f32("dcls") : nullptr;
-    o.vision_embed_backward(dtable, dcls, a.act("dx"), a.as<PosImage>("images"), n, C, g0h, g0w);
+    o.vision_embed_backward(dtable, dcls, a.act("dx"), a.as<PosImage>("images"), n, C, g0h, g0w, resize);
   };
   // Forward: 16 products summed in float in the same order everywhere; a device's fused
   // multiply-adds move each partial sum by an ulp. Backward: each table cell adds its terms in
@@ -575,6 +578,8 @@ std::vector<OpCase> grad_cases() {
           vision_embed(4, 4, false, {{1, 6}, {9, 2}}, 5),
           vision_embed(5, 3, true, {{1, 1}, {4, 8}}, 2, EmbedGrads::no_table),
           vision_embed(2, 2, false, {{3, 5}, {2, 2}}, 1),
+          vision_embed(4, 4, false, {{1, 6}, {9, 2}, {4, 4}}, 5, EmbedGrads::all, 300, PosResize::bilinear_corners),
+          vision_embed(5, 3, false, {{1, 1}, {2, 7}}, 3, EmbedGrads::all, 300, PosResize::bilinear_corners),
           cross_entropy(5, 7, 3.0f, {2, -1, 6, 0, -1}),
           embedding(7, 20, 6, {3, 1, -1, 3, 0, 5, 3}),
           patch_merge(2, {{1, 2}, {1, 1}}, 3, 100)};
@@ -613,6 +618,9 @@ std::vector<OpCase> device_cases() {
   v.push_back(vision_embed(16, 16, false, {{27, 20}, {8, 8}, {16, 16}}, 1152));
   v.push_back(vision_embed(3, 5, true, {{1, 1}, {7, 2}, {30, 45}}, 37, EmbedGrads::no_table));
   v.push_back(vision_embed(7, 6, false, {{5, 9}}, 300, EmbedGrads::none));
+  // Qwen3-VL's 48 x 48 table at width 1024, bilinear, on grids below, at and above it.
+  v.push_back(vision_embed(48, 48, false, {{48, 48}, {20, 64}, {1, 3}, {70, 30}}, 1024, EmbedGrads::all, 300,
+                           PosResize::bilinear_corners));
   for (auto [T, V] : {std::pair<int64_t, int64_t>{1, 2}, {17, 23}, {64, 1000}, {64, 32000},
                       {130, 32000}, {5000, 37}})
     v.push_back(cross_entropy(T, V));
@@ -672,6 +680,8 @@ std::vector<OpCase> emulated_cases() {
   v.push_back(vision_embed(3, 5, false, {{7, 2}, {2, 11}}, 130));
   v.push_back(vision_embed(5, 3, true, {{1, 1}, {9, 4}}, 33, EmbedGrads::no_table));
   v.push_back(vision_embed(2, 3, false, {{3, 3}}, 7, EmbedGrads::none));
+  v.push_back(vision_embed(6, 6, false, {{6, 6}, {2, 11}, {1, 1}, {13, 4}}, 33, EmbedGrads::all, 300,
+                           PosResize::bilinear_corners));
   // V = 1000, 2052, 512 and 4 take the vector path of the backward pass, the others the scalar.
   for (auto [T, V] : {std::pair<int64_t, int64_t>{1, 2}, {17, 23}, {6, 1000}, {5, 2052}, {9, 1537},
                       {3, 512}, {4, 4}, {37, 203}})
