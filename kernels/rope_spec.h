@@ -19,6 +19,10 @@
 //   interleaved (Qwen3-VL):           pair i by h when i % 3 == 1 and i < 3·sections[1], by w
 //                                     when i % 3 == 2 and i < 3·sections[2], by t otherwise.
 // A text token has t = h = w, so on text M-RoPE is the plain RoPE of that position.
+// With mrope_restart (blocked only) each section's pairs restart the frequencies: pair k of a
+// section of n pairs turns at f_k of a span of 2n. That is the Qwen-VL vision towers' 2-D RoPE,
+// sections (0, hd/4, hd/4) by patch row and column: transformers' rot_pos_emb concatenates
+// row·f and col·f over head_dim / 2 and rotates with rotate_half.
 #pragma once
 
 #include <cmath>
@@ -54,6 +58,7 @@ struct RopeSpec {
   // M-RoPE's pairs per axis (t, h, w); all 0 = plain RoPE, one position per token.
   int mrope_section[3] = {0, 0, 0};
   bool mrope_interleaved = false;
+  bool mrope_restart = false;
   DHP_ROPE_FN bool mrope() const { return mrope_section[0] + mrope_section[1] + mrope_section[2] > 0; }
 };
 
@@ -82,6 +87,20 @@ DHP_ROPE_FN double rope_inv_freq(const RopeSpec& r, int i, int span) {
   const double s = (r.original_max_pos / wavelength - r.low_freq_factor) /
                    (r.high_freq_factor - r.low_freq_factor);
   return (1.0 - s) * f / r.factor + s * f;
+}
+
+// The frequency pair i of a span of `span` values turns at: f_i, or with mrope_restart f_k of
+// twice its section, k its index in the section.
+DHP_ROPE_FN double rope_pair_freq(const RopeSpec& r, int i, int span) {
+  if (r.mrope_restart) {
+    int start = 0;
+    for (int a = 0; a < 3; ++a) {
+      const int n = r.mrope_section[a];
+      if (i < start + n) return rope_inv_freq(r, i - start, 2 * n);
+      start += n;
+    }
+  }
+  return rope_inv_freq(r, i, span);
 }
 
 }  // namespace dhp

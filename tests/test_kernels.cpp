@@ -343,6 +343,18 @@ TEST(MRope, MatchesTransformersRotaryInBothLayouts) {
     rope_backward(y.data(), pos.data(), T, H, hd, 0, hd, spec);
     EXPECT_LT(worst(y, x, 0, T, row), 1e-5) << what;
   }
+  // The Qwen-VL vision towers' 2-D RoPE: blocked sections (0, hd/4, hd/4) by patch row and
+  // column, each restarting the frequencies; without the restart it is another rotation.
+  RopeSpec vision(1000000.0);
+  vision.mrope_section[1] = vision.mrope_section[2] = hd / 4;
+  vision.mrope_restart = true;
+  std::vector<float> y = x;
+  rope_forward(y.data(), pos.data(), T, H, hd, 0, hd, vision);
+  EXPECT_LT(worst(y, read("vision.bin"), 0, T, row), 2e-5) << "vision";
+  vision.mrope_restart = false;
+  std::vector<float> z = x;
+  rope_forward(z.data(), pos.data(), T, H, hd, 0, hd, vision);
+  EXPECT_GT(worst(z, read("vision.bin"), 10, 34, row), 100 * 2e-5) << "vision without the restart";
   fs::remove_all(dir);
 }
 

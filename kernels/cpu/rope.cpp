@@ -10,7 +10,7 @@ void rotate(float* x, const int32_t* pos, int64_t T, int H, int hd, int offset, 
             const RopeSpec& rope, float sign) {
   const int half = span / 2;
   std::vector<double> inv_freq(half);  // (half)
-  for (int i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(rope, i, span);
+  for (int i = 0; i < half; ++i) inv_freq[i] = rope_pair_freq(rope, i, span);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     for (int i = 0; i < half; ++i) {

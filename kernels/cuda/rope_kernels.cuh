@@ -28,7 +28,7 @@ __device__ __forceinline__ void rotate_block(S* x, const int32_t* pos, int64_t T
        k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = k / half;
     const int i = int(k % half);
-    const double a = double(rope_position(rope, pos, t, i)) * rope_inv_freq(rope, i, span);
+    const double a = double(rope_position(rope, pos, t, i)) * rope_pair_freq(rope, i, span);
     const float c = float(cos(a)), s = sign * float(sin(a));
     for (int h = 0; h < H; ++h) {
       S* v = x + (t * H + h) * hd + offset;

@@ -147,9 +147,11 @@ OpCase rmsnorm(int64_t T, int64_t C, float scale = 1.0f, float eps = 1e-6f) {
 // its bands: kept below 64, blended between 64 and 256, divided by 8 above.
 RopeSpec llama3_rope() { return RopeSpec::llama3(500000.0, 8.0, 1.0, 4.0, 256.0); }
 
-// M-RoPE over hd / 2 pairs split as `t, h, w`, interleaved (Qwen3-VL) or blocked (Qwen2-VL).
-RopeSpec mrope(int t, int h, int w, bool interleaved, double base = 10000.0) {
+// M-RoPE over hd / 2 pairs split as `t, h, w`, interleaved (Qwen3-VL) or blocked (Qwen2-VL);
+// `restart`: each section restarting the frequencies (the Qwen-VL vision towers' 2-D RoPE).
+RopeSpec mrope(int t, int h, int w, bool interleaved, double base = 10000.0, bool restart = false) {
   RopeSpec r(base);
+  r.mrope_restart = restart;
   r.mrope_section[0] = t;
   r.mrope_section[1] = h;
   r.mrope_section[2] = w;
@@ -162,7 +164,8 @@ RopeSpec mrope(int t, int h, int w, bool interleaved, double base = 10000.0) {
 // encoder's base (2-D) or the decoder's (1-D); `spec` with a factor: Llama-3.x's scaling.
 OpCase rope(int64_t T, int H, int hd, bool two_d, std::vector<int32_t> pos = {},
             std::vector<int32_t> row = {}, std::vector<int32_t> col = {}, RopeSpec spec = 0.0) {
-  const std::string kind = spec.mrope() ? (spec.mrope_interleaved ? " mrope-interleaved" : " mrope-blocked") : "";
+  const std::string kind = !spec.mrope() ? "" : spec.mrope_restart ? " mrope-restart"
+                           : spec.mrope_interleaved ? " mrope-interleaved" : " mrope-blocked";
   OpCase c = named(two_d ? "rope2d" : "rope", "T=" + str(T) + " H=" + str(H) + " hd=" + str(hd) +
                                                   (spec.scaled() ? " llama3" : "") + kind);
   if (spec.theta == 0.0) spec.theta = two_d ? 100.0 : 10000.0;  // the vision encoder's, the decoder's
@@ -565,6 +568,7 @@ std::vector<OpCase> grad_cases() {
           rope(5, 2, 8, false, {0, 1, 7, 2, 300}, {}, {}, llama3_rope()),
           rope(4, 2, 12, false, {0, 0, 0, 5, 5, 6, 5, 6, 5, 9, 9, 9}, {}, {}, mrope(2, 2, 2, true, 100.0)),
           rope(4, 2, 12, false, {0, 0, 0, 5, 5, 6, 5, 6, 5, 9, 9, 9}, {}, {}, mrope(3, 2, 1, false, 100.0)),
+          rope(4, 2, 12, false, {0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 3, 2}, {}, {}, mrope(0, 3, 3, false, 100.0, true)),
           swiglu(30, 3.0f),
           gelu(30, 4.0f),
           gelu(30, 4.0f, GeluKind::Erf),
@@ -600,6 +604,7 @@ std::vector<OpCase> device_cases() {
   v.push_back(rope(300, 4, 128, false, {}, {}, {}, llama3_rope()));
   v.push_back(rope(300, 4, 128, false, {}, {}, {}, mrope(24, 20, 20, true)));   // Qwen3-VL's sections
   v.push_back(rope(300, 4, 128, false, {}, {}, {}, mrope(16, 24, 24, false)));  // Qwen2.5-VL's
+  v.push_back(rope(300, 16, 64, false, {}, {}, {}, mrope(0, 16, 16, false, 10000.0, true)));  // its towers
   // Qwen3's q/k norms: rows of one head.
   v.push_back(rmsnorm(300 * 16, 128));
   for (int64_t n : {1, 3, 1000, 4097, 100003, 300 * 2048}) {
@@ -660,6 +665,7 @@ std::vector<OpCase> emulated_cases() {
   v.push_back(rope(37, 3, 64, false, {}, {}, {}, llama3_rope()));
   v.push_back(rope(37, 3, 64, false, {}, {}, {}, mrope(12, 10, 10, true)));
   v.push_back(rope(13, 2, 12, false, {}, {}, {}, mrope(2, 2, 2, false)));
+  v.push_back(rope(37, 3, 64, false, {}, {}, {}, mrope(0, 16, 16, false, 10000.0, true)));
   // Qwen3's q/k norms: rows of one head (T·H rows of hd), fewer values than threads.
   v.push_back(rmsnorm(37 * 3, 16));
   // Around the block of 256 threads.

@@ -12,7 +12,10 @@ rotate_half. Everything in float64.
 
 Usage: mrope_ref.py DIR. DIR/case.json: {"T", "H", "hd", "theta", "section": [t, h, w]};
 DIR/x.bin float32 (T, H, hd), DIR/pos.bin int32 (T, 3). Writes float32 (T, H, hd) files:
-interleaved.bin, blocked.bin, and plain.bin (1-D RoPE by the temporal row alone).
+interleaved.bin, blocked.bin, plain.bin (1-D RoPE by the temporal row alone), and vision.bin:
+the Qwen-VL vision towers' 2-D RoPE by the height and width rows as (patch row, patch column),
+Qwen3VLVisionRotaryEmbedding(head_dim // 2) and rot_pos_emb (row·inv_freq and col·inv_freq
+concatenated over head_dim / 2, then cat(emb, emb)) with apply_rotary_pos_emb_vision.
 """
 import json
 import os
@@ -53,6 +56,16 @@ def blocked(freqs, section):
     return cos, sin
 
 
+def vision(pos, hd, theta):
+    dim = hd // 2
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    rows = pos[1].to(torch.float64)[:, None] * inv_freq[None, :]
+    cols = pos[2].to(torch.float64)[:, None] * inv_freq[None, :]
+    rotary = torch.cat((rows, cols), dim=-1)
+    emb = torch.cat((rotary, rotary), dim=-1)
+    return emb.cos(), emb.sin()
+
+
 def plain(freqs):
     emb = torch.cat((freqs[0], freqs[0]), dim=-1)
     return emb.cos(), emb.sin()
@@ -71,7 +84,8 @@ def main():
     pos = torch.from_numpy(np.fromfile(os.path.join(d, "pos.bin"), dtype=np.int32).reshape(T, 3)).T
     freqs = freqs_of(pos, hd, c["theta"])
     for name, (cos, sin) in (("interleaved", interleaved(freqs, c["section"])),
-                             ("blocked", blocked(freqs, c["section"])), ("plain", plain(freqs))):
+                             ("blocked", blocked(freqs, c["section"])), ("plain", plain(freqs)),
+                             ("vision", vision(pos, hd, c["theta"]))):
         rotate(x, cos, sin).numpy().astype(np.float32).tofile(os.path.join(d, name + ".bin"))
 
 
