@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "model/model.h"
 #include "parallel/memory_model.h"
 #include "tests/file_text.h"
@@ -193,6 +194,28 @@ TEST_P(Architecture, ExportImportExportIsByteIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(Rows, Architecture, ::testing::ValuesIn(rows()),
                          [](const ::testing::TestParamInfo<Row>& i) { return i.param.name; });
+
+// A decoder with M-RoPE has no class an export writes: refused before any file is written,
+// saying why.
+TEST(ArchitectureExport, RefusesMRope) {
+  ModelConfig cfg = tiny_config();
+  cfg.head_dim = 12;
+  cfg.mrope_section = {2, 2, 2};
+  auto backend = make_cpu_backend({1});
+  Model m(cfg, *backend);
+  m.initialise(1);
+  HfExportOptions e;
+  e.dir = (testing::hf_fixture_root() / "mrope_export").string();
+  std::string msg;
+  try {
+    export_hf_checkpoint(m, e);
+  } catch (const Error& err) {
+    msg = err.what();
+  }
+  EXPECT_NE(msg.find("M-RoPE (model.mrope_section = [2, 2, 2])"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(fs::path(e.dir) / "config.json"));
+  EXPECT_FALSE(fs::exists(fs::path(e.dir) / "model.safetensors"));
+}
 
 // The table itself: names unique, the Hugging Face names of each row unique, LLaVA's feature
 // strategy the one that drops exactly the row's class row.

@@ -120,6 +120,11 @@ json model_config(const ModelConfig& m, const HfExportOptions& o) {
   // The class whose attention the model's is: the first family of types/architecture.h an
   // export names whose traits are the model's (Qwen3 with the per-head q/k norms, Qwen2 with
   // biases on q/k/v alone, Llama otherwise). Biases on o_proj without q/k/v have no class.
+  // No class an export writes turns by three positions: the folder would load into a decoder
+  // that computes another rotation, so it is refused before any file is written.
+  DHP_CHECK(!m.mrope(), "export: the model's decoder has M-RoPE (model.mrope_section = [{}, {}, {}]), which no "
+            "Hugging Face class dhp writes has (their RoPE turns by one position a token)",
+            m.mrope_section[0], m.mrope_section[1], m.mrope_section[2]);
   const DecoderTraits* family = exported_family(m.attention_bias, m.attention_out_bias, m.qk_norm);
   if (!family) {
     std::vector<std::string> classes;
