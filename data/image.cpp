@@ -147,6 +147,25 @@ ImageSize resized_size(int H, int W, const ImageGeometry& v) {
   }
   const double f = v.factor();
   const double Hd = H, Wd = W;
+  if (v.resize == ImageFit::qwen) {
+    // transformers' smart_resize, to the letter: Python's round (half to even, which
+    // nearbyint gives in the default rounding mode), the max branch's floors lifted to f, the
+    // min branch's ceilings, and nothing after them.
+    DHP_CHECK(std::max(Hd, Wd) / std::min(Hd, Wd) <= 200.0,
+              "image {}x{}: its aspect ratio {:.1f} is above 200, which Qwen2-VL's image processor refuses "
+              "(model.vision.resize = \"qwen\")", H, W, std::max(Hd, Wd) / std::min(Hd, Wd));
+    double h = std::nearbyint(Hd / f) * f, w = std::nearbyint(Wd / f) * f;
+    if (h * w > double(v.max_pixels)) {
+      const double b = std::sqrt(Hd * Wd / double(v.max_pixels));
+      h = std::max(f, std::floor(Hd / b / f) * f);
+      w = std::max(f, std::floor(Wd / b / f) * f);
+    } else if (h * w < double(v.min_pixels)) {
+      const double b = std::sqrt(double(v.min_pixels) / (Hd * Wd));
+      h = std::ceil(Hd * b / f) * f;
+      w = std::ceil(Wd * b / f) * f;
+    }
+    return {int(h), int(w)};
+  }
   auto r = [](double x) { return std::floor(x + 0.5); };
   double h = std::max(f, r(Hd / f) * f);
   double w = std::max(f, r(Wd / f) * f);
@@ -233,7 +252,7 @@ PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v) {
     const int stretched = int(double(n) * double(longer) / double(shorter));
     const cv::Mat r = pil_resize_bicubic(rgb, wide ? stretched : n, wide ? n : stretched);
     rgb = r(cv::Rect((r.cols - n) / 2, (r.rows - n) / 2, n, n)).clone();
-  } else if (v.fixed_square()) {
+  } else if (v.fixed_square() || v.resize == ImageFit::qwen) {
     if (s.h != rgb.rows || s.w != rgb.cols) rgb = pil_resize_bicubic(rgb, s.w, s.h);
   } else if (s.h != rgb.rows || s.w != rgb.cols) {
     cv::Mat resized;

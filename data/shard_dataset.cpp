@@ -70,7 +70,7 @@ ShardDataset::ShardDataset(const std::string& dir, const Tokenizer& tok, const I
                          x_.vision.min_pixels == geometry.min_pixels &&
                          x_.vision.max_pixels == geometry.max_pixels &&
                          x_.vision.resize == geometry.resize &&
-                         (geometry.resize == ImageFit::native ||
+                         (!geometry.fixed_square() ||
                           x_.vision.image_size == geometry.image_size);
   const int64_t n_images = int64_t(x_.images.size()) / kImageCols;
   image_grids_.resize(size_t(n_images));

@@ -8,6 +8,7 @@
 
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -26,6 +27,7 @@
 #include "data/image.h"
 #include "data/loader.h"
 #include "data/pack.h"
+#include "data/resample.h"
 #include "data/sampler.h"
 #include "data/synth.h"
 #include "data/tokenizer.h"
@@ -149,6 +151,98 @@ TEST(Image, ResizeClampHoldsTheCapOnExtremeAspectRatios) {
 }
 
 // ---- headers -------------------------------------------------------------------------------
+
+// model.vision.resize = "qwen" is transformers' smart_resize (tests/reference/smart_resize_ref.py)
+// on 600 sizes at Qwen2-VL's factor 28 and Qwen3-VL's 32 with their pixel budgets and tight
+// ones, the sides an exact half-factor away (Python's round goes to even there), tiny and huge
+// images, and aspect ratios around 200 (above it refused, as the processor refuses). The
+// negative control: dhp's native rule differs from it on some of these sizes. The pixels are
+// Pillow's bicubic resize to that size (data/resample.h; tests/test_resample.cpp).
+TEST(Image, QwenResizeIsTransformersSmartResize) {
+  namespace fs = std::filesystem;
+  struct Budget {
+    int patch;
+    int64_t min_pixels, max_pixels;
+  };
+  const std::vector<Budget> budgets = {{14, 56 * 56, 28 * 28 * 1280}, {16, 64 * 64, 16384 * 32 * 32},
+                                       {16, 4096, 65536}, {14, 100000, 120000}};
+  Rng rng(5);
+  std::vector<std::array<int64_t, 5>> cases;
+  for (const Budget& b : budgets) {
+    const int f = 2 * b.patch;
+    for (int k = 0; k < 150; ++k) {
+      int h = 0, w = 0;
+      switch (k % 5) {
+        case 0: h = 1 + int(rng.below(4000)), w = 1 + int(rng.below(4000)); break;
+        case 1: h = f / 2 + f * int(rng.below(40)), w = f / 2 + f * int(rng.below(40)); break;  // halves
+        case 2: h = 1 + int(rng.below(40)), w = 1 + int(rng.below(40)); break;                  // tiny
+        case 3: h = 1 + int(rng.below(60)), w = int(h * (150 + rng.below(100))); break;        // ~200:1
+        default: h = 2000 + int(rng.below(20000)), w = 2000 + int(rng.below(20000)); break;     // huge
+      }
+      cases.push_back({h, w, f, b.min_pixels, b.max_pixels});
+    }
+  }
+  const fs::path dir = fs::temp_directory_path() / ("dhp_smart_resize_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "cases.json") << nlohmann::json(cases).dump();
+  const std::string cmd = "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) + "/tests/reference/smart_resize_ref.py " +
+                          (dir / "cases.json").string() + " " + (dir / "out.json").string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const nlohmann::json want = nlohmann::json::parse(std::ifstream(dir / "out.json"));
+  fs::remove_all(dir);
+  int refused = 0, differs_from_native = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    ImageGeometry v;
+    v.patch = int(c[2]) / 2;
+    v.merge = 2;
+    v.min_pixels = c[3];
+    v.max_pixels = c[4];
+    v.resize = ImageFit::qwen;
+    SCOPED_TRACE(::testing::Message() << c[0] << "x" << c[1] << " factor " << c[2] << " pixels [" << c[3] << ", " << c[4] << "]");
+    if (want[i].is_null()) {
+      ++refused;
+      EXPECT_THROW(resized_size(int(c[0]), int(c[1]), v), Error);
+      continue;
+    }
+    const ImageSize s = resized_size(int(c[0]), int(c[1]), v);
+    EXPECT_EQ(s.h, want[i][0].get<int>());
+    EXPECT_EQ(s.w, want[i][1].get<int>());
+    v.resize = ImageFit::native;
+    try {
+      const ImageSize n = resized_size(int(c[0]), int(c[1]), v);
+      differs_from_native += n.h != s.h || n.w != s.w;
+    } catch (const Error&) {
+      ++differs_from_native;
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(differs_from_native, 0) << "the native rule is transformers' on every case: the test cannot tell them apart";
+
+  // The pixels: Pillow's bicubic to that size, patches row-major.
+  cv::Mat bgr(37, 90, CV_8UC3);
+  cv::randu(bgr, 0, 255);
+  ImageGeometry q;
+  q.patch = 4;
+  q.merge = 2;
+  q.min_pixels = 64;
+  q.max_pixels = 4000;
+  q.resize = ImageFit::qwen;
+  const ImageSize s = resized_size(37, 90, q);
+  const PreparedImage im = prepare_image(bgr, q);
+  cv::Mat rgb;
+  cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+  const cv::Mat want_px = pil_resize_bicubic(rgb, s.w, s.h);
+  ASSERT_EQ(im.grid_h * q.patch, s.h);
+  ASSERT_EQ(im.grid_w * q.patch, s.w);
+  for (int y = 0; y < s.h; ++y)
+    for (int x = 0; x < s.w; ++x)
+      for (int ch = 0; ch < 3; ++ch)
+        ASSERT_EQ(im.pixels[size_t(((y / q.patch) * im.grid_w + x / q.patch) * q.patch_numel() +
+                                   ((y % q.patch) * q.patch + x % q.patch) * 3 + ch)],
+                  want_px.at<cv::Vec3b>(y, x)[ch])
+            << y << "," << x;
+}
 
 TEST_F(DataTest, HeaderSizeEqualsDecodedSize) {
   cv::Mat img(37, 91, CV_8UC3, cv::Scalar(10, 200, 30));

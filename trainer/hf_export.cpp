@@ -236,7 +236,7 @@ json processor_config(const VisionConfig& v) {
 // centre crop, SigLIP's square resize, LlavaImageProcessor's do_pad (LLaVA-1.5's "pad"); a
 // tower trained at native resolution gets its row's processor, the nearest transformers has.
 json preprocessor_config(const VisionConfig& v) {
-  const ImageFit fit = v.resize == ImageFit::native ? v.traits().hf_fit : v.resize;
+  const ImageFit fit = !v.fixed_square() ? v.traits().hf_fit : v.resize;
   const bool pad = fit == ImageFit::pad_square;
   const bool clip = fit == ImageFit::clip;
   json c = {{"do_normalize", true}, {"do_rescale", true}, {"do_resize", true}, {"do_convert_rgb", true},

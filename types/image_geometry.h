@@ -30,10 +30,14 @@ inline constexpr std::array<double, 3> kSiglipPixelStd = {0.5, 0.5, 0.5};
 //   pad_square: LLaVA-1.5's image_aspect_ratio "pad" (expand2square): the image is centred on a
 //               square of its longer side filled with the mean colour (pad_rgb), then resized
 //               to image_size x image_size, as the CLIP processor does a square.
-enum class ImageFit : uint8_t { native, pad_square, clip, siglip };
+//   qwen:       Qwen2VLImageProcessor (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): each image at its own
+//               resolution by transformers' smart_resize to multiples of patch·merge within
+//               [min_pixels, max_pixels] (Python's round, half to even; no clamp beyond it;
+//               an aspect ratio above 200 refused), then Pillow's bicubic.
+enum class ImageFit : uint8_t { native, pad_square, clip, siglip, qwen };
 inline constexpr std::pair<ImageFit, std::string_view> kImageFitNames[] = {
     {ImageFit::native, "native"}, {ImageFit::pad_square, "pad_square"}, {ImageFit::clip, "clip"},
-    {ImageFit::siglip, "siglip"}};
+    {ImageFit::siglip, "siglip"}, {ImageFit::qwen, "qwen"}};
 inline std::string_view image_fit_name(ImageFit f) {
   for (const auto& [value, name] : kImageFitNames)
     if (value == f) return name;
@@ -54,8 +58,9 @@ struct ImageGeometry {
   std::array<double, 3> pixel_std = kClipPixelStd;
 
   int factor() const { return patch * merge; }  // f = p * m: resized sides are multiples of it
-  // Every image becomes image_size x image_size (the processors' modes), whatever its size.
-  bool fixed_square() const { return resize != ImageFit::native; }
+  // Every image becomes image_size x image_size (the square processors' modes), whatever its
+  // size; native and qwen keep each image's own resolution.
+  bool fixed_square() const { return resize != ImageFit::native && resize != ImageFit::qwen; }
   int64_t patch_numel() const { return int64_t(patch) * patch * 3; }
   // The 8-bit colour nearest the mean: blanked images take it, so it normalises to within
   // 0.5/255/std of zero.
