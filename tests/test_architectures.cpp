@@ -19,7 +19,10 @@
 #include "tests/file_text.h"
 #include "tests/hf_fixture.h"
 #include "tests/model_fixtures.h"
+#include "data/layout.h"
+#include "data/pack.h"
 #include "trainer/config.h"
+#include "trainer/evaluate.h"
 #include "trainer/hf_checkpoint.h"
 
 namespace dhp {
@@ -215,6 +218,21 @@ TEST(ArchitectureExport, RefusesMRope) {
   EXPECT_NE(msg.find("M-RoPE (model.mrope_section = [2, 2, 2])"), std::string::npos) << msg;
   EXPECT_FALSE(fs::exists(fs::path(e.dir) / "config.json"));
   EXPECT_FALSE(fs::exists(fs::path(e.dir) / "model.safetensors"));
+}
+
+// Exact-match evaluation generates from the sample's tokens before its answer: with their
+// M-RoPE positions (an image's grid), not 1-D ones, which an M-RoPE model never trained on.
+TEST(ArchitectureEval, AnswerPromptKeepsMRopePositions) {
+  const std::vector<int32_t> layout = {7, 8, -1, 9, 10, 11};
+  const std::vector<uint8_t> loss = {0, 0, 0, 0, 1, 1};
+  const StoredLayout st{layout.data(), loss.data(), int64_t(layout.size()), {{2, 3}}, SpecialIds{}};
+  const Sample s = expand_layout(st, 0, full_length(st), nullptr, 2, ImageLoad::Skip);
+  const size_t a = size_t(std::find(s.loss_mask.begin(), s.loss_mask.end(), 1) - s.loss_mask.begin());
+  const Sample prompt = answer_prompt(s, a);
+  ASSERT_EQ(prompt.tokens.size(), a);
+  EXPECT_EQ(prompt.rope_pos, std::vector<int32_t>(s.rope_pos.begin(), s.rope_pos.begin() + long(3 * a)));
+  // After the 2 x 3 image the count is 3 behind the token index: 1-D positions would differ.
+  EXPECT_NE(prompt.rope_pos[3 * (a - 1)], int32_t(a - 1));
 }
 
 // The table itself: names unique, the Hugging Face names of each row unique, LLaVA's feature

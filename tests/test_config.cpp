@@ -315,6 +315,25 @@ TEST(Config, MRopeSectionIsThreeCountsOfTheHeadsPairs) {
       << msg;
   msg = error_of([] { parse_config("[model]\nmrope_section = [8.5, 8, 8]\n", "m.toml"); });
   EXPECT_NE(msg.find("an array of 3 integers"), std::string::npos) << msg;
+  // Qwen2-VL's blocked split read as interleaved would give the axes 22, 21 and 21 pairs.
+  msg = error_of([] { parse_config("[model]\ndim = 256\nheads = 2\nmrope_section = [16, 24, 24]\n", "m.toml"); });
+  EXPECT_NE(msg.find("interleaved gives the axes 22, 21 and 21 pairs"), std::string::npos) << msg;
+  EXPECT_TRUE(parse_config("[model]\ndim = 256\nheads = 2\nmrope_section = [16, 24, 24]\nmrope_interleaved = false\n",
+                           "m.toml").model.mrope());
+  EXPECT_TRUE(parse_config("[model]\ndim = 256\nheads = 2\nmrope_section = [24, 20, 20]\n", "m.toml").model.mrope());
+}
+
+// A pooling head or post_layernorm held on a tower whose row has none is refused by name.
+TEST(Config, HeldTowerPartsOnlyWhereTheRowHasThem) {
+  std::string msg = error_of([] {
+    parse_config("[model.vision]\narch = \"clip\"\nimage_size = 28\npool_head = true\n", "v.toml");
+  });
+  EXPECT_NE(msg.find("model.vision.pool_head is set, but a clip tower has no pooling head"), std::string::npos) << msg;
+  msg = error_of([] { parse_config("[model.vision]\npost_norm = true\n", "v.toml"); });
+  EXPECT_NE(msg.find("model.vision.post_norm is set, but a native tower holds no post_layernorm"), std::string::npos)
+      << msg;
+  EXPECT_TRUE(parse_config("[model.vision]\narch = \"siglip\"\nimage_size = 28\npool_head = true\npost_norm = true\n",
+                           "v.toml").model.vision.pool_head);
 }
 
 TEST(Config, VisionTowerKeysAndTheirDefaultsByArch) {

@@ -519,6 +519,11 @@ void validate_tower(const VisionConfig& v, const std::string& f) {
               "{}: model.vision.image_size ({}) must be a multiple of model.vision.patch ({}): the "
               "position grid is image_size / patch", f, v.image_size, v.patch);
   }
+  // What a checkpoint's tower holds beside its layers exists only where the row has it.
+  DHP_CHECK(!v.pool_head || t.pool_head, "{}: model.vision.pool_head is set, but a {} tower has no pooling head", f,
+            t.name);
+  DHP_CHECK(!v.post_norm || t.feature_layer, "{}: model.vision.post_norm is set, but a {} tower holds no "
+            "post_layernorm", f, t.name);
   if (t.feature_layer)
     DHP_CHECK(v.feature_layer >= -(v.layers + 1) && v.feature_layer <= v.layers,
               "{}: model.vision.feature_layer = {} names no hidden state of a {}-layer tower "
@@ -557,6 +562,19 @@ void validate(const Config& c, bool folders_read) {
   DHP_CHECK(!m.mrope() || ms[0] + ms[1] + ms[2] == m.hd() / 2,
             "{}: model.mrope_section = [{}, {}, {}] must split the head's {} rotary pairs (head dimension "
             "{} / 2): its three counts sum to {}", f, ms[0], ms[1], ms[2], m.hd() / 2, m.hd(), ms[0] + ms[1] + ms[2]);
+  if (m.mrope() && m.mrope_interleaved) {
+    // Interleaved, height takes pairs 1, 4, 7, ... below 3·h and width 2, 5, 8, ... below 3·w:
+    // each axis gets its count only when those runs fit in the pairs (Qwen2-VL's blocked
+    // [16, 24, 24] read as interleaved would give 22, 21, 21).
+    int got[3] = {0, 0, 0};
+    for (int i = 0; i < m.hd() / 2; ++i)
+      ++got[i % 3 == 1 && i < 3 * ms[1] ? 1 : i % 3 == 2 && i < 3 * ms[2] ? 2 : 0];
+    DHP_CHECK(got[0] == ms[0] && got[1] == ms[1] && got[2] == ms[2],
+              "{}: model.mrope_section = [{}, {}, {}] interleaved gives the axes {}, {} and {} pairs: an "
+              "interleaved split needs 3 x max(height, width) within the {} pairs (or set "
+              "model.mrope_interleaved = false for the blocked layout)", f, ms[0], ms[1], ms[2], got[0], got[1],
+              got[2], m.hd() / 2);
+  }
   // The llama3 rule blends between the two wavelength bounds and divides by their distance.
   DHP_CHECK(m.rope_scaling != RopeScaling::llama3 ||
                 m.rope_high_freq_factor > m.rope_low_freq_factor,

@@ -10,6 +10,19 @@
 #include "trainer/executor.h"
 
 namespace dhp {
+
+Sample answer_prompt(const Sample& s, size_t a) {
+  Sample prompt;
+  prompt.id = s.id;
+  prompt.tokens.assign(s.tokens.begin(), s.tokens.begin() + long(a));
+  prompt.loss_mask.assign(a, 0);
+  prompt.image_of.assign(s.image_of.begin(), s.image_of.begin() + long(a));
+  prompt.images = s.images;
+  // An M-RoPE model must see the positions it trained with (images take their grids).
+  if (!s.rope_pos.empty()) prompt.rope_pos.assign(s.rope_pos.begin(), s.rope_pos.begin() + long(3 * a));
+  return prompt;
+}
+
 namespace {
 
 // Generates the first answer of `s` greedily from everything before it and compares it with
@@ -23,12 +36,7 @@ bool answer_matches(Model& model, const Sample& s, int32_t eos) {
   size_t e = a;
   while (e < s.loss_mask.size() && s.loss_mask[e]) ++e;
   const bool ends_document = e == s.tokens.size() && s.tokens.back() == eos;
-  Sample prompt;
-  prompt.id = s.id;
-  prompt.tokens.assign(s.tokens.begin(), s.tokens.begin() + a);
-  prompt.loss_mask.assign(a, 0);
-  prompt.image_of.assign(s.image_of.begin(), s.image_of.begin() + a);
-  prompt.images = s.images;
+  const Sample prompt = answer_prompt(s, a);
   const std::vector<int32_t> answer(s.tokens.begin() + a, s.tokens.begin() + (ends_document ? e - 1 : e));
   SamplingOptions greedy;
   greedy.max_new_tokens = int(answer.size()) + (ends_document ? 1 : 0);

@@ -36,6 +36,10 @@ struct EvalOptions {
 // The data set in batches of opt.batch samples, each planned and run forward through the
 // training step's executor (so a sequence that needs several ranks is evaluated on a ring);
 // the result is summed over ranks.
+// The prompt an exact-match check generates from: the first `a` tokens of the whole sample `s`,
+// with its images and their M-RoPE positions (Sample::rope_pos).
+Sample answer_prompt(const Sample& s, size_t a);
+
 EvalResult evaluate(Model& model, const Dataset& data, const EvalOptions& opt,
                     Communicator& comm, const Planner& planner);
 

@@ -453,7 +453,9 @@ HfConfig read_hf_config(const std::string& dir, const ModelConfig& base, int64_t
   h.original_llava = h.architecture == "LlavaLlamaForCausalLM";
   if (h.original_llava) {
     // A Llama config with LLaVA's mm_* keys; the tower is named (mm_vision_tower), not described.
-    h.model = read_decoder(c, *decoder_of_class("LlamaForCausalLM"), base, max_tokens, vocab_size, &h.file_vocab);
+    const DecoderTraits* llama = decoder_of_class("LlamaForCausalLM");  // what LlavaLlamaForCausalLM extends
+    DHP_ASSERT(llama);
+    h.model = read_decoder(c, *llama, base, max_tokens, vocab_size, &h.file_vocab);
     read_llava_settings(c, true, h.model);
     h.mm_vision_tower = c.string("mm_vision_tower", "");
     h.unfreeze_tower = c.boolean("unfreeze_mm_vision_tower", false);

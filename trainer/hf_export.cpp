@@ -234,7 +234,8 @@ json processor_config(const VisionConfig& v) {
 
 // The image processor that does what training did (model.vision.resize): CLIP's short side and
 // centre crop, SigLIP's square resize, LlavaImageProcessor's do_pad (LLaVA-1.5's "pad"); a
-// tower trained at native resolution gets its row's processor, the nearest transformers has.
+// tower trained at its images' own resolutions (native, qwen) gets its row's processor, the nearest
+// transformers has.
 json preprocessor_config(const VisionConfig& v) {
   const ImageFit fit = !v.fixed_square() ? v.traits().hf_fit : v.resize;
   const bool pad = fit == ImageFit::pad_square;
