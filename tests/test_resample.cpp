@@ -106,11 +106,14 @@ TEST(PilResize, EqualsPillowsBicubicOnRealImagesShrinkingAndEnlarging) {
               "%d grey levels\n", all.size(), shrinking, enlarging, opencv_worst);
 }
 
-// prepare_image's clip, siglip and pad_square: the processors' own pipelines, pixel for pixel.
+// prepare_image's clip, siglip and pad_square: the square processors' own pipelines, pixel for
+// pixel (the modes that keep each image's resolution, native and qwen, are tests/test_data.cpp's).
 TEST(PilResize, PrepareImageIsTheHuggingFaceProcessorsPipeline) {
   const auto all = cases();
   for (const auto& [fit, name] : kImageFitNames) {
-    if (fit == ImageFit::native) continue;
+    ImageGeometry mode;
+    mode.resize = fit;
+    if (!mode.fixed_square()) continue;
     for (size_t i = 0; i < all.size(); ++i) {
       const Case& c = all[i];
       ImageGeometry g;
