@@ -31,19 +31,24 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // model/params.cpp's tower table from its row (types/architecture.h): every layer of a
   // checkpoint, run or not, and what it holds beside them.
   const int64_t norm_params = tower.norm == NormKind::layer ? 2 * dv : dv;
-  int64_t vision = v.patch_numel() * dv + (tower.patch_bias ? dv : 0) + (tower.class_row ? dv : 0) +
-                   (tower.positions == TowerPositions::learned ? v.pos_rows() * dv : 0) +
-                   (tower.pre_norm ? 2 * dv : 0) + (tower.final_norm ? norm_params : 0) +
-                   int64_t(v.layers) * block_params(tower.norm, tower.mlp, tower.block_biases, dv, dv, dv, v.ffn);
-  if (tower.feature_layer && v.post_norm) vision += 2 * dv;
-  if (tower.pool_head && v.pool_head) vision += dv + 4 * dv * dv + 4 * dv + 2 * dv + 2 * dv * v.ffn + v.ffn + dv;
-  n[size_t(ParamGroup::Vision)] = vision;
+  const int64_t vision_layer = block_params(tower.norm, tower.mlp, tower.block_biases, dv, dv, dv, v.ffn);
+  const int64_t vision = v.patch_numel() * dv + (tower.patch_bias ? dv : 0) + (tower.class_row ? dv : 0) +
+                         (tower.positions == TowerPositions::learned ? v.pos_rows() * dv : 0) +
+                         (tower.pre_norm ? 2 * dv : 0) + (tower.final_norm ? norm_params : 0) +
+                         int64_t(v.layers) * vision_layer;
+  // What a checkpoint's tower holds and never runs (the layers after feature_layer, its
+  // post_layernorm and pooling head): parameters, but no gradient or moments.
+  int64_t held_parts = 0;
+  if (tower.feature_layer && v.post_norm) held_parts += 2 * dv;
+  if (tower.pool_head && v.pool_head) held_parts += dv + 4 * dv * dv + 4 * dv + 2 * dv + 2 * dv * v.ffn + v.ffn + dv;
+  const int64_t held = int64_t(v.layers - v.layers_run()) * vision_layer + held_parts;
+  n[size_t(ParamGroup::Vision)] = vision + held_parts;
   extra_rows_ = extra_image_rows(m);
   n[size_t(ParamGroup::Projector)] = m2_ * dv * d + d + d * d + d;
   params_ = trainable_ = 0;
   for (size_t g = 0; g < kParamGroups; ++g) {
     params_ += n[g];
-    if (groups.group[g].trainable) trainable_ += n[g];
+    if (groups.group[g].trainable) trainable_ += n[g] - (g == size_t(ParamGroup::Vision) ? held : 0);
   }
   // The engine's own layout (types/state_bytes.h): fp32 master weights, the working copy in
   // the storage dtype, fp32 gradients of the trainable parameters, their moments (a ZeRO-1

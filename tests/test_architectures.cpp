@@ -120,6 +120,10 @@ TEST_P(Architecture, MemoryModelPricesWhatTheEngineHolds) {
   for (size_t g = 0; g < kParamGroups; ++g)
     EXPECT_EQ(MemoryModel(cfg, dev, 1, 80, false).group_parameters(ParamGroup(g)), table.group_numel(ParamGroup(g)))
         << kParamGroupNames[g];
+  // Trainable: all but what a checkpoint's tower holds and never runs.
+  int64_t trainable = 0;
+  for (const ParamSpec& s : table.specs()) trainable += s.trainable ? s.numel() : 0;
+  EXPECT_EQ(MemoryModel(cfg, dev, 1, 80, false).trainable_parameters(), trainable);
   cfg.vision.dim *= 4;
   cfg.vision.ffn *= 4;
   std::vector<Doc> with_images = sample_docs();
