@@ -1,4 +1,4 @@
-// The architectures dhp runs, one row each (docs/architecture.md, "Add an architecture"): what a
+// The architectures dhp runs, one row each (docs/architecture.md, "Where a change goes"): what a
 // vision tower or a decoder family is, as values. The model's blocks and parameter table, the
 // cost and memory models, the Hugging Face import and export and the configuration checks read
 // these traits; none of them compares an architecture's name. A new enum value without its row
@@ -28,7 +28,7 @@ enum class NormKind : uint8_t { rms, layer };
 enum class MlpKind : uint8_t { swiglu, gelu };
 // Where a tower's patches learn where they are: 2-D RoPE in every attention (rows and columns
 // of the image's grid), or learned position rows added to the patch embeddings, resized
-// bicubically from the pretrained image_size / patch grid to each image's grid.
+// (PositionResize) from the pretrained image_size / patch grid to each image's grid.
 enum class TowerPositions : uint8_t { rope2d, learned };
 // How learned positions are resized to an image's grid (kernels/pos_resize.h): PyTorch's
 // bicubic (CLIP, SigLIP) or Qwen3-VL's bilinear over linspace(0, in-1, out).

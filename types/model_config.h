@@ -40,12 +40,13 @@ struct VisionConfig : ImageGeometry {
                              // clip/siglip run those up to feature_layer); 0 = patch embedding,
                              // norm and projector only
   int heads = 4;             // vheads; head dim = dim / heads
-  int ffn = 128;             // vffn: SwiGLU (native) or GELU-MLP (clip, siglip) hidden size
-  // clip / siglip only:
-  double norm_eps = 1e-5;    // LayerNorm eps (HF layer_norm_eps)
-  VisionAct act = VisionAct::quick_gelu;  // the MLP's activation (HF hidden_act)
-  // HF hidden_states index the projector reads (LLaVA vision_feature_layer): negative counts
-  // from the end (-1 = the last layer's output), 0 = the embeddings (after pre_layrnorm).
+  int ffn = 128;             // vffn: the MLP's hidden size (SwiGLU or GELU MLP: the row's)
+  // Where the tower's row (TowerTraits) reads them:
+  double norm_eps = 1e-5;    // the norms' eps unless the row fixes it (HF layer_norm_eps)
+  VisionAct act = VisionAct::quick_gelu;  // a GELU MLP's activation (HF hidden_act)
+  // A pretrained tower's hidden_states index the projector reads (LLaVA vision_feature_layer):
+  // negative counts from the end (-1 = the last layer's output), 0 = the embeddings (after
+  // pre_layrnorm).
   int feature_layer = -2;
   ProjectorAct projector_act = ProjectorAct::automatic;
   // A CLIP or SigLIP Hugging Face folder the tower starts from (trainer/hf_*). "" = none.
