@@ -147,28 +147,18 @@ ImageSize resized_size(int H, int W, const ImageGeometry& v) {
   }
   const double f = v.factor();
   const double Hd = H, Wd = W;
-  if (v.resize == ImageFit::qwen) {
-    // transformers' smart_resize, to the letter: Python's round (half to even, which
-    // nearbyint gives in the default rounding mode), the max branch's floors lifted to f, the
-    // min branch's ceilings, and nothing after them.
-    DHP_CHECK(std::max(Hd, Wd) / std::min(Hd, Wd) <= 200.0,
-              "image {}x{}: its aspect ratio {:.1f} is above 200, which Qwen2-VL's image processor refuses "
-              "(model.vision.resize = \"qwen\")", H, W, std::max(Hd, Wd) / std::min(Hd, Wd));
-    double h = std::nearbyint(Hd / f) * f, w = std::nearbyint(Wd / f) * f;
-    if (h * w > double(v.max_pixels)) {
-      const double b = std::sqrt(Hd * Wd / double(v.max_pixels));
-      h = std::max(f, std::floor(Hd / b / f) * f);
-      w = std::max(f, std::floor(Wd / b / f) * f);
-    } else if (h * w < double(v.min_pixels)) {
-      const double b = std::sqrt(double(v.min_pixels) / (Hd * Wd));
-      h = std::ceil(Hd * b / f) * f;
-      w = std::ceil(Wd * b / f) * f;
-    }
-    return {int(h), int(w)};
-  }
-  auto r = [](double x) { return std::floor(x + 0.5); };
-  double h = std::max(f, r(Hd / f) * f);
-  double w = std::max(f, r(Wd / f) * f);
+  // ImageFit::qwen is transformers' smart_resize to the letter: Python's round (half to even,
+  // which nearbyint gives in the default rounding mode) and no lift to f before the branches,
+  // an aspect ratio above 200 refused, and nothing after the branches. native rounds halves up,
+  // lifts to f, and clamps below.
+  const bool qwen = v.resize == ImageFit::qwen;
+  DHP_CHECK(!qwen || std::max(Hd, Wd) / std::min(Hd, Wd) <= 200.0,
+            "image {}x{}: its aspect ratio {:.1f} is above 200, which Qwen2-VL's image processor refuses "
+            "(model.vision.resize = \"qwen\")", H, W, std::max(Hd, Wd) / std::min(Hd, Wd));
+  auto round_side = [&](double x) {
+    return qwen ? std::nearbyint(x / f) * f : std::max(f, std::floor(x / f + 0.5) * f);
+  };
+  double h = round_side(Hd), w = round_side(Wd);
   if (h * w > double(v.max_pixels)) {
     const double b = std::sqrt(Hd * Wd / double(v.max_pixels));
     h = std::max(f, std::floor(Hd / b / f) * f);
@@ -178,6 +168,7 @@ ImageSize resized_size(int H, int W, const ImageGeometry& v) {
     h = std::ceil(Hd * b / f) * f;
     w = std::ceil(Wd * b / f) * f;
   }
+  if (qwen) return {int(h), int(w)};
   // A side lifted to f by the floors above (extreme aspect ratios) can leave h·w above the
   // cap; shortening the longer side restores h·w <= max_pixels whenever f² <= max_pixels.
   if (h * w > double(v.max_pixels)) {
