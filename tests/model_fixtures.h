@@ -166,6 +166,45 @@ inline void expect_every_gradient(const ModelConfig& cfg) {
   EXPECT_EQ(model.table().all_trainable(), run == cfg.vision.layers);
 }
 
+// A one-document prompt for generation: sample_docs()[0] cut before its answer (<bos> 7
+// [image] 4 5: the image sits before position 3), then `extra`; laid out for `cfg`'s vision.
+inline Batch prompt_with(const std::vector<int32_t>& extra, const ModelConfig& cfg = tiny_config()) {
+  Doc d = sample_docs()[0];
+  d.ids.resize(4);
+  d.loss.assign(4, 0);
+  for (int32_t t : extra) {
+    d.ids.push_back(t);
+    d.loss.push_back(0);
+  }
+  return make_batch({d}, cfg, 9);
+}
+
+// Greedy generation of n tokens from prompt_with({}) through the KV cache, against, for each
+// token, a full pass over the prompt plus the tokens before it: the same token and the same
+// logits (1e-5). Returns the cached run's logits, (n, V).
+inline std::vector<float> expect_cache_matches_full_passes(Model& model, int n) {
+  const ModelConfig& cfg = model.config();
+  SamplingOptions greedy;
+  greedy.max_new_tokens = n;
+  std::vector<float> cached_logits;
+  const auto cached = model.generate(prompt_with({}, cfg), -1, greedy, &cached_logits);
+  EXPECT_EQ(cached.size(), size_t(n));
+  const int64_t V = cfg.vocab_size;
+  SamplingOptions one;
+  one.max_new_tokens = 1;
+  for (size_t k = 0; k < cached.size(); ++k) {
+    std::vector<float> full;
+    const auto next = model.generate(prompt_with({cached.begin(), cached.begin() + long(k)}, cfg), -1, one, &full);
+    EXPECT_EQ(next.size(), 1u);
+    if (next.size() == 1) {
+      EXPECT_EQ(next[0], cached[k]) << "token " << k;
+    }
+    for (int64_t v = 0; v < V; ++v)
+      EXPECT_NEAR(full[size_t(v)], cached_logits[size_t(int64_t(k) * V + v)], 1e-5) << "step " << k << " logit " << v;
+  }
+  return cached_logits;
+}
+
 // The largest relative L2 gap between two models' gradients (same table; `a` the reference),
 // over the tensors that take a gradient, and in *where the tensor's name. `skip` leaves a
 // tensor out, given its spec and the norm of a's gradient of it.

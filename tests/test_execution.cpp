@@ -177,14 +177,31 @@ StepResult one_step(int n, const std::string& strategy, const std::string& preci
   return out;
 }
 
+// The largest gradient element of a step: the scale of the gradients' absolute tolerance.
+double largest_gradient(const StepResult& r) {
+  double gmax = 0.0;
+  for (float g : r.grads) gmax = std::max(gmax, double(std::abs(g)));
+  return gmax;
+}
+
+// A step on n ranks against one rank's: the same loss (1e-5 relative) and every gradient
+// element within 1e-5 of itself plus 1e-6 of the largest.
+// `what` names the run in messages.
+void expect_same_step(const StepResult& r, const StepResult& one, double gmax, const std::string& what) {
+  EXPECT_NEAR(r.loss, one.loss, 1e-5 * std::abs(one.loss)) << what;
+  ASSERT_EQ(r.grads.size(), one.grads.size());
+  for (size_t i = 0; i < r.grads.size(); ++i)
+    ASSERT_NEAR(r.grads[i], one.grads[i], 1e-5 * std::abs(one.grads[i]) + 1e-6 * gmax)
+        << what << ", parameter element " << i;
+}
+
 class PlanInvariance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PlanInvariance, LossAndGradientsDoNotDependOnTheRanks) {
   const std::string strategy = GetParam();
   const StepResult one = one_step(1, strategy);
   ASSERT_FALSE(one.grads.empty());
-  double gmax = 0.0;
-  for (float g : one.grads) gmax = std::max(gmax, double(std::abs(g)));
+  const double gmax = largest_gradient(one);
   int widest = 0;
   int64_t routed = 0;
   const std::set<std::string> clips = clip_ids();
@@ -194,11 +211,8 @@ TEST_P(PlanInvariance, LossAndGradientsDoNotDependOnTheRanks) {
     const StepResult r = one_step(n, strategy);
     for (int64_t id : r.on_rings) clips_on_rings += clips.count(r.names.at(id));
     widest = std::max(widest, r.max_cp);
-    EXPECT_NEAR(r.loss, one.loss, 1e-5 * std::abs(one.loss)) << n << " ranks";
-    ASSERT_EQ(r.grads.size(), one.grads.size());
-    for (size_t i = 0; i < r.grads.size(); ++i)
-      ASSERT_NEAR(r.grads[i], one.grads[i], 1e-5 * std::abs(one.grads[i]) + 1e-6 * gmax)
-          << n << " ranks, parameter element " << i;
+    expect_same_step(r, one, gmax, fmt::format("{} ranks", n));
+    if (::testing::Test::HasFatalFailure()) return;
     // Every sample exactly once: its pieces, over all ranks, tile the whole sequence.
     for (auto [id, ranges] : r.covered) {
       std::sort(ranges.begin(), ranges.end());
@@ -240,11 +254,10 @@ TEST(PlanInvariance, HoldsWithMRope) {
   const StepResult plain = one_step(1, "dhp");
   for (bool interleaved : {true, false}) {
     const StepResult one = one_step(1, "dhp", "fp32", {}, Recompute::off, Recompute::off, mrope(interleaved));
-    double gmax = 0.0, moved = 0.0;
-    for (size_t i = 0; i < one.grads.size(); ++i) {
-      gmax = std::max(gmax, double(std::abs(one.grads[i])));
+    const double gmax = largest_gradient(one);
+    double moved = 0.0;
+    for (size_t i = 0; i < one.grads.size(); ++i)
       moved = std::max(moved, double(std::abs(one.grads[i] - plain.grads[i])));
-    }
     EXPECT_NE(one.loss, plain.loss);
     // A hundred times the tolerance the ranks are held to below (at initialisation attention is
     // near uniform, so positions move the gradients little).
@@ -253,11 +266,8 @@ TEST(PlanInvariance, HoldsWithMRope) {
     for (int n = 2; n <= 6; ++n) {
       const StepResult r = one_step(n, "dhp", "fp32", {}, Recompute::off, Recompute::off, mrope(interleaved));
       widest = std::max(widest, r.max_cp);
-      EXPECT_NEAR(r.loss, one.loss, 1e-5 * std::abs(one.loss)) << n << " ranks";
-      ASSERT_EQ(r.grads.size(), one.grads.size());
-      for (size_t i = 0; i < r.grads.size(); ++i)
-        ASSERT_NEAR(r.grads[i], one.grads[i], 1e-5 * std::abs(one.grads[i]) + 1e-6 * gmax)
-            << n << " ranks, parameter element " << i;
+      expect_same_step(r, one, gmax, fmt::format("{} ranks", n));
+      if (::testing::Test::HasFatalFailure()) return;
     }
     EXPECT_GT(widest, 1) << "no sample was split over a ring";
   }
@@ -377,19 +387,15 @@ TEST(PlanInvariance, RecomputeGivesTheSameGradientsBitForBit) {
 // (its plans may differ from off's), every world gives one rank's loss and gradients.
 TEST(PlanInvariance, HoldsUnderEveryRecomputeMode) {
   const StepResult one = one_step(1, "dhp");
-  double gmax = 0.0;
-  for (float g : one.grads) gmax = std::max(gmax, double(std::abs(g)));
+  const double gmax = largest_gradient(one);
   for (Recompute mode : {Recompute::selective, Recompute::full}) {
     int widest = 0;
     for (int n : {2, 4, 6}) {
       const StepResult r = one_step(n, "dhp", "fp32", {}, mode, mode);
       widest = std::max(widest, r.max_cp);
       const std::string what = fmt::format("{} on {} ranks", recompute_name(mode), n);
-      EXPECT_NEAR(r.loss, one.loss, 1e-5 * std::abs(one.loss)) << what;
-      ASSERT_EQ(r.grads.size(), one.grads.size());
-      for (size_t i = 0; i < r.grads.size(); ++i)
-        ASSERT_NEAR(r.grads[i], one.grads[i], 1e-5 * std::abs(one.grads[i]) + 1e-6 * gmax)
-            << what << ", parameter element " << i;
+      expect_same_step(r, one, gmax, what);
+      if (::testing::Test::HasFatalFailure()) return;
       EXPECT_EQ(r.images_encoded, r.batch_images) << what;
     }
     EXPECT_GT(widest, 1) << recompute_name(mode);

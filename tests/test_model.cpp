@@ -200,41 +200,14 @@ TEST(Model, StepIsDeterministic) {
 namespace dhp {
 namespace {
 
-// One-document prompt from the first sample document, cut before its answer.
-Batch prompt_with(const std::vector<int32_t>& extra) {
-  ModelConfig cfg = testing::tiny_config();
-  testing::Doc d = testing::sample_docs()[0];
-  d.ids.resize(4);  // <bos> 7 [image] 4 5 : the image sits before position 3
-  d.loss.assign(4, 0);
-  for (int32_t t : extra) {
-    d.ids.push_back(t);
-    d.loss.push_back(0);
-  }
-  return testing::make_batch({d}, cfg, 9);
-}
+using testing::prompt_with;
 
+// Each generated token again from a full forward pass over the prompt plus the tokens before it.
 TEST(Generate, KvCacheMatchesFullRecomputation) {
   auto backend = make_cpu_backend({1});
   Model model(testing::tiny_config(), *backend);
   testing::randomise(model, 31);
-  SamplingOptions greedy;
-  greedy.max_new_tokens = 8;
-  std::vector<float> cached_logits;
-  const auto cached = model.generate(prompt_with({}), -1, greedy, &cached_logits);
-  ASSERT_EQ(cached.size(), 8u);
-  const int64_t V = model.config().vocab_size;
-  // Each step again from a full forward pass over the prompt plus the tokens before it.
-  SamplingOptions one;
-  one.max_new_tokens = 1;
-  for (size_t k = 0; k < cached.size(); ++k) {
-    std::vector<int32_t> prefix(cached.begin(), cached.begin() + k);
-    std::vector<float> full;
-    const auto next = model.generate(prompt_with(prefix), -1, one, &full);
-    ASSERT_EQ(next.size(), 1u);
-    EXPECT_EQ(next[0], cached[k]) << "token " << k;
-    for (int64_t v = 0; v < V; ++v)
-      ASSERT_NEAR(full[v], cached_logits[k * V + v], 1e-5) << "step " << k << " logit " << v;
-  }
+  testing::expect_cache_matches_full_passes(model, 8);
 }
 
 // The same with Qwen3's q/k norms and Llama-3.x's scaled RoPE: positions come from the cache.
@@ -242,21 +215,7 @@ TEST(Generate, KvCacheMatchesFullRecomputationWithQkNormAndLlama3Rope) {
   auto backend = make_cpu_backend({1});
   Model model(qwen3_llama3_config(), *backend);
   testing::randomise(model, 37);
-  SamplingOptions greedy;
-  greedy.max_new_tokens = 6;
-  std::vector<float> cached_logits;
-  const auto cached = model.generate(prompt_with({}), -1, greedy, &cached_logits);
-  ASSERT_EQ(cached.size(), 6u);
-  const int64_t V = model.config().vocab_size;
-  SamplingOptions one;
-  one.max_new_tokens = 1;
-  for (size_t k = 0; k < cached.size(); ++k) {
-    std::vector<float> full;
-    const std::vector<int32_t> prefix(cached.begin(), cached.begin() + k);
-    model.generate(prompt_with(prefix), -1, one, &full);
-    for (int64_t v = 0; v < V; ++v)
-      ASSERT_NEAR(full[v], cached_logits[k * V + v], 1e-5) << "step " << k << " logit " << v;
-  }
+  testing::expect_cache_matches_full_passes(model, 6);
 }
 
 // M-RoPE: the prompt's image takes its rows and columns, and each new token goes on from one
@@ -271,25 +230,13 @@ TEST(Generate, KvCacheMatchesFullRecomputationWithMRope) {
     auto backend = make_cpu_backend({1});
     Model model(cfg, *backend);
     testing::randomise(model, 37);
-    SamplingOptions greedy;
-    greedy.max_new_tokens = 5;
-    std::vector<float> cached_logits;
-    const auto cached = model.generate(prompt_with({}), -1, greedy, &cached_logits);
-    ASSERT_EQ(cached.size(), 5u);
-    const int64_t V = cfg.vocab_size;
-    SamplingOptions one;
-    one.max_new_tokens = 1;
-    for (size_t k = 0; k < cached.size(); ++k) {
-      std::vector<float> full;
-      const std::vector<int32_t> prefix(cached.begin(), cached.begin() + k);
-      model.generate(prompt_with(prefix), -1, one, &full);
-      for (int64_t v = 0; v < V; ++v)
-        ASSERT_NEAR(full[v], cached_logits[k * V + v], 1e-5) << "step " << k << " logit " << v;
-    }
+    const std::vector<float> cached_logits = testing::expect_cache_matches_full_passes(model, 5);
     ModelConfig plain_cfg = cfg;
     plain_cfg.mrope_section = {0, 0, 0};
     Model plain(plain_cfg, *backend);
     testing::randomise(plain, 37);
+    SamplingOptions greedy;
+    greedy.max_new_tokens = 5;
     std::vector<float> plain_logits;
     plain.generate(prompt_with({}), -1, greedy, &plain_logits);
     double diff = 0.0;

@@ -305,29 +305,7 @@ TEST(VisionTowerGenerate, KvCacheMatchesFullRecomputation) {
   auto backend = make_cpu_backend({1});
   Model model(cfg, *backend);
   randomise(model, 37);
-  auto prompt = [&](const std::vector<int32_t>& extra) {
-    testing::Doc d = sample_docs()[0];
-    d.ids.resize(4);
-    d.loss.assign(4, 0);
-    for (int32_t t : extra) d.ids.push_back(t), d.loss.push_back(0);
-    return make_batch({d}, cfg, 9);
-  };
-  SamplingOptions greedy;
-  greedy.max_new_tokens = 4;
-  std::vector<float> cached_logits;
-  const auto cached = model.generate(prompt({}), -1, greedy, &cached_logits);
-  ASSERT_EQ(cached.size(), 4u);
-  const int64_t V = cfg.vocab_size;
-  SamplingOptions one;
-  one.max_new_tokens = 1;
-  for (size_t k = 0; k < cached.size(); ++k) {
-    std::vector<float> full;
-    const auto next = model.generate(prompt({cached.begin(), cached.begin() + k}), -1, one, &full);
-    ASSERT_EQ(next.size(), 1u);
-    EXPECT_EQ(next[0], cached[k]) << "token " << k;
-    for (int64_t v = 0; v < V; ++v)
-      ASSERT_NEAR(full[size_t(v)], cached_logits[size_t(k * V + v)], 1e-5) << "step " << k << " logit " << v;
-  }
+  testing::expect_cache_matches_full_passes(model, 4);
 }
 
 // bf16 storage (the CPU's staging through fp32 kernels): a tower's loss and every gradient
