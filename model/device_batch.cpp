@@ -85,12 +85,35 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
     DHP_ASSERT(row == S);
   }
 
+  // What the tower's row and DeepStack read (DeviceBatch: patch_rope, frame_dup, image_slots,
+  // stack_slot).
+  const bool halves = tower.rope == TowerRope::grid_halves;
+  patch_rope_.assign(halves ? size_t(3 * P) : 0, 0);
+  for (int64_t k = 0; halves && k < P; ++k) {
+    patch_rope_[size_t(3 * k + 1)] = patch_row_[size_t(k)];
+    patch_rope_[size_t(3 * k + 2)] = patch_col_[size_t(k)];
+  }
+  const int64_t frames = tower.temporal_patch;
+  frame_dup_.resize(frames > 1 ? size_t(frames * P) : 0);
+  for (size_t r = 0; r < frame_dup_.size(); ++r) frame_dup_[r] = int32_t(int64_t(r) / frames);
+  const int64_t sets = cfg_.vision.image_sets();
+  image_slots_.resize(sets > 1 ? size_t(sets * T) : 0);
+  stack_slot_.resize(sets > 1 ? size_t(sets * N) : 0);
+  for (int64_t k = 0; sets > 1 && k < sets; ++k) {
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t s = b.image_slot[size_t(t)];
+      image_slots_[size_t(k * T + t)] = s < 0 ? -1 : int32_t(sets * s + k);
+    }
+    for (int64_t n = 0; n < N; ++n) stack_slot_[size_t(k * N + n)] = int32_t(sets * n + k);
+  }
+
   DeviceBatch& d = db_;
   int32_t *ids, *targets, *doc, *pos, *blk, *slot, *rope = nullptr, *pimg, *pzero, *prow, *pcol;
   uint8_t* pixels;
   MergeImage* merge;
   int32_t *simg, *szero, *spatch;
   PosImage* pimgs;
+  int32_t *prope, *fdup, *islots, *sslot;
   arena_.carve([&](Carver& c) {
     ids = c.take<int32_t>(T);        // (T)
     targets = c.take<int32_t>(T);    // (T)
@@ -109,6 +132,10 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
     szero = c.take<int32_t>(S);      // (S)
     spatch = c.take<int32_t>(S);     // (S)
     pimgs = c.take<PosImage>(int64_t(pos_images_.size()));
+    prope = c.take<int32_t>(int64_t(patch_rope_.size()));
+    fdup = c.take<int32_t>(int64_t(frame_dup_.size()));
+    islots = c.take<int32_t>(int64_t(image_slots_.size()));
+    sslot = c.take<int32_t>(int64_t(stack_slot_.size()));
   });
   auto up = [&](auto* dst, const auto& src) {
     backend_.upload(dst, src.data(), sizeof(src[0]) * src.size());
@@ -130,6 +157,10 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
   up(szero, stream_zero_);
   up(spatch, stream_patch_);
   up(pimgs, pos_images_);
+  up(prope, patch_rope_);
+  up(fdup, frame_dup_);
+  up(islots, image_slots_);
+  up(sslot, stack_slot_);
   attention_runs(decoder_runs_, b.doc.data(), b.pos.data(), blk_.data(), T);
   attention_runs(vision_runs_, patch_image_.data(), patch_zero_.data(), patch_image_.data(), P);
   attention_runs(stream_runs_, stream_image_.data(), stream_zero_.data(), stream_image_.data(), S);
@@ -137,6 +168,10 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
   d = DeviceBatch{T, P, N, R, int(merge_.size()), b.loss_tokens(), ids, targets, doc, pos, blk,
                   slot, mrope ? rope : pos, pixels, pimg, pzero, prow, pcol, merge, S, simg, szero, spatch, pimgs,
                   view(decoder_runs_), view(vision_runs_), view(stream_runs_)};
+  if (halves) d.patch_rope = prope;
+  if (frames > 1) d.frame_dup = fdup;
+  d.image_slots = sets > 1 ? islots : slot;
+  if (sets > 1) d.stack_slot = sslot;
   return d;
 }
 

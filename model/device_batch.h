@@ -48,6 +48,20 @@ struct DeviceBatch {
   // The runs of each metadata on the host (kernels/attention_runs.h).
   AttnRuns decoder_runs, vision_runs, stream_runs;
 
+  // Where the tower's row asks for them (null otherwise):
+  // TowerRope::grid_halves: (P, 3) each patch's (0, row, column), RoPE positions by axis.
+  const int32_t* patch_rope = nullptr;
+  // temporal_patch > 1: (temporal·P) the patch row each frame row of the patch embedding's
+  // input repeats (an image is its frame repeated).
+  const int32_t* frame_dup = nullptr;
+  // The image token sets (VisionConfig::image_sets(), k = 0 the projector's, then one per
+  // DeepStack layer) travel as one row of sets·d per merged token: image_slots (sets, T) gives,
+  // for set k, the row of that (R·sets, d) view each position takes (-1 for text), and
+  // stack_slot (sets, N) the row each merged token of set k fills. With one set, image_slots
+  // is image_slot and stack_slot is null.
+  const int32_t* image_slots = nullptr;
+  const int32_t* stack_slot = nullptr;
+
   AttnMeta decoder_meta() const { return {doc, pos, blk, decoder_runs}; }
   AttnMeta vision_meta() const { return {patch_image, patch_zero, patch_image, vision_runs}; }
   // Each image with its class row is one bidirectional block of the stream.
@@ -70,6 +84,7 @@ class BatchUploader {
   // Host staging of the derived metadata, kept between uploads so it stops reallocating.
   std::vector<int32_t> ids_, blk_, rope_, patch_image_, patch_zero_, patch_row_, patch_col_;
   std::vector<int32_t> stream_image_, stream_zero_, stream_patch_;
+  std::vector<int32_t> patch_rope_, frame_dup_, image_slots_, stack_slot_;
   std::vector<MergeImage> merge_;
   std::vector<PosImage> pos_images_;
   std::vector<AttnRun> decoder_runs_, vision_runs_, stream_runs_;

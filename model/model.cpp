@@ -116,6 +116,7 @@ void Model::carve(int64_t T, int64_t P, int64_t S, int64_t N, int64_t R, bool ba
     vision_.carve(c, P, S, N, backward, g_.patch_embed_w != nullptr, recompute_);
     rebuilt_ = carve_block_rebuilt(c, dims_, T, t, recompute_);
     for (auto& a : acts_) a = carve_block_acts(c, dims_, T, t, recompute_, rebuilt_);
+    if (cfg_.vision.image_sets() > 1) deep_rows_ = c.take(T * d, t);
     x_final_ = c.take(T * d, t);
     xf_ = c.take(T * d, t);
     rstd_ = c.take<float>(T);
@@ -125,23 +126,31 @@ void Model::carve(int64_t T, int64_t P, int64_t S, int64_t N, int64_t R, bool ba
     scratch_ = carve_block_scratch(c, dims_, T, t);
     dxf_ = c.take(T * d, t);
     dx_ = c.take(T * d, t);
-    drows_ = c.take(R * d, t);
+    drows_ = c.take(R * cfg_.vision.image_sets() * d, t);
   });
 }
 
 void Model::forward_hidden(const DeviceBatch& b, Attention& attn, ImageRoute* route) {
-  const int64_t T = b.T, d = cfg_.dim;
+  const int64_t T = b.T, d = cfg_.dim, sets = cfg_.vision.image_sets();
   refresh_weights();
   vision_.forward(w_, b);
-  // Decoder input: token embeddings, with the image tokens dropped into their positions.
+  // Decoder input: token embeddings, with the image tokens dropped into their positions. Each
+  // image row carries every token set (DeviceBatch::image_slots), and travels as one.
   ops_.embedding_forward(stream(0), b.ids, w_.tok_embed, T, d);
-  const CAct image_rows = route ? route->forward(vision_.tokens(), d) : vision_.tokens();
-  if (b.R > 0) ops_.scatter_rows(stream(0), image_rows, b.image_slot, T, d);
+  const CAct image_rows = route ? route->forward(vision_.tokens(), sets * d) : vision_.tokens();
+  if (b.R > 0) ops_.scatter_rows(stream(0), image_rows, b.image_slots, T, d);
   // Causal within each document by position; doc keeps packed documents apart.
   attn.prepare(b.decoder_meta(), T);
   const RopePos rope{b.rope, nullptr, nullptr};
-  for (int l = 0; l < cfg_.layers; ++l)
+  for (int l = 0; l < cfg_.layers; ++l) {
     block_forward(ops_, dims_, w_.layers[l], acts_[l], stream(l + 1), T, rope, attn, l);
+    // DeepStack: set l + 1 joins the stream at the image rows after layer l.
+    if (l + 1 < sets && b.R > 0) {
+      ops_.fill(deep_rows_, 0.0f, T * d);
+      ops_.scatter_rows(deep_rows_, image_rows, b.image_slots + (l + 1) * T, T, d);
+      ops_.add_inplace(stream(l + 1), deep_rows_, T * d);
+    }
+  }
   ops_.rmsnorm_forward(xf_, rstd_, x_final_, w_.final_norm, T, d, dims_.eps);
 }
 
@@ -175,7 +184,18 @@ void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention
   ops_.rmsnorm_backward(dx_, g_.final_norm, dxf_, x_final_, w_.final_norm, rstd_, T, d);
   done_from(final_norm_at_);
   const RopePos rope{b.rope, nullptr, nullptr};
+  const int64_t sets = cfg_.vision.image_sets();
+  // The image rows' gradient, every set of it (one row of sets·d per held image token).
+  const Act drows = route ? drows_ : vision_.dtokens();
+  const bool image_grads = g_.fc1_w || g_.patch_embed_w;
+  if (image_grads && !route && b.N > 0) {
+    // A piece of a sequence may hold only some of an image's tokens: the others get no
+    // gradient.
+    ops_.fill(drows, 0.0f, b.N * sets * d);
+  }
   for (int l = cfg_.layers - 1; l >= 0; --l) {
+    // A DeepStack set added after layer l takes d(layer l's output) at its rows.
+    if (image_grads && l + 1 < sets && b.R > 0) ops_.gather_rows(drows, dx_, b.image_slots + (l + 1) * T, T, d);
     block_backward(ops_, dims_, w_.layers[l], g_.layers[l], acts_[l], scratch_, dx_, T, rope,
                    attn, l, recompute_);
     done_from(layer_at_[size_t(l)]);
@@ -184,21 +204,13 @@ void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention
   done_from(tok_embed_at_);
   // Below the token embedding only the image path is left: nothing to do when it is frozen
   // (every rank of a ring has the same groups, so the routed exchange is skipped by all).
-  const bool image_grads = g_.fc1_w || g_.patch_embed_w;
   if (!image_grads) {
     done_from(0);
     return;
   }
-  if (route) {
-    // Every routed row is held by exactly one position of this pack.
-    ops_.gather_rows(drows_, dx_, b.image_slot, T, d);
-    route->backward(vision_.dtokens(), drows_, d);
-  } else if (b.N > 0) {
-    // A piece of a sequence may hold only some of an image's tokens: the others get no
-    // gradient.
-    ops_.fill(vision_.dtokens(), 0.0f, b.N * d);
-    ops_.gather_rows(vision_.dtokens(), dx_, b.image_slot, T, d);
-  }
+  // Every routed row is held by exactly one position of this pack.
+  if (b.R > 0) ops_.gather_rows(drows, dx_, b.image_slots, T, d);
+  if (route) route->backward(vision_.dtokens(), drows_, sets * d);
   if (b.N > 0) vision_.backward(w_, g_, b);
   done_from(0);
 }

@@ -143,7 +143,8 @@ class Model {
   float* lse_ = nullptr;         // (rows)
   Act dxf_;                      // (T, d) gradient of xf
   Act dx_;                       // (T, d) gradient of the decoder stream
-  Act drows_;                    // (R, d) gradient of routed image token rows
+  Act deep_rows_;                // DeepStack: (T, d) one set's rows, zero at text positions
+  Act drows_;                    // (R, sets·d) gradient of routed image token rows
 };
 
 }  // namespace dhp

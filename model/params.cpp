@@ -102,10 +102,10 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
     add(name + ".weight", {dv}, Init::Ones, false);
     add(name + ".bias", {dv}, Init::Zeros, false);
   };
-  add("vision.patch_embed.weight", {dv, v.patch_numel()}, Init::Normal, true);
+  add("vision.patch_embed.weight", {dv, v.embed_numel()}, Init::Normal, true);
   if (tower.patch_bias) add("vision.patch_embed.bias", {dv}, Init::Zeros, false);
   if (tower.class_row) add("vision.class_embed", {dv}, Init::Normal, false);
-  if (tower.positions == TowerPositions::learned)
+  if (tower.learned_positions)
     add("vision.pos_embed.weight", {v.pos_rows(), dv}, Init::Normal, false);
   if (tower.pre_norm) layer_norm_pair("vision.pre_norm");
   for (int i = 0; i < v.layers; ++i)
@@ -128,10 +128,22 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
     add("vision.norm.weight", {dv}, Init::Ones, false);
     if (tower.norm == NormKind::layer) add("vision.norm.bias", {dv}, Init::Zeros, false);
   }
-  add("projector.fc1.weight", {d, int64_t(v.merge) * v.merge * dv}, Init::Normal, true);
-  add("projector.fc1.bias", {d}, Init::Zeros, false);
-  add("projector.fc2.weight", {d, d}, Init::Normal, true);
-  add("projector.fc2.bias", {d}, Init::Zeros, false);
+  // The projector: Linear, GELU, Linear from the merged features to the decoder's width; each
+  // DeepStack merger the same behind a LayerNorm of the merged features.
+  const int64_t md = v.merged_dim(), ph = v.projector_hidden(d);
+  auto projector = [&](const std::string& pre) {
+    add(pre + "fc1.weight", {ph, md}, Init::Normal, true);
+    add(pre + "fc1.bias", {ph}, Init::Zeros, false);
+    add(pre + "fc2.weight", {d, ph}, Init::Normal, true);
+    add(pre + "fc2.bias", {d}, Init::Zeros, false);
+  };
+  projector("projector.");
+  for (size_t j = 0; j < v.deepstack.size(); ++j) {
+    const std::string pre = "projector.deepstack." + std::to_string(j) + ".";
+    add(pre + "norm.weight", {md}, Init::Ones, false);
+    add(pre + "norm.bias", {md}, Init::Zeros, false);
+    projector(pre);
+  }
   add("tok_embed.weight", {c.vocab_size, d}, Init::Normal, true);
   for (int i = 0; i < c.layers; ++i)
     block("layers." + std::to_string(i) + ".", decoder_kind, d, c.q_dim(), c.kv_dim(), c.ffn, c.layers);
@@ -245,6 +257,11 @@ ModelParamsOf<P> bind_with(const ParamTable& t, const ModelConfig& c, const At& 
   p.fc1_b = at("projector.fc1.bias");
   p.fc2_w = at("projector.fc2.weight");
   p.fc2_b = at("projector.fc2.bias");
+  for (size_t j = 0; j < c.vision.deepstack.size(); ++j) {
+    const std::string pre = "projector.deepstack." + std::to_string(j) + ".";
+    p.deepstack.push_back({at(pre + "norm.weight"), at(pre + "norm.bias"), at(pre + "fc1.weight"),
+                           at(pre + "fc1.bias"), at(pre + "fc2.weight"), at(pre + "fc2.bias")});
+  }
   p.tok_embed = at("tok_embed.weight");
   for (int i = 0; i < c.layers; ++i) p.layers.push_back(block("layers." + std::to_string(i) + "."));
   p.final_norm = at("final_norm.weight");

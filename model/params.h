@@ -92,10 +92,21 @@ struct BlockParamsOf {
   P b2;           // (C)  fc2 bias
 };
 
+// One DeepStack merger (model.vision.deepstack): a LayerNorm of the merged features, then the
+// projector's Linear, GELU, Linear.
+template <class P>
+struct DeepstackParamsOf {
+  P norm_w, norm_b;  // (m²·dv)
+  P fc1_w;           // (hidden, m²·dv)
+  P fc1_b;           // (hidden)
+  P fc2_w;           // (d, hidden)
+  P fc2_b;           // (d)
+};
+
 // Every parameter of the model as pointers into one arena.
 template <class P>
 struct ModelParamsOf {
-  P patch_embed_w;           // (dv, p·p·3)
+  P patch_embed_w;           // (dv, temporal_patch·p·p·3)
   // Each optional tensor is null where the tower's row (TowerTraits) has none.
   P patch_embed_b;           // (dv): patch_bias
   P class_embed;             // (dv): class_row
@@ -106,10 +117,12 @@ struct ModelParamsOf {
   std::vector<BlockParamsOf<P>> vision_layers;
   P vision_norm;             // (dv): final_norm (LLaVA's features skip the last norm)
   P vision_norm_b;           // (dv): a final LayerNorm's bias
-  P fc1_w;                   // (d, m²·dv)
-  P fc1_b;                   // (d)
-  P fc2_w;                   // (d, d)
+  // The projector, hidden = VisionConfig::projector_hidden(d).
+  P fc1_w;                   // (hidden, m²·dv)
+  P fc1_b;                   // (hidden)
+  P fc2_w;                   // (d, hidden)
   P fc2_b;                   // (d)
+  std::vector<DeepstackParamsOf<P>> deepstack;
   P tok_embed;               // (V, d)
   std::vector<BlockParamsOf<P>> layers;
   P final_norm;              // (d)

@@ -294,14 +294,16 @@ CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_p
   // feature_layer (the image rows the cost counts are encoder rows: class rows included).
   const double vis_layer_params = 4 * dv * dv + (v.traits().mlp == MlpKind::swiglu ? 3 : 2) * dv * v.ffn;
   const double vis_layers = v.layers_run();
-  const double proj_params = m2_ * dv * d + d * d;
+  // The projector's two Linears, and each DeepStack merger's (its LayerNorm is noise here).
+  const double ph = double(v.projector_hidden(m.dim));
+  const double proj_params = v.image_sets() * (double(v.merged_dim()) * ph + ph * d);
   dec_flops_per_token_ = passes_ * 2.0 * (L * layer_params + d * m.vocab_size);
   fwd_per_token_ = 2.0 * (L * layer_params + d * m.vocab_size);
   fwd_per_pair_ = 2.0 * 2.0 * q * L;  // Q K^T and P V
-  fwd_per_patch_ = 2.0 * (vis_layers * vis_layer_params + double(v.patch_numel()) * dv);
+  fwd_per_patch_ = 2.0 * (vis_layers * vis_layer_params + double(v.embed_numel()) * dv);
   fwd_per_patch_pair_ = 2.0 * 2.0 * dv * vis_layers;
   fwd_per_merged_ = 2.0 * proj_params;
-  vis_flops_per_patch_ = passes_ * 2.0 * (vis_layers * vis_layer_params + double(v.patch_numel()) * dv);
+  vis_flops_per_patch_ = passes_ * 2.0 * (vis_layers * vis_layer_params + double(v.embed_numel()) * dv);
   proj_flops_per_token_ = passes_ * 2.0 * proj_params;
   dec_weight_bytes_ = passes_ * double(dev.weight_bytes) * (L * layer_params + d * m.vocab_size);
   // RMSNorms do few FLOPs per element and stream their activations instead: forward reads x
@@ -315,7 +317,7 @@ CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_p
   const double layer_norms = 2 * d * (7.0 + again) + (m.qk_norm ? q + kv : 0.0) * (recompute ? 9.0 : 7.0);
   dec_norm_bytes_per_token_ = double(dev.act_bytes) * (L * layer_norms + 7.0 * d);
   vis_weight_bytes_ =
-      passes_ * double(dev.weight_bytes) * (vis_layers * vis_layer_params + double(v.patch_numel()) * dv + proj_params);
+      passes_ * double(dev.weight_bytes) * (vis_layers * vis_layer_params + double(v.embed_numel()) * dv + proj_params);
   // Flash-style attention: 2 matmuls forward, 5 backward (scores recomputed), 2 more under
   // recompute; each 2·heads·head_dim FLOPs per kept pair.
   const double att_mm = recompute ? 9.0 : 7.0;
@@ -324,7 +326,7 @@ CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_p
   // The ring moves K and V forward and K, V, dK, dV backward (and K, V again on recompute).
   dec_bytes_per_token_ = (recompute ? 8.0 : 6.0) * kv * dev.act_bytes;
   // Merged image tokens go to their decoder ranks; their gradients come back.
-  xfer_bytes_per_token_ = 2.0 * d * dev.act_bytes;
+  xfer_bytes_per_token_ = 2.0 * v.image_sets() * d * dev.act_bytes;
   ring_passes_ = recompute ? 3 : 2;
 }
 

@@ -32,8 +32,8 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // checkpoint, run or not, and what it holds beside them.
   const int64_t norm_params = tower.norm == NormKind::layer ? 2 * dv : dv;
   const int64_t vision_layer = block_params(tower.norm, tower.mlp, tower.block_biases, dv, dv, dv, v.ffn);
-  const int64_t vision = v.patch_numel() * dv + (tower.patch_bias ? dv : 0) + (tower.class_row ? dv : 0) +
-                         (tower.positions == TowerPositions::learned ? v.pos_rows() * dv : 0) +
+  const int64_t vision = v.embed_numel() * dv + (tower.patch_bias ? dv : 0) + (tower.class_row ? dv : 0) +
+                         (tower.learned_positions ? v.pos_rows() * dv : 0) +
                          (tower.pre_norm ? 2 * dv : 0) + (tower.final_norm ? norm_params : 0) +
                          int64_t(v.layers) * vision_layer;
   // What a checkpoint's tower holds and never runs (the layers after feature_layer, its
@@ -44,7 +44,10 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   const int64_t held = int64_t(v.layers - v.layers_run()) * vision_layer + held_parts;
   n[size_t(ParamGroup::Vision)] = vision + held_parts;
   extra_rows_ = extra_image_rows(m);
-  n[size_t(ParamGroup::Projector)] = m2_ * dv * d + d + d * d + d;
+  // The projector, and each DeepStack merger: the same behind a LayerNorm of the merged rows.
+  const int64_t md = v.merged_dim(), ph = v.projector_hidden(d), sets = v.image_sets();
+  const int64_t projector = md * ph + ph + ph * d + d;
+  n[size_t(ParamGroup::Projector)] = projector + (sets - 1) * (2 * md + projector);
   params_ = trainable_ = 0;
   for (size_t g = 0; g < kParamGroups; ++g) {
     params_ += n[g];
@@ -88,22 +91,35 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // their gradients and the stream's gradient (4 d) and its rstd; the batch's six int32
   // columns (model/device_batch.cpp), nine under M-RoPE.
   const int64_t qk_norm_bytes = m.qk_norm ? (q + kv) * act + int64_t(m.heads + m.kv_heads) * 4 : 0;
+  // With DeepStack, one set's rows for the add and an int32 column per set.
   per_token_ = layers_bytes(m.layers, d, m.ffn, q, kv, m.heads, NormKind::rms, MlpKind::swiglu, qk_norm_bytes) +
-               4 * d * act + 4 + (m.mrope() ? 9 : 6) * 4;
+               4 * d * act + 4 + (m.mrope() ? 9 : 6) * 4 + (sets > 1 ? d * act + sets * 4 : 0);
   // Vision (model/vision.cpp), per row of the encoder stream (the patches, or the tower's own
   // stream: a class row of an image is priced as a patch row, image_classes counting it): the
   // normalised pixels; the layers that run; the stream after them and its gradient, the merged
   // rows and their gradient (m² rows make one); with class rows the patch embedding, the
   // features without class rows and their gradient; with a pre-norm the embeddings before it
   // and their gradient, and its two statistics; with a final norm its output and statistics;
-  // the projector's five (N, d) buffers (per merged token). The batch: pixels (one byte a
-  // value), four int32 columns per patch and three per row of a stream of its own.
-  const int64_t rows = 4 + (tower.class_row ? 3 : 0) + (tower.pre_norm ? 2 : 0) + (tower.final_norm ? 1 : 0);
+  // per merged token, the projector's hidden before and after its GELU and that one's
+  // gradient, the image tokens and their gradient (every set); with DeepStack the main
+  // projector's output and one set's gradient apart, each merger's merged rows, LayerNorm
+  // output and statistics, hidden pair and output, and one shared d(LayerNorm output); per
+  // patch one shared d(hidden state). A patch over several frames keeps the frame beside its
+  // input. The batch: pixels (one byte a value), four int32 columns per patch, three per row
+  // of a stream of its own, three for RoPE by halves, one per frame, one per set and merged
+  // token.
+  const int64_t K = sets - 1, frames = tower.temporal_patch;
+  const int64_t rows = 4 + (tower.class_row ? 3 : 0) + (tower.pre_norm ? 2 : 0) + (tower.final_norm ? 1 : 0) +
+                       (K > 0 ? 1 : 0);
   const int64_t stats = (tower.pre_norm ? 2 * 4 : 0) +
                         (tower.final_norm ? (tower.norm == NormKind::layer ? 2 : 1) * 4 : 0);
-  per_patch_ = v.patch_numel() * act +
+  const int64_t per_merged = (3 * ph + 2 * sets * d + (K > 0 ? 2 * d + md : 0) + K * (2 * md + 2 * ph + d)) * act +
+                             K * 8 + (K > 0 ? sets * 4 : 0);
+  const int64_t columns = 4 + (tower.own_stream() ? 3 : 0) + (tower.rope == TowerRope::grid_halves ? 3 : 0) +
+                          (frames > 1 ? frames : 0);
+  per_patch_ = (v.embed_numel() + (frames > 1 ? v.patch_numel() : 0)) * act +
                layers_bytes(v.layers_run(), dv, v.ffn, dv, dv, v.heads, tower.norm, tower.mlp) + rows * dv * act +
-               stats + (5 * d * act + m2_ - 1) / m2_ + v.patch_numel() + (tower.own_stream() ? 7 : 4) * 4;
+               stats + (per_merged + m2_ - 1) / m2_ + v.patch_numel() + columns * 4;
   // A ring of degree c > 1 carves, per token of the rank: in the ring's work arena
   // (parallel/ring_attention.cpp, the larger backward set) two K/V blocks in flight, their
   // fp32 dK/dV accumulators, dQ's fp32 sum and one block's dQ, dK, dV parts; in its metadata
@@ -112,8 +128,8 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // gradient in the model's arena; the routed rows themselves in the image exchange's arena
   // (parallel/image_exchange.cpp), which also sends the merged tokens this rank encodes.
   ring_per_token_ = (4 * kv + q + 2 * kv) * act + (4 * kv + q) * 4;
-  routed_per_token_ = d * act;
-  sent_per_patch_ = (d * act + 4 + m2_ - 1) / m2_;
+  routed_per_token_ = sets * d * act;
+  sent_per_patch_ = (sets * d * act + 4 + m2_ - 1) / m2_;
   // Logits, one chunk at a time: (rows, V) in the storage dtype (the gradient overwrites
   // them) and an fp32 lse per row.
   logits_per_token_ = int64_t(m.vocab_size) * act + 4;

@@ -40,7 +40,21 @@ inline ModelConfig tower_config(VisionArch arch) {
   auto& v = c.vision;
   const TowerTraits& t = tower_traits(arch);
   v.arch = arch;
-  if (t.positions == TowerPositions::learned) v.image_size = 8;
+  if (t.learned_positions) v.image_size = 8;
+  // DeepStack: two tower layers, each feeding a set of image tokens into a decoder layer that
+  // is not the last (a set added after the last reaches only its own rows' logits).
+  if (t.deepstack) {
+    v.layers = 2;
+    v.deepstack = {0, 1};
+    c.layers = 3;
+  }
+  // A tower that comes in a model of its own holds that model's decoder: Qwen3-VL's, q/k norms
+  // and interleaved M-RoPE over a head of 12.
+  if (!t.hf_model_class.empty()) {
+    c.qk_norm = true;
+    c.head_dim = 12;
+    c.mrope_section = {2, 2, 2};
+  }
   if (t.feature_layer) {
     v.layers = 3;
     v.feature_layer = -2;

@@ -52,6 +52,10 @@ ModelConfig decoder_config(const DecoderTraits& d) {
   c.attention_bias = d.bias != DecoderBias::none;
   c.attention_out_bias = d.bias == DecoderBias::qkvo_optional;
   c.qk_norm = d.qk_norm;
+  if (d.mrope) {
+    c.head_dim = 12;
+    c.mrope_section = {2, 2, 2};
+  }
   return c;
 }
 
@@ -59,7 +63,7 @@ std::vector<Row> rows() {
   std::vector<Row> out;
   for (const TowerTraits& t : kTowerTraits) {
     ModelConfig c = tower_config(t.arch);
-    if (t.has_hf()) c.vision.merge = 1;  // LLaVA's: a token per patch, as an export needs
+    if (t.has_hf() && t.hf_model_class.empty()) c.vision.merge = 1;  // LLaVA's: a token per patch
     out.push_back({"tower_" + std::string(t.name), c});
   }
   for (const DecoderTraits& d : kDecoderTraits) out.push_back({"decoder_" + std::string(d.model_type), decoder_config(d)});
@@ -173,6 +177,13 @@ TEST_P(Architecture, ExportImportExportIsByteIdentical) {
   HfExportOptions e;
   e.dir = (root / "one").string();
   e.image_token_index = row.cfg.vocab_size - 1;
+  // An M-RoPE decoder is written only inside its vision-language model (the tower_qwen3_vl
+  // row): alone it is refused, before any file is written.
+  if (row.cfg.mrope() && row.cfg.vision.traits().hf_model_class.empty()) {
+    EXPECT_THROW(export_hf_checkpoint(first, e), Error);
+    EXPECT_FALSE(fs::exists(fs::path(e.dir) / "config.json"));
+    return;
+  }
   export_hf_checkpoint(first, e);
   Config again = parse_config("", "test.toml", {"--model.init=" + e.dir});
   if (!row.cfg.vision.traits().has_hf()) again.model.vision = row.cfg.vision;  // the decoder alone came
@@ -184,19 +195,23 @@ TEST_P(Architecture, ExportImportExportIsByteIdentical) {
   e2.dir = (root / "two").string();
   export_hf_checkpoint(second, e2);
   const auto one = tensor_bytes(e.dir), two = tensor_bytes(e2.dir);
-  const auto written = hf_name_map(row.cfg, row.cfg.vision.traits().has_hf() ? HfLayout::LlavaHf : HfLayout::Decoder);
+  const TowerTraits& tower = row.cfg.vision.traits();
+  const auto written = hf_name_map(row.cfg, !tower.hf_model_class.empty() ? HfLayout::Qwen3Vl
+                                            : tower.has_hf()                ? HfLayout::LlavaHf
+                                                                            : HfLayout::Decoder);
   EXPECT_EQ(one.size(), written.size());
   EXPECT_EQ(one, two);
   for (const char* f : {"config.json", "generation_config.json"})
     EXPECT_EQ(testing::read_text(fs::path(e.dir) / f), testing::read_text(fs::path(e2.dir) / f)) << f;
   // The tensors written came across as the first model's.
-  for (const HfBinding& w : written) {
-    const ParamSpec& a = first.table().get(w.dhp);
-    const ParamSpec* b = second.table().find(w.dhp);
-    ASSERT_TRUE(b) << w.dhp;
-    EXPECT_TRUE(std::equal(first.params() + a.offset, first.params() + a.offset + a.numel(), second.params() + b->offset))
-        << w.dhp;
-  }
+  for (const HfBinding& w : written)
+    for (const std::string& name : binding_tensors(w)) {
+      const ParamSpec& a = first.table().get(name);
+      const ParamSpec* b = second.table().find(name);
+      ASSERT_TRUE(b) << name;
+      EXPECT_TRUE(std::equal(first.params() + a.offset, first.params() + a.offset + a.numel(), second.params() + b->offset))
+          << name;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Rows, Architecture, ::testing::ValuesIn(rows()),
@@ -247,8 +262,11 @@ TEST(ArchitectureTable, RowsAreConsistent) {
     EXPECT_TRUE(names.insert(std::string(t.name)).second) << t.name;
     EXPECT_EQ(t.has_hf(), t.hf_names != HfTowerNames::none) << t.name << ": a Hugging Face tower has its tensor names";
     if (!t.has_hf()) continue;
-    for (std::string_view n : {t.hf_model_type, t.hf_tower_class, t.hf_dual_class})
-      EXPECT_TRUE(hf.insert(std::string(n)).second) << n;
+    for (std::string_view n : {t.hf_model_type, t.hf_tower_class, t.hf_dual_class, t.hf_model_class})
+      if (!n.empty()) EXPECT_TRUE(hf.insert(std::string(n)).second) << n;
+    // A tower LLaVA composes: its feature strategy drops exactly its class row, and it is read
+    // up to LLaVA's feature layer.
+    if (!t.hf_model_class.empty()) continue;
     EXPECT_EQ(t.hf_feature_select, t.class_row ? "default" : "full") << t.name;
     EXPECT_TRUE(t.feature_layer) << t.name << ": a checkpoint's tower is read up to LLaVA's feature layer";
   }

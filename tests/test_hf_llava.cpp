@@ -648,7 +648,7 @@ Result run_dhp(const fs::path& ckpt, HfLayout layout) {
                                        : std::vector<float>(size_t(s.numel()), 0.0f);
     if (bind.transform == HfTransform::ConvPatch) {
       std::vector<float> k(g.size());
-      hf_permute_patch(k.data(), g.data(), s.shape[0], cfg.vision.patch, true);
+      hf_permute_patch(k.data(), g.data(), s.shape[0], cfg.vision.patch, 1, true);
       g.swap(k);
     }
     r.grads[bind.hf] = std::move(g);

@@ -1,6 +1,7 @@
 #include "trainer/config.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
@@ -37,11 +38,13 @@ struct Choice {
 // (model.mrope_section).
 using Triple = std::array<double, 3>;
 using IntTriple = std::array<int, 3>;
+// A list of integers of any length (model.vision.deepstack).
+using IntList = std::vector<int>;
 // A count that may be "auto" (held as 0, which also reads as auto: what earlier versions wrote).
 struct AutoCount {
   int* ref;
 };
-using Ref = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, Choice, Triple*, IntTriple*,
+using Ref = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, Choice, Triple*, IntTriple*, IntList*,
                          AutoCount>;
 
 struct Key {
@@ -84,6 +87,9 @@ class Schema {
   }
   template <class T>
   void triple(const char* name, std::array<T, 3>& ref, double lo, double hi) {
+    keys_.push_back(Key{sec_, name, Ref(&ref), lo, hi, {}});
+  }
+  void list(const char* name, IntList& ref, double lo, double hi) {
     keys_.push_back(Key{sec_, name, Ref(&ref), lo, hi, {}});
   }
   void flag(const char* name, bool& ref) {
@@ -155,6 +161,7 @@ class Schema {
     num("norm_eps", v.norm_eps, 1e-12, 0.1);
     choice("act", v.act, kVisionActNames);
     num("feature_layer", v.feature_layer, -1025, 1024);
+    list("deepstack", v.deepstack, 0, 1023);
     choice("projector_act", v.projector_act, kProjectorActNames);
     triple("pixel_mean", v.pixel_mean, 0, 1);
     triple("pixel_std", v.pixel_std, 1e-6, 1e3);
@@ -307,6 +314,7 @@ const char* type_name(const Ref& r) {
         else if constexpr (std::is_same_v<A, bool*>) return "a boolean (true or false)";
         else if constexpr (std::is_same_v<A, Triple*>) return "an array of 3 numbers";
         else if constexpr (std::is_same_v<A, IntTriple*>) return "an array of 3 integers";
+        else if constexpr (std::is_same_v<A, IntList*>) return "an array of integers";
         else if constexpr (std::is_same_v<A, AutoCount>) return "an integer or \"auto\"";
         else return "a string";
       },
@@ -383,6 +391,17 @@ void assign(const Key& key, const toml::node& node, const std::string& at) {
             else throw bad_type();
             in_range(x);
             v[i] = static_cast<std::decay_t<decltype(v[i])>>(x);
+          }
+          *alt = v;
+        } else if constexpr (std::is_same_v<A, IntList*>) {
+          const toml::array* arr = node.as_array();
+          if (!arr) throw bad_type();
+          IntList v;
+          for (const toml::node& e : *arr) {
+            if (!e.is_integer()) throw bad_type();
+            const double x = double(*e.value_exact<int64_t>());
+            in_range(x);
+            v.push_back(int(x));
           }
           *alt = v;
         } else if constexpr (std::is_same_v<A, AutoCount>) {
@@ -507,11 +526,17 @@ void validate_tower(const VisionConfig& v, const std::string& f) {
   DHP_CHECK(v.dim % v.heads == 0, "{}: model.vision.dim ({}) must be divisible by model.vision.heads ({})",
             f, v.dim, v.heads);
   const TowerTraits& t = v.traits();
-  if (t.positions == TowerPositions::rope2d)
+  if (t.rope != TowerRope::none)
     DHP_CHECK(v.head_dim() % 4 == 0,
               "{}: the vision head dimension ({}) must be a multiple of 4 for 2-D RoPE", f,
               v.head_dim());
-  if (t.positions == TowerPositions::learned) {
+  DHP_CHECK(v.deepstack.empty() || t.deepstack,
+            "{}: model.vision.deepstack is set, but a {} tower has no DeepStack mergers", f, t.name);
+  for (size_t i = 0; i < v.deepstack.size(); ++i)
+    DHP_CHECK(v.deepstack[i] < v.layers && (i == 0 || v.deepstack[i] > v.deepstack[i - 1]),
+              "{}: model.vision.deepstack = [{}] must name increasing layers of the {}-layer tower (0 to {})", f,
+              fmt::join(v.deepstack, ", "), v.layers, v.layers - 1);
+  if (t.learned_positions) {
     DHP_CHECK(v.image_size > 0,
               "{}: model.vision.arch = \"{}\" needs model.vision.image_size, the side its position "
               "embeddings were trained at (Hugging Face vision_config.image_size)", f, t.name);
@@ -585,6 +610,9 @@ void validate(const Config& c, bool folders_read) {
   // tower's arch and shape: the tower's checks wait until apply_hf_init has read it and runs
   // validate again, so a user names the folder without restating what it says.
   if ((v.init.empty() && m.init.empty()) || folders_read) validate_tower(v, f);
+  DHP_CHECK(int(v.deepstack.size()) <= m.layers,
+            "{}: model.vision.deepstack names {} tower layers, whose features go into decoder layers 1 to {}, but "
+            "the decoder has {} layers", f, v.deepstack.size(), v.deepstack.size(), m.layers);
   DHP_CHECK(v.min_pixels <= v.max_pixels, "{}: model.vision.min_pixels ({}) exceeds max_pixels ({})",
             f, v.min_pixels, v.max_pixels);
   DHP_CHECK(int64_t(v.factor()) * v.factor() <= v.max_pixels,
@@ -638,6 +666,8 @@ std::string value_text(const Ref& r, bool quote) {
           return *alt ? "true" : "false";
         else if constexpr (std::is_same_v<A, Triple*> || std::is_same_v<A, IntTriple*>)
           return fmt::format("[{}, {}, {}]", (*alt)[0], (*alt)[1], (*alt)[2]);
+        else if constexpr (std::is_same_v<A, IntList*>)
+          return fmt::format("[{}]", fmt::join(*alt, ", "));
         else if constexpr (std::is_same_v<A, AutoCount>)
           return *alt.ref == 0 ? (quote ? "\"auto\"" : "auto") : fmt::format("{}", *alt.ref);
         else if constexpr (std::is_same_v<A, double*>) {

@@ -34,6 +34,7 @@ using nlohmann::json;
 // half-split RoPE order model-spec.md uses (rotate_half), so no decoder tensor needs a
 // permutation; the vocabulary rows may grow, and the tower's conv patch embedding is permuted
 // to dhp's (ky, kx, c) patch rows.
+// "{j}" is a DeepStack merger; a RowConcat row's dhp names are separated by '|'.
 enum class HfPart : uint8_t { Decoder, LmHead, Vision, Projector1, Projector2 };
 struct HfPattern {
   HfPart part;
@@ -110,10 +111,48 @@ constexpr HfPattern kClipTowerNames[] = {
     {HfPart::Vision, "head.mlp.fc2.bias", "vision.head.mlp.fc2.bias", kCopy},
 };
 
+// Qwen3VLVisionModel under "model.visual.": a Conv3d patch embedding, fused qkv, the merger
+// (its LayerNorm is the tower's final norm, its Linears dhp's projector) and the DeepStack
+// mergers.
+constexpr HfPattern kQwen3VlTowerNames[] = {
+    {HfPart::Vision, "patch_embed.proj.weight", "vision.patch_embed.weight", HfTransform::ConvPatch},
+    {HfPart::Vision, "patch_embed.proj.bias", "vision.patch_embed.bias", kCopy},
+    {HfPart::Vision, "pos_embed.weight", "vision.pos_embed.weight", kCopy},
+    {HfPart::Vision, "blocks.{i}.norm1.weight", "vision.layers.{i}.attn_norm.weight", kCopy},
+    {HfPart::Vision, "blocks.{i}.norm1.bias", "vision.layers.{i}.attn_norm.bias", kCopy},
+    {HfPart::Vision, "blocks.{i}.attn.qkv.weight",
+     "vision.layers.{i}.attn.wq.weight|vision.layers.{i}.attn.wk.weight|vision.layers.{i}.attn.wv.weight",
+     HfTransform::RowConcat},
+    {HfPart::Vision, "blocks.{i}.attn.qkv.bias",
+     "vision.layers.{i}.attn.wq.bias|vision.layers.{i}.attn.wk.bias|vision.layers.{i}.attn.wv.bias",
+     HfTransform::RowConcat},
+    {HfPart::Vision, "blocks.{i}.attn.proj.weight", "vision.layers.{i}.attn.wo.weight", kCopy},
+    {HfPart::Vision, "blocks.{i}.attn.proj.bias", "vision.layers.{i}.attn.wo.bias", kCopy},
+    {HfPart::Vision, "blocks.{i}.norm2.weight", "vision.layers.{i}.mlp_norm.weight", kCopy},
+    {HfPart::Vision, "blocks.{i}.norm2.bias", "vision.layers.{i}.mlp_norm.bias", kCopy},
+    {HfPart::Vision, "blocks.{i}.mlp.linear_fc1.weight", "vision.layers.{i}.mlp.fc1.weight", kCopy},
+    {HfPart::Vision, "blocks.{i}.mlp.linear_fc1.bias", "vision.layers.{i}.mlp.fc1.bias", kCopy},
+    {HfPart::Vision, "blocks.{i}.mlp.linear_fc2.weight", "vision.layers.{i}.mlp.fc2.weight", kCopy},
+    {HfPart::Vision, "blocks.{i}.mlp.linear_fc2.bias", "vision.layers.{i}.mlp.fc2.bias", kCopy},
+    {HfPart::Vision, "merger.norm.weight", "vision.norm.weight", kCopy},
+    {HfPart::Vision, "merger.norm.bias", "vision.norm.bias", kCopy},
+    {HfPart::Vision, "merger.linear_fc1.weight", "projector.fc1.weight", kCopy},
+    {HfPart::Vision, "merger.linear_fc1.bias", "projector.fc1.bias", kCopy},
+    {HfPart::Vision, "merger.linear_fc2.weight", "projector.fc2.weight", kCopy},
+    {HfPart::Vision, "merger.linear_fc2.bias", "projector.fc2.bias", kCopy},
+    {HfPart::Vision, "deepstack_merger_list.{j}.norm.weight", "projector.deepstack.{j}.norm.weight", kCopy},
+    {HfPart::Vision, "deepstack_merger_list.{j}.norm.bias", "projector.deepstack.{j}.norm.bias", kCopy},
+    {HfPart::Vision, "deepstack_merger_list.{j}.linear_fc1.weight", "projector.deepstack.{j}.fc1.weight", kCopy},
+    {HfPart::Vision, "deepstack_merger_list.{j}.linear_fc1.bias", "projector.deepstack.{j}.fc1.bias", kCopy},
+    {HfPart::Vision, "deepstack_merger_list.{j}.linear_fc2.weight", "projector.deepstack.{j}.fc2.weight", kCopy},
+    {HfPart::Vision, "deepstack_merger_list.{j}.linear_fc2.bias", "projector.deepstack.{j}.fc2.bias", kCopy},
+};
+
 std::span<const HfPattern> tower_names(HfTowerNames n) {
   switch (n) {
     case HfTowerNames::none: return {};
     case HfTowerNames::clip_vision_transformer: return kClipTowerNames;
+    case HfTowerNames::qwen3_vl: return kQwen3VlTowerNames;
   }
   return {};
 }
@@ -138,6 +177,7 @@ constexpr LayoutNames kLayouts[] = {
     {HfLayout::LlavaNew, "llava (transformers >= 4.52)", "model.language_model.", "lm_head.weight",
      "model.vision_tower.vision_model.", "model.multi_modal_projector.linear_1.",
      "model.multi_modal_projector.linear_2."},
+    {HfLayout::Qwen3Vl, "Qwen3-VL", "model.language_model.", "lm_head.weight", "model.visual.", nullptr, nullptr},
 };
 
 const LayoutNames& names_of(HfLayout layout) {
@@ -183,9 +223,19 @@ std::string ignored_because(const std::string& name, const LayoutNames& l) {
   return "";
 }
 
-std::string with_layer(std::string pattern, int i) {
-  const auto at = pattern.find("{i}");
-  if (at != std::string::npos) pattern.replace(at, 3, std::to_string(i));
+std::vector<std::string> split_names(const std::string& s) {
+  std::vector<std::string> out(1);
+  for (char ch : s) {
+    if (ch == '|') out.emplace_back();
+    else out.back() += ch;
+  }
+  return out;
+}
+
+// Every "{i}" (or the given placeholder) of a pattern replaced by i.
+std::string with_layer(std::string pattern, int i, const std::string& mark = "{i}") {
+  for (auto at = pattern.find(mark); at != std::string::npos; at = pattern.find(mark))
+    pattern.replace(at, mark.size(), std::to_string(i));
   return pattern;
 }
 
@@ -351,7 +401,7 @@ std::vector<Source> plan_sources(const std::string& dir, const ModelConfig& cfg)
     const HfConfig file = read_hf_config(dir, cfg, 0, cfg.vocab_size);
     DHP_CHECK(file.kind != HfKind::Tower, "'{}' is a vision tower ({}); it starts model.vision.init, not "
               "the language model", dir, file.architecture);
-    const bool llava_tower = file.kind == HfKind::Llava && !file.original_llava;
+    const bool llava_tower = (file.kind == HfKind::Llava && !file.original_llava) || file.kind == HfKind::Composite;
     const std::string diff = shape_difference(cfg, file.model, true, llava_tower);
     DHP_CHECK(diff.empty(), "'{}/config.json' describes another model: {}", dir, diff);
     Source s;
@@ -360,6 +410,8 @@ std::vector<Source> plan_sources(const std::string& dir, const ModelConfig& cfg)
     s.ck = open_checkpoint(dir);
     if (file.kind == HfKind::Decoder) {
       s.layout = HfLayout::Decoder;
+    } else if (file.kind == HfKind::Composite) {
+      s.layout = HfLayout::Qwen3Vl;
     } else if (file.original_llava) {
       s.layout = HfLayout::LlavaOriginal;
     } else if (holds_prefix(s.ck, "model.language_model.")) {
@@ -436,14 +488,31 @@ void find_held_tensors(ModelConfig& cfg) {
 
 const char* hf_layout_name(HfLayout layout) { return names_of(layout).name; }
 
-void hf_permute_patch(float* dst, const float* src, int64_t rows, int64_t p, bool to_conv) {
+std::vector<std::string> binding_tensors(const HfBinding& b) {
+  std::vector<std::string> out = {b.dhp};
+  out.insert(out.end(), b.more.begin(), b.more.end());
+  return out;
+}
+
+std::vector<int64_t> hf_file_shape(const HfBinding& b, const ParamTable& table, const ModelConfig& cfg) {
+  std::vector<int64_t> shape = table.get(b.dhp).shape;
+  const int64_t p = cfg.vision.patch, frames = cfg.vision.traits().temporal_patch;
+  if (b.transform == HfTransform::ConvPatch)
+    shape = frames > 1 ? std::vector<int64_t>{shape[0], 3, frames, p, p} : std::vector<int64_t>{shape[0], 3, p, p};
+  for (const std::string& m : b.more) shape[0] += table.get(m).shape[0];
+  return shape;
+}
+
+void hf_permute_patch(float* dst, const float* src, int64_t rows, int64_t p, int64_t frames, bool to_conv) {
+  const int64_t pp = p * p, row = 3 * frames * pp;
   for (int64_t o = 0; o < rows; ++o)
     for (int64_t c = 0; c < 3; ++c)
-      for (int64_t k = 0; k < p * p; ++k) {
-        const int64_t conv = o * 3 * p * p + c * p * p + k, patch = o * 3 * p * p + k * 3 + c;
-        if (to_conv) dst[conv] = src[patch];
-        else dst[patch] = src[conv];
-      }
+      for (int64_t f = 0; f < frames; ++f)
+        for (int64_t k = 0; k < pp; ++k) {
+          const int64_t conv = o * row + (c * frames + f) * pp + k, patch = o * row + f * 3 * pp + k * 3 + c;
+          if (to_conv) dst[conv] = src[patch];
+          else dst[patch] = src[conv];
+        }
 }
 
 std::vector<HfBinding> hf_name_map(const ModelConfig& cfg, HfLayout layout) {
@@ -456,10 +525,15 @@ std::vector<HfBinding> hf_name_map(const ModelConfig& cfg, HfLayout layout) {
   for (const auto& p : rows) {
     const char* prefix = prefix_of(names, p.part);
     if (!prefix) continue;
-    const bool per_layer = std::string(p.hf).find("{i}") != std::string::npos;
-    const int n = !per_layer ? 1 : p.part == HfPart::Vision ? cfg.vision.layers : cfg.layers;
+    const std::string hf = p.hf;
+    const bool merger = hf.find("{j}") != std::string::npos, per_layer = hf.find("{i}") != std::string::npos;
+    const std::string mark = merger ? "{j}" : "{i}";
+    const int n = merger ? int(cfg.vision.deepstack.size())
+                  : !per_layer ? 1 : p.part == HfPart::Vision ? cfg.vision.layers : cfg.layers;
     for (int i = 0; i < n; ++i) {
-      HfBinding b{std::string(prefix) + with_layer(p.hf, i), with_layer(p.dhp, i), p.transform};
+      std::vector<std::string> parts = split_names(with_layer(p.dhp, i, mark));
+      HfBinding b{std::string(prefix) + with_layer(hf, i, mark), parts[0], p.transform};
+      b.more.assign(parts.begin() + 1, parts.end());
       if (table.find(b.dhp)) by_dhp[b.dhp] = std::move(b);
     }
   }
@@ -515,9 +589,8 @@ HfImport verify_sources(const std::vector<Source>& sources, const ModelConfig& c
       const auto it = src.ck.tensors.find(b.hf);
       DHP_CHECK(it != src.ck.tensors.end(), "'{}' has no tensor '{}' (dhp's {})", src.dir, b.hf, b.dhp);
       const SafetensorsEntry& t = *it->second.entry;
-      std::vector<int64_t> want = table.get(b.dhp).shape;
+      std::vector<int64_t> want = hf_file_shape(b, table, cfg);
       if (b.transform == HfTransform::VocabRows) want[0] = src.file_vocab;
-      if (b.transform == HfTransform::ConvPatch) want = {want[0], 3, cfg.vision.patch, cfg.vision.patch};
       DHP_CHECK(t.shape == want, "'{}': tensor '{}' has shape [{}]; config.json implies [{}]{}",
                 it->second.shard->path, b.hf, fmt::join(t.shape, ", "), fmt::join(want, ", "),
                 b.transform == HfTransform::VocabRows && t.shape.size() == 2 && t.shape[0] != want[0]
@@ -589,8 +662,9 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
       const Located& at = src.ck.tensors.at(b.hf);
       const ParamSpec& spec = table.get(b.dhp);
       const int64_t n = at.entry->numel();
-      if (b.transform == HfTransform::ConvPatch) {
-        // Small (dv·p·p·3): converted whole, then permuted.
+      if (b.transform == HfTransform::ConvPatch || b.transform == HfTransform::RowConcat) {
+        // Small (a tower's patch embedding, one layer's qkv): converted whole, then permuted
+        // or split into dhp's tensors.
         staged.resize(size_t(n));
         permuted.resize(size_t(n));
         for_each_chunk(*at.shard->in, at.shard->path, at.shard->header, *at.entry, n, raw,
@@ -598,10 +672,19 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
                          widen_to_f32(staged.data(), bytes, at.entry->dtype, c);
                          counted(*at.entry, c);
                        });
-        hf_permute_patch(permuted.data(), staged.data(), spec.shape[0], cfg.vision.patch, false);
-        backend.upload(arena + spec.offset, permuted.data(), size_t(n) * sizeof(float));
-        r.imported.push_back(b.dhp);
-        done.insert(b.dhp);
+        if (b.transform == HfTransform::ConvPatch)
+          hf_permute_patch(permuted.data(), staged.data(), spec.shape[0], cfg.vision.patch,
+                           cfg.vision.traits().temporal_patch, false);
+        else
+          permuted.swap(staged);
+        int64_t at_value = 0;
+        for (const std::string& name : binding_tensors(b)) {
+          const ParamSpec& part = table.get(name);
+          backend.upload(arena + part.offset, permuted.data() + at_value, size_t(part.numel()) * sizeof(float));
+          at_value += part.numel();
+          r.imported.push_back(name);
+          done.insert(name);
+        }
         continue;
       }
       const bool grow = b.transform == HfTransform::VocabRows && spec.shape[0] > at.entry->shape[0];

@@ -28,14 +28,20 @@ enum class HfTransform {
   // the extra rows start at the mean of the file's rows.
   VocabRows,
   // A conv patch embedding: (dv, 3, p, p) in the file, (dv, p·p·3) in (ky, kx, c) order in dhp
-  // (the order of a batch's patch rows), permuted on import and back on export.
+  // (the order of a batch's patch rows), permuted on import and back on export; over several
+  // frames (a Conv3d, (dv, 3, t, p, p)), dhp's rows hold frame after frame.
   ConvPatch,
+  // One file tensor that is several of dhp's stacked along the rows (a fused qkv: the binding's
+  // dhp tensor, then its `more`), split on import and concatenated on export.
+  RowConcat,
 };
 
 // How a folder names its tensors (the model class that saved it).
 enum class HfLayout : uint8_t {
   Decoder,        // LlamaForCausalLM & co: model.*, lm_head.weight
   Tower,          // CLIP / SigLIP (vision or dual-encoder) models: vision_model.*
+  Qwen3Vl,        // Qwen3VLForConditionalGeneration: model.language_model.*, lm_head.weight,
+                  // model.visual.* (the tower, its merger and DeepStack mergers)
   LlavaOriginal,  // haotian-liu/LLaVA LlavaLlamaForCausalLM: model.*, lm_head.weight,
                   // model.mm_projector.{0,2}.*, model.vision_tower.vision_tower.vision_model.*
   LlavaHf,        // llava-hf (transformers < 4.52): language_model.model.*,
@@ -45,16 +51,22 @@ enum class HfLayout : uint8_t {
                   // model.vision_tower.vision_model.*, model.multi_modal_projector.*
 };
 const char* hf_layout_name(HfLayout layout);
-// A conv patch embedding (rows, 3, p, p) to dhp's (rows, p·p·3) in (ky, kx, c) order, or back
-// with to_conv (HfTransform::ConvPatch).
-void hf_permute_patch(float* dst, const float* src, int64_t rows, int64_t p, bool to_conv);
+// A conv patch embedding (rows, 3, frames, p, p) to dhp's (rows, frames·p·p·3), each frame in
+// (ky, kx, c) order, or back with to_conv (HfTransform::ConvPatch).
+void hf_permute_patch(float* dst, const float* src, int64_t rows, int64_t p, int64_t frames, bool to_conv);
 
 // One row of the name map, expanded for a model's layers.
 struct HfBinding {
   std::string hf;   // "model.layers.3.self_attn.q_proj.weight"
   std::string dhp;  // "layers.3.attn.wq.weight"
   HfTransform transform = HfTransform::None;
+  std::vector<std::string> more;  // RowConcat: the tensors after dhp's in the file's rows
 };
+
+// dhp's tensors a binding reads or writes: its own, then `more`'s.
+std::vector<std::string> binding_tensors(const HfBinding& b);
+// The shape the tensor has in the file (a vocabulary tensor: the model's rows).
+std::vector<int64_t> hf_file_shape(const HfBinding& b, const ParamTable& table, const ModelConfig& cfg);
 
 // Every tensor of `cfg` a folder of `layout` holds, with its name there, in the order of the
 // parameter table: the decoder's (lm_head absent when tied, q/k/v biases only with
@@ -69,7 +81,9 @@ bool is_hf_folder(const std::string& path);
 bool holds_tokenizer(const std::string& dir);
 
 // What a folder is, from its config.json.
-enum class HfKind : uint8_t { Decoder, Tower, Llava };
+// Composite: a vision-language model class of a tower's row (TowerTraits::hf_model_class,
+// Qwen3VLForConditionalGeneration), decoder, tower and mergers in one folder.
+enum class HfKind : uint8_t { Decoder, Tower, Llava, Composite };
 
 struct HfConfig {
   ModelConfig model;          // `base` with the folder's keys (below)
@@ -82,6 +96,7 @@ struct HfConfig {
   // CLIPVisionTower loads that copy only with unfreeze_mm_vision_tower, else mm_vision_tower).
   std::string mm_vision_tower;
   bool unfreeze_tower = false;
+  int32_t image_token = -1;   // a Composite's image_token_id (-1: none given)
 };
 
 // Reads DIR/config.json over `base`. A decoder folder sets the decoder's shape and keeps the

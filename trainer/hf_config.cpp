@@ -40,9 +40,17 @@ const DecoderTraits* decoder_of_type(std::string_view type) {
     if (t.model_type == type) return &t;
   return nullptr;
 }
+// A tower a folder holds alone (model.vision.init): not one that comes only inside its
+// vision-language model.
 const TowerTraits* tower_of_class(std::string_view a) {
   for (const TowerTraits& t : kTowerTraits)
-    if (t.has_hf() && (t.hf_tower_class == a || t.hf_dual_class == a)) return &t;
+    if (t.has_hf() && t.hf_model_class.empty() && (t.hf_tower_class == a || t.hf_dual_class == a)) return &t;
+  return nullptr;
+}
+// The tower whose vision-language model class `a` is (Qwen3VLForConditionalGeneration).
+const TowerTraits* tower_of_model_class(std::string_view a) {
+  for (const TowerTraits& t : kTowerTraits)
+    if (!t.hf_model_class.empty() && t.hf_model_class == a) return &t;
   return nullptr;
 }
 const TowerTraits* tower_of_type(std::string_view type) {
@@ -64,7 +72,14 @@ std::vector<std::string> tower_names(std::string_view TowerTraits::*field) {
 std::vector<std::string> tower_classes() {
   std::vector<std::string> out;
   for (const TowerTraits& t : kTowerTraits)
-    if (t.has_hf()) out.insert(out.end(), {std::string(t.hf_tower_class), std::string(t.hf_dual_class)});
+    if (t.has_hf() && t.hf_model_class.empty())
+      out.insert(out.end(), {std::string(t.hf_tower_class), std::string(t.hf_dual_class)});
+  return out;
+}
+std::vector<std::string> vision_language_classes() {
+  std::vector<std::string> out(std::begin(kLlavas), std::end(kLlavas));
+  for (const TowerTraits& t : kTowerTraits)
+    if (!t.hf_model_class.empty()) out.emplace_back(t.hf_model_class);
   return out;
 }
 
@@ -147,8 +162,11 @@ ConfigJson open_config(const std::string& dir) {
 
 std::string architecture_of(const ConfigJson& c) {
   const json& j = c.raw();
-  std::vector<std::string> known = decoder_names(&DecoderTraits::hf_class);
-  known.insert(known.end(), std::begin(kLlavas), std::end(kLlavas));
+  std::vector<std::string> known;
+  for (const DecoderTraits& t : kDecoderTraits)
+    if (!t.mrope) known.emplace_back(t.hf_class);  // an M-RoPE family comes inside its VL model
+  const std::vector<std::string> vl = vision_language_classes();
+  known.insert(known.end(), vl.begin(), vl.end());
   const std::vector<std::string> towers = tower_classes();
   known.insert(known.end(), towers.begin(), towers.end());
   DHP_CHECK(c.has("architectures") && j["architectures"].is_array() && j["architectures"].size() == 1 &&
@@ -164,9 +182,16 @@ std::string architecture_of(const ConfigJson& c) {
 // object holding rope_theta, rope_type and the scaling's keys (transformers 5). The default
 // RoPE and Llama-3.x's "llama3" scaling are read; another rope_type (linear, dynamic, yarn,
 // longrope, ...) and any key of the block dhp would not apply are refused by name.
-void read_rope(const ConfigJson& c, ModelConfig& m) {
+// A family whose row says mrope (Qwen3-VL's text model) reads its mrope_section there (its
+// class's default when absent); it always interleaves, so "mrope_interleaved": false is refused.
+void read_rope(const ConfigJson& c, const DecoderTraits& family, ModelConfig& m) {
   const std::string& f = c.where();
   m.rope_scaling = RopeScaling::none;
+  m.mrope_section = {0, 0, 0};
+  if (family.mrope) {
+    m.mrope_section = {24, 20, 20};  // Qwen3VLTextRotaryEmbedding's default
+    m.mrope_interleaved = true;
+  }
   m.rope_theta = c.has("rope_theta") ? c.number("rope_theta", 1, 1e12) : 10000.0;
   const bool v5 = c.has("rope_parameters");
   DHP_CHECK(!v5 || !c.has("rope_scaling"), "{}: both \"rope_parameters\" and \"rope_scaling\" are set; "
@@ -184,11 +209,24 @@ void read_rope(const ConfigJson& c, ModelConfig& m) {
   const bool llama3 = type == "llama3";
   for (const auto& [k, v] : b.raw().items()) {
     const bool known = k == "rope_type" || k == "type" || (v5 && k == "rope_theta") ||
+                       (family.mrope && (k == "mrope_section" || k == "mrope_interleaved")) ||
                        (llama3 && (k == "factor" || k == "low_freq_factor" || k == "high_freq_factor" ||
                                    k == "original_max_position_embeddings"));
     DHP_CHECK(known || v.is_null(), "{}: \"{}\" holds \"{}\" ({}), which dhp does not implement with "
               "rope_type {}", f, key, printable(k, 120), json_excerpt(v), printable(type, 120));
   }
+  if (family.mrope && b.has("mrope_section")) {
+    const json& a = b.raw()["mrope_section"];
+    DHP_CHECK(a.is_array() && a.size() == 3 && std::all_of(a.begin(), a.end(), [](const json& x) {
+                return x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < 4096;
+              }),
+              "{}: \"mrope_section\" must be three counts (temporal, height, width), got {}", b.where(),
+              json_excerpt(a));
+    for (size_t i = 0; i < 3; ++i) m.mrope_section[i] = a[i].get<int>();
+  }
+  DHP_CHECK(!family.mrope || b.boolean("mrope_interleaved", true),
+            "{}: \"mrope_interleaved\" is false, but {} always interleaves M-RoPE's axes (transformers ignores "
+            "the key); dhp will not guess which the checkpoint was trained with", b.where(), family.hf_class);
   if (!llama3) return;
   m.rope_scaling = RopeScaling::llama3;
   m.rope_factor = b.number("factor", 1, 1e6);
@@ -248,7 +286,7 @@ ModelConfig read_decoder(const ConfigJson& c, const DecoderTraits& family, const
   // Qwen3Attention reads head_dim, whose default (Qwen3Config's) is 128, not hidden / heads.
   m.head_dim = int(c.integer("head_dim", 2, 4096, family.default_head_dim));
   m.rms_norm_eps = c.has("rms_norm_eps") ? c.number("rms_norm_eps", 1e-12, 0.1) : 1e-6;
-  read_rope(c, m);
+  read_rope(c, family, m);
   m.tie_embeddings = c.boolean("tie_word_embeddings", false);
   m.max_positions = c.integer("max_position_embeddings", 1, int64_t(1) << 40, 0);
   m.attention_bias = qkv_bias;
@@ -301,6 +339,49 @@ VisionConfig read_tower(const ConfigJson& c, const VisionConfig& base) {
   return v;
 }
 
+// Qwen3VLVisionConfig's keys over `base` (the tower of row `tower`): the blocks' shape (depth,
+// num_heads), the patch (patch_size, temporal_patch_size, which must be the row's), the merge
+// (spatial_merge_size), the learned position grid (num_position_embeddings, a square: image_size
+// is its side in pixels), DeepStack's layers; out_hidden_size must be the decoder's width `d`.
+VisionConfig read_qwen3_vl_tower(const ConfigJson& c, const TowerTraits& tower, const VisionConfig& base, int d) {
+  const std::string& f = c.where();
+  VisionConfig v = base;
+  v.arch = tower.arch;
+  v.dim = int(c.integer("hidden_size", 1, 1 << 16));
+  v.ffn = int(c.integer("intermediate_size", 1, 1 << 20));
+  v.layers = int(c.integer("depth", 1, 1024));
+  v.heads = int(c.integer("num_heads", 1, 1024));
+  v.patch = int(c.integer("patch_size", 1, 1024));
+  v.merge = int(c.integer("spatial_merge_size", 1, 2));
+  v.act = vision_act(c, "hidden_act");
+  DHP_CHECK(c.integer("in_channels", 1, 16, 3) == 3, "{}: \"in_channels\" must be 3 (RGB)", f);
+  const int64_t frames = c.integer("temporal_patch_size", 1, 16);
+  DHP_CHECK(frames == tower.temporal_patch, "{}: \"temporal_patch_size\" is {}; dhp's {} tower embeds patches of {} "
+            "frames", f, frames, tower.name, tower.temporal_patch);
+  const int64_t out = c.integer("out_hidden_size", 1, 1 << 16);
+  DHP_CHECK(out == d, "{}: \"out_hidden_size\" ({}) is not the text model's hidden_size ({})", f, out, d);
+  const int64_t positions = c.integer("num_position_embeddings", 1, int64_t(1) << 24);
+  const int64_t side = std::llround(std::sqrt(double(positions)));
+  DHP_CHECK(side * side == positions, "{}: \"num_position_embeddings\" ({}) is not a square grid", f, positions);
+  v.image_size = int(side) * v.patch;
+  v.deepstack.clear();
+  if (c.has("deepstack_visual_indexes")) {
+    const json& a = c.raw()["deepstack_visual_indexes"];
+    DHP_CHECK(a.is_array() && std::all_of(a.begin(), a.end(), [](const json& x) { return x.is_number_integer(); }),
+              "{}: \"deepstack_visual_indexes\" must list layer indexes, got {}", f, json_excerpt(a));
+    for (const json& x : a) {
+      const int64_t i = x.get<int64_t>();
+      DHP_CHECK(i >= 0 && i < v.layers && (v.deepstack.empty() || i > v.deepstack.back()),
+                "{}: \"deepstack_visual_indexes\" {} must name increasing layers of the {}-layer tower", f,
+                json_excerpt(a), v.layers);
+      v.deepstack.push_back(int(i));
+    }
+  }
+  DHP_CHECK(v.dim % v.heads == 0 && v.head_dim() % 4 == 0, "{}: \"hidden_size\" ({}) over \"num_heads\" ({}) must "
+            "give a head dimension that is a multiple of 4 (2-D RoPE by halves)", f, v.dim, v.heads);
+  return v;
+}
+
 struct Preprocessor {
   bool found = false;
   std::array<double, 3> mean{}, std{};
@@ -308,6 +389,8 @@ struct Preprocessor {
   // square resize, LlavaImageProcessor's do_pad first; to a square of `size`.
   ImageFit fit = ImageFit::native;
   int size = 0;
+  // Qwen2VLImageProcessor: each image at its own size within [min_pixels, max_pixels].
+  int64_t min_pixels = 0, max_pixels = 0;
   std::string where;  // the file, for messages
 };
 
@@ -353,8 +436,19 @@ Preprocessor read_preprocessor(const std::string& dir) {
   const json& crop = c.raw().contains("crop_size") ? c.raw()["crop_size"] : none;
   const int shortest = processor_side(size, "shortest_edge");
   const int h = processor_side(size, "height"), w = processor_side(size, "width");
-  const bool pad = c.boolean("do_pad", false), center_crop = c.boolean("do_center_crop", shortest > 0);
-  if (center_crop || pad) {
+  // Qwen2VLImageProcessor's size bounds the pixel count (shortest_edge = min_pixels,
+  // longest_edge = max_pixels; older files also say min_pixels / max_pixels).
+  const bool bounds = processor_side(size, "longest_edge") > 0 || c.has("max_pixels");
+  const bool pad = c.boolean("do_pad", false), center_crop = c.boolean("do_center_crop", shortest > 0 && !bounds);
+  if (bounds) {
+    p.fit = ImageFit::qwen;
+    p.min_pixels = c.has("min_pixels") ? c.integer("min_pixels", 1, int64_t(1) << 40) : shortest;
+    p.max_pixels = c.has("max_pixels") ? c.integer("max_pixels", 1, int64_t(1) << 40)
+                                       : processor_side(size, "longest_edge");
+    DHP_CHECK(p.min_pixels > 0 && p.min_pixels <= p.max_pixels, "{}: the pixel bounds [{}, {}] are not a range "
+              "(size.shortest_edge / min_pixels to size.longest_edge / max_pixels)", c.where(), p.min_pixels,
+              p.max_pixels);
+  } else if (center_crop || pad) {
     const int ch = processor_side(crop, "height"), cw = processor_side(crop, "width");
     DHP_CHECK(shortest > 0 && (!center_crop || (ch == shortest && cw == shortest)),
               "{}: the short side goes to {} and the centre crop is {}x{}; dhp's clip resize crops a square "
@@ -379,6 +473,12 @@ void apply_preprocessor(VisionConfig& v, const Preprocessor& p) {
   v.pixel_mean = p.mean;
   v.pixel_std = p.std;
   if (p.fit == ImageFit::native) return;
+  if (p.fit == ImageFit::qwen) {
+    v.resize = p.fit;
+    v.min_pixels = p.min_pixels;
+    v.max_pixels = p.max_pixels;
+    return;
+  }
   // The tower's position grid is image_size / patch: the processor must make images of it.
   DHP_CHECK(p.size == v.image_size, "{}: the image processor resizes images to {} px, but the tower's "
             "config.json says image_size {} (its position grid): dhp needs the two to agree", p.where, p.size,
@@ -447,6 +547,25 @@ HfConfig read_hf_config(const std::string& dir, const ModelConfig& base, int64_t
   }
   if (const DecoderTraits* family = decoder_of_class(h.architecture)) {
     h.model = read_decoder(c, *family, base, max_tokens, vocab_size, &h.file_vocab);
+    return h;
+  }
+  if (const TowerTraits* tower = tower_of_model_class(h.architecture)) {
+    // A vision-language model of the tower's own (Qwen3VLForConditionalGeneration): its
+    // text_config's family, its vision_config, its image processor.
+    h.kind = HfKind::Composite;
+    const ConfigJson text = c.nested("text_config", std::string(tower->hf_model_type) + "_text");
+    const DecoderTraits* family = decoder_of_type(text.string("model_type"));
+    DHP_CHECK(family && family->mrope, "{}: \"model_type\" is {}; {} holds a {}_text model", text.where(),
+              printable(text.string("model_type")), h.architecture, tower->hf_model_type);
+    h.model = read_decoder(text, *family, base, max_tokens, vocab_size, &h.file_vocab);
+    // Qwen3VLConfig keeps tie_word_embeddings at the top (its text_config's is not read).
+    h.model.tie_embeddings = c.boolean("tie_word_embeddings", h.model.tie_embeddings);
+    const ConfigJson vision = c.nested("vision_config", std::string(tower->hf_model_type));
+    DHP_CHECK(vision.string("model_type") == tower->hf_model_type, "{}: \"model_type\" is {}; {} holds a {} tower",
+              vision.where(), printable(vision.string("model_type")), h.architecture, tower->hf_model_type);
+    h.model.vision = read_qwen3_vl_tower(vision, *tower, h.model.vision, h.model.dim);
+    apply_preprocessor(h.model.vision, read_preprocessor(dir));
+    h.image_token = int32_t(c.integer("image_token_id", 0, int64_t(1) << 24, -1));
     return h;
   }
   h.kind = HfKind::Llava;
@@ -554,6 +673,9 @@ void apply_hf_init(Config& cfg) {
     HfConfig file = read_hf_config(init, cfg.model, cfg.data.max_tokens);
     DHP_CHECK(file.kind != HfKind::Tower, "{}: model.init '{}' is a vision tower ({}); name it in "
               "model.vision.init, and a language model in model.init", cfg.source, init, file.architecture);
+    DHP_CHECK(file.kind != HfKind::Composite || vinit.empty(),
+              "{}: model.init '{}' is a {} checkpoint with its own vision tower; model.vision.init '{}' would "
+              "replace it (leave model.vision.init empty)", cfg.source, init, file.architecture, vinit);
     DHP_CHECK(file.kind != HfKind::Llava || file.original_llava || vinit.empty(),
               "{}: model.init '{}' is a LLaVA checkpoint with its own vision tower; model.vision.init '{}' "
               "would replace it (leave model.vision.init empty)", cfg.source, init, vinit);

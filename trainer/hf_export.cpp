@@ -106,8 +106,11 @@ std::vector<std::pair<std::string, std::string>> tokenizer_files(const HfTokeniz
           {"added_tokens.json", added.dump(2) + "\n"}};
 }
 
-// Llama-3.x's rope_scaling block (null without scaling), as Llama-3.1's config.json holds it.
+// The RoPE block: Llama-3.x's rope_scaling as Llama-3.1's config.json holds it, M-RoPE's as
+// Qwen3-VL's does, null for plain RoPE.
 json rope_scaling(const ModelConfig& m) {
+  if (m.mrope())
+    return {{"mrope_interleaved", m.mrope_interleaved}, {"mrope_section", m.mrope_section}, {"rope_type", "default"}};
   if (m.rope_scaling == RopeScaling::none) return nullptr;
   return {{"factor", m.rope_factor},
           {"high_freq_factor", m.rope_high_freq_factor},
@@ -116,32 +119,10 @@ json rope_scaling(const ModelConfig& m) {
           {"rope_type", "llama3"}};
 }
 
-json model_config(const ModelConfig& m, const HfExportOptions& o) {
-  // The class whose attention the model's is: the first family of types/architecture.h an
-  // export names whose traits are the model's (Qwen3 with the per-head q/k norms, Qwen2 with
-  // biases on q/k/v alone, Llama otherwise). Biases on o_proj without q/k/v have no class.
-  // No class an export writes turns by three positions: the folder would load into a decoder
-  // that computes another rotation, so it is refused before any file is written.
-  DHP_CHECK(!m.mrope(), "export: the model's decoder has M-RoPE (model.mrope_section = [{}, {}, {}]), which no "
-            "Hugging Face class dhp writes has (their RoPE turns by one position a token)",
-            m.mrope_section[0], m.mrope_section[1], m.mrope_section[2]);
-  const DecoderTraits* family = exported_family(m.attention_bias, m.attention_out_bias, m.qk_norm);
-  if (!family) {
-    std::vector<std::string> classes;
-    for (const DecoderTraits& t : kDecoderTraits)
-      if (t.exported)
-        classes.push_back(fmt::format("{} ({}{})", t.hf_class,
-                                      t.bias == DecoderBias::qkvo_optional ? "biases on q, k, v and o_proj together or none"
-                                      : t.bias == DecoderBias::qkv_always  ? "biases on q, k and v, none on o_proj"
-                                                                           : "no biases",
-                                      t.qk_norm ? ", q/k norms" : ""));
-    throw Error(fmt::format("export: the model has {} (model.attention_bias = {}, model.attention_out_bias = {}, "
-                            "model.qk_norm = {}); no Hugging Face class has that attention: {}",
-                            m.attention_bias ? "q/k/v biases" : "an o_proj bias", m.attention_bias,
-                            m.attention_out_bias, m.qk_norm, fmt::join(classes, "; ")));
-  }
-  json c = {{"architectures", {family->hf_class}},
-            {"model_type", family->model_type},
+// The decoder's config as `family`'s class holds it.
+json decoder_config(const ModelConfig& m, const HfExportOptions& o, const DecoderTraits& family) {
+  json c = {{"architectures", {family.hf_class}},
+            {"model_type", family.model_type},
             {"hidden_size", m.dim},
             {"intermediate_size", m.ffn},
             {"num_hidden_layers", m.layers},
@@ -160,18 +141,47 @@ json model_config(const ModelConfig& m, const HfExportOptions& o) {
             {"attention_dropout", 0.0},
             {"use_cache", true},
             {"torch_dtype", torch_dtype(o.dtype)}};
-  if (family->window != DecoderWindow::sliding_window) {
+  // Qwen3VLTextConfig has no window keys.
+  if (family.window != DecoderWindow::sliding_window && !family.mrope) {
     c["use_sliding_window"] = false;
     c["sliding_window"] = nullptr;
     c["max_window_layers"] = m.layers;
   }
-  if (family->bias == DecoderBias::qkvo_optional) c["attention_bias"] = m.attention_bias;
-  c.update(json::parse(family->hf_extra));
+  if (family.bias == DecoderBias::qkvo_optional) c["attention_bias"] = m.attention_bias;
+  c.update(json::parse(family.hf_extra));
   const HfTokenizerFiles* t = o.tokenizer;
   c["bos_token_id"] = t && t->bos.id >= 0 ? json(t->bos.id) : json(nullptr);
   c["eos_token_id"] = t && t->eos.id >= 0 ? json(t->eos.id) : json(nullptr);
   if (t && t->pad.id >= 0) c["pad_token_id"] = t->pad.id;
   return c;
+}
+
+json model_config(const ModelConfig& m, const HfExportOptions& o) {
+  // The class whose attention the model's is: the first family of types/architecture.h an
+  // export names whose traits are the model's (Qwen3 with the per-head q/k norms, Qwen2 with
+  // biases on q/k/v alone, Llama otherwise). Biases on o_proj without q/k/v have no class.
+  // No decoder class an export writes alone turns by three positions: the folder would load
+  // into a decoder that computes another rotation, so it is refused before any file is written.
+  DHP_CHECK(!m.mrope(), "export: the model's decoder has M-RoPE (model.mrope_section = [{}, {}, {}]), which no "
+            "Hugging Face decoder class dhp writes has (their RoPE turns by one position a token; a Qwen3-VL "
+            "model, model.vision.arch = \"qwen3_vl\", is written with its own)",
+            m.mrope_section[0], m.mrope_section[1], m.mrope_section[2]);
+  const DecoderTraits* family = exported_family(m.attention_bias, m.attention_out_bias, m.qk_norm);
+  if (!family) {
+    std::vector<std::string> classes;
+    for (const DecoderTraits& t : kDecoderTraits)
+      if (t.exported)
+        classes.push_back(fmt::format("{} ({}{})", t.hf_class,
+                                      t.bias == DecoderBias::qkvo_optional ? "biases on q, k, v and o_proj together or none"
+                                      : t.bias == DecoderBias::qkv_always  ? "biases on q, k and v, none on o_proj"
+                                                                           : "no biases",
+                                      t.qk_norm ? ", q/k norms" : ""));
+    throw Error(fmt::format("export: the model has {} (model.attention_bias = {}, model.attention_out_bias = {}, "
+                            "model.qk_norm = {}); no Hugging Face class has that attention: {}",
+                            m.attention_bias ? "q/k/v biases" : "an o_proj bias", m.attention_bias,
+                            m.attention_out_bias, m.qk_norm, fmt::join(classes, "; ")));
+  }
+  return decoder_config(m, o, *family);
 }
 
 const char* act_name(VisionAct a) {
@@ -222,6 +232,48 @@ json llava_config(const ModelConfig& m, const HfExportOptions& o, int64_t image_
   return c;
 }
 
+// A vision-language model of the tower's own (TowerTraits::hf_model_class; Qwen3VLConfig): its
+// text model's config (the family whose row says mrope), the tower's, the image token.
+json composite_config(const ModelConfig& m, const HfExportOptions& o, int64_t image_token) {
+  const VisionConfig& v = m.vision;
+  const TowerTraits& tower = v.traits();
+  const DecoderTraits* family = nullptr;
+  for (const DecoderTraits& t : kDecoderTraits)
+    if (t.mrope && t.model_type == std::string(tower.hf_model_type) + "_text") family = &t;
+  DHP_ASSERT(family);
+  DHP_CHECK(m.mrope() && m.mrope_interleaved && m.qk_norm == family->qk_norm &&
+                admits_biases(*family, m.attention_bias, m.attention_out_bias),
+            "export: a {} holds a {} text model (q/k norms, interleaved M-RoPE, biases on q, k, v and o_proj "
+            "together or none); this model has model.qk_norm = {}, model.mrope_section = [{}, {}, {}], "
+            "model.mrope_interleaved = {}, model.attention_bias = {}, model.attention_out_bias = {}",
+            tower.hf_model_class, family->model_type, m.qk_norm, m.mrope_section[0], m.mrope_section[1],
+            m.mrope_section[2], m.mrope_interleaved, m.attention_bias, m.attention_out_bias);
+  json text = decoder_config(m, o, *family);
+  text.erase("architectures");
+  json vision = {{"model_type", tower.hf_model_type},
+                 {"depth", v.layers},
+                 {"hidden_size", v.dim},
+                 {"hidden_act", act_name(v.act)},
+                 {"intermediate_size", v.ffn},
+                 {"num_heads", v.heads},
+                 {"in_channels", 3},
+                 {"patch_size", v.patch},
+                 {"spatial_merge_size", v.merge},
+                 {"temporal_patch_size", tower.temporal_patch},
+                 {"out_hidden_size", m.dim},
+                 {"num_position_embeddings", int64_t(v.pos_grid()) * v.pos_grid()},
+                 {"deepstack_visual_indexes", v.deepstack},
+                 {"initializer_range", 0.02}};
+  json c = {{"architectures", {tower.hf_model_class}},
+            {"model_type", tower.hf_model_type},
+            {"text_config", text},
+            {"vision_config", vision},
+            {"image_token_id", image_token},
+            {"tie_word_embeddings", m.tie_embeddings},
+            {"torch_dtype", torch_dtype(o.dtype)}};
+  return c;
+}
+
 // LlavaProcessor's processor_config.json: how many positions an image's <image> becomes.
 json processor_config(const VisionConfig& v) {
   const TowerTraits& tower = v.traits();
@@ -243,7 +295,14 @@ json preprocessor_config(const VisionConfig& v) {
   json c = {{"do_normalize", true}, {"do_rescale", true}, {"do_resize", true}, {"do_convert_rgb", true},
             {"image_mean", v.pixel_mean}, {"image_std", v.pixel_std}, {"resample", 3},
             {"rescale_factor", 1.0 / 255}};
-  if (pad || clip) {
+  if (fit == ImageFit::qwen) {
+    // Qwen2VLImageProcessor: each image at its own size within the pixel bounds.
+    c["image_processor_type"] = "Qwen2VLImageProcessor";
+    c["patch_size"] = v.patch;
+    c["merge_size"] = v.merge;
+    c["temporal_patch_size"] = v.traits().temporal_patch;
+    c["size"] = {{"shortest_edge", v.min_pixels}, {"longest_edge", v.max_pixels}};
+  } else if (pad || clip) {
     c["image_processor_type"] = pad ? "LlavaImageProcessor" : "CLIPImageProcessor";
     c["size"] = {{"shortest_edge", v.image_size}};
     c["crop_size"] = {{"height", v.image_size}, {"width", v.image_size}};
@@ -335,9 +394,12 @@ void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table,
                "two exports into one folder would remove each other's files: wait for it to end or "
                "choose another folder");
   check_hf_export_paths(o);
-  // A clip or siglip tower makes it a LLaVA model (llava-hf's layout); the native tower has no
-  // Hugging Face counterpart and only the decoder is written.
-  const bool llava = model_cfg.vision.traits().has_hf();
+  // A clip or siglip tower makes it a LLaVA model (llava-hf's layout), a tower that comes in a
+  // model of its own (qwen3_vl) that model; the native tower has no Hugging Face counterpart
+  // and only the decoder is written.
+  const TowerTraits& tower = model_cfg.vision.traits();
+  const bool composite = !tower.hf_model_class.empty();
+  const bool llava = tower.has_hf() && !composite;
   // What is written: the model's config, the vocabulary grown when the tokenizer lacks the
   // token an image's positions hold (below).
   ModelConfig m = model_cfg;
@@ -384,6 +446,13 @@ void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table,
               "the model's vocabulary of {} (pass --data.tokenizer=PATH so that the export can add <image>)",
               m.vocab_size);
   }
+  if (composite) {
+    if (image_token < 0 && o.tokenizer) image_token = o.tokenizer->image_pad;
+    DHP_CHECK(image_token >= 0 && image_token < m.vocab_size,
+              "export: a {} checkpoint names the token an image's positions hold (image_token_id, Qwen's "
+              "<|image_pad|>), and the run's tokenizer has none in the model's vocabulary of {}",
+              tower.hf_model_class, m.vocab_size);
+  }
   const HfTokenizerFiles* tk = out_opts.tokenizer;
   // The tokenizer's files are made (and their ids checked) before anything is written.
   std::vector<std::pair<std::string, std::string>> tok_files;
@@ -407,17 +476,23 @@ void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table,
                                                   .read_all(int64_t(256) << 20, "256 MiB"));
   }
   // config.json before any file is written: it refuses a model no Hugging Face class holds.
-  const json config = llava ? llava_config(m, out_opts, image_token) : model_config(m, out_opts);
+  const json config = composite ? composite_config(m, out_opts, image_token)
+                      : llava   ? llava_config(m, out_opts, image_token)
+                                : model_config(m, out_opts);
   // Tensors in the name map's order, cut into shards of at most max_shard_bytes (a tensor
   // larger than that is a shard of its own).
-  const std::vector<HfBinding> map = hf_name_map(m, llava ? HfLayout::LlavaHf : HfLayout::Decoder);
+  const std::vector<HfBinding> map =
+      hf_name_map(m, composite ? HfLayout::Qwen3Vl : llava ? HfLayout::LlavaHf : HfLayout::Decoder);
   const int width = safetensors_dtype_width(o.dtype);
   std::vector<std::vector<const HfBinding*>> shards(1);
   int64_t in_shard = 0, total = 0;
   // Rows of a vocabulary tensor beyond the model's are the mean row (the grown vocabulary).
   auto exported_numel = [&](const HfBinding& b) {
     const ParamSpec& s = table.get(b.dhp);
-    return b.transform == HfTransform::VocabRows ? s.numel() / model_cfg.vocab_size * m.vocab_size : s.numel();
+    if (b.transform == HfTransform::VocabRows) return s.numel() / model_cfg.vocab_size * m.vocab_size;
+    int64_t n = 0;
+    for (const std::string& name : binding_tensors(b)) n += table.get(name).numel();
+    return n;
   };
   for (const auto& b : map) {
     const int64_t bytes = exported_numel(b) * width;
@@ -435,6 +510,7 @@ void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table,
   };
   std::vector<std::string> files = {"config.json", "generation_config.json"};
   if (llava) files.insert(files.end(), {"preprocessor_config.json", "processor_config.json"});
+  if (composite) files.push_back("preprocessor_config.json");
   for (size_t i = 0; i < n; ++i) files.push_back(shard_name(i));
   if (n > 1) files.push_back("model.safetensors.index.json");
   for (const auto& f : tok_files) files.push_back(f.first);
@@ -477,15 +553,20 @@ void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table,
     std::vector<SafetensorsOut> out;
     for (const HfBinding* b : shards[i]) {
       const ParamSpec& s = table.get(b->dhp);
-      std::vector<int64_t> shape = s.shape;
+      std::vector<int64_t> shape = hf_file_shape(*b, table, model_cfg);
       const bool conv = b->transform == HfTransform::ConvPatch;
-      if (conv) shape = {s.shape[0], 3, m.vision.patch, m.vision.patch};
       const int64_t numel = exported_numel(*b);
       if (b->transform == HfTransform::VocabRows) shape[0] = m.vocab_size;
-      out.push_back({b->hf, o.dtype, shape, [&, s, conv, numel](char* dst) {
-                       std::vector<float> host(size_t(s.numel()));
-                       weights(s, host.data());
-                       if (numel > s.numel()) {
+      out.push_back({b->hf, o.dtype, shape, [&, b, s, conv, numel](char* dst) {
+                       // The binding's tensors one after another (a fused qkv's three).
+                       std::vector<float> host;
+                       for (const std::string& name : binding_tensors(*b)) {
+                         const ParamSpec& part = table.get(name);
+                         const size_t at = host.size();
+                         host.resize(at + size_t(part.numel()));
+                         weights(part, host.data() + at);
+                       }
+                       if (numel > int64_t(host.size())) {
                          const int64_t cols = s.shape[1], rows = s.shape[0];
                          std::vector<double> mean(size_t(cols), 0.0);
                          for (int64_t r = 0; r < rows; ++r)
@@ -496,7 +577,8 @@ void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table,
                        }
                        if (conv) {
                          std::vector<float> kernel(host.size());
-                         hf_permute_patch(kernel.data(), host.data(), s.shape[0], m.vision.patch, true);
+                         hf_permute_patch(kernel.data(), host.data(), s.shape[0], m.vision.patch,
+                                          m.vision.traits().temporal_patch, true);
                          host.swap(kernel);
                        }
                        narrow_from_f32(dst, host.data(), o.dtype, numel);
@@ -510,9 +592,10 @@ void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table,
     write_file_atomic((fs::path(o.dir) / "model.safetensors.index.json").string(),
                       json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
   write_file_atomic((fs::path(o.dir) / "config.json").string(), config.dump(2) + "\n");
-  if (llava) {
+  if (llava || composite)
     write_file_atomic((fs::path(o.dir) / "preprocessor_config.json").string(),
                       preprocessor_config(m.vision).dump(2) + "\n");
+  if (llava) {
     write_file_atomic((fs::path(o.dir) / "processor_config.json").string(),
                       processor_config(m.vision).dump(2) + "\n");
   }

@@ -16,7 +16,7 @@
 namespace dhp {
 
 // Which vision tower (model.vision.arch); its row in kTowerTraits says what it is.
-enum class VisionArch : uint8_t { native, clip, siglip };
+enum class VisionArch : uint8_t { native, clip, siglip, qwen3_vl };
 
 // The projector's GELU (model.vision.projector_act); automatic = the tower's row's.
 enum class ProjectorAct : uint8_t { automatic, gelu_tanh, gelu, quick_gelu };
@@ -26,10 +26,16 @@ enum class NormKind : uint8_t { rms, layer };
 // A block's MLP: SwiGLU, w2(silu(w1·x) ⊙ w3·x) without biases; or fc2(act(fc1·x)) with biases
 // and the tower's GELU (model.vision.act).
 enum class MlpKind : uint8_t { swiglu, gelu };
-// Where a tower's patches learn where they are: 2-D RoPE in every attention (rows and columns
-// of the image's grid), or learned position rows added to the patch embeddings, resized
-// (PositionResize) from the pretrained image_size / patch grid to each image's grid.
-enum class TowerPositions : uint8_t { rope2d, learned };
+// How a tower's attention rotates q and k by each patch's grid row and column (2-D RoPE), if
+// it does:
+//   grid:        dhp's native tower: each head's pairs by row and column in turn (Ops::rope2d);
+//   grid_halves: the Qwen-VL towers: the first hd/4 pairs by row, the next hd/4 by column,
+//                each half over its own frequencies (transformers' rot_pos_emb; the M-RoPE
+//                "restart" layout of kernels/rope_spec.h), at base 10000.
+enum class TowerRope : uint8_t { none, grid, grid_halves };
+// The projector's hidden width: the decoder's (LLaVA's Linear, GELU, Linear), or the merged
+// features' m²·dv (the Qwen-VL patch mergers).
+enum class ProjectorHidden : uint8_t { decoder, merged };
 // How learned positions are resized to an image's grid (kernels/pos_resize.h): PyTorch's
 // bicubic (CLIP, SigLIP) or Qwen3-VL's bilinear over linspace(0, in-1, out).
 enum class PositionResize : uint8_t { bicubic, bilinear_corners };
@@ -46,7 +52,9 @@ constexpr int64_t block_params(NormKind norm, MlpKind mlp, bool biases, int64_t 
 
 // The tensor names of a tower's Hugging Face checkpoints: trainer/hf_checkpoint.cpp holds one
 // set of name rows per value. CLIP and SigLIP share CLIPVisionTransformer's.
-enum class HfTowerNames : uint8_t { none, clip_vision_transformer };
+// Qwen3-VL's tower lives inside Qwen3VLForConditionalGeneration (model.visual.*), with q, k
+// and v fused into one qkv tensor.
+enum class HfTowerNames : uint8_t { none, clip_vision_transformer, qwen3_vl };
 
 struct TowerTraits {
   VisionArch arch;
@@ -55,12 +63,20 @@ struct TowerTraits {
   NormKind norm;
   MlpKind mlp;
   bool block_biases;               // q/k/v/o and the GELU MLP's biases
-  TowerPositions positions;
+  // Where the patches learn where they are: learned position rows added to the patch
+  // embeddings, resized (position_resize) from the pretrained image_size / patch grid to each
+  // image's grid; and RoPE in every attention. A tower may have both (Qwen3-VL).
+  bool learned_positions;
   PositionResize position_resize;  // learned positions only
+  TowerRope rope;
+  double rope_theta;               // the tower's RoPE base; 0: model.rope_theta
   // The embedding: a bias on the patch embedding; a learned class row before each image's
   // patches (its own stream row, attended to, dropped from the features); a norm of the
   // embeddings before the first layer (CLIP's pre_layrnorm, a LayerNorm).
+  // temporal_patch: frames per patch embedding (a Conv3d over that many frames; an image is its
+  // frame repeated, a video's frames go in pairs).
   bool patch_bias;
+  int temporal_patch;
   bool class_row;
   bool pre_norm;
   // A norm of the tower's own (vision.norm, of the row's kind) after the last layer feeds the
@@ -74,6 +90,11 @@ struct TowerTraits {
   bool feature_layer;
   bool pool_head;
   ProjectorAct projector_act;      // what model.vision.projector_act = "auto" means
+  ProjectorHidden projector_hidden;
+  // DeepStack (Qwen3-VL): the hidden states after the tower layers model.vision.deepstack
+  // names, each through a merger of its own (m x m merge, LayerNorm over m²·dv, Linear, GELU,
+  // Linear), added to the decoder's stream at the image rows after decoder layer 0, 1, ...
+  bool deepstack;
   std::array<double, 3> pixel_mean, pixel_std;  // the defaults of model.vision.pixel_mean/std
   // Hugging Face ("" and none where the tower has no Hugging Face counterpart): the vision config's
   // model_type, the tower's class and its dual-encoder class, LLaVA's
@@ -84,6 +105,9 @@ struct TowerTraits {
   std::string_view hf_model_type;
   std::string_view hf_tower_class;
   std::string_view hf_dual_class;
+  // The class of the whole vision-language model for a tower that comes only inside one
+  // (Qwen3VLForConditionalGeneration); "" for the towers LLaVA composes with a decoder.
+  std::string_view hf_model_class;
   std::string_view hf_feature_select;
   ImageFit hf_fit;
   std::string_view hf_defaults;
@@ -92,37 +116,49 @@ struct TowerTraits {
   constexpr bool has_hf() const { return !hf_model_type.empty(); }
   // The encoder runs over a stream of its own rather than the patches: a class row per image,
   // or learned positions addressed by each image's first row and grid (model/device_batch.h).
-  constexpr bool own_stream() const { return class_row || positions == TowerPositions::learned; }
+  constexpr bool own_stream() const { return class_row || learned_positions; }
 };
 
 inline constexpr TowerTraits kTowerTraits[] = {
     // model-spec.md's encoder: RMSNorm, SwiGLU, 2-D RoPE, a final norm.
-    {VisionArch::native, "native", NormKind::rms, MlpKind::swiglu, false, TowerPositions::rope2d,
-     PositionResize::bicubic,
-     true, false, false, true, 1e-6f, false, false, ProjectorAct::gelu_tanh, kClipPixelMean, kClipPixelStd,
-     "", "", "", "", ImageFit::native, "", HfTowerNames::none},
+    {VisionArch::native, "native", NormKind::rms, MlpKind::swiglu, false, false, PositionResize::bicubic,
+     TowerRope::grid, 0.0, true, 1, false, false, true, 1e-6f, false, false, ProjectorAct::gelu_tanh,
+     ProjectorHidden::decoder, false, kClipPixelMean, kClipPixelStd,
+     "", "", "", "", "", ImageFit::native, "", HfTowerNames::none},
     // CLIPVisionModel: class row, learned positions, pre_layrnorm, LayerNorm/GELU blocks.
-    {VisionArch::clip, "clip", NormKind::layer, MlpKind::gelu, true, TowerPositions::learned,
-     PositionResize::bicubic,
-     false, true, true, false, 0.0f, true, false, ProjectorAct::gelu, kClipPixelMean, kClipPixelStd,
-     "clip_vision_model", "CLIPVisionModel", "CLIPModel", "default", ImageFit::clip,
+    {VisionArch::clip, "clip", NormKind::layer, MlpKind::gelu, true, true, PositionResize::bicubic,
+     TowerRope::none, 0.0, false, 1, true, true, false, 0.0f, true, false, ProjectorAct::gelu,
+     ProjectorHidden::decoder, false, kClipPixelMean, kClipPixelStd,
+     "clip_vision_model", "CLIPVisionModel", "CLIPModel", "", "default", ImageFit::clip,
      R"({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
          "num_channels": 3, "image_size": 224, "patch_size": 32, "hidden_act": "quick_gelu",
          "layer_norm_eps": 1e-5})",
      HfTowerNames::clip_vision_transformer},
     // SiglipVisionModel: as CLIP without the class row and pre_layrnorm; a patch bias; an
     // attention-pooling head.
-    {VisionArch::siglip, "siglip", NormKind::layer, MlpKind::gelu, true, TowerPositions::learned,
-     PositionResize::bicubic,
-     true, false, false, false, 0.0f, true, true, ProjectorAct::gelu, kSiglipPixelMean, kSiglipPixelStd,
-     "siglip_vision_model", "SiglipVisionModel", "SiglipModel", "full", ImageFit::siglip,
+    {VisionArch::siglip, "siglip", NormKind::layer, MlpKind::gelu, true, true, PositionResize::bicubic,
+     TowerRope::none, 0.0, true, 1, false, false, false, 0.0f, true, true, ProjectorAct::gelu,
+     ProjectorHidden::decoder, false, kSiglipPixelMean, kSiglipPixelStd,
+     "siglip_vision_model", "SiglipVisionModel", "SiglipModel", "", "full", ImageFit::siglip,
      R"({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
          "num_channels": 3, "image_size": 224, "patch_size": 16, "hidden_act": "gelu_pytorch_tanh",
          "layer_norm_eps": 1e-6})",
      HfTowerNames::clip_vision_transformer},
+    // Qwen3VLVisionModel: a Conv3d patch embedding over 2 frames with a bias, learned positions
+    // resized bilinearly over the grid's corners, 2-D RoPE by halves, LayerNorm (eps 1e-6) and
+    // GELU-MLP blocks with fused qkv; the merger's per-patch LayerNorm is the final norm, its
+    // two Linears (erf GELU, hidden m²·dv) the projector; DeepStack mergers.
+    {VisionArch::qwen3_vl, "qwen3_vl", NormKind::layer, MlpKind::gelu, true, true,
+     PositionResize::bilinear_corners, TowerRope::grid_halves, 10000.0, true, 2, false, false, true, 1e-6f,
+     false, false, ProjectorAct::gelu, ProjectorHidden::merged, true, kSiglipPixelMean, kSiglipPixelStd,
+     "qwen3_vl", "Qwen3VLVisionModel", "", "Qwen3VLForConditionalGeneration", "", ImageFit::qwen,
+     R"({"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh", "intermediate_size": 4304,
+         "num_heads": 16, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+         "out_hidden_size": 3584, "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24]})",
+     HfTowerNames::qwen3_vl},
 };
 
-constexpr size_t kVisionArchCount = 3;
+constexpr size_t kVisionArchCount = 4;
 static_assert(std::size(kTowerTraits) == kVisionArchCount, "one row per VisionArch");
 constexpr bool tower_rows_in_enum_order() {
   for (size_t i = 0; i < std::size(kTowerTraits); ++i)
@@ -131,14 +167,14 @@ constexpr bool tower_rows_in_enum_order() {
 }
 static_assert(tower_rows_in_enum_order(), "kTowerTraits[i] is VisionArch i's row");
 
-// 2-D RoPE reads each patch's grid row and column: a tower with a stream of its own has learned
-// positions instead.
-constexpr bool rope_towers_run_on_patches() {
+// 2-D RoPE and DeepStack read the encoder's rows as its patches (a patch's grid row and
+// column, the m x m merge of a hidden state): a tower with either has no class rows.
+constexpr bool patch_row_towers_have_no_class_row() {
   for (const TowerTraits& t : kTowerTraits)
-    if (t.positions == TowerPositions::rope2d && t.own_stream()) return false;
+    if ((t.rope != TowerRope::none || t.deepstack) && t.class_row) return false;
   return true;
 }
-static_assert(rope_towers_run_on_patches(), "a 2-D RoPE tower runs on its patches");
+static_assert(patch_row_towers_have_no_class_row(), "a RoPE or DeepStack tower's stream is its patches");
 
 constexpr const TowerTraits& tower_traits(VisionArch a) { return kTowerTraits[size_t(a)]; }
 
@@ -171,6 +207,9 @@ struct DecoderTraits {
   bool qk_norm;                  // q and k RMSNormed per head before RoPE (model.qk_norm)
   int default_head_dim;          // head_dim when config.json has none (0: hidden / heads)
   DecoderWindow window;
+  // Its RoPE block holds M-RoPE's mrope_section (and mrope_interleaved, which must be true:
+  // the family always interleaves), every token turning by three positions (model.mrope_section).
+  bool mrope;
   // An export names this class for the models it describes (a Mistral is written as the
   // Llama it computes the same as).
   bool exported;
@@ -179,24 +218,33 @@ struct DecoderTraits {
 };
 
 inline constexpr DecoderTraits kDecoderTraits[] = {
-    {"llama", "LlamaForCausalLM", DecoderBias::qkvo_optional, false, 0, DecoderWindow::sliding_window, true,
+    {"llama", "LlamaForCausalLM", DecoderBias::qkvo_optional, false, 0, DecoderWindow::sliding_window, false, true,
      R"({"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
          "vocab_size": 32000, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu"})",
      R"({"mlp_bias": false, "pretraining_tp": 1})"},
-    {"mistral", "MistralForCausalLM", DecoderBias::none, false, 0, DecoderWindow::sliding_window, false,
+    {"mistral", "MistralForCausalLM", DecoderBias::none, false, 0, DecoderWindow::sliding_window, false, false,
      R"({"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
          "num_key_value_heads": 8, "vocab_size": 32000, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
          "sliding_window": 4096, "hidden_act": "silu"})",
      "{}"},
-    {"qwen2", "Qwen2ForCausalLM", DecoderBias::qkv_always, false, 0, DecoderWindow::use_sliding_window, true,
+    {"qwen2", "Qwen2ForCausalLM", DecoderBias::qkv_always, false, 0, DecoderWindow::use_sliding_window, false, true,
      R"({"hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32, "num_attention_heads": 32,
          "num_key_value_heads": 32, "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
          "hidden_act": "silu"})",
      "{}"},
-    {"qwen3", "Qwen3ForCausalLM", DecoderBias::qkvo_optional, true, 128, DecoderWindow::per_layer, true,
+    {"qwen3", "Qwen3ForCausalLM", DecoderBias::qkvo_optional, true, 128, DecoderWindow::per_layer, false, true,
      R"({"hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32, "num_attention_heads": 32,
          "num_key_value_heads": 32, "head_dim": 128, "vocab_size": 151936, "rms_norm_eps": 1e-6,
          "rope_theta": 10000.0, "hidden_act": "silu"})",
+     "{}"},
+    // Qwen3-VL's text model (Qwen3VLTextConfig): Qwen3's blocks under interleaved M-RoPE. Only
+    // inside Qwen3VLForConditionalGeneration: an export writes it as that (types: the tower's
+    // row, HfTowerNames::qwen3_vl).
+    {"qwen3_vl_text", "Qwen3VLTextModel", DecoderBias::qkvo_optional, true, 128, DecoderWindow::per_layer, true,
+     false,
+     R"({"hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32, "num_attention_heads": 32,
+         "num_key_value_heads": 32, "head_dim": 128, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+         "rope_theta": 500000.0, "hidden_act": "silu", "max_position_embeddings": 128000})",
      "{}"},
 };
 

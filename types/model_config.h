@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "types/architecture.h"
 #include "types/image_geometry.h"
@@ -48,6 +49,10 @@ struct VisionConfig : ImageGeometry {
   // negative counts from the end (-1 = the last layer's output), 0 = the embeddings (after
   // pre_layrnorm).
   int feature_layer = -2;
+  // DeepStack (TowerTraits::deepstack): the tower layers (0-based, increasing) whose outputs
+  // feed their own mergers, added into the decoder's stream after layers 0, 1, ... (HF
+  // deepstack_visual_indexes). Empty: none.
+  std::vector<int> deepstack;
   ProjectorAct projector_act = ProjectorAct::automatic;
   // A CLIP or SigLIP Hugging Face folder the tower starts from (trainer/hf_*). "" = none.
   std::string init;
@@ -66,6 +71,16 @@ struct VisionConfig : ImageGeometry {
 
   int head_dim() const { return dim / heads; }
   const TowerTraits& traits() const { return tower_traits(arch); }
+  // The patch embedding's input: temporal_patch frames of patch_numel() values.
+  int64_t embed_numel() const { return traits().temporal_patch * patch_numel(); }
+  // The merged features' width and the projector's hidden width, for a decoder of width d.
+  int64_t merged_dim() const { return int64_t(merge) * merge * dim; }
+  int64_t projector_hidden(int64_t d) const {
+    return traits().projector_hidden == ProjectorHidden::merged ? merged_dim() : d;
+  }
+  // Image token sets the decoder takes per merged token: the projector's, then one per
+  // DeepStack layer.
+  int image_sets() const { return 1 + int(deepstack.size()); }
   // Encoder layers that run: all, or those up to feature_layer (TowerTraits::feature_layer).
   int layers_run() const {
     if (!traits().feature_layer) return layers;

@@ -1,0 +1,351 @@
+// Qwen3-VL (Qwen3VLForConditionalGeneration) checkpoints on tiny random folders in Hugging
+// Face's exact layout (tests/reference/make_hf_qwen3_vl_fixture.py): the config's keys and
+// refusals, the import (fused qkv, the Conv3d patch embedding over two frames, the mergers),
+// the export round trip, and the model against an independent PyTorch implementation of
+// transformers' Qwen3-VL (tests/reference/hf_qwen3_vl_ref.py) on images of several sizes,
+// the M-RoPE positions included, with negative controls that must fail.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/rng.h"
+#include "model/model.h"
+#include "tests/error_of.h"
+#include "tests/file_text.h"
+#include "tests/hf_fixture.h"
+#include "trainer/hf_checkpoint.h"
+
+namespace dhp {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::error_of;
+
+const fs::path& root() { return testing::hf_fixture_root(); }
+fs::path fixture(const std::string& name, const std::string& args) {
+  return testing::hf_fixture("make_hf_qwen3_vl_fixture.py", name, args);
+}
+// Three tower layers, DeepStack after layers 0 and 1, a decoder of three layers with head 16
+// and M-RoPE sections [4, 2, 2]; a 4x4 position grid at patch 4 (image_size 16), merge 2.
+fs::path qwen3_vl() { return fixture("qwen3_vl", ""); }
+
+Config applied(const std::vector<std::string>& overrides) {
+  Config c = parse_config("", "test.toml", overrides);
+  apply_hf_init(c);
+  return c;
+}
+ModelConfig config_of(const fs::path& dir) { return applied({"--model.init=" + dir.string()}).model; }
+
+// ---------------------------------------------------------------------------------------------
+// config.json
+
+TEST(HfQwen3VlConfig, SetsTheTowerDecoderAndProcessor) {
+  const ModelConfig m = config_of(qwen3_vl());
+  EXPECT_EQ(m.vision.arch, VisionArch::qwen3_vl);
+  EXPECT_EQ(m.vision.dim, 32);
+  EXPECT_EQ(m.vision.layers, 3);
+  EXPECT_EQ(m.vision.heads, 4);
+  EXPECT_EQ(m.vision.ffn, 64);
+  EXPECT_EQ(m.vision.patch, 4);
+  EXPECT_EQ(m.vision.merge, 2);
+  EXPECT_EQ(m.vision.image_size, 16);  // num_position_embeddings 16: a 4x4 grid of 4 px patches
+  EXPECT_EQ(m.vision.deepstack, (std::vector<int>{0, 1}));
+  EXPECT_EQ(m.vision.act, VisionAct::gelu_tanh);
+  EXPECT_EQ(m.vision.resize, ImageFit::qwen);
+  EXPECT_EQ(m.vision.pixel_mean, kSiglipPixelMean);
+  EXPECT_EQ(m.dim, 48);
+  EXPECT_EQ(m.layers, 3);
+  EXPECT_EQ(m.hd(), 16);
+  EXPECT_TRUE(m.qk_norm);
+  EXPECT_EQ(m.mrope_section, (std::array<int, 3>{4, 2, 2}));
+  EXPECT_TRUE(m.mrope_interleaved);
+  EXPECT_EQ(m.rope_theta, 5000000.0);
+  EXPECT_FALSE(m.tie_embeddings);
+  EXPECT_EQ(m.vocab_size, 512);
+  // transformers 5's rope_parameters say the same.
+  const ModelConfig v5 = config_of(fixture("qwen3_vl_v5", "--rope-key rope_parameters"));
+  EXPECT_EQ(v5.mrope_section, m.mrope_section);
+  EXPECT_EQ(v5.rope_theta, m.rope_theta);
+}
+
+// Qwen3-VL always interleaves (transformers never reads mrope_interleaved): a config that says
+// otherwise is not guessed at.
+TEST(HfQwen3VlConfig, RefusesWhatItCannotRun) {
+  const std::string blocked = error_of([&] { config_of(fixture("qwen3_vl_blocked", "--blocked-config")); });
+  EXPECT_NE(blocked.find("\"mrope_interleaved\" is false"), std::string::npos) << blocked;
+  const std::string frames = error_of([&] { config_of(fixture("qwen3_vl_t1", "--temporal 1")); });
+  EXPECT_NE(frames.find("\"temporal_patch_size\" is 1"), std::string::npos) << frames;
+  const std::string both = error_of([&] {
+    applied({"--model.init=" + qwen3_vl().string(), "--model.vision.init=" + qwen3_vl().string()});
+  });
+  EXPECT_NE(both.find("with its own vision tower"), std::string::npos) << both;
+}
+
+// ---------------------------------------------------------------------------------------------
+// import and export
+
+TEST(HfQwen3VlImport, SplitsTheFusedQkvAndThePatchEmbeddingsFrames) {
+  const ModelConfig cfg = config_of(qwen3_vl());
+  auto backend = make_cpu_backend({1});
+  Model m(cfg, *backend);
+  m.initialise(3);
+  const HfImport r = import_hf_checkpoint(qwen3_vl().string(), m, false);
+  EXPECT_TRUE(r.initialised.empty()) << r.initialised.front();
+  const auto file = testing::folder_f32(qwen3_vl());
+  const int64_t dv = cfg.vision.dim;
+  const std::vector<float>& qkv = file.at("model.visual.blocks.1.attn.qkv.weight");
+  const char* const parts[] = {"wq", "wk", "wv"};
+  for (int k = 0; k < 3; ++k) {
+    const ParamSpec& s = m.table().get(std::string("vision.layers.1.attn.") + parts[k] + ".weight");
+    EXPECT_TRUE(std::equal(qkv.begin() + k * dv * dv, qkv.begin() + (k + 1) * dv * dv, m.params() + s.offset)) << k;
+  }
+  // (dv, 3, t, p, p) in the file; frame t's (ky, kx, c) values at t·p·p·3 in dhp's row.
+  const std::vector<float>& conv = file.at("model.visual.patch_embed.proj.weight");
+  const ParamSpec& pe = m.table().get("vision.patch_embed.weight");
+  const int64_t p = 4, row = 2 * p * p * 3;
+  for (int64_t o : {int64_t(0), dv - 1})
+    for (int64_t t = 0; t < 2; ++t)
+      for (int64_t c = 0; c < 3; ++c)
+        EXPECT_EQ(m.params()[pe.offset + o * row + t * p * p * 3 + (1 * p + 2) * 3 + c],
+                  conv[size_t(o * row + (c * 2 + t) * p * p + 1 * p + 2)]);
+}
+
+TEST(HfQwen3VlExport, RoundTripIsByteIdentical) {
+  const ModelConfig cfg = config_of(qwen3_vl());
+  auto backend = make_cpu_backend({1});
+  Model m(cfg, *backend);
+  m.initialise(3);
+  import_hf_checkpoint(qwen3_vl().string(), m, false);
+  HfExportOptions e;
+  e.dir = (root() / "qwen3_vl_export").string();
+  e.image_token_index = cfg.vocab_size - 2;
+  export_hf_checkpoint(m, e);
+  EXPECT_EQ(testing::tensor_bytes(qwen3_vl()), testing::tensor_bytes(e.dir));
+  // Read back, the same model.
+  const ModelConfig again = config_of(e.dir);
+  EXPECT_EQ(again.vision.deepstack, cfg.vision.deepstack);
+  EXPECT_EQ(again.mrope_section, cfg.mrope_section);
+  EXPECT_EQ(again.vision.min_pixels, cfg.vision.min_pixels);
+  EXPECT_EQ(again.vision.max_pixels, cfg.vision.max_pixels);
+  const json c = json::parse(std::ifstream(fs::path(e.dir) / "config.json"));
+  EXPECT_EQ(c["architectures"][0], "Qwen3VLForConditionalGeneration");
+  EXPECT_EQ(c["image_token_id"], cfg.vocab_size - 2);
+  EXPECT_EQ(c["text_config"]["rope_scaling"]["mrope_interleaved"], true);
+  Model second(again, *backend);
+  second.initialise(9);
+  import_hf_checkpoint(e.dir, second, false);
+  HfExportOptions e2 = e;
+  e2.dir = (root() / "qwen3_vl_export2").string();
+  export_hf_checkpoint(second, e2);
+  EXPECT_EQ(testing::tensor_bytes(e.dir), testing::tensor_bytes(e2.dir));
+  for (const char* f : {"config.json", "preprocessor_config.json"})
+    EXPECT_EQ(testing::read_text(fs::path(e.dir) / f), testing::read_text(fs::path(e2.dir) / f)) << f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the model against the PyTorch reference
+
+struct Image {
+  int h, w;
+};
+// Grids of 4x6, 6x4 and 8x4 patches against the pretrained 4x4: each resized differently.
+const std::vector<Image> kImages = {{16, 24}, {24, 16}, {32, 16}};
+
+struct Result {
+  double loss = 0;
+  std::vector<float> last_logits;
+  std::map<std::string, std::vector<float>> grads;  // by the folder's names
+  std::vector<int32_t> rope_pos;                    // (T, 3)
+};
+
+// Text, then <|vision_start|> the image's pads <|vision_end|>, for each image; text at the end.
+// Targets on text (a pad neither predicts nor is predicted). M-RoPE positions as dhp's data path
+// gives them (data/layout.cpp): text counts on, an image's tokens take the count at its start
+// plus their merged row and column, and the count then moves past its larger side.
+Batch qwen_batch(const ModelConfig& cfg, std::vector<std::vector<uint8_t>>* rgb) {
+  Batch b;
+  Rng rng(29);
+  const int p = cfg.vision.patch, m = cfg.vision.merge;
+  const int32_t V = cfg.vocab_size, start = V - 4, end = V - 3, pad = V - 2;
+  const std::vector<std::vector<int32_t>> text = {{1, 5, 9}, {33, 200, 17}, {3, 99, 250, 7}, {64, 12, 301, 45, 2}};
+  int32_t slot = 0, count = 0;
+  auto add = [&](int32_t tok, int32_t s, std::array<int32_t, 3> rope) {
+    b.tokens.push_back(tok);
+    b.image_slot.push_back(s);
+    b.doc.push_back(0);
+    b.pos.push_back(int32_t(b.pos.size()));
+    b.rope_pos.insert(b.rope_pos.end(), rope.begin(), rope.end());
+  };
+  auto text_token = [&](int32_t tok) {
+    add(tok, -1, {count, count, count});
+    ++count;
+  };
+  for (size_t k = 0; k < text.size(); ++k) {
+    for (int32_t t : text[k]) text_token(t);
+    if (k == kImages.size()) break;
+    const Image im = kImages[k];
+    std::vector<uint8_t> pix(size_t(im.h) * im.w * 3);
+    for (auto& v : pix) v = uint8_t(rng.below(256));
+    const int gh = im.h / p, gw = im.w / p, rows = gh / m, cols = gw / m;
+    b.images.push_back(PackedImage{b.n_patches(), gh, gw});
+    for (int r = 0; r < gh; ++r)
+      for (int c = 0; c < gw; ++c)
+        for (int ky = 0; ky < p; ++ky)
+          for (int kx = 0; kx < p; ++kx)
+            for (int ch = 0; ch < 3; ++ch)
+              b.pixels.push_back(pix[size_t(((r * p + ky) * im.w + c * p + kx) * 3 + ch)]);
+    text_token(start);
+    for (int t = 0; t < rows * cols; ++t) add(pad, slot++, {count, count + t / cols, count + t % cols});
+    count += std::max(rows, cols);
+    text_token(end);
+    rgb->push_back(std::move(pix));
+  }
+  b.T = int64_t(b.tokens.size());
+  for (int64_t t = 0; t < b.T; ++t)
+    b.targets.push_back(b.image_slot[size_t(t)] < 0 && t + 1 < b.T && b.image_slot[size_t(t + 1)] < 0
+                            ? b.tokens[size_t(t + 1)] : -1);
+  b.sample_ids.push_back(0);
+  return b;
+}
+
+Result reference(const fs::path& ckpt, const std::string& flags = "") {
+  static int n = 0;
+  const fs::path out = root() / ("qwen_ref" + std::to_string(n++));
+  fs::create_directories(out);
+  std::vector<std::vector<uint8_t>> rgb;
+  const Batch b = qwen_batch(config_of(ckpt), &rgb);
+  json items = json::array();
+  for (size_t i = 0; i < rgb.size(); ++i) {
+    const std::string name = "image" + std::to_string(i) + ".rgb";
+    std::ofstream(out / name, std::ios::binary).write(reinterpret_cast<const char*>(rgb[i].data()),
+                                                      std::streamsize(rgb[i].size()));
+    items.push_back({{"kind", "image"}, {"height", kImages[i].h}, {"width", kImages[i].w}, {"frames", 1},
+                     {"pixels", name}});
+  }
+  std::ofstream(out / "input.json") << json{{"tokens", b.tokens}, {"targets", b.targets}, {"items", items}}.dump();
+  const std::string cmd = testing::reference_py() + "hf_qwen3_vl_ref.py " + ckpt.string() + " " +
+                          (out / "input.json").string() + " " + out.string() + " " + flags;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  Result r;
+  r.loss = json::parse(std::ifstream(out / "loss.json"))["loss"].get<double>();
+  const int64_t V = config_of(ckpt).vocab_size;
+  std::vector<float> logits(size_t(b.T * V));
+  std::ifstream(out / "logits.bin", std::ios::binary).read(reinterpret_cast<char*>(logits.data()),
+                                                           std::streamsize(logits.size() * 4));
+  r.last_logits.assign(logits.end() - V, logits.end());
+  for (auto& [name, g] : testing::folder_f32(out)) r.grads[name] = std::move(g);
+  const json pos = json::parse(std::ifstream(out / "positions.json"))["position_ids"];
+  for (int64_t t = 0; t < b.T; ++t)
+    for (int a = 0; a < 3; ++a) r.rope_pos.push_back(pos[size_t(a)][size_t(t)].get<int32_t>());
+  return r;
+}
+
+Result run_dhp(const fs::path& ckpt) {
+  const ModelConfig cfg = config_of(ckpt);
+  auto backend = make_cpu_backend({1});
+  Model m(cfg, *backend);
+  m.initialise(3);
+  import_hf_checkpoint(ckpt.string(), m, false);
+  std::vector<std::vector<uint8_t>> rgb;
+  const Batch b = qwen_batch(cfg, &rgb);
+  Result r;
+  r.rope_pos = b.rope_pos;
+  m.zero_grads();
+  const float scale = 1.0f / float(b.loss_tokens());
+  r.loss = m.step(b, scale, true).loss_sum * scale;
+  for (const auto& bind : hf_name_map(cfg, HfLayout::Qwen3Vl)) {
+    std::vector<float> g;
+    for (const std::string& name : binding_tensors(bind)) {
+      const ParamSpec& s = m.table().get(name);
+      g.insert(g.end(), m.grads() + s.grad_offset, m.grads() + s.grad_offset + s.numel());
+    }
+    if (bind.transform == HfTransform::ConvPatch) {
+      std::vector<float> k(g.size());
+      hf_permute_patch(k.data(), g.data(), cfg.vision.dim, cfg.vision.patch, 2, true);
+      g.swap(k);
+    }
+    r.grads[bind.hf] = std::move(g);
+  }
+  Batch prompt = b;
+  prompt.targets.assign(size_t(b.T), -1);
+  SamplingOptions opt;
+  opt.max_new_tokens = 0;  // the logits of the last prompt position only
+  m.generate(prompt, -1, opt, &r.last_logits);
+  return r;
+}
+
+struct Distance {
+  double loss = 0, logits = 0, grads = 0;
+  std::string worst;
+  int unmatched = 0;  // tensors with a gradient on one side only (or of another size)
+};
+
+// Each tensor's gradient relative to its largest entry.
+Distance distance(const Result& ref, const Result& got) {
+  Distance d;
+  d.loss = std::abs(ref.loss - got.loss) / std::abs(ref.loss);
+  double lmax = 0, lerr = 0;
+  for (size_t i = 0; i < ref.last_logits.size() && i < got.last_logits.size(); ++i) {
+    lmax = std::max(lmax, double(std::abs(ref.last_logits[i])));
+    lerr = std::max(lerr, double(std::abs(ref.last_logits[i] - got.last_logits[i])));
+  }
+  d.logits = ref.last_logits.size() == got.last_logits.size() ? lerr / lmax : INFINITY;
+  d.unmatched = int(ref.grads.size()) - int(got.grads.size());
+  for (const auto& [name, g] : got.grads) {
+    const auto it = ref.grads.find(name);
+    if (it == ref.grads.end() || it->second.size() != g.size()) {
+      d.unmatched += 2;
+      d.worst = name;
+      continue;
+    }
+    double mref = 0, err = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      mref = std::max(mref, double(std::abs(it->second[i])));
+      err = std::max(err, double(std::abs(it->second[i] - g[i])));
+    }
+    if (mref > 0 && err / mref > d.grads) d.grads = err / mref, d.worst = name;
+  }
+  return d;
+}
+
+// The bounds: loss 1e-5 relative, logits 1e-4, each gradient 1e-4 of its largest entry.
+constexpr double kLossTol = 1e-5, kLogitsTol = 1e-4, kGradTol = 1e-4;
+
+TEST(HfQwen3VlReference, MatchesOnImagesOfSeveralSizes) {
+  const Result ref = reference(qwen3_vl()), got = run_dhp(qwen3_vl());
+  // The positions the reference worked out from the tokens (get_rope_index) are dhp's.
+  EXPECT_EQ(ref.rope_pos, got.rope_pos);
+  const Distance d = distance(ref, got);
+  std::printf("qwen3_vl: loss %.2e, logits %.2e, gradients %.2e (worst %s)\n", d.loss, d.logits, d.grads,
+              d.worst.c_str());
+  EXPECT_EQ(d.unmatched, 0) << d.worst;
+  EXPECT_LT(d.loss, kLossTol);
+  EXPECT_LT(d.logits, kLogitsTol);
+  EXPECT_LT(d.grads, kGradTol) << d.worst;
+}
+
+// Each must miss by more than ten times the bounds, or the match above would not prove the
+// semantics it names.
+TEST(HfQwen3VlNegative, EachControlFails) {
+  const Result got = run_dhp(qwen3_vl());
+  for (const auto& [flag, what] : std::vector<std::pair<std::string, std::string>>{
+           {"--rope-1d", "1-D RoPE instead of M-RoPE"},
+           {"--blocked", "M-RoPE's blocked layout instead of the interleaved one"},
+           {"--no-deepstack", "DeepStack off"},
+           {"--bicubic", "bicubic position resizing instead of bilinear over the grid's corners"},
+           {"--no-vision-rope", "the tower's attention without 2-D RoPE"}}) {
+    const Distance d = distance(reference(qwen3_vl(), flag), got);
+    std::printf("control, %s: loss %.2e, logits %.2e, gradients %.2e\n", what.c_str(), d.loss, d.logits, d.grads);
+    EXPECT_TRUE(d.loss > 10 * kLossTol || d.logits > 10 * kLogitsTol || d.grads > 10 * kGradTol || d.unmatched)
+        << what << " went unnoticed: loss " << d.loss << ", logits " << d.logits << ", gradients " << d.grads;
+  }
+}
+
+}  // namespace
+}  // namespace dhp
