@@ -17,18 +17,26 @@ if [ ! -f "$qwen3/tokenizer.json" ]; then
 fi
 
 # Head 24 over hidden 64, interleaved sections [4, 4, 4]; patch 8 and merge 2 (the data's
-# factor 16) on a 4x4 learned grid; DeepStack after tower layers 0 and 1.
+# factor 16) on a 4x4 learned grid; DeepStack after tower layers 0 and 1. A tokenizer whose
+# <|image_pad|> is not the config's image_token_id is refused.
 hf_fixture make_hf_qwen3_vl_fixture.py "$work/vl" --hidden 64 --heads 4 --kv 2 --head-dim 24 --layers 3 \
   --ffn 128 --vocab 1344 --mrope 4,4,4 --patch 8 --num-pos 16 --vdepth 3 --deepstack 0,1 --seed 7 \
-  --min-pixels 256 --max-pixels 65536
+  --min-pixels 256 --max-pixels 65536 --special-ids 1265,1266,1268,1269  # the cut tokenizer's
 /usr/bin/python3 "$src/tests/reference/shrink_bpe_tokenizer.py" "$qwen3" "$work/vl" >/dev/null
 "$dhp" data synth --out "$work/data" --preset mixed --train 96 --val 8 --seed 5 \
   --scale 0.1 --factor 16 >/dev/null
 quiet_run_toml | small_run_toml "$work/data" 4 "" 'template = "chatml"' > "$work/run.toml"
 start=(--config "$work/run.toml" --model.init="$work/vl" --data.tokenizer="$work/vl")
+hf_fixture make_hf_qwen3_vl_fixture.py "$work/other" --hidden 64 --heads 4 --kv 2 --head-dim 24 --layers 3 \
+  --ffn 128 --vocab 1344 --mrope 4,4,4 --patch 8 --num-pos 16
+cp "$work/vl/tokenizer.json" "$work/vl/tokenizer_config.json" "$work/other/"
+if "$dhp" train "${start[@]}" --model.init="$work/other" --data.tokenizer="$work/other" >"$work/other.log" 2>&1 ||
+   ! grep -q "says image_token_id = 1342, but data.tokenizer .* has <|image_pad|> = 1268" "$work/other.log"; then
+  echo "a tokenizer that is not the checkpoint's was not refused"; cat "$work/other.log"; exit 1
+fi
 train_run "$work/one.log" -- "${start[@]}" --log.metrics="$work/one/metrics.jsonl" \
   --checkpoint.dir="$work/one/ckpt"
-for want in "imported .* tensors of the decoder, vision tower and projector" "model.vision.arch += qwen3_vl" \
+for want in "imported .* tensors of the decoder, vision tower and projector" "model.vision.arch += \"qwen3_vl\"" \
             "model.mrope_section += \\[4, 4, 4\\]" "model.vision.deepstack += \\[0, 1\\]"; do
   grep -Eq "$want" "$work/one.log" || { echo "not in the log: $want"; cat "$work/one.log"; exit 1; }
 done

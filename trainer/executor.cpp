@@ -136,7 +136,8 @@ void Executor::encode_routed(const GroupWork& g, const Sample* loaded, Batch& b)
     rows += im.span.tokens;
     ++images_encoded_;
   }
-  images_.prepare(g.ring, route.send_rows(first_row), route.recv, rows, model_.config().dim);
+  images_.prepare(g.ring, route.send_rows(first_row), route.recv, rows,
+                  int64_t(model_.config().vision.image_sets()) * model_.config().dim);
 }
 
 // Busy time as GroupTiming defines it, from the group's start on both clocks.

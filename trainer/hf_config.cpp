@@ -702,6 +702,13 @@ void apply_hf_init(Config& cfg) {
       // Rows are added only for tokens the file lacks: a tokenizer that fits keeps the file's
       // vocabulary (and softmax) exactly.
       if (tok.vocab_size() > file.file_vocab) vocab = std::max(vocab, tok.padded_vocab_size(64));
+      // The model finds an image's positions by its config's image_token_id; the data path lays
+      // out the tokenizer's <|image_pad|>: they must be one id.
+      DHP_CHECK(file.image_token < 0 || tok.ids().image_pad == file.image_token,
+                "{}: model.init '{}' says image_token_id = {}, but data.tokenizer '{}' has {} for an image's "
+                "positions: it is not this checkpoint's tokenizer", cfg.source, init, file.image_token,
+                printable(tok.path()), tok.ids().image_pad >= 0 ? fmt::format("<|image_pad|> = {}", tok.ids().image_pad)
+                                                               : std::string("no <|image_pad|>"));
     }
     file.model.vocab_size = vocab;
     // A resize the configuration names wins over a LLaVA folder's processor (LLaVA's own

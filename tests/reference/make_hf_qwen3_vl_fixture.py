@@ -12,11 +12,12 @@ Usage:
       [--hidden 48] [--heads 4] [--kv 2] [--head-dim 16] [--layers 3] [--ffn 96] [--vocab 512]
       [--tied] [--theta 5000000] [--mrope 4,2,2] [--blocked-config]
       [--rope-key rope_scaling|rope_parameters] [--seed 0] [--std 0.05] [--vstd 0.1]
-      [--dtype float32|bfloat16] [--min-pixels N] [--max-pixels N]
+      [--dtype float32|bfloat16] [--min-pixels N] [--max-pixels N] [--special-ids S,E,I,V]
 
 Special ids, the top four of the tiny vocabulary in the released checkpoints' order
 (151652..151656 there, with <|vision_pad|> between end and image): vision_start_token_id
-vocab-4, vision_end_token_id vocab-3, image_token_id vocab-2, video_token_id vocab-1.
+vocab-4, vision_end_token_id vocab-3, image_token_id vocab-2, video_token_id vocab-1; or the
+four --special-ids gives (a real tokenizer's).
 
 Tensors (Linear weights (out, in); dv = --vhidden, m = --merge, M = dv·m², d = --hidden):
   model.visual.patch_embed.proj.weight (dv, 3, T, p, p), .bias (dv)      Conv3d, stride = kernel
@@ -64,9 +65,12 @@ def ints(text):
     return [int(x) for x in text.split(",") if x != ""]
 
 
-def special_ids(vocab):
-    return {"vision_start_token_id": vocab - 4, "vision_end_token_id": vocab - 3,
-            "image_token_id": vocab - 2, "video_token_id": vocab - 1}
+def special_ids(vocab, given=None):
+    """The four ids, the top of the vocabulary unless --special-ids names them (a real
+    tokenizer's <|vision_start|>, <|vision_end|>, <|image_pad|>, <|video_pad|>)."""
+    start, end, image, video = given or (vocab - 4, vocab - 3, vocab - 2, vocab - 1)
+    return {"vision_start_token_id": start, "vision_end_token_id": end,
+            "image_token_id": image, "video_token_id": video}
 
 
 def tensors(a, gen):
@@ -189,7 +193,7 @@ def config_json(a):
         "transformers_version": "5.0.0" if a.rope_key == "rope_parameters" else "4.57.0",
         "vision_config": vision,
     }
-    c.update(special_ids(a.vocab))
+    c.update(special_ids(a.vocab, ints(a.special_ids) if a.special_ids else None))
     return c
 
 
@@ -278,6 +282,8 @@ def main():
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--ffn", type=int, default=96)
     ap.add_argument("--vocab", type=int, default=512)
+    ap.add_argument("--special-ids", default="",
+                    help="vision_start,vision_end,image,video ids (default: the top four of the vocabulary)")
     ap.add_argument("--tied", action="store_true")
     ap.add_argument("--theta", type=float, default=5000000.0)
     ap.add_argument("--mrope", type=ints, default=[4, 2, 2])
