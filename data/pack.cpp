@@ -11,7 +11,7 @@ void append_image(Batch& b, const PreparedImage& im, const ImageGeometry& v) {
   DHP_ASSERT(int64_t(im.pixels.size()) == im.n_patches() * pn);
   DHP_ASSERT(im.grid_h % v.merge == 0 && im.grid_w % v.merge == 0);
   PackedImage pi;
-  pi.patch_offset = int64_t(b.pixels.size()) / pn;
+  pi.patch_offset = b.n_patches();
   pi.grid_h = im.grid_h;
   pi.grid_w = im.grid_w;
   b.images.push_back(pi);

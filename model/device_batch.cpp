@@ -14,7 +14,7 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
   const int64_t pn = cfg_.vision.patch_numel(), P = b.n_patches(), N = P / (m * m);
   DHP_ASSERT(int64_t(b.tokens.size()) == T && int64_t(b.targets.size()) == T &&
              int64_t(b.doc.size()) == T && int64_t(b.pos.size()) == T &&
-             int64_t(b.image_slot.size()) == T && int64_t(b.pixels.size()) == P * pn);
+             int64_t(b.image_slot.size()) == T && int64_t(b.pixels.size()) == b.pixel_rows() * pn);
   DHP_ASSERT(b.rope_pos.empty() || int64_t(b.rope_pos.size()) == 3 * T);
   // M-RoPE's three positions a token; a batch without them (text made by hand, a generated
   // token) has each token's three equal to its pos.
@@ -93,9 +93,20 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
     patch_rope_[size_t(3 * k + 1)] = patch_row_[size_t(k)];
     patch_rope_[size_t(3 * k + 2)] = patch_col_[size_t(k)];
   }
+  // Each patch's frames: an image's one frame repeated, a frame pair's two.
   const int64_t frames = tower.temporal_patch;
   frame_dup_.resize(frames > 1 ? size_t(frames * P) : 0);
-  for (size_t r = 0; r < frame_dup_.size(); ++r) frame_dup_[r] = int32_t(int64_t(r) / frames);
+  int64_t pixel_row = 0;
+  for (const auto& im : b.images) {
+    DHP_CHECK(im.frames == 1 || im.frames == frames,
+              "an image of {} frames: the {} tower embeds {} frame{} a patch", im.frames, tower.name, frames,
+              frames > 1 ? "s" : "");
+    for (int64_t k = 0; frames > 1 && k < im.n_patches(); ++k)
+      for (int64_t f = 0; f < frames; ++f)
+        frame_dup_[size_t((im.patch_offset + k) * frames + f)] =
+            int32_t(pixel_row + (im.frames == 1 ? k : f * im.n_patches() + k));
+    pixel_row += im.frames * im.n_patches();
+  }
   const int64_t sets = cfg_.vision.image_sets();
   image_slots_.resize(sets > 1 ? size_t(sets * T) : 0);
   stack_slot_.resize(sets > 1 ? size_t(sets * N) : 0);
@@ -122,7 +133,7 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
     blk = c.take<int32_t>(T);        // (T)
     slot = c.take<int32_t>(T);       // (T)
     if (mrope) rope = c.take<int32_t>(3 * T);  // (T, 3)
-    pixels = c.take<uint8_t>(P * pn);  // (P, pn)
+    pixels = c.take<uint8_t>(int64_t(b.pixels.size()));  // (pixel rows, pn)
     pimg = c.take<int32_t>(P);       // (P)
     pzero = c.take<int32_t>(P);      // (P)
     prow = c.take<int32_t>(P);       // (P)
@@ -170,6 +181,7 @@ const DeviceBatch& BatchUploader::upload(const Batch& b) {
                   view(decoder_runs_), view(vision_runs_), view(stream_runs_)};
   if (halves) d.patch_rope = prope;
   if (frames > 1) d.frame_dup = fdup;
+  d.pixel_rows = b.pixel_rows();
   d.image_slots = sets > 1 ? islots : slot;
   if (sets > 1) d.stack_slot = sslot;
   return d;

@@ -51,9 +51,10 @@ struct DeviceBatch {
   // Where the tower's row asks for them (null otherwise):
   // TowerRope::grid_halves: (P, 3) each patch's (0, row, column), RoPE positions by axis.
   const int32_t* patch_rope = nullptr;
-  // temporal_patch > 1: (temporal·P) the patch row each frame row of the patch embedding's
-  // input repeats (an image is its frame repeated).
+  // temporal_patch > 1: (temporal·P) the pixel row each frame of each patch of the patch
+  // embedding's input reads (an image's one frame repeated, a frame pair's own two).
   const int32_t* frame_dup = nullptr;
+  int64_t pixel_rows = 0;  // rows of `pixels`: P, more with frame pairs
   // The image token sets (VisionConfig::image_sets(), k = 0 the projector's, then one per
   // DeepStack layer) travel as one row of sets·d per merged token: image_slots (sets, T) gives,
   // for set k, the row of that (R·sets, d) view each position takes (-1 for text), and

@@ -76,7 +76,7 @@ void VisionPath::carve(Carver& c, int64_t P, int64_t S, int64_t N, bool backward
   const int64_t rows = t.own_stream() ? S : P;  // the encoder stream
   const DType dt = ops_.dtype();
   patches_ = c.take(P * v.embed_numel(), dt);
-  if (t.temporal_patch > 1) frame_ = c.take(P * v.patch_numel(), dt);
+  if (t.temporal_patch > 1) frame_ = c.take(P * v.embed_numel(), dt);  // up to every image a pair
   mode_ = mode;
   if (t.class_row) patch_emb_ = c.take(P * dv, dt);
   if (t.pre_norm) {
@@ -189,10 +189,10 @@ void VisionPath::forward(const ModelWeights& p, const DeviceBatch& b) {
   const int64_t P = b.P, N = b.N;
   if (P == 0) return;
   // The batch's 8-bit pixels become the encoder's input here, on the device; a patch over
-  // several frames repeats an image's one.
+  // several frames repeats an image's one, or takes a frame pair's two.
   const int frames = v.traits().temporal_patch;
   if (frames > 1) {
-    ops_.normalize_pixels(frame_, b.pixels, P * pn, pixel_norm(v));
+    ops_.normalize_pixels(frame_, b.pixels, b.pixel_rows * pn, pixel_norm(v));
     ops_.scatter_rows(patches_, frame_, b.frame_dup, frames * P, pn);
   } else {
     ops_.normalize_pixels(patches_, b.pixels, P * pn, pixel_norm(v));

@@ -97,7 +97,7 @@ class VisionPath {
   // stream of its own); N merged tokens. Each optional buffer is there where the row's trait
   // (named) is.
   Act patches_;                  // (P, temporal_patch·p·p·3) the embedding's input, storage dtype
-  Act frame_;                    // temporal_patch > 1: (P, p·p·3) the normalised frame
+  Act frame_;                    // temporal_patch > 1: (pixel rows, p·p·3) the normalised frames
   Act patch_emb_;                // class_row: (P, dv) the patch embedding, then scattered
   Act embed_;                    // pre_norm: (S, dv) the embeddings before the pre-norm
   float* pre_mean_ = nullptr;    // pre_norm: (S)

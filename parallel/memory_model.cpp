@@ -104,8 +104,8 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // gradient, the image tokens and their gradient (every set); with DeepStack the main
   // projector's output and one set's gradient apart, each merger's merged rows, LayerNorm
   // output and statistics, hidden pair and output, and one shared d(LayerNorm output); per
-  // patch one shared d(hidden state). A patch over several frames keeps the frame beside its
-  // input. The batch: pixels (one byte a value), four int32 columns per patch, three per row
+  // patch one shared d(hidden state). A patch over several frames keeps its frames beside its
+  // input (room for a frame pair's two). The batch: pixels (one byte a value), four int32 columns per patch, three per row
   // of a stream of its own, three for RoPE by halves, one per frame, one per set and merged
   // token.
   const int64_t K = sets - 1, frames = tower.temporal_patch;
@@ -117,7 +117,7 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
                              K * 8 + (K > 0 ? sets * 4 : 0);
   const int64_t columns = 4 + (tower.own_stream() ? 3 : 0) + (tower.rope == TowerRope::grid_halves ? 3 : 0) +
                           (frames > 1 ? frames : 0);
-  per_patch_ = (v.embed_numel() + (frames > 1 ? v.patch_numel() : 0)) * act +
+  per_patch_ = (v.embed_numel() + (frames > 1 ? v.embed_numel() : 0)) * act +
                layers_bytes(v.layers_run(), dv, v.ffn, dv, dv, v.heads, tower.norm, tower.mlp) + rows * dv * act +
                stats + (per_merged + m2_ - 1) / m2_ + v.patch_numel() + columns * 4;
   // A ring of degree c > 1 carves, per token of the rank: in the ring's work arena

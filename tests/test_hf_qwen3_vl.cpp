@@ -2,8 +2,9 @@
 // Face's exact layout (tests/reference/make_hf_qwen3_vl_fixture.py): the config's keys and
 // refusals, the import (fused qkv, the Conv3d patch embedding over two frames, the mergers),
 // the export round trip, and the model against an independent PyTorch implementation of
-// transformers' Qwen3-VL (tests/reference/hf_qwen3_vl_ref.py) on images of several sizes,
-// the M-RoPE positions included, with negative controls that must fail.
+// transformers' Qwen3-VL (tests/reference/hf_qwen3_vl_ref.py) on images of several sizes and
+// a short video (frame pairs), the M-RoPE positions included, with negative controls that must
+// fail.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -153,9 +154,11 @@ TEST(HfQwen3VlExport, RoundTripIsByteIdentical) {
 
 struct Image {
   int h, w;
+  int frames = 1;  // a video: frames in pairs, each pair after its timestamp's text
 };
-// Grids of 4x6, 6x4 and 8x4 patches against the pretrained 4x4: each resized differently.
-const std::vector<Image> kImages = {{16, 24}, {24, 16}, {32, 16}};
+// Grids of 4x6, 6x4 and 8x4 patches against the pretrained 4x4: each resized differently;
+// then a video of four 16x24 frames (two frame pairs).
+const std::vector<Image> kImages = {{16, 24}, {24, 16}, {32, 16}, {16, 24, 4}};
 
 struct Result {
   double loss = 0;
@@ -164,7 +167,8 @@ struct Result {
   std::vector<int32_t> rope_pos;                    // (T, 3)
 };
 
-// Text, then <|vision_start|> the image's pads <|vision_end|>, for each image; text at the end.
+// Text, then <|vision_start|> the image's pads <|vision_end|>, for each image; a video's frame
+// pairs each so, with <|video_pad|>, after two tokens of its timestamp; text at the end.
 // Targets on text (a pad neither predicts nor is predicted). M-RoPE positions as dhp's data path
 // gives them (data/layout.cpp): text counts on, an image's tokens take the count at its start
 // plus their merged row and column, and the count then moves past its larger side.
@@ -172,8 +176,8 @@ Batch qwen_batch(const ModelConfig& cfg, std::vector<std::vector<uint8_t>>* rgb)
   Batch b;
   Rng rng(29);
   const int p = cfg.vision.patch, m = cfg.vision.merge;
-  const int32_t V = cfg.vocab_size, start = V - 4, end = V - 3, pad = V - 2;
-  const std::vector<std::vector<int32_t>> text = {{1, 5, 9}, {33, 200, 17}, {3, 99, 250, 7}, {64, 12, 301, 45, 2}};
+  const int32_t V = cfg.vocab_size, start = V - 4, end = V - 3, image_pad = V - 2, video_pad = V - 1;
+  const std::vector<std::vector<int32_t>> text = {{1, 5, 9}, {33, 200, 17}, {3, 99, 250, 7}, {64, 12}, {301, 45, 2}};
   int32_t slot = 0, count = 0;
   auto add = [&](int32_t tok, int32_t s, std::array<int32_t, 3> rope) {
     b.tokens.push_back(tok);
@@ -190,20 +194,32 @@ Batch qwen_batch(const ModelConfig& cfg, std::vector<std::vector<uint8_t>>* rgb)
     for (int32_t t : text[k]) text_token(t);
     if (k == kImages.size()) break;
     const Image im = kImages[k];
-    std::vector<uint8_t> pix(size_t(im.h) * im.w * 3);
+    const size_t frame = size_t(im.h) * im.w * 3;
+    std::vector<uint8_t> pix(frame * size_t(im.frames));
     for (auto& v : pix) v = uint8_t(rng.below(256));
     const int gh = im.h / p, gw = im.w / p, rows = gh / m, cols = gw / m;
-    b.images.push_back(PackedImage{b.n_patches(), gh, gw});
-    for (int r = 0; r < gh; ++r)
-      for (int c = 0; c < gw; ++c)
-        for (int ky = 0; ky < p; ++ky)
-          for (int kx = 0; kx < p; ++kx)
-            for (int ch = 0; ch < 3; ++ch)
-              b.pixels.push_back(pix[size_t(((r * p + ky) * im.w + c * p + kx) * 3 + ch)]);
-    text_token(start);
-    for (int t = 0; t < rows * cols; ++t) add(pad, slot++, {count, count + t / cols, count + t % cols});
-    count += std::max(rows, cols);
-    text_token(end);
+    const int per = im.frames == 1 ? 1 : 2;  // frames an encoder image holds
+    for (int g = 0; g < im.frames / per; ++g) {
+      PackedImage packed{b.n_patches(), gh, gw};
+      packed.frames = per;
+      b.images.push_back(packed);
+      for (int f = g * per; f < (g + 1) * per; ++f)
+        for (int r = 0; r < gh; ++r)
+          for (int c = 0; c < gw; ++c)
+            for (int ky = 0; ky < p; ++ky)
+              for (int kx = 0; kx < p; ++kx)
+                for (int ch = 0; ch < 3; ++ch)
+                  b.pixels.push_back(pix[size_t(f) * frame + size_t(((r * p + ky) * im.w + c * p + kx) * 3 + ch)]);
+      if (im.frames > 1) {
+        text_token(400 + g);  // "<0.5 seconds>" and the like, as text
+        text_token(410);
+      }
+      text_token(start);
+      for (int t = 0; t < rows * cols; ++t)
+        add(im.frames > 1 ? video_pad : image_pad, slot++, {count, count + t / cols, count + t % cols});
+      count += std::max(rows, cols);
+      text_token(end);
+    }
     rgb->push_back(std::move(pix));
   }
   b.T = int64_t(b.tokens.size());
@@ -225,8 +241,8 @@ Result reference(const fs::path& ckpt, const std::string& flags = "") {
     const std::string name = "image" + std::to_string(i) + ".rgb";
     std::ofstream(out / name, std::ios::binary).write(reinterpret_cast<const char*>(rgb[i].data()),
                                                       std::streamsize(rgb[i].size()));
-    items.push_back({{"kind", "image"}, {"height", kImages[i].h}, {"width", kImages[i].w}, {"frames", 1},
-                     {"pixels", name}});
+    items.push_back({{"kind", kImages[i].frames > 1 ? "video" : "image"}, {"height", kImages[i].h},
+                     {"width", kImages[i].w}, {"frames", kImages[i].frames}, {"pixels", name}});
   }
   std::ofstream(out / "input.json") << json{{"tokens", b.tokens}, {"targets", b.targets}, {"items", items}}.dump();
   const std::string cmd = testing::reference_py() + "hf_qwen3_vl_ref.py " + ckpt.string() + " " +
@@ -317,7 +333,7 @@ Distance distance(const Result& ref, const Result& got) {
 // The bounds: loss 1e-5 relative, logits 1e-4, each gradient 1e-4 of its largest entry.
 constexpr double kLossTol = 1e-5, kLogitsTol = 1e-4, kGradTol = 1e-4;
 
-TEST(HfQwen3VlReference, MatchesOnImagesOfSeveralSizes) {
+TEST(HfQwen3VlReference, MatchesOnImagesOfSeveralSizesAndAVideo) {
   const Result ref = reference(qwen3_vl()), got = run_dhp(qwen3_vl());
   // The positions the reference worked out from the tokens (get_rope_index) are dhp's.
   EXPECT_EQ(ref.rope_pos, got.rope_pos);

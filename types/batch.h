@@ -10,9 +10,12 @@ namespace dhp {
 
 // One image of the pack as the vision encoder sees it.
 struct PackedImage {
-  int64_t patch_offset = 0;  // first patch row of Batch::pixels of this image
+  int64_t patch_offset = 0;  // first patch row of the encoder's patches of this image
   int grid_h = 0;            // patches per column (H' / p)
   int grid_w = 0;            // patches per row    (W' / p)
+  // Frames: 1, or a temporal tower's temporal_patch (TowerTraits: a video's frames embedded
+  // together, each patch over both). Batch::pixels holds them frame after frame.
+  int frames = 1;
   int64_t n_patches() const { return int64_t(grid_h) * grid_w; }
 };
 
@@ -26,7 +29,9 @@ struct Batch {
   // (T, 3) each token's M-RoPE position, temporal, height and width (data/sample.h), which a
   // model with M-RoPE (model.mrope_section) turns by; empty: each token's three are its pos.
   std::vector<int32_t> rope_pos;
-  std::vector<uint8_t> pixels;        // (P, p*p*3) RGB pixels by patch, channel fastest
+  // RGB pixels by patch, channel fastest: each image's frames (PackedImage::frames) in the
+  // images' order, (pixel_rows(), p*p*3).
+  std::vector<uint8_t> pixels;
   std::vector<PackedImage> images;    // images in order; merged tokens follow this order
   std::vector<int64_t> sample_ids;    // dataset index of each document of the pack
   // -1: image_slot numbers this pack's own merged tokens. Otherwise image_slot numbers the
@@ -38,6 +43,11 @@ struct Batch {
   int64_t n_patches() const {
     int64_t n = 0;
     for (const auto& im : images) n += im.n_patches();
+    return n;
+  }
+  int64_t pixel_rows() const {
+    int64_t n = 0;
+    for (const auto& im : images) n += im.frames * im.n_patches();
     return n;
   }
   int64_t loss_tokens() const {       // number of targets >= 0
