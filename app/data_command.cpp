@@ -93,7 +93,7 @@ void add_build(CLI::App* data) {
     if (o.tokenizer.empty()) o.tokenizer = cfg.data.tokenizer;
     o.added_tokens = cfg.data.added_tokens;
     o.chat = cfg.data.chat_template;
-    o.vision = cfg.model.vision;
+    o.vision = data_geometry(cfg.model.vision);
     o.max_tokens = cfg.data.max_tokens;
     o.max_image_pixels = cfg.data.max_image_pixels;
     o.on_error = cfg.data.on_error;
@@ -147,7 +147,7 @@ void add_stats(CLI::App* data) {
     } else {
       const Config cfg = data_config(*config, stats->remaining());
       Tokenizer tok(cfg.data.tokenizer, cfg.data.added_tokens);
-      t = lengths_of(*open_dataset(*path, cfg.data, tok, cfg.model.vision));
+      t = lengths_of(*open_dataset(*path, cfg.data, tok, data_geometry(cfg.model.vision)));
     }
     fmt::print("{}: {} samples\n\n{}", *path, t.size(), describe_lengths(t));
     if (!csv->empty()) {

@@ -155,7 +155,7 @@ void add_eval_command(CLI::App& app, const CliHooks& hooks) {
     DHP_CHECK(!manifest.empty(), "no data to evaluate: pass --data or set data.val");
     const std::unique_ptr<Tokenizer> tokenizer = inference_tokenizer(path, m);
     const Tokenizer& tok = *tokenizer;
-    const std::unique_ptr<Dataset> data = open_dataset(manifest, m.cfg.data, tok, m.cfg.model.vision);
+    const std::unique_ptr<Dataset> data = open_dataset(manifest, m.cfg.data, tok, data_geometry(m.cfg.model.vision));
     const Dataset& ds = *data;
     EvalOptions eo{m.cfg.train.batch_size, m.cfg.eval.max_samples, false, m.cfg.data.workers,
                    m.cfg.eval.exact_match, tok.ids().eos};

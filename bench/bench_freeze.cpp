@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   run_threaded(1, [&](Communicator& comm) {
     auto backend = make_cpu_backend({1});
     const Tokenizer tok(cfg.data.tokenizer);
-    const auto data = open_dataset(cfg.data.train, cfg.data, tok, cfg.model.vision);
+    const auto data = open_dataset(cfg.data.train, cfg.data, tok, data_geometry(cfg.model.vision));
     std::vector<Variant> variants;
     auto add = [&](std::string name, std::initializer_list<ParamGroup> frozen) {
       Variant v;

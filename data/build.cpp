@@ -185,6 +185,10 @@ LineResult process_line(const std::string& text, int64_t line_no, const Tokenize
     for (size_t k = 0; k < r.parsed.paths.size(); ++k) {
       const std::string& path = r.parsed.paths[k];
       if (r.parsed.frames[k].index >= 0) {
+        // Shards store one frame per image; a frame pair's image is read from the manifest.
+        DHP_CHECK(r.parsed.frames[k].pair < 0,
+                  "line {}: the tower embeds a video's frames in pairs ({}), which dhp data build does not store "
+                  "yet: train on the JSONL manifest itself", line_no, printable(path));
         std::vector<uint8_t> bytes;
         const bool jpeg = reencode == "jpeg";
         DHP_CHECK(codecs::encode_image(jpeg ? ".jpg" : ".png", frames[k], bytes,

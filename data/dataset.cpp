@@ -177,13 +177,20 @@ Sample JsonlDataset::load_range(int64_t i, int64_t begin, int64_t end, ImageLoad
       const FrameRef& ref = image_frames_[size_t(e.image_begin + k)];
       if (ref.index >= 0) {
         const ImageSize size = image_sizes_[size_t(e.image_begin + k)];
-        cv::Mat bgr;
-        try {
-          bgr = frames.read(path, ref, size);
-        } catch (const LineError& err) {
-          throw Error(fmt::format("{}: {}", err.reason, err.detail));
+        auto read = [&](const FrameRef& f) {
+          try {
+            return prepare_checked(frames.read(path, f, size), size, path, geometry_);
+          } catch (const LineError& err) {
+            throw Error(fmt::format("{}: {}", err.reason, err.detail));
+          }
+        };
+        PreparedImage im = read(ref);
+        if (ref.pair >= 0) {  // a frame pair: the second frame's patches after the first's
+          const PreparedImage second = read(second_frame(ref));
+          im.pixels.insert(im.pixels.end(), second.pixels.begin(), second.pixels.end());
+          im.frames = 2;
         }
-        return prepare_checked(bgr, size, path, geometry_);
+        return im;
       }
       const std::vector<uint8_t> bytes = read_image_file(path, image_root_);
       const cv::Mat bgr = decode_image(bytes.data(), bytes.size(), path);

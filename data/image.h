@@ -45,7 +45,8 @@ std::vector<uint8_t> read_image_file(const std::string& path, const std::string&
 
 struct PreparedImage {
   int grid_h = 0, grid_w = 0;   // patches per column / per row
-  std::vector<uint8_t> pixels;  // (grid_h*grid_w, p*p*3) row-major over the grid;
+  int frames = 1;               // a video's frame pair: 2, the frames one after the other
+  std::vector<uint8_t> pixels;  // (frames*grid_h*grid_w, p*p*3) row-major over the grid;
                                 // inside a patch the index is (dy*p+dx)*3+c, c in R,G,B
   int64_t n_patches() const { return int64_t(grid_h) * grid_w; }
 };

@@ -8,12 +8,13 @@ namespace dhp {
 
 void append_image(Batch& b, const PreparedImage& im, const ImageGeometry& v) {
   const int64_t pn = v.patch_numel();
-  DHP_ASSERT(int64_t(im.pixels.size()) == im.n_patches() * pn);
+  DHP_ASSERT(int64_t(im.pixels.size()) == im.frames * im.n_patches() * pn);
   DHP_ASSERT(im.grid_h % v.merge == 0 && im.grid_w % v.merge == 0);
   PackedImage pi;
   pi.patch_offset = b.n_patches();
   pi.grid_h = im.grid_h;
   pi.grid_w = im.grid_w;
+  pi.frames = im.frames;
   b.images.push_back(pi);
   b.pixels.insert(b.pixels.end(), im.pixels.begin(), im.pixels.end());
 }

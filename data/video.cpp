@@ -131,6 +131,8 @@ ImageSize frame_size(ImageSize source, int64_t n, const ImageGeometry& vision,
 
 std::string frame_timestamp(double time) { return fmt::format("{:.1f}s", time); }
 
+std::string frame_pair_timestamp(double time) { return fmt::format("<{:.1f} seconds>", time); }
+
 VideoReader::VideoReader(const std::string& path, const std::string& root, bool seek)
     : path_(path), seek_(seek) {
   try {
@@ -255,6 +257,13 @@ void FrameReader::check_end(const std::string& path, const FrameRef& ref) {
   open(path).frame(ref.count - 1);
 }
 
+FrameRef second_frame(const FrameRef& pair) {
+  FrameRef f = pair;
+  f.index = pair.pair;
+  f.pair = -1;
+  return f;
+}
+
 void check_line_frames(const ParsedLine& line, std::vector<cv::Mat>* out) {
   if (out) out->assign(line.paths.size(), cv::Mat());
   FrameReader reader(line.root);
@@ -263,9 +272,12 @@ void check_line_frames(const ParsedLine& line, std::vector<cv::Mat>* out) {
     if (ref.index < 0) continue;
     cv::Mat m = reader.read(line.paths[k], ref, line.sizes[k]);
     if (out) (*out)[k] = std::move(m);
-    const bool last = k + 1 == line.paths.size() || line.frames[k + 1].index <= ref.index ||
+    // A pair's second frame decodes too (the build stores no pairs: out takes the first).
+    const int64_t top = std::max(ref.index, ref.pair);
+    if (ref.pair >= 0) reader.read(line.paths[k], second_frame(ref), line.sizes[k]);
+    const bool last = k + 1 == line.paths.size() || line.frames[k + 1].index <= top ||
                       line.paths[k + 1] != line.paths[k];
-    if (last && ref.index != ref.count - 1) reader.check_end(line.paths[k], ref);
+    if (last && top != ref.count - 1) reader.check_end(line.paths[k], ref);
   }
 }
 
@@ -322,9 +334,19 @@ void place_videos(ParsedLine& line, const std::vector<std::string>& image_paths,
       layout.push_back(v);
       loss.push_back(line.loss[i]);
     } else if (v == kVideoMarker) {
+      // Each frame an image after its timestamp; or, for a tower that embeds frame pairs, each
+      // pair one image after the pair's (Qwen3-VL's "<t seconds>").
       const Clip& c = clips[next_video];
-      for (const FrameRef& ref : c.frames) {
-        const auto ids = tok.encode(frame_timestamp(ref.time));
+      const size_t per = size_t(vision.video_frames_per_image);
+      for (size_t g = 0; g < c.frames.size(); g += per) {
+        FrameRef ref = c.frames[g];
+        std::string stamp = frame_timestamp(ref.time);
+        if (per > 1) {
+          const FrameRef& second = c.frames[std::min(g + 1, c.frames.size() - 1)];
+          ref.pair = second.index;
+          stamp = frame_pair_timestamp((ref.time + second.time) / 2);
+        }
+        const auto ids = tok.encode(stamp);
         layout.insert(layout.end(), ids.begin(), ids.end());
         loss.insert(loss.end(), ids.size(), 0);
         place(videos[next_video], c.size, ref);

@@ -53,6 +53,10 @@ struct FrameRef {
   int64_t count = 0;   // the container's frame count
   ImageSize source;    // the container's frame size: what decoding must give
   double time = 0;     // seconds from the start: index / fps
+  // The second frame of a frame pair (ImageGeometry::video_frames_per_image 2: one image of two
+  // frames, embedded together), or -1: a frame alone. A clip of an odd count pairs its last
+  // frame with itself, as Qwen3-VL's processor pads it.
+  int64_t pair = -1;
 };
 
 // The frames sampled from a clip of `frames` frames at `fps`: n = round(seconds * rules.fps)
@@ -73,6 +77,9 @@ ImageSize frame_size(ImageSize source, int64_t n, const ImageGeometry& vision,
 
 // The timestamp text before frame `time`: "12.5s" (one decimal).
 std::string frame_timestamp(double time);
+// The timestamp text before a frame pair, at the mean of its two frames' times, as Qwen3-VL's
+// processor writes it: "<12.5 seconds>".
+std::string frame_pair_timestamp(double time);
 
 // An open video: the file checked and held, the container probed. Throws LineError:
 // "missing video", "unreadable video" (not a regular file, or a container or codec FFmpeg
@@ -131,6 +138,9 @@ class FrameReader {
   bool seek_;
   std::unique_ptr<VideoReader> reader_;
 };
+
+// The second frame of a frame pair, as a frame of its own.
+FrameRef second_frame(const FrameRef& pair);
 
 // Checks every image of a parsed line that comes from a video by decoding it (and each
 // video's last frame), as the build and JsonlDataset do when they take a line in. `out`, when

@@ -31,6 +31,7 @@
 #include "data/tokenizer.h"
 #include "data/video.h"
 #include "tests/data_fixture.h"
+#include "tests/error_of.h"
 #include "tests/run_dhp.h"
 
 namespace dhp {
@@ -232,6 +233,54 @@ TEST_F(VideoTest, ManifestVideoBecomesTimestampedFramesInMarkerOrder) {
   const Sample piece = ds.load_range(1, a, b, ImageLoad::Decode);
   expect_same(piece, slice_sample(full, a, b));
   EXPECT_EQ(piece.images.size(), 5u);
+}
+
+// A tower that embeds frame pairs (Qwen3-VL): each pair one image of two frames after its
+// "<t seconds>" (the mean of the pair's times), an odd count's last frame paired with itself;
+// the pixels of the second frame after the first's; a ring piece equal to the full sample's
+// slice. `dhp data build` refuses such lines by name rather than store a half pair.
+TEST_F(VideoTest, FramePairsForATemporalTower) {
+  write_clip(dir_ / "clip.avi", 50, 10, 96, 128);  // 5 s: five frames at 1 fps
+  const std::string m = manifest_of("m.jsonl", video_line("v", ", \"video\": \"clip.avi\"", "What happens? <video>"));
+  Tokenizer tok(tokenizer());
+  ImageGeometry pairs = geometry_;
+  pairs.video_frames_per_image = 2;
+  JsonlDataset ds(m, "", tok, pairs, 4096, "fail");
+  ASSERT_EQ(ds.size(), 1);
+  const std::vector<int64_t> want = sample_frames(50, 10, VideoRules{});
+  ASSERT_EQ(want, (std::vector<int64_t>{5, 15, 25, 35, 45}));
+  EXPECT_EQ(ds.images(0), 3);  // (5, 15), (25, 35), (45, 45)
+  const Sample s = ds.load(0, false);
+  EXPECT_EQ(int64_t(s.tokens.size()), ds.length(0));
+  ASSERT_EQ(s.images.size(), 3u);
+  const std::vector<ImageSpan> spans = ds.image_spans(0);
+  for (size_t k = 0; k < 3; ++k) {
+    const PreparedImage& im = s.images[k];
+    ASSERT_EQ(im.frames, 2);
+    const int64_t half = int64_t(im.pixels.size()) / 2;
+    PreparedImage first = im, second = im;
+    first.pixels.resize(size_t(half));
+    second.pixels.assign(im.pixels.begin() + half, im.pixels.end());
+    const int64_t f0 = want[2 * k], f1 = want[std::min<size_t>(2 * k + 1, 4)];
+    EXPECT_NEAR(frame_shown(first), f0, 0) << k;
+    EXPECT_NEAR(frame_shown(second), f1, 0) << k;
+    const std::vector<int32_t> stamp = tok.encode(frame_pair_timestamp(double(f0 + f1) / 2 / 10));
+    const int64_t img_at = spans[k].first - 1;
+    EXPECT_EQ(s.tokens[size_t(img_at)], tok.ids().img_begin);
+    EXPECT_TRUE(std::equal(stamp.begin(), stamp.end(), s.tokens.begin() + img_at - int64_t(stamp.size()))) << k;
+  }
+  EXPECT_EQ(frame_pair_timestamp(1.0), "<1.0 seconds>");
+  const int64_t a = spans[1].first + 1, b = spans[2].first + 2;
+  expect_same(ds.load_range(0, a, b, ImageLoad::Decode), slice_sample(s, a, b));
+  BuildOptions o;
+  o.manifest = m;
+  o.out_dir = (dir_ / "built").string();
+  o.tokenizer = tokenizer();
+  o.vision = pairs;
+  o.progress = false;
+  o.on_error = "fail";
+  const std::string msg = testing::error_of([&] { build_dataset(o); });
+  EXPECT_NE(msg.find("embeds a video's frames in pairs"), std::string::npos) << msg;
 }
 
 TEST_F(VideoTest, BuiltShardsEqualTheJsonlPathAndHoldDecodedFrames) {

@@ -131,7 +131,7 @@ std::unique_ptr<Dataset> open_train_set(const Config& cfg, const Tokenizer& tok,
   DHP_CHECK(tok.vocab_size() <= cfg.model.vocab_size,
             "{}: model.vocab_size ({}) is smaller than the tokenizer's vocabulary ({} in {})",
             cfg.source, cfg.model.vocab_size, tok.vocab_size(), cfg.data.tokenizer);
-  auto set = open_dataset(cfg.data.train, cfg.data, tok, cfg.model.vision, stop);
+  auto set = open_dataset(cfg.data.train, cfg.data, tok, data_geometry(cfg.model.vision), stop);
   DHP_CHECK(set->size() > 0, "data.train '{}' holds no usable sample", cfg.data.train);
   check_skipped(*set, "data.train", cfg.data.train, cfg.data.max_skipped);
   check_batch_fits(cfg, *set, available_memory_bytes());
@@ -140,7 +140,7 @@ std::unique_ptr<Dataset> open_train_set(const Config& cfg, const Tokenizer& tok,
 
 std::unique_ptr<Dataset> open_val_set(const Config& cfg, const Tokenizer& tok, const volatile int* stop) {
   if (cfg.data.val.empty()) return nullptr;
-  auto set = open_dataset(cfg.data.val, cfg.data, tok, cfg.model.vision, stop);
+  auto set = open_dataset(cfg.data.val, cfg.data, tok, data_geometry(cfg.model.vision), stop);
   check_skipped(*set, "data.val", cfg.data.val, cfg.data.max_skipped);
   return set;
 }

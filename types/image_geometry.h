@@ -56,6 +56,10 @@ struct ImageGeometry {
   int image_size = 0;
   std::array<double, 3> pixel_mean = kClipPixelMean;
   std::array<double, 3> pixel_std = kClipPixelStd;
+  // A video's frames per encoder image: 1, or a tower's temporal patch (Qwen3-VL's 2: a video's
+  // frames go in pairs, each pair one image of two frames after one timestamp). Set from the
+  // tower's row by data_geometry (types/model_config.h), not a key.
+  int video_frames_per_image = 1;
 
   int factor() const { return patch * merge; }  // f = p * m: resized sides are multiples of it
   // Every image becomes image_size x image_size (the square processors' modes), whatever its

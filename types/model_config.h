@@ -97,6 +97,13 @@ struct VisionConfig : ImageGeometry {
   }
 };
 
+// What the data path reads of a tower: its image geometry, with the row's frames per image.
+inline ImageGeometry data_geometry(const VisionConfig& v) {
+  ImageGeometry g = v;
+  g.video_frames_per_image = v.traits().temporal_patch;
+  return g;
+}
+
 // The pixel constants a tower normalises by when the config does not set them.
 inline std::pair<std::array<double, 3>, std::array<double, 3>> default_pixel_norm(VisionArch a) {
   return {tower_traits(a).pixel_mean, tower_traits(a).pixel_std};
