@@ -174,8 +174,8 @@ LineResult process_line(const std::string& text, int64_t line_no, const Tokenize
     // Video frames are decoded here, once, and stored at their final size, so training
     // never runs FFmpeg. PNG unless --reencode jpeg: lossless, so a built set trains on the
     // pixels the JSONL path decodes.
-    std::vector<cv::Mat> frames;
-    check_line_frames(r.parsed, &frames);
+    std::vector<cv::Mat> frames, pair_frames;
+    check_line_frames(r.parsed, &frames, &pair_frames);
     std::set<std::string> clips;  // each clip's bytes count once as input read
     for (size_t k = 0; k < r.parsed.paths.size(); ++k)
       if (r.parsed.frames[k].index >= 0 && clips.insert(r.parsed.paths[k]).second) {
@@ -185,10 +185,9 @@ LineResult process_line(const std::string& text, int64_t line_no, const Tokenize
     for (size_t k = 0; k < r.parsed.paths.size(); ++k) {
       const std::string& path = r.parsed.paths[k];
       if (r.parsed.frames[k].index >= 0) {
-        // Shards store one frame per image; a frame pair's image is read from the manifest.
-        DHP_CHECK(r.parsed.frames[k].pair < 0,
-                  "line {}: the tower embeds a video's frames in pairs ({}), which dhp data build does not store "
-                  "yet: train on the JSONL manifest itself", line_no, printable(path));
+        // A frame pair is stored as one picture, its second frame below its first (ShardDataset
+        // splits it: only a pair decodes to twice its recorded height).
+        if (r.parsed.frames[k].pair >= 0) cv::vconcat(frames[k], pair_frames[k], frames[k]);
         std::vector<uint8_t> bytes;
         const bool jpeg = reencode == "jpeg";
         DHP_CHECK(codecs::encode_image(jpeg ? ".jpg" : ".png", frames[k], bytes,
@@ -320,6 +319,7 @@ std::string build_key(const BuildOptions& o, const std::string& image_root,
   j["max_image_pixels"] = o.max_image_pixels;
   j["shard_bytes"] = o.shard_bytes;
   j["reencode"] = o.reencode;
+  if (o.vision.video_frames_per_image != 1) j["video_frames_per_image"] = o.vision.video_frames_per_image;
   // Only when set, so that the keys of builds made before the option existed still match.
   if (o.allow_absolute_paths) j["allow_absolute_paths"] = true;
   if (o.chat != ChatTemplate::Dhp) j["template"] = template_name(o.chat);

@@ -65,6 +65,11 @@ ShardDataset::ShardDataset(const std::string& dir, const Tokenizer& tok, const I
             "'{}' was built with the chat template '{}', this run's data.template is '{}': the "
             "stored text is laid out for the other; rebuild it or set data.template = \"{}\"",
             dir, x_.chat_template, template_name(chat), x_.chat_template);
+  DHP_CHECK(x_.vision.video_frames_per_image == geometry.video_frames_per_image,
+            "'{}' was built for a tower that takes {} video frame{} an image, this run's takes {}: its videos "
+            "are laid out for the other; rebuild it with this run's model.vision", dir,
+            x_.vision.video_frames_per_image, x_.vision.video_frames_per_image > 1 ? "s" : "",
+            geometry.video_frames_per_image);
   const bool same_rule = x_.vision.patch == geometry.patch &&
                          x_.vision.merge == geometry.merge &&
                          x_.vision.min_pixels == geometry.min_pixels &&
@@ -209,8 +214,16 @@ Sample ShardDataset::load_range(int64_t i, int64_t begin, int64_t end, ImageLoad
       DHP_CHECK(int64_t(fnv1a(bytes.data(), bytes.size())) == x_.image(g, kChecksum),
                 "image '{}' fails its checksum (damaged shard)", what);
       const cv::Mat bgr = decode_image(bytes.data(), bytes.size(), what);
-      return prepare_checked(bgr, {int(x_.image(g, kHeight)), int(x_.image(g, kWidth))}, what,
-                             geometry_);
+      const ImageSize size{int(x_.image(g, kHeight)), int(x_.image(g, kWidth))};
+      // A video's frame pair was stored as one picture, the second frame below the first.
+      if (bgr.rows == 2 * size.h && bgr.cols == size.w && x_.vision.video_frames_per_image == 2) {
+        PreparedImage im = prepare_checked(bgr.rowRange(0, size.h), size, what, geometry_);
+        const PreparedImage b = prepare_checked(bgr.rowRange(size.h, 2 * size.h), size, what, geometry_);
+        im.pixels.insert(im.pixels.end(), b.pixels.begin(), b.pixels.end());
+        im.frames = 2;
+        return im;
+      }
+      return prepare_checked(bgr, size, what, geometry_);
     };
     return expand_layout(text.view, begin, end, decode, geometry_.merge, images,
                          geometry_.mean_rgb());

@@ -142,6 +142,9 @@ void write_index(const std::string& dir, const ShardIndex& x) {
     w.attr("pad_square", int64_t(x.vision.resize == ImageFit::pad_square ? x.vision.image_size : 0));
     w.attr("resize", std::string(image_fit_name(x.vision.resize)));
     w.attr("image_size", int64_t(x.vision.image_size));
+    // Builds for a tower of one frame an image record nothing (as those made before pairs).
+    if (x.vision.video_frames_per_image != 1)
+      w.attr("video_frames_per_image", int64_t(x.vision.video_frames_per_image));
     w.attr("max_tokens", x.max_tokens);
     w.attr("max_image_pixels", x.max_image_pixels);
     w.attr("tokenizer_hash", x.tokenizer_hash);
@@ -185,6 +188,8 @@ ShardIndex read_index(const std::string& dir) {
     x.vision.resize = ImageFit::pad_square;
     x.vision.image_size = int(r.attr_i64("pad_square"));
   }
+  if (r.has_attr("video_frames_per_image"))
+    x.vision.video_frames_per_image = int(r.attr_i64("video_frames_per_image"));
   x.max_tokens = r.attr_i64("max_tokens");
   x.max_image_pixels = r.attr_i64("max_image_pixels");
   x.tokenizer_hash = r.attr_str("tokenizer_hash");

@@ -264,17 +264,21 @@ FrameRef second_frame(const FrameRef& pair) {
   return f;
 }
 
-void check_line_frames(const ParsedLine& line, std::vector<cv::Mat>* out) {
+void check_line_frames(const ParsedLine& line, std::vector<cv::Mat>* out, std::vector<cv::Mat>* second) {
   if (out) out->assign(line.paths.size(), cv::Mat());
+  if (second) second->assign(line.paths.size(), cv::Mat());
   FrameReader reader(line.root);
   for (size_t k = 0; k < line.paths.size(); ++k) {
     const FrameRef& ref = line.frames[k];
     if (ref.index < 0) continue;
     cv::Mat m = reader.read(line.paths[k], ref, line.sizes[k]);
     if (out) (*out)[k] = std::move(m);
-    // A pair's second frame decodes too (the build stores no pairs: out takes the first).
+    // A pair's second frame decodes too.
     const int64_t top = std::max(ref.index, ref.pair);
-    if (ref.pair >= 0) reader.read(line.paths[k], second_frame(ref), line.sizes[k]);
+    if (ref.pair >= 0) {
+      cv::Mat b = reader.read(line.paths[k], second_frame(ref), line.sizes[k]);
+      if (second) (*second)[k] = std::move(b);
+    }
     const bool last = k + 1 == line.paths.size() || line.frames[k + 1].index <= top ||
                       line.paths[k + 1] != line.paths[k];
     if (last && top != ref.count - 1) reader.check_end(line.paths[k], ref);

@@ -144,9 +144,10 @@ FrameRef second_frame(const FrameRef& pair);
 
 // Checks every image of a parsed line that comes from a video by decoding it (and each
 // video's last frame), as the build and JsonlDataset do when they take a line in. `out`, when
-// given, receives each frame (BGR at line.sizes[k]) at its image index; other entries stay
-// empty. Throws LineError.
-void check_line_frames(const ParsedLine& line, std::vector<cv::Mat>* out);
+// given, receives each frame (BGR at line.sizes[k]) at its image index, and `second` a frame
+// pair's second frame; other entries stay empty. Throws LineError.
+void check_line_frames(const ParsedLine& line, std::vector<cv::Mat>* out,
+                       std::vector<cv::Mat>* second = nullptr);
 
 // What dhp sets OPENCV_FFMPEG_CAPTURE_OPTIONS to before its first capture (after the user's
 // own, if any): container demuxers that read only the file they are given, over the file

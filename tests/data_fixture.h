@@ -87,6 +87,7 @@ inline void expect_same(const Sample& a, const Sample& b) {
   for (size_t k = 0; k < a.images.size(); ++k) {
     EXPECT_EQ(a.images[k].grid_h, b.images[k].grid_h);
     EXPECT_EQ(a.images[k].grid_w, b.images[k].grid_w);
+    EXPECT_EQ(a.images[k].frames, b.images[k].frames);
     EXPECT_EQ(a.images[k].pixels, b.images[k].pixels);
   }
 }

@@ -4,7 +4,8 @@
 # text model under interleaved M-RoPE) imported from a tiny folder in Hugging Face's layout,
 # trained on images and videos (frame pairs) laid out by chatml on Qwen3's own tokenizer.json:
 # on one rank and on 3 MPI ranks under dhp, pow2 and static, with samples split over rings
-# (M-RoPE positions and DeepStack rows travel with their tokens), the same losses to 1e-5. Then exported in
+# (M-RoPE positions and DeepStack rows travel with their tokens), the same losses to 1e-5; from
+# `dhp data build`'s shards (each frame pair one stored picture) the same run. Then exported in
 # Qwen3-VL's layout, that export imported and exported again: byte-identical tensors.
 #   tests/mpi_hf_qwen3_vl.sh DHP_BINARY SOURCE_DIR
 set -euo pipefail
@@ -54,7 +55,12 @@ assert kept, f"every video line was skipped: {sorted(videos)}"
 print(f"{len(kept)} of {len(videos)} video samples train")
 PY
 export_weights "$work/one"
-runs=()
+# Built into shards (frame pairs stored as one picture each), the same run.
+"$dhp" data build --out "$work/built" "${start[@]}" >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+train_run "$work/built.log" -- "${start[@]}" --data.train="$work/built" --log.metrics="$work/built/metrics.jsonl" \
+  --checkpoint.dir="$work/built/ckpt"
+export_weights "$work/built"
+runs=("shards:1:$work/built")
 for name in dhp pow2 static; do
   r="$work/$name-3"
   train_run "$r.log" mpirun -np 3 --oversubscribe -- "${start[@]}" --parallel.strategy="$name" \

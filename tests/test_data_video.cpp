@@ -238,7 +238,7 @@ TEST_F(VideoTest, ManifestVideoBecomesTimestampedFramesInMarkerOrder) {
 // A tower that embeds frame pairs (Qwen3-VL): each pair one image of two frames after its
 // "<t seconds>" (the mean of the pair's times), an odd count's last frame paired with itself;
 // the pixels of the second frame after the first's; a ring piece equal to the full sample's
-// slice. `dhp data build` refuses such lines by name rather than store a half pair.
+// slice; built shards that give the same.
 TEST_F(VideoTest, FramePairsForATemporalTower) {
   write_clip(dir_ / "clip.avi", 50, 10, 96, 128);  // 5 s: five frames at 1 fps
   const std::string m = manifest_of("m.jsonl", video_line("v", ", \"video\": \"clip.avi\"", "What happens? <video>"));
@@ -272,6 +272,8 @@ TEST_F(VideoTest, FramePairsForATemporalTower) {
   EXPECT_EQ(frame_pair_timestamp(1.0), "<1.0 seconds>");
   const int64_t a = spans[1].first + 1, b = spans[2].first + 2;
   expect_same(ds.load_range(0, a, b, ImageLoad::Decode), slice_sample(s, a, b));
+  // Built, each pair is one stored picture: the shards give the JSONL path's sample. A run of
+  // one frame an image is refused the build (its videos are laid out for the other).
   BuildOptions o;
   o.manifest = m;
   o.out_dir = (dir_ / "built").string();
@@ -279,8 +281,11 @@ TEST_F(VideoTest, FramePairsForATemporalTower) {
   o.vision = pairs;
   o.progress = false;
   o.on_error = "fail";
-  const std::string msg = testing::error_of([&] { build_dataset(o); });
-  EXPECT_NE(msg.find("embeds a video's frames in pairs"), std::string::npos) << msg;
+  ASSERT_TRUE(build_dataset(o).complete);
+  ShardDataset shards(o.out_dir, tok, pairs, 4096, "fail");
+  expect_same(shards.load(0, false), s);
+  const std::string msg = testing::error_of([&] { ShardDataset(o.out_dir, tok, geometry_, 4096, "fail"); });
+  EXPECT_NE(msg.find("takes 2 video frames an image, this run's takes 1"), std::string::npos) << msg;
 }
 
 TEST_F(VideoTest, BuiltShardsEqualTheJsonlPathAndHoldDecodedFrames) {
