@@ -19,7 +19,8 @@ fi
 
 # Head 24 over hidden 64, interleaved sections [4, 4, 4]; patch 8 and merge 2 (the data's
 # factor 16) on a 4x4 learned grid; DeepStack after tower layers 0 and 1. A tokenizer whose
-# <|image_pad|> is not the config's image_token_id is refused.
+# <|image_pad|> (or <|vision_start|>) is not the config's image_token_id (vision_start_token_id)
+# is refused.
 hf_fixture make_hf_qwen3_vl_fixture.py "$work/vl" --hidden 64 --heads 4 --kv 2 --head-dim 24 --layers 3 \
   --ffn 128 --vocab 1344 --mrope 4,4,4 --patch 8 --num-pos 16 --vdepth 3 --deepstack 0,1 --seed 7 \
   --min-pixels 256 --max-pixels 65536 --special-ids 1265,1266,1268,1269  # the cut tokenizer's
@@ -38,6 +39,13 @@ cp "$work/vl/tokenizer.json" "$work/vl/tokenizer_config.json" "$work/other/"
 if "$dhp" train "${start[@]}" --model.init="$work/other" --data.tokenizer="$work/other" >"$work/other.log" 2>&1 ||
    ! grep -q "says image_token_id = 1342, but data.tokenizer .* has <|image_pad|> = 1268" "$work/other.log"; then
   echo "a tokenizer that is not the checkpoint's was not refused"; cat "$work/other.log"; exit 1
+fi
+hf_fixture make_hf_qwen3_vl_fixture.py "$work/start" --hidden 64 --heads 4 --kv 2 --head-dim 24 --layers 3 \
+  --ffn 128 --vocab 1344 --mrope 4,4,4 --patch 8 --num-pos 16 --special-ids 1300,1266,1268,1269
+cp "$work/vl/tokenizer.json" "$work/vl/tokenizer_config.json" "$work/start/"
+if "$dhp" train "${start[@]}" --model.init="$work/start" --data.tokenizer="$work/start" >"$work/start.log" 2>&1 ||
+   ! grep -q "says vision_start_token_id = 1300, but data.tokenizer .* starts an image with id 1265" "$work/start.log"; then
+  echo "a tokenizer of another <|vision_start|> was not refused"; cat "$work/start.log"; exit 1
 fi
 train_run "$work/one.log" -- "${start[@]}" --log.metrics="$work/one/metrics.jsonl" \
   --checkpoint.dir="$work/one/ckpt"
@@ -99,6 +107,8 @@ assert cfg["text_config"]["rope_scaling"]["mrope_section"] == [4, 4, 4], cfg["te
 tok = json.load(open(f"{work}/vl/tokenizer.json"))
 pad = next(t["id"] for t in tok["added_tokens"] if t["content"] == "<|image_pad|>")
 assert cfg["image_token_id"] == pad, (cfg["image_token_id"], pad)
+start = next(t["id"] for t in tok["added_tokens"] if t["content"] == "<|vision_start|>")
+assert cfg["vision_start_token_id"] == start, (cfg.get("vision_start_token_id"), start)
 print(f"export -> import -> export: {len(e1)} tensors byte-identical; image token <|image_pad|> = {pad}")
 PY
 echo "Qwen3-VL trains with chatml on 1 and 3 ranks alike, and exports round-trip"

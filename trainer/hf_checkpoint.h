@@ -97,6 +97,7 @@ struct HfConfig {
   std::string mm_vision_tower;
   bool unfreeze_tower = false;
   int32_t image_token = -1;   // a Composite's image_token_id (-1: none given)
+  int32_t image_begin = -1;   // its vision_start_token_id (-1: none given)
 };
 
 // Reads DIR/config.json over `base`. A decoder folder sets the decoder's shape and keeps the
@@ -210,6 +211,9 @@ struct HfTokenizerFiles {
   // The id an image's positions hold when the family's vocabulary has one (Qwen's
   // <|image_pad|>): LLaVA's image_token_index. -1: LLaVA's convention, the added <image>.
   int32_t image_pad = -1;
+  // The tokens around an image's positions (Qwen's <|vision_start|>, <|vision_end|>; -1: none),
+  // which a Qwen3-VL config names (vision_start_token_id: get_rope_index counts images by it).
+  int32_t image_begin = -1, image_end = -1;
   bool add_bos = true;              // the tokenizer starts every text with bos
   int64_t model_max_length = 4096;  // the run's data.max_tokens
   bool legacy = true;               // LlamaTokenizer's legacy flag, as the run's tokenizer had it

@@ -566,6 +566,7 @@ HfConfig read_hf_config(const std::string& dir, const ModelConfig& base, int64_t
     h.model.vision = read_qwen3_vl_tower(vision, *tower, h.model.vision, h.model.dim);
     apply_preprocessor(h.model.vision, read_preprocessor(dir));
     h.image_token = int32_t(c.integer("image_token_id", 0, int64_t(1) << 24, -1));
+    h.image_begin = int32_t(c.integer("vision_start_token_id", 0, int64_t(1) << 24, -1));
     return h;
   }
   h.kind = HfKind::Llava;
@@ -709,6 +710,10 @@ void apply_hf_init(Config& cfg) {
                 "positions: it is not this checkpoint's tokenizer", cfg.source, init, file.image_token,
                 printable(tok.path()), tok.ids().image_pad >= 0 ? fmt::format("<|image_pad|> = {}", tok.ids().image_pad)
                                                                : std::string("no <|image_pad|>"));
+      DHP_CHECK(file.image_begin < 0 || tok.ids().img_begin == file.image_begin,
+                "{}: model.init '{}' says vision_start_token_id = {}, but data.tokenizer '{}' starts an image with "
+                "id {}: it is not this checkpoint's tokenizer", cfg.source, init, file.image_begin,
+                printable(tok.path()), tok.ids().img_begin);
     }
     file.model.vocab_size = vocab;
     // A resize the configuration names wins over a LLaVA folder's processor (LLaVA's own

@@ -271,6 +271,10 @@ json composite_config(const ModelConfig& m, const HfExportOptions& o, int64_t im
             {"image_token_id", image_token},
             {"tie_word_embeddings", m.tie_embeddings},
             {"torch_dtype", torch_dtype(o.dtype)}};
+  // get_rope_index finds each image by the token before it: the run's, when its tokenizer is
+  // known (else the class's default, Qwen's own ids).
+  if (o.tokenizer && o.tokenizer->image_begin >= 0) c["vision_start_token_id"] = o.tokenizer->image_begin;
+  if (o.tokenizer && o.tokenizer->image_end >= 0) c["vision_end_token_id"] = o.tokenizer->image_end;
   return c;
 }
 
@@ -325,6 +329,8 @@ HfTokenizerFiles hf_tokenizer_files(const TokenizerFiles& f, int64_t model_max_l
   t.vocab = f.sentencepiece_size + int32_t(f.added.size());
   for (const AddedToken& a : f.added) t.added.push_back({a.text, a.id});
   t.image_pad = f.ids.image_pad;
+  t.image_begin = f.ids.img_begin;
+  t.image_end = f.ids.img_end;
   if (f.kind == TokenizerKind::HuggingFace) {
     // The files themselves: transformers reads them as they were read here.
     t.copied.push_back(f.model_path);
