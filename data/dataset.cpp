@@ -186,8 +186,10 @@ Sample JsonlDataset::load_range(int64_t i, int64_t begin, int64_t end, ImageLoad
         };
         PreparedImage im = read(ref);
         if (ref.pair >= 0) {  // a frame pair: the second frame's patches after the first's
-          const PreparedImage second = read(second_frame(ref));
-          im.pixels.insert(im.pixels.end(), second.pixels.begin(), second.pixels.end());
+          // An odd count's last frame is paired with itself: its pixels again, not a seek back.
+          const std::vector<uint8_t> first = im.pixels;
+          const std::vector<uint8_t> second = ref.pair == ref.index ? first : read(second_frame(ref)).pixels;
+          im.pixels.insert(im.pixels.end(), second.begin(), second.end());
           im.frames = 2;
         }
         return im;

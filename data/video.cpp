@@ -272,13 +272,14 @@ void check_line_frames(const ParsedLine& line, std::vector<cv::Mat>* out, std::v
     const FrameRef& ref = line.frames[k];
     if (ref.index < 0) continue;
     cv::Mat m = reader.read(line.paths[k], ref, line.sizes[k]);
-    if (out) (*out)[k] = std::move(m);
-    // A pair's second frame decodes too.
+    // A pair's second frame decodes too; an odd count's last frame, paired with itself, is the
+    // one just read (reading it again would seek back).
     const int64_t top = std::max(ref.index, ref.pair);
     if (ref.pair >= 0) {
-      cv::Mat b = reader.read(line.paths[k], second_frame(ref), line.sizes[k]);
+      cv::Mat b = ref.pair == ref.index ? m.clone() : reader.read(line.paths[k], second_frame(ref), line.sizes[k]);
       if (second) (*second)[k] = std::move(b);
     }
+    if (out) (*out)[k] = std::move(m);
     const bool last = k + 1 == line.paths.size() || line.frames[k + 1].index <= top ||
                       line.paths[k + 1] != line.paths[k];
     if (last && top != ref.count - 1) reader.check_end(line.paths[k], ref);

@@ -105,7 +105,8 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // projector's output and one set's gradient apart, each merger's merged rows, LayerNorm
   // output and statistics, hidden pair and output, and one shared d(LayerNorm output); per
   // patch one shared d(hidden state). A patch over several frames keeps its frames beside its
-  // input (room for a frame pair's two). The batch: pixels (one byte a value), four int32 columns per patch, three per row
+  // input (room for a frame pair's two). The batch: pixels (one byte a value, a frame pair's
+  // two frames), four int32 columns per patch, three per row
   // of a stream of its own, three for RoPE by halves, one per frame, one per set and merged
   // token.
   const int64_t K = sets - 1, frames = tower.temporal_patch;
@@ -119,7 +120,7 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
                           (frames > 1 ? frames : 0);
   per_patch_ = (v.embed_numel() + (frames > 1 ? v.embed_numel() : 0)) * act +
                layers_bytes(v.layers_run(), dv, v.ffn, dv, dv, v.heads, tower.norm, tower.mlp) + rows * dv * act +
-               stats + (per_merged + m2_ - 1) / m2_ + v.patch_numel() + columns * 4;
+               stats + (per_merged + m2_ - 1) / m2_ + v.embed_numel() + columns * 4;
   // A ring of degree c > 1 carves, per token of the rank: in the ring's work arena
   // (parallel/ring_attention.cpp, the larger backward set) two K/V blocks in flight, their
   // fp32 dK/dV accumulators, dQ's fp32 sum and one block's dQ, dK, dV parts; in its metadata

@@ -88,6 +88,14 @@ TEST(HfQwen3VlConfig, RefusesWhatItCannotRun) {
   EXPECT_NE(both.find("with its own vision tower"), std::string::npos) << both;
 }
 
+// Only a family whose row reads M-RoPE sets it: a text folder of another family keeps the
+// configuration's model.mrope_section (M-RoPE over a Qwen2 decoder), as a resume re-reads it.
+TEST(HfQwen3VlConfig, AnotherFamilyKeepsTheConfigurationsMRope) {
+  const fs::path qwen2 = testing::hf_fixture("make_hf_fixture.py", "qwen2_text", "--arch qwen2 --hidden 128 --kv 2");
+  const ModelConfig m = applied({"--model.init=" + qwen2.string(), "--model.mrope_section=[6, 5, 5]"}).model;
+  EXPECT_EQ(m.mrope_section, (std::array<int, 3>{6, 5, 5}));
+}
+
 // ---------------------------------------------------------------------------------------------
 // import and export
 

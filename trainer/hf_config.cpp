@@ -187,7 +187,7 @@ std::string architecture_of(const ConfigJson& c) {
 void read_rope(const ConfigJson& c, const DecoderTraits& family, ModelConfig& m) {
   const std::string& f = c.where();
   m.rope_scaling = RopeScaling::none;
-  m.mrope_section = {0, 0, 0};
+  // Another family keeps the configuration's model.mrope_section (M-RoPE over a text folder).
   if (family.mrope) {
     m.mrope_section = {24, 20, 20};  // Qwen3VLTextRotaryEmbedding's default
     m.mrope_interleaved = true;
@@ -395,11 +395,22 @@ struct Preprocessor {
 };
 
 // A side of the processor's "size" or "crop_size": an integer (older configs), or the object's
-// `key` ("shortest_edge", "height", "width"); 0 when absent.
-int processor_side(const json& j, const char* key) {
-  if (j.is_number_integer()) return j.get<int>();
-  if (j.is_object() && j.contains(key) && j[key].is_number_integer()) return j[key].get<int>();
-  return 0;
+// `key` ("shortest_edge", "height", "width"); 0 when absent or not a count up to 2^40 (a pixel
+// bound), which the callers then refuse or ignore as they do a missing side.
+int64_t processor_side(const json& j, const char* key);
+
+// A square processor's side, within an image side dhp takes (model.vision.image_size's range).
+int square_side(int64_t side, const std::string& where) {
+  DHP_CHECK(side <= (1 << 16), "{}: an image side of {} px is beyond 65536", where, side);
+  return int(side);
+}
+
+int64_t processor_side(const json& j, const char* key) {
+  const json* v = j.is_number_integer() ? &j : j.is_object() && j.contains(key) ? &j[key] : nullptr;
+  if (!v || !v->is_number_integer() || v->is_number_unsigned() && v->get<uint64_t>() > (uint64_t(1) << 40))
+    return 0;
+  const int64_t x = v->get<int64_t>();
+  return x > 0 && x <= (int64_t(1) << 40) ? x : 0;
 }
 
 // The image processor's constants (CLIPImageProcessor, SiglipImageProcessor,
@@ -434,8 +445,8 @@ Preprocessor read_preprocessor(const std::string& dir) {
   const json none;
   const json& size = c.raw().contains("size") ? c.raw()["size"] : none;
   const json& crop = c.raw().contains("crop_size") ? c.raw()["crop_size"] : none;
-  const int shortest = processor_side(size, "shortest_edge");
-  const int h = processor_side(size, "height"), w = processor_side(size, "width");
+  const int64_t shortest = processor_side(size, "shortest_edge");
+  const int64_t h = processor_side(size, "height"), w = processor_side(size, "width");
   // Qwen2VLImageProcessor's size bounds the pixel count (shortest_edge = min_pixels,
   // longest_edge = max_pixels; older files also say min_pixels / max_pixels).
   const bool bounds = processor_side(size, "longest_edge") > 0 || c.has("max_pixels");
@@ -449,16 +460,16 @@ Preprocessor read_preprocessor(const std::string& dir) {
               "(size.shortest_edge / min_pixels to size.longest_edge / max_pixels)", c.where(), p.min_pixels,
               p.max_pixels);
   } else if (center_crop || pad) {
-    const int ch = processor_side(crop, "height"), cw = processor_side(crop, "width");
+    const int64_t ch = processor_side(crop, "height"), cw = processor_side(crop, "width");
     DHP_CHECK(shortest > 0 && (!center_crop || (ch == shortest && cw == shortest)),
               "{}: the short side goes to {} and the centre crop is {}x{}; dhp's clip resize crops a square "
               "of the short side (size.shortest_edge = crop_size)", c.where(), shortest, cw, ch);
     p.fit = pad ? ImageFit::pad_square : ImageFit::clip;
-    p.size = shortest;
+    p.size = square_side(shortest, c.where());
   } else if (h > 0 || w > 0) {
     DHP_CHECK(h == w, "{}: \"size\" is {}x{}; dhp's siglip resize makes squares", c.where(), w, h);
     p.fit = ImageFit::siglip;
-    p.size = h;
+    p.size = square_side(h, c.where());
   }
   p.found = true;
   p.where = c.where();
