@@ -261,16 +261,12 @@ void add_export_command(CLI::App& app) {
         export_hf_checkpoint(cfg.model, ParamTable(cfg.model),
                              [&](const ParamSpec& s, float* out) { weights.read(s, out); }, o);
       }
-      const TowerTraits& tower = cfg.model.vision.traits();
-      const bool composite = !tower.hf_model_class.empty(), llava = tower.has_hf() && !composite;
+      const HfLayout layout = hf_export_layout(cfg.model);
       spdlog::info("exported {} of {} to {} as {} ({} tensors)",
-                   composite ? std::string(tower.hf_model_class)
-                   : llava   ? std::string("the LLaVA model (llava-hf layout)")
-                             : std::string("the decoder"),
-                   path, o.dir, o.dtype,
-                   hf_name_map(cfg.model, composite ? HfLayout::Qwen3Vl
-                                          : llava   ? HfLayout::LlavaHf
-                                                    : HfLayout::Decoder).size());
+                   layout == HfLayout::Qwen3Vl   ? std::string(cfg.model.vision.traits().hf_model_class)
+                   : layout == HfLayout::LlavaHf ? std::string("the LLaVA model (llava-hf layout)")
+                                                 : std::string("the decoder"),
+                   path, o.dir, o.dtype, hf_name_map(cfg.model, layout).size());
       return;
     }
     const std::string config_path = (std::filesystem::path(*out).parent_path() / "config.json").string();

@@ -195,10 +195,7 @@ TEST_P(Architecture, ExportImportExportIsByteIdentical) {
   e2.dir = (root / "two").string();
   export_hf_checkpoint(second, e2);
   const auto one = tensor_bytes(e.dir), two = tensor_bytes(e2.dir);
-  const TowerTraits& tower = row.cfg.vision.traits();
-  const auto written = hf_name_map(row.cfg, !tower.hf_model_class.empty() ? HfLayout::Qwen3Vl
-                                            : tower.has_hf()                ? HfLayout::LlavaHf
-                                                                            : HfLayout::Decoder);
+  const auto written = hf_name_map(row.cfg, hf_export_layout(row.cfg));
   EXPECT_EQ(one.size(), written.size());
   EXPECT_EQ(one, two);
   for (const char* f : {"config.json", "generation_config.json"})

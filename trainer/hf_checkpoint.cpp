@@ -488,6 +488,12 @@ void find_held_tensors(ModelConfig& cfg) {
 
 const char* hf_layout_name(HfLayout layout) { return names_of(layout).name; }
 
+HfLayout hf_export_layout(const ModelConfig& cfg) {
+  const TowerTraits& tower = cfg.vision.traits();
+  if (!tower.hf_model_class.empty()) return HfLayout::Qwen3Vl;
+  return tower.has_hf() ? HfLayout::LlavaHf : HfLayout::Decoder;
+}
+
 std::vector<std::string> binding_tensors(const HfBinding& b) {
   std::vector<std::string> out = {b.dhp};
   out.insert(out.end(), b.more.begin(), b.more.end());

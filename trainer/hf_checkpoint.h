@@ -63,6 +63,10 @@ struct HfBinding {
   std::vector<std::string> more;  // RowConcat: the tensors after dhp's in the file's rows
 };
 
+// The layout an export of a model of `cfg` writes: its tower's own vision-language model
+// (Qwen3Vl), LLaVA (LlavaHf) for a tower LLaVA composes, the decoder alone (Decoder) otherwise.
+HfLayout hf_export_layout(const ModelConfig& cfg);
+
 // dhp's tensors a binding reads or writes: its own, then `more`'s.
 std::vector<std::string> binding_tensors(const HfBinding& b);
 // The shape the tensor has in the file (a vocabulary tensor: the model's rows).

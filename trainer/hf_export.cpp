@@ -404,8 +404,8 @@ void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table,
   // model of its own (qwen3_vl) that model; the native tower has no Hugging Face counterpart
   // and only the decoder is written.
   const TowerTraits& tower = model_cfg.vision.traits();
-  const bool composite = !tower.hf_model_class.empty();
-  const bool llava = tower.has_hf() && !composite;
+  const HfLayout layout = hf_export_layout(model_cfg);
+  const bool composite = layout == HfLayout::Qwen3Vl, llava = layout == HfLayout::LlavaHf;
   // What is written: the model's config, the vocabulary grown when the tokenizer lacks the
   // token an image's positions hold (below).
   ModelConfig m = model_cfg;
@@ -487,8 +487,7 @@ void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table,
                                 : model_config(m, out_opts);
   // Tensors in the name map's order, cut into shards of at most max_shard_bytes (a tensor
   // larger than that is a shard of its own).
-  const std::vector<HfBinding> map =
-      hf_name_map(m, composite ? HfLayout::Qwen3Vl : llava ? HfLayout::LlavaHf : HfLayout::Decoder);
+  const std::vector<HfBinding> map = hf_name_map(m, layout);
   const int width = safetensors_dtype_width(o.dtype);
   std::vector<std::vector<const HfBinding*>> shards(1);
   int64_t in_shard = 0, total = 0;
