@@ -60,6 +60,11 @@ class Ops {
   virtual void layernorm_backward(Act dx, float* dw, float* db, CAct dy, CAct x, CAct w,
                                   const float* mean, const float* rstd, int64_t T,
                                   int64_t C) const = 0;
+  // LayerScale: y = x · w per column (y may alias x); its backward writes dx = dy · w (dx may
+  // alias dy) and accumulates dw += sum over rows of dy · x (kernels/cpu/channel_scale.h).
+  virtual void channel_scale_forward(Act y, CAct x, CAct w, int64_t T, int64_t C) const = 0;
+  virtual void channel_scale_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, int64_t T,
+                                      int64_t C) const = 0;
   // The position embeddings of a pretrained ViT (CLIP, SigLIP), added to an encoder stream
   // x (rows, C) whose patch rows already hold the patch embedding (kernels/cpu/vision_embed.h
   // has the exact arithmetic). table (n_pos, C), n_pos = (cls ? 1 : 0) + g0h·g0w: with cls,

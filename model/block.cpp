@@ -139,6 +139,7 @@ void block_forward(const Ops& ops, const BlockDims& d, const BlockWeights& w, co
   }
   attn.forward(layer, a.att, a.lse, a.q, a.k, a.v, d.attn());
   ops.linear_forward(a.h, a.att, w.wo, w.bo, T, qd, C);
+  if (w.ls1) ops.channel_scale_forward(a.h, a.h, w.ls1, T, C);
   ops.add_inplace(a.h, a.x_in, T * C);
 
   norm_forward(ops, d, a.xn2, a.mean2, a.rstd2, a.h, w.mlp_norm, w.mlp_norm_b, T, C);
@@ -146,6 +147,7 @@ void block_forward(const Ops& ops, const BlockDims& d, const BlockWeights& w, co
   if (d.mlp == MlpKind::swiglu) ops.linear_forward(a.b, a.xn2, w.w3, nullptr, T, C, F);
   mlp_act_forward(ops, d, a, T * F);
   ops.linear_forward(out, a.g, w.w2, w.b2, T, F, C);
+  if (w.ls2) ops.channel_scale_forward(out, out, w.ls2, T, C);
   ops.add_inplace(out, a.h, T * C);
 }
 
@@ -163,7 +165,15 @@ void block_backward(const Ops& ops, const BlockDims& d, const BlockWeights& w,
     mlp_act_forward(ops, d, a, T * F);
   }
   // MLP branch: dx holds d(out) = d(h) through the residual, plus what flows through the MLP.
-  ops.linear_backward(s.dg, gw.w2, gw.b2, dx, a.g, w.w2, T, F, C, false);
+  // LayerScale's gradient needs the branch's output before the scale: rebuilt (one GEMM) in
+  // dtmp, and d(branch) goes to dxn, both free until the norms' backward.
+  CAct dmlp = dx;
+  if (w.ls2) {
+    ops.linear_forward(s.dtmp, a.g, w.w2, w.b2, T, F, C);
+    ops.channel_scale_backward(s.dxn, gw.ls2, dx, s.dtmp, w.ls2, T, C);
+    dmlp = s.dxn;
+  }
+  ops.linear_backward(s.dg, gw.w2, gw.b2, dmlp, a.g, w.w2, T, F, C, false);
   if (d.mlp == MlpKind::swiglu) {
     ops.swiglu_backward(s.da, s.db, s.dg, a.a, a.b, T * F);
     ops.linear_backward(s.dxn, gw.w1, nullptr, s.da, a.xn2, w.w1, T, C, F, false);
@@ -175,8 +185,14 @@ void block_backward(const Ops& ops, const BlockDims& d, const BlockWeights& w,
   norm_backward(ops, d, s.dtmp, gw.mlp_norm, gw.mlp_norm_b, s.dxn, a.h, w.mlp_norm, a.mean2, a.rstd2, T, C);
   ops.add_inplace(dx, s.dtmp, T * C);  // dx = d(h)
 
-  // Attention branch.
-  ops.linear_backward(s.datt, gw.wo, gw.bo, dx, a.att, w.wo, T, qd, C, false);
+  // Attention branch (LayerScale as for the MLP).
+  CAct dproj = dx;
+  if (w.ls1) {
+    ops.linear_forward(s.dtmp, a.att, w.wo, w.bo, T, qd, C);
+    ops.channel_scale_backward(s.dxn, gw.ls1, dx, s.dtmp, w.ls1, T, C);
+    dproj = s.dxn;
+  }
+  ops.linear_backward(s.datt, gw.wo, gw.bo, dproj, a.att, w.wo, T, qd, C, false);
   attn.backward(layer, s.dq, s.dk, s.dv, s.datt, a.att, a.lse, a.q, a.k, a.v, d.attn());
   if (d.rope_on) {
     rope_apply(ops, s.dq, T, d.Hq, d, rope, true);

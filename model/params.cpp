@@ -57,6 +57,7 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
     MlpKind mlp;
     bool qkv_bias, o_bias, mlp_bias, biases_follow;
     int64_t qk_norm_hd;  // the head dimension of Qwen3's q/k norms (model.qk_norm), 0 for none
+    bool layer_scale;    // LayerScale's two vectors after the block's other tensors
   };
   auto block = [&](const std::string& pre, const Kind& k, int64_t C, int64_t qd, int64_t kvd, int64_t F,
                    int n_layers) {
@@ -92,12 +93,16 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
       add(pre + "mlp.fc2.weight", {C, F}, Init::Normal, true, out_std);
       if (k.mlp_bias) add(pre + "mlp.fc2.bias", {C}, Init::Zeros, false);
     }
+    if (k.layer_scale) {
+      add(pre + "attn.ls.weight", {C}, Init::Ones, false);
+      add(pre + "mlp.ls.weight", {C}, Init::Ones, false);
+    }
   };
   const TowerTraits& tower = v.traits();
   const Kind tower_kind{tower.norm, tower.mlp, tower.block_biases, tower.block_biases, tower.block_biases,
-                        true, 0};
+                        true, 0, tower.layer_scale};
   const Kind decoder_kind{NormKind::rms, MlpKind::swiglu, c.attention_bias, c.attention_out_bias, false,
-                          false, c.qk_norm ? c.hd() : 0};
+                          false, c.qk_norm ? c.hd() : 0, false};
   auto layer_norm_pair = [&](const std::string& name) {
     add(name + ".weight", {dv}, Init::Ones, false);
     add(name + ".bias", {dv}, Init::Zeros, false);
@@ -131,6 +136,10 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
   // The projector: Linear, GELU, Linear from the merged features to the decoder's width; each
   // DeepStack merger the same behind a LayerNorm of the merged features.
   const int64_t md = v.merged_dim(), ph = v.projector_hidden(d);
+  if (tower.projector_norm) {
+    add("projector.norm.weight", {md}, Init::Ones, false);
+    add("projector.norm.bias", {md}, Init::Zeros, false);
+  }
   auto projector = [&](const std::string& pre) {
     add(pre + "fc1.weight", {ph, md}, Init::Normal, true);
     add(pre + "fc1.bias", {ph}, Init::Zeros, false);
@@ -227,6 +236,8 @@ ModelParamsOf<P> bind_with(const ParamTable& t, const ModelConfig& c, const At& 
     b.bv = maybe(pre + "attn.wv.bias");
     b.bo = maybe(pre + "attn.wo.bias");
     b.q_norm = maybe(pre + "attn.q_norm.weight");
+    b.ls1 = maybe(pre + "attn.ls.weight");
+    b.ls2 = maybe(pre + "mlp.ls.weight");
     b.k_norm = maybe(pre + "attn.k_norm.weight");
     b.attn_norm_b = maybe(pre + "attn_norm.bias");
     b.mlp_norm_b = maybe(pre + "mlp_norm.bias");
@@ -253,6 +264,8 @@ ModelParamsOf<P> bind_with(const ParamTable& t, const ModelConfig& c, const At& 
     p.vision_layers.push_back(block("vision.layers." + std::to_string(i) + "."));
   p.vision_norm = maybe("vision.norm.weight");
   p.vision_norm_b = maybe("vision.norm.bias");
+  p.proj_norm_w = maybe("projector.norm.weight");
+  p.proj_norm_b = maybe("projector.norm.bias");
   p.fc1_w = at("projector.fc1.weight");
   p.fc1_b = at("projector.fc1.bias");
   p.fc2_w = at("projector.fc2.weight");

@@ -90,6 +90,10 @@ struct BlockParamsOf {
   P mlp_norm_b;   // (C)
   P b1;           // (F)  fc1 bias
   P b2;           // (C)  fc2 bias
+  // LayerScale (InternViT's ls1, ls2; TowerTraits::layer_scale), or null: the attention's and
+  // the MLP's outputs scaled per channel before their residual adds.
+  P ls1;          // (C)
+  P ls2;          // (C)
 };
 
 // One DeepStack merger (model.vision.deepstack): a LayerNorm of the merged features, then the
@@ -117,6 +121,7 @@ struct ModelParamsOf {
   std::vector<BlockParamsOf<P>> vision_layers;
   P vision_norm;             // (dv): final_norm (LLaVA's features skip the last norm)
   P vision_norm_b;           // (dv): a final LayerNorm's bias
+  P proj_norm_w, proj_norm_b;  // (m²·dv): TowerTraits::projector_norm, before fc1
   // The projector, hidden = VisionConfig::projector_hidden(d).
   P fc1_w;                   // (hidden, m²·dv)
   P fc1_b;                   // (hidden)

@@ -94,8 +94,13 @@ void VisionPath::carve(Carver& c, int64_t P, int64_t S, int64_t N, bool backward
   }
   if (t.class_row) feat_ = c.take(P * dv, dt);
   merged_ = c.take(N * md, dt);
+  if (t.projector_norm) {
+    proj_normed_ = c.take(N * md, dt);
+    proj_mean_ = c.take<float>(N);
+    proj_rstd_ = c.take<float>(N);
+  }
   tokens_ = c.take(N * sets * d, dt);
-  proj_ = carve_projector(c, N, merged_, sets > 1 ? c.take(N * d, dt) : tokens_);
+  proj_ = carve_projector(c, N, t.projector_norm ? proj_normed_ : merged_, sets > 1 ? c.take(N * d, dt) : tokens_);
   for (Deepstack& ds : deep_) {
     ds.merged = c.take(N * md, dt);
     ds.mean = c.take<float>(N);
@@ -106,9 +111,11 @@ void VisionPath::carve(Carver& c, int64_t P, int64_t S, int64_t N, bool backward
   dtokens_ = c.take(N * sets * d, dt);
   dg1_ = c.take(N * H, dt);
   if (sets > 1) dset_ = c.take(N * d, dt);
-  // A DeepStack merger's LayerNorm passes a gradient back whether or not the encoder trains.
-  if (!deep_.empty()) dnormed_ = c.take(N * md, dt);
-  if (!encoder_grads && deep_.empty()) return;
+  // A LayerNorm before a projector (DeepStack's, projector_norm) passes a gradient back whether
+  // or not the encoder trains.
+  const bool norms = !deep_.empty() || t.projector_norm;
+  if (norms) dnormed_ = c.take(N * md, dt);
+  if (!encoder_grads && !norms) return;
   dmerged_ = c.take(N * md, dt);
   if (!encoder_grads) return;
   scratch_ = carve_block_scratch(c, dims_, rows, dt);
@@ -199,6 +206,9 @@ void VisionPath::forward(const ModelWeights& p, const DeviceBatch& b) {
   }
   encode(p, b);
   ops_.patch_merge_forward(merged_, features(), b.merge, b.n_images, dv, int(m));
+  if (v.traits().projector_norm)
+    ops_.layernorm_forward(proj_normed_, proj_mean_, proj_rstd_, merged_, p.proj_norm_w, p.proj_norm_b, N, md,
+                           v.traits().projector_norm_eps);
   projector_forward(p.fc1_w, p.fc1_b, p.fc2_w, p.fc2_b, proj_, N);
   for (size_t j = 0; j < deep_.size(); ++j) {
     const Deepstack& ds = deep_[j];
@@ -285,8 +295,12 @@ void VisionPath::backward(const ModelWeights& p, const ModelParams& g, const Dev
     ops_.scatter_rows(dset_, dtokens_, b.stack_slot, N, d);
     dout = dset_;
   }
-  projector_backward(p.fc1_w, p.fc2_w, g.fc1_w, g.fc1_b, g.fc2_w, g.fc2_b, proj_, dout, encoder ? dmerged_ : Act(),
-                     N);
+  const bool norm = v.traits().projector_norm;
+  projector_backward(p.fc1_w, p.fc2_w, g.fc1_w, g.fc1_b, g.fc2_w, g.fc2_b, proj_, dout,
+                     norm ? dnormed_ : encoder ? dmerged_ : Act(), N);
+  if (norm)
+    ops_.layernorm_backward(dmerged_, g.proj_norm_w, g.proj_norm_b, dnormed_, merged_, p.proj_norm_w, proj_mean_,
+                            proj_rstd_, N, v.merged_dim());
   if (!encoder) {
     for (size_t j = 0; j < deep_.size(); ++j) deepstack_backward(p, g, b, j, false);
     return;

@@ -108,13 +108,16 @@ class VisionPath {
   float* norm_rstd_ = nullptr;   // final_norm: (S)
   Act feat_;                     // class_row: (P, dv) the features without class rows
   Act merged_;                   // (N, m²·dv)
-  Projector proj_;               // in = merged_; out = tokens_ with one token set
+  Act proj_normed_;              // projector_norm: (N, m²·dv) merged_ normed, the projector's input
+  float* proj_mean_ = nullptr;   // projector_norm: (N)
+  float* proj_rstd_ = nullptr;   // projector_norm: (N)
+  Projector proj_;               // in = merged_ (or its norm); out = tokens_ with one token set
   std::vector<Deepstack> deep_;  // per model.vision.deepstack layer
   Act tokens_;                   // (N, sets·d)
   Act dtokens_;                  // (N, sets·d)
   Act dset_;                     // sets > 1: (N, d) the gradient of one token set
   Act ddeep_;                    // DeepStack: (P, dv) d(hidden state) from one merger
-  Act dnormed_;                  // DeepStack: (N, m²·dv) d(a merger's LayerNorm output)
+  Act dnormed_;                  // DeepStack, projector_norm: (N, m²·dv) d(a LayerNorm's output)
   Act dx_;                       // (S, dv) gradient of the encoder stream
   Act dfeat_;                    // (P, dv) gradient of the features; class_row: then of the
                                  // patch embedding

@@ -303,7 +303,9 @@ CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_p
   fwd_per_patch_ = 2.0 * (vis_layers * vis_layer_params + double(v.embed_numel()) * dv);
   fwd_per_patch_pair_ = 2.0 * 2.0 * dv * vis_layers;
   fwd_per_merged_ = 2.0 * proj_params;
-  vis_flops_per_patch_ = passes_ * 2.0 * (vis_layers * vis_layer_params + double(v.embed_numel()) * dv);
+  // LayerScale's backward rebuilds the attention's and the MLP's outputs: one GEMM each.
+  const double ls_rebuild = v.traits().layer_scale ? 2.0 * vis_layers * (dv * dv + dv * v.ffn) : 0.0;
+  vis_flops_per_patch_ = passes_ * 2.0 * (vis_layers * vis_layer_params + double(v.embed_numel()) * dv) + ls_rebuild;
   proj_flops_per_token_ = passes_ * 2.0 * proj_params;
   dec_weight_bytes_ = passes_ * double(dev.weight_bytes) * (L * layer_params + d * m.vocab_size);
   // RMSNorms do few FLOPs per element and stream their activations instead: forward reads x

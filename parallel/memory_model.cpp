@@ -31,7 +31,8 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // model/params.cpp's tower table from its row (types/architecture.h): every layer of a
   // checkpoint, run or not, and what it holds beside them.
   const int64_t norm_params = tower.norm == NormKind::layer ? 2 * dv : dv;
-  const int64_t vision_layer = block_params(tower.norm, tower.mlp, tower.block_biases, dv, dv, dv, v.ffn);
+  const int64_t vision_layer = block_params(tower.norm, tower.mlp, tower.block_biases, dv, dv, dv, v.ffn) +
+                               (tower.layer_scale ? 2 * dv : 0);
   const int64_t vision = v.embed_numel() * dv + (tower.patch_bias ? dv : 0) + (tower.class_row ? dv : 0) +
                          (tower.learned_positions ? v.pos_rows() * dv : 0) +
                          (tower.pre_norm ? 2 * dv : 0) + (tower.final_norm ? norm_params : 0) +
@@ -47,7 +48,7 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // The projector, and each DeepStack merger: the same behind a LayerNorm of the merged rows.
   const int64_t md = v.merged_dim(), ph = v.projector_hidden(d), sets = v.image_sets();
   const int64_t projector = md * ph + ph + ph * d + d;
-  n[size_t(ParamGroup::Projector)] = projector + (sets - 1) * (2 * md + projector);
+  n[size_t(ParamGroup::Projector)] = projector + (sets - 1) * (2 * md + projector) + (tower.projector_norm ? 2 * md : 0);
   params_ = trainable_ = 0;
   for (size_t g = 0; g < kParamGroups; ++g) {
     params_ += n[g];
@@ -101,9 +102,10 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // features without class rows and their gradient; with a pre-norm the embeddings before it
   // and their gradient, and its two statistics; with a final norm its output and statistics;
   // per merged token, the projector's hidden before and after its GELU and that one's
-  // gradient, the image tokens and their gradient (every set); with DeepStack the main
-  // projector's output and one set's gradient apart, each merger's merged rows, LayerNorm
-  // output and statistics, hidden pair and output, and one shared d(LayerNorm output); per
+  // gradient, the image tokens and their gradient (every set); with projector_norm its
+  // LayerNorm's output and statistics; with DeepStack the main projector's output and one
+  // set's gradient apart, each merger's merged rows, LayerNorm output and statistics, hidden
+  // pair and output; with either, one shared d(LayerNorm output); per
   // patch one shared d(hidden state). A patch over several frames keeps its frames beside its
   // input (room for a frame pair's two). The batch: pixels (one byte a value, a frame pair's
   // two frames), four int32 columns per patch, three per row
@@ -114,8 +116,10 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
                        (K > 0 ? 1 : 0);
   const int64_t stats = (tower.pre_norm ? 2 * 4 : 0) +
                         (tower.final_norm ? (tower.norm == NormKind::layer ? 2 : 1) * 4 : 0);
-  const int64_t per_merged = (3 * ph + 2 * sets * d + (K > 0 ? 2 * d + md : 0) + K * (2 * md + 2 * ph + d)) * act +
-                             K * 8 + (K > 0 ? sets * 4 : 0);
+  const int64_t pnorm = tower.projector_norm ? 1 : 0;
+  const int64_t per_merged = (3 * ph + 2 * sets * d + (K > 0 ? 2 * d : 0) + (K > 0 || pnorm ? md : 0) + pnorm * md +
+                              K * (2 * md + 2 * ph + d)) * act +
+                             (K + pnorm) * 8 + (K > 0 ? sets * 4 : 0);
   const int64_t columns = 4 + (tower.own_stream() ? 3 : 0) + (tower.rope == TowerRope::grid_halves ? 3 : 0) +
                           (frames > 1 ? frames : 0);
   per_patch_ = (v.embed_numel() + (frames > 1 ? v.embed_numel() : 0)) * act +

@@ -158,7 +158,32 @@ class EmulatedOps : public Ops {
         cuda::layernorm::dx_block(as<S>(dx), as<S>(dy), as<S>(x), as<S>(w), mean, rstd, C, sm);
       });
     });
+  }  void channel_scale_forward(Act y, CAct x, CAct w, int64_t T, int64_t C) const override {
+    if (T <= 0) return;
+    with([&](auto s) {
+      using S = decltype(s);
+      run(cuda::channel_scale::elements_launch(T * C), 0, [&](float*) {
+        cuda::channel_scale::scale_block(as<S>(y), as<S>(x), as<S>(w), T * C, C);
+      });
+    });
   }
+  void channel_scale_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, int64_t T,
+                              int64_t C) const override {
+    if (T <= 0) return;
+    with([&](auto s) {
+      using S = decltype(s);
+      if (dw)
+        run(cuda::channel_scale::params_launch(C), emu::floats_for<cuda::channel_scale::ParamShared>(),
+            [&](float* sm) {
+              cuda::channel_scale::params_block(dw, as<S>(dy), as<S>(x), T, C,
+                                                shared_as<cuda::channel_scale::ParamShared>(sm));
+            });
+      run(cuda::channel_scale::elements_launch(T * C), 0, [&](float*) {
+        cuda::channel_scale::scale_block(as<S>(dx), as<S>(dy), as<S>(w), T * C, C);
+      });
+    });
+  }
+
   void vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images, int n_images,
                             int64_t C, int g0h, int g0w, PosResize resize) const override {
     if (n_images <= 0) return;

@@ -251,7 +251,8 @@ struct Fp32AndBf16 {
     opt.precision = Precision::bf16;
     return opt;
   }
-  Fp32AndBf16(const ModelConfig& cfg, uint64_t seed)
+  // `adjust` (optional) changes the randomised weights of both before the step.
+  Fp32AndBf16(const ModelConfig& cfg, uint64_t seed, const std::function<void(Model&)>& adjust = nullptr)
       : f32(make_cpu_backend({1})),
         b16(make_cpu_backend(bf16_options())),
         a(cfg, *f32),
@@ -259,6 +260,7 @@ struct Fp32AndBf16 {
         batch(make_batch(sample_docs(), cfg, 3)) {
     randomise(a, seed);
     randomise(b, seed);
+    if (adjust) adjust(a), adjust(b);
     const float scale = 1.0f / float(batch.loss_tokens());
     a.zero_grads();
     b.zero_grads();

@@ -6,6 +6,8 @@
 // to the table is a case here without another line.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -96,10 +98,33 @@ TEST_P(Architecture, RecomputeIsBitIdenticalAndHoldsLess) {
   }
 }
 
+// The same function without LayerScale: each block's scales folded into the rows (and bias) of
+// the Linear before them, the scales set to one.
+void fold_layer_scale(Model& m) {
+  const ParamTable& t = m.table();
+  float* p = m.params();
+  for (int l = 0; l < m.config().vision.layers; ++l) {
+    const std::string pre = "vision.layers." + std::to_string(l) + ".";
+    for (const auto& [ls, w, bias] : {std::array<const char*, 3>{"attn.ls.weight", "attn.wo.weight", "attn.wo.bias"},
+                                      std::array<const char*, 3>{"mlp.ls.weight", "mlp.fc2.weight", "mlp.fc2.bias"}}) {
+      const ParamSpec &scale = t.get(pre + ls), &weight = t.get(pre + w);
+      const ParamSpec* b = t.find(pre + bias);
+      const int64_t rows = scale.numel(), cols = weight.numel() / rows;
+      for (int64_t r = 0; r < rows; ++r) {
+        float& s = p[scale.offset + r];
+        for (int64_t c = 0; c < cols; ++c) p[weight.offset + r * cols + c] *= s;
+        if (b) p[b->offset + r] *= s;
+        s = 1.0f;
+      }
+    }
+  }
+}
+
 // bf16 storage: the loss and every gradient tensor within bf16's rounding of fp32's, and not
 // equal to them (something was rounded).
 TEST_P(Architecture, Bf16TracksFp32) {
-  const Fp32AndBf16 pair(GetParam().cfg, 17);
+  const ModelConfig& cfg = GetParam().cfg;
+  const Fp32AndBf16 pair(cfg, 17);
   EXPECT_NEAR(pair.sb.loss_sum, pair.sa.loss_sum, 2e-3 * std::abs(pair.sa.loss_sum));
   EXPECT_NE(pair.sb.loss_sum, pair.sa.loss_sum);
   // The key bias takes no gradient (the softmax ignores it: its gradient is rounding alone).
@@ -107,7 +132,26 @@ TEST_P(Architecture, Bf16TracksFp32) {
   const double worst = worst_gradient_gap(pair.a, pair.b, &where, [](const ParamSpec& s, double ref) {
     return ref < 1e-10 || s.name.find("attn.wk.bias") != std::string::npos;
   });
-  EXPECT_LT(worst, 5e-2) << where;
+  std::printf("%s: worst bf16 gradient gap %.3g (%s)\n", GetParam().name.c_str(), worst, where.c_str());
+  double bound = 5e-2;
+  if (cfg.vision.traits().layer_scale) {
+    // LayerScale shrinks each branch against its residual stream, and the gradients of what
+    // feeds the branch with it, so bf16's relative gap on them is the function's, not the op's:
+    // the bound is the gap of the same function with the scales folded into the Linears (no
+    // LayerScale op, one rounding fewer), on the tensors both have, plus a quarter. Measured
+    // on the intern_vit row: 0.050 with the op, 0.063 folded; with every scale 0.25 (exact in
+    // bf16, no rounding added) 0.044.
+    const Fp32AndBf16 folded(cfg, 17, fold_layer_scale);
+    std::string folded_where;
+    const double base = worst_gradient_gap(folded.a, folded.b, &folded_where, [](const ParamSpec& s, double ref) {
+      return ref < 1e-10 || s.name.find("attn.wk.bias") != std::string::npos ||
+             s.name.find(".ls.") != std::string::npos || s.name.find("attn.wo.") != std::string::npos ||
+             s.name.find("mlp.fc2.") != std::string::npos;
+    });
+    std::printf("  folded into the Linears: %.3g (%s)\n", base, folded_where.c_str());
+    bound = std::max(bound, 1.25 * base);
+  }
+  EXPECT_LT(worst, bound) << where;
   EXPECT_GT(worst, 1e-4) << "bf16 gradients equal fp32's: nothing was rounded";
 }
 

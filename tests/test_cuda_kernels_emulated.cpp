@@ -34,6 +34,7 @@
 #include "kernels/cuda/cross_entropy_kernels.cuh"
 #include "kernels/cuda/elementwise_kernels.cuh"
 #include "kernels/cuda/embedding_kernels.cuh"
+#include "kernels/cuda/channel_scale_kernels.cuh"
 #include "kernels/cuda/layernorm_kernels.cuh"
 #include "kernels/cuda/norm_kernels.cuh"
 #include "kernels/cuda/patch_merge_kernels.cuh"

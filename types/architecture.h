@@ -16,7 +16,7 @@
 namespace dhp {
 
 // Which vision tower (model.vision.arch); its row in kTowerTraits says what it is.
-enum class VisionArch : uint8_t { native, clip, siglip, qwen3_vl };
+enum class VisionArch : uint8_t { native, clip, siglip, qwen3_vl, intern_vit };
 
 // The projector's GELU (model.vision.projector_act); automatic = the tower's row's.
 enum class ProjectorAct : uint8_t { automatic, gelu_tanh, gelu, quick_gelu };
@@ -95,6 +95,12 @@ struct TowerTraits {
   // names, each through a merger of its own (m x m merge, LayerNorm over m²·dv, Linear, GELU,
   // Linear), added to the decoder's stream at the image rows after decoder layer 0, 1, ...
   bool deepstack;
+  // LayerScale (InternViT's ls1/ls2): each block's attention and MLP outputs scaled per channel
+  // by a learned vector before their residual adds.
+  bool layer_scale;
+  // A LayerNorm of the merged features before the projector (InternVL's mlp1), its eps.
+  bool projector_norm;
+  float projector_norm_eps;
   std::array<double, 3> pixel_mean, pixel_std;  // the defaults of model.vision.pixel_mean/std
   // Hugging Face ("" and none where the tower has no Hugging Face counterpart): the vision config's
   // model_type, the tower's class and its dual-encoder class, LLaVA's
@@ -123,12 +129,12 @@ inline constexpr TowerTraits kTowerTraits[] = {
     // model-spec.md's encoder: RMSNorm, SwiGLU, 2-D RoPE, a final norm.
     {VisionArch::native, "native", NormKind::rms, MlpKind::swiglu, false, false, PositionResize::bicubic,
      TowerRope::grid, 0.0, true, 1, false, false, true, 1e-6f, false, false, ProjectorAct::gelu_tanh,
-     ProjectorHidden::decoder, false, kClipPixelMean, kClipPixelStd,
+     ProjectorHidden::decoder, false, false, false, 0.0f, kClipPixelMean, kClipPixelStd,
      "", "", "", "", "", ImageFit::native, "", HfTowerNames::none},
     // CLIPVisionModel: class row, learned positions, pre_layrnorm, LayerNorm/GELU blocks.
     {VisionArch::clip, "clip", NormKind::layer, MlpKind::gelu, true, true, PositionResize::bicubic,
      TowerRope::none, 0.0, false, 1, true, true, false, 0.0f, true, false, ProjectorAct::gelu,
-     ProjectorHidden::decoder, false, kClipPixelMean, kClipPixelStd,
+     ProjectorHidden::decoder, false, false, false, 0.0f, kClipPixelMean, kClipPixelStd,
      "clip_vision_model", "CLIPVisionModel", "CLIPModel", "", "default", ImageFit::clip,
      R"({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
          "num_channels": 3, "image_size": 224, "patch_size": 32, "hidden_act": "quick_gelu",
@@ -138,7 +144,7 @@ inline constexpr TowerTraits kTowerTraits[] = {
     // attention-pooling head.
     {VisionArch::siglip, "siglip", NormKind::layer, MlpKind::gelu, true, true, PositionResize::bicubic,
      TowerRope::none, 0.0, true, 1, false, false, false, 0.0f, true, true, ProjectorAct::gelu,
-     ProjectorHidden::decoder, false, kSiglipPixelMean, kSiglipPixelStd,
+     ProjectorHidden::decoder, false, false, false, 0.0f, kSiglipPixelMean, kSiglipPixelStd,
      "siglip_vision_model", "SiglipVisionModel", "SiglipModel", "", "full", ImageFit::siglip,
      R"({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
          "num_channels": 3, "image_size": 224, "patch_size": 16, "hidden_act": "gelu_pytorch_tanh",
@@ -150,15 +156,24 @@ inline constexpr TowerTraits kTowerTraits[] = {
     // two Linears (erf GELU, hidden m²·dv) the projector; DeepStack mergers.
     {VisionArch::qwen3_vl, "qwen3_vl", NormKind::layer, MlpKind::gelu, true, true,
      PositionResize::bilinear_corners, TowerRope::grid_halves, 10000.0, true, 2, false, false, true, 1e-6f,
-     false, false, ProjectorAct::gelu, ProjectorHidden::merged, true, kSiglipPixelMean, kSiglipPixelStd,
+     false, false, ProjectorAct::gelu, ProjectorHidden::merged, true, false, false, 0.0f, kSiglipPixelMean,
+     kSiglipPixelStd,
      "qwen3_vl", "Qwen3VLVisionModel", "", "Qwen3VLForConditionalGeneration", "", ImageFit::qwen,
      R"({"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh", "intermediate_size": 4304,
          "num_heads": 16, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
          "out_hidden_size": 3584, "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24]})",
      HfTowerNames::qwen3_vl},
+    // InternViT (InternVL's tower): CLIP's class row and bicubically resized learned positions,
+    // a patch bias, LayerNorm/GELU blocks with LayerScale, no pre- or final norm; features of a
+    // feature layer without the class row, merged 2 x 2 (InternVL's pixel shuffle is the same
+    // order), a LayerNorm (eps 1e-5), then Linear, GELU, Linear (mlp1).
+    {VisionArch::intern_vit, "intern_vit", NormKind::layer, MlpKind::gelu, true, true, PositionResize::bicubic,
+     TowerRope::none, 0.0, true, 1, true, false, false, 0.0f, true, false, ProjectorAct::gelu,
+     ProjectorHidden::decoder, false, true, true, 1e-5f, kImagenetPixelMean, kImagenetPixelStd,
+     "", "", "", "", "", ImageFit::siglip, "", HfTowerNames::none},
 };
 
-constexpr size_t kVisionArchCount = 4;
+constexpr size_t kVisionArchCount = 5;
 static_assert(std::size(kTowerTraits) == kVisionArchCount, "one row per VisionArch");
 constexpr bool tower_rows_in_enum_order() {
   for (size_t i = 0; i < std::size(kTowerTraits); ++i)

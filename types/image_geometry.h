@@ -18,6 +18,9 @@ inline constexpr std::array<double, 3> kClipPixelMean = {0.48145466, 0.4578275, 
 inline constexpr std::array<double, 3> kClipPixelStd = {0.26862954, 0.26130258, 0.27577711};
 inline constexpr std::array<double, 3> kSiglipPixelMean = {0.5, 0.5, 0.5};
 inline constexpr std::array<double, 3> kSiglipPixelStd = {0.5, 0.5, 0.5};
+// ImageNet's (InternVL's processors).
+inline constexpr std::array<double, 3> kImagenetPixelMean = {0.485, 0.456, 0.406};
+inline constexpr std::array<double, 3> kImagenetPixelStd = {0.229, 0.224, 0.225};
 
 // How an image becomes the pixels the tower sees (model.vision.resize).
 //   native:     model-spec.md's rule: both sides to multiples of patch·merge within

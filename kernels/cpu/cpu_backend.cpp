@@ -16,6 +16,7 @@
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/channel_scale.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/load.h"
 #include "kernels/cpu/matmul.h"
@@ -92,7 +93,14 @@ class CpuOps final : public Ops {
                           const float* mean, const float* rstd, int64_t T,
                           int64_t C) const override {
     cpu::layernorm_backward(f32(dx), dw, db, f32(dy), f32(x), f32(w), mean, rstd, T, C);
+  }  void channel_scale_forward(Act y, CAct x, CAct w, int64_t T, int64_t C) const override {
+    cpu::channel_scale_forward(f32(y), f32(x), f32(w), T, C);
   }
+  void channel_scale_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, int64_t T,
+                              int64_t C) const override {
+    cpu::channel_scale_backward(f32(dx), dw, f32(dy), f32(x), f32(w), T, C);
+  }
+
   void vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images, int n_images,
                             int64_t C, int g0h, int g0w, PosResize resize) const override {
     cpu::vision_embed_forward(f32(x), f32(table), f32(cls), images, n_images, C, g0h, g0w, resize);

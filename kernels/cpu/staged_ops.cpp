@@ -136,6 +136,15 @@ class StagedOps final : public Ops {
     Out sdx(dx, T * C, false);
     f_.layernorm_backward(sdx, dw, db, In(dy, T * C), In(x, T * C), In(w, C), mean, rstd, T, C);
   }
+  void channel_scale_forward(Act y, CAct x, CAct w, int64_t T, int64_t C) const override {
+    Out sy(y, T * C, false);
+    f_.channel_scale_forward(sy, In(x, T * C), In(w, C), T, C);
+  }
+  void channel_scale_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, int64_t T,
+                              int64_t C) const override {
+    Out sdx(dx, T * C, false);
+    f_.channel_scale_backward(sdx, dw, In(dy, T * C), In(x, T * C), In(w, C), T, C);
+  }
   // The stream's rows up to the last image's are staged: rows the op does not touch round-trip
   // exactly (a bf16 value is an fp32 value).
   void vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images, int n_images,

@@ -215,6 +215,15 @@ void CudaOps::layernorm_backward(Act dx, float* dw, float* db, CAct dy, CAct x, 
                                             as<S>(w), mean, rstd, T, C));
 }
 
+void CudaOps::channel_scale_forward(Act y, CAct x, CAct w, int64_t T, int64_t C) const {
+  DHP_STORAGE_CALL(cuda::channel_scale_forward(stream_, as<S>(y), as<S>(x), as<S>(w), T, C));
+}
+
+void CudaOps::channel_scale_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, int64_t T,
+                                     int64_t C) const {
+  DHP_STORAGE_CALL(cuda::channel_scale_backward(stream_, as<S>(dx), dw, as<S>(dy), as<S>(x), as<S>(w), T, C));
+}
+
 void CudaOps::vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images,
                                    int n_images, int64_t C, int g0h, int g0w, PosResize resize) const {
   check_position_grid(C, g0h, g0w);

@@ -54,6 +54,9 @@ class CudaOps final : public Ops {
   void layernorm_backward(Act dx, float* dw, float* db, CAct dy, CAct x, CAct w,
                           const float* mean, const float* rstd, int64_t T,
                           int64_t C) const override;
+  void channel_scale_forward(Act y, CAct x, CAct w, int64_t T, int64_t C) const override;
+  void channel_scale_backward(Act dx, float* dw, CAct dy, CAct x, CAct w, int64_t T,
+                              int64_t C) const override;
   void vision_embed_forward(Act x, CAct table, CAct cls, const PosImage* images, int n_images,
                             int64_t C, int g0h, int g0w, PosResize resize) const override;
   void vision_embed_backward(float* dtable, float* dcls, CAct dx, const PosImage* images,

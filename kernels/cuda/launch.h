@@ -45,6 +45,17 @@ template <class S>
 void layernorm_backward(cudaStream_t stream, S* dx, float* dw, float* db, const S* dy, const S* x,
                         const S* w, const float* mean, const float* rstd, int64_t T, int64_t C);
 
+// ---- LayerScale (kernels/cpu/channel_scale.h): y = x · w per column ------------------------
+
+// x, y (T, C), w (C); y may alias x.
+template <class S>
+void channel_scale_forward(cudaStream_t stream, S* y, const S* x, const S* w, int64_t T, int64_t C);
+// dx = dy · w (it may alias dy); dw (fp32, null = frozen) += sum over rows of dy · x, reduced
+// column by column in a fixed order (no atomics): deterministic.
+template <class S>
+void channel_scale_backward(cudaStream_t stream, S* dx, float* dw, const S* dy, const S* x, const S* w,
+                            int64_t T, int64_t C);
+
 // ---- Rotary position embedding, in place (kernels/cpu/rope.h: half-split pairs, angles in
 // double, the backward pass is the inverse rotation) -----------------------------------------
 

@@ -289,6 +289,30 @@ OpCase layernorm(int64_t T, int64_t C, float scale = 1.0f, float shift = 0.0f, f
   return c;
 }
 
+// LayerScale's per-column weight. `frozen`: dw not computed (null).
+OpCase channel_scale(int64_t T, int64_t C, bool frozen = false) {
+  OpCase c = named("channel_scale", str(T) + "x" + str(C) + (frozen ? " frozen" : ""));
+  c.make = [=](Rng& r) {
+    return std::vector<Tensor>{act("x", uniform(r, sz(T * C), 2.0f)), act("w", uniform(r, sz(C))),
+                               act_out("y", sz(T * C)), act("dy", uniform(r, sz(T * C))),
+                               act_out("dx", sz(T * C)), f32("dw", uniform(r, sz(C)))};
+  };
+  c.forward = [=](const Ops& o, const Args& a) {
+    o.channel_scale_forward(a.act("y"), a.act("x"), a.act("w"), T, C);
+  };
+  c.backward = [=](const Ops& o, const Args& a) {
+    o.channel_scale_backward(a.act("dx"), frozen ? nullptr : a.f32("dw"), a.act("dy"), a.act("x"),
+                             a.act("w"), T, C);
+  };
+  c.checks = {{"y", kPointwise}, {"dx", kPointwise}, {"dw", rms_dw(T)}};
+  c.loss = [=](const Args& a) { return weighted(a, "y", "dy", sz(T * C)); };
+  c.grads = {{"x", "dx"}};
+  if (!frozen) c.grads.push_back({"w", "dw", true});
+  c.flops_forward = double(T * C);
+  c.flops_backward = 3.0 * double(T * C);
+  return c;
+}
+
 // Which of vision_embed's gradients are computed.
 enum class EmbedGrads { all, no_table, none };
 
@@ -576,6 +600,8 @@ std::vector<OpCase> grad_cases() {
           layernorm(4, 8, 2.0f),
           layernorm(3, 7, 0.5f, 3.0f, 1e-2f),
           layernorm(3, 5, 1.0f, 0.0f, 1e-5f, true),
+          channel_scale(4, 8),
+          channel_scale(3, 5, true),
           // Up, down, non-square, a side of 1, the pretrained size itself; with and without the
           // class row; several images; frozen gradients.
           vision_embed(3, 4, true, {{5, 7}, {2, 3}, {3, 4}}, 3),
@@ -617,6 +643,10 @@ std::vector<OpCase> device_cases() {
     v.push_back(layernorm(T, C));
   v.push_back(layernorm(37, 1000, 0.5f, 8.0f, 1e-6f));
   v.push_back(layernorm(300, 1024, 1.0f, 0.0f, 1e-5f, true));
+  // InternViT-300M's width (1024) over a 448 tile's patches and its class row.
+  for (auto [T, C] : {std::pair<int64_t, int64_t>{1, 1}, {5, 7}, {1025, 1024}, {300, 1000}})
+    v.push_back(channel_scale(T, C));
+  v.push_back(channel_scale(37, 1000, true));
   // CLIP ViT-L/14-336's grid (24 x 24 + the class row) to native-resolution grids, SigLIP's
   // (no class row) and odd ones; widths across channel blocks.
   v.push_back(vision_embed(24, 24, true, {{24, 24}, {17, 31}, {40, 12}, {1, 9}}, 1024));
