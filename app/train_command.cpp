@@ -222,8 +222,12 @@ void add_export_command(CLI::App& app) {
   auto force = std::make_shared<bool>(false);
   sub->add_flag("--force",
                 *force, "Replace files at -o (and its config.json) that dhp did not write");
+  auto remote = std::make_shared<bool>(false);
+  sub->add_flag("--remote-code", *remote,
+                "hf: an InternVL model in OpenGVLab's remote-code layout (InternVLChatModel) instead of "
+                "transformers' (InternVLForConditionalGeneration)");
   sub->allow_extras();  // --section.key=value overrides of the checkpoint's configuration
-  sub->callback([sub, checkpoint, dir, format, out, dtype, shard, force] {
+  sub->callback([sub, checkpoint, dir, format, out, dtype, shard, force, remote] {
     set_up_logging(0, 1, "info");
     DHP_CHECK(*shard >= 1, "--max-shard-bytes must be at least 1, got {}", *shard);
     if (*format == "hf") {
@@ -231,6 +235,7 @@ void add_export_command(CLI::App& app) {
       o.dir = sub->count("--out") ? *out : std::string("runs/demo/export/hf");
       o.max_shard_bytes = *shard;
       o.force = *force;
+      o.remote_code = *remote;
       if (!dtype->empty()) o.dtype = *dtype == "f32" ? "F32" : *dtype == "bf16" ? "BF16" : "F16";
       check_hf_export_paths(o);
       const std::string path = resolve_checkpoint(*checkpoint, *dir);
@@ -261,9 +266,9 @@ void add_export_command(CLI::App& app) {
         export_hf_checkpoint(cfg.model, ParamTable(cfg.model),
                              [&](const ParamSpec& s, float* out) { weights.read(s, out); }, o);
       }
-      const HfLayout layout = hf_export_layout(cfg.model);
+      const HfLayout layout = hf_export_layout(cfg.model, o.remote_code);
       spdlog::info("exported {} of {} to {} as {} ({} tensors)",
-                   layout == HfLayout::Qwen3Vl   ? std::string(cfg.model.vision.traits().hf_model_class)
+                   is_composite_layout(layout) ? fmt::format("the {} model", hf_layout_name(layout))
                    : layout == HfLayout::LlavaHf ? std::string("the LLaVA model (llava-hf layout)")
                                                  : std::string("the decoder"),
                    path, o.dir, o.dtype, hf_name_map(cfg.model, layout).size());

@@ -7,6 +7,7 @@
 #include <sentencepiece_trainer.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -348,11 +349,16 @@ void Tokenizer::load_hugging_face(const std::string& bytes) {
   ids_.unk = id_of("unk_token");
   ids_.pad = id_of("pad_token");
   model_has_pad_ = ids_.pad >= 0;
-  // A family with vision tokens lays an image out with them (Qwen2-VL onwards).
-  const int32_t vs = hf_->token_to_id("<|vision_start|>"), ve = hf_->token_to_id("<|vision_end|>"),
-                ip = hf_->token_to_id("<|image_pad|>");
-  if (vs >= 0 && ve >= 0 && ip >= 0) ids_.img_begin = vs, ids_.img_end = ve, ids_.image_pad = ip;
-  else ids_.img_begin = ids_.img_end = -1;
+  // A family with vision tokens lays an image out with them: InternVL's <img> <IMG_CONTEXT>...
+  // </img> (its tokenizer, Qwen2.5's plus these, holds Qwen's too), else Qwen2-VL's onwards.
+  ids_.img_begin = ids_.img_end = -1;
+  for (const auto& [begin, end, pad] : {std::array<const char*, 3>{"<img>", "</img>", "<IMG_CONTEXT>"},
+                                        std::array<const char*, 3>{"<|vision_start|>", "<|vision_end|>", "<|image_pad|>"}}) {
+    const int32_t vs = hf_->token_to_id(begin), ve = hf_->token_to_id(end), ip = hf_->token_to_id(pad);
+    if (vs < 0 || ve < 0 || ip < 0) continue;
+    ids_.img_begin = vs, ids_.img_end = ve, ids_.image_pad = ip;
+    break;
+  }
 }
 
 int32_t Tokenizer::token_id(const std::string& text) const {

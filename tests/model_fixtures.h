@@ -48,9 +48,9 @@ inline ModelConfig tower_config(VisionArch arch) {
     v.deepstack = {0, 1};
     c.layers = 3;
   }
-  // A tower that comes in a model of its own holds that model's decoder: Qwen3-VL's, q/k norms
-  // and interleaved M-RoPE over a head of 12.
-  if (!t.hf_model_class.empty()) {
+  // A tower that comes in a model of its own with a decoder family of its own holds that
+  // family's decoder: Qwen3-VL's, q/k norms and interleaved M-RoPE over a head of 12.
+  if (!t.hf_text_type.empty()) {
     c.qk_norm = true;
     c.head_dim = 12;
     c.mrope_section = {2, 2, 2};

@@ -223,7 +223,7 @@ TEST_P(Architecture, ExportImportExportIsByteIdentical) {
   e.image_token_index = row.cfg.vocab_size - 1;
   // An M-RoPE decoder is written only inside its vision-language model (the tower_qwen3_vl
   // row): alone it is refused, before any file is written.
-  if (row.cfg.mrope() && row.cfg.vision.traits().hf_model_class.empty()) {
+  if (row.cfg.mrope() && row.cfg.vision.traits().hf_text_type.empty()) {
     EXPECT_THROW(export_hf_checkpoint(first, e), Error);
     EXPECT_FALSE(fs::exists(fs::path(e.dir) / "config.json"));
     return;
@@ -303,8 +303,17 @@ TEST(ArchitectureTable, RowsAreConsistent) {
     EXPECT_TRUE(names.insert(std::string(t.name)).second) << t.name;
     EXPECT_EQ(t.has_hf(), t.hf_names != HfTowerNames::none) << t.name << ": a Hugging Face tower has its tensor names";
     if (!t.has_hf()) continue;
-    for (std::string_view n : {t.hf_model_type, t.hf_tower_class, t.hf_dual_class, t.hf_model_class})
+    for (std::string_view n : {t.hf_model_type, t.hf_tower_class, t.hf_dual_class, t.hf_model_class, t.hf_remote_class})
       if (!n.empty()) EXPECT_TRUE(hf.insert(std::string(n)).second) << n;
+    // A remote-code class comes beside transformers' class of the same model; a model's own
+    // decoder family is one of the decoder rows.
+    EXPECT_TRUE(t.hf_remote_class.empty() || !t.hf_model_class.empty()) << t.name;
+    if (!t.hf_text_type.empty()) {
+      EXPECT_FALSE(t.hf_model_class.empty()) << t.name;
+      EXPECT_TRUE(std::any_of(std::begin(kDecoderTraits), std::end(kDecoderTraits),
+                              [&](const DecoderTraits& d) { return d.model_type == t.hf_text_type; }))
+          << t.hf_text_type;
+    }
     // A tower LLaVA composes: its feature strategy drops exactly its class row, and it is read
     // up to LLaVA's feature layer.
     if (!t.hf_model_class.empty()) continue;

@@ -35,7 +35,7 @@ using nlohmann::json;
 // permutation; the vocabulary rows may grow, and the tower's conv patch embedding is permuted
 // to dhp's (ky, kx, c) patch rows.
 // "{j}" is a DeepStack merger; a RowConcat row's dhp names are separated by '|'.
-enum class HfPart : uint8_t { Decoder, LmHead, Vision, Projector1, Projector2 };
+enum class HfPart : uint8_t { Decoder, LmHead, Vision, Projector1, Projector2, ProjectorNorm };
 struct HfPattern {
   HfPart part;
   const char* hf;
@@ -68,6 +68,9 @@ constexpr HfPattern kNameMap[] = {
     {HfPart::Projector1, "bias", "projector.fc1.bias", kCopy},
     {HfPart::Projector2, "weight", "projector.fc2.weight", kCopy},
     {HfPart::Projector2, "bias", "projector.fc2.bias", kCopy},
+    // InternVL's mlp1 starts with a LayerNorm of the merged features.
+    {HfPart::ProjectorNorm, "weight", "projector.norm.weight", kCopy},
+    {HfPart::ProjectorNorm, "bias", "projector.norm.bias", kCopy},
 };
 
 // Each tower's own rows, by its row's TowerTraits::hf_names (types/architecture.h).
@@ -148,11 +151,67 @@ constexpr HfPattern kQwen3VlTowerNames[] = {
     {HfPart::Vision, "deepstack_merger_list.{j}.linear_fc2.bias", "projector.deepstack.{j}.fc2.bias", kCopy},
 };
 
-std::span<const HfPattern> tower_names(HfTowerNames n) {
+// InternViT as transformers names it (InternVLVisionModel under "model.vision_tower.").
+constexpr HfPattern kInternVitNames[] = {
+    {HfPart::Vision, "embeddings.cls_token", "vision.class_embed", HfTransform::Unsqueezed},
+    {HfPart::Vision, "embeddings.patch_embeddings.projection.weight", "vision.patch_embed.weight", HfTransform::ConvPatch},
+    {HfPart::Vision, "embeddings.patch_embeddings.projection.bias", "vision.patch_embed.bias", kCopy},
+    {HfPart::Vision, "embeddings.position_embeddings", "vision.pos_embed.weight", HfTransform::Unsqueezed},
+    {HfPart::Vision, "encoder.layer.{i}.attention.q_proj.weight", "vision.layers.{i}.attn.wq.weight", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.attention.q_proj.bias", "vision.layers.{i}.attn.wq.bias", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.attention.k_proj.weight", "vision.layers.{i}.attn.wk.weight", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.attention.k_proj.bias", "vision.layers.{i}.attn.wk.bias", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.attention.v_proj.weight", "vision.layers.{i}.attn.wv.weight", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.attention.v_proj.bias", "vision.layers.{i}.attn.wv.bias", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.attention.projection_layer.weight", "vision.layers.{i}.attn.wo.weight", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.attention.projection_layer.bias", "vision.layers.{i}.attn.wo.bias", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.lambda_1", "vision.layers.{i}.attn.ls.weight", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.lambda_2", "vision.layers.{i}.mlp.ls.weight", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.layernorm_before.weight", "vision.layers.{i}.attn_norm.weight", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.layernorm_before.bias", "vision.layers.{i}.attn_norm.bias", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.layernorm_after.weight", "vision.layers.{i}.mlp_norm.weight", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.layernorm_after.bias", "vision.layers.{i}.mlp_norm.bias", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.mlp.fc1.weight", "vision.layers.{i}.mlp.fc1.weight", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.mlp.fc1.bias", "vision.layers.{i}.mlp.fc1.bias", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.mlp.fc2.weight", "vision.layers.{i}.mlp.fc2.weight", kCopy},
+    {HfPart::Vision, "encoder.layer.{i}.mlp.fc2.bias", "vision.layers.{i}.mlp.fc2.bias", kCopy},
+};
+
+// InternViT as OpenGVLab's remote code names it (InternVisionModel under "vision_model."): q, k
+// and v fused, ls1/ls2 for the layer scales.
+constexpr HfPattern kInternVitOriginalNames[] = {
+    {HfPart::Vision, "embeddings.class_embedding", "vision.class_embed", HfTransform::Unsqueezed},
+    {HfPart::Vision, "embeddings.patch_embedding.weight", "vision.patch_embed.weight", HfTransform::ConvPatch},
+    {HfPart::Vision, "embeddings.patch_embedding.bias", "vision.patch_embed.bias", kCopy},
+    {HfPart::Vision, "embeddings.position_embedding", "vision.pos_embed.weight", HfTransform::Unsqueezed},
+    {HfPart::Vision, "encoder.layers.{i}.attn.qkv.weight",
+     "vision.layers.{i}.attn.wq.weight|vision.layers.{i}.attn.wk.weight|vision.layers.{i}.attn.wv.weight",
+     HfTransform::RowConcat},
+    {HfPart::Vision, "encoder.layers.{i}.attn.qkv.bias",
+     "vision.layers.{i}.attn.wq.bias|vision.layers.{i}.attn.wk.bias|vision.layers.{i}.attn.wv.bias",
+     HfTransform::RowConcat},
+    {HfPart::Vision, "encoder.layers.{i}.attn.proj.weight", "vision.layers.{i}.attn.wo.weight", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.attn.proj.bias", "vision.layers.{i}.attn.wo.bias", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.ls1", "vision.layers.{i}.attn.ls.weight", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.ls2", "vision.layers.{i}.mlp.ls.weight", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.norm1.weight", "vision.layers.{i}.attn_norm.weight", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.norm1.bias", "vision.layers.{i}.attn_norm.bias", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.norm2.weight", "vision.layers.{i}.mlp_norm.weight", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.norm2.bias", "vision.layers.{i}.mlp_norm.bias", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.mlp.fc1.weight", "vision.layers.{i}.mlp.fc1.weight", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.mlp.fc1.bias", "vision.layers.{i}.mlp.fc1.bias", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.mlp.fc2.weight", "vision.layers.{i}.mlp.fc2.weight", kCopy},
+    {HfPart::Vision, "encoder.layers.{i}.mlp.fc2.bias", "vision.layers.{i}.mlp.fc2.bias", kCopy},
+};
+
+std::span<const HfPattern> tower_names(HfTowerNames n, HfLayout layout) {
   switch (n) {
     case HfTowerNames::none: return {};
     case HfTowerNames::clip_vision_transformer: return kClipTowerNames;
     case HfTowerNames::qwen3_vl: return kQwen3VlTowerNames;
+    case HfTowerNames::intern_vit:
+      return layout == HfLayout::InternVlOriginal ? std::span<const HfPattern>(kInternVitOriginalNames)
+                                                  : std::span<const HfPattern>(kInternVitNames);
   }
   return {};
 }
@@ -166,6 +225,7 @@ struct LayoutNames {
   const char* vision;     // prefix of the tower's tensors
   const char* projector1;
   const char* projector2;
+  const char* projector_norm = nullptr;
 };
 constexpr LayoutNames kLayouts[] = {
     {HfLayout::Decoder, "Llama", "model.", "lm_head.weight", nullptr, nullptr, nullptr},
@@ -178,6 +238,11 @@ constexpr LayoutNames kLayouts[] = {
      "model.vision_tower.vision_model.", "model.multi_modal_projector.linear_1.",
      "model.multi_modal_projector.linear_2."},
     {HfLayout::Qwen3Vl, "Qwen3-VL", "model.language_model.", "lm_head.weight", "model.visual.", nullptr, nullptr},
+    {HfLayout::InternVl, "InternVL (transformers)", "model.language_model.", "lm_head.weight", "model.vision_tower.",
+     "model.multi_modal_projector.linear_1.", "model.multi_modal_projector.linear_2.",
+     "model.multi_modal_projector.layer_norm."},
+    {HfLayout::InternVlOriginal, "InternVL (OpenGVLab's remote code)", "language_model.model.",
+     "language_model.lm_head.weight", "vision_model.", "mlp1.1.", "mlp1.3.", "mlp1.0."},
 };
 
 const LayoutNames& names_of(HfLayout layout) {
@@ -193,6 +258,7 @@ const char* prefix_of(const LayoutNames& l, HfPart part) {
     case HfPart::Vision: return l.vision;
     case HfPart::Projector1: return l.projector1;
     case HfPart::Projector2: return l.projector2;
+    case HfPart::ProjectorNorm: return l.projector_norm;
   }
   return nullptr;
 }
@@ -411,7 +477,7 @@ std::vector<Source> plan_sources(const std::string& dir, const ModelConfig& cfg)
     if (file.kind == HfKind::Decoder) {
       s.layout = HfLayout::Decoder;
     } else if (file.kind == HfKind::Composite) {
-      s.layout = HfLayout::Qwen3Vl;
+      s.layout = composite_layout(cfg.vision.traits(), file.remote_code);
     } else if (file.original_llava) {
       s.layout = HfLayout::LlavaOriginal;
     } else if (holds_prefix(s.ck, "model.language_model.")) {
@@ -488,9 +554,23 @@ void find_held_tensors(ModelConfig& cfg) {
 
 const char* hf_layout_name(HfLayout layout) { return names_of(layout).name; }
 
-HfLayout hf_export_layout(const ModelConfig& cfg) {
+HfLayout composite_layout(const TowerTraits& tower, bool remote_code) {
+  switch (tower.hf_names) {
+    case HfTowerNames::qwen3_vl: return HfLayout::Qwen3Vl;
+    case HfTowerNames::intern_vit: return remote_code ? HfLayout::InternVlOriginal : HfLayout::InternVl;
+    case HfTowerNames::none:
+    case HfTowerNames::clip_vision_transformer: break;
+  }
+  throw Error(fmt::format("the {} tower comes in no vision-language model of its own", tower.name));
+}
+
+bool is_composite_layout(HfLayout layout) {
+  return layout == HfLayout::Qwen3Vl || layout == HfLayout::InternVl || layout == HfLayout::InternVlOriginal;
+}
+
+HfLayout hf_export_layout(const ModelConfig& cfg, bool remote_code) {
   const TowerTraits& tower = cfg.vision.traits();
-  if (!tower.hf_model_class.empty()) return HfLayout::Qwen3Vl;
+  if (!tower.hf_model_class.empty()) return composite_layout(tower, remote_code && !tower.hf_remote_class.empty());
   return tower.has_hf() ? HfLayout::LlavaHf : HfLayout::Decoder;
 }
 
@@ -505,6 +585,7 @@ std::vector<int64_t> hf_file_shape(const HfBinding& b, const ParamTable& table, 
   const int64_t p = cfg.vision.patch, frames = cfg.vision.traits().temporal_patch;
   if (b.transform == HfTransform::ConvPatch)
     shape = frames > 1 ? std::vector<int64_t>{shape[0], 3, frames, p, p} : std::vector<int64_t>{shape[0], 3, p, p};
+  while (b.transform == HfTransform::Unsqueezed && shape.size() < 3) shape.insert(shape.begin(), 1);
   for (const std::string& m : b.more) shape[0] += table.get(m).shape[0];
   return shape;
 }
@@ -526,7 +607,7 @@ std::vector<HfBinding> hf_name_map(const ModelConfig& cfg, HfLayout layout) {
   const LayoutNames& names = names_of(layout);
   std::map<std::string, HfBinding> by_dhp;
   std::vector<HfPattern> rows(std::begin(kNameMap), std::end(kNameMap));
-  const std::span<const HfPattern> tower = tower_names(cfg.vision.traits().hf_names);
+  const std::span<const HfPattern> tower = tower_names(cfg.vision.traits().hf_names, layout);
   rows.insert(rows.end(), tower.begin(), tower.end());
   for (const auto& p : rows) {
     const char* prefix = prefix_of(names, p.part);

@@ -34,6 +34,9 @@ enum class HfTransform {
   // One file tensor that is several of dhp's stacked along the rows (a fused qkv: the binding's
   // dhp tensor, then its `more`), split on import and concatenated on export.
   RowConcat,
+  // The file holds the tensor with leading axes of one (InternVL's class row (1, 1, dv) and
+  // position table (1, rows, dv)): the same values, rank 3 there.
+  Unsqueezed,
 };
 
 // How a folder names its tensors (the model class that saved it).
@@ -49,6 +52,10 @@ enum class HfLayout : uint8_t {
                   // multi_modal_projector.linear_{1,2}.*
   LlavaNew,       // transformers >= 4.52: model.language_model.*, lm_head.weight,
                   // model.vision_tower.vision_model.*, model.multi_modal_projector.*
+  InternVl,       // InternVLForConditionalGeneration: model.language_model.*, lm_head.weight,
+                  // model.vision_tower.*, model.multi_modal_projector.{layer_norm,linear_1,linear_2}.*
+  InternVlOriginal,  // OpenGVLab's InternVLChatModel (remote code): language_model.model.*,
+                     // language_model.lm_head.weight, vision_model.* (fused qkv), mlp1.{0,1,3}.*
 };
 const char* hf_layout_name(HfLayout layout);
 // A conv patch embedding (rows, 3, frames, p, p) to dhp's (rows, frames·p·p·3), each frame in
@@ -65,7 +72,13 @@ struct HfBinding {
 
 // The layout an export of a model of `cfg` writes: its tower's own vision-language model
 // (Qwen3Vl), LLaVA (LlavaHf) for a tower LLaVA composes, the decoder alone (Decoder) otherwise.
-HfLayout hf_export_layout(const ModelConfig& cfg);
+// remote_code: a tower's vision-language model in its authors' layout where it has one
+// (InternVLChatModel), transformers' otherwise.
+HfLayout hf_export_layout(const ModelConfig& cfg, bool remote_code = false);
+// The layout of a tower's own vision-language model (TowerTraits::hf_model_class), or of its
+// remote-code class; and whether a layout is one of those.
+HfLayout composite_layout(const TowerTraits& tower, bool remote_code);
+bool is_composite_layout(HfLayout layout);
 
 // dhp's tensors a binding reads or writes: its own, then `more`'s.
 std::vector<std::string> binding_tensors(const HfBinding& b);
@@ -100,6 +113,8 @@ struct HfConfig {
   // CLIPVisionTower loads that copy only with unfreeze_mm_vision_tower, else mm_vision_tower).
   std::string mm_vision_tower;
   bool unfreeze_tower = false;
+  // A Composite in its authors' remote-code layout (TowerTraits::hf_remote_class).
+  bool remote_code = false;
   int32_t image_token = -1;   // a Composite's image_token_id (-1: none given)
   int32_t image_begin = -1;   // its vision_start_token_id (-1: none given)
 };
@@ -246,6 +261,9 @@ struct HfExportOptions {
   // the <image> among the tokenizer's added tokens.
   int64_t image_token_index = -1;
   bool force = false;                             // replace files dhp did not write
+  // A model published under its authors' remote code too (InternVL) in that layout
+  // (InternVLChatModel) rather than transformers'.
+  bool remote_code = false;
   const HfTokenizerFiles* tokenizer = nullptr;    // null: weights and config only
 };
 

@@ -47,10 +47,11 @@ const TowerTraits* tower_of_class(std::string_view a) {
     if (t.has_hf() && t.hf_model_class.empty() && (t.hf_tower_class == a || t.hf_dual_class == a)) return &t;
   return nullptr;
 }
-// The tower whose vision-language model class `a` is (Qwen3VLForConditionalGeneration).
+// The tower whose vision-language model class `a` is (Qwen3VLForConditionalGeneration), in
+// transformers' layout or its authors' remote code (InternVLChatModel).
 const TowerTraits* tower_of_model_class(std::string_view a) {
   for (const TowerTraits& t : kTowerTraits)
-    if (!t.hf_model_class.empty() && t.hf_model_class == a) return &t;
+    if (!t.hf_model_class.empty() && (t.hf_model_class == a || t.hf_remote_class == a)) return &t;
   return nullptr;
 }
 const TowerTraits* tower_of_type(std::string_view type) {
@@ -78,8 +79,10 @@ std::vector<std::string> tower_classes() {
 }
 std::vector<std::string> vision_language_classes() {
   std::vector<std::string> out(std::begin(kLlavas), std::end(kLlavas));
-  for (const TowerTraits& t : kTowerTraits)
+  for (const TowerTraits& t : kTowerTraits) {
     if (!t.hf_model_class.empty()) out.emplace_back(t.hf_model_class);
+    if (!t.hf_remote_class.empty()) out.emplace_back(t.hf_remote_class);
+  }
   return out;
 }
 
@@ -382,6 +385,59 @@ VisionConfig read_qwen3_vl_tower(const ConfigJson& c, const TowerTraits& tower, 
   return v;
 }
 
+// A square side given as one integer or as [height, width] (InternVLVisionConfig's image_size
+// and patch_size).
+int square_key(const ConfigJson& c, const char* key, int64_t hi) {
+  const json& v = c.raw().contains(key) ? c.raw()[key] : json();
+  if (v.is_array()) {
+    DHP_CHECK(v.size() == 2 && v[0].is_number_integer() && v[1].is_number_integer() && v[0] == v[1] &&
+                  v[0].get<int64_t>() >= 1 && v[0].get<int64_t>() <= hi,
+              "{}: \"{}\" is {}; dhp's InternViT takes square tiles and patches ([S, S], S in [1, {}])", c.where(),
+              key, json_excerpt(v), hi);
+    return int(v[0].get<int64_t>());
+  }
+  return int(c.integer(key, 1, hi));
+}
+
+// InternViT's keys over `base`: InternVLVisionConfig (transformers) or the remote code's
+// InternVisionConfig (`remote_code`). dhp runs InternViT-300M's blocks (InternVL3-1B to 14B):
+// LayerNorm, q/k/v biases, no q/k norm; InternViT-6B's RMSNorm and q/k norms are refused by name.
+VisionConfig read_intern_vit(const ConfigJson& c, const TowerTraits& tower, const VisionConfig& base,
+                             bool remote_code) {
+  const std::string& f = c.where();
+  VisionConfig v = base;
+  v.arch = tower.arch;
+  v.dim = int(c.integer("hidden_size", 1, 1 << 16));
+  v.ffn = int(c.integer("intermediate_size", 1, 1 << 20));
+  v.layers = int(c.integer("num_hidden_layers", 1, 1024));
+  v.heads = int(c.integer("num_attention_heads", 1, 1024));
+  v.patch = square_key(c, "patch_size", 1024);
+  v.image_size = square_key(c, "image_size", 1 << 16);
+  v.norm_eps = c.number("layer_norm_eps", 1e-12, 0.1);
+  v.act = vision_act(c, "hidden_act");
+  v.merge = 2;
+  DHP_CHECK(c.integer("num_channels", 1, 16, 3) == 3, "{}: \"num_channels\" must be 3 (RGB)", f);
+  const std::string norm = c.string("norm_type", "rms_norm");
+  DHP_CHECK(norm == "layer_norm", "{}: \"norm_type\" is {}; dhp's InternViT is InternViT-300M's (LayerNorm); "
+            "InternViT-6B's RMSNorm blocks are not implemented", f, printable(norm));
+  const char* qk = remote_code ? "qk_normalization" : "use_qk_norm";
+  DHP_CHECK(!c.boolean(qk, false), "{}: \"{}\" is true; dhp's InternViT has no q/k norms (InternViT-6B's)", f, qk);
+  const char* bias = remote_code ? "qkv_bias" : "attention_bias";
+  DHP_CHECK(c.boolean(bias, false), "{}: \"{}\" is false; dhp's InternViT has q, k and v biases "
+            "(InternViT-300M's)", f, bias);
+  if (!remote_code) {
+    DHP_CHECK(c.boolean("use_mean_pooling", true), "{}: \"use_mean_pooling\" is false (a final LayerNorm over "
+              "the features); dhp's InternViT reads the last layer as it is", f);
+    DHP_CHECK(c.boolean("use_absolute_position_embeddings", true), "{}: \"use_absolute_position_embeddings\" is "
+              "false; dhp's InternViT adds its learned positions", f);
+  }
+  DHP_CHECK(v.dim % v.heads == 0, "{}: \"hidden_size\" ({}) is not divisible by \"num_attention_heads\" ({})", f,
+            v.dim, v.heads);
+  DHP_CHECK(v.image_size % (v.patch * v.merge) == 0, "{}: \"image_size\" ({}) is not a multiple of twice "
+            "\"patch_size\" ({}): the pixel shuffle folds 2 x 2 patches", f, v.image_size, v.patch);
+  return v;
+}
+
 struct Preprocessor {
   bool found = false;
   std::array<double, 3> mean{}, std{};
@@ -545,6 +601,72 @@ void read_llava_settings(const ConfigJson& c, bool original, ModelConfig& m) {
                                               "gelu_pytorch_tanh and quick_gelu", c.where(), printable(act)));
 }
 
+// InternVL (InternVLForConditionalGeneration, or the remote code's InternVLChatModel): the
+// decoder of text_config / llm_config, InternViT's vision_config, the pixel shuffle
+// (downsample_ratio 0.5: dhp's 2 x 2 merge), the feature layer, the image token.
+void read_internvl(const ConfigJson& c, const TowerTraits& tower, const std::string& dir, int64_t max_tokens,
+                   int vocab_size, HfConfig& h) {
+  const bool remote = h.remote_code;
+  const ConfigJson text = c.nested(remote ? "llm_config" : "text_config", "qwen2");
+  const std::string type = text.string("model_type");
+  const DecoderTraits* family = decoder_of_type(type);
+  DHP_CHECK(family && !family->mrope, "{}: \"model_type\" is {}; dhp's InternVL decoders are {}", text.where(),
+            printable(type), fmt::join(decoder_names(&DecoderTraits::model_type), ", "));
+  h.model = read_decoder(text, *family, h.model, max_tokens, vocab_size, &h.file_vocab);
+  // transformers 4.x ties by text_config's key, 5.x by the top level's (default true): a folder
+  // whose two keys disagree would load differently in the two.
+  if (c.has("tie_word_embeddings") && text.has("tie_word_embeddings"))
+    DHP_CHECK(c.boolean("tie_word_embeddings", true) == h.model.tie_embeddings,
+              "{}: \"tie_word_embeddings\" is {} here and {} in its {}; transformers' versions read different ones",
+              c.where(), c.boolean("tie_word_embeddings", true), h.model.tie_embeddings, remote ? "llm_config" : "text_config");
+  const ConfigJson vision = c.nested("vision_config", std::string(tower.hf_model_type));
+  const std::string vtype = vision.string("model_type");
+  const char* want_type = remote ? "intern_vit_6b" : "internvl_vision";
+  DHP_CHECK(vtype == want_type, "{}: \"model_type\" is {}; {} holds an {} tower", vision.where(), printable(vtype),
+            h.architecture, want_type);
+  h.model.vision = read_intern_vit(vision, tower, h.model.vision, remote);
+  const double ratio = c.has("downsample_ratio") ? c.number("downsample_ratio", 0.01, 1.0) : 0.5;
+  DHP_CHECK(ratio == 0.5, "{}: \"downsample_ratio\" is {}; dhp's pixel shuffle folds 2 x 2 patches (0.5)",
+            c.where(), ratio);
+  const char* layer_key = remote ? "select_layer" : "vision_feature_layer";
+  DHP_CHECK(!c.has(layer_key) || c.raw()[layer_key].is_number_integer(),
+            "{}: \"{}\" must be one layer's index; dhp's projector reads one hidden state", c.where(), layer_key);
+  const int n = h.model.vision.layers;
+  h.model.vision.feature_layer = int(c.integer(layer_key, -(n + 1), n, -1));
+  VisionConfig& v = h.model.vision;
+  v.projector_act = ProjectorAct::gelu;
+  if (remote) {
+    const std::string ps = c.string("ps_version", "v1");
+    DHP_CHECK(ps == "v2", "{}: \"ps_version\" is {}; dhp's pixel shuffle is InternVL's v2 order (v1 lists the "
+              "merged rows column by column)", c.where(), printable(ps));
+    const int64_t force = c.integer("force_image_size", 1, 1 << 16, v.image_size);
+    DHP_CHECK(force == v.image_size, "{}: \"force_image_size\" ({}) is not the tower's image_size ({}): the tiles "
+              "would be resized against the position table", c.where(), force, v.image_size);
+    // No preprocessor_config.json: InternVL's build_transform (a square resize, ImageNet's
+    // mean and std).
+    std::tie(v.pixel_mean, v.pixel_std) = default_pixel_norm(v.arch);
+    v.resize = ImageFit::siglip;
+    // The remote code takes <IMG_CONTEXT>'s id from the tokenizer: added_tokens.json beside it.
+    const fs::path added = fs::path(dir) / "added_tokens.json";
+    std::error_code ec;
+    if (fs::exists(added, ec)) {
+      const json a = read_json_file(added.string(), "added tokens");
+      if (a.contains("<IMG_CONTEXT>") && a["<IMG_CONTEXT>"].is_number_integer())
+        h.image_token = int32_t(a["<IMG_CONTEXT>"].get<int64_t>());
+    }
+    return;
+  }
+  const std::string strategy = c.string("vision_feature_select_strategy", "default");
+  DHP_CHECK(strategy == "default", "{}: \"vision_feature_select_strategy\" is {}; InternVL drops the class row "
+            "(\"default\")", c.where(), printable(strategy));
+  const std::string act = c.string("projector_hidden_act", "gelu");
+  DHP_CHECK(act == "gelu", "{}: \"projector_hidden_act\" is {}; InternVL's mlp1 uses erf GELU (\"gelu\")", c.where(),
+            printable(act));
+  v.resize = ImageFit::siglip;
+  apply_preprocessor(v, read_preprocessor(dir));
+  h.image_token = int32_t(c.integer("image_token_id", 0, int64_t(1) << 24, 151667));
+}
+
 }  // namespace
 
 HfConfig read_hf_config(const std::string& dir, const ModelConfig& base, int64_t max_tokens, int vocab_size) {
@@ -558,6 +680,13 @@ HfConfig read_hf_config(const std::string& dir, const ModelConfig& base, int64_t
   }
   if (const DecoderTraits* family = decoder_of_class(h.architecture)) {
     h.model = read_decoder(c, *family, base, max_tokens, vocab_size, &h.file_vocab);
+    return h;
+  }
+  if (const TowerTraits* tower = tower_of_model_class(h.architecture);
+      tower && tower->hf_names == HfTowerNames::intern_vit) {
+    h.kind = HfKind::Composite;
+    h.remote_code = h.architecture == tower->hf_remote_class;
+    read_internvl(c, *tower, dir, max_tokens, vocab_size, h);
     return h;
   }
   if (const TowerTraits* tower = tower_of_model_class(h.architecture)) {

@@ -239,7 +239,7 @@ json composite_config(const ModelConfig& m, const HfExportOptions& o, int64_t im
   const TowerTraits& tower = v.traits();
   const DecoderTraits* family = nullptr;
   for (const DecoderTraits& t : kDecoderTraits)
-    if (t.mrope && t.model_type == std::string(tower.hf_model_type) + "_text") family = &t;
+    if (t.model_type == tower.hf_text_type) family = &t;
   DHP_ASSERT(family);
   DHP_CHECK(m.mrope() && m.mrope_interleaved && m.qk_norm == family->qk_norm &&
                 admits_biases(*family, m.attention_bias, m.attention_out_bias),
@@ -278,6 +278,77 @@ json composite_config(const ModelConfig& m, const HfExportOptions& o, int64_t im
   return c;
 }
 
+// InternVL's config in either layout: transformers' InternVLConfig (text_config, an
+// internvl_vision vision_config) or the remote code's InternVLChatConfig (llm_config, an
+// intern_vit_6b vision_config and its tiling keys).
+json internvl_config(const ModelConfig& m, const HfExportOptions& o, int64_t image_token, bool remote) {
+  const VisionConfig& v = m.vision;
+  const TowerTraits& tower = v.traits();
+  DHP_CHECK(v.merge == 2, "export: InternVL folds 2 x 2 patches (downsample_ratio 0.5); this model merges {0}x{0} "
+            "(model.vision.merge = {0})", v.merge);
+  DHP_CHECK(v.projector_gelu() == ProjectorAct::gelu, "export: InternVL's mlp1 uses erf GELU; this model's "
+            "projector uses another (model.vision.projector_act)");
+  json text = model_config(m, o);
+  json vision = {{"architectures", {"InternVisionModel"}},
+                 {"hidden_size", v.dim},
+                 {"intermediate_size", v.ffn},
+                 {"num_hidden_layers", v.layers},
+                 {"num_attention_heads", v.heads},
+                 {"num_channels", 3},
+                 {"hidden_act", act_name(v.act)},
+                 {"layer_norm_eps", v.norm_eps},
+                 {"norm_type", "layer_norm"},
+                 {"attention_dropout", 0.0},
+                 {"dropout", 0.0},
+                 {"initializer_factor", 0.1},
+                 {"initializer_range", 1e-10},
+                 {"torch_dtype", torch_dtype(o.dtype)}};
+  if (remote) {
+    vision.update({{"model_type", "intern_vit_6b"}, {"image_size", v.image_size}, {"patch_size", v.patch},
+                   {"qk_normalization", false}, {"qkv_bias", true}, {"drop_path_rate", 0.0},
+                   {"use_flash_attn", false}});
+    return {{"architectures", {tower.hf_remote_class}},
+            {"auto_map", {{"AutoConfig", "configuration_internvl_chat.InternVLChatConfig"},
+                          {"AutoModel", "modeling_internvl_chat.InternVLChatModel"},
+                          {"AutoModelForCausalLM", "modeling_internvl_chat.InternVLChatModel"}}},
+            {"model_type", "internvl_chat"},
+            {"llm_config", text},
+            {"vision_config", vision},
+            {"downsample_ratio", 0.5},
+            {"select_layer", v.feature_layer},
+            {"ps_version", "v2"},
+            {"template", "internvl2_5"},
+            {"force_image_size", v.image_size},
+            {"dynamic_image_size", true},
+            {"use_thumbnail", true},
+            {"min_dynamic_patch", 1},
+            {"max_dynamic_patch", 12},
+            {"pad2square", false},
+            {"use_backbone_lora", 0},
+            {"use_llm_lora", 0},
+            {"tie_word_embeddings", m.tie_embeddings},
+            {"torch_dtype", torch_dtype(o.dtype)}};
+  }
+  vision.update({{"model_type", tower.hf_model_type}, {"image_size", {v.image_size, v.image_size}},
+                 {"patch_size", {v.patch, v.patch}}, {"attention_bias", true}, {"use_qk_norm", false},
+                 {"use_mean_pooling", true}, {"use_absolute_position_embeddings", true},
+                 {"layer_scale_init_value", 0.1}, {"use_mask_token", false}, {"hidden_dropout_prob", 0.0},
+                 {"projection_dropout", 0.0}});
+  const int64_t g = v.image_size / v.patch / v.merge;
+  return {{"architectures", {tower.hf_model_class}},
+          {"model_type", "internvl"},
+          {"text_config", text},
+          {"vision_config", vision},
+          {"image_token_id", image_token},
+          {"image_seq_length", g * g},
+          {"downsample_ratio", 0.5},
+          {"projector_hidden_act", "gelu"},
+          {"vision_feature_layer", v.feature_layer},
+          {"vision_feature_select_strategy", tower.hf_feature_select},
+          {"tie_word_embeddings", m.tie_embeddings},
+          {"torch_dtype", torch_dtype(o.dtype)}};
+}
+
 // LlavaProcessor's processor_config.json: how many positions an image's <image> becomes.
 json processor_config(const VisionConfig& v) {
   const TowerTraits& tower = v.traits();
@@ -292,7 +363,15 @@ json processor_config(const VisionConfig& v) {
 // centre crop, SigLIP's square resize, LlavaImageProcessor's do_pad (LLaVA-1.5's "pad"); a
 // tower trained at its images' own resolutions (native, qwen) gets its row's processor, the nearest
 // transformers has.
-json preprocessor_config(const VisionConfig& v) {
+json preprocessor_config(const VisionConfig& v, HfLayout layout) {
+  if (layout == HfLayout::InternVl)
+    // GotOcr2ImageProcessor, as transformers' InternVL conversion writes it: a square resize of
+    // each tile (InternVLProcessor asks it for the tiles at call time, crop_to_patches).
+    return {{"image_processor_type", "GotOcr2ImageProcessorFast"}, {"processor_class", "InternVLProcessor"},
+            {"do_normalize", true}, {"do_rescale", true}, {"do_resize", true}, {"do_convert_rgb", true},
+            {"image_mean", v.pixel_mean}, {"image_std", v.pixel_std}, {"resample", 3},
+            {"rescale_factor", 1.0 / 255}, {"size", {{"height", v.image_size}, {"width", v.image_size}}},
+            {"crop_to_patches", false}, {"min_patches", 1}, {"max_patches", 12}};
   const ImageFit fit = !v.fixed_square() ? v.traits().hf_fit : v.resize;
   const bool pad = fit == ImageFit::pad_square;
   const bool clip = fit == ImageFit::clip;
@@ -404,8 +483,9 @@ void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table,
   // model of its own (qwen3_vl) that model; the native tower has no Hugging Face counterpart
   // and only the decoder is written.
   const TowerTraits& tower = model_cfg.vision.traits();
-  const HfLayout layout = hf_export_layout(model_cfg);
-  const bool composite = layout == HfLayout::Qwen3Vl, llava = layout == HfLayout::LlavaHf;
+  const HfLayout layout = hf_export_layout(model_cfg, o.remote_code);
+  const bool composite = is_composite_layout(layout), llava = layout == HfLayout::LlavaHf;
+  const bool internvl = layout == HfLayout::InternVl || layout == HfLayout::InternVlOriginal;
   // What is written: the model's config, the vocabulary grown when the tokenizer lacks the
   // token an image's positions hold (below).
   ModelConfig m = model_cfg;
@@ -456,8 +536,8 @@ void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table,
     if (image_token < 0 && o.tokenizer) image_token = o.tokenizer->image_pad;
     DHP_CHECK(image_token >= 0 && image_token < m.vocab_size,
               "export: a {} checkpoint names the token an image's positions hold (image_token_id, Qwen's "
-              "<|image_pad|>), and the run's tokenizer has none in the model's vocabulary of {}",
-              tower.hf_model_class, m.vocab_size);
+              "<|image_pad|>, InternVL's <IMG_CONTEXT>), and the run's tokenizer has none in the model's "
+              "vocabulary of {}", tower.hf_model_class, m.vocab_size);
   }
   const HfTokenizerFiles* tk = out_opts.tokenizer;
   // The tokenizer's files are made (and their ids checked) before anything is written.
@@ -482,7 +562,8 @@ void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table,
                                                   .read_all(int64_t(256) << 20, "256 MiB"));
   }
   // config.json before any file is written: it refuses a model no Hugging Face class holds.
-  const json config = composite ? composite_config(m, out_opts, image_token)
+  const json config = internvl  ? internvl_config(m, out_opts, image_token, layout == HfLayout::InternVlOriginal)
+                      : composite ? composite_config(m, out_opts, image_token)
                       : llava   ? llava_config(m, out_opts, image_token)
                                 : model_config(m, out_opts);
   // Tensors in the name map's order, cut into shards of at most max_shard_bytes (a tensor
@@ -515,7 +596,8 @@ void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table,
   };
   std::vector<std::string> files = {"config.json", "generation_config.json"};
   if (llava) files.insert(files.end(), {"preprocessor_config.json", "processor_config.json"});
-  if (composite) files.push_back("preprocessor_config.json");
+  // The remote code has no image processor's file (build_transform is code).
+  if (composite && layout != HfLayout::InternVlOriginal) files.push_back("preprocessor_config.json");
   for (size_t i = 0; i < n; ++i) files.push_back(shard_name(i));
   if (n > 1) files.push_back("model.safetensors.index.json");
   for (const auto& f : tok_files) files.push_back(f.first);
@@ -597,9 +679,9 @@ void export_hf_checkpoint(const ModelConfig& model_cfg, const ParamTable& table,
     write_file_atomic((fs::path(o.dir) / "model.safetensors.index.json").string(),
                       json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
   write_file_atomic((fs::path(o.dir) / "config.json").string(), config.dump(2) + "\n");
-  if (llava || composite)
+  if (llava || (composite && layout != HfLayout::InternVlOriginal))
     write_file_atomic((fs::path(o.dir) / "preprocessor_config.json").string(),
-                      preprocessor_config(m.vision).dump(2) + "\n");
+                      preprocessor_config(m.vision, layout).dump(2) + "\n");
   if (llava) {
     write_file_atomic((fs::path(o.dir) / "processor_config.json").string(),
                       processor_config(m.vision).dump(2) + "\n");

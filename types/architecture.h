@@ -53,8 +53,9 @@ constexpr int64_t block_params(NormKind norm, MlpKind mlp, bool biases, int64_t 
 // The tensor names of a tower's Hugging Face checkpoints: trainer/hf_checkpoint.cpp holds one
 // set of name rows per value. CLIP and SigLIP share CLIPVisionTransformer's.
 // Qwen3-VL's tower lives inside Qwen3VLForConditionalGeneration (model.visual.*), with q, k
-// and v fused into one qkv tensor.
-enum class HfTowerNames : uint8_t { none, clip_vision_transformer, qwen3_vl };
+// and v fused into one qkv tensor. InternViT's inside InternVL, named two ways (transformers'
+// model.vision_tower.*, OpenGVLab's remote code vision_model.* with a fused qkv).
+enum class HfTowerNames : uint8_t { none, clip_vision_transformer, qwen3_vl, intern_vit };
 
 struct TowerTraits {
   VisionArch arch;
@@ -112,8 +113,14 @@ struct TowerTraits {
   std::string_view hf_tower_class;
   std::string_view hf_dual_class;
   // The class of the whole vision-language model for a tower that comes only inside one
-  // (Qwen3VLForConditionalGeneration); "" for the towers LLaVA composes with a decoder.
+  // (Qwen3VLForConditionalGeneration); "" for the towers LLaVA composes with a decoder. A
+  // model also published under its authors' remote code (InternVLChatModel) names that class
+  // too ("" when there is none).
   std::string_view hf_model_class;
+  std::string_view hf_remote_class;
+  // The decoder family (DecoderTraits::model_type) that model holds, "" where it takes any the
+  // export writes (InternVL: Qwen2, Qwen3, Llama).
+  std::string_view hf_text_type;
   std::string_view hf_feature_select;
   ImageFit hf_fit;
   std::string_view hf_defaults;
@@ -130,12 +137,12 @@ inline constexpr TowerTraits kTowerTraits[] = {
     {VisionArch::native, "native", NormKind::rms, MlpKind::swiglu, false, false, PositionResize::bicubic,
      TowerRope::grid, 0.0, true, 1, false, false, true, 1e-6f, false, false, ProjectorAct::gelu_tanh,
      ProjectorHidden::decoder, false, false, false, 0.0f, kClipPixelMean, kClipPixelStd,
-     "", "", "", "", "", ImageFit::native, "", HfTowerNames::none},
+     "", "", "", "", "", "", "", ImageFit::native, "", HfTowerNames::none},
     // CLIPVisionModel: class row, learned positions, pre_layrnorm, LayerNorm/GELU blocks.
     {VisionArch::clip, "clip", NormKind::layer, MlpKind::gelu, true, true, PositionResize::bicubic,
      TowerRope::none, 0.0, false, 1, true, true, false, 0.0f, true, false, ProjectorAct::gelu,
      ProjectorHidden::decoder, false, false, false, 0.0f, kClipPixelMean, kClipPixelStd,
-     "clip_vision_model", "CLIPVisionModel", "CLIPModel", "", "default", ImageFit::clip,
+     "clip_vision_model", "CLIPVisionModel", "CLIPModel", "", "", "", "default", ImageFit::clip,
      R"({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
          "num_channels": 3, "image_size": 224, "patch_size": 32, "hidden_act": "quick_gelu",
          "layer_norm_eps": 1e-5})",
@@ -145,7 +152,7 @@ inline constexpr TowerTraits kTowerTraits[] = {
     {VisionArch::siglip, "siglip", NormKind::layer, MlpKind::gelu, true, true, PositionResize::bicubic,
      TowerRope::none, 0.0, true, 1, false, false, false, 0.0f, true, true, ProjectorAct::gelu,
      ProjectorHidden::decoder, false, false, false, 0.0f, kSiglipPixelMean, kSiglipPixelStd,
-     "siglip_vision_model", "SiglipVisionModel", "SiglipModel", "", "full", ImageFit::siglip,
+     "siglip_vision_model", "SiglipVisionModel", "SiglipModel", "", "", "", "full", ImageFit::siglip,
      R"({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
          "num_channels": 3, "image_size": 224, "patch_size": 16, "hidden_act": "gelu_pytorch_tanh",
          "layer_norm_eps": 1e-6})",
@@ -158,7 +165,8 @@ inline constexpr TowerTraits kTowerTraits[] = {
      PositionResize::bilinear_corners, TowerRope::grid_halves, 10000.0, true, 2, false, false, true, 1e-6f,
      false, false, ProjectorAct::gelu, ProjectorHidden::merged, true, false, false, 0.0f, kSiglipPixelMean,
      kSiglipPixelStd,
-     "qwen3_vl", "Qwen3VLVisionModel", "", "Qwen3VLForConditionalGeneration", "", ImageFit::qwen,
+     "qwen3_vl", "Qwen3VLVisionModel", "", "Qwen3VLForConditionalGeneration", "", "qwen3_vl_text", "",
+     ImageFit::qwen,
      R"({"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh", "intermediate_size": 4304,
          "num_heads": 16, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
          "out_hidden_size": 3584, "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24]})",
@@ -170,7 +178,14 @@ inline constexpr TowerTraits kTowerTraits[] = {
     {VisionArch::intern_vit, "intern_vit", NormKind::layer, MlpKind::gelu, true, true, PositionResize::bicubic,
      TowerRope::none, 0.0, true, 1, true, false, false, 0.0f, true, false, ProjectorAct::gelu,
      ProjectorHidden::decoder, false, true, true, 1e-5f, kImagenetPixelMean, kImagenetPixelStd,
-     "", "", "", "", "", ImageFit::siglip, "", HfTowerNames::none},
+     "internvl_vision", "InternVLVisionModel", "", "InternVLForConditionalGeneration", "InternVLChatModel",
+     "", "default", ImageFit::siglip,
+     R"({"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "attention_bias": false,
+         "use_qk_norm": false, "intermediate_size": 4096, "hidden_act": "gelu", "norm_type": "layer_norm",
+         "layer_norm_eps": 1e-6, "image_size": [448, 448], "patch_size": [14, 14], "num_channels": 3,
+         "use_mask_token": false, "use_absolute_position_embeddings": true, "layer_scale_init_value": 0.1,
+         "use_mean_pooling": true})",
+     HfTowerNames::intern_vit},
 };
 
 constexpr size_t kVisionArchCount = 5;

@@ -1,0 +1,277 @@
+// InternVL3 checkpoints on tiny random folders in both of its published layouts
+// (tests/reference/make_hf_internvl_fixture.py): transformers' InternVLForConditionalGeneration
+// and OpenGVLab's remote-code InternVLChatModel. The config's keys and refusals, the import
+// (the fused qkv, the layer scales, the projector's LayerNorm), the export round trip in each
+// layout, and the model against an independent PyTorch implementation of InternVL
+// (tests/reference/hf_internvl_ref.py) on a one-tile image, a six-tile image with its
+// thumbnail and a two-tile one, with negative controls that must fail.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/rng.h"
+#include "model/model.h"
+#include "tests/error_of.h"
+#include "tests/file_text.h"
+#include "tests/hf_fixture.h"
+#include "tests/hf_reference.h"
+#include "trainer/hf_checkpoint.h"
+
+namespace dhp {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::error_of;
+using testing::RefDistance;
+using testing::RefResult;
+
+const fs::path& root() { return testing::hf_fixture_root(); }
+fs::path fixture(const std::string& name, const std::string& args) {
+  return testing::hf_fixture("make_hf_internvl_fixture.py", name, args);
+}
+// Three InternViT layers (dv 32, 4 heads), 16 px tiles of 4 px patches: a 4 x 4 grid, 2 x 2
+// tokens a tile after the pixel shuffle; a Qwen2 decoder of two layers (48 wide, GQA 4/2).
+// The same seed in both layouts: the same values under two sets of names.
+fs::path internvl() { return fixture("internvl", ""); }
+fs::path internvl_original() { return fixture("internvl_original", "--layout original"); }
+
+Config applied(const std::vector<std::string>& overrides) {
+  Config c = parse_config("", "test.toml", overrides);
+  apply_hf_init(c);
+  return c;
+}
+ModelConfig config_of(const fs::path& dir) { return applied({"--model.init=" + dir.string()}).model; }
+
+// ---------------------------------------------------------------------------------------------
+// config.json
+
+TEST(HfInternVlConfig, BothLayoutsSetTheSameModel) {
+  for (const fs::path& dir : {internvl(), internvl_original()}) {
+    const ModelConfig m = config_of(dir);
+    EXPECT_EQ(m.vision.arch, VisionArch::intern_vit) << dir;
+    EXPECT_EQ(m.vision.dim, 32);
+    EXPECT_EQ(m.vision.layers, 3);
+    EXPECT_EQ(m.vision.heads, 4);
+    EXPECT_EQ(m.vision.ffn, 64);
+    EXPECT_EQ(m.vision.patch, 4);
+    EXPECT_EQ(m.vision.image_size, 16);
+    EXPECT_EQ(m.vision.merge, 2);  // downsample_ratio 0.5
+    EXPECT_EQ(m.vision.feature_layer, -1);
+    EXPECT_EQ(m.vision.norm_eps, 1e-6);
+    EXPECT_EQ(m.vision.act, VisionAct::gelu);
+    EXPECT_EQ(m.vision.resize, ImageFit::siglip);  // each tile a square of image_size
+    EXPECT_EQ(m.vision.pixel_mean, kImagenetPixelMean);
+    EXPECT_EQ(m.vision.pixel_std, kImagenetPixelStd);
+    EXPECT_EQ(m.dim, 48);
+    EXPECT_EQ(m.layers, 2);
+    EXPECT_EQ(m.kv_heads, 2);
+    EXPECT_TRUE(m.attention_bias);  // Qwen2: q/k/v biases
+    EXPECT_FALSE(m.attention_out_bias);
+    EXPECT_FALSE(m.tie_embeddings);
+    EXPECT_EQ(m.vocab_size, 512);
+  }
+}
+
+// InternViT-6B's blocks (RMSNorm, q/k norms), a final LayerNorm and the remote code's v1
+// shuffle order are refused by name, not run as something else.
+TEST(HfInternVlConfig, RefusesWhatItCannotRun) {
+  const std::string rms = error_of([&] { config_of(fixture("internvl_rms", "--vnorm rms_norm")); });
+  EXPECT_NE(rms.find("\"norm_type\" is rms_norm"), std::string::npos) << rms;
+  const std::string qk = error_of([&] { config_of(fixture("internvl_qk", "--layout original --qk-norm")); });
+  EXPECT_NE(qk.find("\"qk_normalization\" is true"), std::string::npos) << qk;
+  const std::string pool = error_of([&] { config_of(fixture("internvl_pool", "--no-mean-pooling")); });
+  EXPECT_NE(pool.find("\"use_mean_pooling\" is false"), std::string::npos) << pool;
+  const fs::path v1 = root() / "internvl_v1";
+  fs::create_directories(v1);
+  for (const auto& e : fs::directory_iterator(internvl_original())) fs::copy(e.path(), v1 / e.path().filename());
+  json c = json::parse(std::ifstream(v1 / "config.json"));
+  c["ps_version"] = "v1";
+  std::ofstream(v1 / "config.json") << c.dump(2);
+  const std::string order = error_of([&] { config_of(v1); });
+  EXPECT_NE(order.find("\"ps_version\" is v1"), std::string::npos) << order;
+}
+
+// ---------------------------------------------------------------------------------------------
+// import and export
+
+std::vector<float> imported(const fs::path& dir) {
+  const ModelConfig cfg = config_of(dir);
+  auto backend = make_cpu_backend({1});
+  Model m(cfg, *backend);
+  m.initialise(3);
+  const HfImport r = import_hf_checkpoint(dir.string(), m, false);
+  EXPECT_TRUE(r.initialised.empty()) << r.initialised.front();
+  return std::vector<float>(m.params(), m.params() + m.n_params());
+}
+
+// The remote code's fused qkv, ls1/ls2 and mlp1.{0,1,3} hold what transformers' q/k/v_proj,
+// lambda_1/2 and layer_norm/linear_1/linear_2 hold: both folders give bit-identical weights.
+TEST(HfInternVlImport, BothLayoutsGiveTheSameWeights) {
+  const std::vector<float> a = imported(internvl()), b = imported(internvl_original());
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_TRUE(a == b);
+  // And they are the file's: the layer scale and the class row, checked by name.
+  const ModelConfig cfg = config_of(internvl());
+  const ParamTable table(cfg);
+  const auto file = testing::folder_f32(internvl());
+  const std::vector<float>& ls = file.at("model.vision_tower.encoder.layer.2.lambda_2");
+  EXPECT_TRUE(std::equal(ls.begin(), ls.end(), a.begin() + table.get("vision.layers.2.mlp.ls.weight").offset));
+  const std::vector<float>& cls = file.at("model.vision_tower.embeddings.cls_token");
+  EXPECT_TRUE(std::equal(cls.begin(), cls.end(), a.begin() + table.get("vision.class_embed").offset));
+}
+
+// Each layout exported from its own import is the folder byte for byte; an export in the other
+// layout is the other folder's tensors (the fixtures share their values).
+TEST(HfInternVlExport, RoundTripsAreByteIdenticalInBothLayouts) {
+  for (const bool remote : {false, true}) {
+    const fs::path src = remote ? internvl_original() : internvl();
+    const ModelConfig cfg = config_of(src);
+    auto backend = make_cpu_backend({1});
+    Model m(cfg, *backend);
+    m.initialise(3);
+    import_hf_checkpoint(src.string(), m, false);
+    for (const bool out_remote : {false, true}) {
+      HfExportOptions e;
+      e.dir = (root() / fmt::format("export_{}_{}", remote, out_remote)).string();
+      e.image_token_index = cfg.vocab_size - 1;
+      e.remote_code = out_remote;
+      export_hf_checkpoint(m, e);
+      EXPECT_EQ(testing::tensor_bytes(out_remote ? internvl_original() : internvl()), testing::tensor_bytes(e.dir))
+          << remote << " -> " << out_remote;
+      const ModelConfig again = config_of(e.dir);
+      EXPECT_EQ(ParamTable(again).total(), ParamTable(cfg).total());
+      EXPECT_EQ(again.vision.feature_layer, cfg.vision.feature_layer);
+      EXPECT_EQ(again.vision.pixel_mean, cfg.vision.pixel_mean);
+      Model second(again, *backend);
+      second.initialise(9);
+      import_hf_checkpoint(e.dir, second, false);
+      HfExportOptions e2 = e;
+      e2.dir += "_again";
+      export_hf_checkpoint(second, e2);
+      EXPECT_EQ(testing::tensor_bytes(e.dir), testing::tensor_bytes(e2.dir));
+      for (const char* f : {"config.json", "preprocessor_config.json"})
+        if (fs::exists(fs::path(e.dir) / f))
+          EXPECT_EQ(testing::read_text(fs::path(e.dir) / f), testing::read_text(fs::path(e2.dir) / f)) << f;
+      const json c = json::parse(std::ifstream(fs::path(e.dir) / "config.json"));
+      EXPECT_EQ(c["architectures"][0], out_remote ? "InternVLChatModel" : "InternVLForConditionalGeneration");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the model against the PyTorch reference
+
+// Images as InternVL's tiling gives them: one tile; six tiles (a 2 x 3 grid) and the
+// thumbnail; two tiles (1 x 2) and the thumbnail. Each tile its own encoder image.
+const std::vector<int> kTiles = {1, 7, 3};
+
+// Text, then <img> the image's tiles' <IMG_CONTEXT> positions </img>, for each image; text at
+// the end. Targets on text. The tiles' pixels (S x S x 3, row-major) go to `rgb`.
+Batch internvl_batch(const ModelConfig& cfg, std::vector<std::vector<uint8_t>>* rgb) {
+  Batch b;
+  Rng rng(31);
+  const int p = cfg.vision.patch, S = cfg.vision.image_size, g = S / p, per_tile = (g / 2) * (g / 2);
+  const int32_t V = cfg.vocab_size, begin = V - 3, end = V - 2, context = V - 1;
+  const std::vector<std::vector<int32_t>> text = {{1, 5, 9}, {33, 200, 17}, {3, 99, 250, 7}, {64, 12, 301, 45, 2}};
+  int32_t slot = 0;
+  auto add = [&](int32_t tok, int32_t s) {
+    b.tokens.push_back(tok);
+    b.image_slot.push_back(s);
+    b.doc.push_back(0);
+    b.pos.push_back(int32_t(b.pos.size()));
+  };
+  for (size_t k = 0; k < text.size(); ++k) {
+    for (int32_t t : text[k]) add(t, -1);
+    if (k == kTiles.size()) break;
+    add(begin, -1);
+    for (int tile = 0; tile < kTiles[k]; ++tile) {
+      std::vector<uint8_t> pix(size_t(S) * S * 3);
+      for (auto& v : pix) v = uint8_t(rng.below(256));
+      b.images.push_back(PackedImage{b.n_patches(), g, g});
+      for (int r = 0; r < g; ++r)
+        for (int c = 0; c < g; ++c)
+          for (int ky = 0; ky < p; ++ky)
+            for (int kx = 0; kx < p; ++kx)
+              for (int ch = 0; ch < 3; ++ch) b.pixels.push_back(pix[size_t(((r * p + ky) * S + c * p + kx) * 3 + ch)]);
+      for (int t = 0; t < per_tile; ++t) add(context, slot++);
+      rgb->push_back(std::move(pix));
+    }
+    add(end, -1);
+  }
+  b.T = int64_t(b.tokens.size());
+  for (int64_t t = 0; t < b.T; ++t)
+    b.targets.push_back(b.image_slot[size_t(t)] < 0 && t + 1 < b.T && b.image_slot[size_t(t + 1)] < 0
+                            ? b.tokens[size_t(t + 1)] : -1);
+  b.sample_ids.push_back(0);
+  return b;
+}
+
+RefResult reference(const fs::path& ckpt, const std::string& flags = "") {
+  static int n = 0;
+  const fs::path out = root() / ("internvl_ref" + std::to_string(n++));
+  fs::create_directories(out);
+  const ModelConfig cfg = config_of(ckpt);
+  std::vector<std::vector<uint8_t>> rgb;
+  const Batch b = internvl_batch(cfg, &rgb);
+  json tiles = json::array();
+  for (size_t i = 0; i < rgb.size(); ++i) {
+    const std::string name = "tile" + std::to_string(i) + ".rgb";
+    std::ofstream(out / name, std::ios::binary).write(reinterpret_cast<const char*>(rgb[i].data()),
+                                                      std::streamsize(rgb[i].size()));
+    tiles.push_back({{"pixels", name}});
+  }
+  std::ofstream(out / "input.json") << json{{"tokens", b.tokens}, {"targets", b.targets}, {"tiles", tiles}}.dump();
+  const std::string cmd = testing::reference_py() + "hf_internvl_ref.py " + ckpt.string() + " " +
+                          (out / "input.json").string() + " " + out.string() + " " + flags;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  return testing::read_reference(out, b.T, cfg.vocab_size);
+}
+
+RefResult run_dhp(const fs::path& ckpt) {
+  const ModelConfig cfg = config_of(ckpt);
+  auto backend = make_cpu_backend({1});
+  Model m(cfg, *backend);
+  m.initialise(3);
+  import_hf_checkpoint(ckpt.string(), m, false);
+  std::vector<std::vector<uint8_t>> rgb;
+  const Batch b = internvl_batch(cfg, &rgb);
+  return testing::run_step(m, b, hf_export_layout(cfg, read_hf_config(ckpt.string(), cfg, 0, 0).remote_code));
+}
+
+// The bounds: loss 1e-5 relative, logits 1e-4, each gradient 1e-4 of its largest entry.
+constexpr double kLossTol = 1e-5, kLogitsTol = 1e-4, kGradTol = 1e-4;
+
+TEST(HfInternVlReference, MatchesInBothLayouts) {
+  for (const fs::path& dir : {internvl(), internvl_original()}) {
+    const RefDistance d = testing::ref_distance(reference(dir), run_dhp(dir));
+    std::printf("%s: loss %.2e, logits %.2e, gradients %.2e (worst %s)\n", dir.filename().c_str(), d.loss, d.logits,
+                d.grads, d.worst.c_str());
+    EXPECT_EQ(d.unmatched, 0) << d.worst;
+    EXPECT_LT(d.loss, kLossTol);
+    EXPECT_LT(d.logits, kLogitsTol);
+    EXPECT_LT(d.grads, kGradTol) << d.worst;
+  }
+}
+
+// Each must miss by more than ten times the bounds, or the match above would not prove the
+// semantics it names.
+TEST(HfInternVlNegative, EachControlFails) {
+  const RefResult got = run_dhp(internvl());
+  for (const auto& [flag, what] : std::vector<std::pair<std::string, std::string>>{
+           {"--shuffle-order", "the pixel shuffle's 2x2 neighbours in column-major order"},
+           {"--no-layer-scale", "LayerScale off"},
+           {"--keep-cls", "the class row kept as a feature"},
+           {"--no-projector-norm", "the projector's LayerNorm left out"}}) {
+    const RefDistance d = testing::ref_distance(reference(internvl(), flag), got);
+    std::printf("control, %s: loss %.2e, logits %.2e, gradients %.2e\n", what.c_str(), d.loss, d.logits, d.grads);
+    EXPECT_TRUE(d.loss > 10 * kLossTol || d.logits > 10 * kLogitsTol || d.grads > 10 * kGradTol || d.unmatched)
+        << what << " went unnoticed: loss " << d.loss << ", logits " << d.logits << ", gradients " << d.grads;
+  }
+}
+
+}  // namespace
+}  // namespace dhp
