@@ -167,10 +167,21 @@ struct TaggedFamily {
   std::string_view after_end;                          // text after it (not a target)
   bool trim = false;                                   // Jinja's `| trim` of each turn's text (python_strip)
   std::string_view last_answer_opening;                // after the last answer's header
+  std::string_view default_system;                     // a system turn when the data has none ("": none)
 };
 
-constexpr TaggedFamily kChatMl{"chatml", "<|im_start|>", "\n", "<|im_end|>", "\n", false, "<think>\n\n</think>\n\n"};
-constexpr TaggedFamily kLlama3{"llama3", "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", "", true, ""};
+constexpr TaggedFamily kChatMl{"chatml", "<|im_start|>", "\n", "<|im_end|>", "\n", false, "<think>\n\n</think>\n\n", ""};
+constexpr TaggedFamily kLlama3{"llama3", "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", "", true, "", ""};
+constexpr TaggedFamily kInternVl{"internvl2_5", "<|im_start|>", "\n", "<|im_end|>", "\n", false, "", kInternVlSystem};
+
+// The conversation with the family's default system turn first when it has one and the data
+// does not.
+std::vector<Turn> with_system(const TaggedFamily& f, const std::vector<Turn>& turns) {
+  if (f.default_system.empty() || (!turns.empty() && turns[0].from == "system")) return turns;
+  std::vector<Turn> out = {Turn{"system", std::string(f.default_system)}};
+  out.insert(out.end(), turns.begin(), turns.end());
+  return out;
+}
 
 std::string role_of(const Turn& t) {
   if (t.answer()) return "assistant";
@@ -188,8 +199,9 @@ int32_t family_token(const TaggedFamily& f, std::string_view text, const Tokeniz
   return id;
 }
 
-LaidOut layout_tagged(const TaggedFamily& f, const std::vector<Turn>& turns, const Tokenizer& tok,
+LaidOut layout_tagged(const TaggedFamily& f, const std::vector<Turn>& given, const Tokenizer& tok,
                       std::vector<int32_t>& layout, std::vector<uint8_t>& loss) {
+  const std::vector<Turn> turns = with_system(f, given);
   const int32_t end = family_token(f, f.end, tok);
   family_token(f, f.open_before_role, tok);
   if (turns.empty() || !turns.back().answer())
@@ -237,14 +249,19 @@ int64_t prompt_tagged(const TaggedFamily& f, const std::string& prompt, const To
                       std::vector<int32_t>& layout, std::vector<uint8_t>& loss) {
   family_token(f, f.end, tok);
   const std::string text = f.trim ? python_strip(prompt) : prompt;
-  return encode_with_images(std::string(f.open_before_role) + "user" + std::string(f.open_after_role) + text +
+  const std::string system = f.default_system.empty() ? "" : std::string(f.open_before_role) + "system" +
+                                                                 std::string(f.open_after_role) +
+                                                                 std::string(f.default_system) + std::string(f.end) +
+                                                                 std::string(f.after_end);
+  return encode_with_images(system + std::string(f.open_before_role) + "user" + std::string(f.open_after_role) + text +
                                 std::string(f.end) + std::string(f.after_end) + std::string(f.open_before_role) +
                                 "assistant" + std::string(f.open_after_role) + std::string(f.last_answer_opening),
                             tok, 0, layout, loss);
 }
 
 const TaggedFamily* tagged_family(ChatTemplate t) {
-  return t == ChatTemplate::ChatMl ? &kChatMl : t == ChatTemplate::Llama3 ? &kLlama3 : nullptr;
+  return t == ChatTemplate::ChatMl ? &kChatMl : t == ChatTemplate::Llama3 ? &kLlama3
+         : t == ChatTemplate::InternVl ? &kInternVl : nullptr;
 }
 
 }  // namespace
@@ -273,6 +290,7 @@ std::string jinja_chat_template(ChatTemplate t, bool legacy) {
     case ChatTemplate::Dhp:
     case ChatTemplate::ChatMl:
     case ChatTemplate::Llama3:
+    case ChatTemplate::InternVl:
       break;
   }
   return "";
@@ -306,6 +324,7 @@ LaidOut layout_conversation(ChatTemplate t, const std::vector<Turn>& turns, cons
     case ChatTemplate::Dhp:
     case ChatTemplate::ChatMl:
     case ChatTemplate::Llama3:
+    case ChatTemplate::InternVl:
       break;
   }
   LaidOut out;
@@ -337,6 +356,7 @@ int64_t layout_prompt(ChatTemplate t, const std::string& prompt, const Tokenizer
     case ChatTemplate::Dhp:
     case ChatTemplate::ChatMl:
     case ChatTemplate::Llama3:
+    case ChatTemplate::InternVl:
       break;
   }
   return append_turn(prompt, false, tok, 0, layout, loss);

@@ -20,6 +20,11 @@
 //             (Qwen3's empty reasoning; not a target); images as <|vision_start|> N x
 //             <|image_pad|> <|vision_end|> where their <image> stood; loss on every answer and
 //             its <|im_end|>.
+//   internvl2_5  InternVL2.5's and InternVL3's (InternVL's preprocess_internvl2_5): chatml
+//             with a system turn always, InternVL's own line (kInternVlSystem) unless the data
+//             has one, no reasoning opening; images as <img> N x <IMG_CONTEXT> </img> where
+//             their <image> stood, N the tokens of all of the image's tiles; loss on every
+//             answer and its <|im_end|>.
 //   llama3    Llama-3's: <|begin_of_text|> then, per turn,
 //               <|start_header_id|>{role}<|end_header_id|>\n\n{text, trimmed}<|eot_id|>
 //             loss on every answer and its <|eot_id|>.
@@ -46,15 +51,16 @@ namespace dhp {
 
 class Tokenizer;
 
-enum class ChatTemplate { Dhp, LlavaV1, VicunaV1, Plain, ChatMl, Llama3 };
+enum class ChatTemplate { Dhp, LlavaV1, VicunaV1, Plain, ChatMl, Llama3, InternVl };
 
-inline constexpr std::array<std::pair<ChatTemplate, std::string_view>, 6> kChatTemplateNames = {{
+inline constexpr std::array<std::pair<ChatTemplate, std::string_view>, 7> kChatTemplateNames = {{
     {ChatTemplate::Dhp, "dhp"},
     {ChatTemplate::LlavaV1, "llava_v1"},
     {ChatTemplate::VicunaV1, "vicuna_v1"},
     {ChatTemplate::Plain, "plain"},
     {ChatTemplate::ChatMl, "chatml"},
     {ChatTemplate::Llama3, "llama3"},
+    {ChatTemplate::InternVl, "internvl2_5"},
 }};
 
 std::string_view template_name(ChatTemplate t);
@@ -73,6 +79,11 @@ inline constexpr std::string_view kVicunaSystem =
 inline constexpr std::string_view kVicunaUserSystem =
     "A chat between a curious user and an artificial intelligence assistant. The assistant "
     "gives helpful, detailed, and polite answers to the user's questions.";
+
+// internvl2_5's system line (InternVL's conversation template "internvl2_5"), used unless the
+// conversation starts with a "system" turn.
+inline constexpr std::string_view kInternVlSystem =
+    "你是书生·万象，英文名是InternVL，是由上海人工智能实验室、清华大学及多家合作单位联合开发的多模态大语言模型。";
 
 struct Turn {
   std::string from;   // "human" | "user" | "system" | "gpt" | "assistant"

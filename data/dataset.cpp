@@ -136,7 +136,10 @@ int64_t JsonlDataset::vision_tokens(int64_t i) const {
 
 int32_t JsonlDataset::images(int64_t i) const {
   DHP_ASSERT(i >= 0 && i < size());
-  return int32_t(entries_[size_t(i)].image_end - entries_[size_t(i)].image_begin);
+  const Entry& e = entries_[size_t(i)];
+  int32_t n = 0;
+  for (int64_t k = e.image_begin; k < e.image_end; ++k) n += encoder_images(image_grids_[size_t(k)], geometry_);
+  return n;
 }
 
 int64_t JsonlDataset::loss_tokens(int64_t i) const {

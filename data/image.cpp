@@ -183,7 +183,38 @@ ImageSize resized_size(int H, int W, const ImageGeometry& v) {
   return {int(h), int(w)};
 }
 
+TileGrid tile_grid(int H, int W, const ImageGeometry& v) {
+  DHP_CHECK(H > 0 && W > 0, "image size {}x{} is empty", H, W);
+  DHP_CHECK(v.min_tiles >= 1 && v.min_tiles <= v.max_tiles, "tiling: min_tiles {} and max_tiles {} are not a range "
+            "of tile counts", v.min_tiles, v.max_tiles);
+  // Python's float division and comparisons, in the same order: the same choice to the bit.
+  const double aspect = double(W) / double(H), area = double(W) * double(H), side = v.image_size;
+  double best_diff = INFINITY;
+  TileGrid best;
+  for (int n = v.min_tiles; n <= v.max_tiles; ++n)  // by tile count, as sorted() leaves them
+    for (int c = 1; c <= n; ++c) {
+      if (n % c) continue;
+      const int r = n / c;
+      const double diff = std::abs(aspect - double(c) / double(r));
+      if (diff < best_diff) {
+        best_diff = diff;
+        best = {c, r, false};
+      } else if (diff == best_diff && area > 0.5 * side * side * c * r) {
+        best = {c, r, false};
+      }
+    }
+  best.thumbnail = v.thumbnail && best.cols * best.rows > 1;
+  return best;
+}
+
 MergedGrid image_grid(int H, int W, const ImageGeometry& v) {
+  if (v.tiled()) {
+    // Tiling is the resize rule: every tile is image_size square, whatever model.vision.resize.
+    DHP_CHECK(v.image_size > 0 && v.image_size % v.factor() == 0,
+              "tiling: image_size {} is not a positive multiple of patch x merge ({})", v.image_size, v.factor());
+    const int s = v.image_size / v.factor();
+    return {tile_grid(H, W, v).count() * s, s};
+  }
   const ImageSize s = resized_size(H, W, v);
   return {s.h / v.patch / v.merge, s.w / v.patch / v.merge};
 }
@@ -197,6 +228,44 @@ InputFile open_image(const std::string& path, const std::string& root) {
   if (!root.empty() && path.compare(0, prefix.size(), prefix) == 0)
     return InputFile("image", root, path, "");
   return InputFile("image", path);
+}
+
+// Appends an RGB image's patches, row-major over its grid, each patch (dy·p + dx)·3 + c.
+void patchify(const cv::Mat& rgb, int p, std::vector<uint8_t>& pixels) {
+  const int gw = rgb.cols / p;
+  const int64_t pn = int64_t(p) * p * 3, at = int64_t(pixels.size());
+  pixels.resize(size_t(at + int64_t(rgb.rows / p) * gw * pn));
+  for (int y = 0; y < rgb.rows; ++y) {
+    const uint8_t* row = rgb.ptr<uint8_t>(y);
+    const int gy = y / p, dy = y % p;
+    for (int x = 0; x < rgb.cols; ++x) {
+      const int gx = x / p, dx = x % p;
+      uint8_t* dst = pixels.data() + at + (int64_t(gy) * gw + gx) * pn + (dy * p + dx) * 3;
+      for (int c = 0; c < 3; ++c) dst[c] = row[x * 3 + c];
+    }
+  }
+}
+
+// Pillow's resize, which returns the image itself when the size is already the one asked.
+cv::Mat pil_resized(const cv::Mat& rgb, int w, int h) {
+  return rgb.cols == w && rgb.rows == h ? rgb : pil_resize_bicubic(rgb, w, h);
+}
+
+// InternVL's dynamic_preprocess: the image resized to the tile grid, its tiles row by row,
+// then the thumbnail; stacked as one image of tiles·(S/p) patch rows.
+PreparedImage tiles_of(const cv::Mat& rgb, const ImageGeometry& v) {
+  const int S = v.image_size;
+  image_grid(rgb.rows, rgb.cols, v);  // checks the side
+  const TileGrid t = tile_grid(rgb.rows, rgb.cols, v);
+  const cv::Mat grid = pil_resized(rgb, t.cols * S, t.rows * S);
+  PreparedImage out;
+  out.tiles = t.count();
+  out.grid_h = out.tiles * (S / v.patch);
+  out.grid_w = S / v.patch;
+  for (int i = 0; i < t.cols * t.rows; ++i)
+    patchify(grid(cv::Rect((i % t.cols) * S, (i / t.cols) * S, S, S)).clone(), v.patch, out.pixels);
+  if (t.thumbnail) patchify(pil_resized(rgb, S, S), v.patch, out.pixels);
+  return out;
 }
 
 }  // namespace
@@ -233,6 +302,7 @@ PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v) {
     rgb.copyTo(square(cv::Rect((side - rgb.cols) / 2, (side - rgb.rows) / 2, rgb.cols, rgb.rows)));
     rgb = square;
   }
+  if (v.tiled()) return tiles_of(rgb, v);
   const ImageSize s = resized_size(rgb.rows, rgb.cols, v);
   if (v.resize == ImageFit::clip) {
     // The short side to image_size, the long one int(image_size * long / short) (transformers'
@@ -250,21 +320,10 @@ PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v) {
     cv::resize(rgb, resized, cv::Size(s.w, s.h), 0, 0, cv::INTER_CUBIC);
     rgb = resized;
   }
-  const int p = v.patch;
   PreparedImage out;
-  out.grid_h = s.h / p;
-  out.grid_w = s.w / p;
-  const int64_t pn = v.patch_numel();
-  out.pixels.resize(size_t(out.n_patches() * pn));
-  for (int y = 0; y < s.h; ++y) {
-    const uint8_t* row = rgb.ptr<uint8_t>(y);
-    const int gy = y / p, dy = y % p;
-    for (int x = 0; x < s.w; ++x) {
-      const int gx = x / p, dx = x % p;
-      uint8_t* dst = out.pixels.data() + (int64_t(gy) * out.grid_w + gx) * pn + (dy * p + dx) * 3;
-      for (int c = 0; c < 3; ++c) dst[c] = row[x * 3 + c];
-    }
-  }
+  out.grid_h = s.h / v.patch;
+  out.grid_w = s.w / v.patch;
+  patchify(rgb, v.patch, out.pixels);
   return out;
 }
 

@@ -23,9 +23,23 @@ struct ImageSize {
 // The spec's resize rule, to the letter: both sides become multiples of f = patch * merge.
 // Under resize = pad_square every image becomes image_size x image_size.
 ImageSize resized_size(int H, int W, const ImageGeometry& v);
+// InternVL's tiling of an H x W image (ImageGeometry::tiled): the grid of image_size tiles
+// (columns, rows) and whether the thumbnail follows them. As InternVL's dynamic_preprocess: of
+// the grids of min_tiles..max_tiles tiles, taken by tile count, the one whose columns / rows is
+// nearest W / H; on a tie the later one while the image's area exceeds half the grid's.
+struct TileGrid {
+  int cols = 1, rows = 1;
+  bool thumbnail = false;
+  int count() const { return cols * rows + (thumbnail ? 1 : 0); }
+};
+TileGrid tile_grid(int H, int W, const ImageGeometry& v);
+
 // The merged-token grid of an H x W image after resized_size: (h/p/m) x (w/p/m); its decoder
-// tokens are their product.
+// tokens are their product. A tiled image's tiles stack vertically: (tiles·s) x s, s =
+// image_size/p/m.
 MergedGrid image_grid(int H, int W, const ImageGeometry& v);
+// The tower's images an image of merged grid `g` (image_grid) becomes: its tiles, or 1.
+inline int encoder_images(const MergedGrid& g, const ImageGeometry& v) { return v.tiled() ? g.rows / g.cols : 1; }
 inline int64_t image_tokens(int H, int W, const ImageGeometry& v) { return image_grid(H, W, v).tokens(); }
 
 // Reads only the PNG IHDR or JPEG SOFn header (no pixel decode). Throws dhp::Error naming the
@@ -46,6 +60,8 @@ std::vector<uint8_t> read_image_file(const std::string& path, const std::string&
 struct PreparedImage {
   int grid_h = 0, grid_w = 0;   // patches per column / per row
   int frames = 1;               // a video's frame pair: 2, the frames one after the other
+  int tiles = 1;                // InternVL's tiles stacked vertically, grid_h / tiles rows each
+                                // (each its own image of the tower)
   std::vector<uint8_t> pixels;  // (frames*grid_h*grid_w, p*p*3) row-major over the grid;
                                 // inside a patch the index is (dy*p+dx)*3+c, c in R,G,B
   int64_t n_patches() const { return int64_t(grid_h) * grid_w; }
@@ -53,7 +69,8 @@ struct PreparedImage {
 
 // bgr: CV_8UC3 as OpenCV decodes it. Converts to RGB, resizes (INTER_CUBIC on uint8) only
 // when the size changes, and patchifies. Under pad_square the image is first centred on a
-// square of its longer side filled with pad_rgb() (LLaVA-1.5's expand2square).
+// square of its longer side filled with pad_rgb() (LLaVA-1.5's expand2square). A tiled
+// geometry gives the image's tiles (tile_grid), stacked.
 PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v);
 // Decodes the file (ignoring EXIF orientation, so the size matches read_image_size) and
 // prepares it. The header is read first and an image of more than max_pixels (H*W) pixels is

@@ -252,14 +252,17 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
   std::vector<std::string> videos;
   for (const auto& rel : media_list(j, "video"))
     videos.push_back(resolve_media(rel, rules, out.root, "video").string());
+  if (!videos.empty() && rules.vision.tiled())
+    throw LineError{"bad format", "a video for a tiled tower (InternVL's, model.vision.max_tiles > 0): its frames "
+                                  "are not laid out yet; set model.vision.max_tiles = 0 or leave the videos out"};
   const std::vector<std::string> image_paths = std::move(out.paths);
   const std::vector<ImageSize> image_sizes = std::move(out.sizes);
   place_videos(out, image_paths, image_sizes, videos, tok, rules.vision, rules.video,
                rules.max_image_pixels);
 
   const int64_t images = int64_t(out.paths.size());  // image files and video frames
-  // <bos> (when the tokenizer has one) <eos>, and <img> </img> around each image when the
-  // tokenizer has them.
+  // <bos> (when the tokenizer has one) <eos>, and <img> </img> around each image (all of a
+  // tiled image's tiles) when the tokenizer has them.
   out.text_tokens = (tok.ids().has_bos() ? 2 : 1) + int64_t(out.layout.size()) - images +
                     (tok.ids().markers() ? 2 * images : 0);
   for (const auto& s : out.sizes) out.vision_tokens += image_tokens(s.h, s.w, rules.vision);

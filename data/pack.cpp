@@ -10,12 +10,16 @@ void append_image(Batch& b, const PreparedImage& im, const ImageGeometry& v) {
   const int64_t pn = v.patch_numel();
   DHP_ASSERT(int64_t(im.pixels.size()) == im.frames * im.n_patches() * pn);
   DHP_ASSERT(im.grid_h % v.merge == 0 && im.grid_w % v.merge == 0);
-  PackedImage pi;
-  pi.patch_offset = b.n_patches();
-  pi.grid_h = im.grid_h;
-  pi.grid_w = im.grid_w;
-  pi.frames = im.frames;
-  b.images.push_back(pi);
+  DHP_ASSERT(im.tiles >= 1 && im.grid_h % im.tiles == 0);
+  // Each tile is an image of the tower; their merged tokens follow one another.
+  for (int t = 0; t < im.tiles; ++t) {
+    PackedImage pi;
+    pi.patch_offset = b.n_patches();
+    pi.grid_h = im.grid_h / im.tiles;
+    pi.grid_w = im.grid_w;
+    pi.frames = im.frames;
+    b.images.push_back(pi);
+  }
   b.pixels.insert(b.pixels.end(), im.pixels.begin(), im.pixels.end());
 }
 

@@ -75,7 +75,11 @@ ShardDataset::ShardDataset(const std::string& dir, const Tokenizer& tok, const I
                          x_.vision.min_pixels == geometry.min_pixels &&
                          x_.vision.max_pixels == geometry.max_pixels &&
                          x_.vision.resize == geometry.resize &&
-                         (!geometry.fixed_square() ||
+                         x_.vision.tiled() == geometry.tiled() &&
+                         (!geometry.tiled() || (x_.vision.min_tiles == geometry.min_tiles &&
+                                                x_.vision.max_tiles == geometry.max_tiles &&
+                                                x_.vision.thumbnail == geometry.thumbnail)) &&
+                         (!(geometry.fixed_square() || geometry.tiled()) ||
                           x_.vision.image_size == geometry.image_size);
   const int64_t n_images = int64_t(x_.images.size()) / kImageCols;
   image_grids_.resize(size_t(n_images));
@@ -129,7 +133,10 @@ int64_t ShardDataset::vision_tokens(int64_t i) const {
 
 int32_t ShardDataset::images(int64_t i) const {
   DHP_ASSERT(i >= 0 && i < size());
-  return int32_t(x_.at(rows_[size_t(i)], kImageEnd) - x_.at(rows_[size_t(i)], kImageBegin));
+  int32_t n = 0;
+  for (int64_t k = x_.at(rows_[size_t(i)], kImageBegin); k < x_.at(rows_[size_t(i)], kImageEnd); ++k)
+    n += encoder_images(image_grids_[size_t(k)], geometry_);
+  return n;
 }
 
 int64_t ShardDataset::loss_tokens(int64_t i) const {

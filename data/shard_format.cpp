@@ -145,6 +145,12 @@ void write_index(const std::string& dir, const ShardIndex& x) {
     // Builds for a tower of one frame an image record nothing (as those made before pairs).
     if (x.vision.video_frames_per_image != 1)
       w.attr("video_frames_per_image", int64_t(x.vision.video_frames_per_image));
+    // Tiled builds record their tiling (the vision tokens depend on it); others nothing.
+    if (x.vision.tiled()) {
+      w.attr("min_tiles", int64_t(x.vision.min_tiles));
+      w.attr("max_tiles", int64_t(x.vision.max_tiles));
+      w.attr("thumbnail", int64_t(x.vision.thumbnail));
+    }
     w.attr("max_tokens", x.max_tokens);
     w.attr("max_image_pixels", x.max_image_pixels);
     w.attr("tokenizer_hash", x.tokenizer_hash);
@@ -190,6 +196,12 @@ ShardIndex read_index(const std::string& dir) {
   }
   if (r.has_attr("video_frames_per_image"))
     x.vision.video_frames_per_image = int(r.attr_i64("video_frames_per_image"));
+  x.vision.max_tiles = 0;
+  if (r.has_attr("max_tiles")) {
+    x.vision.min_tiles = int(r.attr_i64("min_tiles"));
+    x.vision.max_tiles = int(r.attr_i64("max_tiles"));
+    x.vision.thumbnail = r.attr_i64("thumbnail") != 0;
+  }
   x.max_tokens = r.attr_i64("max_tokens");
   x.max_image_pixels = r.attr_i64("max_image_pixels");
   x.tokenizer_hash = r.attr_str("tokenizer_hash");

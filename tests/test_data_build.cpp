@@ -20,6 +20,7 @@
 #include "data/dataset.h"
 #include "data/layout.h"
 #include "data/loader.h"
+#include "data/pack.h"
 #include "data/presets.h"
 #include "data/shard_dataset.h"
 #include "data/shard_format.h"
@@ -90,6 +91,54 @@ TEST_F(BuildTest, ShardsLoadExactlyLikeTheJsonlPath) {
   EXPECT_NE(dynamic_cast<ShardDataset*>(open_dataset(out.string(), dc, tok, geometry).get()), nullptr);
   EXPECT_NE(dynamic_cast<JsonlDataset*>(open_dataset(manifest(), dc, tok, geometry).get()), nullptr);
   EXPECT_THROW(open_dataset(dir().string(), dc, tok, geometry), Error);  // a folder without index
+}
+
+// InternVL's tiling through both data paths: each image becomes its tile grid and thumbnail,
+// all between one <img> ... </img>; the length known from the headers is what loads; shards
+// (which store each image once) load as the manifest; a batch holds one tower image a tile.
+TEST_F(BuildTest, TiledImagesLoadAsTheirTilesOnBothPaths) {
+  ImageGeometry g;
+  g.resize = ImageFit::siglip;
+  g.image_size = 56;  // 2 x 2 merged tokens a tile
+  g.min_tiles = 1, g.max_tiles = 6, g.thumbnail = true;
+  BuildOptions o = options(manifest(), *root_ / "built_tiled", tokenizer());
+  o.vision = g;
+  build_dataset(o);
+  Tokenizer tok(tokenizer());
+  ASSERT_TRUE(tok.ids().markers());
+  JsonlDataset direct(manifest(), "", tok, g, 4096, "fail");
+  ShardDataset shards((*root_ / "built_tiled").string(), tok, g, 4096, "fail");
+  ASSERT_EQ(shards.size(), direct.size());
+  int64_t multi = 0;
+  for (int64_t i = 0; i < direct.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "sample " << i);
+    const Sample s = direct.load(i, false);
+    expect_same(shards.load(i, false), s);
+    EXPECT_EQ(shards.length(i), direct.length(i));
+    EXPECT_EQ(shards.images(i), direct.images(i));
+    EXPECT_EQ(int64_t(s.tokens.size()), direct.length(i));
+    int64_t tiles = 0;
+    for (const PreparedImage& im : s.images) {
+      EXPECT_EQ(im.grid_w, 4);
+      EXPECT_EQ(im.grid_h, 4 * im.tiles);
+      tiles += im.tiles;
+      multi += im.tiles > 1;
+    }
+    EXPECT_EQ(tiles, direct.images(i));
+    EXPECT_EQ(std::count(s.tokens.begin(), s.tokens.end(), tok.ids().img_begin), int64_t(s.images.size()));
+    EXPECT_EQ(std::count_if(s.image_of.begin(), s.image_of.end(), [](int32_t k) { return k >= 0; }), 4 * tiles);
+    const Batch b = pack({&s}, g);
+    EXPECT_EQ(int64_t(b.images.size()), tiles);
+    for (const PackedImage& im : b.images) EXPECT_EQ(im.grid_h * im.grid_w, 16);
+  }
+  EXPECT_GT(multi, 5);
+  // Untiled, the same manifest has one tower image an image.
+  ImageGeometry one = g;
+  one.max_tiles = 0;
+  const JsonlDataset untiled(manifest(), "", tok, one, 4096, "fail");
+  int64_t images = 0, tiles = 0;
+  for (int64_t i = 0; i < direct.size(); ++i) images += untiled.images(i), tiles += direct.images(i);
+  EXPECT_GT(tiles, images);
 }
 
 TEST_F(BuildTest, ShardRangeLoadEqualsSliceOfFullLoad) {

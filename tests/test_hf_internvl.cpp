@@ -66,6 +66,10 @@ TEST(HfInternVlConfig, BothLayoutsSetTheSameModel) {
     EXPECT_EQ(m.vision.resize, ImageFit::siglip);  // each tile a square of image_size
     EXPECT_EQ(m.vision.pixel_mean, kImagenetPixelMean);
     EXPECT_EQ(m.vision.pixel_std, kImagenetPixelStd);
+    // InternVL's tiling: max_patches / max_dynamic_patch 12, a thumbnail.
+    EXPECT_EQ(data_geometry(m.vision).max_tiles, 12);
+    EXPECT_EQ(m.vision.min_tiles, 1);
+    EXPECT_TRUE(m.vision.thumbnail);
     EXPECT_EQ(m.dim, 48);
     EXPECT_EQ(m.layers, 2);
     EXPECT_EQ(m.kv_heads, 2);

@@ -33,15 +33,18 @@ struct Removed {
   }
 };
 
+// The folder tests/reference/`script` makes, through the fixture cache: Pillow runs once per
+// build, other test processes copy its folder.
+fs::path pillow_fixture(const std::string& script) {
+  const fs::path d = fs::temp_directory_path() / ("dhp_" + script + "_" + std::to_string(::getpid()));
+  const std::string ref = "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) + "/tests/reference/";
+  const std::string cmd = ref + "cached_fixture.py " + DHP_FIXTURE_CACHE + " '" + d.string() + "' " + script;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd << ": needs Debian's python3-pil, python3-numpy and python3-matplotlib";
+  return d;
+}
+
 const fs::path& reference() {
-  static const Removed made{[] {
-    const fs::path d = fs::temp_directory_path() / ("dhp_pil_resize_" + std::to_string(::getpid()));
-    // Through the fixture cache: Pillow runs once per build, other test processes copy its folder.
-    const std::string ref = "/usr/bin/python3 " + std::string(DHP_SOURCE_DIR) + "/tests/reference/";
-    const std::string cmd = ref + "cached_fixture.py " + DHP_FIXTURE_CACHE + " '" + d.string() + "' pil_resize.py";
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd << ": needs Debian's python3-pil, python3-numpy and python3-matplotlib";
-    return d;
-  }()};
+  static const Removed made{pillow_fixture("pil_resize.py")};
   return made.dir;
 }
 
@@ -137,6 +140,77 @@ TEST(PilResize, PrepareImageIsTheHuggingFaceProcessorsPipeline) {
                           << d.differing << " of " << d.total << " values differ";
     }
   }
+}
+
+// InternVL's dynamic_preprocess (tests/reference/internvl_tiles.py, from InternVL's code with
+// Pillow): the grid chosen on 4000 sizes, and on 60 crops of real images (strips among them;
+// tiles of 448 px and smaller, 1 to 40 of them, with and without the thumbnail) the tiles'
+// pixels, thumbnail last, as prepare_image stacks them.
+const fs::path& tiles_reference() {
+  static const Removed made{pillow_fixture("internvl_tiles.py")};
+  return made.dir;
+}
+
+ImageGeometry tiling(int size, int lo, int hi, bool thumbnail) {
+  ImageGeometry g;
+  g.patch = 14, g.merge = 2, g.resize = ImageFit::siglip, g.image_size = size;
+  g.min_tiles = lo, g.max_tiles = hi, g.thumbnail = thumbnail;
+  return g;
+}
+
+TEST(InternVlTiling, TheGridIsInternVlsOnEverySize) {
+  int64_t n = 0, multi = 0;
+  for (const auto& c : nlohmann::json::parse(testing::read_text(tiles_reference() / "grids.json"))) {
+    const TileGrid t = tile_grid(c["h"], c["w"], tiling(c["size"], c["min"], c["max"], true));
+    EXPECT_EQ(t.cols, c["grid"][0].get<int>()) << c.dump();
+    EXPECT_EQ(t.rows, c["grid"][1].get<int>()) << c.dump();
+    ++n, multi += t.cols * t.rows > 1;
+  }
+  EXPECT_GE(n, 4000);
+  EXPECT_GE(multi, 2000);
+}
+
+TEST(InternVlTiling, TilesArePillowsOnRealImages) {
+  const auto all = nlohmann::json::parse(testing::read_text(tiles_reference() / "cases.json"));
+  ASSERT_GE(all.size(), 50u);
+  int64_t tiles = 0, with_thumbnail = 0, dropped_differs = 0;
+  int worst = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const auto& c = all[i];
+    const int S = c["size"];
+    const std::vector<uint8_t> png = read_image_file((tiles_reference() / ("src_" + std::to_string(i) + ".png")).string());
+    const cv::Mat bgr = decode_image(png.data(), png.size(), "src");
+    ASSERT_EQ(bgr.cols, c["w"].get<int>());
+    const ImageGeometry g = tiling(S, c["min"], c["max"], c["thumbnail"]);
+    const TileGrid t = tile_grid(bgr.rows, bgr.cols, g);
+    EXPECT_EQ(t.cols, c["grid"][0].get<int>()) << i;
+    EXPECT_EQ(t.rows, c["grid"][1].get<int>()) << i;
+    ASSERT_EQ(t.count(), c["tiles"].get<int>()) << i;
+    const PreparedImage p = prepare_image(bgr, g);
+    ASSERT_EQ(p.tiles, t.count());
+    ASSERT_EQ(p.grid_h, t.count() * S / 14);
+    ASSERT_EQ(p.grid_w, S / 14);
+    EXPECT_EQ(image_grid(bgr.rows, bgr.cols, g).tokens(), p.n_patches() / 4) << "the header's count is the tiles'";
+    // The stacked patches back into rows: tile after tile, each S rows.
+    const int H = p.grid_h * 14;
+    std::vector<uint8_t> rows(size_t(H) * size_t(S) * 3);
+    for (int y = 0; y < H; ++y)
+      for (int x = 0; x < S; ++x)
+        for (int ch = 0; ch < 3; ++ch)
+          rows[(size_t(y) * size_t(S) + size_t(x)) * 3 + size_t(ch)] =
+              p.pixels[size_t(((y / 14) * p.grid_w + x / 14) * g.patch_numel() + ((y % 14) * 14 + x % 14) * 3 + ch)];
+    const std::string want = testing::read_text(tiles_reference() / ("tiles_" + std::to_string(i) + ".rgb"));
+    const Diff d = compare(rows.data(), rows.size(), want);
+    EXPECT_LE(d.max, 1) << "case " << i << ": " << c.dump() << ", " << d.differing << " of " << d.total
+                        << " values differ";
+    tiles += t.count(), with_thumbnail += t.thumbnail, worst = std::max(worst, d.max);
+    // The negative control: without the thumbnail a multi-tile image is another tile list.
+    if (t.thumbnail) dropped_differs += prepare_image(bgr, tiling(S, c["min"], c["max"], false)).pixels.size() != want.size();
+  }
+  EXPECT_GE(with_thumbnail, 20);
+  EXPECT_EQ(dropped_differs, with_thumbnail);
+  std::printf("%zu crops, %lld tiles (%lld thumbnails): largest difference from InternVL's %d grey levels\n",
+              all.size(), static_cast<long long>(tiles), static_cast<long long>(with_thumbnail), worst);
 }
 
 // WebP (lossless, lossy, extended) is read, its size from its own header; an animated WebP and a

@@ -277,6 +277,69 @@ TEST(TokenizerJson, ImagesAreFramedByTheFamilysVisionTokens) {
   EXPECT_EQ(image_spans(s)[0].first, 4);  // <|im_start|> user \n <|vision_start|>
 }
 
+// InternVL3's tokenizer: Qwen's with <img>, </img> and <IMG_CONTEXT> added (as InternVL adds
+// them, special), in `dir`.
+fs::path internvl_tokenizer(const fs::path& dir) {
+  fs::create_directories(dir);
+  json tok = json::parse(read_text(real("qwen3") / "tokenizer.json"));
+  int32_t next = 0;
+  for (const auto& [text, id] : tok["model"]["vocab"].items()) next = std::max(next, id.get<int32_t>() + 1);
+  for (const auto& a : tok["added_tokens"]) next = std::max(next, a["id"].get<int32_t>() + 1);
+  for (const char* text : {"<img>", "</img>", "<IMG_CONTEXT>"})
+    tok["added_tokens"].push_back({{"id", next++}, {"content", text}, {"single_word", false}, {"lstrip", false},
+                                   {"rstrip", false}, {"normalized", false}, {"special", true}});
+  write_text(dir / "tokenizer.json", tok.dump());
+  fs::copy_file(real("qwen3") / "tokenizer_config.json", dir / "tokenizer_config.json",
+                fs::copy_options::overwrite_existing);
+  return dir;
+}
+
+// internvl2_5: InternVL's preprocess_internvl2_5 (its system line unless the data has one,
+// each image as <img>, N x <IMG_CONTEXT>, </img> where its <image> stood, chatml turns, loss on
+// each answer and its <|im_end|>), tokenized as Hugging Face tokenizes the whole text.
+TEST(TokenizerJson, InternVlTemplateIsInternVlsPreprocess) {
+  NEED_REFERENCES("qwen3");
+  const auto dir = run_dir("internvl");
+  const Tokenizer tok(internvl_tokenizer(dir / "tok").string());
+  EXPECT_EQ(tok.ids().img_begin, tok.token_id("<img>"));
+  EXPECT_EQ(tok.ids().img_end, tok.token_id("</img>"));
+  EXPECT_EQ(tok.ids().image_token(), tok.token_id("<IMG_CONTEXT>"));
+  const std::vector<Turn> turns = {
+      {"human", "<image>\nWhat is it?"}, {"gpt", "A cat."}, {"human", "And its colour?"}, {"gpt", "Grey."}};
+  for (const bool own_system : {false, true}) {
+    std::vector<Turn> t = turns;
+    if (own_system) t.insert(t.begin(), Turn{"system", "Be brief."});
+    std::vector<int32_t> layout;
+    std::vector<uint8_t> loss;
+    layout_conversation(ChatTemplate::InternVl, t, tok, layout, loss);
+    StoredLayout s;
+    s.layout = layout.data();
+    s.loss = loss.data();
+    s.n = int64_t(layout.size());
+    s.ids = tok.ids();
+    s.image_grids = {{6, 1}};  // e.g. two tiles of 3 tokens
+    const Sample full = expand_layout(s, 0, full_length(s), nullptr, 1, ImageLoad::Skip);
+    std::string context;
+    for (int i = 0; i < 6; ++i) context += "<IMG_CONTEXT>";
+    const std::string system = own_system ? "Be brief." : std::string(kInternVlSystem);
+    const std::string text = "<|im_start|>system\n" + system + "<|im_end|>\n<|im_start|>user\n<img>" + context +
+                             "</img>\nWhat is it?<|im_end|>\n<|im_start|>assistant\nA cat.<|im_end|>\n"
+                             "<|im_start|>user\nAnd its colour?<|im_end|>\n<|im_start|>assistant\nGrey.<|im_end|>";
+    EXPECT_EQ(Ids(full.tokens.begin(), full.tokens.end()), hf_ids(tok.path(), text, dir)) << own_system;
+    Ids targets;
+    for (size_t i = 0; i < full.tokens.size(); ++i)
+      if (full.loss_mask[i]) targets.push_back(full.tokens[i]);
+    EXPECT_EQ(tok.decode(targets), "A cat.<|im_end|>Grey.<|im_end|>");
+  }
+  // The prompt of `dhp generate`: the system line, one user turn, the assistant's header.
+  std::vector<int32_t> layout;
+  std::vector<uint8_t> loss;
+  layout_prompt(ChatTemplate::InternVl, "Hi?", tok, layout, loss);
+  EXPECT_EQ(tok.decode(Ids(layout.begin(), layout.end())),
+            "<|im_start|>system\n" + std::string(kInternVlSystem) +
+                "<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n");
+}
+
 TEST(TokenizerJson, SpecialIdRecordsKeepTheImagePadAndReadOlderOnes) {
   SpecialIds ids;
   ids.bos = -1;

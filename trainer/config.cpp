@@ -166,6 +166,9 @@ class Schema {
     triple("pixel_mean", v.pixel_mean, 0, 1);
     triple("pixel_std", v.pixel_std, 1e-6, 1e3);
     choice("resize", v.resize, kImageFitNames);
+    num("min_tiles", v.min_tiles, 1, 64);
+    num("max_tiles", v.max_tiles, -1, 64);
+    flag("thumbnail", v.thumbnail);
     str("init", v.init);
     flag("post_norm", v.post_norm);
     flag("pool_head", v.pool_head);
@@ -543,6 +546,14 @@ void validate_tower(const VisionConfig& v, const std::string& f) {
     DHP_CHECK(v.image_size % v.patch == 0,
               "{}: model.vision.image_size ({}) must be a multiple of model.vision.patch ({}): the "
               "position grid is image_size / patch", f, v.image_size, v.patch);
+  }
+  const ImageGeometry g = data_geometry(v);
+  if (g.tiled()) {
+    DHP_CHECK(g.min_tiles <= g.max_tiles, "{}: model.vision.min_tiles ({}) exceeds max_tiles ({})", f, g.min_tiles,
+              g.max_tiles);
+    DHP_CHECK(v.image_size > 0 && v.image_size % v.factor() == 0,
+              "{}: model.vision.max_tiles = {} cuts images into tiles of model.vision.image_size, which must be a "
+              "positive multiple of patch x merge ({}), got {}", f, g.max_tiles, v.factor(), v.image_size);
   }
   // What a checkpoint's tower holds beside its layers exists only where the row has it.
   DHP_CHECK(!v.pool_head || t.pool_head, "{}: model.vision.pool_head is set, but a {} tower has no pooling head", f,

@@ -646,6 +646,14 @@ void read_internvl(const ConfigJson& c, const TowerTraits& tower, const std::str
     // mean and std).
     std::tie(v.pixel_mean, v.pixel_std) = default_pixel_norm(v.arch);
     v.resize = ImageFit::siglip;
+    // Its dynamic_preprocess: tiles of image_size unless dynamic_image_size is off (one tile,
+    // the image resized to it).
+    const bool dynamic = c.boolean("dynamic_image_size", true);
+    v.min_tiles = int(c.integer("min_dynamic_patch", 1, 64, 1));
+    v.max_tiles = dynamic ? int(c.integer("max_dynamic_patch", 1, 64, 12)) : 0;
+    v.thumbnail = c.boolean("use_thumbnail", true);
+    DHP_CHECK(!dynamic || v.min_tiles <= v.max_tiles, "{}: \"min_dynamic_patch\" ({}) exceeds \"max_dynamic_patch\" ({})",
+              c.where(), v.min_tiles, v.max_tiles);
     // The remote code takes <IMG_CONTEXT>'s id from the tokenizer: added_tokens.json beside it.
     const fs::path added = fs::path(dir) / "added_tokens.json";
     std::error_code ec;
@@ -664,6 +672,18 @@ void read_internvl(const ConfigJson& c, const TowerTraits& tower, const std::str
             printable(act));
   v.resize = ImageFit::siglip;
   apply_preprocessor(v, read_preprocessor(dir));
+  // InternVLProcessor asks its image processor for tiles (crop_to_patches) between
+  // min_patches and max_patches, with a thumbnail, whatever the file's crop_to_patches says.
+  const fs::path pre = fs::path(dir) / "preprocessor_config.json";
+  std::error_code ec;
+  if (fs::exists(pre, ec)) {
+    const ConfigJson p(read_json_file(pre.string(), "image processor config"), "'" + pre.string() + "'");
+    v.min_tiles = int(p.integer("min_patches", 1, 64, 1));
+    v.max_tiles = int(p.integer("max_patches", 1, 64, 12));
+    v.thumbnail = true;
+    DHP_CHECK(v.min_tiles <= v.max_tiles, "{}: \"min_patches\" ({}) exceeds \"max_patches\" ({})", p.where(),
+              v.min_tiles, v.max_tiles);
+  }
   h.image_token = int32_t(c.integer("image_token_id", 0, int64_t(1) << 24, 151667));
 }
 

@@ -289,6 +289,7 @@ json internvl_config(const ModelConfig& m, const HfExportOptions& o, int64_t ima
   DHP_CHECK(v.projector_gelu() == ProjectorAct::gelu, "export: InternVL's mlp1 uses erf GELU; this model's "
             "projector uses another (model.vision.projector_act)");
   json text = model_config(m, o);
+  const ImageGeometry tiles = data_geometry(v);
   json vision = {{"architectures", {"InternVisionModel"}},
                  {"hidden_size", v.dim},
                  {"intermediate_size", v.ffn},
@@ -319,10 +320,10 @@ json internvl_config(const ModelConfig& m, const HfExportOptions& o, int64_t ima
             {"ps_version", "v2"},
             {"template", "internvl2_5"},
             {"force_image_size", v.image_size},
-            {"dynamic_image_size", true},
-            {"use_thumbnail", true},
-            {"min_dynamic_patch", 1},
-            {"max_dynamic_patch", 12},
+            {"dynamic_image_size", tiles.tiled()},
+            {"use_thumbnail", tiles.thumbnail},
+            {"min_dynamic_patch", tiles.min_tiles},
+            {"max_dynamic_patch", tiles.tiled() ? tiles.max_tiles : 12},
             {"pad2square", false},
             {"use_backbone_lora", 0},
             {"use_llm_lora", 0},
@@ -371,7 +372,8 @@ json preprocessor_config(const VisionConfig& v, HfLayout layout) {
             {"do_normalize", true}, {"do_rescale", true}, {"do_resize", true}, {"do_convert_rgb", true},
             {"image_mean", v.pixel_mean}, {"image_std", v.pixel_std}, {"resample", 3},
             {"rescale_factor", 1.0 / 255}, {"size", {{"height", v.image_size}, {"width", v.image_size}}},
-            {"crop_to_patches", false}, {"min_patches", 1}, {"max_patches", 12}};
+            {"crop_to_patches", false}, {"min_patches", data_geometry(v).min_tiles},
+            {"max_patches", std::max(data_geometry(v).max_tiles, 1)}};
   const ImageFit fit = !v.fixed_square() ? v.traits().hf_fit : v.resize;
   const bool pad = fit == ImageFit::pad_square;
   const bool clip = fit == ImageFit::clip;

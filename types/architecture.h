@@ -102,6 +102,9 @@ struct TowerTraits {
   // A LayerNorm of the merged features before the projector (InternVL's mlp1), its eps.
   bool projector_norm;
   float projector_norm_eps;
+  // model.vision.max_tiles's default: InternVL's dynamic tiling up to that many tiles an image
+  // (types/image_geometry.h); 0: none.
+  int max_tiles;
   std::array<double, 3> pixel_mean, pixel_std;  // the defaults of model.vision.pixel_mean/std
   // Hugging Face ("" and none where the tower has no Hugging Face counterpart): the vision config's
   // model_type, the tower's class and its dual-encoder class, LLaVA's
@@ -136,12 +139,12 @@ inline constexpr TowerTraits kTowerTraits[] = {
     // model-spec.md's encoder: RMSNorm, SwiGLU, 2-D RoPE, a final norm.
     {VisionArch::native, "native", NormKind::rms, MlpKind::swiglu, false, false, PositionResize::bicubic,
      TowerRope::grid, 0.0, true, 1, false, false, true, 1e-6f, false, false, ProjectorAct::gelu_tanh,
-     ProjectorHidden::decoder, false, false, false, 0.0f, kClipPixelMean, kClipPixelStd,
+     ProjectorHidden::decoder, false, false, false, 0.0f, 0, kClipPixelMean, kClipPixelStd,
      "", "", "", "", "", "", "", ImageFit::native, "", HfTowerNames::none},
     // CLIPVisionModel: class row, learned positions, pre_layrnorm, LayerNorm/GELU blocks.
     {VisionArch::clip, "clip", NormKind::layer, MlpKind::gelu, true, true, PositionResize::bicubic,
      TowerRope::none, 0.0, false, 1, true, true, false, 0.0f, true, false, ProjectorAct::gelu,
-     ProjectorHidden::decoder, false, false, false, 0.0f, kClipPixelMean, kClipPixelStd,
+     ProjectorHidden::decoder, false, false, false, 0.0f, 0, kClipPixelMean, kClipPixelStd,
      "clip_vision_model", "CLIPVisionModel", "CLIPModel", "", "", "", "default", ImageFit::clip,
      R"({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
          "num_channels": 3, "image_size": 224, "patch_size": 32, "hidden_act": "quick_gelu",
@@ -151,7 +154,7 @@ inline constexpr TowerTraits kTowerTraits[] = {
     // attention-pooling head.
     {VisionArch::siglip, "siglip", NormKind::layer, MlpKind::gelu, true, true, PositionResize::bicubic,
      TowerRope::none, 0.0, true, 1, false, false, false, 0.0f, true, true, ProjectorAct::gelu,
-     ProjectorHidden::decoder, false, false, false, 0.0f, kSiglipPixelMean, kSiglipPixelStd,
+     ProjectorHidden::decoder, false, false, false, 0.0f, 0, kSiglipPixelMean, kSiglipPixelStd,
      "siglip_vision_model", "SiglipVisionModel", "SiglipModel", "", "", "", "full", ImageFit::siglip,
      R"({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
          "num_channels": 3, "image_size": 224, "patch_size": 16, "hidden_act": "gelu_pytorch_tanh",
@@ -163,7 +166,7 @@ inline constexpr TowerTraits kTowerTraits[] = {
     // two Linears (erf GELU, hidden m²·dv) the projector; DeepStack mergers.
     {VisionArch::qwen3_vl, "qwen3_vl", NormKind::layer, MlpKind::gelu, true, true,
      PositionResize::bilinear_corners, TowerRope::grid_halves, 10000.0, true, 2, false, false, true, 1e-6f,
-     false, false, ProjectorAct::gelu, ProjectorHidden::merged, true, false, false, 0.0f, kSiglipPixelMean,
+     false, false, ProjectorAct::gelu, ProjectorHidden::merged, true, false, false, 0.0f, 0, kSiglipPixelMean,
      kSiglipPixelStd,
      "qwen3_vl", "Qwen3VLVisionModel", "", "Qwen3VLForConditionalGeneration", "", "qwen3_vl_text", "",
      ImageFit::qwen,
@@ -177,7 +180,7 @@ inline constexpr TowerTraits kTowerTraits[] = {
     // order), a LayerNorm (eps 1e-5), then Linear, GELU, Linear (mlp1).
     {VisionArch::intern_vit, "intern_vit", NormKind::layer, MlpKind::gelu, true, true, PositionResize::bicubic,
      TowerRope::none, 0.0, true, 1, true, false, false, 0.0f, true, false, ProjectorAct::gelu,
-     ProjectorHidden::decoder, false, true, true, 1e-5f, kImagenetPixelMean, kImagenetPixelStd,
+     ProjectorHidden::decoder, false, true, true, 1e-5f, 12, kImagenetPixelMean, kImagenetPixelStd,
      "internvl_vision", "InternVLVisionModel", "", "InternVLForConditionalGeneration", "InternVLChatModel",
      "", "default", ImageFit::siglip,
      R"({"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "attention_bias": false,

@@ -63,6 +63,16 @@ struct ImageGeometry {
   // frames go in pairs, each pair one image of two frames after one timestamp). Set from the
   // tower's row by data_geometry (types/model_config.h), not a key.
   int video_frames_per_image = 1;
+  // InternVL's dynamic tiling (max_tiles > 0; model.vision.max_tiles, -1: the tower row's):
+  // each image becomes a grid of image_size x image_size tiles, the grid of min_tiles ..
+  // max_tiles tiles whose columns / rows is nearest the image's width / height, cut from the
+  // image resized to fill it, row by row; then, with thumbnail and more than one tile, the whole
+  // image at image_size (InternVL's dynamic_preprocess; Pillow's bicubic throughout). Each tile
+  // is an image of the tower; one image's tiles share one <img> ... </img>.
+  int min_tiles = 1;
+  int max_tiles = -1;
+  bool thumbnail = true;
+  bool tiled() const { return max_tiles > 0; }
 
   int factor() const { return patch * merge; }  // f = p * m: resized sides are multiples of it
   // Every image becomes image_size x image_size (the square processors' modes), whatever its

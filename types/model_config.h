@@ -101,6 +101,7 @@ struct VisionConfig : ImageGeometry {
 inline ImageGeometry data_geometry(const VisionConfig& v) {
   ImageGeometry g = v;
   g.video_frames_per_image = v.traits().temporal_patch;
+  if (g.max_tiles < 0) g.max_tiles = v.traits().max_tiles;
   return g;
 }
 
