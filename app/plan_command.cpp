@@ -132,7 +132,7 @@ BatchSource make_batches(const PlanOptions& o, int factor) {
     std::vector<SeqShape> b;
     b.reserve(size_t(batch));
     for (const auto& x : preset_samples(p, int64_t(s) * batch, batch, seed, factor))
-      b.push_back({x.id, x.text_tokens, x.vision_tokens, int32_t(x.images.size())});
+      b.push_back({x.id, x.text_tokens, x.vision_tokens, x.tower_images()});
     return b;
   };
 }
@@ -262,9 +262,9 @@ void add_plan_command(CLI::App& app) {
   auto opts = std::make_shared<PlanOptions>();
   auto* cmd = app.add_subcommand("plan", "Simulate the planner strategies on batches of sample lengths");
   cmd->add_option("--data", opts->data, "File of lengths: 'vision_tokens text_tokens [images]' per line, or JSON lines");
-  cmd->add_option("--preset", opts->preset, "Synthetic lengths: captions, mixed, video-longtail")->capture_default_str();
+  cmd->add_option("--preset", opts->preset, "Synthetic lengths: captions, mixed, video-longtail, internvl-tiles")->capture_default_str();
   cmd->add_option("--config", opts->config, "TOML config whose [model] and [parallel] are used");
-  cmd->add_option("--model-profile", opts->model_profile, "Model shape instead of the config's: tiny, 7b, 13b, 34b, 72b");
+  cmd->add_option("--model-profile", opts->model_profile, "Model shape instead of the config's: tiny, 7b, 13b, 34b, 72b, internvl3-8b");
   cmd->add_option("--device", opts->device, "Cost profile: cpu, a100, h100, h200 (default: parallel.cost_profile)");
   cmd->add_option("--coeffs", opts->coeffs, "JSON cost coefficients (e.g. written by dhp profile) instead of the "
                                             "device profile's");

@@ -183,35 +183,14 @@ ImageSize resized_size(int H, int W, const ImageGeometry& v) {
   return {int(h), int(w)};
 }
 
-TileGrid tile_grid(int H, int W, const ImageGeometry& v) {
-  DHP_CHECK(H > 0 && W > 0, "image size {}x{} is empty", H, W);
-  DHP_CHECK(v.min_tiles >= 1 && v.min_tiles <= v.max_tiles, "tiling: min_tiles {} and max_tiles {} are not a range "
-            "of tile counts", v.min_tiles, v.max_tiles);
-  // Python's float division and comparisons, in the same order: the same choice to the bit.
-  const double aspect = double(W) / double(H), area = double(W) * double(H), side = v.image_size;
-  double best_diff = INFINITY;
-  TileGrid best;
-  for (int n = v.min_tiles; n <= v.max_tiles; ++n)  // by tile count, as sorted() leaves them
-    for (int c = 1; c <= n; ++c) {
-      if (n % c) continue;
-      const int r = n / c;
-      const double diff = std::abs(aspect - double(c) / double(r));
-      if (diff < best_diff) {
-        best_diff = diff;
-        best = {c, r, false};
-      } else if (diff == best_diff && area > 0.5 * side * side * c * r) {
-        best = {c, r, false};
-      }
-    }
-  best.thumbnail = v.thumbnail && best.cols * best.rows > 1;
-  return best;
-}
-
 MergedGrid image_grid(int H, int W, const ImageGeometry& v) {
   if (v.tiled()) {
     // Tiling is the resize rule: every tile is image_size square, whatever model.vision.resize.
     DHP_CHECK(v.image_size > 0 && v.image_size % v.factor() == 0,
               "tiling: image_size {} is not a positive multiple of patch x merge ({})", v.image_size, v.factor());
+    DHP_CHECK(H > 0 && W > 0, "image size {}x{} is empty", H, W);
+    DHP_CHECK(v.min_tiles >= 1 && v.min_tiles <= v.max_tiles, "tiling: min_tiles {} and max_tiles {} are not a "
+              "range of tile counts", v.min_tiles, v.max_tiles);
     const int s = v.image_size / v.factor();
     return {tile_grid(H, W, v).count() * s, s};
   }

@@ -23,16 +23,6 @@ struct ImageSize {
 // The spec's resize rule, to the letter: both sides become multiples of f = patch * merge.
 // Under resize = pad_square every image becomes image_size x image_size.
 ImageSize resized_size(int H, int W, const ImageGeometry& v);
-// InternVL's tiling of an H x W image (ImageGeometry::tiled): the grid of image_size tiles
-// (columns, rows) and whether the thumbnail follows them. As InternVL's dynamic_preprocess: of
-// the grids of min_tiles..max_tiles tiles, taken by tile count, the one whose columns / rows is
-// nearest W / H; on a tie the later one while the image's area exceeds half the grid's.
-struct TileGrid {
-  int cols = 1, rows = 1;
-  bool thumbnail = false;
-  int count() const { return cols * rows + (thumbnail ? 1 : 0); }
-};
-TileGrid tile_grid(int H, int W, const ImageGeometry& v);
 
 // The merged-token grid of an H x W image after resized_size: (h/p/m) x (w/p/m); its decoder
 // tokens are their product. A tiled image's tiles stack vertically: (tiles·s) x s, s =

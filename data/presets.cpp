@@ -1,5 +1,7 @@
 #include "data/presets.h"
 
+#include "types/image_geometry.h"
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -44,13 +46,27 @@ SyntheticImage make_image(Stream& rng, double side, int f, int64_t max_tokens) {
   return SyntheticImage{int(gh * f), int(gw * f), gh * gw};
 }
 
+// A tiled image (PresetParams::tile_side): its own size about `side` on the short side, the
+// aspect ratio spread widely, cut as InternVL cuts it into at most max_tiles tiles.
+SyntheticImage make_tiled(Stream& rng, double side, const PresetParams& p, int max_tiles, int f) {
+  const double aspect = std::exp(0.6 * rng.normal());  // width / height
+  const int h = std::max(1, int(std::lround(aspect >= 1 ? side : side / aspect)));
+  const int w = std::max(1, int(std::lround(aspect >= 1 ? side * aspect : side)));
+  ImageGeometry g;
+  g.image_size = p.tile_side;
+  g.min_tiles = 1, g.max_tiles = max_tiles, g.thumbnail = true;
+  const int tiles = tile_grid(h, w, g).count();
+  const int64_t per = int64_t(p.tile_side / f) * (p.tile_side / f);
+  return SyntheticImage{h, w, tiles * per, tiles};
+}
+
 int64_t text_len(Stream& rng, double median, double sigma, int64_t lo) {
   return std::max<int64_t>(lo, std::llround(rng.lognormal(median, sigma)));
 }
 
 }  // namespace
 
-std::vector<std::string> preset_names() { return {"captions", "mixed", "video-longtail"}; }
+std::vector<std::string> preset_names() { return {"captions", "mixed", "video-longtail", "internvl-tiles"}; }
 
 PresetParams preset_params(const std::string& name) {
   PresetParams p;
@@ -68,6 +84,13 @@ PresetParams preset_params(const std::string& name) {
     p.caption_weight = 0.75, p.document_weight = 0.1, p.multi_image_weight = 0.05;
     p.video_weight = 0.1, p.min_frames = 8, p.max_frames = 512, p.video_alpha = 1.1;
     p.max_tokens = 65536;
+  } else if (name == "internvl-tiles") {
+    // InternVL3's supervised mixture as its tiling sees it: photos (a few tiles), documents and
+    // charts (up to 12 tiles and the thumbnail), multi-image samples sharing the 12 tiles, a
+    // little text; InternVL3's 16k-token sequences.
+    p.caption_weight = 0.55, p.document_weight = 0.25, p.multi_image_weight = 0.1, p.text_weight = 0.1;
+    p.caption_side = 500, p.document_side = 1200, p.max_images = 4;
+    p.tile_side = 448, p.max_tiles = 12, p.max_tokens = 16384;
   } else {
     std::string known;
     for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
@@ -91,19 +114,23 @@ SyntheticSample preset_sample(const PresetParams& p, int64_t id, uint64_t seed, 
   while (kind < 4 && pick >= std::max(0.0, weights[kind])) pick -= std::max(0.0, weights[kind++]);
 
   int64_t answer = 0, prompt = 0;
+  // An image of the preset: tiled as InternVL cuts it, or resized within max_image_tokens.
+  auto image = [&](double side, int tiles) {
+    return p.tile_side > 0 ? make_tiled(rng, side, p, tiles, factor) : make_image(rng, side, factor, p.max_image_tokens);
+  };
   switch (kind) {
     case 0:  // caption
-      s.images.push_back(make_image(rng, rng.lognormal(p.caption_side, 0.25), factor, p.max_image_tokens));
+      s.images.push_back(image(rng.lognormal(p.caption_side, 0.25), p.max_tiles));
       answer = text_len(rng, 30, 0.6, 3), prompt = text_len(rng, 8, 0.5, 1);
       break;
     case 1:  // document / chart
-      s.images.push_back(make_image(rng, rng.lognormal(p.document_side, 0.3), factor, p.max_image_tokens));
+      s.images.push_back(image(rng.lognormal(p.document_side, 0.3), p.max_tiles));
       answer = text_len(rng, 120, 0.9, 3), prompt = text_len(rng, 40, 0.6, 4);
       break;
     case 2: {  // several images
       int64_t n = rng.range(2, std::max(2, p.max_images));
       for (int64_t i = 0; i < n; ++i)
-        s.images.push_back(make_image(rng, rng.lognormal(p.caption_side, 0.25), factor, p.max_image_tokens));
+        s.images.push_back(image(rng.lognormal(p.caption_side, 0.25), std::max(1, p.max_tiles / int(n))));
       answer = text_len(rng, 60, 0.7, 3), prompt = text_len(rng, 30, 0.6, 4);
       break;
     }

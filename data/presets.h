@@ -16,8 +16,9 @@ namespace dhp {
 
 struct SyntheticImage {
   int height = 0;       // resized pixels, a multiple of the merge factor f = patch * merge
-  int width = 0;
-  int64_t tokens = 0;   // decoder tokens: (height / f) * (width / f)
+  int width = 0;        // (a tiled preset's: the image's own size, tiled as InternVL tiles it)
+  int64_t tokens = 0;   // decoder tokens: (height / f) * (width / f), or all its tiles'
+  int tiles = 1;        // images of the tower it becomes (InternVL's tiles and thumbnail)
 };
 
 struct SyntheticSample {
@@ -27,6 +28,11 @@ struct SyntheticSample {
   int64_t loss_tokens = 0;     // tokens the model predicts (<= text_tokens)
   std::vector<SyntheticImage> images;
   int64_t tokens() const { return text_tokens + vision_tokens; }
+  int32_t tower_images() const {  // the tower's images: each tile counts
+    int32_t n = 0;
+    for (const SyntheticImage& im : images) n += im.tiles;
+    return n;
+  }
 };
 
 // Kinds of sample a preset mixes; weights need not sum to one.
@@ -45,9 +51,17 @@ struct PresetParams {
   double video_alpha = 1.5;         // smaller = heavier tail
   int64_t max_image_tokens = 4096;  // per image, like a max_pixels setting
   int64_t max_tokens = 65536;       // a sample is cut (frames dropped, text shortened) to this
+  // InternVL's dynamic tiling (tile_side > 0): each image's own size, aspect ratios spread
+  // widely (documents, charts, panoramas), becomes the tiles InternVL cuts (types/image_geometry.h:
+  // up to max_tiles tiles of tile_side, a thumbnail when more than one; several images of a
+  // sample share max_tiles, as InternVL's multi-image data does), each (tile_side / f)² tokens.
+  int tile_side = 0;
+  int max_tiles = 12;
 };
 
-// Known names: "captions", "mixed", "video-longtail". Throws std::invalid_argument otherwise.
+// Known names: "captions", "mixed", "video-longtail", "internvl-tiles" (InternVL3's fine-tuning
+// mixture: captions, documents and multi-image samples in 448 px tiles, 1-13 tiles of 256
+// tokens an image). Throws std::invalid_argument otherwise.
 PresetParams preset_params(const std::string& name);
 std::vector<std::string> preset_names();
 

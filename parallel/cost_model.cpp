@@ -207,6 +207,20 @@ std::string profile_for_device(const std::string& device_name, std::string* why)
 ModelConfig model_profile(const std::string& name) {
   ModelConfig m;
   if (name == "tiny") return m;
+  if (name == "internvl3-8b") {
+    // OpenGVLab/InternVL3-8B's config.json: InternViT-300M-448px-V2.5 (every layer read) in 448
+    // px tiles, InternVL's dynamic tiling up to 12 tiles and a thumbnail, the pixel shuffle,
+    // and Qwen2.5-7B.
+    m.dim = 3584, m.layers = 28, m.heads = 28, m.kv_heads = 4, m.head_dim = 128, m.ffn = 18944;
+    m.vocab_size = 151674, m.rope_theta = 1e6, m.attention_bias = true;
+    VisionConfig& v = m.vision;
+    v.arch = VisionArch::intern_vit;
+    v.patch = 14, v.dim = 1024, v.layers = 24, v.heads = 16, v.ffn = 4096, v.merge = 2;
+    v.image_size = 448, v.feature_layer = -1, v.resize = ImageFit::siglip;
+    v.min_tiles = 1, v.max_tiles = 12, v.thumbnail = true;
+    std::tie(v.pixel_mean, v.pixel_std) = default_pixel_norm(v.arch);
+    return m;
+  }
   // Decoders of published vision-language models, from their config.json: 7b Qwen2-VL-7B's
   // (Qwen2-7B), 13b LLaVA-1.5-13B's (Vicuna-13B, Llama-2-13B's shape), 34b LLaVA-NeXT-34B's
   // (Nous-Hermes-2-Yi-34B), 72b Qwen2-VL-72B's (Qwen2-72B); every one behind Qwen2-VL's
@@ -232,7 +246,7 @@ ModelConfig model_profile(const std::string& name) {
   return m;
 }
 
-std::vector<std::string> model_profile_names() { return {"tiny", "7b", "13b", "34b", "72b"}; }
+std::vector<std::string> model_profile_names() { return {"tiny", "7b", "13b", "34b", "72b", "internvl3-8b"}; }
 
 void balance_images(std::span<const ImageClass> classes, int d, std::vector<ImageLevel>& levels, int64_t* work) {
   DHP_ASSERT(d >= 1);

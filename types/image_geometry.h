@@ -5,6 +5,8 @@
 #pragma once
 
 #include <array>
+#include <cmath>
+#include <limits>
 #include <cstdint>
 #include <string_view>
 #include <utility>
@@ -97,5 +99,36 @@ struct ImageGeometry {
     return c;
   }
 };
+
+// InternVL's tiling of an H x W image (ImageGeometry::tiled, H, W >= 1, 1 <= min_tiles <=
+// max_tiles): the grid of image_size tiles (columns, rows) and whether the thumbnail follows
+// them. As InternVL's dynamic_preprocess: of the grids of min_tiles..max_tiles tiles, taken by
+// tile count, the one whose columns / rows is nearest W / H; on a tie the later one while the
+// image's area exceeds half the grid's. Python's float division and comparisons in the same
+// order: the same choice to the bit.
+struct TileGrid {
+  int cols = 1, rows = 1;
+  bool thumbnail = false;
+  int count() const { return cols * rows + (thumbnail ? 1 : 0); }
+};
+inline TileGrid tile_grid(int H, int W, const ImageGeometry& v) {
+  const double aspect = double(W) / double(H), area = double(W) * double(H), side = v.image_size;
+  double best_diff = std::numeric_limits<double>::infinity();
+  TileGrid best;
+  for (int n = v.min_tiles; n <= v.max_tiles; ++n)  // by tile count, as sorted() leaves them
+    for (int c = 1; c <= n; ++c) {
+      if (n % c) continue;
+      const int r = n / c;
+      const double diff = std::abs(aspect - double(c) / double(r));
+      if (diff < best_diff) {
+        best_diff = diff;
+        best = {c, r, false};
+      } else if (diff == best_diff && area > 0.5 * side * side * c * r) {
+        best = {c, r, false};
+      }
+    }
+  best.thumbnail = v.thumbnail && best.cols * best.rows > 1;
+  return best;
+}
 
 }  // namespace dhp
