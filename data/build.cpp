@@ -28,6 +28,7 @@
 #include "data/config.h"
 #include "data/image.h"
 #include "data/manifest_reader.h"
+#include "data/resample.h"
 #include "data/shard_format.h"
 #include "data/shard_io.h"
 #include "data/tokenizer.h"
@@ -188,6 +189,13 @@ LineResult process_line(const std::string& text, int64_t line_no, const Tokenize
         // A frame pair is stored as one picture, its second frame below its first (ShardDataset
         // splits it: only a pair decodes to twice its recorded height).
         if (r.parsed.frames[k].pair >= 0) cv::vconcat(frames[k], pair_frames[k], frames[k]);
+        // A tiled tower takes a frame as one tile: stored as that tile (Pillow's resize to
+        // image_size, as the JSONL path prepares it), which tiles to itself at load.
+        if (rules.vision.tiled()) {
+          const int side = rules.vision.image_size;
+          if (frames[k].rows != side || frames[k].cols != side) frames[k] = pil_resize_bicubic(frames[k], side, side);
+          r.parsed.sizes[k] = {side, side};
+        }
         std::vector<uint8_t> bytes;
         const bool jpeg = reencode == "jpeg";
         DHP_CHECK(codecs::encode_image(jpeg ? ".jpg" : ".png", frames[k], bytes,

@@ -111,7 +111,8 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
       image_paths_.push_back(p.paths[k]);
       image_sizes_.push_back(p.sizes[k]);
       image_frames_.push_back(p.frames[k]);
-      image_grids_.push_back(image_grid(p.sizes[k].h, p.sizes[k].w, geometry));
+      image_grids_.push_back(
+          image_grid(p.sizes[k].h, p.sizes[k].w, p.frames[k].index >= 0 ? geometry.frame_geometry() : geometry));
     }
     e.image_end = int64_t(image_paths_.size());
     entries_.push_back(std::move(e));
@@ -182,7 +183,7 @@ Sample JsonlDataset::load_range(int64_t i, int64_t begin, int64_t end, ImageLoad
         const ImageSize size = image_sizes_[size_t(e.image_begin + k)];
         auto read = [&](const FrameRef& f) {
           try {
-            return prepare_checked(frames.read(path, f, size), size, path, geometry_);
+            return prepare_checked(frames.read(path, f, size), size, path, geometry_.frame_geometry());
           } catch (const LineError& err) {
             throw Error(fmt::format("{}: {}", err.reason, err.detail));
           }

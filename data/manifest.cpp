@@ -252,9 +252,6 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
   std::vector<std::string> videos;
   for (const auto& rel : media_list(j, "video"))
     videos.push_back(resolve_media(rel, rules, out.root, "video").string());
-  if (!videos.empty() && rules.vision.tiled())
-    throw LineError{"bad format", "a video for a tiled tower (InternVL's, model.vision.max_tiles > 0): its frames "
-                                  "are not laid out yet; set model.vision.max_tiles = 0 or leave the videos out"};
   const std::vector<std::string> image_paths = std::move(out.paths);
   const std::vector<ImageSize> image_sizes = std::move(out.sizes);
   place_videos(out, image_paths, image_sizes, videos, tok, rules.vision, rules.video,
@@ -265,7 +262,9 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
   // tiled image's tiles) when the tokenizer has them.
   out.text_tokens = (tok.ids().has_bos() ? 2 : 1) + int64_t(out.layout.size()) - images +
                     (tok.ids().markers() ? 2 * images : 0);
-  for (const auto& s : out.sizes) out.vision_tokens += image_tokens(s.h, s.w, rules.vision);
+  for (size_t k = 0; k < out.sizes.size(); ++k)
+    out.vision_tokens += image_tokens(out.sizes[k].h, out.sizes[k].w,
+                                      out.frames[k].index >= 0 ? rules.vision.frame_geometry() : rules.vision);
   out.loss_tokens = 1;  // the final <eos>
   for (const uint8_t l : out.loss) out.loss_tokens += l;
   if (out.length() > rules.max_tokens)

@@ -133,6 +133,8 @@ std::string frame_timestamp(double time) { return fmt::format("{:.1f}s", time); 
 
 std::string frame_pair_timestamp(double time) { return fmt::format("<{:.1f} seconds>", time); }
 
+std::string frame_label(size_t i) { return fmt::format("Frame{}: ", i + 1); }
+
 VideoReader::VideoReader(const std::string& path, const std::string& root, bool seek)
     : path_(path), seek_(seek) {
   try {
@@ -313,7 +315,7 @@ void place_videos(ParsedLine& line, const std::vector<std::string>& image_paths,
     for (int64_t f : sample_frames(info.frames, info.fps, rules))
       c.frames.push_back({f, info.frames, info.size, double(f) / info.fps});
     try {
-      c.size = frame_size(info.size, int64_t(c.frames.size()), vision, rules);
+      c.size = frame_size(info.size, int64_t(c.frames.size()), vision.frame_geometry(), rules);
     } catch (const Error& e) {
       throw LineError{"unreadable video", fmt::format("{}: {}", path, e.what())};
     }
@@ -340,21 +342,26 @@ void place_videos(ParsedLine& line, const std::vector<std::string>& image_paths,
       loss.push_back(line.loss[i]);
     } else if (v == kVideoMarker) {
       // Each frame an image after its timestamp; or, for a tower that embeds frame pairs, each
-      // pair one image after the pair's (Qwen3-VL's "<t seconds>").
+      // pair one image after the pair's (Qwen3-VL's "<t seconds>"); or, for a tiled tower, each
+      // frame one tile between "Frame{i}: " and "\n" (InternVL's chat code).
       const Clip& c = clips[next_video];
       const size_t per = size_t(vision.video_frames_per_image);
+      auto text = [&](const std::string& t) {
+        const auto ids = tok.encode(t);
+        layout.insert(layout.end(), ids.begin(), ids.end());
+        loss.insert(loss.end(), ids.size(), 0);
+      };
       for (size_t g = 0; g < c.frames.size(); g += per) {
         FrameRef ref = c.frames[g];
-        std::string stamp = frame_timestamp(ref.time);
+        std::string stamp = vision.tiled() ? frame_label(g) : frame_timestamp(ref.time);
         if (per > 1) {
           const FrameRef& second = c.frames[std::min(g + 1, c.frames.size() - 1)];
           ref.pair = second.index;
           stamp = frame_pair_timestamp((ref.time + second.time) / 2);
         }
-        const auto ids = tok.encode(stamp);
-        layout.insert(layout.end(), ids.begin(), ids.end());
-        loss.insert(loss.end(), ids.size(), 0);
+        text(stamp);
         place(videos[next_video], c.size, ref);
+        if (vision.tiled()) text("\n");
       }
       ++next_video;
     } else {

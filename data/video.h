@@ -80,6 +80,9 @@ std::string frame_timestamp(double time);
 // The timestamp text before a frame pair, at the mean of its two frames' times, as Qwen3-VL's
 // processor writes it: "<12.5 seconds>".
 std::string frame_pair_timestamp(double time);
+// The text before frame i (0-based) of a tiled tower's video, as InternVL's chat code writes
+// it: "Frame1: " (a "\n" follows the frame).
+std::string frame_label(size_t i);
 
 // An open video: the file checked and held, the container probed. Throws LineError:
 // "missing video", "unreadable video" (not a regular file, or a container or codec FFmpeg

@@ -288,6 +288,57 @@ TEST_F(VideoTest, FramePairsForATemporalTower) {
   EXPECT_NE(msg.find("takes 2 video frames an image, this run's takes 1"), std::string::npos) << msg;
 }
 
+// A tiled tower (InternVL's) takes a video's frames as one tile each, "Frame{i}: " before
+// and "\n" after each, as InternVL's chat code lays them out, while the line's image is tiled;
+// built, each frame is stored as its tile and the shards give the JSONL path's sample.
+TEST_F(VideoTest, FramesOfATiledTowerAreOneTileEach) {
+  write_clip(dir_ / "clip.avi", 30, 10, 96, 128);  // 3 s: min_frames = 4
+  const cv::Mat img(40, 120, CV_8UC3, cv::Scalar(40, 200, 90));  // wide: 3 x 1 tiles and the thumbnail
+  ASSERT_TRUE(codecs::write_image((dir_ / "wide.png").string(), img));
+  const std::string m = manifest_of(
+      "m.jsonl", video_line("v", ", \"image\": \"wide.png\", \"video\": \"clip.avi\"", "<image> and <video> What happens?"));
+  Tokenizer tok(tokenizer());
+  ImageGeometry tiled = geometry_;
+  tiled.image_size = 56, tiled.max_tiles = 6, tiled.resize = ImageFit::siglip;
+  JsonlDataset ds(m, "", tok, tiled, 4096, "fail");
+  ASSERT_EQ(ds.size(), 1);
+  const std::vector<int64_t> want = sample_frames(30, 10, VideoRules{});
+  const size_t n = want.size();
+  EXPECT_EQ(ds.images(0), int32_t(4 + n));  // the image's tiles, one tile a frame
+  const Sample s = ds.load(0, false);
+  EXPECT_EQ(int64_t(s.tokens.size()), ds.length(0));
+  ASSERT_EQ(s.images.size(), 1 + n);
+  EXPECT_EQ(s.images[0].tiles, 4);
+  const std::vector<ImageSpan> spans = ds.image_spans(0);
+  const std::vector<int32_t> newline = tok.encode("\n");
+  for (size_t k = 1; k <= n; ++k) {
+    const PreparedImage& im = s.images[k];
+    EXPECT_EQ(im.tiles, 1);
+    EXPECT_EQ(im.grid_h, 4);
+    EXPECT_EQ(im.grid_w, 4);
+    EXPECT_NEAR(frame_shown(im), want[k - 1], 0) << k;
+    const std::vector<int32_t> label = tok.encode(frame_label(k - 1));
+    const int64_t img_at = spans[k].first - 1, end_at = spans[k].first + spans[k].tokens;
+    EXPECT_EQ(s.tokens[size_t(img_at)], tok.ids().img_begin);
+    EXPECT_TRUE(std::equal(label.begin(), label.end(), s.tokens.begin() + img_at - int64_t(label.size()))) << k;
+    EXPECT_EQ(s.tokens[size_t(end_at)], tok.ids().img_end);
+    EXPECT_TRUE(std::equal(newline.begin(), newline.end(), s.tokens.begin() + end_at + 1)) << k;
+  }
+  EXPECT_EQ(frame_label(0), "Frame1: ");
+  BuildOptions o;
+  o.manifest = m;
+  o.out_dir = (dir_ / "built").string();
+  o.tokenizer = tokenizer();
+  o.vision = tiled;
+  o.progress = false;
+  o.on_error = "fail";
+  ASSERT_TRUE(build_dataset(o).complete);
+  ShardDataset shards(o.out_dir, tok, tiled, 4096, "fail");
+  EXPECT_EQ(shards.length(0), ds.length(0));
+  EXPECT_EQ(shards.images(0), ds.images(0));
+  expect_same(shards.load(0, false), s);
+}
+
 TEST_F(VideoTest, BuiltShardsEqualTheJsonlPathAndHoldDecodedFrames) {
   write_clip(dir_ / "long.avi", 240, 8, 120, 160);     // 30 s -> 30 frames, budget-limited
   write_clip(dir_ / "short.mp4", 20, 10, 64, 64, "mp4v");  // 2 s -> min_frames = 4

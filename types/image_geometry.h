@@ -75,6 +75,14 @@ struct ImageGeometry {
   int max_tiles = -1;
   bool thumbnail = true;
   bool tiled() const { return max_tiles > 0; }
+  // How a video frame is prepared: as an image, except that a tiled tower takes each frame as
+  // one tile (InternVL's video frames: dynamic_preprocess with max_num 1, the frame resized to
+  // image_size x image_size).
+  ImageGeometry frame_geometry() const {
+    ImageGeometry g = *this;
+    if (tiled()) g.max_tiles = 0, g.resize = ImageFit::siglip;
+    return g;
+  }
 
   int factor() const { return patch * merge; }  // f = p * m: resized sides are multiples of it
   // Every image becomes image_size x image_size (the square processors' modes), whatever its
