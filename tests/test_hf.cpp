@@ -396,6 +396,9 @@ TEST(HfConfig, RefusesWhatDhpDoesNotImplement) {
     EXPECT_NE(msg.find("\"" + key + "\""), std::string::npos) << key << ": " << msg;
     EXPECT_NE(msg.find("config.json"), std::string::npos) << key << ": " << msg;
   }
+  // "dynamic" is plain RoPE within max_position_embeddings (2048 here): accepted for sequences
+  // that stay within it.
+  EXPECT_EQ(with("dynamic_ok", {{"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}}}, 2048), "");
   // A window as long as every sequence is full attention.
   EXPECT_EQ(with("window_ok", {{"sliding_window", 1024}}, 1024), "");
   // Llama's attention_bias biases q, k, v and o_proj, as dhp's decoder can.

@@ -99,6 +99,36 @@ TEST(HfInternVlConfig, RefusesWhatItCannotRun) {
   EXPECT_NE(order.find("\"ps_version\" is v1"), std::string::npos) << order;
 }
 
+// InternVL3's remote-code folders keep Qwen2.5's rope_scaling "dynamic" (factor 2): plain RoPE
+// within max_position_embeddings (4096 here), refused for longer sequences, written back.
+TEST(HfInternVlConfig, DynamicRopeIsPlainWithinItsPositions) {
+  const fs::path dir = root() / "internvl_dynamic";
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(internvl_original())) fs::copy(e.path(), dir / e.path().filename());
+  json c = json::parse(std::ifstream(dir / "config.json"));
+  c["llm_config"]["rope_scaling"] = {{"factor", 2.0}, {"rope_type", "dynamic"}, {"type", "dynamic"}};
+  std::ofstream(dir / "config.json") << c.dump(2);
+  const ModelConfig m = config_of(dir);
+  EXPECT_EQ(m.rope_scaling, RopeScaling::dynamic);
+  EXPECT_EQ(m.rope_factor, 2.0);
+  const std::string longer = error_of([&] { applied({"--model.init=" + dir.string(), "--data.max_tokens=8192"}); });
+  EXPECT_NE(longer.find("\"rope_scaling\" has rope_type dynamic, which rescales RoPE beyond max_position_embeddings (4096)"),
+            std::string::npos) << longer;
+  auto backend = make_cpu_backend({1});
+  Model model(m, *backend);
+  model.initialise(3);
+  import_hf_checkpoint(dir.string(), model, false);
+  HfExportOptions e;
+  e.dir = (root() / "internvl_dynamic_export").string();
+  e.image_token_index = m.vocab_size - 1;
+  e.remote_code = true;
+  export_hf_checkpoint(model, e);
+  const json out = json::parse(std::ifstream(fs::path(e.dir) / "config.json"));
+  EXPECT_EQ(out["llm_config"]["rope_scaling"]["rope_type"], "dynamic");
+  EXPECT_EQ(out["llm_config"]["rope_scaling"]["factor"], 2.0);
+  EXPECT_EQ(config_of(e.dir).rope_scaling, RopeScaling::dynamic);
+}
+
 // ---------------------------------------------------------------------------------------------
 // import and export
 

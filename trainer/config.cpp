@@ -611,6 +611,9 @@ void validate(const Config& c, bool folders_read) {
               "model.mrope_interleaved = false for the blocked layout)", f, ms[0], ms[1], ms[2], got[0], got[1],
               got[2], m.hd() / 2);
   }
+  DHP_CHECK(m.rope_scaling != RopeScaling::dynamic || (m.max_positions > 0 && c.data.max_tokens <= m.max_positions),
+            "{}: model.rope_scaling = \"dynamic\" is plain RoPE only within model.max_position_embeddings ({}); "
+            "data.max_tokens = {} reaches past it", f, m.max_positions, c.data.max_tokens);
   // The llama3 rule blends between the two wavelength bounds and divides by their distance.
   DHP_CHECK(m.rope_scaling != RopeScaling::llama3 ||
                 m.rope_high_freq_factor > m.rope_low_freq_factor,

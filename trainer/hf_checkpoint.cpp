@@ -395,6 +395,7 @@ std::string shape_difference(const ModelConfig& want, const ModelConfig& file, b
   // The scaling's parameters count only where it is on.
   auto rope = [&](const ModelConfig& m) {
     if (m.rope_scaling == RopeScaling::none) return std::string("none");
+    if (m.rope_scaling == RopeScaling::dynamic) return fmt::format("dynamic (factor {})", m.rope_factor);
     return fmt::format("llama3 (factor {}, low_freq_factor {}, high_freq_factor {}, original_max_pos {})",
                        m.rope_factor, m.rope_low_freq_factor, m.rope_high_freq_factor, m.rope_original_max_pos);
   };

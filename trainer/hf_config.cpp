@@ -187,7 +187,7 @@ std::string architecture_of(const ConfigJson& c) {
 // longrope, ...) and any key of the block dhp would not apply are refused by name.
 // A family whose row says mrope (Qwen3-VL's text model) reads its mrope_section there (its
 // class's default when absent); it always interleaves, so "mrope_interleaved": false is refused.
-void read_rope(const ConfigJson& c, const DecoderTraits& family, ModelConfig& m) {
+void read_rope(const ConfigJson& c, const DecoderTraits& family, int64_t max_tokens, ModelConfig& m) {
   const std::string& f = c.where();
   m.rope_scaling = RopeScaling::none;
   // Another family keeps the configuration's model.mrope_section (M-RoPE over a text folder).
@@ -206,12 +206,25 @@ void read_rope(const ConfigJson& c, const DecoderTraits& family, ModelConfig& m)
   const ConfigJson b(c.raw()[key], fmt::format("{} \"{}\"", f, key));
   if (v5 && b.has("rope_theta")) m.rope_theta = b.number("rope_theta", 1, 1e12);
   const std::string type = b.has("rope_type") ? b.string("rope_type") : b.string("type", "default");
-  DHP_CHECK(type == "default" || type == "llama3",
-            "{}: \"{}\" has rope_type {} ({}); dhp implements the default RoPE and Llama-3's \"llama3\" "
-            "scaling only", f, key, printable(type, 120), json_excerpt(c.raw()[key]));
+  DHP_CHECK(type == "default" || type == "llama3" || type == "dynamic",
+            "{}: \"{}\" has rope_type {} ({}); dhp implements the default RoPE, Llama-3's \"llama3\" "
+            "scaling and \"dynamic\" within max_position_embeddings only", f, key, printable(type, 120),
+            json_excerpt(c.raw()[key]));
   const bool llama3 = type == "llama3";
+  if (type == "dynamic") {
+    // transformers' dynamic NTK: the default frequencies up to max_position_embeddings, which
+    // the run's sequences must stay within (the configuration check holds it to that).
+    const int64_t positions = c.integer("max_position_embeddings", 1, int64_t(1) << 40, 0);
+    DHP_CHECK(positions > 0 && max_tokens <= positions,
+              "{}: \"{}\" has rope_type dynamic, which rescales RoPE beyond max_position_embeddings ({}) as dhp "
+              "does not; data.max_tokens = {} reaches past it (lower it to {})", f, key, positions, max_tokens,
+              positions);
+    m.rope_scaling = RopeScaling::dynamic;
+    m.rope_factor = b.number("factor", 1, 1e6);
+  }
   for (const auto& [k, v] : b.raw().items()) {
     const bool known = k == "rope_type" || k == "type" || (v5 && k == "rope_theta") ||
+                       (type == "dynamic" && k == "factor") ||
                        (family.mrope && (k == "mrope_section" || k == "mrope_interleaved")) ||
                        (llama3 && (k == "factor" || k == "low_freq_factor" || k == "high_freq_factor" ||
                                    k == "original_max_position_embeddings"));
@@ -289,7 +302,7 @@ ModelConfig read_decoder(const ConfigJson& c, const DecoderTraits& family, const
   // Qwen3Attention reads head_dim, whose default (Qwen3Config's) is 128, not hidden / heads.
   m.head_dim = int(c.integer("head_dim", 2, 4096, family.default_head_dim));
   m.rms_norm_eps = c.has("rms_norm_eps") ? c.number("rms_norm_eps", 1e-12, 0.1) : 1e-6;
-  read_rope(c, family, m);
+  read_rope(c, family, max_tokens, m);
   m.tie_embeddings = c.boolean("tie_word_embeddings", false);
   m.max_positions = c.integer("max_position_embeddings", 1, int64_t(1) << 40, 0);
   m.attention_bias = qkv_bias;

@@ -112,6 +112,7 @@ json rope_scaling(const ModelConfig& m) {
   if (m.mrope())
     return {{"mrope_interleaved", m.mrope_interleaved}, {"mrope_section", m.mrope_section}, {"rope_type", "default"}};
   if (m.rope_scaling == RopeScaling::none) return nullptr;
+  if (m.rope_scaling == RopeScaling::dynamic) return {{"factor", m.rope_factor}, {"rope_type", "dynamic"}};
   return {{"factor", m.rope_factor},
           {"high_freq_factor", m.rope_high_freq_factor},
           {"low_freq_factor", m.rope_low_freq_factor},

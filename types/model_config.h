@@ -27,10 +27,13 @@ inline constexpr std::pair<ProjectorAct, std::string_view> kProjectorActNames[] 
 
 // RoPE's frequency scaling (model.rope_scaling): none, or Llama-3.x's "llama3" (kernels/
 // rope_spec.h has the formula; its parameters are model.rope_factor, rope_low_freq_factor,
-// rope_high_freq_factor and rope_original_max_pos).
-enum class RopeScaling : uint8_t { none, llama3 };
+// rope_high_freq_factor and rope_original_max_pos), or transformers' "dynamic" NTK scaling
+// (InternVL3's Qwen2.5 configs), which changes nothing on sequences within
+// max_position_embeddings: dhp runs it as plain RoPE there, refuses longer ones and writes it
+// back (with model.rope_factor) on export.
+enum class RopeScaling : uint8_t { none, llama3, dynamic };
 inline constexpr std::pair<RopeScaling, std::string_view> kRopeScalingNames[] = {
-    {RopeScaling::none, "none"}, {RopeScaling::llama3, "llama3"}};
+    {RopeScaling::none, "none"}, {RopeScaling::llama3, "llama3"}, {RopeScaling::dynamic, "dynamic"}};
 
 // The image geometry (patch, merge, min_pixels, max_pixels, resize, image_size and the pixel
 // constants) plus the encoder's shape.
