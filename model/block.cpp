@@ -50,8 +50,8 @@ BlockActs carve_some(Carver& c, const BlockDims& d, int64_t T, DType t, Rebuilt 
     if (d.qk_norm) {
       a.qp = c.take(T * qd, t);
       a.kp = c.take(T * kvd, t);
-      a.rstd_q = c.take<float>(T * d.Hq);
-      a.rstd_k = c.take<float>(T * d.Hkv);
+      a.rstd_q = c.take<float>(T * d.Hq / d.qk_norm_heads);
+      a.rstd_k = c.take<float>(T * d.Hkv / d.qk_norm_heads);
     }
     a.v = c.take(T * kvd, t);
     a.att = c.take(T * qd, t);
@@ -129,9 +129,11 @@ void block_forward(const Ops& ops, const BlockDims& d, const BlockWeights& w, co
   ops.linear_forward(d.qk_norm ? a.kp : a.k, a.xn1, w.wk, w.bk, T, C, kvd);
   ops.linear_forward(a.v, a.xn1, w.wv, w.bv, T, C, kvd);
   if (d.qk_norm) {
-    // Qwen3: every head's hd values RMSNormed (rows of hd), before RoPE.
-    ops.rmsnorm_forward(a.q, a.rstd_q, a.qp, w.q_norm, T * d.Hq, d.hd, d.eps);
-    ops.rmsnorm_forward(a.k, a.rstd_k, a.kp, w.k_norm, T * d.Hkv, d.hd, d.eps);
+    // Qwen3: every head's hd values RMSNormed (rows of hd), before RoPE; InternViT-6B: all
+    // heads together (rows of the whole width).
+    const int g = d.qk_norm_heads;
+    ops.rmsnorm_forward(a.q, a.rstd_q, a.qp, w.q_norm, T * d.Hq / g, int64_t(d.hd) * g, d.eps);
+    ops.rmsnorm_forward(a.k, a.rstd_k, a.kp, w.k_norm, T * d.Hkv / g, int64_t(d.hd) * g, d.eps);
   }
   if (d.rope_on) {
     rope_apply(ops, a.q, T, d.Hq, d, rope, false);
@@ -202,9 +204,10 @@ void block_backward(const Ops& ops, const BlockDims& d, const BlockWeights& w,
   // projections' outputs. With qk_norm, datt (free once attention's backward has read it; at
   // least Hkv·hd wide) takes d(qp), then d(kp).
   if (d.qk_norm) {
-    ops.rmsnorm_backward(s.datt, gw.q_norm, s.dq, a.qp, w.q_norm, a.rstd_q, T * d.Hq, d.hd);
+    const int g = d.qk_norm_heads;
+    ops.rmsnorm_backward(s.datt, gw.q_norm, s.dq, a.qp, w.q_norm, a.rstd_q, T * d.Hq / g, int64_t(d.hd) * g);
     ops.linear_backward(s.dxn, gw.wq, gw.bq, s.datt, a.xn1, w.wq, T, C, qd, false);
-    ops.rmsnorm_backward(s.datt, gw.k_norm, s.dk, a.kp, w.k_norm, a.rstd_k, T * d.Hkv, d.hd);
+    ops.rmsnorm_backward(s.datt, gw.k_norm, s.dk, a.kp, w.k_norm, a.rstd_k, T * d.Hkv / g, int64_t(d.hd) * g);
     ops.linear_backward(s.dxn, gw.wk, gw.bk, s.datt, a.xn1, w.wk, T, C, kvd, true);
   } else {
     ops.linear_backward(s.dxn, gw.wq, gw.bq, s.dq, a.xn1, w.wq, T, C, qd, false);

@@ -30,8 +30,10 @@ struct BlockDims {
   GeluKind act = GeluKind::Quick;  // the GELU MLP's activation
   bool rope_on = true;             // RoPE on q and k, at the RopePos positions
   // Qwen3: q and k RMSNormed over each head's hd values (weights q_norm, k_norm (hd), eps as
-  // above) after their projections and before RoPE; v is not normed.
+  // above) after their projections and before RoPE; v is not normed. qk_norm_heads heads are
+  // normed together: 1 (Qwen3), or all of them (InternViT-6B: weights of the whole width).
   bool qk_norm = false;
+  int qk_norm_heads = 1;
   AttnDims attn() const { return {Hq, Hkv, hd}; }
 };
 

@@ -99,8 +99,8 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
     }
   };
   const TowerTraits& tower = v.traits();
-  const Kind tower_kind{tower.norm, tower.mlp, tower.block_biases, tower.block_biases, tower.block_biases,
-                        true, 0, tower.layer_scale};
+  const Kind tower_kind{tower.norm, tower.mlp, tower.block_biases && tower.qkv_bias, tower.block_biases,
+                        tower.block_biases, true, tower.qk_norm ? dv : 0, tower.layer_scale};
   const Kind decoder_kind{NormKind::rms, MlpKind::swiglu, c.attention_bias, c.attention_out_bias, false,
                           false, c.qk_norm ? c.hd() : 0, false};
   auto layer_norm_pair = [&](const std::string& name) {

@@ -51,6 +51,8 @@ VisionPath::VisionPath(const ModelConfig& cfg, const Ops& ops)
   dims_.mlp = t.mlp;
   dims_.act = gelu_kind(v.act);
   dims_.rope_on = t.rope != TowerRope::none;
+  dims_.qk_norm = t.qk_norm;
+  dims_.qk_norm_heads = v.heads;  // the whole width
   if (t.rope == TowerRope::grid_halves) {
     // Rows over the first hd/4 pairs, columns over the next, each at its own frequencies.
     dims_.rope.mrope_section[1] = dims_.rope.mrope_section[2] = v.head_dim() / 4;

@@ -31,7 +31,8 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // model/params.cpp's tower table from its row (types/architecture.h): every layer of a
   // checkpoint, run or not, and what it holds beside them.
   const int64_t norm_params = tower.norm == NormKind::layer ? 2 * dv : dv;
-  const int64_t vision_layer = block_params(tower.norm, tower.mlp, tower.block_biases, dv, dv, dv, v.ffn) +
+  const int64_t vision_layer = block_params(tower.norm, tower.mlp, tower.block_biases, dv, dv, dv, v.ffn) -
+                               (tower.block_biases && !tower.qkv_bias ? 3 * dv : 0) + (tower.qk_norm ? 2 * dv : 0) +
                                (tower.layer_scale ? 2 * dv : 0);
   const int64_t vision = v.embed_numel() * dv + (tower.patch_bias ? dv : 0) + (tower.class_row ? dv : 0) +
                          (tower.learned_positions ? v.pos_rows() * dv : 0) +
@@ -68,7 +69,8 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   // (rebuilt under selective and full); q, k, v, the attention output, the residual and the
   // two SwiGLU inputs (rebuilt under full); fp32 statistics: two rstd and h lse per token.
   // `extra`: bytes per token the decoder's model.qk_norm adds to what full recompute rebuilds
-  // (q and k before their norms and one fp32 rstd per head).
+  // (q and k before their norms and one fp32 rstd per head), or a tower's whole-width q/k
+  // norms (one rstd each).
   // Kept buffers count once per layer, rebuilt ones once per pass; the backward scratch
   // shared by the layers (BlockScratch) once.
   const int64_t act = dev.act_bytes;
@@ -123,7 +125,8 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   const int64_t columns = 4 + (tower.own_stream() ? 3 : 0) + (tower.rope == TowerRope::grid_halves ? 3 : 0) +
                           (frames > 1 ? frames : 0);
   per_patch_ = (v.embed_numel() + (frames > 1 ? v.embed_numel() : 0)) * act +
-               layers_bytes(v.layers_run(), dv, v.ffn, dv, dv, v.heads, tower.norm, tower.mlp) + rows * dv * act +
+               layers_bytes(v.layers_run(), dv, v.ffn, dv, dv, v.heads, tower.norm, tower.mlp,
+                            tower.qk_norm ? 2 * dv * act + 2 * 4 : 0) + rows * dv * act +
                stats + (per_merged + m2_ - 1) / m2_ + v.embed_numel() + columns * 4;
   // A ring of degree c > 1 carves, per token of the rank: in the ring's work arena
   // (parallel/ring_attention.cpp, the larger backward set) two K/V blocks in flight, their

@@ -10,6 +10,7 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -295,16 +296,26 @@ TEST(ArchitectureEval, AnswerPromptKeepsMRopePositions) {
   EXPECT_NE(prompt.rope_pos[3 * (a - 1)], int32_t(a - 1));
 }
 
-// The table itself: names unique, the Hugging Face names of each row unique, LLaVA's feature
-// strategy the one that drops exactly the row's class row.
+// The table itself: names unique, the Hugging Face names of each row unique (rows of one
+// checkpoint family, InternViT-300M's and -6B's, share theirs and their tensor names, and the
+// block keys the config reader chooses between them by differ), LLaVA's feature strategy the
+// one that drops exactly the row's class row.
 TEST(ArchitectureTable, RowsAreConsistent) {
   std::set<std::string> names, hf;
+  std::map<std::string, const TowerTraits*> first;  // a Hugging Face name's first row
   for (const TowerTraits& t : kTowerTraits) {
     EXPECT_TRUE(names.insert(std::string(t.name)).second) << t.name;
     EXPECT_EQ(t.has_hf(), t.hf_names != HfTowerNames::none) << t.name << ": a Hugging Face tower has its tensor names";
     if (!t.has_hf()) continue;
-    for (std::string_view n : {t.hf_model_type, t.hf_tower_class, t.hf_dual_class, t.hf_model_class, t.hf_remote_class})
-      if (!n.empty()) EXPECT_TRUE(hf.insert(std::string(n)).second) << n;
+    for (std::string_view n : {t.hf_model_type, t.hf_tower_class, t.hf_dual_class, t.hf_model_class, t.hf_remote_class}) {
+      if (n.empty()) continue;
+      const auto [it, fresh] = first.emplace(std::string(n), &t);
+      if (fresh) continue;
+      const TowerTraits& a = *it->second;
+      EXPECT_EQ(a.hf_names, t.hf_names) << n << ": rows sharing it share their tensor names";
+      EXPECT_TRUE(a.norm != t.norm || a.qk_norm != t.qk_norm || a.qkv_bias != t.qkv_bias)
+          << n << ": " << a.name << " and " << t.name << " differ in no block key the config reader reads";
+    }
     // A remote-code class comes beside transformers' class of the same model; a model's own
     // decoder family is one of the decoder rows.
     EXPECT_TRUE(t.hf_remote_class.empty() || !t.hf_model_class.empty()) << t.name;
@@ -320,6 +331,7 @@ TEST(ArchitectureTable, RowsAreConsistent) {
     EXPECT_EQ(t.hf_feature_select, t.class_row ? "default" : "full") << t.name;
     EXPECT_TRUE(t.feature_layer) << t.name << ": a checkpoint's tower is read up to LLaVA's feature layer";
   }
+  for (const auto& [n, row] : first) hf.insert(n);
   for (const DecoderTraits& d : kDecoderTraits) {
     EXPECT_TRUE(hf.insert(std::string(d.model_type)).second) << d.model_type;
     EXPECT_TRUE(hf.insert(std::string(d.hf_class)).second) << d.hf_class;

@@ -38,6 +38,11 @@ fs::path fixture(const std::string& name, const std::string& args) {
 // The same seed in both layouts: the same values under two sets of names.
 fs::path internvl() { return fixture("internvl", ""); }
 fs::path internvl_original() { return fixture("internvl_original", "--layout original"); }
+// InternViT-6B's blocks (InternVL3-38B and 78B): RMSNorm, no q/k/v biases, q/k RMSNorm over the
+// whole width.
+const char* const k6b = "--vnorm rms_norm --qk-norm --no-attention-bias";
+fs::path internvl_6b() { return fixture("internvl_6b", k6b); }
+fs::path internvl_6b_original() { return fixture("internvl_6b_original", std::string(k6b) + " --layout original"); }
 
 Config applied(const std::vector<std::string>& overrides) {
   Config c = parse_config("", "test.toml", overrides);
@@ -80,13 +85,25 @@ TEST(HfInternVlConfig, BothLayoutsSetTheSameModel) {
   }
 }
 
-// InternViT-6B's blocks (RMSNorm, q/k norms), a final LayerNorm and the remote code's v1
-// shuffle order are refused by name, not run as something else.
+// The blocks' keys choose InternViT-300M's or InternViT-6B's row; both layouts agree.
+TEST(HfInternVlConfig, TheBlocksChooseTheRow) {
+  for (const fs::path& dir : {internvl_6b(), internvl_6b_original()}) {
+    const ModelConfig m = config_of(dir);
+    EXPECT_EQ(m.vision.arch, VisionArch::intern_vit_6b) << dir;
+    EXPECT_EQ(m.vision.dim, 32);
+    EXPECT_EQ(m.vision.norm_eps, 1e-6);
+  }
+  EXPECT_EQ(config_of(internvl()).vision.arch, VisionArch::intern_vit);
+}
+
+// Blocks of neither InternViT, a final LayerNorm and the remote code's v1 shuffle order are
+// refused by name, not run as something else.
 TEST(HfInternVlConfig, RefusesWhatItCannotRun) {
   const std::string rms = error_of([&] { config_of(fixture("internvl_rms", "--vnorm rms_norm")); });
-  EXPECT_NE(rms.find("\"norm_type\" is rms_norm"), std::string::npos) << rms;
+  EXPECT_NE(rms.find("\"norm_type\" rms_norm with \"use_qk_norm\" false and \"attention_bias\" true is no "
+                     "InternViT dhp runs"), std::string::npos) << rms;
   const std::string qk = error_of([&] { config_of(fixture("internvl_qk", "--layout original --qk-norm")); });
-  EXPECT_NE(qk.find("\"qk_normalization\" is true"), std::string::npos) << qk;
+  EXPECT_NE(qk.find("\"qk_normalization\" true"), std::string::npos) << qk;
   const std::string pool = error_of([&] { config_of(fixture("internvl_pool", "--no-mean-pooling")); });
   EXPECT_NE(pool.find("\"use_mean_pooling\" is false"), std::string::npos) << pool;
   const fs::path v1 = root() / "internvl_v1";
@@ -148,6 +165,7 @@ TEST(HfInternVlImport, BothLayoutsGiveTheSameWeights) {
   const std::vector<float> a = imported(internvl()), b = imported(internvl_original());
   ASSERT_EQ(a.size(), b.size());
   EXPECT_TRUE(a == b);
+  EXPECT_TRUE(imported(internvl_6b()) == imported(internvl_6b_original()));
   // And they are the file's: the layer scale and the class row, checked by name.
   const ModelConfig cfg = config_of(internvl());
   const ParamTable table(cfg);
@@ -161,8 +179,10 @@ TEST(HfInternVlImport, BothLayoutsGiveTheSameWeights) {
 // Each layout exported from its own import is the folder byte for byte; an export in the other
 // layout is the other folder's tensors (the fixtures share their values).
 TEST(HfInternVlExport, RoundTripsAreByteIdenticalInBothLayouts) {
-  for (const bool remote : {false, true}) {
-    const fs::path src = remote ? internvl_original() : internvl();
+  for (const bool remote : {false, true})
+    for (const bool six : {false, true}) {
+    const fs::path hf = six ? internvl_6b() : internvl(), original = six ? internvl_6b_original() : internvl_original();
+    const fs::path src = remote ? original : hf;
     const ModelConfig cfg = config_of(src);
     auto backend = make_cpu_backend({1});
     Model m(cfg, *backend);
@@ -170,12 +190,12 @@ TEST(HfInternVlExport, RoundTripsAreByteIdenticalInBothLayouts) {
     import_hf_checkpoint(src.string(), m, false);
     for (const bool out_remote : {false, true}) {
       HfExportOptions e;
-      e.dir = (root() / fmt::format("export_{}_{}", remote, out_remote)).string();
+      e.dir = (root() / fmt::format("export_{}_{}_{}", six, remote, out_remote)).string();
       e.image_token_index = cfg.vocab_size - 1;
       e.remote_code = out_remote;
       export_hf_checkpoint(m, e);
-      EXPECT_EQ(testing::tensor_bytes(out_remote ? internvl_original() : internvl()), testing::tensor_bytes(e.dir))
-          << remote << " -> " << out_remote;
+      EXPECT_EQ(testing::tensor_bytes(out_remote ? original : hf), testing::tensor_bytes(e.dir))
+          << six << ": " << remote << " -> " << out_remote;
       const ModelConfig again = config_of(e.dir);
       EXPECT_EQ(ParamTable(again).total(), ParamTable(cfg).total());
       EXPECT_EQ(again.vision.feature_layer, cfg.vision.feature_layer);
@@ -280,7 +300,7 @@ RefResult run_dhp(const fs::path& ckpt) {
 constexpr double kLossTol = 1e-5, kLogitsTol = 1e-4, kGradTol = 1e-4;
 
 TEST(HfInternVlReference, MatchesInBothLayouts) {
-  for (const fs::path& dir : {internvl(), internvl_original()}) {
+  for (const fs::path& dir : {internvl(), internvl_original(), internvl_6b(), internvl_6b_original()}) {
     const RefDistance d = testing::ref_distance(reference(dir), run_dhp(dir));
     std::printf("%s: loss %.2e, logits %.2e, gradients %.2e (worst %s)\n", dir.filename().c_str(), d.loss, d.logits,
                 d.grads, d.worst.c_str());
@@ -305,6 +325,10 @@ TEST(HfInternVlNegative, EachControlFails) {
     EXPECT_TRUE(d.loss > 10 * kLossTol || d.logits > 10 * kLogitsTol || d.grads > 10 * kGradTol || d.unmatched)
         << what << " went unnoticed: loss " << d.loss << ", logits " << d.logits << ", gradients " << d.grads;
   }
+  // InternViT-6B's q/k norms span the whole width, not each head.
+  const RefDistance d = testing::ref_distance(reference(internvl_6b(), "--qk-norm-per-head"), run_dhp(internvl_6b()));
+  std::printf("control, q/k norms per head: loss %.2e, logits %.2e, gradients %.2e\n", d.loss, d.logits, d.grads);
+  EXPECT_TRUE(d.loss > 10 * kLossTol || d.logits > 10 * kLogitsTol || d.grads > 10 * kGradTol || d.unmatched);
 }
 
 }  // namespace

@@ -1157,12 +1157,24 @@ TEST(Presets, DeterministicLongTailed) {
       EXPECT_EQ(a[1500 + i].images.size(), b[i].images.size());
     }
     std::vector<int64_t> len;
+    std::set<int> tiles;
     for (const auto& s : a) {
       int64_t v = 0;
       for (const auto& im : s.images) {
-        EXPECT_EQ(im.height % 28, 0);
-        EXPECT_EQ(im.width % 28, 0);
-        EXPECT_EQ(im.tokens, int64_t(im.height / 28) * (im.width / 28));
+        if (p.tile_side > 0) {
+          // A tiled image keeps its own size; its tokens are its tiles' (at most max_tiles,
+          // shared by a sample's images, and the thumbnail).
+          const int64_t side = p.tile_side / 28;
+          EXPECT_EQ(im.tokens, im.tiles * side * side);
+          EXPECT_GE(im.tiles, 1);
+          EXPECT_LE(im.tiles, p.max_tiles + 1);
+          tiles.insert(im.tiles);
+        } else {
+          EXPECT_EQ(im.height % 28, 0);
+          EXPECT_EQ(im.width % 28, 0);
+          EXPECT_EQ(im.tokens, int64_t(im.height / 28) * (im.width / 28));
+          EXPECT_EQ(im.tiles, 1);
+        }
         v += im.tokens;
       }
       EXPECT_EQ(v, s.vision_tokens);
@@ -1179,6 +1191,12 @@ TEST(Presets, DeterministicLongTailed) {
     }
     if (name == "captions") {
       EXPECT_LT(median, 600);
+    }
+    if (name == "internvl-tiles") {
+      // Every tile count from one tile to twelve and the thumbnail, as wide, tall and square
+      // images give them; a sample's length spread by them.
+      EXPECT_TRUE(tiles.count(1) && tiles.count(3) && tiles.count(7) && tiles.count(13)) << tiles.size();
+      EXPECT_GT(len[len.size() * 9 / 10] / double(len[len.size() / 10]), 4.0);
     }
   }
   EXPECT_THROW(preset_params("nope"), std::invalid_argument);

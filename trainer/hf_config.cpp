@@ -413,13 +413,28 @@ int square_key(const ConfigJson& c, const char* key, int64_t hi) {
 }
 
 // InternViT's keys over `base`: InternVLVisionConfig (transformers) or the remote code's
-// InternVisionConfig (`remote_code`). dhp runs InternViT-300M's blocks (InternVL3-1B to 14B):
-// LayerNorm, q/k/v biases, no q/k norm; InternViT-6B's RMSNorm and q/k norms are refused by name.
+// InternVisionConfig (`remote_code`). Its blocks choose the row among those of `tower`'s names:
+// InternViT-300M's (InternVL3-1B to 14B: LayerNorm, q/k/v biases, no q/k norm) or InternViT-6B's
+// (38B, 78B: RMSNorm, no q/k/v biases, q/k norms); another combination is refused by name.
 VisionConfig read_intern_vit(const ConfigJson& c, const TowerTraits& tower, const VisionConfig& base,
                              bool remote_code) {
   const std::string& f = c.where();
   VisionConfig v = base;
-  v.arch = tower.arch;
+  const std::string norm = c.string("norm_type", "rms_norm");
+  DHP_CHECK(norm == "layer_norm" || norm == "rms_norm", "{}: \"norm_type\" is {}; InternViT's blocks use "
+            "layer_norm or rms_norm", f, printable(norm));
+  const char* qk = remote_code ? "qk_normalization" : "use_qk_norm";
+  const char* bias = remote_code ? "qkv_bias" : "attention_bias";
+  const bool qk_norm = c.boolean(qk, false), qkv_bias = c.boolean(bias, false);
+  const NormKind kind = norm == "layer_norm" ? NormKind::layer : NormKind::rms;
+  const TowerTraits* row = nullptr;
+  for (const TowerTraits& t : kTowerTraits)
+    if (!row && t.hf_names == tower.hf_names && t.norm == kind && t.qk_norm == qk_norm && t.qkv_bias == qkv_bias)
+      row = &t;
+  DHP_CHECK(row, "{}: \"norm_type\" {} with \"{}\" {} and \"{}\" {} is no InternViT dhp runs: InternViT-300M's "
+            "blocks (layer_norm, q/k/v biases, no q/k norm) or InternViT-6B's (rms_norm, no q/k/v biases, q/k norms)",
+            f, norm, qk, qk_norm, bias, qkv_bias);
+  v.arch = row->arch;
   v.dim = int(c.integer("hidden_size", 1, 1 << 16));
   v.ffn = int(c.integer("intermediate_size", 1, 1 << 20));
   v.layers = int(c.integer("num_hidden_layers", 1, 1024));
@@ -430,14 +445,6 @@ VisionConfig read_intern_vit(const ConfigJson& c, const TowerTraits& tower, cons
   v.act = vision_act(c, "hidden_act");
   v.merge = 2;
   DHP_CHECK(c.integer("num_channels", 1, 16, 3) == 3, "{}: \"num_channels\" must be 3 (RGB)", f);
-  const std::string norm = c.string("norm_type", "rms_norm");
-  DHP_CHECK(norm == "layer_norm", "{}: \"norm_type\" is {}; dhp's InternViT is InternViT-300M's (LayerNorm); "
-            "InternViT-6B's RMSNorm blocks are not implemented", f, printable(norm));
-  const char* qk = remote_code ? "qk_normalization" : "use_qk_norm";
-  DHP_CHECK(!c.boolean(qk, false), "{}: \"{}\" is true; dhp's InternViT has no q/k norms (InternViT-6B's)", f, qk);
-  const char* bias = remote_code ? "qkv_bias" : "attention_bias";
-  DHP_CHECK(c.boolean(bias, false), "{}: \"{}\" is false; dhp's InternViT has q, k and v biases "
-            "(InternViT-300M's)", f, bias);
   if (!remote_code) {
     DHP_CHECK(c.boolean("use_mean_pooling", true), "{}: \"use_mean_pooling\" is false (a final LayerNorm over "
               "the features); dhp's InternViT reads the last layer as it is", f);

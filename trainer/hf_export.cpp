@@ -299,7 +299,7 @@ json internvl_config(const ModelConfig& m, const HfExportOptions& o, int64_t ima
                  {"num_channels", 3},
                  {"hidden_act", act_name(v.act)},
                  {"layer_norm_eps", v.norm_eps},
-                 {"norm_type", "layer_norm"},
+                 {"norm_type", tower.norm == NormKind::layer ? "layer_norm" : "rms_norm"},
                  {"attention_dropout", 0.0},
                  {"dropout", 0.0},
                  {"initializer_factor", 0.1},
@@ -307,7 +307,7 @@ json internvl_config(const ModelConfig& m, const HfExportOptions& o, int64_t ima
                  {"torch_dtype", torch_dtype(o.dtype)}};
   if (remote) {
     vision.update({{"model_type", "intern_vit_6b"}, {"image_size", v.image_size}, {"patch_size", v.patch},
-                   {"qk_normalization", false}, {"qkv_bias", true}, {"drop_path_rate", 0.0},
+                   {"qk_normalization", tower.qk_norm}, {"qkv_bias", tower.qkv_bias}, {"drop_path_rate", 0.0},
                    {"use_flash_attn", false}});
     return {{"architectures", {tower.hf_remote_class}},
             {"auto_map", {{"AutoConfig", "configuration_internvl_chat.InternVLChatConfig"},
@@ -332,7 +332,7 @@ json internvl_config(const ModelConfig& m, const HfExportOptions& o, int64_t ima
             {"torch_dtype", torch_dtype(o.dtype)}};
   }
   vision.update({{"model_type", tower.hf_model_type}, {"image_size", {v.image_size, v.image_size}},
-                 {"patch_size", {v.patch, v.patch}}, {"attention_bias", true}, {"use_qk_norm", false},
+                 {"patch_size", {v.patch, v.patch}}, {"attention_bias", tower.qkv_bias}, {"use_qk_norm", tower.qk_norm},
                  {"use_mean_pooling", true}, {"use_absolute_position_embeddings", true},
                  {"layer_scale_init_value", 0.1}, {"use_mask_token", false}, {"hidden_dropout_prob", 0.0},
                  {"projection_dropout", 0.0}});

@@ -16,7 +16,7 @@
 namespace dhp {
 
 // Which vision tower (model.vision.arch); its row in kTowerTraits says what it is.
-enum class VisionArch : uint8_t { native, clip, siglip, qwen3_vl, intern_vit };
+enum class VisionArch : uint8_t { native, clip, siglip, qwen3_vl, intern_vit, intern_vit_6b };
 
 // The projector's GELU (model.vision.projector_act); automatic = the tower's row's.
 enum class ProjectorAct : uint8_t { automatic, gelu_tanh, gelu, quick_gelu };
@@ -64,6 +64,10 @@ struct TowerTraits {
   NormKind norm;
   MlpKind mlp;
   bool block_biases;               // q/k/v/o and the GELU MLP's biases
+  bool qkv_bias;                   // with block_biases: q, k and v have theirs too
+  // q and k RMSNormed over their whole width (all heads together; weights attn.q_norm,
+  // attn.k_norm (dim), eps the tower's) before attention: InternViT-6B's qk_normalization.
+  bool qk_norm;
   // Where the patches learn where they are: learned position rows added to the patch
   // embeddings, resized (position_resize) from the pretrained image_size / patch grid to each
   // image's grid; and RoPE in every attention. A tower may have both (Qwen3-VL).
@@ -137,12 +141,12 @@ struct TowerTraits {
 
 inline constexpr TowerTraits kTowerTraits[] = {
     // model-spec.md's encoder: RMSNorm, SwiGLU, 2-D RoPE, a final norm.
-    {VisionArch::native, "native", NormKind::rms, MlpKind::swiglu, false, false, PositionResize::bicubic,
+    {VisionArch::native, "native", NormKind::rms, MlpKind::swiglu, false, true, false, false, PositionResize::bicubic,
      TowerRope::grid, 0.0, true, 1, false, false, true, 1e-6f, false, false, ProjectorAct::gelu_tanh,
      ProjectorHidden::decoder, false, false, false, 0.0f, 0, kClipPixelMean, kClipPixelStd,
      "", "", "", "", "", "", "", ImageFit::native, "", HfTowerNames::none},
     // CLIPVisionModel: class row, learned positions, pre_layrnorm, LayerNorm/GELU blocks.
-    {VisionArch::clip, "clip", NormKind::layer, MlpKind::gelu, true, true, PositionResize::bicubic,
+    {VisionArch::clip, "clip", NormKind::layer, MlpKind::gelu, true, true, false, true, PositionResize::bicubic,
      TowerRope::none, 0.0, false, 1, true, true, false, 0.0f, true, false, ProjectorAct::gelu,
      ProjectorHidden::decoder, false, false, false, 0.0f, 0, kClipPixelMean, kClipPixelStd,
      "clip_vision_model", "CLIPVisionModel", "CLIPModel", "", "", "", "default", ImageFit::clip,
@@ -152,7 +156,7 @@ inline constexpr TowerTraits kTowerTraits[] = {
      HfTowerNames::clip_vision_transformer},
     // SiglipVisionModel: as CLIP without the class row and pre_layrnorm; a patch bias; an
     // attention-pooling head.
-    {VisionArch::siglip, "siglip", NormKind::layer, MlpKind::gelu, true, true, PositionResize::bicubic,
+    {VisionArch::siglip, "siglip", NormKind::layer, MlpKind::gelu, true, true, false, true, PositionResize::bicubic,
      TowerRope::none, 0.0, true, 1, false, false, false, 0.0f, true, true, ProjectorAct::gelu,
      ProjectorHidden::decoder, false, false, false, 0.0f, 0, kSiglipPixelMean, kSiglipPixelStd,
      "siglip_vision_model", "SiglipVisionModel", "SiglipModel", "", "", "", "full", ImageFit::siglip,
@@ -164,7 +168,7 @@ inline constexpr TowerTraits kTowerTraits[] = {
     // resized bilinearly over the grid's corners, 2-D RoPE by halves, LayerNorm (eps 1e-6) and
     // GELU-MLP blocks with fused qkv; the merger's per-patch LayerNorm is the final norm, its
     // two Linears (erf GELU, hidden m²·dv) the projector; DeepStack mergers.
-    {VisionArch::qwen3_vl, "qwen3_vl", NormKind::layer, MlpKind::gelu, true, true,
+    {VisionArch::qwen3_vl, "qwen3_vl", NormKind::layer, MlpKind::gelu, true, true, false, true,
      PositionResize::bilinear_corners, TowerRope::grid_halves, 10000.0, true, 2, false, false, true, 1e-6f,
      false, false, ProjectorAct::gelu, ProjectorHidden::merged, true, false, false, 0.0f, 0, kSiglipPixelMean,
      kSiglipPixelStd,
@@ -178,7 +182,7 @@ inline constexpr TowerTraits kTowerTraits[] = {
     // a patch bias, LayerNorm/GELU blocks with LayerScale, no pre- or final norm; features of a
     // feature layer without the class row, merged 2 x 2 (InternVL's pixel shuffle is the same
     // order), a LayerNorm (eps 1e-5), then Linear, GELU, Linear (mlp1).
-    {VisionArch::intern_vit, "intern_vit", NormKind::layer, MlpKind::gelu, true, true, PositionResize::bicubic,
+    {VisionArch::intern_vit, "intern_vit", NormKind::layer, MlpKind::gelu, true, true, false, true, PositionResize::bicubic,
      TowerRope::none, 0.0, true, 1, true, false, false, 0.0f, true, false, ProjectorAct::gelu,
      ProjectorHidden::decoder, false, true, true, 1e-5f, 12, kImagenetPixelMean, kImagenetPixelStd,
      "internvl_vision", "InternVLVisionModel", "", "InternVLForConditionalGeneration", "InternVLChatModel",
@@ -189,9 +193,23 @@ inline constexpr TowerTraits kTowerTraits[] = {
          "use_mask_token": false, "use_absolute_position_embeddings": true, "layer_scale_init_value": 0.1,
          "use_mean_pooling": true})",
      HfTowerNames::intern_vit},
+    // InternViT-6B (InternVL3-38B and 78B): the same tower with RMSNorm blocks, no q/k/v biases
+    // and q/k RMSNormed over the whole width; the same Hugging Face classes (its config's
+    // norm_type and qk_normalization choose it, trainer/hf_config.cpp).
+    {VisionArch::intern_vit_6b, "intern_vit_6b", NormKind::rms, MlpKind::gelu, true, false, true, true,
+     PositionResize::bicubic, TowerRope::none, 0.0, true, 1, true, false, false, 0.0f, true, false,
+     ProjectorAct::gelu, ProjectorHidden::decoder, false, true, true, 1e-5f, 12, kImagenetPixelMean,
+     kImagenetPixelStd, "internvl_vision", "InternVLVisionModel", "", "InternVLForConditionalGeneration",
+     "InternVLChatModel", "", "default", ImageFit::siglip,
+     R"({"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "attention_bias": false,
+         "use_qk_norm": false, "intermediate_size": 4096, "hidden_act": "gelu", "norm_type": "layer_norm",
+         "layer_norm_eps": 1e-6, "image_size": [448, 448], "patch_size": [14, 14], "num_channels": 3,
+         "use_mask_token": false, "use_absolute_position_embeddings": true, "layer_scale_init_value": 0.1,
+         "use_mean_pooling": true})",
+     HfTowerNames::intern_vit},
 };
 
-constexpr size_t kVisionArchCount = 5;
+constexpr size_t kVisionArchCount = 6;
 static_assert(std::size(kTowerTraits) == kVisionArchCount, "one row per VisionArch");
 constexpr bool tower_rows_in_enum_order() {
   for (size_t i = 0; i < std::size(kTowerTraits); ++i)

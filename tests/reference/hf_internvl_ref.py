@@ -69,7 +69,8 @@ Usage: hf_internvl_ref.py CHECKPOINT_DIR INPUT.json OUT_DIR [controls] [--image-
 Negative controls (dhp must not match them): --shuffle-order (the 2x2 neighbours concatenated
 column-major: top-left, bottom-left, top-right, bottom-right), --no-layer-scale (lambda_1 and
 lambda_2 taken as 1), --keep-cls (the class row kept and the last patch row dropped, so the
-tile keeps its g² rows), --no-projector-norm (the projector's LayerNorm left out).
+tile keeps its g² rows), --no-projector-norm (the projector's LayerNorm left out),
+--qk-norm-per-head (InternViT-6B's q/k norms over each head instead of the whole width).
 Checks of this file (nothing written): --fd-check (the model in float64, autograd against
 central differences on a few entries of tensors of every kind), --check-controls (how far each
 control moves the logits), --check-shuffle (the pixel shuffle against a literal transcription
@@ -273,7 +274,10 @@ def vision_layer(h, W, P, i, flags):
     hd = dv // nh
     x = vnorm(h, W, b + "layernorm_before", P)
     q, k, v = (lin(x, W, b + f"attention.{n}_proj") for n in "qkv")
-    if P.vc.get("use_qk_norm", False):  # over the whole embed_dim, before the head split
+    if P.vc.get("use_qk_norm", False) and flags.qk_norm_per_head:  # the control: each head on its own
+        q, k = (rms_norm(z.view(B, L, nh, hd), W[b + f"attention.{n}_norm.weight"].view(nh, hd), P.qk_eps).view(B, L, dv)
+                for z, n in ((q, "q"), (k, "k")))
+    elif P.vc.get("use_qk_norm", False):  # over the whole embed_dim, before the head split
         q = rms_norm(q, W[b + "attention.q_norm.weight"], P.qk_eps)
         k = rms_norm(k, W[b + "attention.k_norm.weight"], P.qk_eps)
     q, k, v = (z.view(B, L, nh, hd).transpose(1, 2) for z in (q, k, v))
@@ -542,7 +546,7 @@ def fd_check(P, inp, pix, flags):
     return worst
 
 
-CONTROLS = ("shuffle_order", "no_layer_scale", "keep_cls", "no_projector_norm")
+CONTROLS = ("shuffle_order", "no_layer_scale", "keep_cls", "no_projector_norm", "qk_norm_per_head")
 
 
 def check_controls(P, inp, pix, flags):
@@ -585,6 +589,7 @@ def main():
     ap.add_argument("--no-layer-scale", action="store_true")
     ap.add_argument("--keep-cls", action="store_true")
     ap.add_argument("--no-projector-norm", action="store_true")
+    ap.add_argument("--qk-norm-per-head", action="store_true")
     ap.add_argument("--fd-check", action="store_true")
     ap.add_argument("--check-controls", action="store_true")
     ap.add_argument("--check-shuffle", action="store_true")
