@@ -19,6 +19,7 @@
 #include "tests/error_of.h"
 #include "tests/file_text.h"
 #include "tests/hf_fixture.h"
+#include "tests/hf_reference.h"
 #include "trainer/hf_checkpoint.h"
 
 namespace dhp {
@@ -168,11 +169,10 @@ struct Image {
 // then a video of four 16x24 frames (two frame pairs).
 const std::vector<Image> kImages = {{16, 24}, {24, 16}, {32, 16}, {16, 24, 4}};
 
+// A reference run's results and the M-RoPE positions it worked out (dhp's: the batch's).
 struct Result {
-  double loss = 0;
-  std::vector<float> last_logits;
-  std::map<std::string, std::vector<float>> grads;  // by the folder's names
-  std::vector<int32_t> rope_pos;                    // (T, 3)
+  testing::RefResult r;
+  std::vector<int32_t> rope_pos;  // (T, 3)
 };
 
 // Text, then <|vision_start|> the image's pads <|vision_end|>, for each image; a video's frame
@@ -256,14 +256,7 @@ Result reference(const fs::path& ckpt, const std::string& flags = "") {
   const std::string cmd = testing::reference_py() + "hf_qwen3_vl_ref.py " + ckpt.string() + " " +
                           (out / "input.json").string() + " " + out.string() + " " + flags;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  Result r;
-  r.loss = json::parse(std::ifstream(out / "loss.json"))["loss"].get<double>();
-  const int64_t V = config_of(ckpt).vocab_size;
-  std::vector<float> logits(size_t(b.T * V));
-  std::ifstream(out / "logits.bin", std::ios::binary).read(reinterpret_cast<char*>(logits.data()),
-                                                           std::streamsize(logits.size() * 4));
-  r.last_logits.assign(logits.end() - V, logits.end());
-  for (auto& [name, g] : testing::folder_f32(out)) r.grads[name] = std::move(g);
+  Result r{testing::read_reference(out, b.T, config_of(ckpt).vocab_size), {}};
   const json pos = json::parse(std::ifstream(out / "positions.json"))["position_ids"];
   for (int64_t t = 0; t < b.T; ++t)
     for (int a = 0; a < 3; ++a) r.rope_pos.push_back(pos[size_t(a)][size_t(t)].get<int32_t>());
@@ -278,64 +271,7 @@ Result run_dhp(const fs::path& ckpt) {
   import_hf_checkpoint(ckpt.string(), m, false);
   std::vector<std::vector<uint8_t>> rgb;
   const Batch b = qwen_batch(cfg, &rgb);
-  Result r;
-  r.rope_pos = b.rope_pos;
-  m.zero_grads();
-  const float scale = 1.0f / float(b.loss_tokens());
-  r.loss = m.step(b, scale, true).loss_sum * scale;
-  for (const auto& bind : hf_name_map(cfg, HfLayout::Qwen3Vl)) {
-    std::vector<float> g;
-    for (const std::string& name : binding_tensors(bind)) {
-      const ParamSpec& s = m.table().get(name);
-      g.insert(g.end(), m.grads() + s.grad_offset, m.grads() + s.grad_offset + s.numel());
-    }
-    if (bind.transform == HfTransform::ConvPatch) {
-      std::vector<float> k(g.size());
-      hf_permute_patch(k.data(), g.data(), cfg.vision.dim, cfg.vision.patch, 2, true);
-      g.swap(k);
-    }
-    r.grads[bind.hf] = std::move(g);
-  }
-  Batch prompt = b;
-  prompt.targets.assign(size_t(b.T), -1);
-  SamplingOptions opt;
-  opt.max_new_tokens = 0;  // the logits of the last prompt position only
-  m.generate(prompt, -1, opt, &r.last_logits);
-  return r;
-}
-
-struct Distance {
-  double loss = 0, logits = 0, grads = 0;
-  std::string worst;
-  int unmatched = 0;  // tensors with a gradient on one side only (or of another size)
-};
-
-// Each tensor's gradient relative to its largest entry.
-Distance distance(const Result& ref, const Result& got) {
-  Distance d;
-  d.loss = std::abs(ref.loss - got.loss) / std::abs(ref.loss);
-  double lmax = 0, lerr = 0;
-  for (size_t i = 0; i < ref.last_logits.size() && i < got.last_logits.size(); ++i) {
-    lmax = std::max(lmax, double(std::abs(ref.last_logits[i])));
-    lerr = std::max(lerr, double(std::abs(ref.last_logits[i] - got.last_logits[i])));
-  }
-  d.logits = ref.last_logits.size() == got.last_logits.size() ? lerr / lmax : INFINITY;
-  d.unmatched = int(ref.grads.size()) - int(got.grads.size());
-  for (const auto& [name, g] : got.grads) {
-    const auto it = ref.grads.find(name);
-    if (it == ref.grads.end() || it->second.size() != g.size()) {
-      d.unmatched += 2;
-      d.worst = name;
-      continue;
-    }
-    double mref = 0, err = 0;
-    for (size_t i = 0; i < g.size(); ++i) {
-      mref = std::max(mref, double(std::abs(it->second[i])));
-      err = std::max(err, double(std::abs(it->second[i] - g[i])));
-    }
-    if (mref > 0 && err / mref > d.grads) d.grads = err / mref, d.worst = name;
-  }
-  return d;
+  return Result{testing::run_step(m, b, HfLayout::Qwen3Vl), b.rope_pos};
 }
 
 // The bounds: loss 1e-5 relative, logits 1e-4, each gradient 1e-4 of its largest entry.
@@ -345,7 +281,7 @@ TEST(HfQwen3VlReference, MatchesOnImagesOfSeveralSizesAndAVideo) {
   const Result ref = reference(qwen3_vl()), got = run_dhp(qwen3_vl());
   // The positions the reference worked out from the tokens (get_rope_index) are dhp's.
   EXPECT_EQ(ref.rope_pos, got.rope_pos);
-  const Distance d = distance(ref, got);
+  const testing::RefDistance d = testing::ref_distance(ref.r, got.r);
   std::printf("qwen3_vl: loss %.2e, logits %.2e, gradients %.2e (worst %s)\n", d.loss, d.logits, d.grads,
               d.worst.c_str());
   EXPECT_EQ(d.unmatched, 0) << d.worst;
@@ -364,7 +300,7 @@ TEST(HfQwen3VlNegative, EachControlFails) {
            {"--no-deepstack", "DeepStack off"},
            {"--bicubic", "bicubic position resizing instead of bilinear over the grid's corners"},
            {"--no-vision-rope", "the tower's attention without 2-D RoPE"}}) {
-    const Distance d = distance(reference(qwen3_vl(), flag), got);
+    const testing::RefDistance d = testing::ref_distance(reference(qwen3_vl(), flag).r, got.r);
     std::printf("control, %s: loss %.2e, logits %.2e, gradients %.2e\n", what.c_str(), d.loss, d.logits, d.grads);
     EXPECT_TRUE(d.loss > 10 * kLossTol || d.logits > 10 * kLogitsTol || d.grads > 10 * kGradTol || d.unmatched)
         << what << " went unnoticed: loss " << d.loss << ", logits " << d.logits << ", gradients " << d.grads;
