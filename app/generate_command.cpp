@@ -61,7 +61,7 @@ Batch build_prompt(const GenerateOptions& o, const Tokenizer& tok, ChatTemplate 
   std::vector<PreparedImage> images;
   StoredLayout s;
   for (const auto& path : o.images) {
-    images.push_back(load_image(path, v, max_image_pixels));
+    images.push_back(load_image(path, data_geometry(v).for_images(int64_t(o.images.size())), max_image_pixels));
     s.image_grids.push_back({images.back().grid_h / v.merge, images.back().grid_w / v.merge});
   }
   s.layout = layout.data();
@@ -110,6 +110,11 @@ void add_generate_command(CLI::App& app) {
     const Tokenizer& tok = *tokenizer;
     Batch prompt = build_prompt(*o, tok, m.cfg.data.chat_template, m.cfg.model.vision,
                                 m.cfg.data.max_image_pixels);
+    // "dynamic" RoPE is plain only within the folder's positions (model_config.h).
+    DHP_CHECK(m.cfg.model.rope_scaling != RopeScaling::dynamic || prompt.T + o->max_tokens <= m.cfg.model.max_positions,
+              "the prompt ({} tokens) and --max-tokens {} reach past max_position_embeddings ({}), beyond which "
+              "rope_scaling \"dynamic\" would rescale RoPE as dhp does not", prompt.T, o->max_tokens,
+              m.cfg.model.max_positions);
     const DType storage = m.backend->ops().dtype();
     const int64_t memory = available_memory_bytes();
     const int64_t need = kv_cache_bytes(m.cfg.model, storage, prompt.T + o->max_tokens);

@@ -132,7 +132,7 @@ BatchSource make_batches(const PlanOptions& o, int factor) {
     std::vector<SeqShape> b;
     b.reserve(size_t(batch));
     for (const auto& x : preset_samples(p, int64_t(s) * batch, batch, seed, factor))
-      b.push_back({x.id, x.text_tokens, x.vision_tokens, x.tower_images()});
+      b.push_back({x.id, x.text_tokens, x.vision_tokens, int32_t(x.images.size()), x.tower_images()});
     return b;
   };
 }

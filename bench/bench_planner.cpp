@@ -28,7 +28,7 @@ std::vector<std::vector<SeqShape>> batches(const std::string& preset, int size, 
   for (int s = 0; s < steps; ++s) {
     std::vector<SeqShape> b;
     for (const auto& x : preset_samples(p, int64_t(s) * size, size, seed, 28))
-      b.push_back({x.id, x.text_tokens, x.vision_tokens, x.tower_images()});
+      b.push_back({x.id, x.text_tokens, x.vision_tokens, int32_t(x.images.size()), x.tower_images()});
     out.push_back(std::move(b));
   }
   return out;

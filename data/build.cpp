@@ -328,7 +328,7 @@ std::string build_key(const BuildOptions& o, const std::string& image_root,
   j["shard_bytes"] = o.shard_bytes;
   j["reencode"] = o.reencode;
   if (o.vision.video_frames_per_image != 1) j["video_frames_per_image"] = o.vision.video_frames_per_image;
-  if (o.vision.tiled()) j["tiles"] = {o.vision.min_tiles, o.vision.max_tiles, o.vision.thumbnail};
+  if (o.vision.tiled()) j["tiles"] = {o.vision.min_tiles, o.vision.max_tiles, o.vision.thumbnail, o.vision.image_size};
   // Only when set, so that the keys of builds made before the option existed still match.
   if (o.allow_absolute_paths) j["allow_absolute_paths"] = true;
   if (o.chat != ChatTemplate::Dhp) j["template"] = template_name(o.chat);

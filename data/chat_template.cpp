@@ -168,11 +168,17 @@ struct TaggedFamily {
   bool trim = false;                                   // Jinja's `| trim` of each turn's text (python_strip)
   std::string_view last_answer_opening;                // after the last answer's header
   std::string_view default_system;                     // a system turn when the data has none ("": none)
+  // The tokens that must frame images ("": the tokenizer's own): InternVL's <img> and </img>,
+  // which a Qwen tokenizer without them would replace by its vision tokens.
+  std::string_view image_begin, image_end;
 };
 
-constexpr TaggedFamily kChatMl{"chatml", "<|im_start|>", "\n", "<|im_end|>", "\n", false, "<think>\n\n</think>\n\n", ""};
-constexpr TaggedFamily kLlama3{"llama3", "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", "", true, "", ""};
-constexpr TaggedFamily kInternVl{"internvl2_5", "<|im_start|>", "\n", "<|im_end|>", "\n", false, "", kInternVlSystem};
+constexpr TaggedFamily kChatMl{"chatml", "<|im_start|>", "\n", "<|im_end|>", "\n", false, "<think>\n\n</think>\n\n",
+                               "", "", ""};
+constexpr TaggedFamily kLlama3{"llama3", "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", "", true, "", "",
+                               "", ""};
+constexpr TaggedFamily kInternVl{"internvl2_5", "<|im_start|>", "\n", "<|im_end|>", "\n", false, "", kInternVlSystem,
+                                 "<img>", "</img>"};
 
 // The conversation with the family's default system turn first when it has one and the data
 // does not.
@@ -203,6 +209,10 @@ LaidOut layout_tagged(const TaggedFamily& f, const std::vector<Turn>& given, con
                       std::vector<int32_t>& layout, std::vector<uint8_t>& loss) {
   const std::vector<Turn> turns = with_system(f, given);
   const int32_t end = family_token(f, f.end, tok);
+  if (!f.image_begin.empty() &&
+      (tok.ids().img_begin != family_token(f, f.image_begin, tok) || tok.ids().img_end != family_token(f, f.image_end, tok)))
+    throw Error(fmt::format("data.template = \"{}\" frames images with {} and {}, which the tokenizer '{}' does not "
+                            "use for images", f.name, f.image_begin, f.image_end, tok.path()));
   family_token(f, f.open_before_role, tok);
   if (turns.empty() || !turns.back().answer())
     throw LineError{"bad format", fmt::format("the {} template takes a conversation that ends with an answer "

@@ -107,12 +107,15 @@ JsonlDataset::JsonlDataset(const std::string& manifest, const std::string& image
     e.layout_end = int64_t(layout_.size());
     e.image_begin = int64_t(image_paths_.size());
     image_root_ = p.root;
+    int64_t files = 0;
+    for (const FrameRef& f : p.frames) files += f.index < 0;
+    const ImageGeometry tiled = geometry.for_images(files);
     for (size_t k = 0; k < p.paths.size(); ++k) {
       image_paths_.push_back(p.paths[k]);
       image_sizes_.push_back(p.sizes[k]);
       image_frames_.push_back(p.frames[k]);
       image_grids_.push_back(
-          image_grid(p.sizes[k].h, p.sizes[k].w, p.frames[k].index >= 0 ? geometry.frame_geometry() : geometry));
+          image_grid(p.sizes[k].h, p.sizes[k].w, p.frames[k].index >= 0 ? geometry.frame_geometry() : tiled));
     }
     e.image_end = int64_t(image_paths_.size());
     entries_.push_back(std::move(e));
@@ -136,6 +139,11 @@ int64_t JsonlDataset::vision_tokens(int64_t i) const {
 }
 
 int32_t JsonlDataset::images(int64_t i) const {
+  DHP_ASSERT(i >= 0 && i < size());
+  return int32_t(entries_[size_t(i)].image_end - entries_[size_t(i)].image_begin);
+}
+
+int32_t JsonlDataset::tower_images(int64_t i) const {
   DHP_ASSERT(i >= 0 && i < size());
   const Entry& e = entries_[size_t(i)];
   int32_t n = 0;
@@ -174,6 +182,9 @@ Sample JsonlDataset::load_range(int64_t i, int64_t begin, int64_t end, ImageLoad
   const Entry& e = entries_[size_t(i)];
   DHP_CHECK(begin >= 0 && begin <= end && end <= e.length,
             "token range [{}, {}) is outside sample {}'s {} tokens", begin, end, i, e.length);
+  int64_t n_files = 0;
+  for (int64_t k = e.image_begin; k < e.image_end; ++k) n_files += image_frames_[size_t(k)].index < 0;
+  const ImageGeometry files = geometry_.for_images(n_files);
   return guarded_load(i, begin, end, skip_, [&] {
     FrameReader frames(image_root_);  // one open clip per load, read forward
     auto decode = [&](int64_t k) {
@@ -200,7 +211,7 @@ Sample JsonlDataset::load_range(int64_t i, int64_t begin, int64_t end, ImageLoad
       }
       const std::vector<uint8_t> bytes = read_image_file(path, image_root_);
       const cv::Mat bgr = decode_image(bytes.data(), bytes.size(), path);
-      return prepare_checked(bgr, image_sizes_[size_t(e.image_begin + k)], path, geometry_);
+      return prepare_checked(bgr, image_sizes_[size_t(e.image_begin + k)], path, files);
     };
     return expand_layout(stored_layout(i), begin, end, decode, geometry_.merge, images,
                          geometry_.mean_rgb());

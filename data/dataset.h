@@ -34,8 +34,9 @@ class Dataset {
   virtual int64_t size() const = 0;
   virtual int64_t length(int64_t i) const = 0;          // decoder tokens of sample i
   virtual int64_t vision_tokens(int64_t i) const = 0;   // of which image tokens
-  virtual int32_t images(int64_t i) const = 0;          // tower images those tokens come from
-                                                        // (each of an image's tiles counts)
+  virtual int32_t images(int64_t i) const = 0;          // images those tokens come from
+  virtual int32_t tower_images(int64_t i) const = 0;    // the tower's images they make (an
+                                                        // image's tiles each count)
   virtual int64_t loss_tokens(int64_t i) const = 0;     // tokens with loss_mask = 1
   virtual const std::string& name(int64_t i) const = 0; // a name for messages
   virtual const std::map<std::string, int64_t>& skipped() const = 0;  // bad samples by reason
@@ -96,6 +97,7 @@ class JsonlDataset final : public Dataset {
   int64_t length(int64_t i) const override;
   int64_t vision_tokens(int64_t i) const override;
   int32_t images(int64_t i) const override;
+  int32_t tower_images(int64_t i) const override;
   int64_t loss_tokens(int64_t i) const override;
   const std::string& name(int64_t i) const override;  // the manifest's "id" (or "line N")
   // Skipped lines by reason ("invalid json", "missing image", ...: see manifest.h).

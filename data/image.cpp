@@ -273,6 +273,8 @@ PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v) {
             "prepare_image: expected a non-empty 8-bit 3-channel BGR image");
   cv::Mat rgb;
   cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+  // Tiling is the resize rule of a tiled tower, whatever model.vision.resize says.
+  if (v.tiled()) return tiles_of(rgb, v);
   if (v.resize == ImageFit::pad_square && rgb.rows != rgb.cols) {
     // Centred as PIL's paste at ((side - w) / 2, (side - h) / 2), floored.
     const int side = std::max(rgb.rows, rgb.cols);
@@ -281,7 +283,6 @@ PreparedImage prepare_image(const cv::Mat& bgr, const ImageGeometry& v) {
     rgb.copyTo(square(cv::Rect((side - rgb.cols) / 2, (side - rgb.rows) / 2, rgb.cols, rgb.rows)));
     rgb = square;
   }
-  if (v.tiled()) return tiles_of(rgb, v);
   const ImageSize s = resized_size(rgb.rows, rgb.cols, v);
   if (v.resize == ImageFit::clip) {
     // The short side to image_size, the long one int(image_size * long / short) (transformers'

@@ -252,6 +252,14 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
   std::vector<std::string> videos;
   for (const auto& rel : media_list(j, "video"))
     videos.push_back(resolve_media(rel, rules, out.root, "video").string());
+  // A built frame is stored as its tile, which a grid of at least two tiles would cut again;
+  // and InternVL's samples hold images or a video, never both (its images share the tiles).
+  if (!videos.empty() && rules.vision.tiled() && rules.vision.min_tiles > 1)
+    throw LineError{"bad format", fmt::format("a video for a tiled tower with model.vision.min_tiles = {}: its "
+                                              "frames are one tile each (set min_tiles = 1)", rules.vision.min_tiles)};
+  if (!videos.empty() && !out.paths.empty() && rules.vision.tiled())
+    throw LineError{"bad format", "images and a video in one sample for a tiled tower (InternVL's samples hold "
+                                  "one or the other: the images share the tiles)"};
   const std::vector<std::string> image_paths = std::move(out.paths);
   const std::vector<ImageSize> image_sizes = std::move(out.sizes);
   place_videos(out, image_paths, image_sizes, videos, tok, rules.vision, rules.video,
@@ -262,9 +270,10 @@ ParsedLine parse_line(const std::string& line, int64_t line_no, const Tokenizer&
   // tiled image's tiles) when the tokenizer has them.
   out.text_tokens = (tok.ids().has_bos() ? 2 : 1) + int64_t(out.layout.size()) - images +
                     (tok.ids().markers() ? 2 * images : 0);
+  const ImageGeometry files = rules.vision.for_images(int64_t(image_paths.size()));
   for (size_t k = 0; k < out.sizes.size(); ++k)
     out.vision_tokens += image_tokens(out.sizes[k].h, out.sizes[k].w,
-                                      out.frames[k].index >= 0 ? rules.vision.frame_geometry() : rules.vision);
+                                      out.frames[k].index >= 0 ? rules.vision.frame_geometry() : files);
   out.loss_tokens = 1;  // the final <eos>
   for (const uint8_t l : out.loss) out.loss_tokens += l;
   if (out.length() > rules.max_tokens)

@@ -70,6 +70,12 @@ ShardDataset::ShardDataset(const std::string& dir, const Tokenizer& tok, const I
             "are laid out for the other; rebuild it with this run's model.vision", dir,
             x_.vision.video_frames_per_image, x_.vision.video_frames_per_image > 1 ? "s" : "",
             geometry.video_frames_per_image);
+  // A tiled build stores a video's frames as tiles and labels them "Frame{i}: ": laid out for
+  // the tiled tower (and an untiled one for the other).
+  DHP_CHECK(x_.vision.tiled() == geometry.tiled(),
+            "'{}' was built for a tower {} tiles images, this run's {}: its videos are laid out for the other; "
+            "rebuild it with this run's model.vision", dir, x_.vision.tiled() ? "that" : "that never",
+            geometry.tiled() ? "tiles them (model.vision.max_tiles)" : "does not");
   const bool same_rule = x_.vision.patch == geometry.patch &&
                          x_.vision.merge == geometry.merge &&
                          x_.vision.min_pixels == geometry.min_pixels &&
@@ -83,8 +89,14 @@ ShardDataset::ShardDataset(const std::string& dir, const Tokenizer& tok, const I
                           x_.vision.image_size == geometry.image_size);
   const int64_t n_images = int64_t(x_.images.size()) / kImageCols;
   image_grids_.resize(size_t(n_images));
-  for (int64_t k = 0; k < n_images; ++k)
-    image_grids_[size_t(k)] = image_grid(int(x_.image(k, kHeight)), int(x_.image(k, kWidth)), geometry);
+  // A tiled tower's images share the tiles of their sample (ImageGeometry::for_images).
+  for (int64_t row = 0; row < x_.size(); ++row) {
+    const int64_t b = x_.at(row, kImageBegin), e = x_.at(row, kImageEnd);
+    DHP_CHECK(b >= 0 && b <= e && e <= n_images, "'{}': damaged index (sample {} names images {}..{})", dir, row, b, e);
+    const ImageGeometry g = geometry.for_images(e - b);
+    for (int64_t k = b; k < e; ++k)
+      image_grids_[size_t(k)] = image_grid(int(x_.image(k, kHeight)), int(x_.image(k, kWidth)), g);
+  }
   for (const auto& r : x_.skipped) ++skipped_[r.reason];
   int64_t filtered = 0;
   for (int64_t row = 0; row < x_.size(); ++row) {
@@ -132,6 +144,11 @@ int64_t ShardDataset::vision_tokens(int64_t i) const {
 }
 
 int32_t ShardDataset::images(int64_t i) const {
+  DHP_ASSERT(i >= 0 && i < size());
+  return int32_t(x_.at(rows_[size_t(i)], kImageEnd) - x_.at(rows_[size_t(i)], kImageBegin));
+}
+
+int32_t ShardDataset::tower_images(int64_t i) const {
   DHP_ASSERT(i >= 0 && i < size());
   int32_t n = 0;
   for (int64_t k = x_.at(rows_[size_t(i)], kImageBegin); k < x_.at(rows_[size_t(i)], kImageEnd); ++k)
@@ -230,7 +247,7 @@ Sample ShardDataset::load_range(int64_t i, int64_t begin, int64_t end, ImageLoad
         im.frames = 2;
         return im;
       }
-      return prepare_checked(bgr, size, what, geometry_);
+      return prepare_checked(bgr, size, what, geometry_.for_images(x_.at(row, kImageEnd) - ib));
     };
     return expand_layout(text.view, begin, end, decode, geometry_.merge, images,
                          geometry_.mean_rgb());

@@ -33,6 +33,7 @@ class ShardDataset final : public Dataset {
   int64_t length(int64_t i) const override;
   int64_t vision_tokens(int64_t i) const override;
   int32_t images(int64_t i) const override;
+  int32_t tower_images(int64_t i) const override;
   int64_t loss_tokens(int64_t i) const override;
   const std::string& name(int64_t i) const override;
   // The build's skipped lines by reason, plus the samples this open filtered out.

@@ -25,6 +25,9 @@ void validate_shape(const SeqShape& s) {
             "sample {} has {} images for {} vision tokens: a sample with vision tokens needs at least one "
             "image and no more images than vision tokens, one without vision tokens none",
             s.id, s.images, s.vision_tokens);
+  DHP_CHECK(s.tiles == 0 || (s.tiles >= s.images && s.tiles <= s.vision_tokens),
+            "sample {} has {} tower images (tiles) for {} images and {} vision tokens: at least one an image, "
+            "at most one a vision token", s.id, s.tiles, s.images, s.vision_tokens);
 }
 
 double& CostCoeffs::operator[](int i) {
@@ -54,7 +57,11 @@ nlohmann::json CostState::to_json() const {
   nlohmann::json obs = nlohmann::json::array();
   for (const TimingObservation& o : window) {
     nlohmann::json seqs = nlohmann::json::array();
-    for (const SeqShape& s : o.seqs) seqs.push_back({s.id, s.text_tokens, s.vision_tokens, s.images});
+    for (const SeqShape& s : o.seqs) {
+      nlohmann::json q = {s.id, s.text_tokens, s.vision_tokens, s.images};
+      if (s.tiles > 0) q.push_back(s.tiles);  // written only where an image is several tower images
+      seqs.push_back(std::move(q));
+    }
     obs.push_back({{"degree", o.degree}, {"seconds", o.seconds}, {"inter", o.inter}, {"seqs", seqs}});
   }
   return {{"device", device}, {"coeffs", coeffs.to_json()}, {"window", obs}};
@@ -79,13 +86,15 @@ CostState CostState::from_json(const nlohmann::json& j) {
     DHP_CHECK(t.degree >= 1 && std::isfinite(t.seconds) && t.seconds > 0,
               "cost state: degree {} and seconds {} must be positive", t.degree, t.seconds);
     for (const auto& s : o["seqs"]) {
-      DHP_CHECK(s.is_array() && s.size() == 4, "cost state: a sequence is [id, text, vision, images]");
+      DHP_CHECK(s.is_array() && (s.size() == 4 || s.size() == 5),
+                "cost state: a sequence is [id, text, vision, images] or [id, text, vision, images, tiles]");
       for (const auto& v : s) DHP_CHECK(v.is_number_integer(), "cost state: sequence fields are integers");
       SeqShape q;
       q.id = s[0].get<int64_t>();
       q.text_tokens = s[1].get<int64_t>();
       q.vision_tokens = s[2].get<int64_t>();
       q.images = s[3].get<int32_t>();
+      if (s.size() == 5) q.tiles = s[4].get<int32_t>();
       validate_shape(q);
       t.seqs.push_back(q);
     }
@@ -266,7 +275,7 @@ void balance_images(std::span<const ImageClass> classes, int d, std::vector<Imag
   for (const ImageClass& cls : classes) {
     DHP_ASSERT(cls.patches > 0);
     const int64_t p = cls.patches;
-    const double p2 = double(p) * double(p);
+    const double p2 = cls.squares();
     int64_t c = cls.count;
     while (c > 0) {
       ++steps;
@@ -349,11 +358,12 @@ CostModel::CostModel(const ModelConfig& m, const DeviceProfile& dev, int ranks_p
 int image_classes(const SeqShape& s, int m2, ImageClass out[2], int extra) {
   out[0] = out[1] = ImageClass{};
   if (s.vision_tokens <= 0) return 0;
-  const int64_t n = std::max<int64_t>(1, s.images);
+  const int64_t n = std::max<int64_t>(1, s.images), t = s.tiles_per_image();
   const int64_t q = s.vision_tokens / n, r = s.vision_tokens % n;
   int k = 0;
-  if (r > 0) out[k++] = {(q + 1) * m2 + extra, r};
-  if (q > 0) out[k++] = {q * m2 + extra, n - r};
+  // Each of an image's tiles has its own extra rows (a class row).
+  if (r > 0) out[k++] = {(q + 1) * m2 + extra * t, r, t};
+  if (q > 0) out[k++] = {q * m2 + extra * t, n - r, t};
   return k;
 }
 
@@ -393,7 +403,7 @@ void GroupCost::add(const SeqCost& c) {
   for (const auto& im : c.img)
     if (im.count > 0) {
       patches_ += im.patches * im.count;
-      squares_ += double(im.count) * double(im.patches) * double(im.patches);
+      squares_ += double(im.count) * im.squares();
       classes_.push_back(im);
     }
 }
@@ -408,7 +418,7 @@ double CostModel::image_lin(int64_t patches) const {
   return (vis_flops_per_patch_ + proj_flops_per_token_ / m2_) * double(patches);
 }
 
-double CostModel::image_att(int64_t patches) const { return vis_att_per_pair_ * double(patches) * double(patches); }
+double CostModel::image_att(const ImageClass& im) const { return vis_att_per_pair_ * im.squares(); }
 
 void merge_image_classes(std::vector<ImageClass>& classes) {
   if (classes.size() < 2) return;
@@ -416,7 +426,8 @@ void merge_image_classes(std::vector<ImageClass>& classes) {
             [](const ImageClass& a, const ImageClass& b) { return a.patches > b.patches; });
   size_t w = 0;
   for (size_t i = 1; i < classes.size(); ++i) {
-    if (classes[i].patches == classes[w].patches) classes[w].count += classes[i].count;
+    if (classes[i].patches == classes[w].patches && classes[i].tiles == classes[w].tiles)
+      classes[w].count += classes[i].count;
     else classes[++w] = classes[i];
   }
   classes.resize(w + 1);
@@ -546,7 +557,7 @@ double CostModel::area_lower_bound(const SeqCost& c, int d, double lambda) const
                  double(c.tokens) +
              k.sec_per_seq * dd;
   for (const auto& im : c.img)
-    t += double(im.count) * (k.sec_per_flop * image_lin(im.patches) + k.sec_per_att_flop * image_att(im.patches));
+    t += double(im.count) * (k.sec_per_flop * image_lin(im.patches) + k.sec_per_att_flop * image_att(im));
   // d x [A/d² + (d-1)·max(A/d², x)] >= A/d + (d-1)·(lambda·A/d + (1-lambda)·bytes·rate)
   const double A = k.sec_per_att_flop * dec_att_per_pair_ * double(c.pairs);
   const double B = dec_bytes_per_token_ * double(c.tokens);
@@ -591,7 +602,7 @@ double CostModel::time_lower_bound(const SeqCost& c, int d) const {
   double total = 0, largest = 0;
   for (const auto& im : c.img) {
     if (im.count == 0) continue;
-    const double w = k.sec_per_flop * image_lin(im.patches) + k.sec_per_att_flop * image_att(im.patches);
+    const double w = k.sec_per_flop * image_lin(im.patches) + k.sec_per_att_flop * image_att(im);
     total += double(im.count) * w, largest = std::max(largest, w);
   }
   if (total > 0) {

@@ -48,7 +48,12 @@ struct SeqShape {
   int64_t text_tokens = 0;    // decoder text tokens, markers included
   int64_t vision_tokens = 0;  // decoder image tokens (after the merge)
   int32_t images = 0;         // images the vision tokens split over (equal split assumed)
+  // The tower's images those make (InternVL's tiles: one image is several, each its own
+  // attention, all encoded on one rank); 0: one each.
+  int32_t tiles = 0;
   int64_t tokens() const { return text_tokens + vision_tokens; }
+  // The tower's images an image makes (its tiles), the equal split's.
+  int64_t tiles_per_image() const { return images > 0 && tiles > images ? tiles / images : 1; }
 };
 
 // The largest token count of one sample the planner accepts (and the largest image count):
@@ -115,9 +120,13 @@ ModelConfig model_profile(const std::string& name);
 std::vector<std::string> model_profile_names();
 
 // Images of a group with the same patch count, dealt as one class.
+// `count` images of `patches` patches each, every one of them `tiles` tower images (InternVL's
+// tiles) of patches / tiles patches: encoded on one rank, attention within each tile.
 struct ImageClass {
   int64_t patches = 0;
   int64_t count = 0;
+  int64_t tiles = 1;
+  double squares() const { return double(patches) * double(patches) / double(tiles); }  // attention pairs
 };
 
 // Sorts image classes largest first and merges classes of equal patch count (the order
@@ -251,7 +260,7 @@ class CostModel {
   Vision vision(const GroupCost& g, int d, int64_t* work) const;
   double evaluate(const GroupCost& g, const Vision& v, int d, bool inter, double* f) const;
   double image_lin(int64_t patches) const;
-  double image_att(int64_t patches) const;
+  double image_att(const ImageClass& im) const;  // one image's
 
   ModelConfig model_;
   DeviceProfile device_;

@@ -116,6 +116,8 @@ TEST_F(BuildTest, TiledImagesLoadAsTheirTilesOnBothPaths) {
     expect_same(shards.load(i, false), s);
     EXPECT_EQ(shards.length(i), direct.length(i));
     EXPECT_EQ(shards.images(i), direct.images(i));
+    EXPECT_EQ(shards.tower_images(i), direct.tower_images(i));
+    EXPECT_EQ(direct.images(i), int32_t(s.images.size()));  // the units a ring routes
     EXPECT_EQ(int64_t(s.tokens.size()), direct.length(i));
     int64_t tiles = 0;
     for (const PreparedImage& im : s.images) {
@@ -124,7 +126,7 @@ TEST_F(BuildTest, TiledImagesLoadAsTheirTilesOnBothPaths) {
       tiles += im.tiles;
       multi += im.tiles > 1;
     }
-    EXPECT_EQ(tiles, direct.images(i));
+    EXPECT_EQ(tiles, direct.tower_images(i));
     EXPECT_EQ(std::count(s.tokens.begin(), s.tokens.end(), tok.ids().img_begin), int64_t(s.images.size()));
     EXPECT_EQ(std::count_if(s.image_of.begin(), s.image_of.end(), [](int32_t k) { return k >= 0; }), 4 * tiles);
     const Batch b = pack({&s}, g);
@@ -137,7 +139,7 @@ TEST_F(BuildTest, TiledImagesLoadAsTheirTilesOnBothPaths) {
   one.max_tiles = 0;
   const JsonlDataset untiled(manifest(), "", tok, one, 4096, "fail");
   int64_t images = 0, tiles = 0;
-  for (int64_t i = 0; i < direct.size(); ++i) images += untiled.images(i), tiles += direct.images(i);
+  for (int64_t i = 0; i < direct.size(); ++i) images += untiled.tower_images(i), tiles += direct.tower_images(i);
   EXPECT_GT(tiles, images);
 }
 

@@ -289,35 +289,45 @@ TEST_F(VideoTest, FramePairsForATemporalTower) {
 }
 
 // A tiled tower (InternVL's) takes a video's frames as one tile each, "Frame{i}: " before
-// and "\n" after each, as InternVL's chat code lays them out, while the line's image is tiled;
-// built, each frame is stored as its tile and the shards give the JSONL path's sample.
+// and "\n" after each, as InternVL's chat code lays them out; images are tiled, two of a sample
+// sharing the tiles (InternVL's fine-tuning: max(1, max_tiles / images) each); a sample holds
+// images or a video, not both. Built, each frame is stored as its tile and the shards give the
+// JSONL path's samples.
 TEST_F(VideoTest, FramesOfATiledTowerAreOneTileEach) {
   write_clip(dir_ / "clip.avi", 30, 10, 96, 128);  // 3 s: min_frames = 4
   const cv::Mat img(40, 120, CV_8UC3, cv::Scalar(40, 200, 90));  // wide: 3 x 1 tiles and the thumbnail
   ASSERT_TRUE(codecs::write_image((dir_ / "wide.png").string(), img));
   const std::string m = manifest_of(
-      "m.jsonl", video_line("v", ", \"image\": \"wide.png\", \"video\": \"clip.avi\"", "<image> and <video> What happens?"));
+      "m.jsonl", video_line("v", ", \"video\": \"clip.avi\"", "<video> What happens?") +
+                     video_line("one", ", \"image\": \"wide.png\"", "<image> What is it?") +
+                     video_line("two", ", \"images\": [\"wide.png\", \"wide.png\"]", "<image> and <image>?") +
+                     video_line("mix", ", \"image\": \"wide.png\", \"video\": \"clip.avi\"", "<image> <video>"));
   Tokenizer tok(tokenizer());
   ImageGeometry tiled = geometry_;
-  tiled.image_size = 56, tiled.max_tiles = 6, tiled.resize = ImageFit::siglip;
-  JsonlDataset ds(m, "", tok, tiled, 4096, "fail");
-  ASSERT_EQ(ds.size(), 1);
+  tiled.image_size = 56, tiled.max_tiles = 4, tiled.resize = ImageFit::siglip;
+  const std::string mixed = testing::error_of([&] { JsonlDataset(m, "", tok, tiled, 4096, "fail"); });
+  EXPECT_NE(mixed.find("images and a video in one sample for a tiled tower"), std::string::npos) << mixed;
+  JsonlDataset ds(m, "", tok, tiled, 4096, "skip");
+  ASSERT_EQ(ds.size(), 3);
+  EXPECT_EQ(ds.tower_images(1), 4);      // 3 x 1 and the thumbnail
+  EXPECT_EQ(ds.tower_images(2), 2 * 3);  // each of two: up to 2 tiles (2 x 1) and the thumbnail
+  EXPECT_EQ(ds.load(2, false).images[1].tiles, 3);
   const std::vector<int64_t> want = sample_frames(30, 10, VideoRules{});
   const size_t n = want.size();
-  EXPECT_EQ(ds.images(0), int32_t(4 + n));  // the image's tiles, one tile a frame
+  EXPECT_EQ(ds.images(0), int32_t(n));
+  EXPECT_EQ(ds.tower_images(0), int32_t(n));  // one tile a frame
   const Sample s = ds.load(0, false);
   EXPECT_EQ(int64_t(s.tokens.size()), ds.length(0));
-  ASSERT_EQ(s.images.size(), 1 + n);
-  EXPECT_EQ(s.images[0].tiles, 4);
+  ASSERT_EQ(s.images.size(), n);
   const std::vector<ImageSpan> spans = ds.image_spans(0);
   const std::vector<int32_t> newline = tok.encode("\n");
-  for (size_t k = 1; k <= n; ++k) {
+  for (size_t k = 0; k < n; ++k) {
     const PreparedImage& im = s.images[k];
     EXPECT_EQ(im.tiles, 1);
     EXPECT_EQ(im.grid_h, 4);
     EXPECT_EQ(im.grid_w, 4);
-    EXPECT_NEAR(frame_shown(im), want[k - 1], 0) << k;
-    const std::vector<int32_t> label = tok.encode(frame_label(k - 1));
+    EXPECT_NEAR(frame_shown(im), want[k], 0) << k;
+    const std::vector<int32_t> label = tok.encode(frame_label(k));
     const int64_t img_at = spans[k].first - 1, end_at = spans[k].first + spans[k].tokens;
     EXPECT_EQ(s.tokens[size_t(img_at)], tok.ids().img_begin);
     EXPECT_TRUE(std::equal(label.begin(), label.end(), s.tokens.begin() + img_at - int64_t(label.size()))) << k;
@@ -331,12 +341,19 @@ TEST_F(VideoTest, FramesOfATiledTowerAreOneTileEach) {
   o.tokenizer = tokenizer();
   o.vision = tiled;
   o.progress = false;
-  o.on_error = "fail";
+  o.on_error = "skip";
   ASSERT_TRUE(build_dataset(o).complete);
   ShardDataset shards(o.out_dir, tok, tiled, 4096, "fail");
-  EXPECT_EQ(shards.length(0), ds.length(0));
-  EXPECT_EQ(shards.images(0), ds.images(0));
-  expect_same(shards.load(0, false), s);
+  ASSERT_EQ(shards.size(), ds.size());
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    EXPECT_EQ(shards.length(i), ds.length(i));
+    EXPECT_EQ(shards.images(i), ds.images(i));
+    EXPECT_EQ(shards.tower_images(i), ds.tower_images(i));
+    expect_same(shards.load(i, false), ds.load(i, false));
+  }
+  // Built for the tiled tower, refused by an untiled run (its videos are laid out apart).
+  const std::string other = testing::error_of([&] { ShardDataset(o.out_dir, tok, geometry_, 4096, "fail"); });
+  EXPECT_NE(other.find("was built for a tower that tiles images"), std::string::npos) << other;
 }
 
 TEST_F(VideoTest, BuiltShardsEqualTheJsonlPathAndHoldDecodedFrames) {

@@ -908,6 +908,33 @@ TEST(CostModel, VisionIsPerImageWithImagesWholeOnARank) {
   EXPECT_NEAR(n8 / n1, 2.0 / 9.0, 0.02);
 }
 
+// InternVL's tiles: an image of 13 tiles is encoded whole on one rank (the ring routes images,
+// not tiles) but attends within each tile: its vision work neither splits over a ring like 13
+// images nor attends over all its patches like one image; the memory model puts all of it on
+// one rank.
+TEST(CostModel, TilesOfAnImageStayOnOneRankAndAttendApart) {
+  const ModelConfig cfg = model_profile("internvl3-8b");
+  CostModel m(cfg, device_profile("h100"), 8);
+  const int64_t per_tile = 256;
+  const SeqShape tiled{0, 8, 13 * per_tile, 1, 13}, whole{1, 8, 13 * per_tile, 1}, apart{2, 8, 13 * per_tile, 13};
+  const SeqShape text{3, 8 + 13 * per_tile, 0, 0};
+  auto vision = [&](const SeqShape& s, int d) { return m.seconds(m.prepare(s), d) - m.seconds(m.prepare(text), d); };
+  EXPECT_GT(vision(tiled, 4), 0.95 * vision(tiled, 1)) << "an image's tiles are not split over a ring";
+  EXPECT_LT(vision(apart, 4), 0.4 * vision(apart, 1)) << "13 images are";
+  EXPECT_NEAR(vision(tiled, 1), vision(apart, 1), 0.01 * vision(apart, 1)) << "a tile attends within itself";
+  EXPECT_LT(vision(tiled, 1), 0.8 * vision(whole, 1)) << "one image of the same patches attends over all";
+  ImageClass im[2];
+  ASSERT_EQ(image_classes(tiled, 4, im, 1), 1);
+  EXPECT_EQ(im[0].patches, 13 * (per_tile * 4 + 1));  // each tile's class row
+  EXPECT_EQ(im[0].tiles, 13);
+  const MemoryModel mem(cfg, device_profile("h100"), 4, 80, false);
+  const SeqShape* one[] = {&tiled};
+  const SeqShape* many[] = {&apart};
+  EXPECT_EQ(mem.max_rank_patches(one, 4), 13 * (per_tile * 4 + 1));
+  EXPECT_EQ(mem.max_rank_patches(many, 4), 4 * (per_tile * 4 + 1));
+  EXPECT_THROW(validate_shape(SeqShape{4, 8, 13 * per_tile, 2, 1}), Error) << "fewer tiles than images";
+}
+
 // A micro-batch's ring pays each step's latency once, not once per sequence; its weights are
 // streamed once; and the same sequences give the same time in any order.
 TEST(CostModel, MicroBatchPaysLatencyAndWeightsOnce) {

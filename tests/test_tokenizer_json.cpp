@@ -331,9 +331,18 @@ TEST(TokenizerJson, InternVlTemplateIsInternVlsPreprocess) {
       if (full.loss_mask[i]) targets.push_back(full.tokens[i]);
     EXPECT_EQ(tok.decode(targets), "A cat.<|im_end|>Grey.<|im_end|>");
   }
-  // The prompt of `dhp generate`: the system line, one user turn, the assistant's header.
+  // A Qwen tokenizer without InternVL's tokens would frame images with Qwen's: refused.
+  const Tokenizer qwen(real("qwen3").string());
   std::vector<int32_t> layout;
   std::vector<uint8_t> loss;
+  try {
+    layout_conversation(ChatTemplate::InternVl, turns, qwen, layout, loss);
+    ADD_FAILURE() << "internvl2_5 laid out with Qwen's vision tokens";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "needs the token <img>")) << e.what();
+  }
+  // The prompt of `dhp generate`: the system line, one user turn, the assistant's header.
+  layout.clear(), loss.clear();
   layout_prompt(ChatTemplate::InternVl, "Hi?", tok, layout, loss);
   EXPECT_EQ(tok.decode(Ids(layout.begin(), layout.end())),
             "<|im_start|>system\n" + std::string(kInternVlSystem) +

@@ -549,6 +549,8 @@ void validate_tower(const VisionConfig& v, const std::string& f) {
   }
   const ImageGeometry g = data_geometry(v);
   if (g.tiled()) {
+    DHP_CHECK(t.temporal_patch == 1, "{}: model.vision.max_tiles = {} tiles images for a {} tower, whose patches "
+              "span {} frames; tiling is InternVL's (set max_tiles = 0)", f, g.max_tiles, t.name, t.temporal_patch);
     DHP_CHECK(g.min_tiles <= g.max_tiles, "{}: model.vision.min_tiles ({}) exceeds max_tiles ({})", f, g.min_tiles,
               g.max_tiles);
     DHP_CHECK(v.image_size > 0 && v.image_size % v.factor() == 0,
@@ -624,6 +626,9 @@ void validate(const Config& c, bool folders_read) {
   // tower's arch and shape: the tower's checks wait until apply_hf_init has read it and runs
   // validate again, so a user names the folder without restating what it says.
   if ((v.init.empty() && m.init.empty()) || folders_read) validate_tower(v, f);
+  DHP_CHECK(!data_geometry(v).tiled() || !m.mrope(),
+            "{}: model.vision.max_tiles stacks an image's tiles, which M-RoPE (model.mrope_section) would read as "
+            "one grid; set max_tiles = 0 for an M-RoPE decoder", f);
   DHP_CHECK(int(v.deepstack.size()) <= m.layers,
             "{}: model.vision.deepstack names {} tower layers, whose features go into decoder layers 1 to {}, but "
             "the decoder has {} layers", f, v.deepstack.size(), v.deepstack.size(), m.layers);

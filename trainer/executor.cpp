@@ -23,6 +23,7 @@ SeqShape shape_of(const Dataset& data, int64_t i) {
   s.vision_tokens = data.vision_tokens(i);
   s.text_tokens = data.length(i) - s.vision_tokens;
   s.images = data.images(i);
+  s.tiles = data.tower_images(i);
   return s;
 }
 
@@ -134,7 +135,7 @@ void Executor::encode_routed(const GroupWork& g, const Sample* loaded, Batch& b)
     append_image(b, s.images[0], model_.config().vision);
     first_row[e] = rows;
     rows += im.span.tokens;
-    ++images_encoded_;
+    images_encoded_ += s.images[0].tiles;  // the tower's images, as the unrouted count
   }
   images_.prepare(g.ring, route.send_rows(first_row), route.recv, rows,
                   int64_t(model_.config().vision.image_sets()) * model_.config().dim);

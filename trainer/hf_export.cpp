@@ -291,6 +291,14 @@ json internvl_config(const ModelConfig& m, const HfExportOptions& o, int64_t ima
             "projector uses another (model.vision.projector_act)");
   json text = model_config(m, o);
   const ImageGeometry tiles = data_geometry(v);
+  // transformers' processor always adds the thumbnail to a grid of tiles.
+  DHP_CHECK(remote || !tiles.tiled() || tiles.thumbnail, "export: transformers' InternVL processor always adds a "
+            "thumbnail to an image's tiles; this model tiles without one (model.vision.thumbnail = false): export "
+            "with --remote-code, whose use_thumbnail holds it");
+  if (remote)
+    spdlog::info("export: the remote-code layout loads through InternVL's own configuration_internvl_chat.py, "
+                 "modeling_internvl_chat.py and modeling_intern_vit.py, which dhp does not write: copy them beside "
+                 "it from the model's original folder");
   json vision = {{"architectures", {"InternVisionModel"}},
                  {"hidden_size", v.dim},
                  {"intermediate_size", v.ffn},

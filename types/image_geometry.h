@@ -4,6 +4,7 @@
 // (types/model_config.h); data/ knows nothing else of the model.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -75,6 +76,13 @@ struct ImageGeometry {
   int max_tiles = -1;
   bool thumbnail = true;
   bool tiled() const { return max_tiles > 0; }
+  // How each of a sample's `images` image files is tiled: InternVL's fine-tuning shares
+  // max_tiles among them (max(1, max_tiles / images)).
+  ImageGeometry for_images(int64_t images) const {
+    ImageGeometry g = *this;
+    if (tiled() && images > 1) g.max_tiles = std::max<int64_t>(1, max_tiles / images), g.min_tiles = std::min(min_tiles, g.max_tiles);
+    return g;
+  }
   // How a video frame is prepared: as an image, except that a tiled tower takes each frame as
   // one tile (InternVL's video frames: dynamic_preprocess with max_num 1, the frame resized to
   // image_size x image_size).
