@@ -32,15 +32,15 @@ json.dump(tok, open(path, "w", encoding="utf-8"), ensure_ascii=False)
 print(nxt - 1)
 PY
 )
-# 128 px tiles of 8 px patches: 64 tokens a tile, up to 13 tiles (832 tokens) an image.
+# 192 px tiles of 8 px patches: 144 tokens a tile, up to 13 tiles (1872 tokens) an image.
 hf_fixture make_hf_internvl_fixture.py "$work/vl" --hidden 64 --heads 4 --kv 2 --layers 2 --ffn 128 \
-  --vocab 1344 --vhidden 32 --vheads 2 --vlayers 2 --vffn 64 --patch 8 --image-size 128 --seed 3 \
+  --vocab 1344 --vhidden 32 --vheads 2 --vlayers 2 --vffn 64 --patch 8 --image-size 192 --seed 3 \
   --image-token "$context"
 cp "$work/tok/tokenizer.json" "$work/tok/tokenizer_config.json" "$work/vl/"
 # The mixed preset: wide and tall images give many tiles; its videos' frames are a tile each
 # after "Frame{i}: ".
 "$dhp" data synth --out "$work/data" --preset mixed --train 96 --val 8 --seed 5 --scale 0.15 --factor 16 >/dev/null
-quiet_run_toml | max_tokens=1200 small_run_toml "$work/data" 4 "" 'template = "internvl2_5"' > "$work/run.toml"
+quiet_run_toml | max_tokens=2500 small_run_toml "$work/data" 4 "" 'template = "internvl2_5"' > "$work/run.toml"
 start=(--config "$work/run.toml" --model.init="$work/vl" --data.tokenizer="$work/vl")
 train_run "$work/one.log" -- "${start[@]}" --log.metrics="$work/one/metrics.jsonl" --checkpoint.dir="$work/one/ckpt"
 for want in "imported .* tensors of the decoder, vision tower and projector" "model.vision.arch += \"intern_vit\"" \
