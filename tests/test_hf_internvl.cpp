@@ -114,6 +114,19 @@ TEST(HfInternVlConfig, RefusesWhatItCannotRun) {
   std::ofstream(v1 / "config.json") << c.dump(2);
   const std::string order = error_of([&] { config_of(v1); });
   EXPECT_NE(order.find("\"ps_version\" is v1"), std::string::npos) << order;
+  c["ps_version"] = "v2";
+  c["pad2square"] = true;
+  std::ofstream(v1 / "config.json") << c.dump(2);
+  const std::string pad = error_of([&] { config_of(v1); });
+  EXPECT_NE(pad.find("\"pad2square\" is true"), std::string::npos) << pad;
+  const fs::path seq = root() / "internvl_seq";
+  fs::create_directories(seq);
+  for (const auto& e : fs::directory_iterator(internvl())) fs::copy(e.path(), seq / e.path().filename());
+  json h = json::parse(std::ifstream(seq / "config.json"));
+  h["image_seq_length"] = 256;  // InternVL3's, for 448 px tiles; this fixture's tiles give 4
+  std::ofstream(seq / "config.json") << h.dump(2);
+  const std::string tokens = error_of([&] { config_of(seq); });
+  EXPECT_NE(tokens.find("\"image_seq_length\" is 256"), std::string::npos) << tokens;
 }
 
 // InternVL3's remote-code folders keep Qwen2.5's rope_scaling "dynamic" (factor 2): plain RoPE

@@ -659,6 +659,8 @@ void read_internvl(const ConfigJson& c, const TowerTraits& tower, const std::str
     const std::string ps = c.string("ps_version", "v1");
     DHP_CHECK(ps == "v2", "{}: \"ps_version\" is {}; dhp's pixel shuffle is InternVL's v2 order (v1 lists the "
               "merged rows column by column)", c.where(), printable(ps));
+    DHP_CHECK(!c.boolean("pad2square", false), "{}: \"pad2square\" is true (images padded to a square before "
+              "tiling); dhp tiles each image as it is", c.where());
     const int64_t force = c.integer("force_image_size", 1, 1 << 16, v.image_size);
     DHP_CHECK(force == v.image_size, "{}: \"force_image_size\" ({}) is not the tower's image_size ({}): the tiles "
               "would be resized against the position table", c.where(), force, v.image_size);
@@ -679,8 +681,12 @@ void read_internvl(const ConfigJson& c, const TowerTraits& tower, const std::str
     std::error_code ec;
     if (fs::exists(added, ec)) {
       const json a = read_json_file(added.string(), "added tokens");
-      if (a.contains("<IMG_CONTEXT>") && a["<IMG_CONTEXT>"].is_number_integer())
-        h.image_token = int32_t(a["<IMG_CONTEXT>"].get<int64_t>());
+      if (a.contains("<IMG_CONTEXT>") && a["<IMG_CONTEXT>"].is_number_integer()) {
+        const int64_t id = a["<IMG_CONTEXT>"].get<int64_t>();
+        DHP_CHECK(id >= 0 && id < (int64_t(1) << 24), "'{}': <IMG_CONTEXT> has id {}, not a token id",
+                  added.string(), id);
+        h.image_token = int32_t(id);
+      }
     }
     return;
   }
@@ -705,6 +711,11 @@ void read_internvl(const ConfigJson& c, const TowerTraits& tower, const std::str
               v.min_tiles, v.max_tiles);
   }
   h.image_token = int32_t(c.integer("image_token_id", 0, int64_t(1) << 24, 151667));
+  // The tokens a tile gives: InternVLProcessor writes image_seq_length of them.
+  const int64_t per_tile = int64_t(v.image_size / v.patch / 2) * (v.image_size / v.patch / 2);
+  DHP_CHECK(c.integer("image_seq_length", 1, int64_t(1) << 24, per_tile) == per_tile,
+            "{}: \"image_seq_length\" is {}; a tile of {} px in {} px patches folded 2 x 2 gives {} tokens", c.where(),
+            c.integer("image_seq_length", 1, int64_t(1) << 24, per_tile), v.image_size, v.patch, per_tile);
 }
 
 }  // namespace
