@@ -119,6 +119,17 @@ void mlp_act_forward(const Ops& ops, const BlockDims& d, const BlockActs& a, int
   else ops.gelu_forward(a.g, a.a, n, d.act);
 }
 
+// The gradient a branch's output Linear (in -> C through W, b) takes: dy itself, or with
+// LayerScale `ls` d(ls ⊙ y) = ls ⊙ dy into dxn, and ls's gradient, which needs the output
+// before the scale: rebuilt (one GEMM) in dtmp. dxn and dtmp are free until the norms' backward.
+CAct layer_scale_backward(const Ops& ops, const BlockScratch& s, CAct ls, float* dls, CAct dy, CAct in, CAct W,
+                          CAct b, int64_t T, int64_t K, int64_t C) {
+  if (!ls) return dy;
+  ops.linear_forward(s.dtmp, in, W, b, T, K, C);
+  ops.channel_scale_backward(s.dxn, dls, dy, s.dtmp, ls, T, C);
+  return s.dxn;
+}
+
 }  // namespace
 
 void block_forward(const Ops& ops, const BlockDims& d, const BlockWeights& w, const BlockActs& a,
@@ -167,14 +178,7 @@ void block_backward(const Ops& ops, const BlockDims& d, const BlockWeights& w,
     mlp_act_forward(ops, d, a, T * F);
   }
   // MLP branch: dx holds d(out) = d(h) through the residual, plus what flows through the MLP.
-  // LayerScale's gradient needs the branch's output before the scale: rebuilt (one GEMM) in
-  // dtmp, and d(branch) goes to dxn, both free until the norms' backward.
-  CAct dmlp = dx;
-  if (w.ls2) {
-    ops.linear_forward(s.dtmp, a.g, w.w2, w.b2, T, F, C);
-    ops.channel_scale_backward(s.dxn, gw.ls2, dx, s.dtmp, w.ls2, T, C);
-    dmlp = s.dxn;
-  }
+  const CAct dmlp = layer_scale_backward(ops, s, w.ls2, gw.ls2, dx, a.g, w.w2, w.b2, T, F, C);
   ops.linear_backward(s.dg, gw.w2, gw.b2, dmlp, a.g, w.w2, T, F, C, false);
   if (d.mlp == MlpKind::swiglu) {
     ops.swiglu_backward(s.da, s.db, s.dg, a.a, a.b, T * F);
@@ -187,13 +191,8 @@ void block_backward(const Ops& ops, const BlockDims& d, const BlockWeights& w,
   norm_backward(ops, d, s.dtmp, gw.mlp_norm, gw.mlp_norm_b, s.dxn, a.h, w.mlp_norm, a.mean2, a.rstd2, T, C);
   ops.add_inplace(dx, s.dtmp, T * C);  // dx = d(h)
 
-  // Attention branch (LayerScale as for the MLP).
-  CAct dproj = dx;
-  if (w.ls1) {
-    ops.linear_forward(s.dtmp, a.att, w.wo, w.bo, T, qd, C);
-    ops.channel_scale_backward(s.dxn, gw.ls1, dx, s.dtmp, w.ls1, T, C);
-    dproj = s.dxn;
-  }
+  // Attention branch.
+  const CAct dproj = layer_scale_backward(ops, s, w.ls1, gw.ls1, dx, a.att, w.wo, w.bo, T, qd, C);
   ops.linear_backward(s.datt, gw.wo, gw.bo, dproj, a.att, w.wo, T, qd, C, false);
   attn.backward(layer, s.dq, s.dk, s.dv, s.datt, a.att, a.lse, a.q, a.k, a.v, d.attn());
   if (d.rope_on) {
