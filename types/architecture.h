@@ -139,6 +139,14 @@ struct TowerTraits {
   constexpr bool own_stream() const { return class_row || learned_positions; }
 };
 
+// InternVLVisionConfig's defaults, the class both InternViT rows' configs are.
+inline constexpr std::string_view kInternVlVisionDefaults =
+    R"({"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "attention_bias": false,
+        "use_qk_norm": false, "intermediate_size": 4096, "hidden_act": "gelu", "norm_type": "layer_norm",
+        "layer_norm_eps": 1e-6, "image_size": [448, 448], "patch_size": [14, 14], "num_channels": 3,
+        "use_mask_token": false, "use_absolute_position_embeddings": true, "layer_scale_init_value": 0.1,
+        "use_mean_pooling": true})";
+
 inline constexpr TowerTraits kTowerTraits[] = {
     // model-spec.md's encoder: RMSNorm, SwiGLU, 2-D RoPE, a final norm.
     {VisionArch::native, "native", NormKind::rms, MlpKind::swiglu, false, true, false, false, PositionResize::bicubic,
@@ -187,11 +195,7 @@ inline constexpr TowerTraits kTowerTraits[] = {
      ProjectorHidden::decoder, false, true, true, 1e-5f, 12, kImagenetPixelMean, kImagenetPixelStd,
      "internvl_vision", "InternVLVisionModel", "", "InternVLForConditionalGeneration", "InternVLChatModel",
      "", "default", ImageFit::siglip,
-     R"({"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "attention_bias": false,
-         "use_qk_norm": false, "intermediate_size": 4096, "hidden_act": "gelu", "norm_type": "layer_norm",
-         "layer_norm_eps": 1e-6, "image_size": [448, 448], "patch_size": [14, 14], "num_channels": 3,
-         "use_mask_token": false, "use_absolute_position_embeddings": true, "layer_scale_init_value": 0.1,
-         "use_mean_pooling": true})",
+     kInternVlVisionDefaults,
      HfTowerNames::intern_vit},
     // InternViT-6B (InternVL3-38B and 78B): the same tower with RMSNorm blocks, no q/k/v biases
     // and q/k RMSNormed over the whole width; the same Hugging Face classes (its config's
@@ -201,11 +205,7 @@ inline constexpr TowerTraits kTowerTraits[] = {
      ProjectorAct::gelu, ProjectorHidden::decoder, false, true, true, 1e-5f, 12, kImagenetPixelMean,
      kImagenetPixelStd, "internvl_vision", "InternVLVisionModel", "", "InternVLForConditionalGeneration",
      "InternVLChatModel", "", "default", ImageFit::siglip,
-     R"({"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "attention_bias": false,
-         "use_qk_norm": false, "intermediate_size": 4096, "hidden_act": "gelu", "norm_type": "layer_norm",
-         "layer_norm_eps": 1e-6, "image_size": [448, 448], "patch_size": [14, 14], "num_channels": 3,
-         "use_mask_token": false, "use_absolute_position_embeddings": true, "layer_scale_init_value": 0.1,
-         "use_mean_pooling": true})",
+     kInternVlVisionDefaults,
      HfTowerNames::intern_vit},
 };
 
