@@ -467,6 +467,8 @@ struct Preprocessor {
   int size = 0;
   // Qwen2VLImageProcessor: each image at its own size within [min_pixels, max_pixels].
   int64_t min_pixels = 0, max_pixels = 0;
+  // GotOcr2ImageProcessor (InternVL): the tiles an image may become (0: the file says nothing).
+  int min_patches = 0, max_patches = 0;
   std::string where;  // the file, for messages
 };
 
@@ -546,6 +548,12 @@ Preprocessor read_preprocessor(const std::string& dir) {
     DHP_CHECK(h == w, "{}: \"size\" is {}x{}; dhp's siglip resize makes squares", c.where(), w, h);
     p.fit = ImageFit::siglip;
     p.size = square_side(h, c.where());
+  }
+  if (c.has("min_patches") || c.has("max_patches")) {
+    p.min_patches = int(c.integer("min_patches", 1, 64, 1));
+    p.max_patches = int(c.integer("max_patches", 1, 64, 12));  // GotOcr2ImageProcessor's default
+    DHP_CHECK(p.min_patches <= p.max_patches, "{}: \"min_patches\" ({}) exceeds \"max_patches\" ({})", c.where(),
+              p.min_patches, p.max_patches);
   }
   p.found = true;
   p.where = c.where();
@@ -697,18 +705,14 @@ void read_internvl(const ConfigJson& c, const TowerTraits& tower, const std::str
   DHP_CHECK(act == "gelu", "{}: \"projector_hidden_act\" is {}; InternVL's mlp1 uses erf GELU (\"gelu\")", c.where(),
             printable(act));
   v.resize = ImageFit::siglip;
-  apply_preprocessor(v, read_preprocessor(dir));
+  const Preprocessor pre = read_preprocessor(dir);
+  apply_preprocessor(v, pre);
   // InternVLProcessor asks its image processor for tiles (crop_to_patches) between
   // min_patches and max_patches, with a thumbnail, whatever the file's crop_to_patches says.
-  const fs::path pre = fs::path(dir) / "preprocessor_config.json";
-  std::error_code ec;
-  if (fs::exists(pre, ec)) {
-    const ConfigJson p(read_json_file(pre.string(), "image processor config"), "'" + pre.string() + "'");
-    v.min_tiles = int(p.integer("min_patches", 1, 64, 1));
-    v.max_tiles = int(p.integer("max_patches", 1, 64, 12));
+  if (pre.found) {
+    v.min_tiles = pre.max_patches > 0 ? pre.min_patches : 1;
+    v.max_tiles = pre.max_patches > 0 ? pre.max_patches : 12;
     v.thumbnail = true;
-    DHP_CHECK(v.min_tiles <= v.max_tiles, "{}: \"min_patches\" ({}) exceeds \"max_patches\" ({})", p.where(),
-              v.min_tiles, v.max_tiles);
   }
   h.image_token = int32_t(c.integer("image_token_id", 0, int64_t(1) << 24, 151667));
   // The tokens a tile gives: InternVLProcessor writes image_seq_length of them.
