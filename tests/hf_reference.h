@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -26,6 +27,16 @@ struct RefResult {
   std::map<std::string, std::vector<float>> grads;  // by the folder's names
 };
 
+// An h x w RGB image (rows of w·3 bytes) as a batch's patch rows: patches row-major, each in
+// (ky, kx, c) order, p pixels a side.
+inline void append_patches(Batch& b, const uint8_t* rgb, int h, int w, int p) {
+  for (int r = 0; r < h / p; ++r)
+    for (int c = 0; c < w / p; ++c)
+      for (int ky = 0; ky < p; ++ky)
+        for (int kx = 0; kx < p; ++kx)
+          for (int ch = 0; ch < 3; ++ch) b.pixels.push_back(rgb[size_t(((r * p + ky) * w + c * p + kx) * 3 + ch)]);
+}
+
 // OUT/loss.json, OUT/logits.bin (T, V) and OUT/grads.safetensors of a reference run.
 inline RefResult read_reference(const std::filesystem::path& out, int64_t T, int64_t V) {
   RefResult r;
@@ -36,6 +47,18 @@ inline RefResult read_reference(const std::filesystem::path& out, int64_t T, int
   r.last_logits.assign(logits.end() - V, logits.end());
   for (auto& [name, g] : folder_f32(out)) r.grads[name] = std::move(g);
   return r;
+}
+
+// Runs tests/reference/`script` on CKPT with OUT/input.json = `input` (and `flags`), and reads
+// what it wrote (read_reference).
+inline RefResult run_reference(const std::string& script, const std::filesystem::path& ckpt,
+                               const std::filesystem::path& out, const nlohmann::json& input, int64_t T, int64_t V,
+                               const std::string& flags) {
+  std::ofstream(out / "input.json") << input.dump();
+  const std::string cmd =
+      reference_py() + script + " " + ckpt.string() + " " + (out / "input.json").string() + " " + out.string() + " " + flags;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  return read_reference(out, T, V);
 }
 
 // One training step's loss and gradients of `m` on `b` (mean loss over its targets) under the

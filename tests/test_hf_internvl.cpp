@@ -259,11 +259,7 @@ Batch internvl_batch(const ModelConfig& cfg, std::vector<std::vector<uint8_t>>* 
       std::vector<uint8_t> pix(size_t(S) * S * 3);
       for (auto& v : pix) v = uint8_t(rng.below(256));
       b.images.push_back(PackedImage{b.n_patches(), g, g});
-      for (int r = 0; r < g; ++r)
-        for (int c = 0; c < g; ++c)
-          for (int ky = 0; ky < p; ++ky)
-            for (int kx = 0; kx < p; ++kx)
-              for (int ch = 0; ch < 3; ++ch) b.pixels.push_back(pix[size_t(((r * p + ky) * S + c * p + kx) * 3 + ch)]);
+      testing::append_patches(b, pix.data(), S, S, p);
       for (int t = 0; t < per_tile; ++t) add(context, slot++);
       rgb->push_back(std::move(pix));
     }
@@ -291,11 +287,9 @@ RefResult reference(const fs::path& ckpt, const std::string& flags = "") {
                                                       std::streamsize(rgb[i].size()));
     tiles.push_back({{"pixels", name}});
   }
-  std::ofstream(out / "input.json") << json{{"tokens", b.tokens}, {"targets", b.targets}, {"tiles", tiles}}.dump();
-  const std::string cmd = testing::reference_py() + "hf_internvl_ref.py " + ckpt.string() + " " +
-                          (out / "input.json").string() + " " + out.string() + " " + flags;
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  return testing::read_reference(out, b.T, cfg.vocab_size);
+  return testing::run_reference("hf_internvl_ref.py", ckpt, out,
+                                 json{{"tokens", b.tokens}, {"targets", b.targets}, {"tiles", tiles}}, b.T,
+                                 cfg.vocab_size, flags);
 }
 
 RefResult run_dhp(const fs::path& ckpt) {

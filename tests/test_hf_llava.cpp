@@ -22,6 +22,7 @@
 #include "model/model.h"
 #include "tests/error_of.h"
 #include "tests/hf_fixture.h"
+#include "tests/hf_reference.h"
 #include "tests/model_fixtures.h"
 #include "tests/file_text.h"
 #include "trainer/hf_checkpoint.h"
@@ -581,13 +582,7 @@ Batch llava_batch(const ModelConfig& cfg, std::vector<std::vector<uint8_t>>* rgb
     for (auto& v : pix) v = uint8_t(rng.below(256));
     const int gh = im.h / p, gw = im.w / p;
     b.images.push_back(PackedImage{b.n_patches(), gh, gw});
-    // Patch rows in (ky, kx, c) order, patches row-major.
-    for (int r = 0; r < gh; ++r)
-      for (int c = 0; c < gw; ++c)
-        for (int ky = 0; ky < p; ++ky)
-          for (int kx = 0; kx < p; ++kx)
-            for (int ch = 0; ch < 3; ++ch)
-              b.pixels.push_back(pix[size_t(((r * p + ky) * im.w + c * p + kx) * 3 + ch)]);
+    testing::append_patches(b, pix.data(), im.h, im.w, p);
     for (int t = 0; t < gh * gw; ++t) add(0, slot++);
     rgb->push_back(std::move(pix));
   }

@@ -211,13 +211,7 @@ Batch qwen_batch(const ModelConfig& cfg, std::vector<std::vector<uint8_t>>* rgb)
       PackedImage packed{b.n_patches(), gh, gw};
       packed.frames = per;
       b.images.push_back(packed);
-      for (int f = g * per; f < (g + 1) * per; ++f)
-        for (int r = 0; r < gh; ++r)
-          for (int c = 0; c < gw; ++c)
-            for (int ky = 0; ky < p; ++ky)
-              for (int kx = 0; kx < p; ++kx)
-                for (int ch = 0; ch < 3; ++ch)
-                  b.pixels.push_back(pix[size_t(f) * frame + size_t(((r * p + ky) * im.w + c * p + kx) * 3 + ch)]);
+      for (int f = g * per; f < (g + 1) * per; ++f) testing::append_patches(b, pix.data() + size_t(f) * frame, im.h, im.w, p);
       if (im.frames > 1) {
         text_token(400 + g);  // "<0.5 seconds>" and the like, as text
         text_token(410);
@@ -252,11 +246,10 @@ Result reference(const fs::path& ckpt, const std::string& flags = "") {
     items.push_back({{"kind", kImages[i].frames > 1 ? "video" : "image"}, {"height", kImages[i].h},
                      {"width", kImages[i].w}, {"frames", kImages[i].frames}, {"pixels", name}});
   }
-  std::ofstream(out / "input.json") << json{{"tokens", b.tokens}, {"targets", b.targets}, {"items", items}}.dump();
-  const std::string cmd = testing::reference_py() + "hf_qwen3_vl_ref.py " + ckpt.string() + " " +
-                          (out / "input.json").string() + " " + out.string() + " " + flags;
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  Result r{testing::read_reference(out, b.T, config_of(ckpt).vocab_size), {}};
+  Result r{testing::run_reference("hf_qwen3_vl_ref.py", ckpt, out,
+                                  json{{"tokens", b.tokens}, {"targets", b.targets}, {"items", items}}, b.T,
+                                  config_of(ckpt).vocab_size, flags),
+           {}};
   const json pos = json::parse(std::ifstream(out / "positions.json"))["position_ids"];
   for (int64_t t = 0; t < b.T; ++t)
     for (int a = 0; a < 3; ++a) r.rope_pos.push_back(pos[size_t(a)][size_t(t)].get<int32_t>());
