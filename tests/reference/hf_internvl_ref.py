@@ -95,9 +95,8 @@ import torch
 import torch.nn.functional as F
 
 from hf_llama_ref import default_inv_freq, read_checkpoint, repeat_kv, rope_settings, rope_type_of, rotate_half
-from hf_llava_ref import ACT, load_json
+from hf_llava_ref import ACT, load_json, write_results
 from hf_qwen3_vl_ref import rms_norm, upcast
-from make_hf_fixture import write_safetensors
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # InternVL's internvl/train/constants.py
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -632,12 +631,7 @@ def main():
     logits = forward(P, inp["tokens"], pix, a)
     loss = loss_of(logits, inp["targets"])
     loss.backward()
-    os.makedirs(a.out, exist_ok=True)
-    json.dump({"loss": loss.item()}, open(os.path.join(a.out, "loss.json"), "w"))
-    logits.detach().numpy().astype("float32").tofile(os.path.join(a.out, "logits.bin"))
-    grads = [(k, "F32", tuple(v.shape), v.grad.detach().contiguous().numpy().astype("float32").tobytes())
-             for k, v in sorted(P.state.items()) if v.grad is not None]
-    write_safetensors(os.path.join(a.out, "grads.safetensors"), grads)
+    write_results(a.out, loss, logits, P.state)
 
 
 if __name__ == "__main__":

@@ -172,6 +172,17 @@ def encode_image(P, pixels, H, W, flags):
     return f[0]
 
 
+
+def write_results(out, loss, logits, state):
+    """What the C++ tests read (tests/hf_reference.h): OUT/loss.json, OUT/logits.bin (T, V) fp32 and
+    OUT/grads.safetensors, every tensor of `state` that got a gradient under its folder name."""
+    os.makedirs(out, exist_ok=True)
+    json.dump({"loss": loss.item()}, open(os.path.join(out, "loss.json"), "w"))
+    logits.detach().numpy().astype("float32").tofile(os.path.join(out, "logits.bin"))
+    grads = [(k, "F32", tuple(v.shape), v.grad.detach().contiguous().numpy().astype("float32").tobytes())
+             for k, v in sorted(state.items()) if v.grad is not None]
+    write_safetensors(os.path.join(out, "grads.safetensors"), grads)
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("ckpt")
@@ -210,12 +221,7 @@ def main():
     logits = llama_forward(dec, c, ids, c.get("rms_norm_eps", 1e-6), False, embeds=x[None])
     loss = F.cross_entropy(logits, torch.tensor(inp["targets"]), ignore_index=-1)
     loss.backward()
-    os.makedirs(a.out, exist_ok=True)
-    json.dump({"loss": loss.item()}, open(os.path.join(a.out, "loss.json"), "w"))
-    logits.detach().numpy().astype("float32").tofile(os.path.join(a.out, "logits.bin"))
-    grads = [(k, "F32", tuple(v.shape), v.grad.detach().contiguous().numpy().astype("float32").tobytes())
-             for k, v in sorted(P.state.items()) if v.grad is not None]
-    write_safetensors(os.path.join(a.out, "grads.safetensors"), grads)
+    write_results(a.out, loss, logits, P.state)
 
 
 if __name__ == "__main__":

@@ -83,8 +83,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_llama_ref import default_inv_freq, read_checkpoint, repeat_kv, rope_settings, rotate_half
-from hf_llava_ref import ACT, load_json
-from make_hf_fixture import write_safetensors
+from hf_llava_ref import ACT, load_json, write_results
 
 VISION_THETA = 10000.0  # Qwen3VLVisionRotaryEmbedding's default, not in the config
 
@@ -521,13 +520,8 @@ def main():
     logits, pos = forward(P, inp["tokens"], pix, grids, a)
     loss = loss_of(logits, inp["targets"])
     loss.backward()
-    os.makedirs(a.out, exist_ok=True)
-    json.dump({"loss": loss.item()}, open(os.path.join(a.out, "loss.json"), "w"))
+    write_results(a.out, loss, logits, P.state)
     json.dump({"position_ids": pos.tolist()}, open(os.path.join(a.out, "positions.json"), "w"))
-    logits.detach().numpy().astype("float32").tofile(os.path.join(a.out, "logits.bin"))
-    grads = [(k, "F32", tuple(v.shape), v.grad.detach().contiguous().numpy().astype("float32").tobytes())
-             for k, v in sorted(P.state.items()) if v.grad is not None]
-    write_safetensors(os.path.join(a.out, "grads.safetensors"), grads)
 
 
 if __name__ == "__main__":
