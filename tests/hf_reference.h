@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -142,6 +143,28 @@ inline RefDistance ref_distance(const RefResult& ref, const RefResult& got) {
     if (err / mref > d.grads) d.grads = err / mref, d.worst = name;
   }
   return d;
+}
+
+// The vision-language issues' bounds: loss 1e-5 relative, logits 1e-4, each gradient 1e-4 of
+// its largest entry.
+inline constexpr double kRefLossTol = 1e-5, kRefLogitsTol = 1e-4, kRefGradTol = 1e-4;
+
+// A match within those bounds, printed as `what`.
+inline void expect_reference_match(const RefDistance& d, const std::string& what) {
+  std::printf("%s: loss %.2e, logits %.2e, gradients %.2e (worst %s)\n", what.c_str(), d.loss, d.logits, d.grads,
+              d.worst.c_str());
+  EXPECT_EQ(d.unmatched, 0) << what << ": " << d.worst;
+  EXPECT_LT(d.loss, kRefLossTol) << what;
+  EXPECT_LT(d.logits, kRefLogitsTol) << what;
+  EXPECT_LT(d.grads, kRefGradTol) << what << ": " << d.worst;
+}
+
+// A negative control: it must miss by more than ten times the bounds, or the match would not
+// prove the semantics it names.
+inline void expect_control_misses(const RefDistance& d, const std::string& what) {
+  std::printf("control, %s: loss %.2e, logits %.2e, gradients %.2e\n", what.c_str(), d.loss, d.logits, d.grads);
+  EXPECT_TRUE(d.loss > 10 * kRefLossTol || d.logits > 10 * kRefLogitsTol || d.grads > 10 * kRefGradTol || d.unmatched)
+      << what << " went unnoticed: loss " << d.loss << ", logits " << d.logits << ", gradients " << d.grads;
 }
 
 }  // namespace dhp::testing
