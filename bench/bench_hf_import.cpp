@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
     DeviceBuffer buf(*backend, size_t(table.total()) * sizeof(float));
     backend->zero(buf.data(), buf.bytes());
     const auto t0 = Clock::now();
-    import_hf_weights(dir, m, table, *backend, buf.as<float>());
+    import_hf_weights(dir, m, table, host_arena_writer(buf.as<float>()));
     return std::chrono::duration<double>(Clock::now() - t0).count();
   };
   auto read = [&] {

@@ -50,13 +50,16 @@ RopeSpec decoder_rope(const ModelConfig& c) {
 }
 }  // namespace
 
-Model::Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups)
+Model::Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups, OptimizerShard master)
     : cfg_(cfg),
       backend_(backend),
       ops_(backend.ops()),
       table_(cfg_, groups),
       dtype_(ops_.dtype()),
-      params_(backend, sizeof(float) * size_t(table_.total())),
+      master_shard_{master, table_.trainable_total()},
+      sheds_(master.world > 1 && dtype_ != DType::F32),
+      params_(backend, sheds_ ? 0 : sizeof(float) * size_t(table_.total())),
+      master_(backend, sheds_ ? sizeof(float) * size_t(master_shard_.held_size()) : 0),
       grads_(backend, sizeof(float) * size_t(table_.trainable_total())),
       work_(backend, dtype_ == DType::F32 ? 0 : dtype_size(dtype_) * size_t(table_.total())),
       stats_(backend, sizeof(CrossEntropyStats)),
@@ -77,34 +80,94 @@ Model::Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups
   for (int l = 0; l < cfg_.layers; ++l)
     layer_at_.push_back(table_.get("layers." + std::to_string(l) + ".attn_norm.weight").grad_offset);
   backend_.zero(params_.data(), params_.bytes());
+  backend_.zero(master_.data(), master_.bytes());
+  backend_.zero(work_.data(), work_.bytes());
   backend_.zero(grads_.data(), grads_.bytes());
   backend_.zero(stats_.data(), stats_.bytes());
 }
 
 void Model::refresh_weights() {
-  if (!weights_stale_) return;
+  if (!weights_stale_ || sheds_) return;
   if (dtype_ != DType::F32)
     ops_.cast(Act(work_.data(), dtype_), params_.as<float>(), table_.total());
   weights_stale_ = false;
 }
 
 void Model::initialise(uint64_t seed) {
-  weights_stale_ = true;
   std::vector<float> host(size_t(table_.total()));
   table_.initialise(host.data(), seed);
-  backend_.upload(params_.data(), host.data(), params_.bytes());
+  upload_params(host);
 }
 
 std::vector<float> Model::download_params() const {
   std::vector<float> host(size_t(table_.total()));
-  backend_.download(host.data(), params_.data(), params_.bytes());
+  read_params(0, table_.total(), host.data());
   return host;
 }
 
 void Model::upload_params(const std::vector<float>& host) {
   DHP_ASSERT(int64_t(host.size()) == table_.total());
-  weights_stale_ = true;
-  backend_.upload(params_.data(), host.data(), params_.bytes());
+  write_params(0, host.data(), table_.total());
+}
+
+void Model::write_params(int64_t offset, const float* host, int64_t count) {
+  DHP_ASSERT(offset >= 0 && count >= 0 && offset + count <= table_.total());
+  if (!sheds_) {
+    weights_stale_ = true;
+    backend_.upload(params_.as<float>() + offset, host, sizeof(float) * size_t(count));
+    return;
+  }
+  // The working copy rounded from the values, through fp32 staging a chunk at a time.
+  constexpr int64_t kChunk = int64_t(1) << 22;
+  DeviceBuffer staged(backend_, sizeof(float) * size_t(std::min(count, kChunk)));
+  for (int64_t i = 0; i < count; i += kChunk) {
+    const int64_t c = std::min(kChunk, count - i);
+    backend_.upload(staged.data(), host + i, sizeof(float) * size_t(c));
+    ops_.cast(working() + (offset + i), staged.as<float>(), c);
+  }
+  // The master of the trainable elements this rank holds, exactly.
+  for (const ParamSpec& p : table_.specs()) {
+    const int64_t a = std::max(offset, p.offset), b = std::min(offset + count, p.offset + p.numel());
+    if (!p.trainable || a >= b) continue;
+    const int64_t to_grad = p.grad_offset - p.offset;
+    master_shard_.for_each_held(a + to_grad, b + to_grad, [&](const CompactShard::Range& h, int64_t x, int64_t y) {
+      backend_.upload(master() + h.local + (x - h.begin), host + (x - to_grad - offset), sizeof(float) * size_t(y - x));
+    });
+  }
+}
+
+void Model::read_working(int64_t offset, int64_t count, float* host) const {
+  DHP_ASSERT(offset >= 0 && count >= 0 && offset + count <= table_.total());
+  if (dtype_ == DType::F32) {
+    backend_.download(host, params_.as<float>() + offset, sizeof(float) * size_t(count));
+    return;
+  }
+  DHP_ASSERT(dtype_ == DType::BF16);
+  if (weights_stale_ && !sheds_) {  // what the next pass rounds the master to
+    backend_.download(host, params_.as<float>() + offset, sizeof(float) * size_t(count));
+    for (int64_t i = 0; i < count; ++i) host[i] = bf16_round(host[i]);
+    return;
+  }
+  std::vector<uint16_t> raw(static_cast<size_t>(count));
+  backend_.download(raw.data(), static_cast<const uint16_t*>(work_.data()) + offset, sizeof(uint16_t) * size_t(count));
+  widen_bf16(host, raw.data(), count);
+}
+
+void Model::read_params(int64_t offset, int64_t count, float* host) const {
+  DHP_ASSERT(offset >= 0 && count >= 0 && offset + count <= table_.total());
+  if (!sheds_) {
+    backend_.download(host, params_.as<float>() + offset, sizeof(float) * size_t(count));
+    return;
+  }
+  read_working(offset, count, host);
+  for (const ParamSpec& p : table_.specs()) {
+    const int64_t a = std::max(offset, p.offset), b = std::min(offset + count, p.offset + p.numel());
+    if (!p.trainable || a >= b) continue;
+    const int64_t to_grad = p.grad_offset - p.offset;
+    master_shard_.for_each_held(a + to_grad, b + to_grad, [&](const CompactShard::Range& h, int64_t x, int64_t y) {
+      backend_.download(host + (x - to_grad - offset), master() + h.local + (x - h.begin), sizeof(float) * size_t(y - x));
+    });
+  }
 }
 
 void Model::zero_grads() { backend_.zero(grads_.data(), grads_.bytes()); }

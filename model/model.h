@@ -9,12 +9,14 @@
 #include <memory>
 #include <vector>
 
+#include "core/check.h"
 #include "kernels/backend.h"
 #include "model/attention.h"
 #include "model/block.h"
 #include "model/device_batch.h"
 #include "model/image_route.h"
 #include "model/params.h"
+#include "model/shard.h"
 #include "model/vision.h"
 #include "types/batch.h"
 #include "types/model_config.h"
@@ -44,7 +46,11 @@ class Model {
   // `groups`: which parameter groups train. A frozen parameter has no gradient: the backward
   // pass skips its weight-gradient GEMM, and the whole pass below the lowest trainable
   // parameter (the vision tower when it and the projector are frozen).
-  Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups = {});
+  // `master`: the ranks the optimizer shards over. Over several ranks, with working weights
+  // narrower than fp32 (bf16), this rank keeps the fp32 master weights of its part of the
+  // trainable parameters only (model/shard.h; the distributed optimizer): the working copy is
+  // then the one full copy, the optimizer refreshes it, and frozen parameters exist in it alone.
+  Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups = {}, OptimizerShard master = {});
   // A copy would share nothing but the config; weights live on a device. Copy explicitly
   // through params() when that is what is meant.
   Model(const Model&) = delete;
@@ -60,12 +66,25 @@ class Model {
   // (n_grads floats) arenas. The forward and backward passes read a working copy in the ops'
   // storage dtype (the master arena itself when that is fp32); taking the mutable pointer
   // marks the copy stale, and the next pass refreshes it.
+  // Not where the master is sharded (sheds_master()): read_params and write_params serve both.
   float* params() {
+    DHP_ASSERT(!sheds_);
     weights_stale_ = true;
     return params_.as<float>();
   }
   float* grads() { return grads_.as<float>(); }
-  const float* params() const { return params_.as<float>(); }
+  const float* params() const {
+    DHP_ASSERT(!sheds_);
+    return params_.as<float>();
+  }
+  // The distributed optimizer's state: whether this rank holds the fp32 master of its shard
+  // only, that shard's layout, the master of the elements it holds (CompactShard::held) and the
+  // working copy the optimizer refreshes.
+  bool sheds_master() const { return sheds_; }
+  const CompactShard& master_shard() const { return master_shard_; }
+  float* master() { return master_.as<float>(); }
+  const float* master() const { return master_.as<float>(); }
+  Act working() { return Act(work_.data(), dtype_); }
   const float* grads() const { return grads_.as<float>(); }
 
   // What the passes keep for backward and rebuild (types/recompute.h); off until set. The
@@ -78,8 +97,17 @@ class Model {
 
   void initialise(uint64_t seed);
   // The weights on the host (checkpoints, exports) and back; each synchronises with the device.
+  // Where the master is sharded these are read_params and write_params of the whole arena: a
+  // rank's download holds the master of its shard alone (gather_weights, trainer/optimizer.h,
+  // assembles the whole), an upload keeps the master of its shard.
   std::vector<float> download_params() const;
   void upload_params(const std::vector<float>& host);
+  // Host values of arena range [offset, offset + count) in and out: the master where this rank
+  // holds it, the working copy widened to fp32 elsewhere (out) and rounded from them (in).
+  void write_params(int64_t offset, const float* host, int64_t count);
+  void read_params(int64_t offset, int64_t count, float* host) const;
+  // The working copy widened to fp32, as the next pass reads it: the same on every rank.
+  void read_working(int64_t offset, int64_t count, float* host) const;
   void zero_grads();
 
   // Uploads a host micro-batch into the model's batch buffers (valid until the next upload).
@@ -117,7 +145,11 @@ class Model {
   const Ops& ops_;
   ParamTable table_;
   DType dtype_;                  // storage of activations and working weights (Ops::dtype)
-  DeviceBuffer params_, grads_;  // (n_params) fp32 arenas of the same layout
+  CompactShard master_shard_;
+  bool sheds_;                   // the fp32 master is this rank's shard alone (master_)
+  DeviceBuffer params_;          // (n_params) fp32 master weights; empty when sheds_
+  DeviceBuffer master_;          // (master_shard_.held_size()) fp32, when sheds_
+  DeviceBuffer grads_;           // (n_grads) fp32, the gradient layout
   DeviceBuffer work_;            // (n_params) working weights when dtype_ is not fp32
   bool weights_stale_ = true;
   DeviceBuffer stats_;           // (1) CrossEntropyStats accumulated on the device

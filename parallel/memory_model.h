@@ -2,7 +2,8 @@
 //
 //   static (types/state_bytes.h: fp32 master weights of every parameter and their working
 //   copy in the storage dtype, fp32 gradients and moments of the trainable ones, the moments
-//   / N under ZeRO-1: frozen groups hold neither)
+//   / N under ZeRO-1, and the master / N too where there is a working copy: frozen groups
+//   hold neither gradients nor moments)
 //   + decoder activations per token held (what the mode of parallel.recompute keeps: every
 //     layer's kept buffers, plus one set of the buffers it rebuilds; model/block.h) (a rank of a ring of degree c holds at most
 //     ceil(L/c) tokens of a sequence of L: zigzag split, plan.h)

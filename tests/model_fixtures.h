@@ -135,7 +135,9 @@ inline void randomise(Model& m, uint64_t seed) {
   // Larger than the 0.02 initialisation so every parameter has a gradient well above the
   // finite-difference noise floor.
   Rng rng(seed);
-  for (int64_t i = 0; i < m.n_params(); ++i) m.params()[i] = float((rng.uniform() * 2 - 1) * 0.5);
+  std::vector<float> host(static_cast<size_t>(m.n_params()));
+  for (float& x : host) x = float((rng.uniform() * 2 - 1) * 0.5);
+  m.upload_params(host);
 }
 
 // Every parameter tensor's gradient against central differences (6 probes each) after one

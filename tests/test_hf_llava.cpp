@@ -71,8 +71,7 @@ Imported import_into_table(const std::string& dir, const ModelConfig& cfg, uint6
   const ParamTable table(cfg);
   r.arena.assign(size_t(table.total()), 0.0f);
   table.initialise(r.arena.data(), seed);
-  auto backend = make_cpu_backend({1});
-  r.result = import_hf_weights(dir, cfg, table, *backend, r.arena.data());
+  r.result = import_hf_weights(dir, cfg, table, host_arena_writer(r.arena.data()));
   return r;
 }
 
@@ -366,8 +365,7 @@ TEST(HfLlavaImport, RefusesWhatDoesNotFit) {
     std::vector<float> arena(size_t(table.total()));
     table.initialise(arena.data(), 3);
     const std::vector<float> before = arena;
-    auto backend = make_cpu_backend({1});
-    const std::string msg = error_of([&] { import_hf_weights(dir.string(), c, table, *backend, arena.data()); });
+    const std::string msg = error_of([&] { import_hf_weights(dir.string(), c, table, host_arena_writer(arena.data())); });
     EXPECT_EQ(before, arena) << "the model changed: " << msg;
     return msg;
   };

@@ -155,11 +155,11 @@ std::vector<SeqShape> random_batch(std::mt19937_64& rng, int count, int64_t long
 
 // The scenarios below were set on 80 and 88 GiB devices when the memory model priced the 7b
 // profile's weights and gradients in bf16 and its master weights with the moments, all /N: the
-// engine holds fp32 master weights and gradients on every rank under ZeRO-1 and a bf16 working
-// copy (types/state_bytes.h), about 46 GiB more per rank. Added to the device, the activations keep
-// the room these tests need to force wide rings and micro-steps; an 80 GiB device alone holds
-// the 7b state at no world size (MemoryModel.SevenBOnEightyGiBIsRefusedWithWhatWouldFit).
-constexpr double kSevenBStateGb = 46;
+// engine holds, under ZeRO-1, a bf16 working copy of every weight, fp32 gradients on every rank
+// and the fp32 master with the moments /N (types/state_bytes.h), 2 bytes per parameter more:
+// 15.42 GiB for 7b's 8.28 G parameters at any world size. Added to the device, the activations
+// keep the room these tests need to force wide rings and micro-steps.
+constexpr double kSevenBStateGb = 15.42;
 
 ParallelConfig par_for(const std::string& device, double gb, int rpn, bool recompute = false) {
   // recompute: full, the mode the planner's tests size memory-bound plans with.
@@ -1089,42 +1089,43 @@ TEST(CostModel, RingStepsWithoutOverlapCostComputeAndTransfer) {
 }
 
 // A model whose state alone exceeds the device is refused with what would make it fit, and
-// "more ranks" only where more ranks would: ZeRO-1 shards the moments and nothing else, so
-// 7b's fp32 master weights, bf16 working copy and fp32 gradients (77 GiB) fit 80 GiB at no
-// world size, while on 84 GiB ZeRO-1 fits it from the world the message names and not on half
-// of it; a replicated run that ZeRO-1 would fit on its own world is told so.
-TEST(MemoryModel, SevenBOnEightyGiBIsRefusedWithWhatWouldFit) {
-  const ModelConfig m = model_profile("7b");
-  auto error_on = [&](double gb, int world, bool zero1) {
+// "more ranks" only where more ranks would. Under ZeRO-1 in bf16 what shrinks with the ranks is
+// the fp32 master and the moments; the bf16 working copy and the fp32 gradients (6 bytes per
+// parameter) stay on every rank. So 7b fits 80 GiB on 8 ranks (and a replicated 7b is told
+// ZeRO-1 would fit it there); 13b (13.7 G parameters) fits only from the world the message
+// names, 512 ranks, not on half of it; 34b's 6 bytes per parameter alone exceed 80 GiB at any
+// world size.
+TEST(MemoryModel, AStateBeyondTheDeviceIsRefusedWithWhatWouldFit) {
+  auto error_on = [&](const std::string& profile, double gb, int world, bool zero1) {
     ParallelConfig par = par_for("h100", gb, 8);
     par.zero1 = zero1;
     try {
-      Planner p(m, par, world);
+      Planner p(model_profile(profile), par, world);
     } catch (const Error& e) {
       return std::string(e.what());
     }
     return std::string();
   };
-  std::string e = error_on(80, 8, true);
-  EXPECT_NE(e.find("the model alone needs"), std::string::npos) << e;
-  EXPECT_NE(e.find("no number of ranks makes it fit"), std::string::npos) << e;
-  EXPECT_NE(e.find("fp32 master weights 30.84 GiB, the working copy 15.42 GiB, fp32 gradients 30.84 GiB"),
-            std::string::npos) << e;
-  EXPECT_EQ(e.find("more ranks"), std::string::npos) << e;
-  EXPECT_NE(error_on(80, 4096, true), "");
+  EXPECT_EQ(error_on("7b", 80, 8, true), "");
+  std::string e = error_on("7b", 80, 8, false);
+  EXPECT_NE(e.find("enable parallel.zero1 (then "), std::string::npos) << e;
 
-  e = error_on(84, 8, true);
+  e = error_on("13b", 80, 8, true);
   const std::string says = "with parallel.zero1 it fits from ";
   const size_t at = e.find(says);
   ASSERT_NE(at, std::string::npos) << e;
   const int from = std::stoi(e.substr(at + says.size()));
-  EXPECT_EQ(from, 16) << e;
-  EXPECT_EQ(error_on(84, from, true), "");
-  EXPECT_NE(error_on(84, from / 2, true), "");
+  EXPECT_EQ(from, 512) << e;  // 79.85 GiB per rank
+  EXPECT_EQ(error_on("13b", 80, from, true), "");
+  EXPECT_NE(error_on("13b", 80, from / 2, true), "");
 
-  e = error_on(84, 64, false);
-  EXPECT_NE(e.find("enable parallel.zero1 (then "), std::string::npos) << e;
-  EXPECT_EQ(error_on(84, 64, true), "");
+  e = error_on("34b", 80, 8, true);
+  EXPECT_NE(e.find("the model alone needs"), std::string::npos) << e;
+  EXPECT_NE(e.find("no number of ranks makes it fit"), std::string::npos) << e;
+  EXPECT_NE(e.find("fp32 master weights 0.00 GiB, the working copy 65.39 GiB, fp32 gradients 130.79 GiB"),
+            std::string::npos) << e;
+  EXPECT_EQ(e.find("more ranks"), std::string::npos) << e;
+  EXPECT_NE(error_on("34b", 80, 4096, true), "");
 }
 
 TEST(MemoryModel, ZeroOneAndMonotoneInDegree) {

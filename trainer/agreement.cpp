@@ -111,15 +111,19 @@ void check_terms_agree(const AgreementTerms& mine, Communicator& comm, const std
 
 std::string weights_fingerprint(const Model& model) {
   constexpr int64_t kEnds = 1024;
-  const float* arena = model.params();
+  // Where each rank holds the master of its own shard only, what all of them hold: the
+  // working copy.
+  const auto read = [&](int64_t offset, int64_t count, float* host) {
+    if (model.sheds_master()) model.read_working(offset, count, host);
+    else model.read_params(offset, count, host);
+  };
   std::vector<float> host;
   uint64_t h = kFnvSeed;
   for (const ParamSpec& s : model.table().specs()) {
     const int64_t n = s.numel(), head = std::min(n, kEnds), tail = std::min(n - head, kEnds);
     host.resize(size_t(head + tail));
-    model.backend().download(host.data(), arena + s.offset, size_t(head) * sizeof(float));
-    if (tail > 0)
-      model.backend().download(host.data() + head, arena + s.offset + n - tail, size_t(tail) * sizeof(float));
+    read(s.offset, head, host.data());
+    if (tail > 0) read(s.offset + n - tail, tail, host.data() + head);
     h = fnv1a(host.data(), host.size() * sizeof(float), h);
   }
   return fmt::format("{:016x}", h);

@@ -328,6 +328,12 @@ std::string CheckpointManager::save_with_every_rank(const Model& model, const Ad
     parts = {world, std::vector<uint64_t>(size_t(2 * world))};
     comm_.all_gather(mine, parts.checksums.data(), 2, DataType::I64);
   }
+  // Where each rank holds the fp32 master of its shard alone, rank 0 collects the whole.
+  std::vector<float> weights;
+  if (model.sheds_master()) {
+    run_stage("gathering the weights", [&] { weights = gather_weights(model, comm_); });
+    if (!failed.empty()) return give_up(failed, error, stage, step, last, part_path);
+  }
   run_stage("writing", [&] {
     if (in_parts)
       write_durable(part_path, step, [&](const fs::path& tmp) {
@@ -335,7 +341,7 @@ std::string CheckpointManager::save_with_every_rank(const Model& model, const Ad
       });
     if (rank0_)
       write_durable(final_path, step, [&](const fs::path& tmp) {
-        write_checkpoint_file(tmp, cfg_, model, &opt, state, parts);
+        write_checkpoint_file(tmp, cfg_, model, &opt, state, parts, model.sheds_master() ? &weights : nullptr);
       });
   });
   // Parts first; the main file's name, then the marker, make the checkpoint whole.

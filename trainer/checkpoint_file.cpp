@@ -293,7 +293,8 @@ struct OpenCheckpoint {
 };
 
 void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, const Model& model,
-                           const AdamW* opt, const TrainState& st, const MomentParts& parts) {
+                           const AdamW* opt, const TrainState& st, const MomentParts& parts,
+                           const std::vector<float>* weights) {
   quiet_hdf5();
   H5 file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, newest_format_access()), H5Fclose);
   h5_check(file.ok(), fmt::format("cannot create checkpoint file '{}'", tmp.string()));
@@ -305,9 +306,10 @@ void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, 
                         param_bytes * (opt && !in_parts ? 3 : 1));
   {
     H5 params(H5Gcreate2(file, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    const std::vector<float> p = model.download_params();
+    const std::vector<float> own = weights ? std::vector<float>{} : model.download_params();
+    const float* p = weights ? weights->data() : own.data();
     for (const auto& s : model.table().specs()) {
-      write_tensor(params, s, p.data() + s.offset);
+      write_tensor(params, s, p + s.offset);
       progress.add(s.numel() * int64_t(sizeof(float)));
     }
   }

@@ -59,9 +59,11 @@ struct MomentParts {
 // parts.world > 0, recorded as parts written by write_moment_part. A failure throws
 // dhp::Error with the operating system's reason and may leave a partial file for the caller
 // to remove.
+// `weights`, when given, are the model's whole fp32 weights (gather_weights), written instead
+// of the model's own download.
 void write_checkpoint_file(const std::filesystem::path& path, const Config& cfg,
                            const Model& model, const AdamW* opt, const TrainState& state,
-                           const MomentParts& parts = {});
+                           const MomentParts& parts = {}, const std::vector<float>* weights = nullptr);
 
 // Where part `rank` of `world` of the checkpoint `main` (NAME.h5) lives.
 std::filesystem::path moment_part_path(const std::filesystem::path& main, int rank, int world);

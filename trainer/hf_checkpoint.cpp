@@ -712,8 +712,13 @@ void check_hf_weights(const ModelConfig& cfg) {
   verify_sources(plan_sources(cfg.init, cfg), cfg, ParamTable(cfg));
 }
 
+WeightWriter host_arena_writer(float* arena) {
+  return {[arena](int64_t offset, const float* values, int64_t count) { std::copy_n(values, count, arena + offset); },
+          arena};
+}
+
 HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const ParamTable& table,
-                           Backend& backend, float* arena, bool report) {
+                           const WeightWriter& out, bool report) {
   const std::vector<Source> sources = plan_sources(dir, cfg);
   HfImport r = verify_sources(sources, cfg, table);
   // Every tensor is read twice: checked finite, then converted.
@@ -744,9 +749,9 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
                      });
     }
 
-  // Converted a chunk at a time: the arena plus one chunk is all that is held. The CPU
-  // backend's arena is host memory: chunks are converted straight into it.
-  const bool host = backend.device() == Device::CPU;
+  // Converted a chunk at a time: the arena plus one chunk is all that is held. An arena in
+  // host memory (the CPU backend's) takes chunks converted straight into it.
+  float* const in_place = out.in_place;
   std::vector<float> staged, permuted;
   std::set<std::string> done;
   for (const Source& src : sources)
@@ -772,7 +777,7 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
         int64_t at_value = 0;
         for (const std::string& name : binding_tensors(b)) {
           const ParamSpec& part = table.get(name);
-          backend.upload(arena + part.offset, permuted.data() + at_value, size_t(part.numel()) * sizeof(float));
+          out.write(part.offset, permuted.data() + at_value, part.numel());
           at_value += part.numel();
           r.imported.push_back(name);
           done.insert(name);
@@ -784,13 +789,13 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
       std::vector<double> column_sum(grow ? size_t(d) : 0, 0.0);  // (d)
       for_each_chunk(*at.shard->in, at.shard->path, at.shard->header, *at.entry, kChunk, raw,
                      [&](const char* bytes, int64_t i0, int64_t c) {
-                       if (!host) staged.resize(size_t(c));
-                       float* dst = host ? arena + spec.offset + i0 : staged.data();
+                       if (!in_place) staged.resize(size_t(c));
+                       float* dst = in_place ? in_place + spec.offset + i0 : staged.data();
                        widen_to_f32(dst, bytes, at.entry->dtype, c);
                        counted(*at.entry, c);
                        if (grow)
                          for (int64_t i = 0; i < c; ++i) column_sum[size_t((i0 + i) % d)] += dst[i];
-                       if (!host) backend.upload(arena + spec.offset + i0, dst, size_t(c) * sizeof(float));
+                       if (!in_place) out.write(spec.offset + i0, dst, c);
                      });
       if (grow) {
         // New rows (added tokens) start at the mean of the file's rows: a token the model has
@@ -800,7 +805,7 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
         std::vector<float> row(static_cast<size_t>(d));
         for (int64_t c = 0; c < d; ++c) row[size_t(c)] = float(column_sum[size_t(c)] / double(rows));
         for (int64_t rw = 0; rw < extra; ++rw)
-          backend.upload(arena + spec.offset + (rows + rw) * d, row.data(), size_t(d) * sizeof(float));
+          out.write(spec.offset + (rows + rw) * d, row.data(), d);
         r.grown_rows = int(extra);
       }
       r.imported.push_back(b.dhp);
@@ -812,7 +817,12 @@ HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const
 }
 
 HfImport import_hf_checkpoint(const std::string& dir, Model& model, bool report) {
-  return import_hf_weights(dir, model.config(), model.table(), model.backend(), model.params(), report);
+  const bool host = model.backend().device() == Device::CPU && !model.sheds_master();
+  const WeightWriter out{[&model](int64_t offset, const float* values, int64_t count) {
+                           model.write_params(offset, values, count);
+                         },
+                         host ? model.params() : nullptr};
+  return import_hf_weights(dir, model.config(), model.table(), out, report);
 }
 
 void log_hf_import(const HfImport& r, const ModelConfig& cfg) {

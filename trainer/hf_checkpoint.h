@@ -198,12 +198,21 @@ struct HfImport {
 // names against the map (with an ignore list: rotary_emb.inv_freq, position_ids buffers, the
 // tower's post_layernorm and SigLIP's head, a dual encoder's text side and projections),
 // shapes, dtypes, the index against its shards, finite values — comes before any byte is
-// written: when it throws, the arena is unchanged. Files are memory-mapped and converted in
-// chunks, so it holds the arena plus one chunk.
+// written: when it throws, the arena is unchanged. Files are read and converted in chunks, so
+// it holds the arena plus one chunk.
 // `report` shows the bytes read as they go (core/progress.h): on one rank of many.
+// Where imported values go: write(offset, values, count) stores `count` fp32 values at arena
+// offset `offset`; `in_place`, where set, is the arena itself in host memory, converted into
+// directly.
+struct WeightWriter {
+  std::function<void(int64_t offset, const float* values, int64_t count)> write;
+  float* in_place = nullptr;
+};
+// An arena of the table's total floats in host memory.
+WeightWriter host_arena_writer(float* arena);
 HfImport import_hf_weights(const std::string& dir, const ModelConfig& cfg, const ParamTable& table,
-                           Backend& backend, float* arena, bool report = true);
-// The same into a model's master weights.
+                           const WeightWriter& out, bool report = true);
+// The same into a model's weights (Model::write_params).
 HfImport import_hf_checkpoint(const std::string& dir, Model& model, bool report = true);
 // The log lines of an import: what was imported from where, what kept its initialisation, what
 // was ignored and why, the vocabulary's growth.

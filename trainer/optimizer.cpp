@@ -19,9 +19,10 @@ AdamW::AdamW(const ParamTable& table, const OptimConfig& cfg, Backend& backend,
              OptimizerShard shard)
     : table_(table), cfg_(cfg), backend_(backend), shard_(shard) {
   DHP_ASSERT(shard.world >= 1 && shard.rank >= 0 && shard.rank < shard.world);
-  const int64_t n = n_ = table.trainable_total();
-  block_ = n / shard.world;
-  tail_ = n - block_ * shard.world;
+  n_ = table.trainable_total();
+  layout_ = CompactShard{shard, n_};
+  block_ = layout_.block();
+  tail_ = layout_.tail();
   m_ = DeviceBuffer(backend, sizeof(float) * size_t(block_ + tail_));
   v_ = DeviceBuffer(backend, sizeof(float) * size_t(block_ + tail_));
   norm_ = DeviceBuffer(backend, sizeof(double));
@@ -135,35 +136,77 @@ double AdamW::reduce(float* grads, Communicator& comm) {
   return sharded_norm(grads, comm);
 }
 
+template <class Weight>
+void AdamW::update_held(float* grads, double lr, double norm, Weight&& weight) {
+  if (cfg_.grad_clip > 0.0 && norm > cfg_.grad_clip) {
+    const float s = float(cfg_.grad_clip / (norm + 1e-6));
+    backend_.ops().scale_inplace(grads + layout_.lo(), s, block_);  // this rank's summed block
+    if (tail_ > 0) backend_.ops().scale_inplace(grads + layout_.tail_begin(), s, tail_);
+  }
+  ++t_;
+  for (const auto& p : table_.specs()) {
+    if (!p.trainable) continue;
+    layout_.for_each_held(p.grad_offset, p.grad_offset + p.numel(),
+                          [&](const CompactShard::Range& h, int64_t a, int64_t b) {
+                            const int64_t at = h.local + (a - h.begin);
+                            backend_.ops().adamw_update(weight(p, h, a), grads + a, m() + at, v() + at,
+                                                        b - a, step_of(p, lr));
+                          });
+  }
+}
+
 void AdamW::apply(float* params, float* grads, double lr, double norm, Communicator& comm) {
   if (!sharded()) {
     clip(grads, norm);
     update(params, grads, lr);
     return;
   }
-  const int64_t W = shard_.world, lo = int64_t(shard_.rank) * block_, tail0 = W * block_;
-  float* g = grads + lo;  // this rank's summed block, in place
-  if (cfg_.grad_clip > 0.0 && norm > cfg_.grad_clip) {
-    const float s = float(cfg_.grad_clip / (norm + 1e-6));
-    backend_.ops().scale_inplace(g, s, block_);
-    if (tail_ > 0) backend_.ops().scale_inplace(grads + tail0, s, tail_);
+  // The weight of gradient offset a lives at params + (p.offset - p.grad_offset) + a.
+  update_held(grads, lr, norm, [params](const ParamSpec& p, const CompactShard::Range&, int64_t a) {
+    return params + (p.offset - p.grad_offset) + a;
+  });
+  gather_params(params, grads, comm);
+}
+
+void AdamW::apply(Model& model, double lr, double norm, Communicator& comm) {
+  if (!model.sheds_master()) {
+    apply(model.params(), model.grads(), lr, norm, comm);
+    return;
   }
-  ++t_;
+  DHP_ASSERT(model.master_shard().shard.rank == shard_.rank && model.master_shard().shard.world == shard_.world &&
+             model.master_shard().n == n_);
+  float* master = model.master();  // laid out as the moments are
+  update_held(model.grads(), lr, norm, [master](const ParamSpec&, const CompactShard::Range& h, int64_t a) {
+    return master + h.local + (a - h.begin);
+  });
+  refresh_working(model, comm);
+}
+
+void AdamW::refresh_working(Model& model, Communicator& comm) const {
+  const Ops& ops = backend_.ops();
+  const Act work = model.working();
+  const float* master = model.master();
+  const DataType type = data_type_of(work.t);
+  const int64_t lo = layout_.lo(), t0 = layout_.tail_begin();
+  if (table_.all_trainable()) {  // the layouts coincide: round into place, gather in place
+    ops.cast(work + lo, master, block_);
+    if (tail_ > 0) ops.cast(work + t0, master + block_, tail_);
+    comm.all_gather((work + lo).p, work.p, block_, type);
+    return;
+  }
+  // The blocks gathered in the gradient layout through the gradient arena (its sums are
+  // spent), each piece then copied to its weight's place; the tail rounded in place.
+  const Act staged(model.grads(), work.t);
+  ops.cast(staged + lo, master, block_);
+  comm.all_gather((staged + lo).p, staged.p, block_, type);
   for (const auto& p : table_.specs()) {
     if (!p.trainable) continue;
-    const int64_t begin = p.grad_offset, end = p.grad_offset + p.numel();
-    float* w = params + (p.offset - p.grad_offset);  // w + a: the weight of gradient offset a
-    // The part of the parameter in this rank's block, then the part in the shared tail.
-    int64_t a = std::max(begin, lo), b = std::min(end, lo + block_);
-    if (a < b)
-      backend_.ops().adamw_update(w + a, g + (a - lo), m() + (a - lo), v() + (a - lo), b - a,
-                                  step_of(p, lr));
-    a = std::max(begin, tail0), b = std::min(end, tail0 + tail_);
-    if (a < b)
-      backend_.ops().adamw_update(w + a, grads + a, m() + block_ + (a - tail0),
-                                  v() + block_ + (a - tail0), b - a, step_of(p, lr));
+    const int64_t begin = p.grad_offset, end = p.grad_offset + p.numel(), to_weight = p.offset - p.grad_offset;
+    if (const int64_t b = std::min(end, t0); begin < b)
+      backend_.copy((work + (begin + to_weight)).p, (staged + begin).p, dtype_size(work.t) * size_t(b - begin));
+    if (const int64_t a = std::max(begin, t0); a < end)
+      ops.cast(work + (a + to_weight), master + block_ + (a - t0), end - a);
   }
-  gather_params(params, grads, comm);
 }
 
 void AdamW::gather_params(float* params, float* grads, Communicator& comm) {
@@ -257,39 +300,62 @@ std::pair<int64_t, int64_t> AdamW::save_part(int64_t n, int rank, int world) {
   return {rank * s, rank + 1 == world ? n : (rank + 1) * s};
 }
 
-std::vector<AdamW::Held> AdamW::held() const {
-  if (!sharded()) return {{0, n_, 0}};
-  const int64_t lo = int64_t(shard_.rank) * block_, tail0 = int64_t(shard_.world) * block_;
-  return {{lo, lo + block_, 0}, {tail0, n_, block_}};
-}
-
 bool AdamW::holds_any(int64_t begin, int64_t end) const {
-  for (const Held& h : held())
-    if (std::max(begin, h.begin) < std::min(end, h.end)) return true;
-  return false;
+  bool any = false;
+  layout_.for_each_held(begin, end, [&](const CompactShard::Range&, int64_t, int64_t) { any = true; });
+  return any;
 }
 
 void AdamW::download_compact(int64_t begin, int64_t count, float* m, float* v) const {
   int64_t copied = 0;
-  for (const Held& h : held()) {
-    const int64_t a = std::max(begin, h.begin), b = std::min(begin + count, h.end);
-    if (a >= b) continue;
+  layout_.for_each_held(begin, begin + count, [&](const CompactShard::Range& h, int64_t a, int64_t b) {
     const size_t bytes = sizeof(float) * size_t(b - a);
     backend_.download(m + (a - begin), this->m() + h.local + (a - h.begin), bytes);
     backend_.download(v + (a - begin), this->v() + h.local + (a - h.begin), bytes);
     copied += b - a;
-  }
+  });
   DHP_ASSERT(copied == count);
 }
 
 void AdamW::upload_compact(int64_t begin, int64_t count, const float* m, const float* v) {
-  for (const Held& h : held()) {
-    const int64_t a = std::max(begin, h.begin), b = std::min(begin + count, h.end);
-    if (a >= b) continue;
+  layout_.for_each_held(begin, begin + count, [&](const CompactShard::Range& h, int64_t a, int64_t b) {
     const size_t bytes = sizeof(float) * size_t(b - a);
     backend_.upload(this->m() + h.local + (a - h.begin), m + (a - begin), bytes);
     backend_.upload(this->v() + h.local + (a - h.begin), v + (a - begin), bytes);
+  });
+}
+
+std::vector<float> gather_weights(const Model& model, Communicator& comm) {
+  if (!model.sheds_master()) return comm.rank() == 0 ? model.download_params() : std::vector<float>{};
+  const CompactShard& lay = model.master_shard();
+  const ParamTable& table = model.table();
+  Backend& backend = model.backend();
+  constexpr int64_t kChunk = int64_t(1) << 22;
+  // Rank 0 holds its block and the tail already (read_params); rank r > 0 sends block r.
+  std::vector<float> host;
+  if (comm.rank() == 0) host = model.download_params();
+  DeviceBuffer staged(backend, comm.rank() == 0 ? sizeof(float) * size_t(std::min(lay.block(), kChunk)) : 0);
+  std::vector<float> chunk;
+  for (int r = 1; r < lay.shard.world; ++r) {
+    const int64_t block0 = int64_t(r) * lay.block();
+    for (int64_t i = 0; i < lay.block(); i += kChunk) {
+      const int64_t c = std::min(kChunk, lay.block() - i);
+      if (comm.rank() == r) {
+        comm.exchange({Transfer::send(0, model.master() + i, c)})->wait();
+      } else if (comm.rank() == 0) {
+        comm.exchange({Transfer::recv(r, staged.as<float>(), c)})->wait();
+        chunk.resize(size_t(c));
+        backend.download(chunk.data(), staged.data(), sizeof(float) * size_t(c));
+        // Compact range [block0 + i, + c) to the weights' places.
+        for (const ParamSpec& p : table.specs()) {
+          const int64_t a = std::max(block0 + i, p.grad_offset), b = std::min(block0 + i + c, p.grad_offset + p.numel());
+          if (p.trainable && a < b)
+            std::copy_n(chunk.data() + (a - block0 - i), b - a, host.data() + p.offset + (a - p.grad_offset));
+        }
+      }
+    }
   }
+  return host;
 }
 
 }  // namespace dhp

@@ -1,6 +1,6 @@
 // AdamW with decoupled weight decay (flagged per parameter in the parameter table), global-norm
 // gradient clipping and the warm-up + cosine learning-rate schedule, replicated on every rank
-// or sharded over the ranks (ZeRO-1, parallel.zero1).
+// or sharded over the ranks (ZeRO-1, parallel.zero1; the partition is model/shard.h's).
 //
 // Frozen parameter groups (optim.groups.<name>.trainable = false) have no gradient, moment,
 // weight decay or update: everything below runs over the gradient layout of the parameter
@@ -16,6 +16,13 @@
 // tail only: optimizer memory per rank falls by N. With a frozen group the updated block is
 // gathered through the gradient arena (its sums are spent by then) and copied back to the
 // weights, whose layout differs from the gradients' there.
+//
+// The distributed optimizer: where the working weights are narrower than fp32 (bf16), a
+// sharded rank's model holds the fp32 master of its block and the tail alone, and the update
+// writes there (apply(Model&)): each rank rounds its updated block into the working copy and
+// the blocks are all-gathered in bf16, half of fp32's traffic; the tail, updated alike on
+// every rank, is rounded in place. Rounding the same fp32 values gives the same bf16 as the
+// replicated path's rounding of its whole master, so the two agree bit for bit.
 //
 // Overlapped reduction (parallel.overlap_grads, where the communicator overlaps collectives):
 // the arena is cut into buckets of about parallel.bucket_mb, from its end, at parameter
@@ -33,7 +40,9 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "model/model.h"
 #include "model/params.h"
+#include "model/shard.h"
 #include "parallel/communicator.h"
 #include "trainer/config.h"
 
@@ -42,13 +51,6 @@ namespace dhp {
 // Linear warm-up from lr/warmup to lr over `warmup` steps, then cosine decay to min_lr at the
 // last step. `step` counts from 0.
 double learning_rate(const OptimConfig& o, int64_t step, int64_t total_steps);
-
-// Which part of the optimizer state a rank holds: all of it (world = 1), or block `rank` of
-// `world` under ZeRO-1.
-struct OptimizerShard {
-  int rank = 0;
-  int world = 1;
-};
 
 class AdamW {
  public:
@@ -61,6 +63,10 @@ class AdamW {
   // Clips to cfg.grad_clip by `norm`, updates with learning rate lr (this rank's block under
   // ZeRO-1, then the parameters are all-gathered) and counts the step. Every rank calls it.
   void apply(float* params, float* grads, double lr, double norm, Communicator& comm);
+  // The same on a model's weights: where the model holds the master of this rank's shard alone
+  // (Model::sheds_master), that master is updated, rounded into the working copy, and the
+  // working copy's blocks all-gathered in the storage dtype.
+  void apply(Model& model, double lr, double norm, Communicator& comm);
 
   // Turns overlapped reduction on with buckets of about `bucket_elements` (0: off).
   void set_overlap(int64_t bucket_elements);
@@ -118,6 +124,12 @@ class AdamW {
   // Under ZeRO-1, once this rank's block of the arena and the tail hold their sums: the global
   // norm.
   double sharded_norm(const float* grads, Communicator& comm) const;
+  // Under ZeRO-1: clips and updates what this rank holds; `weight(p, a)` is where the weight
+  // of gradient offset a (of parameter p) lives at the given held range.
+  template <class Weight>
+  void update_held(float* grads, double lr, double norm, Weight&& weight);
+  // After a sharded update of the master: the working copy of every block.
+  void refresh_working(Model& model, Communicator& comm) const;
   struct Bucket {
     int64_t begin, end;  // [begin, end) of the arena
   };
@@ -127,15 +139,11 @@ class AdamW {
   std::vector<float> to_arena_layout(const std::vector<float>& compact) const;
   // After a sharded update of frozen-group runs: the parameters of every block all-gathered.
   void gather_params(float* params, float* grads, Communicator& comm);
-  // The compact ranges this rank holds, each with its offset in m_ and v_.
-  struct Held {
-    int64_t begin, end, local;
-  };
-  std::vector<Held> held() const;
   const ParamTable& table_;
   OptimConfig cfg_;
   Backend& backend_;
   OptimizerShard shard_;
+  CompactShard layout_;           // what shard_ holds of the gradient layout
   int64_t n_ = 0;                 // elements of the gradient layout (trainable parameters)
   int64_t block_ = 0, tail_ = 0;  // s and n - N·s; unsharded: n and 0
   DeviceBuffer m_, v_;            // (block + tail) moments
@@ -148,5 +156,10 @@ class AdamW {
   Communicator* overlap_comm_ = nullptr;
   int64_t t_ = 0;
 };
+
+// The fp32 weights on rank 0's host, whole: where the master is sharded, the working copy
+// widened, with the master of every trainable parameter sent to rank 0 by the rank holding it,
+// a chunk at a time. Every rank calls it; the others get an empty vector.
+std::vector<float> gather_weights(const Model& model, Communicator& comm);
 
 }  // namespace dhp

@@ -145,6 +145,11 @@ std::unique_ptr<Dataset> open_val_set(const Config& cfg, const Tokenizer& tok, c
   return set;
 }
 
+// The part of the optimizer state (and, in bf16, of the master weights) this rank holds.
+OptimizerShard optimizer_shard(const Config& cfg, const Communicator& comm) {
+  return cfg.parallel.zero1 ? OptimizerShard{comm.rank(), comm.size()} : OptimizerShard{};
+}
+
 Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
     : cfg_(cfg),
       comm_(comm),
@@ -154,9 +159,8 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
       tokenizer_(cfg.data.tokenizer, cfg.data.added_tokens),
       train_set_(open_train_set(cfg, tokenizer_, topt.stop_flag)),
       val_set_(open_val_set(cfg, tokenizer_, topt.stop_flag)),
-      model_(cfg.model, *backend_, cfg.optim.groups),
-      opt_(model_.table(), cfg.optim, *backend_,
-           cfg.parallel.zero1 ? OptimizerShard{comm.rank(), comm.size()} : OptimizerShard{}),
+      model_(cfg.model, *backend_, cfg.optim.groups, optimizer_shard(cfg, comm)),
+      opt_(model_.table(), cfg.optim, *backend_, optimizer_shard(cfg, comm)),
       planner_(cfg, comm),
       exec_(model_, *train_set_, cfg.data.workers, comm),
       report_(cfg, rank0_) {
@@ -472,7 +476,7 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
             step, norm);
   rec.lr = learning_rate(cfg_.optim, step, cfg_.train.steps);
   rec.grad_norm = norm;
-  opt_.apply(model_.params(), model_.grads(), rec.lr, norm, comm_);
+  opt_.apply(model_, rec.lr, norm, comm_);
   rec.threads = backend_->threads();
   record_memory(work, rec);
   backend_->adapt_to_load();

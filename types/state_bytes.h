@@ -4,7 +4,10 @@
 // gradients of the trainable parameters; trainer/optimizer.h adds AdamW's two fp32 moments
 // of the trainable parameters and, under ZeRO-1 over N ranks, keeps those for its block of
 // n / N elements and the remainder n mod N that every rank updates (the block's gradients are
-// summed in place, in the gradient arena). The planner's memory model prices exactly this
+// summed in place, in the gradient arena). With a working copy and N > 1 the master is
+// sharded as the moments are (the distributed optimizer, model/shard.h): a rank keeps fp32
+// master weights for its block and the remainder only, and frozen parameters exist in the
+// working copy alone. The planner's memory model prices exactly this
 // (parallel/memory_model.h) and a
 // test compares it with the bytes the engine's buffers hold, on every profile's storage dtype.
 #pragma once
@@ -25,10 +28,11 @@ struct StateBytes {
 // ranks the optimizer state is split over (1: replicated).
 inline StateBytes state_bytes(int64_t params, int64_t trainable, int storage_bytes, int64_t shards) {
   StateBytes s;
-  s.master = 4 * params;
-  s.working = storage_bytes < 4 ? storage_bytes * params : 0;
-  s.gradients = 4 * trainable;
   const int64_t block = trainable / shards, held = shards > 1 ? block + trainable % shards : trainable;
+  const bool working = storage_bytes < 4;
+  s.master = 4 * (working && shards > 1 ? held : params);
+  s.working = working ? storage_bytes * params : 0;
+  s.gradients = 4 * trainable;
   s.moments = 2 * 4 * held;
   return s;
 }
