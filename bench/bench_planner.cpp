@@ -186,12 +186,14 @@ void headline() {
 }
 
 // What fits where: each model profile's state per rank as the engine holds it in bf16
-// (types/state_bytes.h), replicated and under ZeRO-1, on 80 and 141 GiB devices, and the
+// (types/state_bytes.h), replicated and under ZeRO-1 (the fp32 master sharded with the
+// moments), on 80 and 141 GiB devices, and the
 // longest text-only sample one rank then holds (full recompute; 0: the state alone does not
 // fit, and the planner's refusal says what would).
 void fits_table() {
-  fmt::print("## What fits where: state per rank in bf16 (fp32 master weights, gradients and moments), "
-             "longest text sample on one rank with full recompute\n\n");
+  fmt::print("## What fits where: state per rank in bf16 (a bf16 working copy and fp32 gradients on every rank; "
+             "fp32 master weights and moments, sharded under ZeRO-1), longest text sample on one rank with full "
+             "recompute\n\n");
   fmt::print("| model | parameters | ranks | optimizer | state GiB per rank | h100 80 GiB: fits, longest sample | "
              "h200 141 GiB: fits, longest sample |\n|---|---:|---:|---|---:|---|---|\n");
   const double gib = double(int64_t(1) << 30);
