@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "core/hash.h"
 #include "core/rng.h"
 #include "model/model.h"
 #include "parallel/mpi_comm.h"
@@ -257,6 +258,85 @@ TEST(Checkpoint, DamagedOrTruncatedFilesAreRefused) {
 
   // The good one still loads.
   EXPECT_NO_THROW(load_checkpoint(good, model, nullptr));
+}
+
+// The arrays' checksum (wide_hash): any one flipped bit of inputs from 0 to 300 bytes, at any
+// alignment, changes it, as do the length and swapped 8-byte words; an unaligned copy hashes
+// as the aligned one. Its speed against FNV-1a is bench_checkpoint's.
+TEST(Checkpoint, TheArraysChecksumSeesEveryFlippedBit) {
+  std::vector<unsigned char> buf(300 + 8);
+  Rng rng(3);
+  for (auto& c : buf) c = (unsigned char)(rng.next() & 0xff);
+  for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(8), size_t(31), size_t(32), size_t(33), size_t(64),
+                   size_t(100), size_t(300)}) {
+    for (size_t shift : {size_t(0), size_t(3)}) {
+      unsigned char* p = buf.data() + shift;
+      const uint64_t h = wide_hash(p, n);
+      std::vector<unsigned char> copy(p, p + n);
+      EXPECT_EQ(wide_hash(copy.data(), n), h) << n;
+      if (n > 0) {
+        EXPECT_NE(wide_hash(p, n - 1), h) << n;
+      }
+      for (size_t bit = 0; bit < 8 * n; ++bit) {
+        p[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+        ASSERT_NE(wide_hash(p, n), h) << n << " bytes, bit " << bit;
+        p[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+      }
+      if (n >= 64) {  // the first two words of two lanes swapped
+        std::vector<unsigned char> swapped(p, p + n);
+        std::swap_ranges(swapped.begin(), swapped.begin() + 8, swapped.begin() + 8);
+        EXPECT_NE(wide_hash(swapped.data(), n), h) << n;
+      }
+    }
+  }
+  EXPECT_NE(wide_hash(buf.data(), 64), fnv1a(buf.data(), 64));
+}
+
+// A checkpoint written before the arrays carried wide_hash (FNV-1a under "checksum") still
+// loads, with the same values, and a flipped byte in it is still refused.
+TEST(Checkpoint, ACheckpointWithTheEarlierChecksumsStillLoads) {
+  auto world = start_world(nullptr, nullptr);
+  const auto dir = run_dir("earlier_checksums");
+  const std::string good = train(small_config(1, dir), *world).checkpoint;
+  const fs::path earlier = dir / "earlier.h5";
+  fs::copy_file(good, earlier, fs::copy_options::overwrite_existing);
+  const Config cfg = checkpoint_config(good);
+  const ParamTable table(cfg.model);
+  {
+    hid_t f = H5Fopen(earlier.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    int rewritten = 0;
+    for (const char* group : {"params/", "optim/m/", "optim/v/"})
+      for (const auto& spec : table.specs()) {
+        const std::string name = group + spec.name;
+        hid_t d = H5Dopen2(f, name.c_str(), H5P_DEFAULT);
+        ASSERT_GE(d, 0) << name;
+        std::vector<float> x(size_t(spec.numel()));
+        ASSERT_GE(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data()), 0) << name;
+        ASSERT_GE(H5Adelete(d, "wide_checksum"), 0) << name;
+        const uint64_t sum = fnv1a(x.data(), x.size() * sizeof(float));
+        hid_t space = H5Screate(H5S_SCALAR);
+        hid_t a = H5Acreate2(d, "checksum", H5T_NATIVE_UINT64, space, H5P_DEFAULT, H5P_DEFAULT);
+        H5Awrite(a, H5T_NATIVE_UINT64, &sum);
+        H5Aclose(a);
+        H5Sclose(space);
+        H5Dclose(d);
+        ++rewritten;
+      }
+    H5Fclose(f);
+    EXPECT_EQ(rewritten, 3 * int(table.specs().size()));
+  }
+  auto backend = make_cpu_backend({1});
+  Model a(cfg.model, *backend), b(cfg.model, *backend);
+  AdamW oa(a.table(), cfg.optim, *backend), ob(b.table(), cfg.optim, *backend);
+  load_checkpoint(good, a, &oa);
+  load_checkpoint(earlier.string(), b, &ob);
+  EXPECT_EQ(a.download_params(), b.download_params());
+  EXPECT_EQ(oa.download_m(), ob.download_m());
+  EXPECT_EQ(oa.download_v(), ob.download_v());
+  flip_tensor_byte(earlier.string(), "params/layers.1.mlp.w2.weight");
+  const std::string msg = error_of([&] { load_checkpoint(earlier.string(), b, nullptr); });
+  EXPECT_NE(msg.find("does not match its checksum"), std::string::npos) << msg;
 }
 
 // Bytes flipped anywhere (a stride of them from each of many starts, or one): the checkpoint

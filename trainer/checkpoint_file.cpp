@@ -32,7 +32,11 @@ void h5_check(bool ok, const std::string& what) {
   if (!ok) throw Error(fmt::format("{}: {}", what, hdf5_reason()));
 }
 
-uint64_t checksum(const float* x, int64_t n) { return fnv1a(x, size_t(n) * sizeof(float)); }
+// An array's checksum: wide_hash under the attribute "wide_checksum"; checkpoints written before
+// it carry FNV-1a under "checksum", and still load.
+constexpr const char* kArrayChecksum = "wide_checksum";
+constexpr const char* kFnvChecksum = "checksum";
+uint64_t checksum(const float* x, int64_t n) { return wide_hash(x, size_t(n) * sizeof(float)); }
 
 // Whether `loc` has a link `name`. HDF5 answers negative when the file's structure around it
 // cannot be read: that is damage, and must not be reported as a name the model lacks.
@@ -93,7 +97,7 @@ void write_string(hid_t loc, const char* name, const std::string& s) {
   h5_check(d.ok() && H5Dwrite(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.c_str()) >= 0,
            fmt::format("writing {}", name));
   // As for tensors: a flipped digit in the config would otherwise resume another run.
-  write_attr_u64(d, "checksum", fnv1a(s.data(), s.size()));
+  write_attr_u64(d, kFnvChecksum, fnv1a(s.data(), s.size()));
 }
 
 std::string read_string(hid_t loc, const char* name, const std::string& path) {
@@ -108,7 +112,7 @@ std::string read_string(hid_t loc, const char* name, const std::string& path) {
             hdf5_reason());
   s.resize(std::strlen(s.c_str()));
   uint64_t want = 0;  // checkpoints written before strings had checksums have none
-  if (read_attr(d, "checksum", H5T_NATIVE_UINT64, &want))
+  if (read_attr(d, kFnvChecksum, H5T_NATIVE_UINT64, &want))
     DHP_CHECK(fnv1a(s.data(), s.size()) == want,
               "checkpoint '{}': {} does not match its checksum: the file is damaged", path, name);
   return s;
@@ -123,7 +127,7 @@ void write_array(hid_t loc, const std::string& name, const std::vector<int64_t>&
        H5Dclose);
   h5_check(d.ok() && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x) >= 0,
            fmt::format("writing tensor {}", name));
-  write_attr_u64(d, "checksum", checksum(x, n));
+  write_attr_u64(d, kArrayChecksum, checksum(x, n));
 }
 
 void write_tensor(hid_t group, const ParamSpec& spec, const float* x) {
@@ -147,10 +151,14 @@ uint64_t read_array(hid_t loc, const std::string& name, const std::vector<int64_
             fmt::join(shape, ", "));
   DHP_CHECK(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x) >= 0,
             "{} cannot be read: the file is damaged or truncated", where);
-  uint64_t want = 0;
-  DHP_CHECK(read_attr(d, "checksum", H5T_NATIVE_UINT64, &want), "{} has no checksum", where);
-  DHP_CHECK(checksum(x, n) == want,
-            "{} does not match its checksum: the file is damaged; refusing to load it", where);
+  uint64_t want = 0, got = 0;
+  if (read_attr(d, kArrayChecksum, H5T_NATIVE_UINT64, &want)) {
+    got = checksum(x, n);
+  } else {
+    DHP_CHECK(read_attr(d, kFnvChecksum, H5T_NATIVE_UINT64, &want), "{} has no checksum", where);
+    got = fnv1a(x, size_t(n) * sizeof(float));
+  }
+  DHP_CHECK(got == want, "{} does not match its checksum: the file is damaged; refusing to load it", where);
   DHP_CHECK(std::all_of(x, x + n, [](float f) { return std::isfinite(f); }),
             "{} holds non-finite values (NaN or infinity): the run that saved it had diverged; "
             "refusing to load it",
