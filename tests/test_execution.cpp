@@ -84,6 +84,18 @@ void copy_checkpoint(const std::filesystem::path& from, int64_t step, const std:
   DHP_CHECK(copied >= 2, "no checkpoint of step {} in '{}'", step, from.string());
 }
 
+// Copies `base_dir`'s checkpoint of `step` into a fresh run folder `name` and resumes it there
+// on n ranks (--resume auto); `config` gives a run folder's configuration.
+std::pair<Config, TrainResult> resume_copy(const std::filesystem::path& base_dir, int64_t step, const std::string& name,
+                                           int n, const std::function<Config(const std::filesystem::path&)>& config) {
+  const auto dir = testing::run_dir(name);
+  copy_checkpoint(base_dir, step, dir);
+  const Config cfg = config(dir);
+  TrainOptions o;
+  o.resume = "auto";
+  return {cfg, train_on(n, cfg, o)};
+}
+
 std::vector<float> weights_of(const std::string& checkpoint, const Config& cfg) {
   auto backend = make_cpu_backend({1});
   Model m(cfg.model, *backend);
@@ -538,12 +550,7 @@ TEST_P(ResumeAcrossWorlds, ResumeOnAnotherNumberOfRanks) {
   ASSERT_EQ(straight.steps.size(), 6u);
   const std::vector<float> w_straight = weights_of(straight.checkpoint, base);
   for (int n : {3, 1}) {
-    const auto dir = testing::run_dir("resume_on_" + std::to_string(n) + "_" + tag);
-    copy_checkpoint(base_dir, 3, dir);
-    const Config cfg = config(dir);
-    TrainOptions o;
-    o.resume = "auto";
-    const TrainResult resumed = train_on(n, cfg, o);
+    const auto [cfg, resumed] = resume_copy(base_dir, 3, "resume_on_" + std::to_string(n) + "_" + tag, n, config);
     ASSERT_EQ(resumed.steps.size(), 3u) << n << " ranks";
     for (size_t s = 0; s < 3; ++s)
       EXPECT_NEAR(resumed.steps[s].loss, straight.steps[s + 3].loss,
@@ -666,12 +673,7 @@ TEST(Zero1, AShardedMasterInBf16ResumesOnAnyWorld) {
   ASSERT_EQ(straight.steps.size(), 6u);
   const std::vector<float> w_straight = weights_of(straight.checkpoint, base);
   for (int n : {2, 3, 1}) {
-    const auto dir = testing::run_dir("sharded_master_on_" + std::to_string(n));
-    copy_checkpoint(base_dir, 3, dir);
-    const Config cfg = config(dir);
-    TrainOptions o;
-    o.resume = "auto";
-    const TrainResult resumed = train_on(n, cfg, o);
+    const auto [cfg, resumed] = resume_copy(base_dir, 3, "sharded_master_on_" + std::to_string(n), n, config);
     ASSERT_EQ(resumed.steps.size(), 3u) << n << " ranks";
     const std::vector<float> w = weights_of(resumed.checkpoint, cfg);
     ASSERT_EQ(w.size(), w_straight.size());

@@ -174,6 +174,15 @@ OptimConfig plain_adamw() {
 }
 
 // Steps of the replicated AdamW with the model's own groups; returns the losses.
+// Every frozen parameter holds the same bits in `after` as in `before`.
+void expect_frozen_untouched(const ParamTable& table, const std::vector<float>& after, const std::vector<float>& before,
+                             const std::string& where) {
+  for (const auto& s : table.specs())
+    if (!s.trainable) {
+      EXPECT_TRUE(same_bits(after.data() + s.offset, before.data() + s.offset, s.numel())) << where << ": " << s.name;
+    }
+}
+
 std::vector<double> train_steps(Model& m, AdamW& opt, Communicator& comm,
                                 const std::vector<Batch>& batches, double lr) {
   std::vector<double> losses;
@@ -322,11 +331,7 @@ TEST(FrozenOptimizer, Zero1MatchesReplicatedOnTheTrainableRanges) {
           opt.gather_moments(comm);
           const std::vector<float> mom = opt.download_m();
           const std::vector<float> after = m.download_params();
-          for (const auto& s : m.table().specs()) {
-            if (s.trainable) continue;
-            EXPECT_TRUE(same_bits(after.data() + s.offset, before.data() + s.offset, s.numel()))
-                << name << ", rank " << comm.rank() << ": " << s.name;
-          }
+          expect_frozen_untouched(m.table(), after, before, fmt::format("{}, rank {}", name, comm.rank()));
           std::lock_guard lk(mu);
           if (comm.rank() != 0) return;
           losses[zero] = l;
@@ -386,11 +391,7 @@ TEST(FrozenOptimizer, AShardedMasterTrainsBitForBitAsAWholeOneInBf16) {
           const std::vector<float> whole = gather_weights(m, comm);
           std::vector<float> work(size_t(m.n_params()));
           m.read_working(0, m.n_params(), work.data());
-          for (const auto& s : m.table().specs())
-            if (!s.trainable) {
-              EXPECT_TRUE(same_bits(work.data() + s.offset, before.data() + s.offset, s.numel()))
-                  << name << ", rank " << comm.rank() << ": " << s.name;
-            }
+          expect_frozen_untouched(m.table(), work, before, fmt::format("{}, rank {}", name, comm.rank()));
           std::lock_guard lk(mu);
           if (comm.rank() != 0) return;
           losses[sheds] = l;
