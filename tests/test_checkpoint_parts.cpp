@@ -192,20 +192,26 @@ TEST(CheckpointParts, ARankThatCannotWriteItsPartFailsTheSaveOnEveryRank) {
   const fs::path blocked = fs::path(moment_part_path(dir / "step-00000003.h5", 1, 2).string() + ".tmp");
   fs::create_directories(blocked);
   std::ofstream(blocked / "keep") << "x";
-  for (const bool last : {false, true}) {
+  // A periodic save, the last save, and a periodic save written in the background: that one
+  // fails as it completes, at a poll after the step that started it.
+  for (const auto& [last, async] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
+    Config c = cfg;
+    c.checkpoint.async_save = async;
     std::vector<std::string> got(2, "unset");
     const std::string e = error_of([&] {
       run_threaded(2, [&](Communicator& comm) {
         auto backend = make_cpu_backend({1});
-        Model model(cfg.model, *backend);
-        AdamW opt(model.table(), cfg.optim, *backend, shard_of(comm, true));
+        Model model(c.model, *backend);
+        AdamW opt(model.table(), c.optim, *backend, shard_of(comm, true));
         opt.upload_moments(x.m, x.v);
-        CheckpointManager checkpoints(cfg, comm);
+        CheckpointManager checkpoints(c, comm);
         TrainState st;
         st.step = 3;
         std::string message;
         try {
           got[size_t(comm.rank())] = checkpoints.save(model, opt, st, last);
+          EXPECT_EQ(checkpoints.saving(), async);
+          while (checkpoints.saving()) got[size_t(comm.rank())] = checkpoints.poll();
         } catch (const Error& e) {
           message = e.what();
         }
@@ -290,6 +296,40 @@ TrainResult train_on(int n, const Config& cfg, const TrainOptions& o = {}) {
     if (comm.rank() == 0) r0 = r;
   });
   return r0;
+}
+
+// checkpoint.async_save: the periodic saves of a 2-rank run write their files in the
+// background while training goes on, and hold what the saves written at once hold, bit for bit
+// (the state was copied to the host before the next step changed it); the losses are the same,
+// and the run's last save completes the one still being written.
+TEST(CheckpointParts, ABackgroundSaveHoldsWhatASaveAtOnceHolds) {
+  std::vector<double> losses[2];
+  fs::path dirs[2];
+  for (const bool async : {false, true}) {
+    dirs[async] = run_dir(async ? "parts_async" : "parts_sync");
+    const Config cfg = small_config(5, dirs[async], {"--checkpoint.every=2", "--checkpoint.keep=3",
+                                                     fmt::format("--checkpoint.async_save={}", async),
+                                                     "--eval.exact_match=false", "--data.val=",
+                                                     "--parallel.refit=false"});  // the same plans
+    for (const auto& s : train_on(2, cfg).steps) losses[async].push_back(s.loss);
+  }
+  EXPECT_EQ(losses[1], losses[0]);
+  const Config cfg = small_config(5, dirs[0]);
+  for (const char* name : {"step-00000002.h5", "step-00000004.h5", "step-00000005.h5"}) {
+    std::vector<float> w[2], m[2], v[2];
+    for (int async = 0; async < 2; ++async) {
+      const fs::path path = dirs[async] / "checkpoints" / name;
+      ASSERT_TRUE(fs::exists(fs::path(path).replace_extension(".done"))) << path;
+      auto backend = make_cpu_backend({1});
+      Model model(cfg.model, *backend);
+      AdamW opt(model.table(), cfg.optim, *backend);
+      load_checkpoint(path.string(), model, &opt);
+      w[async] = model.download_params(), m[async] = opt.download_m(), v[async] = opt.download_v();
+    }
+    EXPECT_EQ(w[1], w[0]) << name;
+    EXPECT_EQ(m[1], m[0]) << name;
+    EXPECT_EQ(v[1], v[0]) << name;
+  }
 }
 
 // Rank 0 holds block 0 and never reads part 1: without agreement it would resume from step 4

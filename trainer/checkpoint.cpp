@@ -5,11 +5,13 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "core/check.h"
 #include "core/files.h"
@@ -272,8 +274,36 @@ class SaveTimeout {
 
 }  // namespace
 
+// A save whose files are being written (by a background thread under checkpoint.async_save):
+// what each rank took from the device, where it goes, and how the writing went.
+struct CheckpointManager::Pending {
+  std::optional<ParamTable> table;  // the model's, which the writer reads
+  int64_t step = 0;
+  bool last = false;
+  fs::path final_path, part_path;
+  std::vector<float> m, v;  // this rank's part of the moments (several ranks)
+  int64_t begin = 0;        // its compact offset
+  MomentParts parts;
+  std::optional<SaveSnapshot> snapshot;  // rank 0: the main file's contents
+  TrainState state;
+  std::string error;        // this rank's writing failure, "" when it wrote its files
+  std::atomic<bool> written{false};
+  std::thread writer;
+};
+
+CheckpointManager::~CheckpointManager() {
+  if (!pending_) return;
+  // A run stopped while a background save was writing: its files are not complete, and with
+  // no other rank to agree with they never will be. The temporaries go; the marker never came.
+  if (pending_->writer.joinable()) pending_->writer.join();
+  std::error_code ec;
+  fs::remove(temporary_of(pending_->part_path), ec);
+  if (rank0_) fs::remove(temporary_of(pending_->final_path), ec);
+}
+
 std::string CheckpointManager::save(const Model& model, const AdamW& opt, const TrainState& state,
                                     bool last) {
+  if (pending_) finish();  // one save at a time: the one before completes first
   const double limit = save_timeout(cfg_, model.table(), comm_.size());
   const SaveTimeout scope(comm_, limit, cfg_.parallel.timeout_s);
   try {
@@ -305,59 +335,112 @@ std::string CheckpointManager::save_with_every_rank(const Model& model, const Ad
       error = e.what();
       if (world > 1) spdlog::warn("rank {}: {}", rank, error);
     }
-    failed = world > 1 ? failed_ranks(comm_, error) : std::vector<int>(error.empty() ? 0 : 1, 0);
+    failed = agree(error);
   };
+  auto p = std::make_unique<Pending>();
+  p->table.emplace(model.table());
+  p->step = step, p->last = last, p->state = state;
+  p->final_path = checkpoint_path(cfg_, step);
+  p->part_path = moment_part_path(p->final_path, rank, world);
   run_stage("preparing the folder", [&] {
     if (rank0_) prepare_save(cfg_, model, true, step);
   });
-  const fs::path final_path = checkpoint_path(cfg_, step);
   // Several ranks: each writes its part of the moments at once, and rank 0 the weights and
   // the record of the parts' checksums, gathered first.
   const bool in_parts = world > 1;
   const auto [begin, end] = AdamW::save_part(opt.compact_size(), rank, world);
-  const fs::path part_path = moment_part_path(final_path, rank, world);
-  std::vector<float> m, v;
-  MomentParts parts;
+  p->begin = begin;
   if (in_parts) {
     run_stage("reading its moments", [&] {
-      m.resize(size_t(end - begin)), v.resize(size_t(end - begin));
-      opt.download_compact(begin, end - begin, m.data(), v.data());
+      p->m.resize(size_t(end - begin)), p->v.resize(size_t(end - begin));
+      opt.download_compact(begin, end - begin, p->m.data(), p->v.data());
     });
-    if (!failed.empty()) return give_up(failed, error, stage, step, last, part_path);
-    const uint64_t mine[2] = {moment_checksum(m), moment_checksum(v)};
-    parts = {world, std::vector<uint64_t>(size_t(2 * world))};
-    comm_.all_gather(mine, parts.checksums.data(), 2, DataType::I64);
+    if (!failed.empty()) return give_up(failed, error, stage, step, last, p->part_path);
+    const uint64_t mine[2] = {moment_checksum(p->m), moment_checksum(p->v)};
+    p->parts = {world, std::vector<uint64_t>(size_t(2 * world))};
+    comm_.all_gather(mine, p->parts.checksums.data(), 2, DataType::I64);
   }
   // Where each rank holds the fp32 master of its shard alone, rank 0 collects the whole.
-  std::vector<float> weights;
-  if (model.sheds_master()) {
-    run_stage("gathering the weights", [&] { weights = gather_weights(model, comm_); });
-    if (!failed.empty()) return give_up(failed, error, stage, step, last, part_path);
-  }
-  run_stage("writing", [&] {
-    if (in_parts)
-      write_durable(part_path, step, [&](const fs::path& tmp) {
-        write_moment_part(tmp, step, rank, world, begin, m, v);
-      });
-    if (rank0_)
-      write_durable(final_path, step, [&](const fs::path& tmp) {
-        write_checkpoint_file(tmp, cfg_, model, &opt, state, parts, model.sheds_master() ? &weights : nullptr);
-      });
+  run_stage("reading the weights", [&] {
+    std::vector<float> weights;
+    if (model.sheds_master()) weights = gather_weights(model, comm_);
+    if (rank0_) p->snapshot = snapshot_for_save(model, &opt, p->parts, model.sheds_master() ? &weights : nullptr);
   });
+  if (!failed.empty()) return give_up(failed, error, stage, step, last, p->part_path);
+  pending_ = std::move(p);
+  if (last || !cfg_.checkpoint.async_save) {
+    write_pending();
+    return finish();
+  }
+  // The files are written while training goes on; finish() completes the save.
+  pending_->writer = std::thread([this] { write_pending(); });
+  return "";
+}
+
+void CheckpointManager::write_pending() {
+  Pending& p = *pending_;
+  try {
+    if (p.parts.world > 0)
+      write_durable(p.part_path, p.step, [&](const fs::path& tmp) {
+        write_moment_part(tmp, p.step, comm_.rank(), comm_.size(), p.begin, p.m, p.v);
+      });
+    if (p.snapshot)
+      write_durable(p.final_path, p.step, [&](const fs::path& tmp) {
+        write_checkpoint_file(tmp, cfg_, *p.table, *p.snapshot, p.state, p.parts);
+      });
+  } catch (const Error& e) {
+    p.error = e.what();
+    if (comm_.size() > 1) spdlog::warn("rank {}: {}", comm_.rank(), p.error);
+  }
+  p.snapshot.reset(), p.m.clear(), p.v.clear();  // the host copies are spent
+  p.written = true;
+}
+
+std::vector<int> CheckpointManager::agree(const std::string& error) const {
+  return comm_.size() > 1 ? failed_ranks(comm_, error) : std::vector<int>(error.empty() ? 0 : 1, 0);
+}
+
+std::string CheckpointManager::poll() {
+  if (!pending_ || !pending_->writer.joinable()) return "";
+  int32_t writing = pending_->written ? 0 : 1;
+  comm_.all_reduce_max(&writing, 1);
+  return writing ? "" : finish();
+}
+
+std::string CheckpointManager::finish() {
+  Pending& p = *pending_;
+  if (p.writer.joinable()) p.writer.join();
+  const SaveTimeout scope(comm_, save_timeout(cfg_, *p.table, comm_.size()), cfg_.parallel.timeout_s);
   // Parts first; the main file's name, then the marker, make the checkpoint whole.
+  std::string error = p.error;
+  const char* stage = "writing";
+  std::vector<int> failed = agree(error);
+  auto run_stage = [&](const char* name, auto&& body) {
+    if (!failed.empty()) return;
+    stage = name;
+    try {
+      body();
+    } catch (const Error& e) {
+      error = e.what();
+      if (comm_.size() > 1) spdlog::warn("rank {}: {}", comm_.rank(), error);
+    }
+    failed = agree(error);
+  };
   run_stage("naming the parts", [&] {
-    if (in_parts) commit_rename(temporary_of(part_path).string(), part_path.string());
+    if (p.parts.world > 0) commit_rename(temporary_of(p.part_path).string(), p.part_path.string());
   });
   run_stage("completing", [&] {
     if (!rank0_) return;
-    commit_rename(temporary_of(final_path).string(), final_path.string());
-    complete_save(cfg_, final_path, step);
+    commit_rename(temporary_of(p.final_path).string(), p.final_path.string());
+    complete_save(cfg_, p.final_path, p.step);
   });
+  const std::unique_ptr<Pending> done = std::move(pending_);
   if (failed.empty()) {
-    if (rank0_) spdlog::info("checkpoint saved: {}", final_path.string());
-    return final_path.string();
+    if (rank0_) spdlog::info("checkpoint saved: {}", p.final_path.string());
+    saved_step_ = p.step;
+    return p.final_path.string();
   }
-  return give_up(failed, error, stage, step, last, part_path);
+  return give_up(failed, error, stage, p.step, p.last, p.part_path);
 }
 
 std::string CheckpointManager::give_up(const std::vector<int>& failed, const std::string& error,

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,10 +73,32 @@ class CheckpointManager {
   // rank gets the path ("" when a periodic save failed). The save a run ends with (last) must
   // succeed; a periodic one that fails (a full disk, a rank that could not write) warns,
   // naming the ranks that failed, and training goes on to try again at the next interval.
+  // With checkpoint.async_save a periodic save returns "" once every rank has its state on the
+  // host, and its files are written in the background while training goes on; poll()
+  // completes it. Any save first completes the one before.
   std::string save(const Model& model, const AdamW& opt, const TrainState& state, bool last);
+  // Called by every rank after each step: completes a background save once every rank's files
+  // are written (one small collective a step while one is under way) and returns its path,
+  // "" otherwise (or when a periodic save failed, as save does).
+  std::string poll();
+  // Whether a background save is under way.
+  bool saving() const { return pending_ != nullptr; }
+  // The step of the newest save completed through this manager (0: none).
+  int64_t saved_step() const { return saved_step_; }
+  ~CheckpointManager();
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
 
  private:
+  struct Pending;
   std::string save_with_every_rank(const Model& model, const AdamW& opt, const TrainState& state, bool last);
+  // Writes the pending save's files under their temporary names (this rank's part; rank 0 the
+  // main file), recording its failure.
+  void write_pending();
+  // Agrees on the writing, names the parts, then the main file, then the marker.
+  std::string finish();
+  // Every rank's outcome of a stage, known to all: the ranks that failed it.
+  std::vector<int> agree(const std::string& error) const;
   // A save that `failed` on those ranks while at `stage`: this rank's temporaries removed,
   // then a throw (last) or a warning and "".
   std::string give_up(const std::vector<int>& failed, const std::string& error, const char* stage,
@@ -84,6 +107,8 @@ class CheckpointManager {
   Communicator& comm_;
   const bool rank0_;
   std::optional<RunLock> lock_;
+  std::unique_ptr<Pending> pending_;
+  int64_t saved_step_ = 0;
 };
 
 }  // namespace dhp

@@ -300,42 +300,56 @@ struct OpenCheckpoint {
   std::optional<H5> params;
 };
 
+SaveSnapshot snapshot_for_save(const Model& model, const AdamW* opt, const MomentParts& parts,
+                               std::vector<float>* weights) {
+  SaveSnapshot snap;
+  snap.weights = weights ? std::move(*weights) : model.download_params();
+  snap.optimizer = opt != nullptr;
+  if (!opt) return snap;
+  snap.optimizer_step = opt->steps_taken();
+  if (parts.world == 0) snap.m = opt->download_m(), snap.v = opt->download_v();
+  return snap;
+}
+
 void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, const Model& model,
-                           const AdamW* opt, const TrainState& st, const MomentParts& parts,
-                           const std::vector<float>* weights) {
+                           const AdamW* opt, const TrainState& st, const MomentParts& parts) {
+  write_checkpoint_file(tmp, cfg, model.table(), snapshot_for_save(model, opt, parts), st, parts);
+}
+
+void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, const ParamTable& table,
+                           const SaveSnapshot& snap, const TrainState& st, const MomentParts& parts) {
   quiet_hdf5();
   H5 file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, newest_format_access()), H5Fclose);
   h5_check(file.ok(), fmt::format("cannot create checkpoint file '{}'", tmp.string()));
-  const bool in_parts = opt && parts.world > 0;
+  const bool in_parts = snap.optimizer && parts.world > 0;
+  DHP_ASSERT(int64_t(snap.weights.size()) == table.total());
   write_format(file, kFormat, in_parts ? kPartsFormatVersion : kFormatVersion);
   write_string(file, "config", to_toml(cfg));
-  const int64_t param_bytes = model.table().total() * int64_t(sizeof(float));
+  const int64_t param_bytes = table.total() * int64_t(sizeof(float));
   ByteProgress progress(fmt::format("saving {}", tmp.filename().replace_extension().string()),
-                        param_bytes * (opt && !in_parts ? 3 : 1));
+                        param_bytes * (snap.optimizer && !in_parts ? 3 : 1));
   {
     H5 params(H5Gcreate2(file, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    const std::vector<float> own = weights ? std::vector<float>{} : model.download_params();
-    const float* p = weights ? weights->data() : own.data();
-    for (const auto& s : model.table().specs()) {
-      write_tensor(params, s, p + s.offset);
+    for (const auto& s : table.specs()) {
+      write_tensor(params, s, snap.weights.data() + s.offset);
       progress.add(s.numel() * int64_t(sizeof(float)));
     }
   }
-  if (opt) {
+  if (snap.optimizer) {
     H5 optim(H5Gcreate2(file, "optim", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    write_attr_i64(optim, "step", opt->steps_taken());
+    write_attr_i64(optim, "step", snap.optimizer_step);
     if (in_parts) {
       DHP_ASSERT(parts.checksums.size() == size_t(2 * parts.world));
       write_attr_i64(optim, "parts", parts.world);
-      write_string_attr(optim, "trainable", trainable_mask(model.table()));
+      write_string_attr(optim, "trainable", trainable_mask(table));
       write_u64s(optim, "part_checksums", parts.checksums);
     } else {
+      DHP_ASSERT(int64_t(snap.m.size()) == table.total() && int64_t(snap.v.size()) == table.total());
       H5 m(H5Gcreate2(optim, "m", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
       H5 v(H5Gcreate2(optim, "v", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-      const std::vector<float> hm = opt->download_m(), hv = opt->download_v();
-      for (const auto& s : model.table().specs()) {
-        write_tensor(m, s, hm.data() + s.offset);
-        write_tensor(v, s, hv.data() + s.offset);
+      for (const auto& s : table.specs()) {
+        write_tensor(m, s, snap.m.data() + s.offset);
+        write_tensor(v, s, snap.v.data() + s.offset);
         progress.add(2 * s.numel() * int64_t(sizeof(float)));
       }
     }

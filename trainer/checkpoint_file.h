@@ -55,15 +55,28 @@ struct MomentParts {
   std::vector<uint64_t> checksums;  // m and v of each part: 2 · world
 };
 
+// What a checkpoint's main file holds besides its configuration and state, copied to the host:
+// a background save (checkpoint.async_save) writes it while training goes on.
+struct SaveSnapshot {
+  std::vector<float> weights;  // the whole fp32 weights, arena layout
+  bool optimizer = false;      // a training checkpoint: the optimizer's step and moments
+  int64_t optimizer_step = 0;
+  std::vector<float> m, v;     // the moments, arena layout, when the file holds them (no parts)
+};
+// The snapshot of a model and optimizer (null: weights only). `weights`, when given, are the
+// model's whole fp32 weights (gather_weights), taken instead of the model's own download.
+SaveSnapshot snapshot_for_save(const Model& model, const AdamW* opt, const MomentParts& parts,
+                               std::vector<float>* weights = nullptr);
+
 // Writes and flushes a whole checkpoint at `path`, its moments in the file or, when
 // parts.world > 0, recorded as parts written by write_moment_part. A failure throws
 // dhp::Error with the operating system's reason and may leave a partial file for the caller
 // to remove.
-// `weights`, when given, are the model's whole fp32 weights (gather_weights), written instead
-// of the model's own download.
-void write_checkpoint_file(const std::filesystem::path& path, const Config& cfg,
-                           const Model& model, const AdamW* opt, const TrainState& state,
-                           const MomentParts& parts = {}, const std::vector<float>* weights = nullptr);
+void write_checkpoint_file(const std::filesystem::path& path, const Config& cfg, const ParamTable& table,
+                           const SaveSnapshot& snapshot, const TrainState& state, const MomentParts& parts = {});
+// The same from the model and optimizer themselves.
+void write_checkpoint_file(const std::filesystem::path& path, const Config& cfg, const Model& model,
+                           const AdamW* opt, const TrainState& state, const MomentParts& parts = {});
 
 // Where part `rank` of `world` of the checkpoint `main` (NAME.h5) lives.
 std::filesystem::path moment_part_path(const std::filesystem::path& main, int rank, int world);

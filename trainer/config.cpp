@@ -246,6 +246,7 @@ class Schema {
     num("every", k.every, 0, big);
     num("keep", k.keep, 2, 1 << 20);
     num("timeout_s", k.timeout_s, 0, 1e7);
+    flag("async_save", k.async_save);
 
     sec_ = "eval";
     auto& e = c.eval;

@@ -48,6 +48,9 @@ struct CheckpointConfig {
   double timeout_s = 0;             // longest wait of the ranks for a save to be written;
                                     // 0 = parallel.timeout_s plus the largest part's bytes
                                     // at 20 MB/s (save_timeout)
+  bool async_save = false;          // periodic saves write their files in the background
+                                    // while training goes on (the state copied to the host
+                                    // first); the last save is always written at once
 };
 
 struct EvalConfig {

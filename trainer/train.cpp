@@ -58,6 +58,8 @@ class Run {
   void record(const StepRecord& rec) { report_.step(rec); }
   void evaluate(int64_t step, TrainResult* out);
   bool periodic_save(int64_t step) const { return checkpoints_.periodic(step); }
+  std::string poll_save() { return checkpoints_.poll(); }
+  int64_t saved_step() const { return checkpoints_.saved_step(); }
   // The save a run ends with (last) must succeed (CheckpointManager::save).
   std::string save(int64_t step, bool last);
   // After an error that stopped the run with `done` the last completed step and `saved` the
@@ -630,10 +632,10 @@ TrainResult train(const Config& given, Communicator& comm, const TrainOptions& t
                        interrupted ? " (signal)" : "");
         return result;
       }
-      if (run.periodic_save(rec.step)) {
-        const std::string path = run.save(rec.step, false);
-        if (!path.empty()) result.checkpoint = path, saved = rec.step;
-      }
+      // A background save (checkpoint.async_save) completes at a later step, or at the next save.
+      const std::string path = run.periodic_save(rec.step) ? run.save(rec.step, false) : run.poll_save();
+      if (!path.empty()) result.checkpoint = path;
+      saved = std::max(saved, run.saved_step());
     }
     run.clear_bar();
     // A resumed run that had no step left to take already has its checkpoint.
