@@ -358,9 +358,9 @@ std::string what_would_fit(const ModelConfig& model, const DeviceProfile& device
   auto holds = [&](int n) { return MemoryModel(model, device, n, par.memory_gb, true, par.recompute, groups, engine); };
   const MemoryModel here = holds(world);
   if (!par.zero1 && here.rank_bytes(0, 0) < here.capacity())
-    return fmt::format("enable parallel.zero1 (then {:.2f} GiB per rank: the moments sharded over the {} ranks)",
-                       here.rank_bytes(0, 0) / gib, world);
-  // Under ZeRO-1 only the moments shrink with the ranks.
+    return fmt::format("enable parallel.zero1 (then {:.2f} GiB per rank: the moments{} sharded over the {} ranks)",
+                       here.rank_bytes(0, 0) / gib, device.act_bytes < 4 ? " and the fp32 master weights" : "", world);
+  // Under ZeRO-1 only the moments (and, beside a working copy, the master) shrink with the ranks.
   for (int64_t n = int64_t(world) * 2; n <= kMaxWorld; n *= 2) {
     const MemoryModel m = holds(int(n));
     if (m.rank_bytes(0, 0) < m.capacity())
