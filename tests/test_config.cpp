@@ -130,6 +130,7 @@ TEST(Config, TomlRoundTripAndDemoConfigLoads) {
   const Config gpu = load_config(std::string(DHP_SOURCE_DIR) + "/configs/gpu.toml");
   EXPECT_EQ(gpu.train.precision, Precision::automatic);
   EXPECT_EQ(gpu.parallel.cost_profile, "auto");
+  EXPECT_TRUE(gpu.checkpoint.async_save);
 }
 
 // Another data set never falls back to the demo's tokenizer or held-out set: what the file or
