@@ -369,21 +369,22 @@ std::string CheckpointManager::save_with_every_rank(const Model& model, const Ad
   if (!failed.empty()) return give_up(failed, error, stage, step, last, p->part_path);
   pending_ = std::move(p);
   if (last || !cfg_.checkpoint.async_save) {
-    write_pending();
+    write_pending(false);
     return finish();
   }
   // The files are written while training goes on; finish() completes the save.
-  pending_->writer = std::thread([this] { write_pending(); });
+  pending_->writer = std::thread([this] { write_pending(true); });
   return "";
 }
 
-void CheckpointManager::write_pending() {
+void CheckpointManager::write_pending(bool background) {
   Pending& p = *pending_;
   try {
     if (p.parts.world > 0)
       write_durable(p.part_path, p.step, [&](const fs::path& tmp) {
-        write_moment_part(tmp, p.step, comm_.rank(), comm_.size(), p.begin, p.m, p.v);
+        write_moment_part(tmp, p.step, comm_.rank(), comm_.size(), p.begin, p.m, p.v, !background);
       });
+    if (p.snapshot) p.snapshot->progress = !background;
     if (p.snapshot)
       write_durable(p.final_path, p.step, [&](const fs::path& tmp) {
         write_checkpoint_file(tmp, cfg_, *p.table, *p.snapshot, p.state, p.parts);

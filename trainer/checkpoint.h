@@ -93,8 +93,8 @@ class CheckpointManager {
   struct Pending;
   std::string save_with_every_rank(const Model& model, const AdamW& opt, const TrainState& state, bool last);
   // Writes the pending save's files under their temporary names (this rank's part; rank 0 the
-  // main file), recording its failure.
-  void write_pending();
+  // main file), recording its failure; in the background without drawing progress.
+  void write_pending(bool background);
   // Agrees on the writing, names the parts, then the main file, then the marker.
   std::string finish();
   // Every rank's outcome of a stage, known to all: the ranks that failed it.

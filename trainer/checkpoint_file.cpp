@@ -327,7 +327,7 @@ void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, 
   write_string(file, "config", to_toml(cfg));
   const int64_t param_bytes = table.total() * int64_t(sizeof(float));
   ByteProgress progress(fmt::format("saving {}", tmp.filename().replace_extension().string()),
-                        param_bytes * (snap.optimizer && !in_parts ? 3 : 1));
+                        param_bytes * (snap.optimizer && !in_parts ? 3 : 1), snap.progress);
   {
     H5 params(H5Gcreate2(file, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     for (const auto& s : table.specs()) {
@@ -390,7 +390,7 @@ int64_t checkpoint_file_step(const fs::path& p) {
 uint64_t moment_checksum(const std::vector<float>& x) { return checksum(x.data(), int64_t(x.size())); }
 
 void write_moment_part(const fs::path& path, int64_t step, int rank, int world, int64_t begin,
-                       const std::vector<float>& m, const std::vector<float>& v) {
+                       const std::vector<float>& m, const std::vector<float>& v, bool show) {
   quiet_hdf5();
   H5 file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, newest_format_access()), H5Fclose);
   h5_check(file.ok(), fmt::format("cannot create checkpoint part '{}'", path.string()));
@@ -403,7 +403,7 @@ void write_moment_part(const fs::path& path, int64_t step, int rank, int world, 
     write_attr_i64(root, "begin", begin);
   }
   ByteProgress progress(fmt::format("saving {}", path.filename().replace_extension().string()),
-                        int64_t(2 * m.size() * sizeof(float)));
+                        int64_t(2 * m.size() * sizeof(float)), show);
   const std::vector<int64_t> shape{int64_t(m.size())};
   write_array(file, "m", shape, m.data(), int64_t(m.size()));
   progress.add(int64_t(m.size() * sizeof(float)));

@@ -62,6 +62,7 @@ struct SaveSnapshot {
   bool optimizer = false;      // a training checkpoint: the optimizer's step and moments
   int64_t optimizer_step = 0;
   std::vector<float> m, v;     // the moments, arena layout, when the file holds them (no parts)
+  bool progress = true;        // show the bytes as they go (not from a background save)
 };
 // The snapshot of a model and optimizer (null: weights only). `weights`, when given, are the
 // model's whole fp32 weights (gather_weights), taken instead of the model's own download.
@@ -86,8 +87,11 @@ int64_t checkpoint_file_step(const std::filesystem::path& p);
 
 // Writes and flushes part `rank` of `world` at `path`: the compact moments m and v from
 // compact offset `begin`. The main file records their moment_checksum.
+// `progress`: show the bytes as they go (core/progress.h); a background save does not, so as
+// not to draw over the training's own line.
 void write_moment_part(const std::filesystem::path& path, int64_t step, int rank, int world,
-                       int64_t begin, const std::vector<float>& m, const std::vector<float>& v);
+                       int64_t begin, const std::vector<float>& m, const std::vector<float>& v,
+                       bool progress = true);
 uint64_t moment_checksum(const std::vector<float>& x);
 
 // The step a checkpoint file records in /state, or -1 when it cannot be read.
