@@ -126,12 +126,19 @@ void Model::write_params(int64_t offset, const float* host, int64_t count) {
     ops_.cast(working() + (offset + i), staged.as<float>(), c);
   }
   // The master of the trainable elements this rank holds, exactly.
+  for_each_master_piece(offset, count, [&](int64_t at, int64_t local, int64_t n) {
+    backend_.upload(master() + local, host + (at - offset), sizeof(float) * size_t(n));
+  });
+}
+
+template <class F>
+void Model::for_each_master_piece(int64_t offset, int64_t count, F&& f) const {
   for (const ParamSpec& p : table_.specs()) {
     const int64_t a = std::max(offset, p.offset), b = std::min(offset + count, p.offset + p.numel());
     if (!p.trainable || a >= b) continue;
     const int64_t to_grad = p.grad_offset - p.offset;
     master_shard_.for_each_held(a + to_grad, b + to_grad, [&](const CompactShard::Range& h, int64_t x, int64_t y) {
-      backend_.upload(master() + h.local + (x - h.begin), host + (x - to_grad - offset), sizeof(float) * size_t(y - x));
+      f(x - to_grad, h.local + (x - h.begin), y - x);
     });
   }
 }
@@ -160,14 +167,9 @@ void Model::read_params(int64_t offset, int64_t count, float* host) const {
     return;
   }
   read_working(offset, count, host);
-  for (const ParamSpec& p : table_.specs()) {
-    const int64_t a = std::max(offset, p.offset), b = std::min(offset + count, p.offset + p.numel());
-    if (!p.trainable || a >= b) continue;
-    const int64_t to_grad = p.grad_offset - p.offset;
-    master_shard_.for_each_held(a + to_grad, b + to_grad, [&](const CompactShard::Range& h, int64_t x, int64_t y) {
-      backend_.download(host + (x - to_grad - offset), master() + h.local + (x - h.begin), sizeof(float) * size_t(y - x));
-    });
-  }
+  for_each_master_piece(offset, count, [&](int64_t at, int64_t local, int64_t n) {
+    backend_.download(host + (at - offset), master() + local, sizeof(float) * size_t(n));
+  });
 }
 
 void Model::zero_grads() { backend_.zero(grads_.data(), grads_.bytes()); }

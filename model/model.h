@@ -139,6 +139,10 @@ class Model {
   Act stream(int layer) const { return layer < int(acts_.size()) ? acts_[layer].x_in : x_final_; }
   // Rounds the master weights into the working copy if they changed since the last pass.
   void refresh_weights();
+  // Where the master is sharded: f(arena offset, offset in master_, count) for each piece of
+  // arena range [offset, offset + count) whose master this rank holds.
+  template <class F>
+  void for_each_master_piece(int64_t offset, int64_t count, F&& f) const;
 
   ModelConfig cfg_;
   Backend& backend_;
