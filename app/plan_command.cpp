@@ -241,9 +241,11 @@ void run_plan(const PlanOptions& o) {
   fmt::print("model: dim {} x {} layers, vision {} x {} layers; {} parameters ({} trainable); recompute {}\n",
              model.dim, model.layers, model.vision.dim, model.vision.layers, mem.parameters(),
              mem.trainable_parameters(), recompute_name(par.recompute));
-  fmt::print("per rank: weights, gradients and optimizer state {:.2f} MiB (gradients {:.2f}, moments {:.2f}{})\n",
-             double(mem.static_bytes()) / mib, double(mem.gradient_bytes()) / mib,
-             double(mem.optimizer_bytes()) / mib, par.zero1 ? ", ZeRO-1" : "");
+  const StateBytes& st = mem.state();
+  fmt::print("per rank: weights, gradients and optimizer state {:.2f} MiB (fp32 master {:.2f}, working copy {:.2f}, "
+             "gradients {:.2f}, moments {:.2f}{})\n",
+             double(mem.static_bytes()) / mib, double(st.master) / mib, double(st.working) / mib,
+             double(st.gradients) / mib, double(st.moments) / mib, par.zero1 ? ", ZeRO-1" : "");
   // The longest text-only sample one rank holds in each recompute mode.
   std::vector<std::string> longest;
   for (const auto& [mode, name] : kRecomputeNames) {

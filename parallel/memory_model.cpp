@@ -57,13 +57,11 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   }
   // The engine's own layout (types/state_bytes.h): fp32 master weights, the working copy in
   // the storage dtype, fp32 gradients of the trainable parameters, their moments (a ZeRO-1
-  // block and the remainder).
+  // block and the remainder; the master sharded alike beside a working copy).
   const bool table = engine.params > 0;
-  const StateBytes state = state_bytes(table ? engine.params : params_, table ? engine.trainable : trainable_,
-                                       dev.act_bytes, zero1 ? world : 1);
-  grad_bytes_ = state.gradients;
-  optim_bytes_ = state.moments;
-  static_ = state.total();
+  state_ = state_bytes(table ? engine.params : params_, table ? engine.trainable : trainable_, dev.act_bytes,
+                       zero1 ? world : 1);
+  static_ = state_.total();
   // Per token, what a block of width c, ffn f, q/kv widths qw/kvw and h query heads holds for
   // backward (model/block.cpp): the layer input; the two norm outputs and the SwiGLU product
   // (rebuilt under selective and full); q, k, v, the attention output, the residual and the

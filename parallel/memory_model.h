@@ -28,6 +28,7 @@
 #include "types/model_config.h"
 #include "types/param_group.h"
 #include "types/recompute.h"
+#include "types/state_bytes.h"
 
 namespace dhp {
 
@@ -66,9 +67,11 @@ class MemoryModel {
   int64_t trainable_parameters() const { return trainable_; }
   // Parameters of one group (model-spec.md's table).
   int64_t group_parameters(ParamGroup g) const { return group_params_[size_t(g)]; }
-  // Of static_bytes() (types/state_bytes.h): the gradients, and the moments this rank holds.
-  int64_t gradient_bytes() const { return grad_bytes_; }
-  int64_t optimizer_bytes() const { return optim_bytes_; }
+  // Of static_bytes() (types/state_bytes.h): the gradients, and the moments this rank holds;
+  // state() has every part.
+  int64_t gradient_bytes() const { return state_.gradients; }
+  int64_t optimizer_bytes() const { return state_.moments; }
+  const StateBytes& state() const { return state_; }
   int64_t static_bytes() const { return static_; }
   // Over every arena (a ring's and the image exchange's counted on one rank too):
   int64_t bytes_per_token() const { return per_token_ + 2 * routed_per_token_ + ring_per_token_; }
@@ -119,7 +122,7 @@ class MemoryModel {
  private:
   int64_t capacity_, params_, trainable_, static_, per_token_, per_patch_, logits_per_token_, fixed_;
   int64_t ring_per_token_, routed_per_token_, sent_per_patch_;
-  int64_t grad_bytes_, optim_bytes_;
+  StateBytes state_;
   int64_t group_params_[kParamGroups];
   int64_t logits_chunk_;
   int m2_;
