@@ -274,6 +274,29 @@ class SaveTimeout {
 
 }  // namespace
 
+// A save's stages. Each ends with every rank learning which ranks failed it, so that all leave
+// the save the same way: this rank's own reason, which ranks failed, and in which stage.
+struct SaveStages {
+  Communicator& comm;
+  std::string error;
+  std::vector<int> failed;
+  const char* stage = "";
+  // Runs `body` unless a stage before failed, then agrees on the outcome.
+  template <class Body>
+  void run(const char* name, Body&& body) {
+    if (!failed.empty()) return;
+    stage = name;
+    try {
+      body();
+    } catch (const Error& e) {
+      error = e.what();
+      if (comm.size() > 1) spdlog::warn("rank {}: {}", comm.rank(), error);
+    }
+    agree();
+  }
+  void agree() { failed = comm.size() > 1 ? failed_ranks(comm, error) : std::vector<int>(error.empty() ? 0 : 1, 0); }
+};
+
 // A save whose files are being written (by a background thread under checkpoint.async_save):
 // what each rank took from the device, where it goes, and how the writing went.
 struct CheckpointManager::Pending {
@@ -321,28 +344,13 @@ std::string CheckpointManager::save_with_every_rank(const Model& model, const Ad
                                                     const TrainState& state, bool last) {
   const int world = comm_.size(), rank = comm_.rank();
   const int64_t step = state.step;
-  // Each stage's failures are agreed on before the next, so that every rank leaves the save
-  // the same way; this rank's own reason, and which ranks failed where.
-  std::string error;
-  std::vector<int> failed;
-  const char* stage = "";
-  auto run_stage = [&](const char* name, auto&& body) {
-    if (!failed.empty()) return;
-    stage = name;
-    try {
-      body();
-    } catch (const Error& e) {
-      error = e.what();
-      if (world > 1) spdlog::warn("rank {}: {}", rank, error);
-    }
-    failed = agree(error);
-  };
+  SaveStages stages{comm_, "", {}, ""};
   auto p = std::make_unique<Pending>();
   p->table.emplace(model.table());
   p->step = step, p->last = last, p->state = state;
   p->final_path = checkpoint_path(cfg_, step);
   p->part_path = moment_part_path(p->final_path, rank, world);
-  run_stage("preparing the folder", [&] {
+  stages.run("preparing the folder", [&] {
     if (rank0_) prepare_save(cfg_, model, true, step);
   });
   // Several ranks: each writes its part of the moments at once, and rank 0 the weights and
@@ -351,22 +359,22 @@ std::string CheckpointManager::save_with_every_rank(const Model& model, const Ad
   const auto [begin, end] = AdamW::save_part(opt.compact_size(), rank, world);
   p->begin = begin;
   if (in_parts) {
-    run_stage("reading its moments", [&] {
+    stages.run("reading its moments", [&] {
       p->m.resize(size_t(end - begin)), p->v.resize(size_t(end - begin));
       opt.download_compact(begin, end - begin, p->m.data(), p->v.data());
     });
-    if (!failed.empty()) return give_up(failed, error, stage, step, last, p->part_path);
+    if (!stages.failed.empty()) return give_up(stages.failed, stages.error, stages.stage, step, last, p->part_path);
     const uint64_t mine[2] = {moment_checksum(p->m), moment_checksum(p->v)};
     p->parts = {world, std::vector<uint64_t>(size_t(2 * world))};
     comm_.all_gather(mine, p->parts.checksums.data(), 2, DataType::I64);
   }
   // Where each rank holds the fp32 master of its shard alone, rank 0 collects the whole.
-  run_stage("reading the weights", [&] {
+  stages.run("reading the weights", [&] {
     std::vector<float> weights;
     if (model.sheds_master()) weights = gather_weights(model, comm_);
     if (rank0_) p->snapshot = snapshot_for_save(model, &opt, p->parts, model.sheds_master() ? &weights : nullptr);
   });
-  if (!failed.empty()) return give_up(failed, error, stage, step, last, p->part_path);
+  if (!stages.failed.empty()) return give_up(stages.failed, stages.error, stages.stage, step, last, p->part_path);
   pending_ = std::move(p);
   if (last || !cfg_.checkpoint.async_save) {
     write_pending(false);
@@ -397,10 +405,6 @@ void CheckpointManager::write_pending(bool background) {
   p.written = true;
 }
 
-std::vector<int> CheckpointManager::agree(const std::string& error) const {
-  return comm_.size() > 1 ? failed_ranks(comm_, error) : std::vector<int>(error.empty() ? 0 : 1, 0);
-}
-
 std::string CheckpointManager::poll() {
   if (!pending_ || !pending_->writer.joinable()) return "";
   int32_t writing = pending_->written ? 0 : 1;
@@ -413,35 +417,23 @@ std::string CheckpointManager::finish() {
   if (p.writer.joinable()) p.writer.join();
   const SaveTimeout scope(comm_, save_timeout(cfg_, *p.table, comm_.size()), cfg_.parallel.timeout_s);
   // Parts first; the main file's name, then the marker, make the checkpoint whole.
-  std::string error = p.error;
-  const char* stage = "writing";
-  std::vector<int> failed = agree(error);
-  auto run_stage = [&](const char* name, auto&& body) {
-    if (!failed.empty()) return;
-    stage = name;
-    try {
-      body();
-    } catch (const Error& e) {
-      error = e.what();
-      if (comm_.size() > 1) spdlog::warn("rank {}: {}", comm_.rank(), error);
-    }
-    failed = agree(error);
-  };
-  run_stage("naming the parts", [&] {
+  SaveStages stages{comm_, p.error, {}, "writing"};
+  stages.agree();
+  stages.run("naming the parts", [&] {
     if (p.parts.world > 0) commit_rename(temporary_of(p.part_path).string(), p.part_path.string());
   });
-  run_stage("completing", [&] {
+  stages.run("completing", [&] {
     if (!rank0_) return;
     commit_rename(temporary_of(p.final_path).string(), p.final_path.string());
     complete_save(cfg_, p.final_path, p.step);
   });
   const std::unique_ptr<Pending> done = std::move(pending_);
-  if (failed.empty()) {
+  if (stages.failed.empty()) {
     if (rank0_) spdlog::info("checkpoint saved: {}", p.final_path.string());
     saved_step_ = p.step;
     return p.final_path.string();
   }
-  return give_up(failed, error, stage, p.step, p.last, p.part_path);
+  return give_up(stages.failed, stages.error, stages.stage, p.step, p.last, p.part_path);
 }
 
 std::string CheckpointManager::give_up(const std::vector<int>& failed, const std::string& error,

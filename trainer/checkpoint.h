@@ -97,8 +97,6 @@ class CheckpointManager {
   void write_pending(bool background);
   // Agrees on the writing, names the parts, then the main file, then the marker.
   std::string finish();
-  // Every rank's outcome of a stage, known to all: the ranks that failed it.
-  std::vector<int> agree(const std::string& error) const;
   // A save that `failed` on those ranks while at `stage`: this rank's temporaries removed,
   // then a throw (last) or a warning and "".
   std::string give_up(const std::vector<int>& failed, const std::string& error, const char* stage,
