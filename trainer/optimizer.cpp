@@ -21,10 +21,8 @@ AdamW::AdamW(const ParamTable& table, const OptimConfig& cfg, Backend& backend,
   DHP_ASSERT(shard.world >= 1 && shard.rank >= 0 && shard.rank < shard.world);
   n_ = table.trainable_total();
   layout_ = CompactShard{shard, n_};
-  block_ = layout_.block();
-  tail_ = layout_.tail();
-  m_ = DeviceBuffer(backend, sizeof(float) * size_t(block_ + tail_));
-  v_ = DeviceBuffer(backend, sizeof(float) * size_t(block_ + tail_));
+  m_ = DeviceBuffer(backend, sizeof(float) * size_t(layout_.held_size()));
+  v_ = DeviceBuffer(backend, sizeof(float) * size_t(layout_.held_size()));
   norm_ = DeviceBuffer(backend, sizeof(double));
   backend_.zero(m_.data(), m_.bytes());
   backend_.zero(v_.data(), v_.bytes());
@@ -95,10 +93,10 @@ void AdamW::start(const Bucket& b) {
   }
   const int64_t W = shard_.world;
   for (int r = 0; r < W; ++r) {
-    const int64_t a = std::max(b.begin, r * block_), e = std::min(b.end, (r + 1) * block_);
+    const int64_t a = std::max(b.begin, r * layout_.block()), e = std::min(b.end, (r + 1) * layout_.block());
     if (a < e) inflight_.push_back(comm.start_reduce(g + a, e - a, DataType::F32, r));
   }
-  const int64_t a = std::max(b.begin, W * block_);
+  const int64_t a = std::max(b.begin, layout_.tail_begin());
   if (a < b.end) inflight_.push_back(comm.start_all_reduce(g + a, b.end - a, DataType::F32, ReduceOp::Sum));
 }
 
@@ -110,8 +108,8 @@ void AdamW::grads_final_from(int64_t offset) {
 
 double AdamW::sharded_norm(const float* grads, Communicator& comm) const {
   // Blocks summed in rank order; the tail (the same on every rank) counted once.
-  double sq = squared_norm(grads + int64_t(shard_.rank) * block_, block_);
-  if (shard_.rank == 0) sq += squared_norm(grads + shard_.world * block_, tail_);
+  double sq = squared_norm(grads + layout_.lo(), layout_.block());
+  if (shard_.rank == 0) sq += squared_norm(grads + layout_.tail_begin(), layout_.tail());
   comm.all_reduce_sum(&sq, 1);
   return std::sqrt(sq);
 }
@@ -130,9 +128,8 @@ double AdamW::reduce(float* grads, Communicator& comm) {
     comm.all_reduce_sum(grads, n_);
     return grad_norm(grads);
   }
-  const int64_t W = shard_.world;
-  comm.reduce_scatter(grads, grads + int64_t(shard_.rank) * block_, block_, DataType::F32);
-  if (tail_ > 0) comm.all_reduce_sum(grads + W * block_, tail_);
+  comm.reduce_scatter(grads, grads + layout_.lo(), layout_.block(), DataType::F32);
+  if (layout_.tail() > 0) comm.all_reduce_sum(grads + layout_.tail_begin(), layout_.tail());
   return sharded_norm(grads, comm);
 }
 
@@ -140,8 +137,8 @@ template <class Weight>
 void AdamW::update_held(float* grads, double lr, double norm, Weight&& weight) {
   if (cfg_.grad_clip > 0.0 && norm > cfg_.grad_clip) {
     const float s = float(cfg_.grad_clip / (norm + 1e-6));
-    backend_.ops().scale_inplace(grads + layout_.lo(), s, block_);  // this rank's summed block
-    if (tail_ > 0) backend_.ops().scale_inplace(grads + layout_.tail_begin(), s, tail_);
+    backend_.ops().scale_inplace(grads + layout_.lo(), s, layout_.block());  // this rank's summed block
+    if (layout_.tail() > 0) backend_.ops().scale_inplace(grads + layout_.tail_begin(), s, layout_.tail());
   }
   ++t_;
   for (const auto& p : table_.specs()) {
@@ -189,30 +186,30 @@ void AdamW::refresh_working(Model& model, Communicator& comm) const {
   const DataType type = data_type_of(work.t);
   const int64_t lo = layout_.lo(), t0 = layout_.tail_begin();
   if (table_.all_trainable()) {  // the layouts coincide: round into place, gather in place
-    ops.cast(work + lo, master, block_);
-    if (tail_ > 0) ops.cast(work + t0, master + block_, tail_);
-    comm.all_gather((work + lo).p, work.p, block_, type);
+    ops.cast(work + lo, master, layout_.block());
+    if (layout_.tail() > 0) ops.cast(work + t0, master + layout_.block(), layout_.tail());
+    comm.all_gather((work + lo).p, work.p, layout_.block(), type);
     return;
   }
   // The blocks gathered in the gradient layout through the gradient arena (its sums are
   // spent), each piece then copied to its weight's place; the tail rounded in place.
   const Act staged(model.grads(), work.t);
-  ops.cast(staged + lo, master, block_);
-  comm.all_gather((staged + lo).p, staged.p, block_, type);
+  ops.cast(staged + lo, master, layout_.block());
+  comm.all_gather((staged + lo).p, staged.p, layout_.block(), type);
   for (const auto& p : table_.specs()) {
     if (!p.trainable) continue;
     const int64_t begin = p.grad_offset, end = p.grad_offset + p.numel(), to_weight = p.offset - p.grad_offset;
     if (const int64_t b = std::min(end, t0); begin < b)
       backend_.copy((work + (begin + to_weight)).p, (staged + begin).p, dtype_size(work.t) * size_t(b - begin));
     if (const int64_t a = std::max(begin, t0); a < end)
-      ops.cast(work + (a + to_weight), master + block_ + (a - t0), end - a);
+      ops.cast(work + (a + to_weight), master + layout_.block() + (a - t0), end - a);
   }
 }
 
 void AdamW::gather_params(float* params, float* grads, Communicator& comm) {
-  const int64_t W = shard_.world, lo = int64_t(shard_.rank) * block_;
+  const int64_t lo = layout_.lo();
   if (table_.all_trainable()) {  // the two layouts coincide: gather in place
-    comm.all_gather(params + lo, params, block_, DataType::F32);
+    comm.all_gather(params + lo, params, layout_.block(), DataType::F32);
     return;
   }
   // Each piece [a, b) of the gradient layout that lies in `range` copied between the layouts.
@@ -227,20 +224,20 @@ void AdamW::gather_params(float* params, float* grads, Communicator& comm) {
     }
   };
   // The tail was updated identically on every rank; only the blocks travel.
-  pieces(lo, lo + block_, true);
-  comm.all_gather(grads + lo, grads, block_, DataType::F32);
+  pieces(lo, lo + layout_.block(), true);
+  comm.all_gather(grads + lo, grads, layout_.block(), DataType::F32);
   pieces(0, lo, false);
-  pieces(lo + block_, W * block_, false);
+  pieces(lo + layout_.block(), layout_.tail_begin(), false);
 }
 
 std::vector<float> AdamW::gather(const DeviceBuffer& b, Communicator& comm) const {
-  const int64_t W = shard_.world;
-  DeviceBuffer all(backend_, sizeof(float) * size_t(W * block_));
-  comm.all_gather(b.data(), all.data(), block_, DataType::F32);
+  DeviceBuffer all(backend_, sizeof(float) * size_t(layout_.tail_begin()));
+  comm.all_gather(b.data(), all.data(), layout_.block(), DataType::F32);
   std::vector<float> host(static_cast<size_t>(n_));
   backend_.download(host.data(), all.data(), all.bytes());
-  if (tail_ > 0)
-    backend_.download(host.data() + W * block_, b.as<float>() + block_, sizeof(float) * size_t(tail_));
+  if (layout_.tail() > 0)
+    backend_.download(host.data() + layout_.tail_begin(), b.as<float>() + layout_.block(),
+                      sizeof(float) * size_t(layout_.tail()));
   return host;
 }
 
@@ -281,7 +278,7 @@ std::vector<float> AdamW::download_v() const {
 
 void AdamW::upload_moments(const std::vector<float>& m, const std::vector<float>& v) {
   DHP_ASSERT(int64_t(m.size()) == table_.total() && int64_t(v.size()) == table_.total());
-  const int64_t lo = int64_t(shard_.rank) * block_, tail0 = int64_t(shard_.world) * block_;
+  const int64_t lo = layout_.lo(), tail0 = layout_.tail_begin();
   // A frozen parameter's moments are dropped; one trainable now but frozen when the
   // checkpoint was written finds zeros there and starts afresh.
   std::vector<float> compact(static_cast<size_t>(n_));
@@ -289,9 +286,10 @@ void AdamW::upload_moments(const std::vector<float>& m, const std::vector<float>
     for (const auto& p : table_.specs())
       if (p.trainable)
         std::copy_n(src->begin() + p.offset, p.numel(), compact.begin() + p.grad_offset);
-    backend_.upload(dst->data(), compact.data() + lo, sizeof(float) * size_t(block_));
-    if (tail_ > 0)
-      backend_.upload(dst->as<float>() + block_, compact.data() + tail0, sizeof(float) * size_t(tail_));
+    backend_.upload(dst->data(), compact.data() + lo, sizeof(float) * size_t(layout_.block()));
+    if (layout_.tail() > 0)
+      backend_.upload(dst->as<float>() + layout_.block(), compact.data() + tail0,
+                      sizeof(float) * size_t(layout_.tail()));
   }
 }
 

@@ -145,7 +145,6 @@ class AdamW {
   OptimizerShard shard_;
   CompactShard layout_;           // what shard_ holds of the gradient layout
   int64_t n_ = 0;                 // elements of the gradient layout (trainable parameters)
-  int64_t block_ = 0, tail_ = 0;  // s and n - N·s; unsharded: n and 0
   DeviceBuffer m_, v_;            // (block + tail) moments
   DeviceBuffer norm_;             // (1) double: a squared norm
   std::vector<float> full_m_, full_v_;  // gathered for a checkpoint (sharded only)
