@@ -372,7 +372,7 @@ std::string CheckpointManager::save_with_every_rank(const Model& model, const Ad
   stages.run("reading the weights", [&] {
     std::vector<float> weights;
     if (model.sheds_master()) weights = gather_weights(model, comm_);
-    if (rank0_) p->snapshot = snapshot_for_save(model, &opt, p->parts, model.sheds_master() ? &weights : nullptr);
+    if (rank0_) p->snapshot = snapshot_for_save(model, &opt, p->parts, std::move(weights));
   });
   if (!stages.failed.empty()) return give_up(stages.failed, stages.error, stages.stage, step, last, p->part_path);
   pending_ = std::move(p);
@@ -392,10 +392,9 @@ void CheckpointManager::write_pending(bool background) {
       write_durable(p.part_path, p.step, [&](const fs::path& tmp) {
         write_moment_part(tmp, p.step, comm_.rank(), comm_.size(), p.begin, p.m, p.v, !background);
       });
-    if (p.snapshot) p.snapshot->progress = !background;
     if (p.snapshot)
       write_durable(p.final_path, p.step, [&](const fs::path& tmp) {
-        write_checkpoint_file(tmp, cfg_, *p.table, *p.snapshot, p.state, p.parts);
+        write_checkpoint_file(tmp, cfg_, *p.table, *p.snapshot, p.state, p.parts, !background);
       });
   } catch (const Error& e) {
     p.error = e.what();

@@ -301,9 +301,9 @@ struct OpenCheckpoint {
 };
 
 SaveSnapshot snapshot_for_save(const Model& model, const AdamW* opt, const MomentParts& parts,
-                               std::vector<float>* weights) {
+                               std::vector<float> weights) {
   SaveSnapshot snap;
-  snap.weights = weights ? std::move(*weights) : model.download_params();
+  snap.weights = weights.empty() ? model.download_params() : std::move(weights);
   snap.optimizer = opt != nullptr;
   if (!opt) return snap;
   snap.optimizer_step = opt->steps_taken();
@@ -317,7 +317,8 @@ void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, 
 }
 
 void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, const ParamTable& table,
-                           const SaveSnapshot& snap, const TrainState& st, const MomentParts& parts) {
+                           const SaveSnapshot& snap, const TrainState& st, const MomentParts& parts,
+                           bool show) {
   quiet_hdf5();
   H5 file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, newest_format_access()), H5Fclose);
   h5_check(file.ok(), fmt::format("cannot create checkpoint file '{}'", tmp.string()));
@@ -327,7 +328,7 @@ void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, 
   write_string(file, "config", to_toml(cfg));
   const int64_t param_bytes = table.total() * int64_t(sizeof(float));
   ByteProgress progress(fmt::format("saving {}", tmp.filename().replace_extension().string()),
-                        param_bytes * (snap.optimizer && !in_parts ? 3 : 1), snap.progress);
+                        param_bytes * (snap.optimizer && !in_parts ? 3 : 1), show);
   {
     H5 params(H5Gcreate2(file, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     for (const auto& s : table.specs()) {

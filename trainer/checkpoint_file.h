@@ -62,19 +62,20 @@ struct SaveSnapshot {
   bool optimizer = false;      // a training checkpoint: the optimizer's step and moments
   int64_t optimizer_step = 0;
   std::vector<float> m, v;     // the moments, arena layout, when the file holds them (no parts)
-  bool progress = true;        // show the bytes as they go (not from a background save)
 };
-// The snapshot of a model and optimizer (null: weights only). `weights`, when given, are the
-// model's whole fp32 weights (gather_weights), taken instead of the model's own download.
+// The snapshot of a model and optimizer (null: weights only). `weights`, when not empty, are
+// the model's whole fp32 weights (gather_weights), taken instead of the model's own download.
 SaveSnapshot snapshot_for_save(const Model& model, const AdamW* opt, const MomentParts& parts,
-                               std::vector<float>* weights = nullptr);
+                               std::vector<float> weights = {});
 
 // Writes and flushes a whole checkpoint at `path`, its moments in the file or, when
 // parts.world > 0, recorded as parts written by write_moment_part. A failure throws
 // dhp::Error with the operating system's reason and may leave a partial file for the caller
-// to remove.
+// to remove. `progress`: show the bytes as they go (core/progress.h); a background save does
+// not, so as not to draw over the training's own line.
 void write_checkpoint_file(const std::filesystem::path& path, const Config& cfg, const ParamTable& table,
-                           const SaveSnapshot& snapshot, const TrainState& state, const MomentParts& parts = {});
+                           const SaveSnapshot& snapshot, const TrainState& state, const MomentParts& parts = {},
+                           bool progress = true);
 // The same from the model and optimizer themselves.
 void write_checkpoint_file(const std::filesystem::path& path, const Config& cfg, const Model& model,
                            const AdamW* opt, const TrainState& state, const MomentParts& parts = {});
@@ -87,8 +88,7 @@ int64_t checkpoint_file_step(const std::filesystem::path& p);
 
 // Writes and flushes part `rank` of `world` at `path`: the compact moments m and v from
 // compact offset `begin`. The main file records their moment_checksum.
-// `progress`: show the bytes as they go (core/progress.h); a background save does not, so as
-// not to draw over the training's own line.
+// `progress` as write_checkpoint_file's.
 void write_moment_part(const std::filesystem::path& path, int64_t step, int rank, int world,
                        int64_t begin, const std::vector<float>& m, const std::vector<float>& v,
                        bool progress = true);
