@@ -76,6 +76,15 @@ class VideoTest : public DataTest {
     write_text(p, lines);
     return p.string();
   }
+  // Options that build `manifest` into dir_/built with the fixture's tokenizer, quietly.
+  BuildOptions build_options(const std::string& manifest) {
+    BuildOptions o;
+    o.manifest = manifest;
+    o.out_dir = (dir_ / "built").string();
+    o.tokenizer = tokenizer();
+    o.progress = false;
+    return o;
+  }
   fs::path dir_;
   ImageGeometry geometry_;  // patch 14, merge 2: f = 28
 };
@@ -274,12 +283,8 @@ TEST_F(VideoTest, FramePairsForATemporalTower) {
   expect_same(ds.load_range(0, a, b, ImageLoad::Decode), slice_sample(s, a, b));
   // Built, each pair is one stored picture: the shards give the JSONL path's sample. A run of
   // one frame an image is refused the build (its videos are laid out for the other).
-  BuildOptions o;
-  o.manifest = m;
-  o.out_dir = (dir_ / "built").string();
-  o.tokenizer = tokenizer();
+  BuildOptions o = build_options(m);
   o.vision = pairs;
-  o.progress = false;
   o.on_error = "fail";
   ASSERT_TRUE(build_dataset(o).complete);
   ShardDataset shards(o.out_dir, tok, pairs, 4096, "fail");
@@ -335,12 +340,8 @@ TEST_F(VideoTest, FramesOfATiledTowerAreOneTileEach) {
     EXPECT_TRUE(std::equal(newline.begin(), newline.end(), s.tokens.begin() + end_at + 1)) << k;
   }
   EXPECT_EQ(frame_label(0), "Frame1: ");
-  BuildOptions o;
-  o.manifest = m;
-  o.out_dir = (dir_ / "built").string();
-  o.tokenizer = tokenizer();
+  BuildOptions o = build_options(m);
   o.vision = tiled;
-  o.progress = false;
   o.on_error = "skip";
   ASSERT_TRUE(build_dataset(o).complete);
   ShardDataset shards(o.out_dir, tok, tiled, 4096, "fail");
@@ -374,13 +375,9 @@ TEST_F(VideoTest, BuiltShardsEqualTheJsonlPathAndHoldDecodedFrames) {
   dc.video.max_pixels = 30 * 28 * 28 * 4;  // 30 frames of 2x2 merged patches at most
   JsonlDataset direct(m, "", tok, geometry_, 4096, "fail", kDefaultMaxImagePixels, false, nullptr,
                       ChatTemplate::Dhp, dc.video);
-  BuildOptions o;
-  o.manifest = m;
-  o.out_dir = (dir_ / "built").string();
-  o.tokenizer = tokenizer();
+  BuildOptions o = build_options(m);
   o.workers = 2;
   o.shard_bytes = 64 << 10;
-  o.progress = false;
   o.video = dc.video;
   const BuildSummary sum = build_dataset(o);
   ASSERT_TRUE(sum.complete);
@@ -499,13 +496,9 @@ TEST_F(VideoTest, BadVideosAreSkippedWithTheirReasonsByBothPaths) {
   EXPECT_EQ(ds.name(0), "ok");
   EXPECT_EQ(ds.skipped(), want);
 
-  BuildOptions o;
-  o.manifest = m;
-  o.out_dir = (dir_ / "built").string();
-  o.tokenizer = tokenizer();
+  BuildOptions o = build_options(m);
   o.max_tokens = max_tokens;
   o.max_image_pixels = max_pixels;
-  o.progress = false;
   const BuildSummary sum = build_dataset(o);
   EXPECT_EQ(sum.samples, 1);
   EXPECT_EQ(sum.skipped, want);
@@ -692,13 +685,9 @@ TEST_F(VideoTest, FilesThatNameOtherFilesAreNeverFollowed) {
   EXPECT_EQ(ds.name(0), "ok");
   EXPECT_EQ(ds.skipped(), (std::map<std::string, int64_t>{{"unreadable video", int64_t(bad.size())}}));
 
-  BuildOptions o;
-  o.manifest = m;
-  o.out_dir = (dir_ / "built").string();
-  o.tokenizer = tokenizer();
+  BuildOptions o = build_options(m);
   o.max_tokens = 800;
   o.max_image_pixels = 40000;
-  o.progress = false;
   const BuildSummary sum = build_dataset(o);
   EXPECT_EQ(sum.samples, 1);
   const std::string report = read_text(dir_ / "built" / kReportFile);
