@@ -37,6 +37,7 @@ struct PlanOptions {
   int world = 64, batch = 512, steps = 20, ranks_per_node = 0;
   std::string recompute;  // "", or a mode of types/recompute.h (on = full): overrides parallel.recompute
   double memory_gb = 0, budget_ms = 0;
+  int zero = -1;  // overrides parallel.zero when set
   bool memory_set = false, ranks_set = false, budget_set = false;
   std::string coeffs;     // JSON file of cost coefficients (dhp profile)
   uint64_t seed = 1;
@@ -163,6 +164,7 @@ void run_plan(const PlanOptions& o) {
   DHP_CHECK(!o.ranks_set || o.ranks_per_node >= 1, "--ranks-per-node must be at least 1, got {}", o.ranks_per_node);
   DHP_CHECK(!o.budget_set || (std::isfinite(o.budget_ms) && o.budget_ms >= 0 && o.budget_ms <= 1e6),
             "--budget-ms must be between 0 and 1e6, got {}", o.budget_ms);
+  DHP_CHECK(o.zero >= -1 && o.zero <= kMaxZero, "--zero: the ZeRO stage is 0 to {}, got {}", kMaxZero, o.zero);
   DHP_CHECK(o.recompute.empty() || o.recompute == "on" || find_recompute(o.recompute),
             "--recompute: off, selective or full (on = full), got '{}'", o.recompute);
   const std::vector<Strategy> strategies = parse_strategies(o.strategies);
@@ -181,6 +183,7 @@ void run_plan(const PlanOptions& o) {
   // A plan made here is for a cluster this process is not on: auto (0) means 8, a GPU node.
   if (par.ranks_per_node == 0) par.ranks_per_node = 8;
   if (o.budget_set) par.planner_budget_ms = o.budget_ms;
+  if (o.zero >= 0) par.zero = o.zero;
   if (!o.recompute.empty())
     par.recompute = o.recompute == "on" ? Recompute::full : *find_recompute(o.recompute);
   CostModel cost(model, device_profile(par.cost_profile), par.ranks_per_node, par.recompute);
@@ -245,11 +248,12 @@ void run_plan(const PlanOptions& o) {
   fmt::print("per rank: weights, gradients and optimizer state {:.2f} MiB (fp32 master {:.2f}, working copy {:.2f}, "
              "gradients {:.2f}, moments {:.2f}{})\n",
              double(mem.static_bytes()) / mib, double(st.master) / mib, double(st.working) / mib,
-             double(st.gradients) / mib, double(st.moments) / mib, par.zero1 ? ", ZeRO-1" : "");
+             double(st.gradients) / mib, double(st.moments) / mib,
+             par.zero > 0 && o.world > 1 ? fmt::format(", ZeRO-{}", par.zero) : "");
   // The longest text-only sample one rank holds in each recompute mode.
   std::vector<std::string> longest;
   for (const auto& [mode, name] : kRecomputeNames) {
-    const MemoryModel m(model, device_profile(par.cost_profile), o.world, par.memory_gb, par.zero1, mode, groups);
+    const MemoryModel m(model, device_profile(par.cost_profile), o.world, par.memory_gb, par.zero, mode, groups);
     longest.push_back(fmt::format("{} {}", name, m.longest_text_tokens()));
   }
   fmt::print("longest text sample on one rank, tokens by parallel.recompute: {}\n\n", fmt::join(longest, ", "));
@@ -280,6 +284,7 @@ void add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--recompute", opts->recompute, "Planner models with activation recompute: off, selective or full (on = full) "
                                                   "(default: parallel.recompute)");
+  cmd->add_option("--zero", opts->zero, "ZeRO stage 0, 1 or 2 (default: parallel.zero)");
   cmd->add_option("--ranks-per-node", opts->ranks_per_node, "Ranks per node (default: parallel.ranks_per_node; 8 when that is 0, auto)")
       ->each([opts](const std::string&) { opts->ranks_set = true; });
   cmd->add_option("--budget-ms", opts->budget_ms, "Planner budget, ms of cost evaluations (default: "

@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
       for (int rep = 0; rep < repeats; ++rep) {
         Config c = cfg;
         c.checkpoint.dir = (fs::path(dir) / fmt::format("w{}_{}_{}", world, parts, rep)).string();
-        c.parallel.zero1 = world > 1;
+        c.parallel.zero = world > 1 ? 1 : 0;
         std::string path;
         double save_s = 0;
         // The ranks of a save share one model (only rank 0 reads its weights); each loads into
@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
       Config c = cfg;
       c.checkpoint.dir = (fs::path(dir) / fmt::format("async_w{}_{}", world, rep)).string();
       c.checkpoint.async_save = true;
-      c.parallel.zero1 = world > 1;
+      c.parallel.zero = world > 1 ? 1 : 0;
       auto model = std::make_unique<Model>(m, *backend);
       model->initialise(1);
       double held = 0, complete = 0;

@@ -186,27 +186,27 @@ void headline() {
 }
 
 // What fits where: each model profile's state per rank as the engine holds it in bf16
-// (types/state_bytes.h), replicated and under ZeRO-1 (the fp32 master sharded with the
-// moments), on 80 and 141 GiB devices, and the
+// (types/state_bytes.h), replicated, under ZeRO-1 (the fp32 master sharded with the moments)
+// and under ZeRO-2 (the gradients too), on 80 and 141 GiB devices, and the
 // longest text-only sample one rank then holds (full recompute; 0: the state alone does not
 // fit, and the planner's refusal says what would).
 void fits_table() {
-  fmt::print("## What fits where: state per rank in bf16 (a bf16 working copy and fp32 gradients on every rank; "
-             "fp32 master weights and moments, sharded under ZeRO-1), longest text sample on one rank with full "
-             "recompute\n\n");
+  fmt::print("## What fits where: state per rank in bf16 (a bf16 working copy on every rank; fp32 master weights "
+             "and moments, sharded under ZeRO-1 and 2; fp32 gradients, sharded under ZeRO-2 but for two decoder "
+             "layers and the parameters outside them), longest text sample on one rank with full recompute\n\n");
   fmt::print("| model | parameters | ranks | optimizer | state GiB per rank | h100 80 GiB: fits, longest sample | "
              "h200 141 GiB: fits, longest sample |\n|---|---:|---:|---|---:|---|---|\n");
   const double gib = double(int64_t(1) << 30);
   for (const char* name : {"7b", "13b", "34b", "72b"}) {
     const ModelConfig m = model_profile(name);
     for (const int world : {8, 64, 256}) {
-      for (const bool zero1 : {false, true}) {
+      for (const int zero : {0, 1, 2}) {
         std::string cells[2];
         double state = 0;
         int64_t params = 0;
         for (int i = 0; i < 2; ++i) {
           const char* dev = i == 0 ? "h100" : "h200";
-          const MemoryModel mem(m, device_profile(dev), world, i == 0 ? 80 : 141, zero1, Recompute::full);
+          const MemoryModel mem(m, device_profile(dev), world, i == 0 ? 80 : 141, zero, Recompute::full);
           state = double(mem.static_bytes()) / gib, params = mem.parameters();
           if (mem.rank_bytes(0, 0) >= mem.capacity()) {
             cells[i] = "no";
@@ -215,7 +215,7 @@ void fits_table() {
           cells[i] = fmt::format("yes, {} tokens", mem.longest_text_tokens());
         }
         fmt::print("| {} | {:.2f} B | {} | {} | {:.1f} | {} | {} |\n", name, double(params) / 1e9, world,
-                   zero1 ? "ZeRO-1" : "replicated", state, cells[0], cells[1]);
+                   zero > 0 ? fmt::format("ZeRO-{}", zero) : std::string("replicated"), state, cells[0], cells[1]);
       }
     }
   }

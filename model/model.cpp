@@ -50,7 +50,8 @@ RopeSpec decoder_rope(const ModelConfig& c) {
 }
 }  // namespace
 
-Model::Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups, OptimizerShard master)
+Model::Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups, OptimizerShard master,
+             bool window_grads)
     : cfg_(cfg),
       backend_(backend),
       ops_(backend.ops()),
@@ -60,12 +61,13 @@ Model::Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups
       sheds_(master.world > 1 && dtype_ != DType::F32),
       params_(backend, sheds_ ? 0 : sizeof(float) * size_t(table_.total())),
       master_(backend, sheds_ ? sizeof(float) * size_t(master_shard_.held_size()) : 0),
-      grads_(backend, sizeof(float) * size_t(table_.trainable_total())),
+      window_(window_grads ? GradWindow::of(table_, cfg_.layers) : GradWindow::whole(table_.trainable_total())),
+      grads_(backend, sizeof(float) * size_t(window_.elements())),
       work_(backend, dtype_ == DType::F32 ? 0 : dtype_size(dtype_) * size_t(table_.total())),
       stats_(backend, sizeof(CrossEntropyStats)),
       w_(bind_params(table_, cfg_,
                      dtype_ == DType::F32 ? Act(params_.as<float>()) : Act(work_.data(), dtype_))),
-      g_(bind_grads(table_, cfg_, grads_.as<float>())),
+      g_(bind_grads(table_, cfg_, grads_.as<float>(), window_)),
       dims_{cfg_.dim, cfg_.heads, cfg_.kv_heads, cfg_.hd(), cfg_.ffn, decoder_rope(cfg_),
             float(cfg_.rms_norm_eps)},
       vision_(cfg_, ops_),

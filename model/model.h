@@ -14,6 +14,7 @@
 #include "model/attention.h"
 #include "model/block.h"
 #include "model/device_batch.h"
+#include "model/grad_window.h"
 #include "model/image_route.h"
 #include "model/params.h"
 #include "model/shard.h"
@@ -50,7 +51,10 @@ class Model {
   // narrower than fp32 (bf16), this rank keeps the fp32 master weights of its part of the
   // trainable parameters only (model/shard.h; the distributed optimizer): the working copy is
   // then the one full copy, the optimizer refreshes it, and frozen parameters exist in it alone.
-  Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups = {}, OptimizerShard master = {});
+  // `window_grads`: the gradients of the decoder layers share two slots (model/grad_window.h,
+  // ZeRO-2); whoever runs the backward pass empties each slot before its next layer fills it.
+  Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups = {}, OptimizerShard master = {},
+        bool window_grads = false);
   // A copy would share nothing but the config; weights live on a device. Copy explicitly
   // through params() when that is what is meant.
   Model(const Model&) = delete;
@@ -72,7 +76,13 @@ class Model {
     weights_stale_ = true;
     return params_.as<float>();
   }
-  float* grads() { return grads_.as<float>(); }
+  // Not where the gradients are windowed: grad_buffer() and grad_window() serve both.
+  float* grads() {
+    DHP_ASSERT(!window_.windowed());
+    return grads_.as<float>();
+  }
+  float* grad_buffer() { return grads_.as<float>(); }
+  const GradWindow& grad_window() const { return window_; }
   const float* params() const {
     DHP_ASSERT(!sheds_);
     return params_.as<float>();
@@ -85,7 +95,10 @@ class Model {
   float* master() { return master_.as<float>(); }
   const float* master() const { return master_.as<float>(); }
   Act working() { return Act(work_.data(), dtype_); }
-  const float* grads() const { return grads_.as<float>(); }
+  const float* grads() const {
+    DHP_ASSERT(!window_.windowed());
+    return grads_.as<float>();
+  }
 
   // What the passes keep for backward and rebuild (types/recompute.h); off until set. The
   // gradients do not depend on it; the activation arena does.
@@ -153,7 +166,8 @@ class Model {
   bool sheds_;                   // the fp32 master is this rank's shard alone (master_)
   DeviceBuffer params_;          // (n_params) fp32 master weights; empty when sheds_
   DeviceBuffer master_;          // (master_shard_.held_size()) fp32, when sheds_
-  DeviceBuffer grads_;           // (n_grads) fp32, the gradient layout
+  GradWindow window_;            // how grads_ holds the gradient layout
+  DeviceBuffer grads_;           // (window_.elements()) fp32
   DeviceBuffer work_;            // (n_params) working weights when dtype_ is not fp32
   bool weights_stale_ = true;
   DeviceBuffer stats_;           // (1) CrossEntropyStats accumulated on the device

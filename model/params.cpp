@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "model/grad_window.h"
 
 namespace dhp {
 namespace {
@@ -289,10 +290,10 @@ ModelParamsOf<P> bind_params(const ParamTable& t, const ModelConfig& c, P arena)
   return bind_with<P>(t, c, [&](const std::string& name) { return arena + t.get(name).offset; });
 }
 
-ModelParams bind_grads(const ParamTable& t, const ModelConfig& c, float* arena) {
+ModelParams bind_grads(const ParamTable& t, const ModelConfig& c, float* buffer, const GradWindow& window) {
   return bind_with<float*>(t, c, [&](const std::string& name) -> float* {
     const ParamSpec& s = t.get(name);
-    return s.trainable ? arena + s.grad_offset : nullptr;
+    return s.trainable ? buffer + window.at(s.grad_offset) : nullptr;
   });
 }
 

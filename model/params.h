@@ -142,8 +142,9 @@ using ModelWeights = ModelParamsOf<Act>;
 // P is float* or Act.
 template <class P>
 ModelParamsOf<P> bind_params(const ParamTable& table, const ModelConfig& cfg, P arena);
-// Pointers into a gradient arena of trainable_total() floats: null for a frozen parameter,
-// which tells the backward pass to skip that gradient.
-ModelParams bind_grads(const ParamTable& table, const ModelConfig& cfg, float* arena);
+// Pointers into a gradient buffer laid out by `window` (model/grad_window.h): null for a frozen
+// parameter, which tells the backward pass to skip that gradient.
+struct GradWindow;
+ModelParams bind_grads(const ParamTable& table, const ModelConfig& cfg, float* buffer, const GradWindow& window);
 
 }  // namespace dhp

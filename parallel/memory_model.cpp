@@ -5,12 +5,13 @@
 #include <vector>
 
 #include "core/check.h"
+#include "parallel/config.h"
 #include "types/state_bytes.h"
 
 namespace dhp {
 
 MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int world, double memory_gb,
-                         bool zero1, Recompute recompute, const ParamGroups& groups, const EngineLayout& engine) {
+                         int zero, Recompute recompute, const ParamGroups& groups, const EngineLayout& engine) {
   DHP_CHECK(world >= 1, "the world size must be at least 1, got {}", world);
   DHP_CHECK(std::isfinite(memory_gb) && memory_gb > 0 && memory_gb <= kMaxMemoryGb,
             "memory per device (parallel.memory_gb) = {} GiB: it must be a positive number of GiB, at most {}",
@@ -25,8 +26,8 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   const int64_t qkv_bias = m.attention_bias ? q + 2 * kv : 0;  // model.attention_bias
   const int64_t o_bias = m.attention_out_bias ? d : 0;         // model.attention_out_bias
   const int64_t qk_norm = m.qk_norm ? 2 * int64_t(m.hd()) : 0;  // model.qk_norm
-  const int64_t layer = block_params(NormKind::rms, MlpKind::swiglu, false, d, q, kv, m.ffn);
-  n[size_t(ParamGroup::Language)] = int64_t(m.layers) * (layer + qkv_bias + o_bias + qk_norm) + d;
+  const int64_t layer = block_params(NormKind::rms, MlpKind::swiglu, false, d, q, kv, m.ffn) + qkv_bias + o_bias + qk_norm;
+  n[size_t(ParamGroup::Language)] = int64_t(m.layers) * layer + d;
   n[size_t(ParamGroup::Embeddings)] = int64_t(m.vocab_size) * d * (m.tie_embeddings ? 1 : 2);
   // model/params.cpp's tower table from its row (types/architecture.h): every layer of a
   // checkpoint, run or not, and what it holds beside them.
@@ -57,10 +58,16 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   }
   // The engine's own layout (types/state_bytes.h): fp32 master weights, the working copy in
   // the storage dtype, fp32 gradients of the trainable parameters, their moments (a ZeRO-1
-  // block and the remainder; the master sharded alike beside a working copy).
+  // block and the remainder; the master sharded alike beside a working copy); under ZeRO-2 the
+  // gradient window (all but the decoder layers, and two of those) and the summed block.
   const bool table = engine.params > 0;
+  const bool windowed = m.layers >= 3 && groups.trainable(ParamGroup::Language);
+  grad_window_ = table && engine.grad_window > 0 ? engine.grad_window
+                 : windowed                      ? trainable_ - int64_t(m.layers - 2) * layer
+                                                 : trainable_;
+  DHP_CHECK(zero >= 0 && zero <= kMaxZero, "parallel.zero = {}: the ZeRO stage is 0 to {}", zero, kMaxZero);
   state_ = state_bytes(table ? engine.params : params_, table ? engine.trainable : trainable_, dev.act_bytes,
-                       zero1 ? world : 1);
+                       zero >= 1 ? world : 1, zero >= 2 ? grad_window_ : 0);
   static_ = state_.total();
   // Per token, what a block of width c, ffn f, q/kv widths qw/kvw and h query heads holds for
   // backward (model/block.cpp): the layer input; the two norm outputs and the SwiGLU product

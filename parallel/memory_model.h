@@ -54,12 +54,13 @@ struct ArenaBytes {
 struct EngineLayout {
   int storage_bytes = 0;
   int64_t params = 0, trainable = 0;
+  int64_t grad_window = 0;  // elements of ZeRO-2's gradient window (model/grad_window.h)
 };
 
 class MemoryModel {
  public:
   MemoryModel(const ModelConfig& model, const DeviceProfile& device, int world, double memory_gb,
-              bool zero1, Recompute recompute = Recompute::off, const ParamGroups& groups = {},
+              int zero, Recompute recompute = Recompute::off, const ParamGroups& groups = {},
               const EngineLayout& engine = {});
 
   int64_t capacity() const { return capacity_; }
@@ -72,6 +73,8 @@ class MemoryModel {
   int64_t gradient_bytes() const { return state_.gradients; }
   int64_t optimizer_bytes() const { return state_.moments; }
   const StateBytes& state() const { return state_; }
+  // Elements of ZeRO-2's gradient window (model/grad_window.h), whatever the stage.
+  int64_t gradient_window() const { return grad_window_; }
   int64_t static_bytes() const { return static_; }
   // Over every arena (a ring's and the image exchange's counted on one rank too):
   int64_t bytes_per_token() const { return per_token_ + 2 * routed_per_token_ + ring_per_token_; }
@@ -120,7 +123,7 @@ class MemoryModel {
   int extra_rows() const { return extra_rows_; }
 
  private:
-  int64_t capacity_, params_, trainable_, static_, per_token_, per_patch_, logits_per_token_, fixed_;
+  int64_t capacity_, params_, trainable_, grad_window_, static_, per_token_, per_patch_, logits_per_token_, fixed_;
   int64_t ring_per_token_, routed_per_token_, sent_per_patch_;
   StateBytes state_;
   int64_t group_params_[kParamGroups];

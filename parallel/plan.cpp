@@ -37,7 +37,8 @@ int64_t retime_asap(std::vector<PlanGroup>& groups, int world) {
 
 Plan::Plan(Strategy strategy, int world, std::vector<SeqShape> seqs, std::vector<PlanGroup> groups,
            int64_t lower_bound_ns, std::string candidate, std::optional<Strategy> placement, std::string rule)
-    : strategy_(strategy), placement_(placement.value_or(strategy)), candidate_(std::move(candidate)), rule_(std::move(rule)), world_(world), seqs_(std::move(seqs)), groups_(std::move(groups)) {
+    : strategy_(strategy), placement_(placement.value_or(strategy)), barriers_(traits(strategy).barriers),
+      candidate_(std::move(candidate)), rule_(std::move(rule)), world_(world), seqs_(std::move(seqs)), groups_(std::move(groups)) {
   summary_.lower_bound_ns = lower_bound_ns;
   summary_.groups = int(groups_.size());
   int64_t busy = 0;
@@ -50,6 +51,21 @@ Plan::Plan(Strategy strategy, int world, std::vector<SeqShape> seqs, std::vector
   }
   const double total = double(summary_.makespan_ns) * world_;
   summary_.idle_fraction = total > 0 ? 1.0 - double(busy) / total : 0.0;
+}
+
+Plan Plan::with_barriers() const {
+  if (barriers_) return *this;
+  std::vector<int64_t> wave_end(size_t(summary_.waves), 0);
+  std::vector<PlanGroup> groups = groups_;
+  for (int w = 0; w < summary_.waves; ++w)
+    for (PlanGroup& g : groups)
+      if (g.wave == w) {
+        g.start_ns = w == 0 ? 0 : wave_end[size_t(w) - 1];
+        wave_end[size_t(w)] = std::max(wave_end[size_t(w)], g.start_ns + g.time_ns);
+      }
+  Plan p(strategy_, world_, seqs_, std::move(groups), summary_.lower_bound_ns, candidate_, placement_, rule_);
+  p.barriers_ = true;
+  return p;
 }
 
 std::vector<TokenRange> Plan::ranges(int g, int rank) const {

@@ -67,6 +67,11 @@ class Plan {
        std::string rule = "");
 
   Strategy strategy() const { return strategy_; }
+  // Whether its waves are global barriers: its strategy's (dhp-waves), or with_barriers().
+  bool barriers() const { return barriers_; }
+  // The same groups on the same ranks with every wave a global barrier: wave w starts when the
+  // last group of wave w - 1 ends, as a run under ZeRO-2 executes any plan (trainer/grad_reducer.h).
+  Plan with_barriers() const;
   Strategy placement() const { return placement_; }
   // Which of the strategy's searches produced the plan (dhp's portfolio), or empty.
   const std::string& candidate() const { return candidate_; }
@@ -92,6 +97,7 @@ class Plan {
 
  private:
   Strategy strategy_ = Strategy::dhp, placement_ = Strategy::dhp;
+  bool barriers_ = false;
   std::string candidate_, rule_;
   int world_ = 0;
   std::vector<SeqShape> seqs_;

@@ -1,6 +1,7 @@
 #include "parallel/planner.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <bit>
@@ -338,7 +339,7 @@ Planner::Planner(const ModelConfig& model, const ParallelConfig& par, int world,
 Planner::Planner(const CostModel& cost, const ParallelConfig& given, int world, const ParamGroups& groups,
                  const EngineLayout& engine)
     : cost_(cost),
-      memory_(cost.model(), cost.device(), world, given.memory_gb, given.zero1, given.recompute, groups, engine),
+      memory_(cost.model(), cost.device(), world, given.memory_gb, given.zero, given.recompute, groups, engine),
       par_(with_nodes(given, world)), world_(world), groups_(groups), engine_(engine) {
   const ParallelConfig& par = par_;
   DHP_CHECK(world >= 1 && world <= kMaxWorld, "the world size must be between 1 and {} ranks, got {}", kMaxWorld,
@@ -355,27 +356,52 @@ Planner::Planner(const CostModel& cost, const ParallelConfig& given, int world, 
 std::string what_would_fit(const ModelConfig& model, const DeviceProfile& device, int world,
                            const ParallelConfig& par, const ParamGroups& groups, const EngineLayout& engine) {
   const double gib = double(int64_t(1) << 30);
-  auto holds = [&](int n) { return MemoryModel(model, device, n, par.memory_gb, true, par.recompute, groups, engine); };
-  const MemoryModel here = holds(world);
-  if (!par.zero1 && here.rank_bytes(0, 0) < here.capacity())
-    return fmt::format("enable parallel.zero1 (then {:.2f} GiB per rank: the moments{} sharded over the {} ranks)",
-                       here.rank_bytes(0, 0) / gib, device.act_bytes < 4 ? " and the fp32 master weights" : "", world);
-  // Under ZeRO-1 only the moments (and, beside a working copy, the master) shrink with the ranks.
-  for (int64_t n = int64_t(world) * 2; n <= kMaxWorld; n *= 2) {
-    const MemoryModel m = holds(int(n));
-    if (m.rank_bytes(0, 0) < m.capacity())
-      return fmt::format("with parallel.zero1 it fits from {} ranks ({:.2f} GiB per rank), or raise memory_gb",
-                         n, m.rank_bytes(0, 0) / gib);
-  }
-  const StateBytes every = state_bytes(here.parameters(), here.trainable_parameters(), device.act_bytes, kMaxWorld);
+  auto holds = [&](int n, int zero) {
+    return MemoryModel(model, device, n, par.memory_gb, zero, par.recompute, groups, engine);
+  };
+  auto fits = [](const MemoryModel& m) { return m.rank_bytes(0, 0) < m.capacity(); };
+  // What a stage shards: the moments, from 2 the gradients, beside a working copy the master.
+  auto sharded = [&](int zero) {
+    std::vector<std::string> parts = {"the moments"};
+    if (zero >= 2) parts.push_back("the gradients");
+    if (device.act_bytes < 4) parts.push_back("the fp32 master weights");
+    const std::string last = parts.back();
+    parts.pop_back();
+    return parts.empty() ? last : fmt::format("{} and {}", fmt::join(parts, ", "), last);
+  };
+  for (int zero = par.zero + 1; zero <= kMaxZero; ++zero)
+    if (const MemoryModel m = holds(world, zero); fits(m))
+      return fmt::format("set parallel.zero = {} (then {:.2f} GiB per rank: {} sharded over the {} ranks)", zero,
+                         m.rank_bytes(0, 0) / gib, sharded(zero), world);
+  // Sharded, only the moments, gradients and (beside a working copy) the master shrink with the ranks.
+  for (int64_t n = int64_t(world) * 2; n <= kMaxWorld; n *= 2)
+    for (int zero = std::max(par.zero, 1); zero <= kMaxZero; ++zero)
+      if (const MemoryModel m = holds(int(n), zero); fits(m))
+        return fmt::format("with parallel.zero = {} it fits from {} ranks ({:.2f} GiB per rank), or raise memory_gb",
+                           zero, n, m.rank_bytes(0, 0) / gib);
+  const MemoryModel most = holds(world, kMaxZero);
+  const StateBytes every = state_bytes(most.parameters(), most.trainable_parameters(), device.act_bytes, kMaxWorld,
+                                       most.gradient_window());
   return fmt::format("no number of ranks makes it fit: what every rank holds however many there are (fp32 master "
-                     "weights {:.2f} GiB, the working copy {:.2f} GiB, fp32 gradients {:.2f} GiB) is beyond it; "
-                     "raise memory_gb, freeze parameter groups (optim.groups) or train a smaller model",
-                     every.master / gib, every.working / gib, every.gradients / gib);
+                     "weights {:.2f} GiB, the working copy {:.2f} GiB, fp32 gradients {:.2f} GiB with parallel.zero = "
+                     "{}) is beyond it; raise memory_gb, freeze parameter groups (optim.groups) or train a smaller model",
+                     every.master / gib, every.working / gib, every.gradients / gib, kMaxZero);
 }
 
 Plan Planner::plan(const std::vector<SeqShape>& batch, PlanStats* stats) const {
-  return traits(par_.strategy).plan(*this, batch, par_.static_cp, stats);
+  return plan_as_run(par_.strategy, batch, par_.static_cp, stats);
+}
+
+Plan Planner::plan_as_run(Strategy s, const std::vector<SeqShape>& batch, int static_cp, PlanStats* stats) const {
+  Plan own = traits(s).plan(*this, batch, static_cp, stats);
+  if (par_.zero < 2 || world_ == 1) return own;
+  // The strategy's own plan with barriers, or its barrier form's plan where that is faster.
+  own = own.with_barriers();
+  if (traits(s).with_barriers == s) return own;
+  PlanStats more;
+  Plan waves = traits(traits(s).with_barriers).plan(*this, batch, static_cp, &more).with_barriers();
+  if (stats) stats->evaluations += more.evaluations;
+  return waves.makespan_ns() < own.makespan_ns() ? waves : own;
 }
 
 int Planner::min_degree(const SeqShape& s) const {
@@ -386,7 +412,7 @@ int Planner::min_degree(const SeqShape& s) const {
   std::string other = "no recompute mode fits it either";
   for (const auto& [mode, name] : kRecomputeNames) {
     if (mode == par_.recompute) continue;
-    const MemoryModel m(cost_.model(), cost_.device(), world_, par_.memory_gb, par_.zero1, mode, groups_, engine_);
+    const MemoryModel m(cost_.model(), cost_.device(), world_, par_.memory_gb, par_.zero, mode, groups_, engine_);
     const int dm = m.min_degree(s, world_);
     if (dm <= world_) {
       other = fmt::format("parallel.recompute = \"{}\" fits it on {} rank{} ({:.2f} GiB each)", name, dm,
@@ -542,8 +568,9 @@ std::vector<std::string> Planner::check(const Plan& plan) const {
   // free semantics of gradient accumulation. Its wave is its micro-step depth: 1 + the
   // largest wave before it on any of its ranks. The one exception is `dhp-waves`, the
   // barrier reference: its waves are global barriers, so each wave's degrees sum to N and
-  // all its groups start together when the slowest group of the previous wave ends.
-  const bool barrier = traits(plan.strategy()).barriers;
+  // all its groups start together when the slowest group of the previous wave ends; a plan
+  // retimed with barriers (Plan::with_barriers, ZeRO-2) starts its waves so too.
+  const bool barrier = plan.barriers();
   std::vector<int64_t> free_at(size_t(world_), 0);
   std::vector<int> depth(size_t(world_), 0);
   std::vector<int> order(groups.size());
@@ -583,7 +610,8 @@ std::vector<std::string> Planner::check(const Plan& plan) const {
           bad.push_back(fmt::format("wave {} group {}: starts at {}, not at the barrier {}", w, g,
                                     groups[g].start_ns, wave_start));
       }
-      if (sum != world_) bad.push_back(fmt::format("wave {}: degrees sum to {}, not {}", w, sum, world_));
+      if (traits(plan.strategy()).barriers && sum != world_)
+        bad.push_back(fmt::format("wave {}: degrees sum to {}, not {}", w, sum, world_));
       wave_start = end;
     }
   }

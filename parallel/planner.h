@@ -74,7 +74,7 @@ std::string what_would_fit(const ModelConfig& model, const DeviceProfile& device
 
 class Planner {
  public:
-  // Cost and memory models from the model config and parallel.cost_profile / memory_gb / zero1;
+  // Cost and memory models from the model config and parallel.cost_profile / memory_gb / zero;
   // `groups` says which parameters train (the memory model counts their gradients and moments).
   // `engine`: what the run's engine holds (memory_model.h): its storage dtype decides what its
   // activations and working weights take whatever the profile assumes.
@@ -85,8 +85,12 @@ class Planner {
   Planner(const CostModel& cost, const ParallelConfig& par, int world,
           const ParamGroups& groups = {}, const EngineLayout& engine = {});
 
-  // The strategy of parallel.strategy (static uses parallel.static_cp).
+  // The strategy of parallel.strategy (static uses parallel.static_cp), as plan_as_run says.
   Plan plan(const std::vector<SeqShape>& batch, PlanStats* stats = nullptr) const;
+  // A plan of strategy s as a run executes it: under ZeRO-2 over several ranks every wave ends
+  // on all ranks together (trainer/grad_reducer.h), so s plans in its form with barriers
+  // (StrategyTraits::with_barriers) and is timed so (Plan::with_barriers).
+  Plan plan_as_run(Strategy s, const std::vector<SeqShape>& batch, int static_cp, PlanStats* stats = nullptr) const;
   Plan plan_dhp(const std::vector<SeqShape>& batch, PlanStats* stats = nullptr) const;
   // dhp's packed wave solution with every wave a global barrier (strategy "dhp-waves"):
   // the reference that plan_dhp's barrier-free schedule never does worse than.

@@ -48,7 +48,7 @@ StrategyReport simulate(const Planner& planner, Strategy strategy, const BatchSo
     const std::vector<SeqShape> batch = batches(step);
     PlanStats st;
     const auto t0 = std::chrono::steady_clock::now();
-    Plan plan = traits(strategy).plan(planner, batch, static_cp, &st);
+    Plan plan = planner.plan_as_run(strategy, batch, static_cp, &st);
     wall.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     r.evaluations += double(st.evaluations);
     r.max_evaluations = std::max(r.max_evaluations, st.evaluations);

@@ -14,16 +14,17 @@ namespace {
 
 constexpr std::array<StrategyTraits, 4> kStrategies{{
     {Strategy::dhp, "dhp", "groups of any ring degree, sized and placed every step from the batch's lengths",
-     true, RingDegrees::any, false, false,
+     true, RingDegrees::any, false, false, Strategy::dhp_waves,
      [](const Planner& p, const std::vector<SeqShape>& b, int, PlanStats* st) { return p.plan_dhp(b, st); }},
     {Strategy::dhp_waves, "dhp-waves",
      "dhp's packed waves with every wave a global barrier (the reference dhp's schedule never loses to)",
-     false, RingDegrees::any, true, true,
+     false, RingDegrees::any, true, true, Strategy::dhp_waves,
      [](const Planner& p, const std::vector<SeqShape>& b, int, PlanStats* st) { return p.plan_dhp_waves(b, st); }},
     {Strategy::static_layout, "static", "one DP x CP mesh for the whole step (parallel.static_cp)", true,
-     RingDegrees::fixed, false, true,
+     RingDegrees::fixed, false, true, Strategy::static_layout,
      [](const Planner& p, const std::vector<SeqShape>& b, int cp, PlanStats* st) { return p.plan_static(b, cp, st); }},
     {Strategy::pow2, "pow2", "groups whose ring degrees are powers of two", true, RingDegrees::pow2, false, false,
+     Strategy::pow2,
      [](const Planner& p, const std::vector<SeqShape>& b, int, PlanStats* st) { return p.plan_pow2(b, st); }},
 }};
 

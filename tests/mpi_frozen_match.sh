@@ -33,7 +33,7 @@ for spec in zero1:3 replicated:2 after:3; do
   IFS=: read -r name n <<<"$spec"
   extra=()
   case $name in
-    replicated) extra=(--parallel.zero1=false) ;;
+    replicated) extra=(--parallel.zero=0) ;;
     after) extra=(--parallel.overlap_grads=false) ;;
   esac
   r="$work/$name-$n"

@@ -36,7 +36,7 @@ for spec in dhp:2 dhp:3 pow2:2 pow2:3 static:2 static:3 static-2:2 dhp-replicate
   extra=()
   case $name in
     static-2) extra=(--parallel.static_cp=2) ;;
-    dhp-replicated) extra=(--parallel.zero1=false) ;;
+    dhp-replicated) extra=(--parallel.zero=0) ;;
     dhp-after) extra=(--parallel.overlap_grads=false) ;;
   esac
   r="$work/$name-$n"

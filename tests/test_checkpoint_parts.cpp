@@ -336,7 +336,7 @@ TEST(CheckpointParts, ABackgroundSaveHoldsWhatASaveAtOnceHolds) {
 // while rank 1 fell back to step 2, and the ranks would train different steps.
 TEST(CheckpointParts, OneRanksDamagedPartTurnsEveryRankToTheCheckpointBefore) {
   const auto dir = run_dir("parts_resume_damaged");
-  const std::vector<std::string> extra = {"--checkpoint.every=2", "--checkpoint.keep=3", "--parallel.zero1=true",
+  const std::vector<std::string> extra = {"--checkpoint.every=2", "--checkpoint.keep=3", "--parallel.zero=1",
                                           "--eval.exact_match=false", "--data.val="};
   train_on(2, small_config(4, dir, extra));
   const fs::path ck = dir / "checkpoints";

@@ -221,6 +221,22 @@ TEST(Config, RenamedKeyIsStillRead) {
   EXPECT_EQ(to_toml(c).find("device = \"a100\""), std::string::npos);
 }
 
+// parallel.zero1 (a flag) became parallel.zero (the ZeRO stage): configurations and
+// checkpoints that say zero1 = true or false read as stage 1 and 0; the new key takes the
+// stages and no other value.
+TEST(Config, TheZeroFlagReadsAsAStage) {
+  EXPECT_EQ(parse_config("[parallel]\nzero1 = false\n", "old.toml").parallel.zero, 0);
+  EXPECT_EQ(parse_config("[parallel]\nzero1 = true\n", "old.toml").parallel.zero, 1);
+  EXPECT_EQ(parse_config("", "a.toml", {"--parallel.zero1=false"}).parallel.zero, 0);
+  const Config c = parse_config("", "a.toml", {"--parallel.zero=2"});
+  EXPECT_EQ(c.parallel.zero, 2);
+  EXPECT_EQ(parse_config(to_toml(c), "again.toml").parallel.zero, 2);
+  EXPECT_EQ(to_toml(c).find("zero1"), std::string::npos);
+  EXPECT_EQ(parse_config("[parallel]\nzero = true\n", "a.toml").parallel.zero, 1);
+  for (const char* bad : {"zero = 3", "zero = -1", "zero = \"2\"", "zero = 1.5"})
+    EXPECT_THROW(parse_config(std::string("[parallel]\n") + bad + "\n", "bad.toml"), Error) << bad;
+}
+
 // Strategies and precisions are values parsed once; the resolved config writes their names.
 TEST(Config, ChoicesAreParsedOnceAndWrittenByName) {
   Config c = parse_config("[train]\nprecision = \"bf16\"\n[parallel]\nstrategy = \"pow2\"\n", "a.toml");

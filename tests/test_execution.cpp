@@ -481,15 +481,18 @@ TEST(MemoryModel, PredictionBoundsTheMeasuredPeakInEveryMode) {
 }
 
 // The same in bf16 storage, as GPUs train: the activations and the working copy of the weights
-// in bf16 beside fp32 master weights, gradients and moments (types/state_bytes.h), replicated
-// and under ZeRO-1. The prediction follows the run's storage dtype (train.precision), not the
-// profile's: priced at the CPU profile's fp32 it would be twice the activations, and a profile
-// that prices bf16 weights without the fp32 master copy falls below the measured peak.
+// in bf16 beside fp32 master weights, gradients and moments (types/state_bytes.h), replicated,
+// under ZeRO-1 and under ZeRO-2 (the gradient window and the summed block instead of a whole
+// gradient arena; four decoder layers, so that the window holds two of them). The prediction
+// follows the run's storage dtype (train.precision), not the profile's: priced at the CPU
+// profile's fp32 it would be twice the activations, and a profile that prices bf16 weights
+// without the fp32 master copy falls below the measured peak.
 TEST(MemoryModel, PredictionBoundsTheMeasuredPeakInBf16) {
-  for (const bool zero1 : {false, true})
-    check_memory_prediction(zero1 ? "memory_model_bf16_zero1" : "memory_model_bf16", {{1, 0}, {3, 0}, {4, 4}},
+  for (const int zero : {0, 1, 2})
+    check_memory_prediction(fmt::format("memory_model_bf16_zero{}", zero), {{1, 0}, {3, 0}, {4, 4}},
                             {Recompute::off, Recompute::full},
-                            {"--train.precision=bf16", fmt::format("--parallel.zero1={}", zero1)});
+                            {"--train.precision=bf16", fmt::format("--parallel.zero={}", zero),
+                             zero == 2 ? "--model.layers=4" : "--model.layers=2"});
 }
 
 }  // namespace
@@ -542,7 +545,7 @@ TEST_P(ResumeAcrossWorlds, ResumeOnAnotherNumberOfRanks) {
   auto config = [&](const std::filesystem::path& dir) {
     Config c = longtail_config("dhp", 6, dir);
     c.checkpoint.every = 3;
-    c.parallel.zero1 = zero1;
+    c.parallel.zero = zero1 ? 1 : 0;
     return c;
   };
   const auto base_dir = testing::run_dir("resume_base_" + tag);
@@ -593,7 +596,7 @@ TEST(Zero1, MatchesReplicatedAdamW) {
     for (int zero = 0; zero < 2; ++zero) {
       const auto dir = testing::run_dir("zero1_" + std::to_string(n) + "_" + std::to_string(zero));
       Config cfg = longtail_config("dhp", 5, dir);
-      cfg.parallel.zero1 = zero == 1;
+      cfg.parallel.zero = zero;
       cfg.parallel.refit = false;  // the same plans in both runs
       const TrainResult r0 = train_on(n, cfg);
       for (const auto& s : r0.steps) losses[zero].push_back(s.loss);
@@ -623,7 +626,7 @@ TEST(Zero1, MatchesReplicatedWithFrozenGroups) {
       for (int zero = 0; zero < 2; ++zero) {
         const auto dir = testing::run_dir("zero1_frozen_" + name + std::to_string(n) + "_" + std::to_string(zero));
         cfg = longtail_config("dhp", 4, dir, overrides);
-        cfg.parallel.zero1 = zero == 1;
+        cfg.parallel.zero = zero;
         cfg.parallel.refit = false;
         const TrainResult r0 = train_on(n, cfg);
         for (const auto& s : r0.steps) losses[zero].push_back(s.loss);
@@ -664,7 +667,7 @@ TEST(Zero1, AShardedMasterInBf16ResumesOnAnyWorld) {
   auto config = [&](const std::filesystem::path& dir) {
     Config c = longtail_config("dhp", 6, dir, {"--train.precision=bf16"});
     c.checkpoint.every = 3;
-    c.parallel.zero1 = true;
+    c.parallel.zero = 1;
     c.parallel.refit = false;
     return c;
   };
@@ -707,7 +710,7 @@ TEST(Zero1, AShardedMasterInBf16MatchesReplicatedAdamW) {
         for (int zero = 0; zero < 2; ++zero) {
           const auto dir = testing::run_dir(fmt::format("bf16_zero{}_{}_{}_{}", zero, n, int(mode), frozen));
           Config cfg = longtail_config("static", 4, dir, {"--train.precision=bf16", fmt::format("--parallel.static_cp={}", n)});
-          cfg.parallel.zero1 = zero == 1;
+          cfg.parallel.zero = zero;
           cfg.parallel.refit = false;
           cfg.parallel.recompute = mode;
           cfg.optim.groups[ParamGroup::Vision].trainable = !frozen;
@@ -727,6 +730,124 @@ TEST(Zero1, AShardedMasterInBf16MatchesReplicatedAdamW) {
       }
 }
 
+// ZeRO-2 (parallel.zero = 2: no rank holds a whole gradient arena; each decoder layer's
+// gradients are summed onto their owners wave by wave, as backward leaves the layer) against
+// replicated AdamW in the training loop, fp32, four decoder layers (the window holds two): one
+// ring of all ranks (static CP 3 and 4, every group a wave of its own), off and full recompute,
+// the same losses and weights to 1e-6 relative: within a wave the sums are the replicated ones
+// bit for bit; across waves an owner's shard takes each wave's sum in turn where replicated
+// ranks first add up their own waves, an order that differs by rounding. dhp on 1 to 6 ranks:
+// under ZeRO-2 its waves are barriers, so it plans them as dhp-waves does (Planner::plan), and
+// the two runs sum other groups: they agree as plans of one batch do (PlanInvariance).
+TEST(Zero2, MatchesReplicatedAdamW) {
+  struct Case {
+    int n;
+    std::string strategy;
+    Recompute mode;
+  };
+  std::vector<Case> cases;
+  for (int n = 1; n <= 6; ++n) cases.push_back({n, "dhp", Recompute::off});
+  for (int n : {3, 4})
+    for (const Recompute mode : {Recompute::off, Recompute::full}) cases.push_back({n, "static", mode});
+  for (const Case& c : cases) {
+    const std::string where = fmt::format("{} on {} ranks, recompute {}", c.strategy, c.n, recompute_name(c.mode));
+    std::vector<double> losses[2];
+    std::vector<float> weights[2];
+    int widest = 0;
+    for (int i = 0; i < 2; ++i) {
+      const auto dir = testing::run_dir(fmt::format("zero2_{}_{}_{}_{}", c.strategy, c.n, int(c.mode), i));
+      Config cfg = longtail_config(c.strategy, 4, dir,
+                                   {"--model.layers=4", fmt::format("--parallel.static_cp={}", c.strategy == "static" ? c.n : 0)});
+      cfg.parallel.zero = i == 0 ? 0 : 2;
+      cfg.parallel.refit = false;
+      cfg.parallel.recompute = c.mode;
+      const TrainResult r0 = train_on(c.n, cfg);
+      for (const auto& s : r0.steps) losses[i].push_back(s.loss), widest = std::max(widest, s.max_degree);
+      weights[i] = weights_of(r0.checkpoint, cfg);
+    }
+    ASSERT_EQ(losses[0].size(), 4u) << where;
+    const bool same_plans = c.strategy == "static";
+    if (same_plans) EXPECT_EQ(widest, c.n) << where;
+    const double loss_tol = same_plans ? 1e-6 : 1e-5, weight_tol = same_plans ? 1e-6 : 1e-4;
+    for (size_t s = 0; s < 4; ++s) EXPECT_NEAR(losses[1][s], losses[0][s], loss_tol * std::abs(losses[0][s])) << where;
+    ASSERT_EQ(weights[1].size(), weights[0].size());
+    for (size_t i = 0; i < weights[0].size(); ++i)
+      ASSERT_NEAR(weights[1][i], weights[0][i], weight_tol * std::max(1.0f, std::abs(weights[0][i]))) << where << ", weight " << i;
+  }
+}
+
+// ZeRO-2 in bf16 (the distributed optimizer's sharded master beside the sharded gradients)
+// against ZeRO-1 on 3 ranks, and a checkpoint of it resumed on 2 ranks under ZeRO-1: the
+// gradients' shard is no part of the state, so stages change on resume.
+TEST(Zero2, InBf16MatchesZeroOneAndResumesUnderIt) {
+  auto config = [&](const std::filesystem::path& dir, int zero) {
+    Config c = longtail_config("dhp", 6, dir, {"--train.precision=bf16", "--model.layers=4"});
+    c.checkpoint.every = 3;
+    c.parallel.zero = zero;
+    c.parallel.refit = false;
+    return c;
+  };
+  std::vector<double> losses[2];
+  std::filesystem::path dirs[2];
+  for (int i = 0; i < 2; ++i) {
+    dirs[i] = testing::run_dir(fmt::format("zero2_bf16_{}", i));
+    const TrainResult r = train_on(3, config(dirs[i], i + 1));
+    for (const auto& s : r.steps) losses[i].push_back(s.loss);
+  }
+  ASSERT_EQ(losses[0].size(), 6u);
+  for (size_t s = 0; s < 6; ++s) EXPECT_NEAR(losses[1][s], losses[0][s], 1e-3 * std::abs(losses[0][s])) << "step " << s + 1;
+  const auto [cfg, resumed] = resume_copy(dirs[1], 3, "zero2_bf16_on_2", 2,
+                                          [&](const std::filesystem::path& dir) { return config(dir, 1); });
+  ASSERT_EQ(resumed.steps.size(), 3u);
+  for (size_t s = 0; s < 3; ++s)
+    EXPECT_NEAR(resumed.steps[s].loss, losses[1][s + 3], 1e-3 * std::abs(losses[1][s + 3])) << "step " << s + 4;
+}
+
+// ZeRO-2 with frozen groups (the tower; the embeddings, which cut the trainable ranges in two),
+// eight decoder layers, so that the gradient window (six layers short of the gradient layout)
+// stages the gather of the updated blocks in several chunks, in fp32 and in bf16. Against
+// replicated AdamW on one ring of 3 ranks (static CP 3, the same plans): the same losses and
+// trainable weights to 1e-6 relative in fp32; in bf16 against ZeRO-1 to 1e-3 (rounding through
+// bf16 passes of sums in another order). Every frozen weight ends as it began, bit for bit.
+TEST(Zero2, MatchesReplicatedWithFrozenGroups) {
+  const std::vector<std::pair<std::string, std::string>> freezings = {
+      {"vision", "--optim.groups.vision.trainable=false"}, {"embeddings", "--optim.groups.embeddings.trainable=false"}};
+  for (const auto& [name, freeze] : freezings)
+    for (const bool bf16 : {false, true}) {
+      const std::string where = fmt::format("{} frozen, {}", name, bf16 ? "bf16" : "fp32");
+      std::vector<double> losses[2];
+      std::vector<float> weights[2];
+      Config cfg;
+      for (int i = 0; i < 2; ++i) {
+        const auto dir = testing::run_dir(fmt::format("zero2_frozen_{}_{}_{}", name, bf16, i));
+        cfg = longtail_config("static", 3, dir, {"--model.layers=8", "--parallel.static_cp=3", freeze,
+                                                 bf16 ? "--train.precision=bf16" : "--train.precision=fp32"});
+        cfg.parallel.zero = i == 0 ? (bf16 ? 1 : 0) : 2;
+        cfg.parallel.refit = false;
+        const TrainResult r0 = train_on(3, cfg);
+        for (const auto& st : r0.steps) losses[i].push_back(st.loss);
+        weights[i] = weights_of(r0.checkpoint, cfg);
+      }
+      ASSERT_EQ(losses[0].size(), 3u) << where;
+      const double tol = bf16 ? 1e-3 : 1e-6;
+      for (size_t st = 0; st < 3; ++st) EXPECT_NEAR(losses[1][st], losses[0][st], tol * std::abs(losses[0][st])) << where;
+      auto backend = make_cpu_backend({1});
+      Model init(cfg.model, *backend, cfg.optim.groups);
+      init.initialise(cfg.train.seed);
+      const std::vector<float> w0 = init.download_params();
+      for (const auto& p : init.table().specs())
+        for (int64_t i = p.offset; i < p.offset + p.numel(); ++i) {
+          if (!p.trainable) {
+            const float want = bf16 ? bf16_round(w0[size_t(i)]) : w0[size_t(i)];
+            ASSERT_EQ(weights[1][size_t(i)], want) << where << ": frozen " << p.name << " moved";
+          } else if (!bf16) {
+            ASSERT_NEAR(weights[1][size_t(i)], weights[0][size_t(i)], 1e-6 * std::max(1.0f, std::abs(weights[0][size_t(i)])))
+                << where << ": " << p.name;
+          }
+        }
+    }
+}
+
 // A run trained with the vision tower frozen resumes, on another world size with and without
 // ZeRO-1: with the same freezing it continues the same losses (the trainable moments were
 // saved and restored); with the tower trainable it trains the tower from zero moments.
@@ -734,7 +855,7 @@ TEST(ResumeAcrossWorlds, ResumeWithAnotherFreezing) {
   auto config = [&](const std::filesystem::path& dir, bool frozen, bool zero1) {
     Config c = longtail_config("dhp", 6, dir);
     c.checkpoint.every = 3;
-    c.parallel.zero1 = zero1;
+    c.parallel.zero = zero1 ? 1 : 0;
     c.optim.groups[ParamGroup::Vision].trainable = !frozen;
     return c;
   };

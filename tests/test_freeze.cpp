@@ -8,7 +8,9 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 
+#include "model/grad_window.h"
 #include "model/model.h"
 #include "parallel/cost_model.h"
 #include "parallel/memory_model.h"
@@ -18,6 +20,7 @@
 #include "tests/model_fixtures.h"
 #include "trainer/checkpoint_file.h"
 #include "trainer/config.h"
+#include "trainer/grad_reducer.h"
 #include "trainer/optimizer.h"
 
 namespace dhp {
@@ -490,24 +493,27 @@ TEST(FrozenCheckpoint, ResumesAcrossFreezingWorldSizeAndZero1) {
 
 // The memory model's static part is what the engine's buffers hold (types/state_bytes.h): for
 // every profile, its storage dtype run on the CPU (bf16 for the GPUs' profiles), on 1 and 4
-// ranks, replicated and ZeRO-1, with every freezing, the bytes a rank's model and optimizer
-// hold once built equal static_bytes() but for two scalars (the loss statistics, the norm):
-// fp32 master weights of every parameter, the bf16 working copy, fp32 gradients and moments of
-// the trainable groups only, the moments sharded. A
+// ranks, replicated, ZeRO-1 and ZeRO-2, with every freezing, the bytes a rank's model,
+// optimizer and (ZeRO-2) gradient reducer hold once built equal static_bytes() but for two
+// scalars (the loss statistics, the norm): fp32 master weights of every parameter, the bf16
+// working copy, fp32 gradients (under ZeRO-2 the window of two decoder layers and the rest,
+// and the summed block) and moments of the trainable groups only, the moments sharded. A
 // pricing of the weights in their storage dtype alone, or of 2-byte gradients, misses by
 // megabytes here. Its group counts are the parameter table's.
 TEST(FrozenMemoryModel, StaticBytesAreWhatTheEnginesBuffersHold) {
   ModelConfig cfg = tiny_config();
   cfg.tie_embeddings = false;
+  cfg.layers = 4;  // ZeRO-2's window holds two of them
   const ParamTable table(cfg);
   for (const std::string& profile : device_profile_names()) {
     const DeviceProfile dev = device_profile(profile);
     BackendOptions bo;
     bo.precision = dev.act_bytes == 2 ? Precision::bf16 : Precision::fp32;
     for (int world : {1, 4}) {
-      for (bool zero1 : {false, true}) {
-        const MemoryModel all(cfg, dev, world, 80, zero1, Recompute::off, {},
-                              EngineLayout{dev.act_bytes, table.total(), table.trainable_total()});
+      for (int zero : {0, 1, 2}) {
+        const MemoryModel all(cfg, dev, world, 80, zero, Recompute::off, {},
+                              EngineLayout{dev.act_bytes, table.total(), table.trainable_total(),
+                                           GradWindow::of(table, cfg.layers).elements()});
         for (size_t g = 0; g < kParamGroups; ++g)
           EXPECT_EQ(all.group_parameters(ParamGroup(g)), table.group_numel(ParamGroup(g)))
               << kParamGroupNames[g];
@@ -515,39 +521,45 @@ TEST(FrozenMemoryModel, StaticBytesAreWhatTheEnginesBuffersHold) {
         auto freezings_and_none = freezings();
         freezings_and_none.emplace_back("none", ParamGroups{});
         for (const auto& [name, groups] : freezings_and_none) {
-          const std::string where = fmt::format("{}, {} rank(s){}, frozen: {}", profile, world, zero1 ? ", ZeRO-1" : "", name);
+          const std::string where = fmt::format("{}, {} rank(s), ZeRO-{}, frozen: {}", profile, world, zero, name);
           // What a run's planner knows: the table's totals, every tensor aligned to 16 elements.
           const ParamTable t(cfg, groups);
-          const EngineLayout engine{dev.act_bytes, t.total(), t.trainable_total()};
-          const MemoryModel m(cfg, dev, world, 80, zero1, Recompute::off, groups, engine);
+          const GradWindow window = GradWindow::of(t, cfg.layers);
+          const bool windowed = zero == 2 && world > 1;
+          const EngineLayout engine{dev.act_bytes, t.total(), t.trainable_total(), window.elements()};
+          const MemoryModel m(cfg, dev, world, 80, zero, Recompute::off, groups, engine);
           int64_t trainable = 0;
           for (size_t g = 0; g < kParamGroups; ++g)
             if (groups.group[g].trainable) trainable += table.group_numel(ParamGroup(g));
           EXPECT_EQ(m.trainable_parameters(), trainable) << where;
-          EXPECT_EQ(m.gradient_bytes(), 4 * t.trainable_total()) << where;
+          if (!windowed) {
+            EXPECT_EQ(m.gradient_bytes(), 4 * t.trainable_total()) << where;
+          }
           // Without the table (dhp plan) the counts come from the shape, short of the alignment
-          // alone: 15 elements at most per tensor, of at most 22 bytes of state each.
-          const MemoryModel shape_only(cfg, dev, world, 80, zero1, Recompute::off, groups);
+          // alone: 15 elements at most per tensor, of at most 26 bytes of state each.
+          const MemoryModel shape_only(cfg, dev, world, 80, zero, Recompute::off, groups);
           EXPECT_LE(shape_only.static_bytes(), m.static_bytes()) << where;
-          EXPECT_GE(shape_only.static_bytes(), m.static_bytes() - 15 * 22 * int64_t(t.specs().size())) << where;
-          for (int rank = 0; rank < world; ++rank) {
+          EXPECT_GE(shape_only.static_bytes(), m.static_bytes() - 15 * 26 * int64_t(t.specs().size())) << where;
+          run_threaded(world, [&](Communicator& comm) {
             auto backend = make_cpu_backend(bo);
             const int64_t before = backend->bytes_in_use();
-            const OptimizerShard shard = zero1 ? OptimizerShard{rank, world} : OptimizerShard{};
-            const Model model(cfg, *backend, groups, shard);
+            const OptimizerShard shard = zero >= 1 ? OptimizerShard{comm.rank(), world} : OptimizerShard{};
+            Model model(cfg, *backend, groups, shard, windowed);
             const AdamW opt(model.table(), OptimConfig{}, *backend, shard);
+            std::optional<GradReducer> sums;
+            if (windowed) sums.emplace(model, shard, comm);
             // Besides the state, two scalars: the loss statistics and the norm's scratch.
             const int64_t held = backend->bytes_in_use() - before;
-            EXPECT_GE(held, m.static_bytes()) << where << ", rank " << rank;
-            EXPECT_LE(held, m.static_bytes() + 64) << where << ", rank " << rank;
-          }
+            EXPECT_GE(held, m.static_bytes()) << where << ", rank " << comm.rank();
+            EXPECT_LE(held, m.static_bytes() + 64) << where << ", rank " << comm.rank();
+          });
           if (name != "none") {
             EXPECT_LT(m.static_bytes(), all.static_bytes()) << where;
           }
           // The planner's memory model is the one of the run's groups and engine.
           ParallelConfig par;
           par.cost_profile = profile;
-          par.zero1 = zero1;
+          par.zero = zero;
           EXPECT_EQ(Planner(cfg, par, world, groups, engine).memory().static_bytes(), m.static_bytes()) << where;
         }
       }

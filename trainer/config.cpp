@@ -54,6 +54,7 @@ struct Key {
   double lo = -std::numeric_limits<double>::infinity();
   double hi = std::numeric_limits<double>::infinity();
   std::vector<std::string> choices;  // non-empty: the only accepted strings
+  bool was_flag = false;             // an integer key that was a flag: false and true read as 0 and 1
   std::string path() const { return section + "." + name; }
 };
 
@@ -81,6 +82,10 @@ class Schema {
   template <class T>
   void num(const char* name, T& ref, double lo, double hi) {
     keys_.push_back(Key{sec_, name, Ref(&ref), lo, hi, {}});
+  }
+  // A level that was an on/off flag (parallel.zero after parallel.zero1).
+  void level(const char* name, int& ref, double hi) {
+    keys_.push_back(Key{sec_, name, Ref(&ref), 0, hi, {}, true});
   }
   void count_or_auto(const char* name, int& ref, double hi) {
     keys_.push_back(Key{sec_, name, Ref(AutoCount{&ref}), 0, hi, {}});
@@ -227,7 +232,7 @@ class Schema {
       if (s.trainable) trainable.emplace_back(s.id, s.name);
     choice("strategy", p.strategy, trainable);
     num("memory_gb", p.memory_gb, 0.001, 1e6);
-    flag("zero1", p.zero1);
+    level("zero", p.zero, kMaxZero);
     count_or_auto("ranks_per_node", p.ranks_per_node, 1 << 16);
     num("static_cp", p.static_cp, 0, 1 << 20);
     num("planner_budget_ms", p.planner_budget_ms, 0, 1e6);
@@ -428,6 +433,7 @@ void assign(const Key& key, const toml::node& node, const std::string& at) {
           *alt = *v;
         } else {
           auto v = node.value_exact<int64_t>();
+          if (auto b = node.value_exact<bool>(); b && key.was_flag) v = *b ? 1 : 0;
           if (!v) throw bad_type();
           in_range(double(*v));
           *alt = std::remove_pointer_t<A>(*v);
@@ -445,6 +451,7 @@ struct Renamed {
 constexpr Renamed kRenamed[] = {
     {"parallel.device", "parallel.cost_profile",
      "it names the planner's cost profile, not the device train.device runs on"},
+    {"parallel.zero1", "parallel.zero", "the ZeRO stage: false and true read as 0 and 1"},
 };
 
 // The key at `path`, following a rename (warned about once per place it is used).

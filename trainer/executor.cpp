@@ -159,13 +159,16 @@ GroupTiming Executor::time_group(const GroupWork& g, Clock::time_point wall0, do
 
 StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
                         const std::function<void(const std::vector<Sample>&)>& after,
-                        const GradsFinal& last_final) {
+                        const GradsFinal& last_final, GradReducer* waves) {
   std::vector<Sample> samples = loader_.next();
   timings_.clear();
   images_encoded_ = 0;
   size_t at = 0;
   std::vector<Sample> group_samples;
+  int wave = 0;  // the next wave this rank has not taken part in (waves only)
   for (const GroupWork& g : work.mine) {
+    if (waves)
+      for (const int mine = work.plan.groups()[size_t(g.group)].wave; wave < mine; ++wave) waves->no_pass();
     const auto wall0 = Clock::now();
     const double cpu0 = thread_cpu_seconds();
     const size_t n = g.pieces.size(), n_loads = n + g.routing.encode.size();
@@ -182,12 +185,13 @@ StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
       images_encoded_ += int64_t(b.images.size());
     const DeviceBatch& db = model_.upload(b);
     const bool ring = g.ring.size() > 1;
-    const GradsFinal none;
-    const GradsFinal& final = &g == &work.mine.back() ? last_final : none;
+    const GradsFinal none, sums = waves ? waves->pass() : GradsFinal{};
+    const GradsFinal& final = waves ? sums : &g == &work.mine.back() ? last_final : none;
     if (ring) ring_.regroup(g.ring);
     model_.run(db, loss_scale, backward, ring ? &ring_ : nullptr, g.routed ? &images_ : nullptr,
                final);
     timings_.push_back(time_group(g, wall0, cpu0));
+    if (waves) waves->pass_done(), ++wave;
     if (after) {
       group_samples.assign(std::make_move_iterator(samples.begin() + long(at)),
                            std::make_move_iterator(samples.begin() + long(at + n)));
@@ -196,6 +200,8 @@ StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
     at += n_loads;
   }
   DHP_ASSERT(at == samples.size());
+  if (waves)
+    for (; wave < work.plan.summary().waves; ++wave) waves->no_pass();
   return model_.take_stats();
 }
 

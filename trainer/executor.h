@@ -23,6 +23,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "model/model.h"
+#include "trainer/grad_reducer.h"
 #include "parallel/communicator.h"
 #include "parallel/image_exchange.h"
 #include "parallel/image_routing.h"
@@ -82,9 +83,11 @@ class Executor {
   // rank's loss statistics. `after` sees each group's samples once its pass is done.
   // `last_final` hears the gradients completed by this rank's last pass of the step (nothing
   // touches them after it): the optimizer overlaps their reduction with the rest of backward.
+  // `waves` (ZeRO-2): sums every wave's gradients as its pass goes (trainer/grad_reducer.h);
+  // this rank takes part in each wave of the plan, with its group there or with none.
   StepStats run(const StepWork& work, float loss_scale, bool backward,
                 const std::function<void(const std::vector<Sample>&)>& after = {},
-                const GradsFinal& last_final = {});
+                const GradsFinal& last_final = {}, GradReducer* waves = nullptr);
   double last_wait_seconds() const { return loader_.last_wait_seconds(); }
   // Images this rank encoded in the last run (each image of a ring group on one rank only).
   int64_t last_images_encoded() const { return images_encoded_; }

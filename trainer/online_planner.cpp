@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "model/grad_window.h"
 #include "model/params.h"
 
 namespace dhp {
@@ -27,7 +28,7 @@ EngineLayout engine_layout(const Config& cfg) {
   const ParamTable table(cfg.model, cfg.optim.groups);
   const Device device = cfg.train.device == "cuda" ? Device::CUDA : Device::CPU;
   const int storage_bytes = resolve_precision(cfg.train.precision, device) == Precision::bf16 ? 2 : 4;
-  return {storage_bytes, table.total(), table.trainable_total()};
+  return {storage_bytes, table.total(), table.trainable_total(), GradWindow::of(table, cfg.model.layers).elements()};
 }
 
 OnlinePlanner::OnlinePlanner(const Config& cfg, Communicator& comm)

@@ -106,12 +106,16 @@ void AdamW::grads_final_from(int64_t offset) {
   for (auto& x : inflight_) x->test();  // lets the transport progress between layers
 }
 
-double AdamW::sharded_norm(const float* grads, Communicator& comm) const {
+double AdamW::sharded_norm(const float* block, const float* tail, Communicator& comm) const {
   // Blocks summed in rank order; the tail (the same on every rank) counted once.
-  double sq = squared_norm(grads + layout_.lo(), layout_.block());
-  if (shard_.rank == 0) sq += squared_norm(grads + layout_.tail_begin(), layout_.tail());
+  double sq = squared_norm(block, layout_.block());
+  if (shard_.rank == 0) sq += squared_norm(tail, layout_.tail());
   comm.all_reduce_sum(&sq, 1);
   return std::sqrt(sq);
+}
+
+double AdamW::sharded_norm(const float* grads, Communicator& comm) const {
+  return sharded_norm(grads + layout_.lo(), grads + layout_.tail_begin(), comm);
 }
 
 double AdamW::reduce(float* grads, Communicator& comm) {
@@ -133,12 +137,11 @@ double AdamW::reduce(float* grads, Communicator& comm) {
   return sharded_norm(grads, comm);
 }
 
-template <class Weight>
-void AdamW::update_held(float* grads, double lr, double norm, Weight&& weight) {
+void AdamW::update_held(float* block, float* tail, double lr, double norm, const WeightAt& weight) {
   if (cfg_.grad_clip > 0.0 && norm > cfg_.grad_clip) {
     const float s = float(cfg_.grad_clip / (norm + 1e-6));
-    backend_.ops().scale_inplace(grads + layout_.lo(), s, layout_.block());  // this rank's summed block
-    if (layout_.tail() > 0) backend_.ops().scale_inplace(grads + layout_.tail_begin(), s, layout_.tail());
+    backend_.ops().scale_inplace(block, s, layout_.block());
+    if (layout_.tail() > 0) backend_.ops().scale_inplace(tail, s, layout_.tail());
   }
   ++t_;
   for (const auto& p : table_.specs()) {
@@ -146,8 +149,9 @@ void AdamW::update_held(float* grads, double lr, double norm, Weight&& weight) {
     layout_.for_each_held(p.grad_offset, p.grad_offset + p.numel(),
                           [&](const CompactShard::Range& h, int64_t a, int64_t b) {
                             const int64_t at = h.local + (a - h.begin);
-                            backend_.ops().adamw_update(weight(p, h, a), grads + a, m() + at, v() + at,
-                                                        b - a, step_of(p, lr));
+                            const float* g = (h.local == 0 ? block : tail) + (a - h.begin);
+                            backend_.ops().adamw_update(weight(p, h, a), g, m() + at, v() + at, b - a,
+                                                        step_of(p, lr));
                           });
   }
 }
@@ -159,10 +163,8 @@ void AdamW::apply(float* params, float* grads, double lr, double norm, Communica
     return;
   }
   // The weight of gradient offset a lives at params + (p.offset - p.grad_offset) + a.
-  update_held(grads, lr, norm, [params](const ParamSpec& p, const CompactShard::Range&, int64_t a) {
-    return params + (p.offset - p.grad_offset) + a;
-  });
-  gather_params(params, grads, comm);
+  update_held(grads + layout_.lo(), grads + layout_.tail_begin(), lr, norm, in_arena(params));
+  gather_params(params, grads, n_, comm);
 }
 
 void AdamW::apply(Model& model, double lr, double norm, Communicator& comm) {
@@ -170,13 +172,67 @@ void AdamW::apply(Model& model, double lr, double norm, Communicator& comm) {
     apply(model.params(), model.grads(), lr, norm, comm);
     return;
   }
+  update_held(model.grads() + layout_.lo(), model.grads() + layout_.tail_begin(), lr, norm, in_master(model));
+  refresh_working(model, comm);
+}
+
+double AdamW::reduce(GradReducer& sums, Communicator& comm) {
+  DHP_ASSERT(sharded() && sums.layout().shard.rank == shard_.rank && sums.layout().n == n_);
+  sums.finish();
+  return sharded_norm(sums.held(), sums.held() + layout_.block(), comm);
+}
+
+void AdamW::apply(Model& model, GradReducer& sums, double lr, double norm, Communicator& comm) {
+  float* block = sums.held();
+  float* tail = block + layout_.block();
+  if (model.sheds_master()) {
+    update_held(block, tail, lr, norm, in_master(model));
+    refresh_working(model, comm);
+    return;
+  }
+  float* params = model.params();
+  update_held(block, tail, lr, norm, in_arena(params));
+  gather_params(params, model.grad_buffer(), model.grad_window().elements(), comm);
+}
+
+auto AdamW::in_arena(float* params) -> WeightAt {
+  return [params](const ParamSpec& p, const CompactShard::Range&, int64_t a) {
+    return params + (p.offset - p.grad_offset) + a;
+  };
+}
+
+auto AdamW::in_master(Model& model) const -> WeightAt {
   DHP_ASSERT(model.master_shard().shard.rank == shard_.rank && model.master_shard().shard.world == shard_.world &&
              model.master_shard().n == n_);
   float* master = model.master();  // laid out as the moments are
-  update_held(model.grads(), lr, norm, [master](const ParamSpec&, const CompactShard::Range& h, int64_t a) {
+  return [master](const ParamSpec&, const CompactShard::Range& h, int64_t a) {
     return master + h.local + (a - h.begin);
-  });
-  refresh_working(model, comm);
+  };
+}
+
+template <class Mine, class Place>
+void AdamW::gather_blocks(Act staging, int64_t room, Communicator& comm, Mine&& mine, Place&& place) const {
+  const int64_t block = layout_.block(), W = shard_.world;
+  const int64_t k = std::min(block, room / W);
+  DHP_CHECK(k > 0 || block == 0,
+            "the gradient window ({} elements) cannot stage one element of each of the {} ranks' blocks: the "
+            "model is too small for parallel.zero = 2 on this many ranks; use parallel.zero = 1", room, W);
+  for (int64_t i = 0; i < block; i += k) {
+    const int64_t c = std::min(k, block - i);
+    mine(staging + int64_t(shard_.rank) * c, layout_.lo() + i, layout_.lo() + i + c);
+    comm.all_gather((staging + int64_t(shard_.rank) * c).p, staging.p, c, data_type_of(staging.t));
+    for (int r = 0; r < W; ++r)
+      if (r != shard_.rank) place(staging + int64_t(r) * c, r * block + i, r * block + i + c);
+  }
+}
+
+template <class F>
+void AdamW::for_each_weight_piece(int64_t begin, int64_t end, F&& f) const {
+  for (const auto& p : table_.specs()) {
+    if (!p.trainable) continue;
+    const int64_t a = std::max(p.grad_offset, begin), b = std::min(p.grad_offset + p.numel(), end);
+    if (a < b) f(p.offset + (a - p.grad_offset), a, b - a);
+  }
 }
 
 void AdamW::refresh_working(Model& model, Communicator& comm) const {
@@ -191,43 +247,44 @@ void AdamW::refresh_working(Model& model, Communicator& comm) const {
     comm.all_gather((work + lo).p, work.p, layout_.block(), type);
     return;
   }
-  // The blocks gathered in the gradient layout through the gradient arena (its sums are
-  // spent), each piece then copied to its weight's place; the tail rounded in place.
-  const Act staged(model.grads(), work.t);
-  ops.cast(staged + lo, master, layout_.block());
-  comm.all_gather((staged + lo).p, staged.p, layout_.block(), type);
-  for (const auto& p : table_.specs()) {
-    if (!p.trainable) continue;
-    const int64_t begin = p.grad_offset, end = p.grad_offset + p.numel(), to_weight = p.offset - p.grad_offset;
-    if (const int64_t b = std::min(end, t0); begin < b)
-      backend_.copy((work + (begin + to_weight)).p, (staged + begin).p, dtype_size(work.t) * size_t(b - begin));
-    if (const int64_t a = std::max(begin, t0); a < end)
-      ops.cast(work + (a + to_weight), master + layout_.block() + (a - t0), end - a);
-  }
+  // The blocks gathered in the gradient layout through the model's gradient buffer (its sums
+  // are spent), each piece then copied to its weight's place; the tail rounded in place.
+  const size_t es = dtype_size(work.t);
+  auto place = [&](CAct src, int64_t a, int64_t b) {
+    for_each_weight_piece(a, b, [&](int64_t w, int64_t at, int64_t n) {
+      backend_.copy((work + w).p, (src + (at - a)).p, es * size_t(n));
+    });
+  };
+  gather_blocks(Act(model.grad_buffer(), work.t), model.grad_window().elements() * int64_t(sizeof(float) / es), comm,
+                [&](Act dst, int64_t a, int64_t b) {
+                  ops.cast(dst, master + (a - lo), b - a);
+                  place(dst, a, b);
+                },
+                place);
+  for_each_weight_piece(t0, layout_.n, [&](int64_t w, int64_t at, int64_t n) {
+    ops.cast(work + w, master + layout_.block() + (at - t0), n);
+  });
 }
 
-void AdamW::gather_params(float* params, float* grads, Communicator& comm) {
+void AdamW::gather_params(float* params, float* staging, int64_t room, Communicator& comm) {
   const int64_t lo = layout_.lo();
   if (table_.all_trainable()) {  // the two layouts coincide: gather in place
     comm.all_gather(params + lo, params, layout_.block(), DataType::F32);
     return;
   }
-  // Each piece [a, b) of the gradient layout that lies in `range` copied between the layouts.
-  auto pieces = [&](int64_t r0, int64_t r1, bool to_grads) {
-    for (const auto& p : table_.specs()) {
-      if (!p.trainable) continue;
-      const int64_t a = std::max(p.grad_offset, r0), b = std::min(p.grad_offset + p.numel(), r1);
-      if (a >= b) continue;
-      float* w = params + (p.offset - p.grad_offset) + a;
-      if (to_grads) backend_.copy(grads + a, w, sizeof(float) * size_t(b - a));
-      else backend_.copy(w, grads + a, sizeof(float) * size_t(b - a));
-    }
-  };
-  // The tail was updated identically on every rank; only the blocks travel.
-  pieces(lo, lo + layout_.block(), true);
-  comm.all_gather(grads + lo, grads, layout_.block(), DataType::F32);
-  pieces(0, lo, false);
-  pieces(lo + layout_.block(), layout_.tail_begin(), false);
+  // The tail was updated identically on every rank; only the blocks travel, through the
+  // staging buffer (a gradient arena whose sums are spent).
+  gather_blocks(Act(staging), room, comm,
+                [&](Act dst, int64_t a, int64_t b) {
+                  for_each_weight_piece(a, b, [&](int64_t w, int64_t at, int64_t n) {
+                    backend_.copy(static_cast<float*>(dst.p) + (at - a), params + w, sizeof(float) * size_t(n));
+                  });
+                },
+                [&](CAct src, int64_t a, int64_t b) {
+                  for_each_weight_piece(a, b, [&](int64_t w, int64_t at, int64_t n) {
+                    backend_.copy(params + w, static_cast<const float*>(src.p) + (at - a), sizeof(float) * size_t(n));
+                  });
+                });
 }
 
 std::vector<float> AdamW::gather(const DeviceBuffer& b, Communicator& comm) const {

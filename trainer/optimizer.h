@@ -1,6 +1,6 @@
 // AdamW with decoupled weight decay (flagged per parameter in the parameter table), global-norm
 // gradient clipping and the warm-up + cosine learning-rate schedule, replicated on every rank
-// or sharded over the ranks (ZeRO-1, parallel.zero1; the partition is model/shard.h's).
+// or sharded over the ranks (ZeRO-1 and 2, parallel.zero; the partition is model/shard.h's).
 //
 // Frozen parameter groups (optim.groups.<name>.trainable = false) have no gradient, moment,
 // weight decay or update: everything below runs over the gradient layout of the parameter
@@ -24,6 +24,12 @@
 // every rank, is rounded in place. Rounding the same fp32 values gives the same bf16 as the
 // replicated path's rounding of its whole master, so the two agree bit for bit.
 //
+// ZeRO-2 (parallel.zero = 2): the summed gradients of a rank's block and the tail come from a
+// GradReducer (trainer/grad_reducer.h), which summed them wave by wave while backward went on;
+// the norm, clipping and update read them there, and the gathers after the update stage their
+// blocks through the model's gradient window, a chunk of each block at a time where the
+// window is smaller than the gradient layout (frozen groups).
+//
 // Overlapped reduction (parallel.overlap_grads, where the communicator overlaps collectives):
 // the arena is cut into buckets of about parallel.bucket_mb, from its end, at parameter
 // boundaries. During a step's last backward pass on this rank the model reports how far, from
@@ -35,6 +41,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -45,6 +52,7 @@
 #include "model/shard.h"
 #include "parallel/communicator.h"
 #include "trainer/config.h"
+#include "trainer/grad_reducer.h"
 
 namespace dhp {
 
@@ -67,6 +75,11 @@ class AdamW {
   // (Model::sheds_master), that master is updated, rounded into the working copy, and the
   // working copy's blocks all-gathered in the storage dtype.
   void apply(Model& model, double lr, double norm, Communicator& comm);
+
+  // ZeRO-2: the same from a GradReducer (trainer/grad_reducer.h) that has summed every wave
+  // of the step; reduce() sums the rest of its window first.
+  double reduce(GradReducer& sums, Communicator& comm);
+  void apply(Model& model, GradReducer& sums, double lr, double norm, Communicator& comm);
 
   // Turns overlapped reduction on with buckets of about `bucket_elements` (0: off).
   void set_overlap(int64_t bucket_elements);
@@ -122,12 +135,17 @@ class AdamW {
   AdamWStep step_of(const ParamSpec& p, double lr) const;
   double squared_norm(const float* x, int64_t n) const;
   // Under ZeRO-1, once this rank's block of the arena and the tail hold their sums: the global
-  // norm.
+  // norm; from the block's and the tail's sums wherever they are.
   double sharded_norm(const float* grads, Communicator& comm) const;
-  // Under ZeRO-1: clips and updates what this rank holds; `weight(p, a)` is where the weight
-  // of gradient offset a (of parameter p) lives at the given held range.
-  template <class Weight>
-  void update_held(float* grads, double lr, double norm, Weight&& weight);
+  double sharded_norm(const float* block, const float* tail, Communicator& comm) const;
+  // Under ZeRO-1 and 2: clips and updates what this rank holds, the summed gradients of its
+  // block at `block` and of the tail at `tail`; `weight(p, h, a)` is where the weight of
+  // gradient offset a (of parameter p, in held range h) lives.
+  using WeightAt = std::function<float*(const ParamSpec&, const CompactShard::Range&, int64_t)>;
+  void update_held(float* block, float* tail, double lr, double norm, const WeightAt& weight);
+  // The weights in the fp32 arena, or in a model's sharded master.
+  static WeightAt in_arena(float* params);
+  WeightAt in_master(Model& model) const;
   // After a sharded update of the master: the working copy of every block.
   void refresh_working(Model& model, Communicator& comm) const;
   struct Bucket {
@@ -137,8 +155,20 @@ class AdamW {
   // The compact moments (gradient layout) gathered onto the host.
   std::vector<float> gather(const DeviceBuffer& b, Communicator& comm) const;
   std::vector<float> to_arena_layout(const std::vector<float>& compact) const;
-  // After a sharded update of frozen-group runs: the parameters of every block all-gathered.
-  void gather_params(float* params, float* grads, Communicator& comm);
+  // After a sharded update of frozen-group runs: the parameters of every block all-gathered,
+  // through `staging` (room for `room` floats).
+  void gather_params(float* params, float* staging, int64_t room, Communicator& comm);
+  // Every rank's block of the gradient layout gathered through `staging` (room for `room`
+  // elements of its type), a chunk of each block at a time: mine(dst, a, b) stages this rank's
+  // range [a, b), place(src, a, b) puts range [a, b) of another rank's block where it belongs.
+  // Where the staging holds every block (a whole gradient arena) that is one all-gather; a
+  // ZeRO-2 gradient window takes a few.
+  template <class Mine, class Place>
+  void gather_blocks(Act staging, int64_t room, Communicator& comm, Mine&& mine, Place&& place) const;
+  // f(weight offset, gradient-layout offset, count) for each trainable piece of gradient range
+  // [begin, end).
+  template <class F>
+  void for_each_weight_piece(int64_t begin, int64_t end, F&& f) const;
   const ParamTable& table_;
   OptimConfig cfg_;
   Backend& backend_;

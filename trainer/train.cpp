@@ -97,6 +97,7 @@ class Run {
   std::unique_ptr<Dataset> train_set_, val_set_;
   Model model_;
   AdamW opt_;
+  std::optional<GradReducer> sums_;  // ZeRO-2
   OnlinePlanner planner_;
   int64_t first_step_ = 0;
   std::optional<Sampler> sampler_;
@@ -149,7 +150,12 @@ std::unique_ptr<Dataset> open_val_set(const Config& cfg, const Tokenizer& tok, c
 
 // The part of the optimizer state (and, in bf16, of the master weights) this rank holds.
 OptimizerShard optimizer_shard(const Config& cfg, const Communicator& comm) {
-  return cfg.parallel.zero1 ? OptimizerShard{comm.rank(), comm.size()} : OptimizerShard{};
+  return cfg.parallel.shards_optimizer() ? OptimizerShard{comm.rank(), comm.size()} : OptimizerShard{};
+}
+
+// ZeRO-2 shards the gradients where there are ranks to shard them over.
+bool shards_gradients(const Config& cfg, const Communicator& comm) {
+  return cfg.parallel.zero >= 2 && comm.size() > 1;
 }
 
 Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
@@ -161,14 +167,16 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
       tokenizer_(cfg.data.tokenizer, cfg.data.added_tokens),
       train_set_(open_train_set(cfg, tokenizer_, topt.stop_flag)),
       val_set_(open_val_set(cfg, tokenizer_, topt.stop_flag)),
-      model_(cfg.model, *backend_, cfg.optim.groups, optimizer_shard(cfg, comm)),
+      model_(cfg.model, *backend_, cfg.optim.groups, optimizer_shard(cfg, comm), shards_gradients(cfg, comm)),
       opt_(model_.table(), cfg.optim, *backend_, optimizer_shard(cfg, comm)),
       planner_(cfg, comm),
       exec_(model_, *train_set_, cfg.data.workers, comm),
       report_(cfg, rank0_) {
   comm.set_timeout(cfg.parallel.timeout_s);
   comm.follow(*backend_);
-  if (cfg.parallel.overlap_grads && comm.size() > 1 && comm.overlapping_collectives())
+  if (shards_gradients(cfg, comm))
+    sums_.emplace(model_, optimizer_shard(cfg, comm), comm);
+  else if (cfg.parallel.overlap_grads && comm.size() > 1 && comm.overlapping_collectives())
     opt_.set_overlap(int64_t(cfg.parallel.bucket_mb * double(1 << 20)) / int64_t(sizeof(float)));
   model_.set_recompute(cfg.parallel.recompute);
   model_.initialise(cfg.train.seed);
@@ -275,12 +283,17 @@ SamplerState Run::resume(const std::string& path, const TrainOptions& topt) {
 void Run::log_setup() const {
   if (!rank0_) return;
   const double mib = double(1 << 20), full = 2.0 * 4.0 * double(model_.n_grads()) / mib;
-  spdlog::info("optimizer state: {:.2f} MiB per rank{}; gradients: {:.2f} MiB",
+  const double grads = 4.0 * double(model_.grad_window().elements()) / mib;
+  spdlog::info("optimizer state: {:.2f} MiB per rank{}; gradients: {:.2f} MiB{}",
                double(opt_.state_bytes()) / mib,
-               opt_.sharded() ? fmt::format(" (ZeRO-1 over {} ranks; {:.2f} MiB unsharded)",
+               opt_.sharded() ? fmt::format(" (ZeRO-{} over {} ranks; {:.2f} MiB unsharded)", cfg_.parallel.zero,
                                             comm_.size(), full)
                               : "",
-               4.0 * double(model_.n_grads()) / mib);
+               sums_ ? grads + double(sums_->bytes()) / mib : grads,
+               sums_ ? fmt::format(" ({:.2f} MiB of slots and the parameters outside the decoder layers, {:.2f} MiB "
+                                   "summed block; {:.2f} MiB unsharded)",
+                                   grads, double(sums_->bytes()) / mib, 4.0 * double(model_.n_grads()) / mib)
+                     : "");
   const VisionConfig& v = cfg_.model.vision;
   if (v.fixed_square())
     spdlog::info("images: model.vision.resize = {} to {}x{} (Pillow's bicubic, as Hugging Face's image processor{})",
@@ -347,6 +360,10 @@ std::future<StepWork> Run::plan_ahead(int64_t step) {
 }
 
 StepStats Run::compute(const StepWork& work, float loss_scale) {
+  if (sums_) {
+    sums_->begin_step();
+    return exec_.run(work, loss_scale, true, {}, {}, &*sums_);
+  }
   model_.zero_grads();
   GradsFinal final;
   if (opt_.overlaps()) {
@@ -459,7 +476,7 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
   // Gradients summed over the ranks (reduce-scattered to each rank's block under ZeRO-1).
   // First: the buckets already in flight must meet every rank's same collectives in the
   // same order, so no other collective may come between.
-  const double norm = opt_.reduce(model_.grads(), comm_);
+  const double norm = sums_ ? opt_.reduce(*sums_, comm_) : opt_.reduce(model_.grads(), comm_);
   StepRecord rec;
   rec.step = step + 1;
   record_busy(rec);
@@ -478,7 +495,8 @@ StepRecord Run::step(int64_t step, const StepWork& work) {
             step, norm);
   rec.lr = learning_rate(cfg_.optim, step, cfg_.train.steps);
   rec.grad_norm = norm;
-  opt_.apply(model_, rec.lr, norm, comm_);
+  if (sums_) opt_.apply(model_, *sums_, rec.lr, norm, comm_);
+  else opt_.apply(model_, rec.lr, norm, comm_);
   rec.threads = backend_->threads();
   record_memory(work, rec);
   backend_->adapt_to_load();

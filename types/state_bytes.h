@@ -4,7 +4,8 @@
 // gradients of the trainable parameters; trainer/optimizer.h adds AdamW's two fp32 moments
 // of the trainable parameters and, under ZeRO-1 over N ranks, keeps those for its block of
 // n / N elements and the remainder n mod N that every rank updates (the block's gradients are
-// summed in place, in the gradient arena). With a working copy and N > 1 the master is
+// summed in place, in the gradient arena; under ZeRO-2 into a buffer of their own, beside a
+// gradient window of two decoder layers and the parameters outside the layers). With a working copy and N > 1 the master is
 // sharded as the moments are (the distributed optimizer, model/shard.h): a rank keeps fp32
 // master weights for its block and the remainder only, and frozen parameters exist in the
 // working copy alone. The planner's memory model prices exactly this
@@ -25,14 +26,18 @@ struct StateBytes {
 };
 
 // `storage_bytes`: bytes of an element in the storage dtype (4 fp32, 2 bf16); `shards`: the
-// ranks the optimizer state is split over (1: replicated).
-inline StateBytes state_bytes(int64_t params, int64_t trainable, int storage_bytes, int64_t shards) {
+// ranks the optimizer state is split over (1: replicated); `grad_window`: under ZeRO-2, the
+// elements of the model's gradient window (model/grad_window.h: the rest and two layers' slots),
+// beside which each rank holds the summed gradients of its block and the remainder
+// (trainer/grad_reducer.h); 0 otherwise.
+inline StateBytes state_bytes(int64_t params, int64_t trainable, int storage_bytes, int64_t shards,
+                              int64_t grad_window = 0) {
   StateBytes s;
   const int64_t block = trainable / shards, held = shards > 1 ? block + trainable % shards : trainable;
   const bool working = storage_bytes < 4;
   s.master = 4 * (working && shards > 1 ? held : params);
   s.working = working ? storage_bytes * params : 0;
-  s.gradients = 4 * trainable;
+  s.gradients = 4 * (grad_window > 0 && shards > 1 ? grad_window + held : trainable);
   s.moments = 2 * 4 * held;
   return s;
 }
