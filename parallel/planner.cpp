@@ -393,15 +393,27 @@ Plan Planner::plan(const std::vector<SeqShape>& batch, PlanStats* stats) const {
 }
 
 Plan Planner::plan_as_run(Strategy s, const std::vector<SeqShape>& batch, int static_cp, PlanStats* stats) const {
-  Plan own = traits(s).plan(*this, batch, static_cp, stats);
-  if (par_.zero < 2 || world_ == 1) return own;
-  // The strategy's own plan with barriers, or its barrier form's plan where that is faster.
-  own = own.with_barriers();
-  if (traits(s).with_barriers == s) return own;
-  PlanStats more;
-  Plan waves = traits(traits(s).with_barriers).plan(*this, batch, static_cp, &more).with_barriers();
-  if (stats) stats->evaluations += more.evaluations;
-  return waves.makespan_ns() < own.makespan_ns() ? waves : own;
+  Plan best = traits(s).plan(*this, batch, static_cp, stats);
+  if (par_.zero < 2 || world_ == 1) return best;
+  // The strategy's own plan with barriers, or another's it may run where that is faster.
+  best = best.with_barriers();
+  auto consider = [&](Strategy other, int cp) {
+    PlanStats more;
+    Plan p = traits(other).plan(*this, batch, cp, &more).with_barriers();
+    if (stats) stats->evaluations += more.evaluations;
+    if (p.makespan_ns() < best.makespan_ns()) best = std::move(p);
+  };
+  for (const Strategy other : traits(s).under_barriers) {
+    if (traits(other).degrees != RingDegrees::fixed) {
+      consider(other, 0);
+      continue;
+    }
+    // A layout of one degree: each that divides the world and holds the batch (dhp re-forms
+    // every step, so the degree may change from step to step).
+    for (int cp = static_min_cp(batch); cp <= world_; ++cp)
+      if (world_ % cp == 0) consider(other, cp);
+  }
+  return best;
 }
 
 int Planner::min_degree(const SeqShape& s) const {

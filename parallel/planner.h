@@ -88,8 +88,8 @@ class Planner {
   // The strategy of parallel.strategy (static uses parallel.static_cp), as plan_as_run says.
   Plan plan(const std::vector<SeqShape>& batch, PlanStats* stats = nullptr) const;
   // A plan of strategy s as a run executes it: under ZeRO-2 over several ranks every wave ends
-  // on all ranks together (trainer/grad_reducer.h), so s plans in its form with barriers
-  // (StrategyTraits::with_barriers) and is timed so (Plan::with_barriers).
+  // on all ranks together (trainer/grad_reducer.h), so plans are timed so (Plan::with_barriers)
+  // and s takes the fastest of its own and those of StrategyTraits::under_barriers.
   Plan plan_as_run(Strategy s, const std::vector<SeqShape>& batch, int static_cp, PlanStats* stats = nullptr) const;
   Plan plan_dhp(const std::vector<SeqShape>& batch, PlanStats* stats = nullptr) const;
   // dhp's packed wave solution with every wave a global barrier (strategy "dhp-waves"):

@@ -12,19 +12,21 @@
 namespace dhp {
 namespace {
 
+constexpr Strategy kDhpUnderBarriers[] = {Strategy::dhp_waves, Strategy::static_layout};
+constexpr Strategy kPow2UnderBarriers[] = {Strategy::static_layout};
+
 constexpr std::array<StrategyTraits, 4> kStrategies{{
     {Strategy::dhp, "dhp", "groups of any ring degree, sized and placed every step from the batch's lengths",
-     true, RingDegrees::any, false, false, Strategy::dhp_waves,
+     true, RingDegrees::any, false, false, kDhpUnderBarriers,
      [](const Planner& p, const std::vector<SeqShape>& b, int, PlanStats* st) { return p.plan_dhp(b, st); }},
     {Strategy::dhp_waves, "dhp-waves",
      "dhp's packed waves with every wave a global barrier (the reference dhp's schedule never loses to)",
-     false, RingDegrees::any, true, true, Strategy::dhp_waves,
+     false, RingDegrees::any, true, true, {},
      [](const Planner& p, const std::vector<SeqShape>& b, int, PlanStats* st) { return p.plan_dhp_waves(b, st); }},
     {Strategy::static_layout, "static", "one DP x CP mesh for the whole step (parallel.static_cp)", true,
-     RingDegrees::fixed, false, true, Strategy::static_layout,
+     RingDegrees::fixed, false, true, {},
      [](const Planner& p, const std::vector<SeqShape>& b, int cp, PlanStats* st) { return p.plan_static(b, cp, st); }},
-    {Strategy::pow2, "pow2", "groups whose ring degrees are powers of two", true, RingDegrees::pow2, false, false,
-     Strategy::pow2,
+    {Strategy::pow2, "pow2", "groups whose ring degrees are powers of two", true, RingDegrees::pow2, false, false, kPow2UnderBarriers,
      [](const Planner& p, const std::vector<SeqShape>& b, int, PlanStats* st) { return p.plan_pow2(b, st); }},
 }};
 

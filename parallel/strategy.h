@@ -38,10 +38,11 @@ struct StrategyTraits {
   // Its placement may lay a ring of at most one node's ranks across two nodes (a static mesh
   // that ignores node boundaries); the plan validator refuses that for the others.
   bool rings_may_span_nodes;
-  // The strategy whose plans it runs where every wave ends on all ranks together (ZeRO-2 sums
-  // each wave's gradients before the next wave: trainer/grad_reducer.h); itself where it has
-  // no barrier form.
-  Strategy with_barriers;
+  // Where every wave ends on all ranks together (ZeRO-2 sums each wave's gradients before the
+  // next wave: trainer/grad_reducer.h), the other strategies whose plans it may run instead,
+  // timed with barriers as its own: its barrier form, and the static layout where its own
+  // portfolio adopts that layout too (dhp, pow2).
+  std::span<const Strategy> under_barriers;
   // Plans `batch` on the planner's world; static_cp is used where degrees == fixed.
   Plan (*plan)(const Planner& planner, const std::vector<SeqShape>& batch, int static_cp, PlanStats* stats);
 };
