@@ -328,7 +328,11 @@ void Run::log_setup() const {
     spdlog::info("frozen: {}; {:.3f} M of {:.3f} M parameters train", fmt::join(frozen, ", "),
                  double(trained) / 1e6, double(all) / 1e6);
   }
-  if (comm_.size() > 1)
+  if (sums_)
+    spdlog::info("gradients: each decoder layer's summed onto its owners as backward leaves it, wave by wave "
+                 "(ZeRO-2; {}), the rest after the step's last wave",
+                 comm_.overlapping_collectives() ? "while the next layer computes" : comm_.name() + " waits for each sum");
+  else if (comm_.size() > 1)
     spdlog::info("gradients: {}", opt_.overlaps()
                                       ? fmt::format("summed in {} buckets of ~{} MiB while backward runs",
                                                     opt_.buckets(), cfg_.parallel.bucket_mb)

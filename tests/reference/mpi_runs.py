@@ -70,3 +70,18 @@ def same_weights(w_one, w, label, skip=lambda name: False):
         err = float(np.max(np.abs(w[name] - ref)))
         scale = float(np.max(np.abs(ref))) or 1.0
         assert err <= 1e-4 * scale, f"{label}: {name} differs by {err} (scale {scale})"
+
+
+def resumed_bit_for_bit(straight_dir, resumed_dir, label, resumed_at):
+    """A run resumed after step RESUMED_AT (RESUMED_DIR) against the run it continues
+    (STRAIGHT_DIR): the same later steps' losses and the same final weights, bit for bit.
+    Returns how many tensors were compared."""
+    straight, resumed = steps(straight_dir), steps(resumed_dir)
+    assert [r["step"] for r in resumed] == [r["step"] for r in straight[resumed_at:]], [r["step"] for r in resumed]
+    for a, b in zip(straight[resumed_at:], resumed):
+        assert a["loss"] == b["loss"], f"{label}, step {a['step']}: loss {b['loss']} against {a['loss']}"
+    w0, w1 = weights(straight_dir), weights(resumed_dir)
+    assert w0.keys() == w1.keys()
+    for k in w0:
+        assert np.array_equal(w0[k], w1[k]), f"{label}: {k} differs"
+    return len(w0)
