@@ -732,13 +732,14 @@ TEST(Zero1, AShardedMasterInBf16MatchesReplicatedAdamW) {
 
 // ZeRO-2 (parallel.zero = 2: no rank holds a whole gradient arena; each decoder layer's
 // gradients are summed onto their owners wave by wave, as backward leaves the layer) against
-// replicated AdamW in the training loop, fp32, four decoder layers (the window holds two): one
-// ring of all ranks (static CP 3 and 4, every group a wave of its own), off and full recompute,
-// the same losses and weights to 1e-6 relative: within a wave the sums are the replicated ones
-// bit for bit; across waves an owner's shard takes each wave's sum in turn where replicated
-// ranks first add up their own waves, an order that differs by rounding. dhp on 1 to 6 ranks:
-// under ZeRO-2 its waves are barriers, so it plans them as dhp-waves does (Planner::plan), and
-// the two runs sum other groups: they agree as plans of one batch do (PlanInvariance).
+// replicated AdamW in the training loop, fp32, four decoder layers (the window holds two).
+// One ring of all ranks (static CP 3 and 4, every group a wave of its own; recompute off and
+// full, and selective on 3): the same losses and weights to 1e-6 relative. Within a wave the
+// sums are the replicated ones bit for bit; across waves an owner's shard takes each wave's sum
+// in turn where replicated ranks first add up their own waves, an order that differs by
+// rounding. dhp on 1 to 6 ranks: under ZeRO-2 its waves are barriers, so it plans with them
+// (Planner::plan_as_run), and the two runs sum other groups: they agree as plans of one batch
+// do (PlanInvariance).
 struct Zero2Case {
   int n;
   std::string strategy;
@@ -774,6 +775,7 @@ void expect_zero2_matches_replicated(const Zero2Case& c) {
 TEST(Zero2, MatchesReplicatedAdamWOnOneRing) {
   for (int n : {3, 4})
     for (const Recompute mode : {Recompute::off, Recompute::full}) expect_zero2_matches_replicated({n, "static", mode});
+  expect_zero2_matches_replicated({3, "static", Recompute::selective});
 }
 
 TEST(Zero2, MatchesReplicatedAdamWUnderDhp) {
