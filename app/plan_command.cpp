@@ -245,11 +245,16 @@ void run_plan(const PlanOptions& o) {
              model.dim, model.layers, model.vision.dim, model.vision.layers, mem.parameters(),
              mem.trainable_parameters(), recompute_name(par.recompute));
   const StateBytes& st = mem.state();
+  const bool windowed = par.zero >= 2 && o.world > 1;
+  const double window = 4.0 * double(mem.gradient_window()) / mib;
   fmt::print("per rank: weights, gradients and optimizer state {:.2f} MiB (fp32 master {:.2f}, working copy {:.2f}, "
-             "gradients {:.2f}, moments {:.2f}{})\n",
+             "gradients {:.2f}{}, moments {:.2f}{})\n",
              double(mem.static_bytes()) / mib, double(st.master) / mib, double(st.working) / mib,
-             double(st.gradients) / mib, double(st.moments) / mib,
-             par.zero > 0 && o.world > 1 ? fmt::format(", ZeRO-{}", par.zero) : "");
+             double(st.gradients) / mib,
+             windowed ? fmt::format(" = a window of {:.2f} (two decoder layers and the parameters outside them) and a "
+                                    "summed block of {:.2f}", window, double(st.gradients) / mib - window)
+                      : "",
+             double(st.moments) / mib, par.zero > 0 && o.world > 1 ? fmt::format(", ZeRO-{}", par.zero) : "");
   // The longest text-only sample one rank holds in each recompute mode.
   std::vector<std::string> longest;
   for (const auto& [mode, name] : kRecomputeNames) {

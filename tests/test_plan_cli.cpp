@@ -80,6 +80,20 @@ TEST(PlanCli, MemoryAndNodeSizeAreCheckedNotReplacedByDefaults) {
   expect_error(kQuick + "--budget-ms -1", "--budget-ms must be between");
 }
 
+// --zero sets the ZeRO stage: the state line splits ZeRO-2's gradients into the window and the
+// summed block, and a state that does not fit names the stage that would.
+TEST(PlanCli, TheZeroStageIsPricedAndNamed) {
+  for (const char* bad : {"3", "-2"}) expect_error(kQuick + "--zero " + bad, "--zero: the ZeRO stage is 0 to 2");
+  const Result two = plan(kQuick + "--batch 16 --zero 2");
+  EXPECT_EQ(two.status, 0) << two.output;
+  EXPECT_NE(two.output.find(" = a window of "), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find(", ZeRO-2)"), std::string::npos) << two.output;
+  const Result one = plan(kQuick + "--batch 16 --zero 1");
+  EXPECT_EQ(one.output.find(" = a window of "), std::string::npos) << one.output;
+  expect_error("--model-profile 13b --device h100 --memory-gb 80 --world 8 --steps 1 --zero 1",
+               "set parallel.zero = 2 (then 60.16 GiB per rank");
+}
+
 TEST(PlanCli, StrategiesMustNameSomething) {
   expect_error(kQuick + "--strategies ''", "--strategies: name at least one");
   expect_error(kQuick + "--strategies dhp,,pow2", "--strategies: empty name");
