@@ -3,7 +3,8 @@
 # gradients to their owners while backward goes on (trainer/grad_reducer.h), on a model of four
 # decoder layers, so that the gradient window holds two of them at a time. One rank against 3
 # ranks under dhp and under one static ring of all 3 (every group a wave of its own, each
-# owner's shard taking wave after wave): the same losses and weights to fp32 rounding. Then
+# owner's shard taking wave after wave), and with the tower frozen on both (the updated blocks
+# gathered through the window in chunks): the same losses and weights to fp32 rounding. Then
 # bf16 on 3 ranks, resumed after step 4 on the same 3 ranks under ZeRO-2, bit for bit, and on
 # 2 ranks under ZeRO-1 (the stage is no part of the checkpoint), to bf16 rounding.
 #   tests/mpi_zero2_match.sh DHP_BINARY
@@ -38,6 +39,22 @@ for spec in sys.argv[3:]:
     name, n, d = spec.split(":", 2)
     if name == "static-3":
         assert all(g == 3 for r in steps(d) for g in r["degrees"]), "static-3: not one ring of 3"
+PY
+
+# The tower frozen: the updated blocks are gathered through the window a chunk at a time.
+frozen=(--optim.groups.vision.trainable=false)
+train_run "$work/frozen-one.log" -- --config "$work/run.toml" "${layers[@]}" "${frozen[@]}" \
+  --log.metrics="$work/frozen-one/metrics.jsonl" --checkpoint.dir="$work/frozen-one/ckpt"
+export_weights "$work/frozen-one"
+r="$work/frozen-3"
+train_run "$r.log" mpirun -np 3 --oversubscribe -- --config "$work/run.toml" "${layers[@]}" "${frozen[@]}" \
+  --parallel.zero=2 --log.metrics="$r/metrics.jsonl" --checkpoint.dir="$r/ckpt"
+export_weights "$r"
+/usr/bin/python3 - "$tests/reference" "$work/frozen-one" "$r" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from mpi_runs import compare_runs
+compare_runs(sys.argv[2], [f"tower-frozen:3:{sys.argv[3]}"], 8)
 PY
 
 bf16=(--train.precision=bf16 --checkpoint.every=4)
