@@ -111,6 +111,39 @@ void checksum_table() {
              bytes >> 20, fnv.first, fnv.second, wide.first, wide.second, wide.first / fnv.first, sink == 1 ? " " : "");
 }
 
+// The name of a save variant in the tables: its ranks and who writes.
+std::string variant_name(int world, bool parts) {
+  return fmt::format("{} rank{}, {}", world, world > 1 ? "s" : "", parts ? "every rank its part" : "rank 0 alone");
+}
+
+// A save's configuration on `world` ranks: its own folder under `dir`, the moments sharded
+// where there are ranks to shard them over.
+Config save_config(const Config& cfg, const std::string& dir, const std::string& folder, int world) {
+  Config c = cfg;
+  c.checkpoint.dir = (fs::path(dir) / folder).string();
+  c.parallel.zero = world > 1 ? 1 : 0;
+  return c;
+}
+
+// Seeded weights, one model for the ranks of a save (only rank 0 reads them).
+std::unique_ptr<Model> seeded_model(const ModelConfig& m, Backend& backend) {
+  auto model = std::make_unique<Model>(m, backend);
+  model->initialise(1);
+  return model;
+}
+
+// A rank about to save: its shard of the moments after one step, and its checkpoint manager.
+struct SavingRank {
+  AdamW opt;
+  CheckpointManager checkpoints;
+  TrainState st;
+  SavingRank(const Model& model, const Config& c, Backend& backend, Communicator& comm)
+      : opt(model.table(), c.optim, backend, OptimizerShard{comm.rank(), comm.size()}), checkpoints(c, comm) {
+    opt.set_steps_taken(1);
+    st.step = 1;
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -148,33 +181,23 @@ int main(int argc, char** argv) {
   for (const int world : worlds) {
     for (const bool parts : {false, true}) {
       if (world == 1 && parts) continue;  // one rank writes one file either way
-      const std::string name = fmt::format("{} rank{}, {}", world, world > 1 ? "s" : "",
-                                           parts ? "every rank its part" : "rank 0 alone");
-      Timing& t = results[name];
+      Timing& t = results[variant_name(world, parts)];
       for (int rep = 0; rep < repeats; ++rep) {
-        Config c = cfg;
-        c.checkpoint.dir = (fs::path(dir) / fmt::format("w{}_{}_{}", world, parts, rep)).string();
-        c.parallel.zero = world > 1 ? 1 : 0;
+        const Config c = save_config(cfg, dir, fmt::format("w{}_{}_{}", world, parts, rep), world);
         std::string path;
         double save_s = 0;
-        // The ranks of a save share one model (only rank 0 reads its weights); each loads into
-        // its own.
-        auto model = std::make_unique<Model>(m, *backend);
-        model->initialise(1);
+        // The ranks of a save share one model; each loads into its own.
+        auto model = seeded_model(m, *backend);
         run_threaded(world, [&](Communicator& comm) {
           comm.set_timeout(parts ? c.parallel.timeout_s : 3600.0);  // the baseline at its best
-          AdamW opt(model->table(), c.optim, *backend, OptimizerShard{comm.rank(), comm.size()});
-          opt.set_steps_taken(1);
-          CheckpointManager checkpoints(c, comm);
-          TrainState st;
-          st.step = 1;
+          SavingRank r(*model, c, *backend, comm);
           comm.barrier();
           const auto t0 = Clock::now();
           if (parts) {
-            path = checkpoints.save(*model, opt, st, true);
+            path = r.checkpoints.save(*model, r.opt, r.st, true);
           } else {
-            opt.gather_moments(comm);
-            if (comm.rank() == 0) path = save_checkpoint(c, *model, &opt, st);
+            r.opt.gather_moments(comm);
+            if (comm.rank() == 0) path = save_checkpoint(c, *model, &r.opt, r.st);
             comm.barrier();
           }
           if (comm.rank() == 0) save_s = seconds(t0);
@@ -206,27 +229,20 @@ int main(int argc, char** argv) {
   std::map<int, std::pair<std::vector<double>, std::vector<double>>> background;
   for (const int world : worlds) {
     for (int rep = 0; rep < repeats; ++rep) {
-      Config c = cfg;
-      c.checkpoint.dir = (fs::path(dir) / fmt::format("async_w{}_{}", world, rep)).string();
+      Config c = save_config(cfg, dir, fmt::format("async_w{}_{}", world, rep), world);
       c.checkpoint.async_save = true;
-      c.parallel.zero = world > 1 ? 1 : 0;
-      auto model = std::make_unique<Model>(m, *backend);
-      model->initialise(1);
+      auto model = seeded_model(m, *backend);
       double held = 0, complete = 0;
       run_threaded(world, [&](Communicator& comm) {
-        AdamW opt(model->table(), c.optim, *backend, OptimizerShard{comm.rank(), comm.size()});
-        opt.set_steps_taken(1);
-        CheckpointManager checkpoints(c, comm);
-        TrainState st;
-        st.step = 1;
+        SavingRank r(*model, c, *backend, comm);
         comm.barrier();
         const auto t0 = Clock::now();
-        checkpoints.save(*model, opt, st, false);
+        r.checkpoints.save(*model, r.opt, r.st, false);
         if (comm.rank() == 0) held = seconds(t0);
         std::string path;
-        while (checkpoints.saving()) {
+        while (r.checkpoints.saving()) {
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
-          path = checkpoints.poll();
+          path = r.checkpoints.poll();
         }
         DHP_CHECK(!path.empty(), "the background save failed");
         if (comm.rank() == 0) complete = seconds(t0);
@@ -253,11 +269,9 @@ int main(int argc, char** argv) {
   fmt::print("\nBackground saves (checkpoint.async_save), polled every 50 ms:\n\n| ranks | training held s (median) | "
              "complete after s (median) | held ÷ the save at once |\n|---|---|---|---|\n");
   for (const auto& [world, times] : background) {
-    const std::string at_once = fmt::format("{} rank{}, {}", world, world > 1 ? "s" : "",
-                                            world > 1 ? "every rank its part" : "rank 0 alone");
     const double held = bench::median(times.first);
     fmt::print("| {} | {:.2f} | {:.2f} | {:.2f} |\n", world, held, bench::median(times.second),
-               held / bench::median(results.at(at_once).save));
+               held / bench::median(results.at(variant_name(world, world > 1)).save));
   }
   fs::remove_all(dir);
   return 0;
