@@ -245,7 +245,7 @@ void run_plan(const PlanOptions& o) {
              model.dim, model.layers, model.vision.dim, model.vision.layers, mem.parameters(),
              mem.trainable_parameters(), recompute_name(par.recompute));
   const StateBytes& st = mem.state();
-  const bool windowed = par.zero >= 2 && o.world > 1;
+  const bool windowed = par.shards_gradients(o.world);
   const double window = 4.0 * double(mem.gradient_window()) / mib;
   fmt::print("per rank: weights, gradients and optimizer state {:.2f} MiB (fp32 master {:.2f}, working copy {:.2f}, "
              "gradients {:.2f}{}, moments {:.2f}{})\n",

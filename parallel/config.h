@@ -19,6 +19,8 @@ struct ParallelConfig {
   // the flag parallel.zero1 of earlier configurations as 0 and 1.
   int zero = 1;
   bool shards_optimizer() const { return zero >= 1; }
+  // ZeRO-2 in force: on one rank there is nothing to shard the gradients over.
+  bool shards_gradients(int world) const { return zero >= 2 && world > 1; }
   int ranks_per_node = 0;          // ranks on one node; placement keeps groups inside a node when
                                    // it can. 0 = auto: a run takes the launcher's placement
                                    // (parallel/placement.h); a Planner given 0 has one node

@@ -394,7 +394,7 @@ Plan Planner::plan(const std::vector<SeqShape>& batch, PlanStats* stats) const {
 
 Plan Planner::plan_as_run(Strategy s, const std::vector<SeqShape>& batch, int static_cp, PlanStats* stats) const {
   Plan best = traits(s).plan(*this, batch, static_cp, stats);
-  if (par_.zero < 2 || world_ == 1) return best;
+  if (!par_.shards_gradients(world_)) return best;
   // The strategy's own plan with barriers, or another's it may run where that is faster.
   best = best.with_barriers();
   auto consider = [&](Strategy other, int cp) {

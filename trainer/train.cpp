@@ -153,11 +153,6 @@ OptimizerShard optimizer_shard(const Config& cfg, const Communicator& comm) {
   return cfg.parallel.shards_optimizer() ? OptimizerShard{comm.rank(), comm.size()} : OptimizerShard{};
 }
 
-// ZeRO-2 shards the gradients where there are ranks to shard them over.
-bool shards_gradients(const Config& cfg, const Communicator& comm) {
-  return cfg.parallel.zero >= 2 && comm.size() > 1;
-}
-
 Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
     : cfg_(cfg),
       comm_(comm),
@@ -167,14 +162,14 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
       tokenizer_(cfg.data.tokenizer, cfg.data.added_tokens),
       train_set_(open_train_set(cfg, tokenizer_, topt.stop_flag)),
       val_set_(open_val_set(cfg, tokenizer_, topt.stop_flag)),
-      model_(cfg.model, *backend_, cfg.optim.groups, optimizer_shard(cfg, comm), shards_gradients(cfg, comm)),
+      model_(cfg.model, *backend_, cfg.optim.groups, optimizer_shard(cfg, comm), cfg.parallel.shards_gradients(comm.size())),
       opt_(model_.table(), cfg.optim, *backend_, optimizer_shard(cfg, comm)),
       planner_(cfg, comm),
       exec_(model_, *train_set_, cfg.data.workers, comm),
       report_(cfg, rank0_) {
   comm.set_timeout(cfg.parallel.timeout_s);
   comm.follow(*backend_);
-  if (shards_gradients(cfg, comm))
+  if (cfg.parallel.shards_gradients(comm.size()))
     sums_.emplace(model_, optimizer_shard(cfg, comm), comm);
   else if (cfg.parallel.overlap_grads && comm.size() > 1 && comm.overlapping_collectives())
     opt_.set_overlap(int64_t(cfg.parallel.bucket_mb * double(1 << 20)) / int64_t(sizeof(float)));
