@@ -255,6 +255,9 @@ void run_plan(const PlanOptions& o) {
                                     "summed block of {:.2f}", window, double(st.gradients) / mib - window)
                       : "",
              double(st.moments) / mib, par.zero > 0 && o.world > 1 ? fmt::format(", ZeRO-{}", par.zero) : "");
+  if (mem.layer_gather_bytes() > 0)
+    fmt::print("ZeRO-3: the working copy is a window of the weights outside the decoder layers and two layers; "
+               "each pass gathers {} layers of {:.2f} MiB\n", 2 * model.layers - 2, double(mem.layer_gather_bytes()) / mib);
   // The longest text-only sample one rank holds in each recompute mode.
   std::vector<std::string> longest;
   for (const auto& [mode, name] : kRecomputeNames) {
@@ -289,7 +292,7 @@ void add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--recompute", opts->recompute, "Planner models with activation recompute: off, selective or full (on = full) "
                                                   "(default: parallel.recompute)");
-  cmd->add_option("--zero", opts->zero, "ZeRO stage 0, 1 or 2 (default: parallel.zero)");
+  cmd->add_option("--zero", opts->zero, "ZeRO stage 0, 1, 2 or 3 (default: parallel.zero)");
   cmd->add_option("--ranks-per-node", opts->ranks_per_node, "Ranks per node (default: parallel.ranks_per_node; 8 when that is 0, auto)")
       ->each([opts](const std::string&) { opts->ranks_set = true; });
   cmd->add_option("--budget-ms", opts->budget_ms, "Planner budget, ms of cost evaluations (default: "

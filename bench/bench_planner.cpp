@@ -187,20 +187,22 @@ void headline() {
 
 // What fits where: each model profile's state per rank as the engine holds it in bf16
 // (types/state_bytes.h), replicated, under ZeRO-1 (the fp32 master sharded with the moments)
-// and under ZeRO-2 (the gradients too), on 80 and 141 GiB devices, and the
+// under ZeRO-2 (the gradients too) and under ZeRO-3 (the decoder layers' working weights too),
+// on 80 and 141 GiB devices, and the
 // longest text-only sample one rank then holds (full recompute; 0: the state alone does not
 // fit, and the planner's refusal says what would).
 void fits_table() {
-  fmt::print("## What fits where: state per rank in bf16 (a bf16 working copy on every rank; fp32 master weights "
-             "and moments, sharded under ZeRO-1 and 2; fp32 gradients, sharded under ZeRO-2 but for two decoder "
-             "layers and the parameters outside them), longest text sample on one rank with full recompute\n\n");
+  fmt::print("## What fits where: state per rank in bf16 (a bf16 working copy on every rank, under ZeRO-3 of two "
+             "decoder layers and the parameters outside them; fp32 master weights and moments, sharded from ZeRO-1; "
+             "fp32 gradients, sharded from ZeRO-2 but for two decoder layers and the parameters outside them), "
+             "longest text sample on one rank with full recompute\n\n");
   fmt::print("| model | parameters | ranks | optimizer | state GiB per rank | h100 80 GiB: fits, longest sample | "
              "h200 141 GiB: fits, longest sample |\n|---|---:|---:|---|---:|---|---|\n");
   const double gib = double(int64_t(1) << 30);
   for (const char* name : {"7b", "13b", "34b", "72b"}) {
     const ModelConfig m = model_profile(name);
     for (const int world : {8, 64, 256}) {
-      for (const int zero : {0, 1, 2}) {
+      for (const int zero : {0, 1, 2, 3}) {
         std::string cells[2];
         double state = 0;
         int64_t params = 0;

@@ -51,22 +51,27 @@ RopeSpec decoder_rope(const ModelConfig& c) {
 }  // namespace
 
 Model::Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups, OptimizerShard master,
-             bool window_grads)
+             bool window_grads, bool window_weights)
     : cfg_(cfg),
       backend_(backend),
       ops_(backend.ops()),
       table_(cfg_, groups),
       dtype_(ops_.dtype()),
       master_shard_{master, table_.trainable_total()},
-      sheds_(master.world > 1 && dtype_ != DType::F32),
+      // In fp32 the master is sharded only where ZeRO-3 gathers the layers (a working copy of
+      // them whole would be the master itself).
+      sheds_(master.world > 1 &&
+             (dtype_ != DType::F32 || (window_weights && LayerWindow::of_weights(table_, cfg_.layers).windowed()))),
       params_(backend, sheds_ ? 0 : sizeof(float) * size_t(table_.total())),
       master_(backend, sheds_ ? sizeof(float) * size_t(master_shard_.held_size()) : 0),
-      window_(window_grads ? GradWindow::of(table_, cfg_.layers) : GradWindow::whole(table_.trainable_total())),
+      window_(window_grads ? LayerWindow::of_grads(table_, cfg_.layers) : LayerWindow::whole(table_.trainable_total())),
       grads_(backend, sizeof(float) * size_t(window_.elements())),
-      work_(backend, dtype_ == DType::F32 ? 0 : dtype_size(dtype_) * size_t(table_.total())),
+      weights_window_(window_weights && sheds_ ? LayerWindow::of_weights(table_, cfg_.layers)
+                                               : LayerWindow::whole(table_.total())),
+      work_(backend, sheds_ || dtype_ != DType::F32 ? dtype_size(dtype_) * size_t(weights_window_.elements()) : 0),
       stats_(backend, sizeof(CrossEntropyStats)),
-      w_(bind_params(table_, cfg_,
-                     dtype_ == DType::F32 ? Act(params_.as<float>()) : Act(work_.data(), dtype_))),
+      w_(bind_weights(table_, cfg_, work_.bytes() > 0 ? Act(work_.data(), dtype_) : Act(params_.as<float>()),
+                      weights_window_)),
       g_(bind_grads(table_, cfg_, grads_.as<float>(), window_)),
       dims_{cfg_.dim, cfg_.heads, cfg_.kv_heads, cfg_.hd(), cfg_.ffn, decoder_rope(cfg_),
             float(cfg_.rms_norm_eps)},
@@ -81,6 +86,13 @@ Model::Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups
   tok_embed_at_ = table_.get("tok_embed.weight").grad_offset;
   for (int l = 0; l < cfg_.layers; ++l)
     layer_at_.push_back(table_.get("layers." + std::to_string(l) + ".attn_norm.weight").grad_offset);
+  if (weights_window_.windowed()) {
+    // A layer's gathered weights come from its gradient-layout master: the two layouts must
+    // hold the layers alike (all trainable, one size).
+    DHP_ASSERT(window_.windowed() && window_.slot == weights_window_.slot);
+    // Gathers move whole 32-bit words (trainer/layer_gather.h).
+    DHP_ASSERT((size_t(weights_window_.slot) * dtype_size(dtype_)) % 4 == 0);
+  }
   backend_.zero(params_.data(), params_.bytes());
   backend_.zero(master_.data(), master_.bytes());
   backend_.zero(work_.data(), work_.bytes());
@@ -119,13 +131,17 @@ void Model::write_params(int64_t offset, const float* host, int64_t count) {
     backend_.upload(params_.as<float>() + offset, host, sizeof(float) * size_t(count));
     return;
   }
-  // The working copy rounded from the values, through fp32 staging a chunk at a time.
+  ++weights_version_;
+  // The working copy rounded from the values, through fp32 staging a chunk at a time (under
+  // ZeRO-3 outside the decoder layers: those are gathered from the master when a pass needs them).
   constexpr int64_t kChunk = int64_t(1) << 22;
   DeviceBuffer staged(backend_, sizeof(float) * size_t(std::min(count, kChunk)));
   for (int64_t i = 0; i < count; i += kChunk) {
     const int64_t c = std::min(kChunk, count - i);
     backend_.upload(staged.data(), host + i, sizeof(float) * size_t(c));
-    ops_.cast(working() + (offset + i), staged.as<float>(), c);
+    weights_window_.for_each_in_rest(offset + i, offset + i + c, [&](int64_t o, int64_t at, int64_t n) {
+      ops_.cast(working() + at, staged.as<float>() + (o - offset - i), n);
+    });
   }
   // The master of the trainable elements this rank holds, exactly.
   for_each_master_piece(offset, count, [&](int64_t at, int64_t local, int64_t n) {
@@ -147,19 +163,28 @@ void Model::for_each_master_piece(int64_t offset, int64_t count, F&& f) const {
 
 void Model::read_working(int64_t offset, int64_t count, float* host) const {
   DHP_ASSERT(offset >= 0 && count >= 0 && offset + count <= table_.total());
-  if (dtype_ == DType::F32) {
+  if (dtype_ == DType::F32 && !sheds_) {
     backend_.download(host, params_.as<float>() + offset, sizeof(float) * size_t(count));
     return;
   }
-  DHP_ASSERT(dtype_ == DType::BF16);
+  DHP_ASSERT(dtype_ == DType::BF16 || dtype_ == DType::F32);
   if (weights_stale_ && !sheds_) {  // what the next pass rounds the master to
     backend_.download(host, params_.as<float>() + offset, sizeof(float) * size_t(count));
     for (int64_t i = 0; i < count; ++i) host[i] = bf16_round(host[i]);
     return;
   }
-  std::vector<uint16_t> raw(static_cast<size_t>(count));
-  backend_.download(raw.data(), static_cast<const uint16_t*>(work_.data()) + offset, sizeof(uint16_t) * size_t(count));
-  widen_bf16(host, raw.data(), count);
+  if (weights_window_.windowed()) std::fill_n(host, count, 0.0f);
+  std::vector<uint16_t> raw;
+  weights_window_.for_each_in_rest(offset, offset + count, [&](int64_t o, int64_t at, int64_t n) {
+    float* out = host + (o - offset);
+    if (dtype_ == DType::F32) {
+      backend_.download(out, work_.as<float>() + at, sizeof(float) * size_t(n));
+      return;
+    }
+    raw.resize(size_t(n));
+    backend_.download(raw.data(), static_cast<const uint16_t*>(work_.data()) + at, sizeof(uint16_t) * size_t(n));
+    widen_bf16(out, raw.data(), n);
+  });
 }
 
 void Model::read_params(int64_t offset, int64_t count, float* host) const {
@@ -210,6 +235,7 @@ void Model::forward_hidden(const DeviceBatch& b, Attention& attn, ImageRoute* ro
   attn.prepare(b.decoder_meta(), T);
   const RopePos rope{b.rope, nullptr, nullptr};
   for (int l = 0; l < cfg_.layers; ++l) {
+    if (feed_) feed_->need(l, false);
     block_forward(ops_, dims_, w_.layers[l], acts_[l], stream(l + 1), T, rope, attn, l);
     // DeepStack: set l + 1 joins the stream at the image rows after layer l.
     if (l + 1 < sets && b.R > 0) {
@@ -263,6 +289,7 @@ void Model::run(const DeviceBatch& b, float loss_scale, bool backward, Attention
   for (int l = cfg_.layers - 1; l >= 0; --l) {
     // A DeepStack set added after layer l takes d(layer l's output) at its rows.
     if (image_grads && l + 1 < sets && b.R > 0) ops_.gather_rows(drows, dx_, b.image_slots + (l + 1) * T, T, d);
+    if (feed_) feed_->need(l, true);
     block_backward(ops_, dims_, w_.layers[l], g_.layers[l], acts_[l], scratch_, dx_, T, rope,
                    attn, l, recompute_);
     done_from(layer_at_[size_t(l)]);
@@ -294,10 +321,24 @@ StepStats Model::step(const Batch& b, float loss_scale, bool backward) {
   return take_stats();
 }
 
+void Model::skip_pass(bool backward, const GradsFinal& final) {
+  if (feed_)
+    for (int l = 0; l < cfg_.layers; ++l) feed_->need(l, false);
+  if (!backward) return;
+  for (int l = cfg_.layers - 1; l >= 0; --l) {
+    if (feed_) feed_->need(l, true);
+    if (final) final(layer_at_[size_t(l)]);
+  }
+  if (final) final(0);
+}
+
 std::vector<int32_t> Model::generate(const Batch& prompt, int32_t eos, const SamplingOptions& opt,
                                      std::vector<float>* logits_out) {
   const int64_t d = cfg_.dim, V = cfg_.vocab_size;
   DHP_CHECK(prompt.T > 0, "generate: the prompt is empty");
+  // Each rank generates alone; a gathered layer would need every rank at the same token.
+  DHP_CHECK(!weights_window_.windowed(), "generate: not under parallel.zero = 3 over several ranks (the "
+            "decoder layers are gathered from every rank)");
   for (int32_t doc : prompt.doc) DHP_CHECK(doc == 0, "generate: the prompt must be one document");
   Rng rng(opt.seed);
   KvCacheAttention cache(backend_, cfg_.layers, dims_.attn(),

@@ -14,7 +14,7 @@
 #include "model/attention.h"
 #include "model/block.h"
 #include "model/device_batch.h"
-#include "model/grad_window.h"
+#include "model/layer_window.h"
 #include "model/image_route.h"
 #include "model/params.h"
 #include "model/shard.h"
@@ -42,6 +42,17 @@ struct SamplingOptions {
 // starts summing those over ranks while backward goes on).
 using GradsFinal = std::function<void(int64_t offset)>;
 
+// ZeRO-3 (model/layer_window.h): where the working weights of the decoder layers share two
+// slots, whoever runs the passes brings each layer's weights into its slot before the pass
+// reads them (trainer/layer_gather.h). A pass asks for layers 0 .. L-1 going forward, then,
+// training, L-1 .. 0 going backward (a layer rebuilt by recompute is asked for once, before
+// its backward).
+class LayerFeed {
+ public:
+  virtual ~LayerFeed() = default;
+  virtual void need(int layer, bool backward) = 0;
+};
+
 class Model {
  public:
   // `groups`: which parameter groups train. A frozen parameter has no gradient: the backward
@@ -51,10 +62,13 @@ class Model {
   // narrower than fp32 (bf16), this rank keeps the fp32 master weights of its part of the
   // trainable parameters only (model/shard.h; the distributed optimizer): the working copy is
   // then the one full copy, the optimizer refreshes it, and frozen parameters exist in it alone.
-  // `window_grads`: the gradients of the decoder layers share two slots (model/grad_window.h,
+  // `window_grads`: the gradients of the decoder layers share two slots (model/layer_window.h,
   // ZeRO-2); whoever runs the backward pass empties each slot before its next layer fills it.
+  // `window_weights` (ZeRO-3, over several ranks): the fp32 master is sharded whatever the
+  // storage dtype, and the working weights of the decoder layers share two slots too, filled
+  // by a LayerFeed (set_layer_feed) before the passes read them.
   Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups = {}, OptimizerShard master = {},
-        bool window_grads = false);
+        bool window_grads = false, bool window_weights = false);
   // A copy would share nothing but the config; weights live on a device. Copy explicitly
   // through params() when that is what is meant.
   Model(const Model&) = delete;
@@ -82,7 +96,12 @@ class Model {
     return grads_.as<float>();
   }
   float* grad_buffer() { return grads_.as<float>(); }
-  const GradWindow& grad_window() const { return window_; }
+  const LayerWindow& grad_window() const { return window_; }
+  // How the working copy holds the weight arena (windowed under ZeRO-3).
+  const LayerWindow& weight_window() const { return weights_window_; }
+  // Who fills the weight window's slots (required where it is windowed); the model does not own it.
+  void set_layer_feed(LayerFeed* feed) { feed_ = feed; }
+  LayerFeed* layer_feed() const { return feed_; }
   const float* params() const {
     DHP_ASSERT(!sheds_);
     return params_.as<float>();
@@ -92,9 +111,17 @@ class Model {
   // working copy the optimizer refreshes.
   bool sheds_master() const { return sheds_; }
   const CompactShard& master_shard() const { return master_shard_; }
-  float* master() { return master_.as<float>(); }
+  // Taking the mutable master counts as changing it (weights_version()).
+  float* master() {
+    ++weights_version_;
+    return master_.as<float>();
+  }
   const float* master() const { return master_.as<float>(); }
+  // The working copy's buffer, laid out by weight_window().
   Act working() { return Act(work_.data(), dtype_); }
+  DType storage_dtype() const { return dtype_; }
+  // Changes whenever the weights may have: a gathered layer older than this is stale.
+  uint64_t weights_version() const { return weights_version_; }
   const float* grads() const {
     DHP_ASSERT(!window_.windowed());
     return grads_.as<float>();
@@ -117,9 +144,12 @@ class Model {
   void upload_params(const std::vector<float>& host);
   // Host values of arena range [offset, offset + count) in and out: the master where this rank
   // holds it, the working copy widened to fp32 elsewhere (out) and rounded from them (in).
+  // Under ZeRO-3 a decoder layer has no working copy between passes: out, the elements whose
+  // master this rank does not hold read as zeros there.
   void write_params(int64_t offset, const float* host, int64_t count);
   void read_params(int64_t offset, int64_t count, float* host) const;
-  // The working copy widened to fp32, as the next pass reads it: the same on every rank.
+  // The working copy widened to fp32, as the next pass reads it: the same on every rank (zeros
+  // in decoder layers windowed by ZeRO-3).
   void read_working(int64_t offset, int64_t count, float* host) const;
   void zero_grads();
 
@@ -138,6 +168,9 @@ class Model {
   StepStats take_stats();
   // upload + run + take_stats, for callers with one micro-batch at hand.
   StepStats step(const Batch& b, float loss_scale, bool backward);
+  // What a pass tells its LayerFeed and `final`, in the same order, computing nothing: a rank
+  // with no micro-batch in a wave takes part in the wave's collectives this way.
+  void skip_pass(bool backward, const GradsFinal& final = {});
 
   // Continues a prompt of one document (targets unused) token by token with a KV cache: the
   // prompt runs once, then each new token costs one position. Stops after `eos` (not
@@ -166,10 +199,14 @@ class Model {
   bool sheds_;                   // the fp32 master is this rank's shard alone (master_)
   DeviceBuffer params_;          // (n_params) fp32 master weights; empty when sheds_
   DeviceBuffer master_;          // (master_shard_.held_size()) fp32, when sheds_
-  GradWindow window_;            // how grads_ holds the gradient layout
+  LayerWindow window_;            // how grads_ holds the gradient layout
   DeviceBuffer grads_;           // (window_.elements()) fp32
-  DeviceBuffer work_;            // (n_params) working weights when dtype_ is not fp32
+  LayerWindow weights_window_;   // how work_ holds the weight arena
+  // (weights_window_.elements()) working weights when dtype_ is not fp32 or the master is sharded
+  DeviceBuffer work_;
   bool weights_stale_ = true;
+  uint64_t weights_version_ = 0;
+  LayerFeed* feed_ = nullptr;
   DeviceBuffer stats_;           // (1) CrossEntropyStats accumulated on the device
   ModelWeights w_;  // the working weights
   ModelParams g_;

@@ -5,7 +5,7 @@
 
 #include "core/check.h"
 #include "core/rng.h"
-#include "model/grad_window.h"
+#include "model/layer_window.h"
 
 namespace dhp {
 namespace {
@@ -290,11 +290,15 @@ ModelParamsOf<P> bind_params(const ParamTable& t, const ModelConfig& c, P arena)
   return bind_with<P>(t, c, [&](const std::string& name) { return arena + t.get(name).offset; });
 }
 
-ModelParams bind_grads(const ParamTable& t, const ModelConfig& c, float* buffer, const GradWindow& window) {
+ModelParams bind_grads(const ParamTable& t, const ModelConfig& c, float* buffer, const LayerWindow& window) {
   return bind_with<float*>(t, c, [&](const std::string& name) -> float* {
     const ParamSpec& s = t.get(name);
     return s.trainable ? buffer + window.at(s.grad_offset) : nullptr;
   });
+}
+
+ModelWeights bind_weights(const ParamTable& t, const ModelConfig& c, Act buffer, const LayerWindow& window) {
+  return bind_with<Act>(t, c, [&](const std::string& name) { return buffer + window.at(t.get(name).offset); });
 }
 
 template ModelParams bind_params(const ParamTable&, const ModelConfig&, float*);

@@ -142,9 +142,12 @@ using ModelWeights = ModelParamsOf<Act>;
 // P is float* or Act.
 template <class P>
 ModelParamsOf<P> bind_params(const ParamTable& table, const ModelConfig& cfg, P arena);
-// Pointers into a gradient buffer laid out by `window` (model/grad_window.h): null for a frozen
+// Pointers into a gradient buffer laid out by `window` (model/layer_window.h): null for a frozen
 // parameter, which tells the backward pass to skip that gradient.
-struct GradWindow;
-ModelParams bind_grads(const ParamTable& table, const ModelConfig& cfg, float* buffer, const GradWindow& window);
+struct LayerWindow;
+ModelParams bind_grads(const ParamTable& table, const ModelConfig& cfg, float* buffer, const LayerWindow& window);
+// Pointers into a working copy laid out by `window` (ZeRO-3 windows the decoder layers: each
+// layer's pointers are valid while its slot holds it).
+ModelWeights bind_weights(const ParamTable& table, const ModelConfig& cfg, Act buffer, const LayerWindow& window);
 
 }  // namespace dhp

@@ -9,18 +9,21 @@
 
 namespace dhp {
 
-inline constexpr int kMaxZero = 2;  // the highest ZeRO stage (parallel.zero)
+inline constexpr int kMaxZero = 3;  // the highest ZeRO stage (parallel.zero)
 
 struct ParallelConfig {
   Strategy strategy = Strategy::dhp;  // one of the trainable strategies (parallel/strategy.h)
   double memory_gb = 80.0;         // usable memory per device for the memory model
   // ZeRO stage over all ranks: 0 replicates everything; 1 shards the optimizer state (and, in
-  // bf16, the fp32 master weights); 2 also the gradients (trainer/grad_reducer.h). Read from
-  // the flag parallel.zero1 of earlier configurations as 0 and 1.
+  // bf16, the fp32 master weights); 2 also the gradients (trainer/grad_reducer.h); 3 also the
+  // decoder layers' weights (trainer/layer_gather.h). Read from the flag parallel.zero1 of
+  // earlier configurations as 0 and 1.
   int zero = 1;
   bool shards_optimizer() const { return zero >= 1; }
   // ZeRO-2 in force: on one rank there is nothing to shard the gradients over.
   bool shards_gradients(int world) const { return zero >= 2 && world > 1; }
+  // ZeRO-3 in force.
+  bool shards_weights(int world) const { return zero >= 3 && world > 1; }
   int ranks_per_node = 0;          // ranks on one node; placement keeps groups inside a node when
                                    // it can. 0 = auto: a run takes the launcher's placement
                                    // (parallel/placement.h); a Planner given 0 has one node

@@ -499,12 +499,34 @@ double CostModel::evaluate(const GroupCost& g, const Vision& v, int d, bool inte
       fl[1] += layers * (dd - 1) * dec_att / (dd * dd);
     }
   }
+  if (gather_moved_ > 0) {
+    // ZeRO-3: a layer's gather runs beside the layer before it. Where it is the longer, that
+    // window costs the gather instead of the GEMMs (L forward windows, L - 2 backward ones).
+    const double fwd_flops = dec_flops_per_token_ / passes_ * double(g.tokens_) / dd / layers;
+    const int slot = gather_inter_ ? 3 : 2;
+    for (const auto [windows, flops] : {std::pair{layers, fwd_flops}, std::pair{layers - 2, fwd_flops * (passes_ - 1)}}) {
+      if (windows <= 0 || gather_seconds() <= k.sec_per_flop * flops) continue;
+      fl[0] -= windows * flops;
+      fl[slot] += windows * gather_moved_;
+      fl[4] += windows;
+    }
+  }
   double t = 0;
   for (int i = 0; i < CostCoeffs::kCount; ++i) {
     t += fl[i] * k[i];
     if (f) f[i] = fl[i];
   }
   return t;
+}
+
+void CostModel::price_layer_gathers(int64_t layer_bytes, int world) {
+  // A ring all-reduce sends 2 (W - 1) / W of the buffer from every rank.
+  gather_moved_ = world > 1 ? 2.0 * double(layer_bytes) * double(world - 1) / double(world) : 0.0;
+  gather_inter_ = world > ranks_per_node_;
+}
+
+double CostModel::gather_seconds() const {
+  return gather_moved_ * (gather_inter_ ? coeffs_.sec_per_byte_inter : coeffs_.sec_per_byte_intra) + coeffs_.sec_per_step;
 }
 
 double CostModel::seconds(const GroupCost& g, int d, bool inter, int64_t* work) const {

@@ -249,6 +249,13 @@ class CostModel {
   int ranks_per_node() const { return ranks_per_node_; }
   Recompute recompute() const { return recompute_; }
   double decoder_weight_bytes() const { return dec_weight_bytes_; }
+  // ZeRO-3 (trainer/layer_gather.h): before a pass reads a decoder layer its weights,
+  // `layer_bytes` of them, are gathered over the `world` ranks, an all-reduce, the next layer's
+  // while this one computes. A training pass gathers every layer going forward and all but the
+  // last two going backward; each of those layers then costs the larger of its GEMMs and its
+  // gather. 0 bytes: none.
+  void price_layer_gathers(int64_t layer_bytes, int world);
+  double gather_seconds() const;  // one gather, as priced
   double vision_weight_bytes() const { return vis_weight_bytes_; }
 
  private:
@@ -279,6 +286,8 @@ class CostModel {
   double dec_norm_bytes_per_token_;  // the decoder's RMSNorms (q/k norms included), streamed
   int passes_;       // GEMM passes: forward, backward dX, backward dW (+ recompute forward)
   int ring_passes_;  // forward, backward (and the recompute forward) each run the ring
+  double gather_moved_ = 0;    // bytes a rank sends per layer gather (ZeRO-3); 0: none
+  bool gather_inter_ = false;  // the gathers span several nodes
 };
 
 // One measured group: its sequences ran together on a ring of `degree` ranks in `seconds`.

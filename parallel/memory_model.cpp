@@ -65,9 +65,15 @@ MemoryModel::MemoryModel(const ModelConfig& m, const DeviceProfile& dev, int wor
   grad_window_ = table && engine.grad_window > 0 ? engine.grad_window
                  : windowed                      ? trainable_ - int64_t(m.layers - 2) * layer
                                                  : trainable_;
+  // Under ZeRO-3 the working weights alike: the weights outside the layers, and two layers.
+  weight_window_ = table && engine.weight_window > 0 ? engine.weight_window
+                   : windowed                        ? params_ - int64_t(m.layers - 2) * layer
+                                                     : params_;
   DHP_CHECK(zero >= 0 && zero <= kMaxZero, "parallel.zero = {}: the ZeRO stage is 0 to {}", zero, kMaxZero);
+  const bool gathers = zero >= 3 && world > 1 && windowed;
+  gather_bytes_ = gathers ? layer * dev.act_bytes : 0;
   state_ = state_bytes(table ? engine.params : params_, table ? engine.trainable : trainable_, dev.act_bytes,
-                       zero >= 1 ? world : 1, zero >= 2 ? grad_window_ : 0);
+                       zero >= 1 ? world : 1, zero >= 2 ? grad_window_ : 0, gathers ? weight_window_ : 0);
   static_ = state_.total();
   // Per token, what a block of width c, ffn f, q/kv widths qw/kvw and h query heads holds for
   // backward (model/block.cpp): the layer input; the two norm outputs and the SwiGLU product

@@ -54,7 +54,8 @@ struct ArenaBytes {
 struct EngineLayout {
   int storage_bytes = 0;
   int64_t params = 0, trainable = 0;
-  int64_t grad_window = 0;  // elements of ZeRO-2's gradient window (model/grad_window.h)
+  int64_t grad_window = 0;  // elements of ZeRO-2's gradient window (model/layer_window.h)
+  int64_t weight_window = 0;  // elements of ZeRO-3's working-weight window
 };
 
 class MemoryModel {
@@ -73,8 +74,12 @@ class MemoryModel {
   int64_t gradient_bytes() const { return state_.gradients; }
   int64_t optimizer_bytes() const { return state_.moments; }
   const StateBytes& state() const { return state_; }
-  // Elements of ZeRO-2's gradient window (model/grad_window.h), whatever the stage.
+  // Elements of ZeRO-2's gradient window (model/layer_window.h), whatever the stage.
   int64_t gradient_window() const { return grad_window_; }
+  // Elements of ZeRO-3's working-weight window, whatever the stage.
+  int64_t weight_window() const { return weight_window_; }
+  // Bytes one ZeRO-3 gather of a decoder layer sums over the ranks (0 below stage 3).
+  int64_t layer_gather_bytes() const { return gather_bytes_; }
   int64_t static_bytes() const { return static_; }
   // Over every arena (a ring's and the image exchange's counted on one rank too):
   int64_t bytes_per_token() const { return per_token_ + 2 * routed_per_token_ + ring_per_token_; }
@@ -123,7 +128,7 @@ class MemoryModel {
   int extra_rows() const { return extra_rows_; }
 
  private:
-  int64_t capacity_, params_, trainable_, grad_window_, static_, per_token_, per_patch_, logits_per_token_, fixed_;
+  int64_t capacity_, params_, trainable_, grad_window_, weight_window_ = 0, gather_bytes_ = 0, static_, per_token_, per_patch_, logits_per_token_, fixed_;
   int64_t ring_per_token_, routed_per_token_, sent_per_patch_;
   StateBytes state_;
   int64_t group_params_[kParamGroups];

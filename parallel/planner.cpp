@@ -342,6 +342,7 @@ Planner::Planner(const CostModel& cost, const ParallelConfig& given, int world, 
       memory_(cost.model(), cost.device(), world, given.memory_gb, given.zero, given.recompute, groups, engine),
       par_(with_nodes(given, world)), world_(world), groups_(groups), engine_(engine) {
   const ParallelConfig& par = par_;
+  cost_.price_layer_gathers(memory_.layer_gather_bytes(), world);
   DHP_CHECK(world >= 1 && world <= kMaxWorld, "the world size must be between 1 and {} ranks, got {}", kMaxWorld,
             world);
   DHP_CHECK(par.ranks_per_node >= 1, "parallel.ranks_per_node must be at least 1, got {}", par.ranks_per_node);
@@ -364,7 +365,8 @@ std::string what_would_fit(const ModelConfig& model, const DeviceProfile& device
   auto sharded = [&](int zero) {
     std::vector<std::string> parts = {"the moments"};
     if (zero >= 2) parts.push_back("the gradients");
-    if (device.act_bytes < 4) parts.push_back("the fp32 master weights");
+    if (zero >= 3) parts.push_back("the decoder layers' working weights");
+    if (device.act_bytes < 4 || zero >= 3) parts.push_back("the fp32 master weights");
     const std::string last = parts.back();
     parts.pop_back();
     return parts.empty() ? last : fmt::format("{} and {}", fmt::join(parts, ", "), last);
@@ -381,7 +383,7 @@ std::string what_would_fit(const ModelConfig& model, const DeviceProfile& device
                            zero, n, m.rank_bytes(0, 0) / gib);
   const MemoryModel most = holds(world, kMaxZero);
   const StateBytes every = state_bytes(most.parameters(), most.trainable_parameters(), device.act_bytes, kMaxWorld,
-                                       most.gradient_window());
+                                       most.gradient_window(), most.layer_gather_bytes() > 0 ? most.weight_window() : 0);
   return fmt::format("no number of ranks makes it fit: what every rank holds however many there are (fp32 master "
                      "weights {:.2f} GiB, the working copy {:.2f} GiB, fp32 gradients {:.2f} GiB with parallel.zero = "
                      "{}) is beyond it; raise memory_gb, freeze parameter groups (optim.groups) or train a smaller model",

@@ -233,7 +233,7 @@ TEST(Config, TheZeroFlagReadsAsAStage) {
   EXPECT_EQ(parse_config(to_toml(c), "again.toml").parallel.zero, 2);
   EXPECT_EQ(to_toml(c).find("zero1"), std::string::npos);
   EXPECT_EQ(parse_config("[parallel]\nzero = true\n", "a.toml").parallel.zero, 1);
-  for (const char* bad : {"zero = 3", "zero = -1", "zero = \"2\"", "zero = 1.5"})
+  for (const char* bad : {"zero = 4", "zero = -1", "zero = \"2\"", "zero = 1.5"})
     EXPECT_THROW(parse_config(std::string("[parallel]\n") + bad + "\n", "bad.toml"), Error) << bad;
 }
 

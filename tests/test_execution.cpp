@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/bf16.h"
@@ -482,17 +483,18 @@ TEST(MemoryModel, PredictionBoundsTheMeasuredPeakInEveryMode) {
 
 // The same in bf16 storage, as GPUs train: the activations and the working copy of the weights
 // in bf16 beside fp32 master weights, gradients and moments (types/state_bytes.h), replicated,
-// under ZeRO-1 and under ZeRO-2 (the gradient window and the summed block instead of a whole
-// gradient arena; four decoder layers, so that the window holds two of them). The prediction
+// under ZeRO-1, under ZeRO-2 (the gradient window and the summed block instead of a whole
+// gradient arena; four decoder layers, so that the window holds two of them) and under ZeRO-3
+// (the working weights windowed alike). The prediction
 // follows the run's storage dtype (train.precision), not the profile's: priced at the CPU
 // profile's fp32 it would be twice the activations, and a profile that prices bf16 weights
 // without the fp32 master copy falls below the measured peak.
 TEST(MemoryModel, PredictionBoundsTheMeasuredPeakInBf16) {
-  for (const int zero : {0, 1, 2})
+  for (const int zero : {0, 1, 2, 3})
     check_memory_prediction(fmt::format("memory_model_bf16_zero{}", zero), {{1, 0}, {3, 0}, {4, 4}},
                             {Recompute::off, Recompute::full},
                             {"--train.precision=bf16", fmt::format("--parallel.zero={}", zero),
-                             zero == 2 ? "--model.layers=4" : "--model.layers=2"});
+                             zero >= 2 ? "--model.layers=4" : "--model.layers=2"});
 }
 
 }  // namespace
@@ -852,6 +854,121 @@ TEST(Zero2, MatchesReplicatedWithFrozenGroups) {
           }
         }
     }
+}
+
+// ZeRO-3 (parallel.zero = 3: each decoder layer's working weights gathered from the ranks
+// that own its master before a pass reads it; two slots per rank) computes what ZeRO-2
+// computes: on the same plans bit for bit (the same sums, and a gather that moves every bit of
+// the master's rounding exactly). One ring of 3 and 4 ranks (static: the same plans) under
+// each recompute mode, fp32 and bf16, the tower frozen: losses, the final evaluation's loss
+// and every weight equal ZeRO-2's. dhp on 2 to 6 ranks, in bf16, and with the embeddings frozen
+// and eight layers (a window of two slots over six more): dhp's plans under ZeRO-3 price the
+// gathers, so they may group other samples than ZeRO-2's; the two then agree as plans of one
+// batch do (1e-5 in fp32, 1e-3 in bf16), and in fp32 with replicated AdamW as ZeRO-2 does
+// (expect_zero2_matches_replicated's tolerances; on the same plans ZeRO-2's own test covers
+// it). The final evaluation runs its forward passes in waves too.
+struct Zero3Case {
+  int n;
+  std::string strategy;
+  Recompute mode = Recompute::off;
+  bool bf16 = false;
+  std::vector<std::string> extra = {};
+};
+
+void expect_zero3_matches_zero2(const Zero3Case& c) {
+  const std::string where = fmt::format("{} on {} ranks, recompute {}, {}{}", c.strategy, c.n, recompute_name(c.mode),
+                                        c.bf16 ? "bf16" : "fp32", c.extra.empty() ? "" : ", " + fmt::format("{}", fmt::join(c.extra, " ")));
+  TrainResult r[3];
+  std::vector<float> weights[3];
+  for (int i = 0; i < 3; ++i) {
+    if (i == 0 && (c.bf16 || c.strategy == "static")) continue;  // compared with ZeRO-2 alone
+    const auto dir = testing::run_dir(fmt::format("zero3_{}_{}_{}_{}_{}_{}", c.strategy, c.n, int(c.mode), c.bf16,
+                                                  c.extra.size(), i));
+    std::vector<std::string> args = {"--model.layers=4", fmt::format("--parallel.static_cp={}", c.strategy == "static" ? c.n : 0),
+                                     c.bf16 ? "--train.precision=bf16" : "--train.precision=fp32",
+                                     "--data.val=" + (longtail_dir() / "train.jsonl").string(), "--eval.max_samples=30",
+                                     "--eval.exact_match=false"};
+    args.insert(args.end(), c.extra.begin(), c.extra.end());
+    Config cfg = longtail_config(c.strategy, 4, dir, args);
+    cfg.parallel.zero = i == 0 ? 0 : i + 1;
+    cfg.parallel.refit = false;
+    cfg.parallel.recompute = c.mode;
+    r[i] = train_on(c.n, cfg);
+    weights[i] = weights_of(r[i].checkpoint, cfg);
+  }
+  ASSERT_EQ(r[2].steps.size(), 4u) << where;
+  ASSERT_EQ(r[1].steps.size(), 4u) << where;
+  const bool same_plans = c.strategy == "static";
+  const double tol = same_plans ? 0.0 : c.bf16 ? 1e-3 : 1e-5;
+  for (size_t s = 0; s < 4; ++s) {
+    EXPECT_NEAR(r[2].steps[s].loss, r[1].steps[s].loss, tol * std::abs(r[1].steps[s].loss)) << where << ", step " << s + 1;
+    if (!r[0].steps.empty())
+      EXPECT_NEAR(r[2].steps[s].loss, r[0].steps[s].loss, 1e-5 * std::abs(r[0].steps[s].loss)) << where << ", step " << s + 1;
+  }
+  EXPECT_GT(r[2].final_loss, 0.0) << where;
+  EXPECT_NEAR(r[2].final_loss, r[1].final_loss, tol * r[1].final_loss) << where;
+  ASSERT_EQ(weights[2].size(), weights[1].size());
+  if (same_plans) {
+    EXPECT_EQ(0, std::memcmp(weights[2].data(), weights[1].data(), weights[1].size() * sizeof(float))) << where;
+  } else {
+    for (size_t i = 0; i < weights[1].size(); ++i)
+      ASSERT_NEAR(weights[2][i], weights[1][i], (c.bf16 ? 1e-2 : 1e-4) * std::max(1.0f, std::abs(weights[1][i])))
+          << where << ", weight " << i;
+  }
+  for (size_t i = 0; i < weights[0].size(); ++i)
+    ASSERT_NEAR(weights[2][i], weights[0][i], 1e-4 * std::max(1.0f, std::abs(weights[0][i]))) << where << ", weight " << i;
+}
+
+TEST(Zero3, MatchesZeroTwoOnOneRing) {
+  for (int n : {3, 4})
+    for (const Recompute mode : {Recompute::off, Recompute::full}) expect_zero3_matches_zero2({n, "static", mode});
+  expect_zero3_matches_zero2({3, "static", Recompute::selective});
+  expect_zero3_matches_zero2({3, "static", Recompute::off, true});
+}
+
+TEST(Zero3, MatchesZeroTwoUnderDhp) {
+  for (int n = 2; n <= 6; ++n) expect_zero3_matches_zero2({n, "dhp"});
+  expect_zero3_matches_zero2({3, "dhp", Recompute::full, true});
+}
+
+TEST(Zero3, MatchesZeroTwoWithFrozenGroupsAndManyLayers) {
+  expect_zero3_matches_zero2({3, "static", Recompute::off, false, {"--optim.groups.vision.trainable=false"}});
+  expect_zero3_matches_zero2({3, "static", Recompute::full, true, {"--optim.groups.vision.trainable=false"}});
+  expect_zero3_matches_zero2({3, "dhp", Recompute::off, true, {"--optim.groups.embeddings.trainable=false", "--model.layers=8"}});
+}
+
+// A ZeRO-3 checkpoint is the checkpoint of any stage (rank 0 writes the whole weights,
+// gathered from the owners' masters; each rank its part of the moments): in bf16, a ZeRO-3
+// run on 3 ranks resumed at step 3 on the same ranks continues bit for bit; resumed on 2 ranks
+// under ZeRO-1 and a ZeRO-1 run of 2 ranks resumed on 3 under ZeRO-3 continue with the losses
+// of the uninterrupted run, to the rounding of sums in another order through bf16 passes.
+TEST(Zero3, ResumesAcrossStagesAndWorlds) {
+  auto config = [&](const std::filesystem::path& dir, int zero) {
+    Config c = longtail_config("dhp", 6, dir, {"--train.precision=bf16", "--model.layers=4"});
+    c.checkpoint.every = 3;
+    c.parallel.zero = zero;
+    c.parallel.refit = false;
+    return c;
+  };
+  for (const auto& [from, n_from, to, n_to] : {std::tuple{3, 3, 3, 3}, {3, 3, 1, 2}, {1, 2, 3, 3}}) {
+    const std::string where = fmt::format("ZeRO-{} on {} ranks resumed as ZeRO-{} on {}", from, n_from, to, n_to);
+    const auto base_dir = testing::run_dir(fmt::format("zero3_resume_base_{}_{}", from, n_from));
+    const TrainResult straight = train_on(n_from, config(base_dir, from));
+    ASSERT_EQ(straight.steps.size(), 6u) << where;
+    const auto [cfg, resumed] = resume_copy(base_dir, 3, fmt::format("zero3_resume_{}_{}_{}_{}", from, n_from, to, n_to), n_to,
+                                            [&](const std::filesystem::path& dir) { return config(dir, to); });
+    ASSERT_EQ(resumed.steps.size(), 3u) << where;
+    if (from == to && n_from == n_to) {
+      for (size_t s = 0; s < 3; ++s) EXPECT_EQ(resumed.steps[s].loss, straight.steps[s + 3].loss) << where << ", step " << s + 4;
+      const std::vector<float> w = weights_of(resumed.checkpoint, cfg), w0 = weights_of(straight.checkpoint, cfg);
+      ASSERT_EQ(w.size(), w0.size());
+      EXPECT_EQ(0, std::memcmp(w.data(), w0.data(), w.size() * sizeof(float))) << where;
+      continue;
+    }
+    for (size_t s = 0; s < 3; ++s)
+      EXPECT_NEAR(resumed.steps[s].loss, straight.steps[s + 3].loss, 1e-3 * std::abs(straight.steps[s + 3].loss))
+          << where << ", step " << s + 4;
+  }
 }
 
 // A run trained with the vision tower frozen resumes, on another world size with and without

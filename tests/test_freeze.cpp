@@ -10,7 +10,7 @@
 #include <mutex>
 #include <optional>
 
-#include "model/grad_window.h"
+#include "model/layer_window.h"
 #include "model/model.h"
 #include "parallel/cost_model.h"
 #include "parallel/memory_model.h"
@@ -493,11 +493,12 @@ TEST(FrozenCheckpoint, ResumesAcrossFreezingWorldSizeAndZero1) {
 
 // The memory model's static part is what the engine's buffers hold (types/state_bytes.h): for
 // every profile, its storage dtype run on the CPU (bf16 for the GPUs' profiles), on 1 and 4
-// ranks, replicated, ZeRO-1 and ZeRO-2, with every freezing, the bytes a rank's model,
+// ranks, replicated, ZeRO-1, 2 and 3, with every freezing, the bytes a rank's model,
 // optimizer and (ZeRO-2) gradient reducer hold once built equal static_bytes() but for two
 // scalars (the loss statistics, the norm): fp32 master weights of every parameter, the bf16
 // working copy, fp32 gradients (under ZeRO-2 the window of two decoder layers and the rest,
-// and the summed block) and moments of the trainable groups only, the moments sharded. A
+// and the summed block; under ZeRO-3 the working weights windowed too and the master sharded in
+// fp32 as well) and moments of the trainable groups only, the moments sharded. A
 // pricing of the weights in their storage dtype alone, or of 2-byte gradients, misses by
 // megabytes here. Its group counts are the parameter table's.
 TEST(FrozenMemoryModel, StaticBytesAreWhatTheEnginesBuffersHold) {
@@ -510,10 +511,11 @@ TEST(FrozenMemoryModel, StaticBytesAreWhatTheEnginesBuffersHold) {
     BackendOptions bo;
     bo.precision = dev.act_bytes == 2 ? Precision::bf16 : Precision::fp32;
     for (int world : {1, 4}) {
-      for (int zero : {0, 1, 2}) {
+      for (int zero : {0, 1, 2, 3}) {
         const MemoryModel all(cfg, dev, world, 80, zero, Recompute::off, {},
                               EngineLayout{dev.act_bytes, table.total(), table.trainable_total(),
-                                           GradWindow::of(table, cfg.layers).elements()});
+                                           LayerWindow::of_grads(table, cfg.layers).elements(),
+                                           LayerWindow::of_weights(table, cfg.layers).elements()});
         for (size_t g = 0; g < kParamGroups; ++g)
           EXPECT_EQ(all.group_parameters(ParamGroup(g)), table.group_numel(ParamGroup(g)))
               << kParamGroupNames[g];
@@ -524,9 +526,10 @@ TEST(FrozenMemoryModel, StaticBytesAreWhatTheEnginesBuffersHold) {
           const std::string where = fmt::format("{}, {} rank(s), ZeRO-{}, frozen: {}", profile, world, zero, name);
           // What a run's planner knows: the table's totals, every tensor aligned to 16 elements.
           const ParamTable t(cfg, groups);
-          const GradWindow window = GradWindow::of(t, cfg.layers);
-          const bool windowed = zero == 2 && world > 1;
-          const EngineLayout engine{dev.act_bytes, t.total(), t.trainable_total(), window.elements()};
+          const LayerWindow window = LayerWindow::of_grads(t, cfg.layers);
+          const bool windowed = zero >= 2 && world > 1, gathered = zero == 3 && world > 1;
+          const EngineLayout engine{dev.act_bytes, t.total(), t.trainable_total(), window.elements(),
+                                    LayerWindow::of_weights(t, cfg.layers).elements()};
           const MemoryModel m(cfg, dev, world, 80, zero, Recompute::off, groups, engine);
           int64_t trainable = 0;
           for (size_t g = 0; g < kParamGroups; ++g)
@@ -544,7 +547,7 @@ TEST(FrozenMemoryModel, StaticBytesAreWhatTheEnginesBuffersHold) {
             auto backend = make_cpu_backend(bo);
             const int64_t before = backend->bytes_in_use();
             const OptimizerShard shard = zero >= 1 ? OptimizerShard{comm.rank(), world} : OptimizerShard{};
-            Model model(cfg, *backend, groups, shard, windowed);
+            Model model(cfg, *backend, groups, shard, windowed, gathered);
             const AdamW opt(model.table(), OptimConfig{}, *backend, shard);
             std::optional<GradReducer> sums;
             if (windowed) sums.emplace(model, shard, comm);

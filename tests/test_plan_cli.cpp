@@ -83,7 +83,7 @@ TEST(PlanCli, MemoryAndNodeSizeAreCheckedNotReplacedByDefaults) {
 // --zero sets the ZeRO stage: the state line splits ZeRO-2's gradients into the window and the
 // summed block, and a state that does not fit names the stage that would.
 TEST(PlanCli, TheZeroStageIsPricedAndNamed) {
-  for (const char* bad : {"3", "-2"}) expect_error(kQuick + "--zero " + bad, "--zero: the ZeRO stage is 0 to 2");
+  for (const char* bad : {"4", "-2"}) expect_error(kQuick + "--zero " + bad, "--zero: the ZeRO stage is 0 to 3");
   const Result two = plan(kQuick + "--batch 16 --zero 2");
   EXPECT_EQ(two.status, 0) << two.output;
   EXPECT_NE(two.output.find(" = a window of "), std::string::npos) << two.output;

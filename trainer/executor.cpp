@@ -165,10 +165,17 @@ StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
   images_encoded_ = 0;
   size_t at = 0;
   std::vector<Sample> group_samples;
-  int wave = 0;  // the next wave this rank has not taken part in (waves only)
+  // Whether this rank takes part in every wave: its gradient sums (ZeRO-2) or its gathers of
+  // the decoder layers (ZeRO-3, forward-only passes too) are collectives of every rank.
+  const bool every_wave = waves || model_.layer_feed();
+  const auto skip_wave = [&] {
+    if (waves) waves->no_pass();
+    else model_.skip_pass(backward);
+  };
+  int wave = 0;  // the next wave this rank has not taken part in (every_wave only)
   for (const GroupWork& g : work.mine) {
-    if (waves)
-      for (const int mine = work.plan.groups()[size_t(g.group)].wave; wave < mine; ++wave) waves->no_pass();
+    if (every_wave)
+      for (const int mine = work.plan.groups()[size_t(g.group)].wave; wave < mine; ++wave) skip_wave();
     const auto wall0 = Clock::now();
     const double cpu0 = thread_cpu_seconds();
     const size_t n = g.pieces.size(), n_loads = n + g.routing.encode.size();
@@ -191,7 +198,8 @@ StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
     model_.run(db, loss_scale, backward, ring ? &ring_ : nullptr, g.routed ? &images_ : nullptr,
                final);
     timings_.push_back(time_group(g, wall0, cpu0));
-    if (waves) waves->pass_done(), ++wave;
+    if (waves) waves->pass_done();
+    if (every_wave) ++wave;
     if (after) {
       group_samples.assign(std::make_move_iterator(samples.begin() + long(at)),
                            std::make_move_iterator(samples.begin() + long(at + n)));
@@ -200,8 +208,8 @@ StepStats Executor::run(const StepWork& work, float loss_scale, bool backward,
     at += n_loads;
   }
   DHP_ASSERT(at == samples.size());
-  if (waves)
-    for (; wave < work.plan.summary().waves; ++wave) waves->no_pass();
+  if (every_wave)
+    for (; wave < work.plan.summary().waves; ++wave) skip_wave();
   return model_.take_stats();
 }
 

@@ -84,7 +84,9 @@ class Executor {
   // `last_final` hears the gradients completed by this rank's last pass of the step (nothing
   // touches them after it): the optimizer overlaps their reduction with the rest of backward.
   // `waves` (ZeRO-2): sums every wave's gradients as its pass goes (trainer/grad_reducer.h);
-  // this rank takes part in each wave of the plan, with its group there or with none.
+  // this rank takes part in each wave of the plan, with its group there or with none. So it
+  // does wherever the model gathers its decoder layers (ZeRO-3: Model::layer_feed), training
+  // or not.
   StepStats run(const StepWork& work, float loss_scale, bool backward,
                 const std::function<void(const std::vector<Sample>&)>& after = {},
                 const GradsFinal& last_final = {}, GradReducer* waves = nullptr);

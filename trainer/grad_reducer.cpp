@@ -83,7 +83,7 @@ void GradReducer::pass_done() {
 }
 
 void GradReducer::no_pass() {
-  pass()(0);
+  model_.skip_pass(true, pass());
   pass_done();
 }
 

@@ -1,7 +1,7 @@
 // ZeRO-2 (parallel.zero = 2): the gradients are summed over the ranks into each rank's fp32
 // shard (model/shard.h: its block and the tail) while backward goes on, and no rank holds a
 // gradient arena of the whole model: the decoder layers write into the two slots of the
-// model's gradient window (model/grad_window.h).
+// model's gradient window (model/layer_window.h).
 //
 // A DHP step runs each rank's groups in waves (parallel/plan.h: a group's wave is the same on
 // all its ranks and strictly increases along every rank). Every rank takes part in every wave:
@@ -70,7 +70,7 @@ class GradReducer {
   float* slot(int l) { return model_.grad_buffer() + window_.slot_at(l); }
 
   Model& model_;
-  const GradWindow& window_;
+  const LayerWindow& window_;
   CompactShard layout_;
   Communicator& comm_;
   Backend& backend_;

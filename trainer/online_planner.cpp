@@ -6,7 +6,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
-#include "model/grad_window.h"
+#include "model/layer_window.h"
 #include "model/params.h"
 
 namespace dhp {
@@ -28,7 +28,8 @@ EngineLayout engine_layout(const Config& cfg) {
   const ParamTable table(cfg.model, cfg.optim.groups);
   const Device device = cfg.train.device == "cuda" ? Device::CUDA : Device::CPU;
   const int storage_bytes = resolve_precision(cfg.train.precision, device) == Precision::bf16 ? 2 : 4;
-  return {storage_bytes, table.total(), table.trainable_total(), GradWindow::of(table, cfg.model.layers).elements()};
+  return {storage_bytes, table.total(), table.trainable_total(), LayerWindow::of_grads(table, cfg.model.layers).elements(),
+          LayerWindow::of_weights(table, cfg.model.layers).elements()};
 }
 
 OnlinePlanner::OnlinePlanner(const Config& cfg, Communicator& comm)

@@ -26,6 +26,7 @@
 #include "trainer/evaluate.h"
 #include "trainer/executor.h"
 #include "trainer/hf_checkpoint.h"
+#include "trainer/layer_gather.h"
 #include "trainer/limits.h"
 #include "trainer/metrics.h"
 #include "trainer/online_planner.h"
@@ -97,7 +98,8 @@ class Run {
   std::unique_ptr<Dataset> train_set_, val_set_;
   Model model_;
   AdamW opt_;
-  std::optional<GradReducer> sums_;  // ZeRO-2
+  std::optional<GradReducer> sums_;  // ZeRO-2 and 3
+  std::optional<LayerGather> gather_;  // ZeRO-3
   OnlinePlanner planner_;
   int64_t first_step_ = 0;
   std::optional<Sampler> sampler_;
@@ -162,7 +164,8 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
       tokenizer_(cfg.data.tokenizer, cfg.data.added_tokens),
       train_set_(open_train_set(cfg, tokenizer_, topt.stop_flag)),
       val_set_(open_val_set(cfg, tokenizer_, topt.stop_flag)),
-      model_(cfg.model, *backend_, cfg.optim.groups, optimizer_shard(cfg, comm), cfg.parallel.shards_gradients(comm.size())),
+      model_(cfg.model, *backend_, cfg.optim.groups, optimizer_shard(cfg, comm), cfg.parallel.shards_gradients(comm.size()),
+             cfg.parallel.shards_weights(comm.size())),
       opt_(model_.table(), cfg.optim, *backend_, optimizer_shard(cfg, comm)),
       planner_(cfg, comm),
       exec_(model_, *train_set_, cfg.data.workers, comm),
@@ -171,6 +174,7 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
   comm.follow(*backend_);
   if (cfg.parallel.shards_gradients(comm.size()))
     sums_.emplace(model_, optimizer_shard(cfg, comm), comm);
+  if (model_.weight_window().windowed()) gather_.emplace(model_, comm);
   else if (cfg.parallel.overlap_grads && comm.size() > 1 && comm.overlapping_collectives())
     opt_.set_overlap(int64_t(cfg.parallel.bucket_mb * double(1 << 20)) / int64_t(sizeof(float)));
   model_.set_recompute(cfg.parallel.recompute);
@@ -323,9 +327,22 @@ void Run::log_setup() const {
     spdlog::info("frozen: {}; {:.3f} M of {:.3f} M parameters train", fmt::join(frozen, ", "),
                  double(trained) / 1e6, double(all) / 1e6);
   }
+  if (gather_)
+    spdlog::info("weights: each decoder layer's gathered from its owners before a pass reads it (ZeRO-3; {}); "
+                 "{:.2f} MiB of working weights per rank ({:.2f} MiB unsharded), {:.2f} MiB of fp32 master",
+                 comm_.overlapping_collectives() ? "the next layer's while this one computes" : comm_.name() + " waits for each gather",
+                 double(model_.weight_window().elements() * int64_t(dtype_size(model_.storage_dtype()))) / mib,
+                 double(model_.n_params() * int64_t(dtype_size(model_.storage_dtype()))) / mib,
+                 4.0 * double(model_.master_shard().held_size()) / mib);
+  else if (cfg_.parallel.shards_weights(comm_.size()))
+    spdlog::warn("parallel.zero = 3: the decoder layers do not train (or are fewer than three), so every rank "
+                 "holds their weights whole, as under ZeRO-2");
+  if (gather_ && cfg_.eval.exact_match)
+    spdlog::warn("eval.exact_match: not measured under parallel.zero = 3 (each rank generates alone, and the "
+                 "decoder layers are gathered from every rank); the final evaluation reports loss and accuracy");
   if (sums_)
     spdlog::info("gradients: each decoder layer's summed onto its owners as backward leaves it, wave by wave "
-                 "(ZeRO-2; {}), the rest after the step's last wave",
+                 "(ZeRO-{}; {}), the rest after the step's last wave", cfg_.parallel.zero,
                  comm_.overlapping_collectives() ? "while the next layer computes" : comm_.name() + " waits for each sum");
   else if (comm_.size() > 1)
     spdlog::info("gradients: {}", opt_.overlaps()
@@ -530,7 +547,8 @@ void Run::evaluate(int64_t step, TrainResult* out) {
   if (!val_set_ || val_set_->size() == 0) return;
   EvalOptions o{cfg_.train.batch_size, cfg_.eval.max_samples, false, cfg_.data.workers};
   o.eos = tokenizer_.ids().eos;
-  o.exact_match = out && cfg_.eval.exact_match;  // generation only at the final evaluation
+  // Generation only at the final evaluation, and where each rank holds every layer.
+  o.exact_match = out && cfg_.eval.exact_match && !gather_;
   const std::shared_ptr<const Planner> planner = planner_.current();
   const EvalResult r = dhp::evaluate(model_, *val_set_, o, comm_, *planner);
   EvalResult b;

@@ -8,7 +8,9 @@
 // gradient window of two decoder layers and the parameters outside the layers). With a working copy and N > 1 the master is
 // sharded as the moments are (the distributed optimizer, model/shard.h): a rank keeps fp32
 // master weights for its block and the remainder only, and frozen parameters exist in the
-// working copy alone. The planner's memory model prices exactly this
+// working copy alone. Under ZeRO-3 the master is sharded so in fp32 too, and the working copy
+// (in fp32 too) is a window of the rest and two decoder layers (model/layer_window.h). The
+// planner's memory model prices exactly this
 // (parallel/memory_model.h) and a
 // test compares it with the bytes the engine's buffers hold, on every profile's storage dtype.
 #pragma once
@@ -27,16 +29,19 @@ struct StateBytes {
 
 // `storage_bytes`: bytes of an element in the storage dtype (4 fp32, 2 bf16); `shards`: the
 // ranks the optimizer state is split over (1: replicated); `grad_window`: under ZeRO-2, the
-// elements of the model's gradient window (model/grad_window.h: the rest and two layers' slots),
+// elements of the model's gradient window (model/layer_window.h: the rest and two layers' slots),
 // beside which each rank holds the summed gradients of its block and the remainder
-// (trainer/grad_reducer.h); 0 otherwise.
+// (trainer/grad_reducer.h); 0 otherwise. `weight_window`: under ZeRO-3, the elements of the
+// working copy's window (the weights outside the decoder layers and two layers' slots); 0
+// otherwise.
 inline StateBytes state_bytes(int64_t params, int64_t trainable, int storage_bytes, int64_t shards,
-                              int64_t grad_window = 0) {
+                              int64_t grad_window = 0, int64_t weight_window = 0) {
   StateBytes s;
   const int64_t block = trainable / shards, held = shards > 1 ? block + trainable % shards : trainable;
-  const bool working = storage_bytes < 4;
+  const bool windowed = weight_window > 0 && shards > 1;
+  const bool working = storage_bytes < 4 || windowed;
   s.master = 4 * (working && shards > 1 ? held : params);
-  s.working = working ? storage_bytes * params : 0;
+  s.working = working ? storage_bytes * (windowed ? weight_window : params) : 0;
   s.gradients = 4 * (grad_window > 0 && shards > 1 ? grad_window + held : trainable);
   s.moments = 2 * 4 * held;
   return s;
