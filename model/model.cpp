@@ -90,8 +90,6 @@ Model::Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups
     // A layer's gathered weights come from its gradient-layout master: the two layouts must
     // hold the layers alike (all trainable, one size).
     DHP_ASSERT(window_.windowed() && window_.slot == weights_window_.slot);
-    // Gathers move whole 32-bit words (trainer/layer_gather.h).
-    DHP_ASSERT((size_t(weights_window_.slot) * dtype_size(dtype_)) % 4 == 0);
   }
   backend_.zero(params_.data(), params_.bytes());
   backend_.zero(master_.data(), master_.bytes());

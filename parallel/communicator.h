@@ -126,6 +126,8 @@ class Communicator {
   // ranks' buf is left as it was. As start_all_reduce otherwise.
   virtual std::unique_ptr<PendingExchange> start_reduce(void* buf, int64_t count, DataType type,
                                                         int root);
+  // Starts a broadcast of root's buf into every rank's; as start_all_reduce otherwise.
+  virtual std::unique_ptr<PendingExchange> start_broadcast(void* buf, int64_t count, DataType type, int root);
 
   // Starts sends and receives to any ranks of the world, returns at once. Sends are matched to
   // receives by (source, destination, tag) in the order they were posted.

@@ -520,8 +520,9 @@ double CostModel::evaluate(const GroupCost& g, const Vision& v, int d, bool inte
 }
 
 void CostModel::price_layer_gathers(int64_t layer_bytes, int world) {
-  // A ring all-reduce sends 2 (W - 1) / W of the buffer from every rank.
-  gather_moved_ = world > 1 ? 2.0 * double(layer_bytes) * double(world - 1) / double(world) : 0.0;
+  // Each rank receives the (W - 1) / W of the layer it does not own (broadcasts from the
+  // owners, what an all-gather moves).
+  gather_moved_ = world > 1 ? double(layer_bytes) * double(world - 1) / double(world) : 0.0;
   gather_inter_ = world > ranks_per_node_;
 }
 

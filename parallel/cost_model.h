@@ -250,7 +250,7 @@ class CostModel {
   Recompute recompute() const { return recompute_; }
   double decoder_weight_bytes() const { return dec_weight_bytes_; }
   // ZeRO-3 (trainer/layer_gather.h): before a pass reads a decoder layer its weights,
-  // `layer_bytes` of them, are gathered over the `world` ranks, an all-reduce, the next layer's
+  // `layer_bytes` of them, are gathered over the `world` ranks from their owners, the next layer's
   // while this one computes. A training pass gathers every layer going forward and all but the
   // last two going backward; each of those layers then costs the larger of its GEMMs and its
   // gather. 0 bytes: none.

@@ -78,7 +78,7 @@ class MemoryModel {
   int64_t gradient_window() const { return grad_window_; }
   // Elements of ZeRO-3's working-weight window, whatever the stage.
   int64_t weight_window() const { return weight_window_; }
-  // Bytes one ZeRO-3 gather of a decoder layer sums over the ranks (0 below stage 3).
+  // Bytes of one ZeRO-3 gather of a decoder layer (0 below stage 3).
   int64_t layer_gather_bytes() const { return gather_bytes_; }
   int64_t static_bytes() const { return static_; }
   // Over every arena (a ring's and the image exchange's counted on one rank too):

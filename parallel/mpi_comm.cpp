@@ -306,6 +306,18 @@ class MpiCommunicator final : public Communicator {
     }
     return std::make_unique<MpiCollective>(std::move(r), comm_, rank_, size_, timeout_);
   }
+  std::unique_ptr<PendingExchange> start_broadcast(void* buf, int64_t count, DataType type, int root) override {
+    DHP_CHECK(root >= 0 && root < size_, "broadcast from rank {} in a world of {}", root, size_);
+    const size_t es = data_type_size(type);
+    std::vector<MPI_Request> r;
+    for (int64_t off = 0; size_ > 1 && off < count; off += kSlice) {
+      const int n = int(std::min(kSlice, count - off));
+      r.push_back(MPI_REQUEST_NULL);
+      mpi_check(MPI_Ibcast(static_cast<char*>(buf) + size_t(off) * es, n, mpi_type(type), root, comm_, &r.back()),
+                "MPI_Ibcast");
+    }
+    return std::make_unique<MpiCollective>(std::move(r), comm_, rank_, size_, timeout_);
+  }
   void reduce_scatter(const void* send, void* recv, int64_t count, DataType type) override {
     // MPI forbids a receive buffer inside the send buffer: the in-place form (recv is this
     // rank's block of send) receives into a block-sized temporary.

@@ -401,6 +401,20 @@ std::unique_ptr<PendingExchange> NcclCommunicator::start_reduce(void* buf, int64
   return pending_on(grads_stream_, what);
 }
 
+std::unique_ptr<PendingExchange> NcclCommunicator::start_broadcast(void* buf, int64_t count, DataType type,
+                                                                   int root) {
+  DHP_CHECK(root >= 0 && root < size_, "broadcast from rank {} in a world of {}", root, size_);
+  if (on_host({buf}, "start_broadcast")) return bootstrap_.start_broadcast(buf, count, type, root);
+  const std::string what = fmt::format("an overlapped broadcast of {} x {} from rank {}", count,
+                                       data_type_name(type), root);
+  check_usable(what);
+  DHP_CUDA_CHECK(cudaSetDevice(device_));
+  after_compute(grads_stream_);
+  nccl_done(ncclBroadcast(buf, buf, size_t(count), nccl_type(type), root, grads_comm_, grads_stream_), what,
+            grads_comm_);
+  return pending_on(grads_stream_, what);
+}
+
 std::unique_ptr<Communicator> make_nccl_world(std::unique_ptr<Communicator> world) {
   int devices = 0;
   const cudaError_t e = cudaGetDeviceCount(&devices);

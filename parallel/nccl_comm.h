@@ -32,8 +32,9 @@
 // asynchronous error it aborts the NCCL communicator and throws dhp::Error naming this rank
 // and what it waited for. After that every call throws.
 //
-// Overlapped reductions (start_all_reduce, start_reduce: the optimizer's gradient buckets,
-// started while backward goes on) run on the second communicator and a stream of their own,
+// Overlapped collectives (start_all_reduce, start_reduce, start_broadcast: the optimizer's
+// gradient buckets and ZeRO-2's sums, started while backward goes on, and ZeRO-3's layer
+// gathers, started while the layer before computes) run on the second communicator and a stream of their own,
 // after the backend's queued work. They cannot share the first: NCCL needs every rank to issue
 // one communicator's operations in the same order, and the buckets interleave with each rank's
 // ring transfers in an order that differs from rank to rank.
@@ -86,6 +87,7 @@ class NcclCommunicator final : public Communicator {
   bool overlapping_collectives() const override { return true; }
   std::unique_ptr<PendingExchange> start_all_reduce(void* buf, int64_t count, DataType type,
                                                     ReduceOp op) override;
+  std::unique_ptr<PendingExchange> start_broadcast(void* buf, int64_t count, DataType type, int root) override;
   std::unique_ptr<PendingExchange> start_reduce(void* buf, int64_t count, DataType type,
                                                 int root) override;
 

@@ -50,6 +50,11 @@ std::unique_ptr<PendingExchange> Communicator::start_reduce(void*, int64_t count
                           name(), count, data_type_name(type), root));
 }
 
+std::unique_ptr<PendingExchange> Communicator::start_broadcast(void*, int64_t count, DataType type, int root) {
+  throw Error(fmt::format("the {} communicator cannot overlap a broadcast ({} x {} from rank {}) with other work",
+                          name(), count, data_type_name(type), root));
+}
+
 namespace {
 
 template <class T>

@@ -229,6 +229,7 @@ TEST(ThreadedComm, RefusesToOverlapCollectives) {
     float x = 1.0f;
     EXPECT_THROW(c.start_all_reduce(&x, 1, DataType::F32, ReduceOp::Sum), Error);
     EXPECT_THROW(c.start_reduce(&x, 1, DataType::F32, 0), Error);
+    EXPECT_THROW(c.start_broadcast(&x, 1, DataType::F32, 0), Error);
   });
 }
 

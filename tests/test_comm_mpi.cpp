@@ -36,13 +36,19 @@ TEST(MpiComm, OverlappedReductionsMatchBlockingOnes) {
   auto a = c.start_all_reduce(sum.data(), int64_t(sum.size()), DataType::F32, ReduceOp::Sum);
   const int root = n - 1;
   auto b = c.start_reduce(onto.data(), int64_t(onto.size()), DataType::F32, root);
+  // ZeRO-3's layer gathers: bf16 words broadcast from their owner, bits as they are.
+  std::vector<uint16_t> cast(257);
+  for (size_t i = 0; i < cast.size(); ++i) cast[i] = me == 1 % n ? uint16_t(0x8000u + 37u * i) : 0;
+  auto d = c.start_broadcast(cast.data(), int64_t(cast.size()), DataType::BF16, 1 % n);
   // Meanwhile a ring exchange with the neighbours, as ring attention does mid-backward.
   int32_t out = me, in = -1;
   c.exchange({Transfer::send((me + 1) % n, &out, 1), Transfer::recv((me + n - 1) % n, &in, 1)})->wait();
   EXPECT_EQ(in, (me + n - 1) % n);
   a->wait();
   b->wait();
+  d->wait();
   EXPECT_TRUE(a->test());
+  for (size_t i = 0; i < cast.size(); ++i) ASSERT_EQ(cast[i], uint16_t(0x8000u + 37u * i)) << i;
   std::vector<float> want_sum(sum.size(), 0.0f), want_onto(onto.size(), 0.0f);
   for (int r = 0; r < n; ++r) {
     const auto x = values(r, 0), y = values(r, 1);

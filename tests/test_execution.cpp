@@ -766,7 +766,9 @@ void expect_zero2_matches_replicated(const Zero2Case& c) {
   }
   ASSERT_EQ(losses[0].size(), 4u) << where;
   const bool same_plans = c.strategy == "static";
-  if (same_plans) EXPECT_EQ(widest, c.n) << where;
+  if (same_plans) {
+    EXPECT_EQ(widest, c.n) << where;
+  }
   const double loss_tol = same_plans ? 1e-6 : 1e-5, weight_tol = same_plans ? 1e-6 : 1e-4;
   for (size_t s = 0; s < 4; ++s) EXPECT_NEAR(losses[1][s], losses[0][s], loss_tol * std::abs(losses[0][s])) << where;
   ASSERT_EQ(weights[1].size(), weights[0].size());
@@ -902,8 +904,9 @@ void expect_zero3_matches_zero2(const Zero3Case& c) {
   const double tol = same_plans ? 0.0 : c.bf16 ? 1e-3 : 1e-5;
   for (size_t s = 0; s < 4; ++s) {
     EXPECT_NEAR(r[2].steps[s].loss, r[1].steps[s].loss, tol * std::abs(r[1].steps[s].loss)) << where << ", step " << s + 1;
-    if (!r[0].steps.empty())
+    if (!r[0].steps.empty()) {
       EXPECT_NEAR(r[2].steps[s].loss, r[0].steps[s].loss, 1e-5 * std::abs(r[0].steps[s].loss)) << where << ", step " << s + 1;
+    }
   }
   EXPECT_GT(r[2].final_loss, 0.0) << where;
   EXPECT_NEAR(r[2].final_loss, r[1].final_loss, tol * r[1].final_loss) << where;

@@ -191,6 +191,11 @@ TEST_P(NcclComm, OverlappedReductionsMatchBlockingOnes) {
     const int root = N - 1;
     auto a = c.start_all_reduce(sum.get(), int64_t(mine_sum.size()), DataType::F32, ReduceOp::Sum);
     auto b = c.start_reduce(onto.get(), int64_t(mine_onto.size()), DataType::F32, root);
+    // ZeRO-3's layer gathers: a broadcast from the owner.
+    std::vector<float> mine_cast(513);
+    for (size_t i = 0; i < mine_cast.size(); ++i) mine_cast[i] = me == 0 ? 0.5f * float(i) - 7.0f : 0.0f;
+    DeviceCopy cast(mine_cast.data(), sizeof(float) * mine_cast.size());
+    auto d = c.start_broadcast(cast.get(), int64_t(mine_cast.size()), DataType::F32, 0);
     // Meanwhile a ring exchange on the first communicator, as ring attention does.
     const int32_t out = me;
     DeviceCopy send(&out, sizeof(out)), recv(nullptr, sizeof(int32_t));
@@ -202,6 +207,11 @@ TEST_P(NcclComm, OverlappedReductionsMatchBlockingOnes) {
     DHP_CHECK(in == (me + N - 1) % N, "rank {} received {}", me, in);
     a->wait();
     b->wait();
+    d->wait();
+    std::vector<float> got_cast(mine_cast.size());
+    cast.copy_back(got_cast.data());
+    for (size_t i = 0; i < got_cast.size(); ++i)
+      DHP_CHECK(got_cast[i] == 0.5f * float(i) - 7.0f, "rank {} broadcast element {}: {}", me, i, got_cast[i]);
     std::vector<float> got_sum(mine_sum.size()), got_onto(mine_onto.size());
     sum.copy_back(got_sum.data());
     onto.copy_back(got_onto.data());

@@ -485,7 +485,7 @@ int square_side(int64_t side, const std::string& where) {
 
 int64_t processor_side(const json& j, const char* key) {
   const json* v = j.is_number_integer() ? &j : j.is_object() && j.contains(key) ? &j[key] : nullptr;
-  if (!v || !v->is_number_integer() || v->is_number_unsigned() && v->get<uint64_t>() > (uint64_t(1) << 40))
+  if (!v || !v->is_number_integer() || (v->is_number_unsigned() && v->get<uint64_t>() > (uint64_t(1) << 40)))
     return 0;
   const int64_t x = v->get<int64_t>();
   return x > 0 && x <= (int64_t(1) << 40) ? x : 0;

@@ -1,10 +1,33 @@
 #include "trainer/layer_gather.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "core/check.h"
 
 namespace dhp {
+
+void gather_master(const Model& model, Communicator& comm, Act dst, int64_t begin, int64_t end,
+                   std::vector<std::unique_ptr<PendingExchange>>* pending) {
+  const CompactShard& lay = model.master_shard();
+  const Ops& ops = model.backend().ops();
+  lay.for_each_held(begin, end, [&](const CompactShard::Range& h, int64_t a, int64_t b) {
+    ops.cast(dst + (a - begin), model.master() + h.local + (a - h.begin), b - a);
+  });
+  const int64_t block = lay.block();
+  if (block == 0) return;  // all of it is the tail
+  const DataType type = data_type_of(dst.t);
+  const int64_t stop = std::min(end, lay.tail_begin());
+  for (int64_t a = begin; a < stop;) {
+    const int owner = int(a / block);
+    const int64_t b = std::min(stop, int64_t(owner + 1) * block);
+    // The owner's rounding, in place above, is what the others receive.
+    void* at = (dst + (a - begin)).p;
+    if (pending) pending->push_back(comm.start_broadcast(at, b - a, type, owner));
+    else comm.broadcast(at, b - a, type, owner);
+    a = b;
+  }
+}
 
 LayerGather::LayerGather(Model& model, Communicator& comm) : model_(model), comm_(comm) {
   DHP_ASSERT(model.weight_window().windowed() && model.master_shard().shard.world == comm.size() &&
@@ -14,13 +37,13 @@ LayerGather::LayerGather(Model& model, Communicator& comm) : model_(model), comm
 
 LayerGather::~LayerGather() {
   // A gather still in flight writes into the model's slot: let it land first.
-  for (Slot& s : slots_)
-    if (s.pending) s.pending->wait();
+  for (Slot& s : slots_) settle(s);
   model_.set_layer_feed(nullptr);
 }
 
-int64_t LayerGather::bytes_per_gather() const {
-  return model_.weight_window().slot * int64_t(dtype_size(model_.storage_dtype()));
+void LayerGather::settle(Slot& s) {
+  for (auto& p : s.pending) p->wait();
+  s.pending.clear();
 }
 
 bool LayerGather::holds(const Slot& s, int layer) const {
@@ -29,25 +52,11 @@ bool LayerGather::holds(const Slot& s, int layer) const {
 
 void LayerGather::start(int layer) {
   Slot& s = slots_[layer % 2];
-  if (s.pending) s.pending->wait();  // the slot's previous gather, done with by now
-  const LayerWindow& weights = model_.weight_window();
+  settle(s);  // the slot's previous gather, done with by now
   const LayerWindow& grads = model_.grad_window();
-  const CompactShard& lay = model_.master_shard();
-  const Model& m = std::as_const(model_);
-  const Act slot = model_.working() + weights.slot_at(layer);
-  const int64_t begin = grads.layer[size_t(layer)], end = grads.layer[size_t(layer) + 1];
-  const int64_t bytes = (end - begin) * int64_t(dtype_size(slot.t));
-  Backend& backend = model_.backend();
-  backend.zero(slot.p, size_t(bytes));
-  lay.for_each_held(begin, end, [&](const CompactShard::Range& h, int64_t a, int64_t b) {
-    if (h.begin == lay.tail_begin() && comm_.rank() != 0) return;  // every rank holds the tail
-    backend.ops().cast(slot + (a - begin), m.master() + h.local + (a - h.begin), b - a);
-  });
-  DHP_ASSERT(bytes % 4 == 0);
-  if (comm_.overlapping_collectives())
-    s.pending = comm_.start_all_reduce(slot.p, bytes / 4, DataType::I32, ReduceOp::Sum);
-  else
-    comm_.all_reduce(slot.p, bytes / 4, DataType::I32, ReduceOp::Sum);
+  const Act slot = model_.working() + model_.weight_window().slot_at(layer);
+  gather_master(model_, comm_, slot, grads.layer[size_t(layer)], grads.layer[size_t(layer) + 1],
+                comm_.overlapping_collectives() ? &s.pending : nullptr);
   s.layer = layer;
   s.version = model_.weights_version();
   ++gathers_;
@@ -56,10 +65,7 @@ void LayerGather::start(int layer) {
 void LayerGather::need(int layer, bool backward) {
   Slot& s = slots_[layer % 2];
   if (!holds(s, layer)) start(layer);
-  if (s.pending) {
-    s.pending->wait();
-    s.pending.reset();
-  }
+  settle(s);
   // The layer asked for next goes into the other slot, whose layer this pass is done with
   // (forward: the one before; backward: the one after). After the forward's last layer the
   // backward's first is the same layer.

@@ -6,13 +6,13 @@
 // for layers 0 .. L-1, its backward for L-1 .. 0: the two layers the forward ended with are
 // still there, so a training pass gathers 2L - 2 layers.
 //
-// A gather is a sum of disjoint parts: every rank zeroes the slot, rounds what it holds of the
-// layer's master into its place (the tail of the partition, which every rank holds, from rank
-// 0 alone), and the slot is all-reduced. Each bit of the result comes from one rank at most,
-// so the slot is summed as 32-bit integers, where adding zeros changes no bit: exact in fp32
-// and in bf16 alike (communicators sum no bf16), every value's sign of zero kept. An
-// all-reduce moves twice an all-gather's bytes; it needs no layer-by-rank partition of the
-// master, which ZeRO-1 and 2 share, and so resumes across stages without re-slicing.
+// A gather starts from what this rank holds: it rounds its part of the layer's master (its
+// block's, and the tail of the partition, which every rank holds) into place; then each other
+// rank whose block holds a part of the layer broadcasts it from its own rounding. A layer spans
+// one or two blocks at small worlds, W·layer/n at large ones; every rank receives the layer
+// once, what an all-gather moves, and the bits are the owner's rounding, exact in fp32 and bf16
+// alike. The master keeps ZeRO-1's partition (model/shard.h): no layer-by-rank slicing, so a
+// checkpoint and a resume are those of every other stage.
 //
 // The gathers are collectives of every rank, started in the order the passes ask for layers.
 // Under DHP a rank runs a pass in some waves and none in others, so every rank takes part in
@@ -24,12 +24,21 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "model/model.h"
 #include "parallel/communicator.h"
 
 namespace dhp {
+
+// Gradient-layout range [begin, end) of the trainable weights, rounded from the fp32 master
+// into `dst` (range element i at dst + i) in the storage dtype on every rank: this rank's part
+// rounded in place, every other owner's part broadcast from it. `pending` null: the broadcasts
+// complete before the return; otherwise they are started (the communicator overlaps
+// collectives) and appended to it. Every rank calls it with the same range.
+void gather_master(const Model& model, Communicator& comm, Act dst, int64_t begin, int64_t end,
+                   std::vector<std::unique_ptr<PendingExchange>>* pending);
 
 class LayerGather : public LayerFeed {
  public:
@@ -43,15 +52,14 @@ class LayerGather : public LayerFeed {
   void need(int layer, bool backward) override;
   // Layers gathered so far.
   int64_t gathers() const { return gathers_; }
-  // Bytes one gather sums over the ranks.
-  int64_t bytes_per_gather() const;
 
  private:
   struct Slot {
     int layer = -1;
     uint64_t version = 0;  // the model's weights_version() it was gathered at
-    std::unique_ptr<PendingExchange> pending;
+    std::vector<std::unique_ptr<PendingExchange>> pending;
   };
+  void settle(Slot& s);
   bool holds(const Slot& s, int layer) const;
   void start(int layer);
 

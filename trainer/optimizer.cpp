@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "trainer/layer_gather.h"
 
 namespace dhp {
 
@@ -243,22 +244,14 @@ void AdamW::refresh_working(Model& model, Communicator& comm) const {
   const int64_t lo = layout_.lo(), t0 = layout_.tail_begin();
   if (const LayerWindow& weights = model.weight_window(); weights.windowed()) {
     // ZeRO-3: the decoder layers are gathered when a pass needs them; the rest is gathered
-    // here, as trainer/layer_gather.h gathers a layer: a sum of disjoint parts, as 32-bit
-    // words, staged in the rest of the gradient window (its sums are spent), which holds the
-    // gradient layout outside the layers.
+    // here as a layer is (trainer/layer_gather.h), staged in the rest of the gradient window
+    // (its sums are spent), which holds the gradient layout outside the layers.
     const LayerWindow& grads = model.grad_window();
     const Act staging(model.grad_buffer(), work.t);
     const size_t es = dtype_size(work.t);
-    const int64_t words = (grads.rest() * int64_t(es) + 3) / 4;
-    DHP_ASSERT(words <= grads.elements());
-    backend_.zero(staging.p, sizeof(int32_t) * size_t(words));
-    for (const CompactShard::Range& h : layout_.held()) {
-      if (h.begin == t0 && shard_.rank != 0) continue;  // every rank holds the tail
-      grads.for_each_in_rest(h.begin, h.end, [&](int64_t a, int64_t at, int64_t n) {
-        ops.cast(staging + at, master + h.local + (a - h.begin), n);
-      });
-    }
-    comm.all_reduce(staging.p, words, DataType::I32, ReduceOp::Sum);
+    grads.for_each_in_rest(0, layout_.n, [&](int64_t a, int64_t at, int64_t n) {
+      gather_master(model, comm, staging + at, a, a + n, nullptr);
+    });
     grads.for_each_in_rest(0, layout_.n, [&](int64_t a, int64_t at, int64_t n) {
       for_each_weight_piece(a, a + n, [&](int64_t w, int64_t g, int64_t c) {
         backend_.copy((work + weights.at(w)).p, (staging + (at + (g - a))).p, es * size_t(c));
