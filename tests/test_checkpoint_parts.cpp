@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "data/h5.h"
 #include "model/model.h"
 #include "parallel/threaded_comm.h"
 #include "tests/error_of.h"
@@ -114,6 +115,70 @@ TEST(CheckpointParts, MomentsReSliceBitExactlyOntoAnyWorldAndSharding) {
   }
 }
 
+// Since format 3 the parts hold the trained weights too (each rank's exact fp32 master of its
+// range), and the main file the frozen ones alone: with the tower frozen, saved on 3 ranks
+// under ZeRO-1, no trained weight is in the main file, and every world loads the weights the
+// run had, bit for bit. A checkpoint of format 2 (the weights whole in the main file, the
+// moments in parts), as dhp wrote it before, still loads.
+TEST(CheckpointParts, TheTrainedWeightsAreInThePartsAndFormatTwoStillLoads) {
+  Config cfg = small_config(1, run_dir("parts_weights"));
+  cfg.optim.groups[ParamGroup::Vision].trainable = false;
+  const ParamTable table(cfg.model, cfg.optim.groups);
+  const Moments x = random_moments(table, 5);
+  auto backend = make_cpu_backend({1});
+  Model init(cfg.model, *backend, cfg.optim.groups);
+  init.initialise(cfg.train.seed);
+  const std::vector<float> w0 = init.download_params();
+  const std::string path = save_on(3, true, cfg, x);
+  {
+    H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    ASSERT_TRUE(file.ok());
+    int in_main = 0;
+    for (const ParamSpec& s : table.specs()) {
+      const bool there = H5Lexists(file, ("params/" + s.name).c_str(), H5P_DEFAULT) > 0;
+      EXPECT_EQ(there, !s.trainable) << s.name;
+      in_main += there;
+    }
+    EXPECT_GT(in_main, 0);
+  }
+  for (const int world : {1, 2, 4}) {
+    const Loaded got = load_on(world, true, cfg, path);
+    EXPECT_TRUE(got.params == w0) << world << " ranks";
+    EXPECT_TRUE(got.x.m == x.m && got.x.v == x.v) << world << " ranks";
+  }
+
+  // Format 2, written as dhp wrote it before format 3.
+  Config old = cfg;
+  old.checkpoint.dir = (run_dir("parts_format2") / "checkpoints").string();
+  fs::create_directories(old.checkpoint.dir);
+  const fs::path main = fs::path(old.checkpoint.dir) / "step-00000007.h5";
+  run_threaded(2, [&](Communicator& comm) {
+    auto be = make_cpu_backend({1});
+    Model model(old.model, *be, old.optim.groups);
+    model.initialise(old.train.seed);
+    AdamW opt(model.table(), old.optim, *be, shard_of(comm, true));
+    opt.upload_moments(x.m, x.v);
+    opt.set_steps_taken(7);
+    const auto [begin, end] = AdamW::save_part(opt.compact_size(), comm.rank(), 2);
+    std::vector<float> m(size_t(end - begin)), v(size_t(end - begin));
+    opt.download_compact(begin, end - begin, m.data(), v.data());
+    write_moment_part(moment_part_path(main, comm.rank(), 2), 7, comm.rank(), 2, begin, m, v, nullptr);
+    const uint64_t mine[2] = {moment_checksum(m), moment_checksum(v)};
+    MomentParts parts{2, false, std::vector<uint64_t>(4)};
+    comm.all_gather(mine, parts.checksums.data(), 2, DataType::I64);
+    TrainState st;
+    st.step = 7;
+    st.seed = old.train.seed;
+    if (comm.rank() == 0) write_checkpoint_file(main, old, model, &opt, st, parts);
+  });
+  for (const int world : {1, 3}) {
+    const Loaded got = load_on(world, true, old, main.string());
+    EXPECT_TRUE(got.params == w0) << "format 2 on " << world << " ranks";
+    EXPECT_TRUE(got.x.m == x.m && got.x.v == x.v) << "format 2 on " << world << " ranks";
+    EXPECT_EQ(got.steps, 7);
+  }
+}
+
 // A group frozen since the save drops its moments; one thawed since starts from zeros: the
 // parts are mapped through the layout the checkpoint records, not the one the run has now.
 TEST(CheckpointParts, AnotherFreezingMapsThePartsThroughTheRecordedLayout) {
@@ -170,8 +235,12 @@ TEST(CheckpointParts, ADamagedMissingOrForeignPartIsRefusedByName) {
   e = load_error(true);
   EXPECT_NE(e.find("part 1"), std::string::npos) << e;
   EXPECT_NE(e.find("is missing"), std::string::npos) << e;
-  // The weights alone (eval, generate, export, --init) need only the main file.
-  EXPECT_EQ(load_error(false), "");
+  // The parts hold the trainable weights too: the weights alone (eval, generate, export,
+  // --init) need them as well, and say so.
+  e = load_error(false);
+  EXPECT_NE(e.find("keeps its optimizer moments and trainable weights in 2 parts beside it and part 1"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("copy every step-00000007.optim-*.h5 with it"), std::string::npos) << e;
 
   const std::string again = save_on(2, true, cfg, random_moments(table, 7));
   ASSERT_EQ(again, path);
@@ -179,6 +248,10 @@ TEST(CheckpointParts, ADamagedMissingOrForeignPartIsRefusedByName) {
   e = load_error(true);
   EXPECT_NE(e.find("checkpoint part '"), std::string::npos) << e;
   EXPECT_NE(e.find("does not match its checksum"), std::string::npos) << e;
+  ASSERT_EQ(save_on(2, true, cfg, random_moments(table, 7)), path);
+  flip_tensor_byte(part1.string(), "w");
+  e = load_error(false);
+  EXPECT_NE(e.find("step-00000007.optim-00001-of-00002.h5': w does not match its checksum"), std::string::npos) << e;
 }
 
 // Rank 1 cannot create its part (a folder, not empty, stands at its temporary's path): every
@@ -237,9 +310,10 @@ TEST(CheckpointParts, ARankThatCannotWriteItsPartFailsTheSaveOnEveryRank) {
   }
 }
 
-// `dhp export` streams a checkpoint's weights from its file (CheckpointWeights) instead of
-// loading the model: the same files, byte for byte, as an export of the loaded model; a damaged
-// tensor is named. (A 152M-parameter checkpoint: 52 MB peak RSS against 1.81 GB, docs/checkpoints.md.)
+// `dhp export` streams a checkpoint's weights from its files (CheckpointWeights: the frozen
+// ones from the main file, the trained ones from the parts, one part in memory at a time)
+// instead of loading the model: the same files, byte for byte, as an export of the loaded
+// model; a damaged tensor or part is named. (A 152M-parameter checkpoint: 52 MB peak RSS against 1.81 GB, docs/checkpoints.md.)
 TEST(CheckpointParts, AnExportStreamedFromTheFileIsTheLoadedModelsExport) {
   const Config cfg = small_config(1, run_dir("parts_export"));
   const std::string path = save_on(2, true, cfg, random_moments(ParamTable(cfg.model), 2));
@@ -263,13 +337,17 @@ TEST(CheckpointParts, AnExportStreamedFromTheFileIsTheLoadedModelsExport) {
     EXPECT_EQ(testing::read_text(e.path()), testing::read_text(fs::path(streamed.dir) / name)) << name;
   }
   EXPECT_GE(files, 3);
-  flip_tensor_byte(path, "params/layers.1.mlp.w2.weight");
+  // Every parameter trains here: its weights are in the parts, which a read verifies whole.
+  flip_tensor_byte(moment_part_path(path, 1, 2).string(), "w");
+  const ParamTable table(cfg.model);
   const std::string e = error_of([&] {
     const CheckpointWeights weights(path);
-    std::vector<float> x(size_t(ParamTable(cfg.model).get("layers.1.mlp.w2.weight").numel()));
-    weights.read(ParamTable(cfg.model).get("layers.1.mlp.w2.weight"), x.data());
+    for (const ParamSpec& s : table.specs()) {
+      std::vector<float> x(size_t(s.numel()));
+      weights.read(s, x.data());
+    }
   });
-  EXPECT_NE(e.find("params/layers.1.mlp.w2.weight does not match its checksum"), std::string::npos) << e;
+  EXPECT_NE(e.find("optim-00001-of-00002.h5': w does not match its checksum"), std::string::npos) << e;
 }
 
 // What a run that stops on an error says it saved is the folder's newest complete checkpoint,

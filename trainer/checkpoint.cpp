@@ -231,9 +231,11 @@ bool CheckpointManager::periodic(int64_t step) const {
 
 double save_timeout(const Config& cfg, const ParamTable& table, int world) {
   if (cfg.checkpoint.timeout_s > 0) return cfg.checkpoint.timeout_s;
-  // Rank 0's part is the largest: the weights and its share of the moments.
-  const int64_t n = table.trainable_total();
-  const double bytes = double(sizeof(float)) * double(table.total() + 2 * (n / world + n % world));
+  // Rank 0's files are the largest: the frozen weights, and its share of the trainable
+  // weights and the moments (one rank: all of them, in one file).
+  const int64_t n = table.trainable_total(), share = n / world + n % world;
+  const double bytes = double(sizeof(float)) *
+                       double(world > 1 ? table.total() - n + 3 * share : table.total() + 2 * n);
   return cfg.parallel.timeout_s + bytes / 20e6;
 }
 
@@ -304,7 +306,7 @@ struct CheckpointManager::Pending {
   int64_t step = 0;
   bool last = false;
   fs::path final_path, part_path;
-  std::vector<float> m, v;  // this rank's part of the moments (several ranks)
+  std::vector<float> m, v, w;  // this rank's part of the moments and trainable weights (several ranks)
   int64_t begin = 0;        // its compact offset
   MomentParts parts;
   std::optional<SaveSnapshot> snapshot;  // rank 0: the main file's contents
@@ -353,26 +355,28 @@ std::string CheckpointManager::save_with_every_rank(const Model& model, const Ad
   stages.run("preparing the folder", [&] {
     if (rank0_) prepare_save(cfg_, model, true, step);
   });
-  // Several ranks: each writes its part of the moments at once, and rank 0 the weights and
-  // the record of the parts' checksums, gathered first.
+  // Several ranks: each writes its part of the moments and of the trainable weights at once
+  // (the fp32 master of what it holds under ZeRO), and rank 0 the frozen weights and the
+  // record of the parts' checksums, gathered first. No rank holds the whole weights.
   const bool in_parts = world > 1;
   const auto [begin, end] = AdamW::save_part(opt.compact_size(), rank, world);
   p->begin = begin;
   if (in_parts) {
-    stages.run("reading its moments", [&] {
-      p->m.resize(size_t(end - begin)), p->v.resize(size_t(end - begin));
+    stages.run("reading its moments and weights", [&] {
+      p->m.resize(size_t(end - begin)), p->v.resize(size_t(end - begin)), p->w.resize(size_t(end - begin));
       opt.download_compact(begin, end - begin, p->m.data(), p->v.data());
+      for (const ParamSpec& s : model.table().specs()) {
+        const int64_t a = std::max(begin, s.grad_offset), b = std::min(end, s.grad_offset + s.numel());
+        if (s.trainable && a < b) model.read_params(s.offset + (a - s.grad_offset), b - a, p->w.data() + (a - begin));
+      }
     });
     if (!stages.failed.empty()) return give_up(stages.failed, stages.error, stages.stage, step, last, p->part_path);
-    const uint64_t mine[2] = {moment_checksum(p->m), moment_checksum(p->v)};
-    p->parts = {world, std::vector<uint64_t>(size_t(2 * world))};
-    comm_.all_gather(mine, p->parts.checksums.data(), 2, DataType::I64);
+    const uint64_t mine[3] = {moment_checksum(p->m), moment_checksum(p->v), moment_checksum(p->w)};
+    p->parts = {world, true, std::vector<uint64_t>(size_t(3 * world))};
+    comm_.all_gather(mine, p->parts.checksums.data(), 3, DataType::I64);
   }
-  // Where each rank holds the fp32 master of its shard alone, rank 0 collects the whole.
   stages.run("reading the weights", [&] {
-    std::vector<float> weights;
-    if (model.sheds_master()) weights = gather_weights(model, comm_);
-    if (rank0_) p->snapshot = snapshot_for_save(model, &opt, p->parts, std::move(weights));
+    if (rank0_) p->snapshot = snapshot_for_save(model, &opt, p->parts);
   });
   if (!stages.failed.empty()) return give_up(stages.failed, stages.error, stages.stage, step, last, p->part_path);
   pending_ = std::move(p);
@@ -390,7 +394,7 @@ void CheckpointManager::write_pending(bool background) {
   try {
     if (p.parts.world > 0)
       write_durable(p.part_path, p.step, [&](const fs::path& tmp) {
-        write_moment_part(tmp, p.step, comm_.rank(), comm_.size(), p.begin, p.m, p.v, !background);
+        write_moment_part(tmp, p.step, comm_.rank(), comm_.size(), p.begin, p.m, p.v, &p.w, !background);
       });
     if (p.snapshot)
       write_durable(p.final_path, p.step, [&](const fs::path& tmp) {
@@ -400,7 +404,7 @@ void CheckpointManager::write_pending(bool background) {
     p.error = e.what();
     if (comm_.size() > 1) spdlog::warn("rank {}: {}", comm_.rank(), p.error);
   }
-  p.snapshot.reset(), p.m.clear(), p.v.clear();  // the host copies are spent
+  p.snapshot.reset(), p.m.clear(), p.v.clear(), p.w.clear();  // the host copies are spent
   p.written = true;
 }
 

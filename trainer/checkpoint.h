@@ -6,8 +6,9 @@
 // marker NAME.done holding the step; only checkpoints whose marker, name and recorded step
 // agree are ever listed or loaded. A failed save removes its temporary and throws with the
 // operating system's reason. A run of several ranks saves in parallel: each rank writes its
-// part of the optimizer moments beside NAME.h5 (checkpoint_file.h) while rank 0 writes the
-// weights, and the marker follows every part's fsync and rename.
+// part of the trainable weights and the optimizer moments beside NAME.h5 (checkpoint_file.h)
+// while rank 0 writes the frozen weights and the record of the parts, and the marker follows
+// every part's fsync and rename.
 #pragma once
 
 #include <cstdint>
@@ -32,8 +33,8 @@ std::string save_checkpoint(const Config& cfg, const Model& model, const AdamW* 
                             const TrainState& state);
 
 // How long the ranks of a save wait for each other: checkpoint.timeout_s, or when 0
-// parallel.timeout_s plus the time to write rank 0's part (the weights and its share of the
-// moments) at 20 MB/s.
+// parallel.timeout_s plus the time to write rank 0's files (the frozen weights, its share of
+// the trainable weights and the moments) at 20 MB/s.
 double save_timeout(const Config& cfg, const ParamTable& table, int world);
 
 // Complete checkpoints of a directory, oldest first ("" entries never).

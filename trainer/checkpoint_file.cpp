@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -24,6 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 constexpr int kFormatVersion = 1;       // moments in the file
 constexpr int kPartsFormatVersion = 2;  // moments in parts beside it
+constexpr int kWeightPartsFormatVersion = 3;  // the trainable weights in the parts too
 constexpr const char* kPartFormat = "dhp-checkpoint-moments";
 constexpr const char* kFormat = "dhp-checkpoint";
 
@@ -206,54 +208,105 @@ std::string trainable_mask(const ParamTable& table) {
   return mask;
 }
 
-// Moments kept in parts (format_version 2) loaded into `opt`: each rank reads the parts that
-// hold moments it keeps, all of them verified before any is taken. A checkpoint whose
+// What a main file records of its parts (format_version 2 and 3).
+struct PartsRecord {
+  std::string path;           // the main file
+  int world = 0;
+  int per_part = 2;           // checksums per part: m, v (and w)
+  std::string mask;           // one '0' or '1' per parameter in table order
+  std::vector<uint64_t> sums;
+  int64_t n = 0;              // compact elements (the trainable parameters when saved)
+  // Format 3: the trainable parameters' compact offsets by name.
+  std::map<std::string, int64_t> weights;
+
+  // Part r's dataset `name` (m, v or w: checksum k of the part), verified against the record.
+  std::vector<float> read(int r, const char* name, int k) const {
+    const auto [begin, end] = AdamW::save_part(n, r, world);
+    const fs::path file_path = moment_part_path(path, r, world);
+    const std::string at = file_path.string();
+    DHP_CHECK(fs::is_regular_file(file_path),
+              "checkpoint '{}' keeps its optimizer moments{} in {} parts beside it and part {} ('{}') is "
+              "missing: copy every {}.optim-*.h5 with it", path, per_part == 3 ? " and trainable weights" : "",
+              world, r, at, fs::path(path).stem().string());
+    H5 file(H5Fopen(at.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated part of checkpoint '{}')", at, path);
+    read_format(file, kPartFormat, at, "checkpoint part");
+    std::vector<float> x(size_t(end - begin));
+    const uint64_t sum = read_array(file, name, {end - begin}, x.data(), end - begin,
+                                    fmt::format("checkpoint part '{}': {}", at, name));
+    DHP_CHECK(sum == sums[size_t(per_part * r + k)],
+              "checkpoint part '{}' is not the one '{}' was saved with (its checksums differ from those the "
+              "checkpoint records): it belongs to another save", at, path);
+    return x;
+  }
+  // The part holding compact offset a.
+  int part_of(int64_t a) const {
+    for (int r = 0; r < world; ++r)
+      if (a < AdamW::save_part(n, r, world).second) return r;
+    return world - 1;
+  }
+};
+
+std::vector<uint64_t> read_u64s(hid_t loc, const char* name, size_t count, const std::string& path) {
+  std::vector<uint64_t> x(count);
+  H5 d(H5Dopen2(loc, name, H5P_DEFAULT), H5Dclose);
+  H5 space(d.ok() ? H5Dget_space(d) : -1, H5Sclose);
+  DHP_CHECK(space.ok() && H5Sget_simple_extent_npoints(space) == hssize_t(count) &&
+                H5Dread(d, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data()) >= 0,
+            "checkpoint '{}': /optim/{} is missing or damaged", path, name);
+  return x;
+}
+
+PartsRecord read_parts_record(hid_t file, const std::string& path, int64_t version) {
+  PartsRecord rec;
+  rec.path = path;
+  H5 optim(H5Gopen2(file, "optim", H5P_DEFAULT), H5Gclose);
+  int64_t world = 0;
+  DHP_CHECK(optim.ok() && read_attr(optim, "parts", H5T_NATIVE_INT64, &world) && world >= 1 && world <= (1 << 20),
+            "checkpoint '{}': /optim parts is missing or damaged", path);
+  rec.world = int(world);
+  rec.per_part = version == kWeightPartsFormatVersion ? 3 : 2;
+  rec.mask = read_string_attr(optim, "trainable");
+  rec.sums = read_u64s(optim, "part_checksums", size_t(rec.per_part * world), path);
+  if (rec.per_part == 3) {
+    std::istringstream names(read_string(optim, "weight_names", path));
+    std::vector<std::string> list;
+    for (std::string line; std::getline(names, line);) list.push_back(line);
+    const std::vector<uint64_t> at = read_u64s(optim, "weight_offsets", list.size() + 1, path);
+    for (size_t i = 0; i < list.size(); ++i) {
+      DHP_CHECK(at[i] <= at[i + 1], "checkpoint '{}': /optim/weight_offsets is damaged", path);
+      rec.weights.emplace(list[i], int64_t(at[i]));
+    }
+    rec.n = int64_t(at.back());
+  }
+  return rec;
+}
+
+// Moments kept in parts (format_version 2 and 3) loaded into `opt`: each rank reads the parts
+// that hold moments it keeps, all of them verified before any is taken. A checkpoint whose
 // trainable parameters differ from this run's (a group frozen or thawed since) is mapped
 // through the weight arena's layout, as the moments of a one-file checkpoint are.
-void load_moment_parts(hid_t optim, const std::string& path, const ParamTable& table, AdamW& opt) {
-  int64_t world = 0;
-  DHP_CHECK(read_attr(optim, "parts", H5T_NATIVE_INT64, &world) && world >= 1 && world <= (1 << 20),
-            "checkpoint '{}': /optim parts is missing or damaged", path);
-  const std::string mask = read_string_attr(optim, "trainable");
+void load_moment_parts(const PartsRecord& rec, const ParamTable& table, AdamW& opt) {
+  const std::string& mask = rec.mask;
   DHP_CHECK(mask.size() == table.specs().size(),
-            "checkpoint '{}': /optim trainable lists {} parameters, the model has {}", path, mask.size(),
+            "checkpoint '{}': /optim trainable lists {} parameters, the model has {}", rec.path, mask.size(),
             table.specs().size());
-  std::vector<uint64_t> sums(size_t(2 * world));
-  {
-    H5 d(H5Dopen2(optim, "part_checksums", H5P_DEFAULT), H5Dclose);
-    H5 space(d.ok() ? H5Dget_space(d) : -1, H5Sclose);
-    DHP_CHECK(space.ok() && H5Sget_simple_extent_npoints(space) == hssize_t(sums.size()) &&
-                  H5Dread(d, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, sums.data()) >= 0,
-              "checkpoint '{}': /optim/part_checksums is missing or damaged", path);
-  }
   int64_t n = 0;
   for (size_t i = 0; i < mask.size(); ++i) n += mask[i] == '1' ? table.specs()[i].numel() : 0;
+  DHP_CHECK(rec.per_part == 2 || rec.n == n, "checkpoint '{}': its parts hold {} elements, the recorded layout {}",
+            rec.path, rec.n, n);
+  PartsRecord sized = rec;
+  sized.n = n;
   const bool same_layout = mask == trainable_mask(table);
   struct Part {
     int64_t begin;
     std::vector<float> m, v;
   };
   std::vector<Part> parts;
-  for (int r = 0; r < world; ++r) {
-    const auto [begin, end] = AdamW::save_part(n, r, int(world));
+  for (int r = 0; r < rec.world; ++r) {
+    const auto [begin, end] = AdamW::save_part(n, r, rec.world);
     if (same_layout && !opt.holds_any(begin, end)) continue;
-    const fs::path file_path = moment_part_path(path, r, int(world));
-    const std::string at = file_path.string();
-    DHP_CHECK(fs::is_regular_file(file_path),
-              "checkpoint '{}' keeps its optimizer moments in {} parts beside it and part {} ('{}') is "
-              "missing: copy every {}.optim-*.h5 with it", path, world, r, at,
-              fs::path(path).stem().string());
-    H5 file(H5Fopen(at.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-    DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated part of checkpoint '{}')", at, path);
-    read_format(file, kPartFormat, at, "checkpoint part");
-    Part part{begin, std::vector<float>(size_t(end - begin)), std::vector<float>(size_t(end - begin))};
-    const std::vector<int64_t> shape{end - begin};
-    const uint64_t sm = read_array(file, "m", shape, part.m.data(), end - begin, fmt::format("checkpoint part '{}': m", at));
-    const uint64_t sv = read_array(file, "v", shape, part.v.data(), end - begin, fmt::format("checkpoint part '{}': v", at));
-    DHP_CHECK(sm == sums[size_t(2 * r)] && sv == sums[size_t(2 * r + 1)],
-              "checkpoint part '{}' is not the one '{}' was saved with (its checksums differ from those the "
-              "checkpoint records): it belongs to another save", at, path);
-    parts.push_back(std::move(part));
+    parts.push_back(Part{begin, sized.read(r, "m", 0), sized.read(r, "v", 1)});
   }
   if (same_layout) {
     for (const Part& p : parts) opt.upload_compact(p.begin, int64_t(p.m.size()), p.m.data(), p.v.data());
@@ -288,22 +341,65 @@ struct OpenCheckpoint {
   explicit OpenCheckpoint(const std::string& p) : path(p), file(open_existing(p)) {
     DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
     version = read_format(file, kFormat, path, "checkpoint");
-    DHP_CHECK(version == kFormatVersion || version == kPartsFormatVersion,
-              "checkpoint '{}' has format version {}; this dhp reads {} and {}", path, version, kFormatVersion,
-              kPartsFormatVersion);
+    DHP_CHECK(version >= kFormatVersion && version <= kWeightPartsFormatVersion,
+              "checkpoint '{}' has format version {}; this dhp reads {} to {}", path, version, kFormatVersion,
+              kWeightPartsFormatVersion);
     DHP_CHECK(has_link(file, "params", fmt::format("checkpoint '{}'", path)), "checkpoint '{}' has no /params", path);
     params.emplace(H5Gopen2(file, "params", H5P_DEFAULT), H5Gclose);
+    if (version == kWeightPartsFormatVersion) parts.emplace(read_parts_record(file, path, version));
+  }
+  // Where `spec`'s weights are in the parts (format 3, trained when saved): its compact offset.
+  std::optional<int64_t> in_parts(const ParamSpec& spec) const {
+    if (!parts) return std::nullopt;
+    const auto it = parts->weights.find(spec.name);
+    if (it == parts->weights.end()) return std::nullopt;
+    return it->second;
   }
   std::string path;
   H5 file;
   int64_t version = 0;
   std::optional<H5> params;
+  std::optional<PartsRecord> parts;  // format 3
 };
 
-SaveSnapshot snapshot_for_save(const Model& model, const AdamW* opt, const MomentParts& parts,
-                               std::vector<float> weights) {
+namespace {
+
+// The weights of a checkpoint into `staged` (arena layout of `table`): every parameter from
+// /params, or, in format 3, those trained when it was saved from the parts, a part at a time.
+void read_weights(const OpenCheckpoint& open, const ParamTable& table, float* staged) {
+  std::vector<const ParamSpec*> from_parts;
+  for (const auto& s : table.specs()) {
+    if (open.in_parts(s)) from_parts.push_back(&s);
+    else read_tensor(*open.params, "params", s, staged + s.offset, open.path);
+  }
+  if (from_parts.empty()) return;
+  const PartsRecord& rec = *open.parts;
+  for (int r = 0; r < rec.world; ++r) {
+    const auto [begin, end] = AdamW::save_part(rec.n, r, rec.world);
+    if (begin == end) continue;
+    const std::vector<float> w = rec.read(r, "w", 2);
+    for (const ParamSpec* s : from_parts) {
+      const int64_t at = *open.in_parts(*s), a = std::max(at, begin), b = std::min(at + s->numel(), end);
+      if (a < b) std::copy_n(w.begin() + (a - begin), b - a, staged + s->offset + (a - at));
+    }
+  }
+}
+
+}  // namespace
+
+SaveSnapshot snapshot_for_save(const Model& model, const AdamW* opt, const MomentParts& parts) {
   SaveSnapshot snap;
-  snap.weights = weights.empty() ? model.download_params() : std::move(weights);
+  if (opt && parts.weights) {
+    // The trainable weights are in the parts: the frozen ones alone, in table order.
+    for (const ParamSpec& s : model.table().specs()) {
+      if (s.trainable) continue;
+      snap.weights.resize(snap.weights.size() + size_t(s.numel()));
+      model.read_params(s.offset, s.numel(), snap.weights.data() + (snap.weights.size() - size_t(s.numel())));
+    }
+  } else {
+    // One rank (several write their weights in parts): its weights are whole.
+    snap.weights = model.download_params();
+  }
   snap.optimizer = opt != nullptr;
   if (!opt) return snap;
   snap.optimizer_step = opt->steps_taken();
@@ -323,16 +419,22 @@ void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, 
   H5 file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, newest_format_access()), H5Fclose);
   h5_check(file.ok(), fmt::format("cannot create checkpoint file '{}'", tmp.string()));
   const bool in_parts = snap.optimizer && parts.world > 0;
-  DHP_ASSERT(int64_t(snap.weights.size()) == table.total());
-  write_format(file, kFormat, in_parts ? kPartsFormatVersion : kFormatVersion);
+  const bool weights_in_parts = in_parts && parts.weights;
+  DHP_ASSERT(int64_t(snap.weights.size()) ==
+             (weights_in_parts ? table.total() - table.trainable_total() : table.total()));
+  write_format(file, kFormat,
+               weights_in_parts ? kWeightPartsFormatVersion : in_parts ? kPartsFormatVersion : kFormatVersion);
   write_string(file, "config", to_toml(cfg));
-  const int64_t param_bytes = table.total() * int64_t(sizeof(float));
+  const int64_t param_bytes = int64_t(snap.weights.size()) * int64_t(sizeof(float));
   ByteProgress progress(fmt::format("saving {}", tmp.filename().replace_extension().string()),
                         param_bytes * (snap.optimizer && !in_parts ? 3 : 1), show);
   {
     H5 params(H5Gcreate2(file, "params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    int64_t at = 0;  // weights_in_parts: the next frozen parameter's
     for (const auto& s : table.specs()) {
-      write_tensor(params, s, snap.weights.data() + s.offset);
+      if (weights_in_parts && s.trainable) continue;
+      write_tensor(params, s, snap.weights.data() + (weights_in_parts ? at : s.offset));
+      at += s.numel();
       progress.add(s.numel() * int64_t(sizeof(float)));
     }
   }
@@ -340,10 +442,19 @@ void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, 
     H5 optim(H5Gcreate2(file, "optim", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     write_attr_i64(optim, "step", snap.optimizer_step);
     if (in_parts) {
-      DHP_ASSERT(parts.checksums.size() == size_t(2 * parts.world));
+      DHP_ASSERT(parts.checksums.size() == size_t(parts.per_part() * parts.world));
       write_attr_i64(optim, "parts", parts.world);
       write_string_attr(optim, "trainable", trainable_mask(table));
       write_u64s(optim, "part_checksums", parts.checksums);
+      if (weights_in_parts) {
+        std::string names;
+        std::vector<uint64_t> offsets;
+        for (const auto& s : table.specs())
+          if (s.trainable) names += s.name + "\n", offsets.push_back(uint64_t(s.grad_offset));
+        offsets.push_back(uint64_t(table.trainable_total()));
+        write_string(optim, "weight_names", names);
+        write_u64s(optim, "weight_offsets", offsets);
+      }
     } else {
       DHP_ASSERT(int64_t(snap.m.size()) == table.total() && int64_t(snap.v.size()) == table.total());
       H5 m(H5Gcreate2(optim, "m", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
@@ -391,7 +502,8 @@ int64_t checkpoint_file_step(const fs::path& p) {
 uint64_t moment_checksum(const std::vector<float>& x) { return checksum(x.data(), int64_t(x.size())); }
 
 void write_moment_part(const fs::path& path, int64_t step, int rank, int world, int64_t begin,
-                       const std::vector<float>& m, const std::vector<float>& v, bool show) {
+                       const std::vector<float>& m, const std::vector<float>& v, const std::vector<float>* w,
+                       bool show) {
   quiet_hdf5();
   H5 file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, newest_format_access()), H5Fclose);
   h5_check(file.ok(), fmt::format("cannot create checkpoint part '{}'", path.string()));
@@ -404,12 +516,17 @@ void write_moment_part(const fs::path& path, int64_t step, int rank, int world, 
     write_attr_i64(root, "begin", begin);
   }
   ByteProgress progress(fmt::format("saving {}", path.filename().replace_extension().string()),
-                        int64_t(2 * m.size() * sizeof(float)), show);
+                        int64_t((2 + (w ? 1 : 0)) * m.size() * sizeof(float)), show);
   const std::vector<int64_t> shape{int64_t(m.size())};
   write_array(file, "m", shape, m.data(), int64_t(m.size()));
   progress.add(int64_t(m.size() * sizeof(float)));
   write_array(file, "v", shape, v.data(), int64_t(v.size()));
   progress.add(int64_t(v.size() * sizeof(float)));
+  if (w) {
+    DHP_ASSERT(w->size() == m.size());
+    write_array(file, "w", shape, w->data(), int64_t(w->size()));
+    progress.add(int64_t(w->size() * sizeof(float)));
+  }
   h5_check(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, fmt::format("flushing '{}'", path.string()));
 }
 
@@ -437,7 +554,7 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
   const H5& file = open.file;
   const int64_t version = open.version;
   std::vector<float> staged(model.n_params());  // loaded fully before anything is replaced
-  for (const auto& s : model.table().specs()) read_tensor(*open.params, "params", s, staged.data() + s.offset, path);
+  read_weights(open, model.table(), staged.data());
 
   TrainState st;
   H5 state(H5Gopen2(file, "state", H5P_DEFAULT), H5Gclose);
@@ -461,8 +578,8 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
     H5 optim(H5Gopen2(file, "optim", H5P_DEFAULT), H5Gclose);
     int64_t t = 0;
     DHP_CHECK(read_attr(optim, "step", H5T_NATIVE_INT64, &t), "checkpoint '{}': no optimizer step", path);
-    if (version == kPartsFormatVersion) {
-      load_moment_parts(optim, path, model.table(), *opt);
+    if (version >= kPartsFormatVersion) {
+      load_moment_parts(open.parts ? *open.parts : read_parts_record(file, path, version), model.table(), *opt);
       opt->set_steps_taken(t);
       model.upload_params(staged);
       return st;
@@ -487,7 +604,21 @@ CheckpointWeights::CheckpointWeights(const std::string& path) : open_(std::make_
 CheckpointWeights::~CheckpointWeights() = default;
 
 void CheckpointWeights::read(const ParamSpec& spec, float* out) const {
-  read_tensor(*open_->params, "params", spec, out, open_->path);
+  const std::optional<int64_t> at = open_->in_parts(spec);
+  if (!at) {
+    read_tensor(*open_->params, "params", spec, out, open_->path);
+    return;
+  }
+  // A tensor may span parts; tensors are read in table order, so each part is read once.
+  const PartsRecord& rec = *open_->parts;
+  for (int64_t a = *at; a < *at + spec.numel();) {
+    const int r = rec.part_of(a);
+    if (r != part_) part_w_ = rec.read(r, "w", 2), part_ = r;
+    const auto [begin, end] = AdamW::save_part(rec.n, r, rec.world);
+    const int64_t b = std::min(*at + spec.numel(), end);
+    std::copy_n(part_w_.begin() + (a - begin), b - a, out + (a - *at));
+    a = b;
+  }
 }
 
 std::vector<std::string> checkpoint_params_not_in(const std::string& path, const ParamTable& table) {

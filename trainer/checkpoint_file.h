@@ -20,8 +20,16 @@
 // begin). The main file's /optim then holds, instead of m and v, the attributes parts (W) and
 // trainable (one '0' or '1' per parameter in table order: the layout the parts follow) and
 // the dataset part_checksums (m and v of each part), so that a part of another save is
-// refused. Weights, configuration and state stay whole in the main file, which eval,
-// generate, export and --init read alone; a resume on any number of ranks re-slices the parts.
+// refused. A resume on any number of ranks re-slices the parts.
+//
+// Since format_version 3 the parts hold the trainable weights too: part r's dataset w is the
+// fp32 master of the same compact range (what rank r holds of it under ZeRO, exactly), so no
+// rank gathers the whole weights to save them. The main file's /params keeps the frozen
+// parameters alone; /optim adds weight_names (the trainable parameters' names, one per line, in
+// table order) and weight_offsets (each one's compact offset), and part_checksums holds m, v
+// and w of each part. eval, generate, export and --init read the parts beside the main file
+// (CheckpointWeights streams a tensor at a time, one part in memory). Files of versions 1 and
+// 2 (weights whole in the main file) still load.
 #pragma once
 
 #include <cstdint>
@@ -49,24 +57,28 @@ struct TrainState {
   std::string added_tokens;     // format_added_tokens; "" = not recorded (none)
 };
 
-// The moments of a checkpoint kept in parts (format_version 2): their number and checksums.
+// The moments of a checkpoint kept in parts (format_version 2), and its trainable weights
+// (format_version 3): their number and checksums.
 struct MomentParts {
   int world = 0;                    // 0: the moments are in the main file (format_version 1)
-  std::vector<uint64_t> checksums;  // m and v of each part: 2 · world
+  bool weights = false;             // the trainable weights in the parts too (format_version 3)
+  std::vector<uint64_t> checksums;  // m, v (and w) of each part: (2 or 3) · world
+  int per_part() const { return weights ? 3 : 2; }
 };
 
 // What a checkpoint's main file holds besides its configuration and state, copied to the host:
 // a background save (checkpoint.async_save) writes it while training goes on.
 struct SaveSnapshot {
-  std::vector<float> weights;  // the whole fp32 weights, arena layout
+  // The whole fp32 weights, arena layout; with MomentParts::weights the frozen parameters
+  // alone, one after the other in table order.
+  std::vector<float> weights;
   bool optimizer = false;      // a training checkpoint: the optimizer's step and moments
   int64_t optimizer_step = 0;
   std::vector<float> m, v;     // the moments, arena layout, when the file holds them (no parts)
 };
-// The snapshot of a model and optimizer (null: weights only). `weights`, when not empty, are
-// the model's whole fp32 weights (gather_weights), taken instead of the model's own download.
-SaveSnapshot snapshot_for_save(const Model& model, const AdamW* opt, const MomentParts& parts,
-                               std::vector<float> weights = {});
+// The snapshot of a model and optimizer (null: weights only): with parts.weights the frozen
+// weights alone, otherwise the model's whole download (one rank: its weights are whole).
+SaveSnapshot snapshot_for_save(const Model& model, const AdamW* opt, const MomentParts& parts);
 
 // Writes and flushes a whole checkpoint at `path`, its moments in the file or, when
 // parts.world > 0, recorded as parts written by write_moment_part. A failure throws
@@ -87,11 +99,11 @@ std::filesystem::path moment_part_path(const std::filesystem::path& main, int ra
 int64_t checkpoint_file_step(const std::filesystem::path& p);
 
 // Writes and flushes part `rank` of `world` at `path`: the compact moments m and v from
-// compact offset `begin`. The main file records their moment_checksum.
-// `progress` as write_checkpoint_file's.
+// compact offset `begin`, and, when `w` is given, the compact weights of the same range.
+// The main file records their moment_checksum. `progress` as write_checkpoint_file's.
 void write_moment_part(const std::filesystem::path& path, int64_t step, int rank, int world,
                        int64_t begin, const std::vector<float>& m, const std::vector<float>& v,
-                       bool progress = true);
+                       const std::vector<float>* w, bool progress = true);
 uint64_t moment_checksum(const std::vector<float>& x);
 
 // The step a checkpoint file records in /state, or -1 when it cannot be read.
@@ -121,6 +133,9 @@ class CheckpointWeights {
 
  private:
   std::unique_ptr<OpenCheckpoint> open_;  // the file load_checkpoint opens the same way
+  // Format 3: the part last read (-1: none) and its weights, verified whole.
+  mutable int part_ = -1;
+  mutable std::vector<float> part_w_;
 };
 
 // The weights a checkpoint holds that `table` has no parameter for (a model of another
