@@ -159,6 +159,13 @@ void Model::for_each_master_piece(int64_t offset, int64_t count, F&& f) const {
   }
 }
 
+bool Model::keeps_any(int64_t offset, int64_t count) const {
+  bool any = false;
+  weights_window_.for_each_in_rest(offset, offset + count, [&](int64_t, int64_t, int64_t) { any = true; });
+  if (!any) for_each_master_piece(offset, count, [&](int64_t, int64_t, int64_t) { any = true; });
+  return any;
+}
+
 void Model::read_working(int64_t offset, int64_t count, float* host) const {
   DHP_ASSERT(offset >= 0 && count >= 0 && offset + count <= table_.total());
   if (dtype_ == DType::F32 && !sheds_) {

@@ -148,6 +148,9 @@ class Model {
   // master this rank does not hold read as zeros there.
   void write_params(int64_t offset, const float* host, int64_t count);
   void read_params(int64_t offset, int64_t count, float* host) const;
+  // Whether write_params of arena range [offset, offset + count) keeps any of it on this rank:
+  // always, but under ZeRO-3 a decoder layer only where this rank holds its master.
+  bool keeps_any(int64_t offset, int64_t count) const;
   // The working copy widened to fp32, as the next pass reads it: the same on every rank (zeros
   // in decoder layers windowed by ZeRO-3).
   void read_working(int64_t offset, int64_t count, float* host) const;

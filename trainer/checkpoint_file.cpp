@@ -364,24 +364,44 @@ struct OpenCheckpoint {
 
 namespace {
 
-// The weights of a checkpoint into `staged` (arena layout of `table`): every parameter from
-// /params, or, in format 3, those trained when it was saved from the parts, a part at a time.
-void read_weights(const OpenCheckpoint& open, const ParamTable& table, float* staged) {
+// The weights of a format-3 checkpoint into `model`, streamed: the frozen ones from /params a
+// tensor at a time, the trained ones from the parts a part at a time, each verified before
+// any of it is taken, and only the parts holding something the model keeps (under ZeRO-3 a
+// rank keeps the weights outside the decoder layers and its own block). A damaged part found
+// after others were taken leaves the model partly replaced: the caller loads another
+// checkpoint over it or stops.
+void stream_weights(const OpenCheckpoint& open, Model& model) {
+  const ParamTable& table = model.table();
   std::vector<const ParamSpec*> from_parts;
+  std::vector<float> x;
   for (const auto& s : table.specs()) {
-    if (open.in_parts(s)) from_parts.push_back(&s);
-    else read_tensor(*open.params, "params", s, staged + s.offset, open.path);
+    if (open.in_parts(s)) {
+      from_parts.push_back(&s);
+      continue;
+    }
+    x.resize(size_t(s.numel()));
+    read_tensor(*open.params, "params", s, x.data(), open.path);
+    model.write_params(s.offset, x.data(), s.numel());
   }
-  if (from_parts.empty()) return;
   const PartsRecord& rec = *open.parts;
-  for (int r = 0; r < rec.world; ++r) {
-    const auto [begin, end] = AdamW::save_part(rec.n, r, rec.world);
-    if (begin == end) continue;
-    const std::vector<float> w = rec.read(r, "w", 2);
+  // f(spec, compact [a, b), offset of a in the spec) for the trained tensors' pieces in [begin, end).
+  auto pieces = [&](int64_t begin, int64_t end, auto&& f) {
     for (const ParamSpec* s : from_parts) {
       const int64_t at = *open.in_parts(*s), a = std::max(at, begin), b = std::min(at + s->numel(), end);
-      if (a < b) std::copy_n(w.begin() + (a - begin), b - a, staged + s->offset + (a - at));
+      if (a < b) f(*s, a, b, a - at);
     }
+  };
+  for (int r = 0; r < rec.world; ++r) {
+    const auto [begin, end] = AdamW::save_part(rec.n, r, rec.world);
+    bool needed = false;
+    pieces(begin, end, [&](const ParamSpec& s, int64_t a, int64_t b, int64_t in) {
+      needed = needed || model.keeps_any(s.offset + in, b - a);
+    });
+    if (!needed) continue;
+    const std::vector<float> w = rec.read(r, "w", 2);
+    pieces(begin, end, [&](const ParamSpec& s, int64_t a, int64_t b, int64_t in) {
+      model.write_params(s.offset + in, w.data() + (a - begin), b - a);
+    });
   }
 }
 
@@ -553,8 +573,10 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
   const OpenCheckpoint open(path);
   const H5& file = open.file;
   const int64_t version = open.version;
-  std::vector<float> staged(model.n_params());  // loaded fully before anything is replaced
-  read_weights(open, model.table(), staged.data());
+  // Formats 1 and 2: loaded fully before anything is replaced; format 3 streams (below).
+  std::vector<float> staged(open.parts ? 0 : model.n_params());
+  if (!open.parts)
+    for (const auto& s : model.table().specs()) read_tensor(*open.params, "params", s, staged.data() + s.offset, path);
 
   TrainState st;
   H5 state(H5Gopen2(file, "state", H5P_DEFAULT), H5Gclose);
@@ -581,7 +603,8 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
     if (version >= kPartsFormatVersion) {
       load_moment_parts(open.parts ? *open.parts : read_parts_record(file, path, version), model.table(), *opt);
       opt->set_steps_taken(t);
-      model.upload_params(staged);
+      if (open.parts) stream_weights(open, model);
+      else model.upload_params(staged);
       return st;
     }
     H5 m(H5Gopen2(optim, "m", H5P_DEFAULT), H5Gclose);
@@ -595,7 +618,8 @@ TrainState load_checkpoint(const std::string& path, Model& model, AdamW* opt) {
     opt->upload_moments(sm, sv);
     opt->set_steps_taken(t);
   }
-  model.upload_params(staged);
+  if (open.parts) stream_weights(open, model);
+  else model.upload_params(staged);
   return st;
 }
 
