@@ -258,6 +258,9 @@ void run_plan(const PlanOptions& o) {
   if (mem.layer_gather_bytes() > 0)
     fmt::print("ZeRO-3: the working copy is a window of the weights outside the decoder layers and two layers; "
                "each pass gathers {} layers of {:.2f} MiB\n", 2 * model.layers - 2, double(mem.layer_gather_bytes()) / mib);
+  else if (par.shards_weights(o.world))
+    fmt::print("ZeRO-3: the decoder layers do not train or are fewer than three, so every rank holds their working "
+               "copy whole, as under ZeRO-2\n");
   // The longest text-only sample one rank holds in each recompute mode.
   std::vector<std::string> longest;
   for (const auto& [mode, name] : kRecomputeNames) {

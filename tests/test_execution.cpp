@@ -932,6 +932,7 @@ TEST(Zero3, MatchesZeroTwoOnOneRing) {
 TEST(Zero3, MatchesZeroTwoUnderDhp) {
   for (int n = 2; n <= 6; ++n) expect_zero3_matches_zero2({n, "dhp"});
   expect_zero3_matches_zero2({3, "dhp", Recompute::full, true});
+  expect_zero3_matches_zero2({4, "pow2"});
 }
 
 TEST(Zero3, MatchesZeroTwoWithFrozenGroupsAndManyLayers) {

@@ -81,7 +81,8 @@ TEST(PlanCli, MemoryAndNodeSizeAreCheckedNotReplacedByDefaults) {
 }
 
 // --zero sets the ZeRO stage: the state line splits ZeRO-2's gradients into the window and the
-// summed block, and a state that does not fit names the stage that would.
+// summed block, ZeRO-3 says what it gathers, and a state that does not fit names the stage that
+// would.
 TEST(PlanCli, TheZeroStageIsPricedAndNamed) {
   for (const char* bad : {"4", "-2"}) expect_error(kQuick + "--zero " + bad, "--zero: the ZeRO stage is 0 to 3");
   const Result two = plan(kQuick + "--batch 16 --zero 2");
@@ -90,6 +91,17 @@ TEST(PlanCli, TheZeroStageIsPricedAndNamed) {
   EXPECT_NE(two.output.find(", ZeRO-2)"), std::string::npos) << two.output;
   const Result one = plan(kQuick + "--batch 16 --zero 1");
   EXPECT_EQ(one.output.find(" = a window of "), std::string::npos) << one.output;
+  EXPECT_EQ(two.output.find("ZeRO-3:"), std::string::npos) << two.output;
+  // The tiny profile's two decoder layers fit the two slots: nothing to gather.
+  const Result tiny = plan(kQuick + "--batch 16 --zero 3");
+  EXPECT_EQ(tiny.status, 0) << tiny.output;
+  EXPECT_NE(tiny.output.find("fewer than three, so every rank holds their working copy whole"), std::string::npos)
+      << tiny.output;
+  const Result three = plan("--model-profile 7b --device h100 --memory-gb 80 --world 8 --steps 1 --batch 16 --zero 3");
+  EXPECT_EQ(three.status, 0) << three.output;
+  EXPECT_NE(three.output.find(", ZeRO-3)"), std::string::npos) << three.output;
+  EXPECT_NE(three.output.find("ZeRO-3: the working copy is a window of the weights outside the decoder layers and two "
+                              "layers; each pass gathers 54 layers of "), std::string::npos) << three.output;
   expect_error("--model-profile 13b --device h100 --memory-gb 80 --world 8 --steps 1 --zero 1",
                "set parallel.zero = 2 (then 60.16 GiB per rank");
 }
