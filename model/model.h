@@ -82,7 +82,7 @@ class Model {
   int64_t n_grads() const { return table_.trainable_total(); }
   // Device pointers to the fp32 parameter (master weights, n_params floats) and gradient
   // (n_grads floats) arenas. The forward and backward passes read a working copy in the ops'
-  // storage dtype (the master arena itself when that is fp32); taking the mutable pointer
+  // storage dtype (the master arena itself when that is fp32 and not sharded); taking the mutable pointer
   // marks the copy stale, and the next pass refreshes it.
   // Not where the master is sharded (sheds_master()): read_params and write_params serve both.
   float* params() {

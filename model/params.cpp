@@ -42,8 +42,7 @@ void ParamTable::add(std::string name, std::vector<int64_t> shape, Init init, bo
   ParamSpec p{std::move(name), std::move(shape), init, std, decay, total_};
   p.group = *group;
   p.trainable = groups_.trainable(*group);
-  // Keep every tensor 16-float aligned so rows of SIMD loads never straddle two tensors.
-  total_ += (p.numel() + 15) / 16 * 16;
+  total_ += p.padded();
   specs_.push_back(std::move(p));
 }
 
@@ -173,7 +172,7 @@ ParamTable::ParamTable(const ModelConfig& c, const ParamGroups& groups) : groups
   // that with nothing frozen it is the arena's own layout.
   for (auto& p : specs_) {
     p.grad_offset = trainable_total_;
-    if (p.trainable) trainable_total_ += (p.numel() + 15) / 16 * 16;
+    if (p.trainable) trainable_total_ += p.padded();
   }
 }
 

@@ -31,6 +31,9 @@ struct ParamSpec {
   // offset the next trainable one has, so "every gradient at >= grad_offset" stays meaningful.
   int64_t grad_offset = 0;
   int64_t numel() const;
+  // Elements it takes in the arena and the gradient layout: every tensor is 16-float aligned
+  // so rows of SIMD loads never straddle two tensors.
+  int64_t padded() const { return (numel() + 15) / 16 * 16; }
 };
 
 class ParamTable {

@@ -118,10 +118,12 @@ TEST(CheckpointParts, MomentsReSliceBitExactlyOntoAnyWorldAndSharding) {
 // Since format 3 the parts hold the trained weights too (each rank's exact fp32 master of its
 // range), and the main file the frozen ones alone: with the tower frozen, saved on 3 ranks
 // under ZeRO-1, no trained weight is in the main file, and every world loads the weights the
-// run had, bit for bit. A checkpoint of format 2 (the weights whole in the main file, the
-// moments in parts), as dhp wrote it before, still loads.
+// run had, bit for bit. The tower is 40 wide, so its norms are padded in the layouts
+// (16-float alignment), frozen and trained. A model whose trained tensor has another shape is
+// refused by name. A checkpoint of format 2 (the weights whole in the main file, the moments
+// in parts), as dhp wrote it before, still loads.
 TEST(CheckpointParts, TheTrainedWeightsAreInThePartsAndFormatTwoStillLoads) {
-  Config cfg = small_config(1, run_dir("parts_weights"));
+  Config cfg = small_config(1, run_dir("parts_weights"), {"--model.vision.dim=40"});
   cfg.optim.groups[ParamGroup::Vision].trainable = false;
   const ParamTable table(cfg.model, cfg.optim.groups);
   const Moments x = random_moments(table, 5);
@@ -146,6 +148,26 @@ TEST(CheckpointParts, TheTrainedWeightsAreInThePartsAndFormatTwoStillLoads) {
     EXPECT_TRUE(got.params == w0) << world << " ranks";
     EXPECT_TRUE(got.x.m == x.m && got.x.v == x.v) << world << " ranks";
   }
+  {
+    // Everything trains, padded tensors included: the moments re-slice through the padded layout.
+    Config all = cfg;
+    all.optim.groups[ParamGroup::Vision].trainable = true;
+    all.checkpoint.dir = (run_dir("parts_weights_all") / "checkpoints").string();
+    const Moments y = random_moments(ParamTable(all.model), 6);
+    const std::string p = save_on(2, true, all, y);
+    const Loaded got = load_on(3, true, all, p);
+    EXPECT_TRUE(got.params == w0);
+    EXPECT_TRUE(got.x.m == y.m && got.x.v == y.v);
+  }
+  Config wider = cfg;
+  wider.model.ffn += 16;
+  const std::string e = error_of([&] {
+    auto be = make_cpu_backend({1});
+    Model model(wider.model, *be, wider.optim.groups);
+    load_checkpoint(path, model, nullptr);
+  });
+  EXPECT_NE(e.find("layers.0.mlp.w1.weight has shape ["), std::string::npos) << e;
+  EXPECT_NE(e.find("the model expects ["), std::string::npos) << e;
 
   // Format 2, written as dhp wrote it before format 3.
   Config old = cfg;

@@ -216,8 +216,12 @@ struct PartsRecord {
   std::string mask;           // one '0' or '1' per parameter in table order
   std::vector<uint64_t> sums;
   int64_t n = 0;              // compact elements (the trainable parameters when saved)
-  // Format 3: the trainable parameters' compact offsets by name.
-  std::map<std::string, int64_t> weights;
+  // Format 3: the trained parameters by name: their compact offset and shape.
+  struct Weight {
+    int64_t at;
+    std::vector<int64_t> shape;
+  };
+  std::map<std::string, Weight> weights;
 
   // Part r's dataset `name` (m, v or w: checksum k of the part), verified against the record.
   std::vector<float> read(int r, const char* name, int k) const {
@@ -269,13 +273,27 @@ PartsRecord read_parts_record(hid_t file, const std::string& path, int64_t versi
   rec.mask = read_string_attr(optim, "trainable");
   rec.sums = read_u64s(optim, "part_checksums", size_t(rec.per_part * world), path);
   if (rec.per_part == 3) {
+    // One line a parameter: its name and shape ("name 4096,4096").
     std::istringstream names(read_string(optim, "weight_names", path));
-    std::vector<std::string> list;
-    for (std::string line; std::getline(names, line);) list.push_back(line);
+    std::vector<std::pair<std::string, std::vector<int64_t>>> list;
+    for (std::string line; std::getline(names, line);) {
+      const size_t space = line.rfind(' ');
+      DHP_CHECK(space != std::string::npos && space > 0, "checkpoint '{}': /optim/weight_names is damaged", path);
+      std::vector<int64_t> shape;
+      std::istringstream dims(line.substr(space + 1));
+      for (std::string d; std::getline(dims, d, ',');) {
+        DHP_CHECK(!d.empty() && d.size() <= 12 && d.find_first_not_of("0123456789") == std::string::npos,
+                  "checkpoint '{}': /optim/weight_names is damaged", path);
+        shape.push_back(std::stoll(d));
+      }
+      list.emplace_back(line.substr(0, space), std::move(shape));
+    }
     const std::vector<uint64_t> at = read_u64s(optim, "weight_offsets", list.size() + 1, path);
     for (size_t i = 0; i < list.size(); ++i) {
-      DHP_CHECK(at[i] <= at[i + 1], "checkpoint '{}': /optim/weight_offsets is damaged", path);
-      rec.weights.emplace(list[i], int64_t(at[i]));
+      int64_t numel = 1;
+      for (const int64_t d : list[i].second) numel *= d;
+      DHP_CHECK(at[i] + uint64_t(numel) <= at[i + 1], "checkpoint '{}': /optim/weight_offsets is damaged", path);
+      rec.weights.emplace(list[i].first, PartsRecord::Weight{int64_t(at[i]), std::move(list[i].second)});
     }
     rec.n = int64_t(at.back());
   }
@@ -291,8 +309,9 @@ void load_moment_parts(const PartsRecord& rec, const ParamTable& table, AdamW& o
   DHP_CHECK(mask.size() == table.specs().size(),
             "checkpoint '{}': /optim trainable lists {} parameters, the model has {}", rec.path, mask.size(),
             table.specs().size());
+  // The recorded layout: its trainable parameters, each aligned as the gradient layout aligns it.
   int64_t n = 0;
-  for (size_t i = 0; i < mask.size(); ++i) n += mask[i] == '1' ? table.specs()[i].numel() : 0;
+  for (size_t i = 0; i < mask.size(); ++i) n += mask[i] == '1' ? table.specs()[i].padded() : 0;
   DHP_CHECK(rec.per_part == 2 || rec.n == n, "checkpoint '{}': its parts hold {} elements, the recorded layout {}",
             rec.path, rec.n, n);
   PartsRecord sized = rec;
@@ -321,7 +340,7 @@ void load_moment_parts(const PartsRecord& rec, const ParamTable& table, AdamW& o
     const ParamSpec& s = table.specs()[i];
     std::copy_n(cm.begin() + at, s.numel(), m.begin() + s.offset);
     std::copy_n(cv.begin() + at, s.numel(), v.begin() + s.offset);
-    at += s.numel();
+    at += s.padded();
   }
   opt.upload_moments(m, v);
 }
@@ -348,12 +367,15 @@ struct OpenCheckpoint {
     params.emplace(H5Gopen2(file, "params", H5P_DEFAULT), H5Gclose);
     if (version == kWeightPartsFormatVersion) parts.emplace(read_parts_record(file, path, version));
   }
-  // Where `spec`'s weights are in the parts (format 3, trained when saved): its compact offset.
+  // Where `spec`'s weights are in the parts (format 3, trained when saved): its compact offset,
+  // after checking its recorded shape is the model's.
   std::optional<int64_t> in_parts(const ParamSpec& spec) const {
     if (!parts) return std::nullopt;
     const auto it = parts->weights.find(spec.name);
     if (it == parts->weights.end()) return std::nullopt;
-    return it->second;
+    DHP_CHECK(it->second.shape == spec.shape, "checkpoint '{}': {} has shape [{}], the model expects [{}]", path,
+              spec.name, fmt::join(it->second.shape, ", "), fmt::join(spec.shape, ", "));
+    return it->second.at;
   }
   std::string path;
   H5 file;
@@ -440,8 +462,9 @@ void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, 
   h5_check(file.ok(), fmt::format("cannot create checkpoint file '{}'", tmp.string()));
   const bool in_parts = snap.optimizer && parts.world > 0;
   const bool weights_in_parts = in_parts && parts.weights;
-  DHP_ASSERT(int64_t(snap.weights.size()) ==
-             (weights_in_parts ? table.total() - table.trainable_total() : table.total()));
+  int64_t frozen = 0;  // elements of the frozen parameters, one after the other
+  for (const auto& s : table.specs()) frozen += s.trainable ? 0 : s.numel();
+  DHP_ASSERT(int64_t(snap.weights.size()) == (weights_in_parts ? frozen : table.total()));
   write_format(file, kFormat,
                weights_in_parts ? kWeightPartsFormatVersion : in_parts ? kPartsFormatVersion : kFormatVersion);
   write_string(file, "config", to_toml(cfg));
@@ -470,7 +493,7 @@ void write_checkpoint_file(const std::filesystem::path& tmp, const Config& cfg, 
         std::string names;
         std::vector<uint64_t> offsets;
         for (const auto& s : table.specs())
-          if (s.trainable) names += s.name + "\n", offsets.push_back(uint64_t(s.grad_offset));
+          if (s.trainable) names += fmt::format("{} {}\n", s.name, fmt::join(s.shape, ",")), offsets.push_back(uint64_t(s.grad_offset));
         offsets.push_back(uint64_t(table.trainable_total()));
         write_string(optim, "weight_names", names);
         write_u64s(optim, "weight_offsets", offsets);
@@ -646,11 +669,8 @@ void CheckpointWeights::read(const ParamSpec& spec, float* out) const {
 }
 
 std::vector<std::string> checkpoint_params_not_in(const std::string& path, const ParamTable& table) {
-  quiet_hdf5();
-  H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  DHP_CHECK(file.ok(), "'{}' is not a readable HDF5 file (damaged or truncated checkpoint)", path);
-  H5 params(H5Gopen2(file, "params", H5P_DEFAULT), H5Gclose);
-  DHP_CHECK(params.ok(), "checkpoint '{}' has no /params", path);
+  const OpenCheckpoint open(path);
+  const H5& params = *open.params;
   H5G_info_t info;
   DHP_CHECK(H5Gget_info(params, &info) >= 0, "checkpoint '{}': /params cannot be listed ({})", path, hdf5_reason());
   std::vector<std::string> out;
@@ -662,6 +682,9 @@ std::vector<std::string> checkpoint_params_not_in(const std::string& path, const
     name.resize(size_t(n));
     if (!table.find(name)) out.push_back(std::move(name));
   }
+  if (open.parts)  // format 3: the trained weights, in the parts
+    for (const auto& [name, w] : open.parts->weights)
+      if (!table.find(name)) out.push_back(name);
   return out;
 }
 

@@ -4,6 +4,7 @@
 //   /                 attributes format = "dhp-checkpoint", format_version
 //   /config           the resolved configuration as TOML text
 //   /params/<name>    every parameter under its model-spec name, full (unsharded) shape
+//                     (format_version 3: the frozen ones alone; below)
 //   /optim/m/<name>   AdamW first moments     /optim/v/<name>  second moments
 //   /state            attributes step, seed, batch_size, sampler_epoch, sampler_position,
 //                     dataset_size, tokenizer_hash (Tokenizer::hash()), special_ids
@@ -25,11 +26,12 @@
 // Since format_version 3 the parts hold the trainable weights too: part r's dataset w is the
 // fp32 master of the same compact range (what rank r holds of it under ZeRO, exactly), so no
 // rank gathers the whole weights to save them. The main file's /params keeps the frozen
-// parameters alone; /optim adds weight_names (the trainable parameters' names, one per line, in
-// table order) and weight_offsets (each one's compact offset), and part_checksums holds m, v
-// and w of each part. eval, generate, export and --init read the parts beside the main file
-// (CheckpointWeights streams a tensor at a time, one part in memory). Files of versions 1 and
-// 2 (weights whole in the main file) still load.
+// parameters alone; /optim adds weight_names (the trainable parameters' names and shapes, one
+// "name d0,d1" per line, in table order) and weight_offsets (each one's compact offset, then
+// the layout's end), and part_checksums holds m, v and w of each part. A load (resume, eval,
+// generate, --init) streams them a part at a time into the model, export a tensor at a time
+// (CheckpointWeights), one part in memory either way. Files of versions 1 and 2 (weights whole
+// in the main file) still load.
 #pragma once
 
 #include <cstdint>

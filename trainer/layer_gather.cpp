@@ -1,6 +1,7 @@
 #include "trainer/layer_gather.h"
 
 #include <algorithm>
+#include <exception>
 #include <utility>
 
 #include "core/check.h"
@@ -36,8 +37,14 @@ LayerGather::LayerGather(Model& model, Communicator& comm) : model_(model), comm
 }
 
 LayerGather::~LayerGather() {
-  // A gather still in flight writes into the model's slot: let it land first.
-  for (Slot& s : slots_) settle(s);
+  // A gather still in flight writes into the model's slot: let it land first, but never wait
+  // on a peer that may be gone while an error unwinds (the exchanges' own destructors decide).
+  if (std::uncaught_exceptions() == 0) {
+    try {
+      for (Slot& s : slots_) settle(s);
+    } catch (const Error&) {
+    }
+  }
   model_.set_layer_feed(nullptr);
 }
 

@@ -174,9 +174,9 @@ Run::Run(const Config& cfg, Communicator& comm, const TrainOptions& topt)
   comm.follow(*backend_);
   if (cfg.parallel.shards_gradients(comm.size()))
     sums_.emplace(model_, optimizer_shard(cfg, comm), comm);
-  if (model_.weight_window().windowed()) gather_.emplace(model_, comm);
   else if (cfg.parallel.overlap_grads && comm.size() > 1 && comm.overlapping_collectives())
     opt_.set_overlap(int64_t(cfg.parallel.bucket_mb * double(1 << 20)) / int64_t(sizeof(float)));
+  if (model_.weight_window().windowed()) gather_.emplace(model_, comm);
   model_.set_recompute(cfg.parallel.recompute);
   model_.initialise(cfg.train.seed);
   std::optional<SamplerState> resumed_sampler;
