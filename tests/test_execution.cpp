@@ -786,17 +786,21 @@ TEST(Zero2, MatchesReplicatedAdamWUnderDhp) {
   for (int n = 1; n <= 6; ++n) expect_zero2_matches_replicated({n, "dhp", Recompute::off});
 }
 
+// Six steps of dhp in bf16 under ZeRO stage `zero`, four decoder layers (each window holds two),
+// a checkpoint at step 3: the runs that change stages on resume.
+Config bf16_staged_config(const std::filesystem::path& dir, int zero) {
+  Config c = longtail_config("dhp", 6, dir, {"--train.precision=bf16", "--model.layers=4"});
+  c.checkpoint.every = 3;
+  c.parallel.zero = zero;
+  c.parallel.refit = false;
+  return c;
+}
+
 // ZeRO-2 in bf16 (the distributed optimizer's sharded master beside the sharded gradients)
 // against ZeRO-1 on 3 ranks, and a checkpoint of it resumed on 2 ranks under ZeRO-1: the
 // gradients' shard is no part of the state, so stages change on resume.
 TEST(Zero2, InBf16MatchesZeroOneAndResumesUnderIt) {
-  auto config = [&](const std::filesystem::path& dir, int zero) {
-    Config c = longtail_config("dhp", 6, dir, {"--train.precision=bf16", "--model.layers=4"});
-    c.checkpoint.every = 3;
-    c.parallel.zero = zero;
-    c.parallel.refit = false;
-    return c;
-  };
+  const auto config = bf16_staged_config;
   std::vector<double> losses[2];
   std::filesystem::path dirs[2];
   for (int i = 0; i < 2; ++i) {
@@ -941,19 +945,13 @@ TEST(Zero3, MatchesZeroTwoWithFrozenGroupsAndManyLayers) {
   expect_zero3_matches_zero2({3, "dhp", Recompute::off, true, {"--optim.groups.embeddings.trainable=false", "--model.layers=8"}});
 }
 
-// A ZeRO-3 checkpoint is the checkpoint of any stage (rank 0 writes the whole weights,
-// gathered from the owners' masters; each rank its part of the moments): in bf16, a ZeRO-3
-// run on 3 ranks resumed at step 3 on the same ranks continues bit for bit; resumed on 2 ranks
-// under ZeRO-1 and a ZeRO-1 run of 2 ranks resumed on 3 under ZeRO-3 continue with the losses
-// of the uninterrupted run, to the rounding of sums in another order through bf16 passes.
+// A ZeRO-3 checkpoint is the checkpoint of any stage (each rank writes its part of the
+// trained weights, its exact fp32 master, and of the moments): in bf16, a ZeRO-3 run on 3 ranks
+// resumed at step 3 on the same ranks continues bit for bit; resumed on 2 ranks under ZeRO-1
+// and a ZeRO-1 run of 2 ranks resumed on 3 under ZeRO-3 continue with the losses of the
+// uninterrupted run, to the rounding of sums in another order through bf16 passes.
 TEST(Zero3, ResumesAcrossStagesAndWorlds) {
-  auto config = [&](const std::filesystem::path& dir, int zero) {
-    Config c = longtail_config("dhp", 6, dir, {"--train.precision=bf16", "--model.layers=4"});
-    c.checkpoint.every = 3;
-    c.parallel.zero = zero;
-    c.parallel.refit = false;
-    return c;
-  };
+  const auto config = bf16_staged_config;
   for (const auto& [from, n_from, to, n_to] : {std::tuple{3, 3, 3, 3}, {3, 3, 1, 2}, {1, 2, 3, 3}}) {
     const std::string where = fmt::format("ZeRO-{} on {} ranks resumed as ZeRO-{} on {}", from, n_from, to, n_to);
     const auto base_dir = testing::run_dir(fmt::format("zero3_resume_base_{}_{}", from, n_from));
