@@ -8,7 +8,7 @@
 // gradient window of two decoder layers and the parameters outside the layers). With a working copy and N > 1 the master is
 // sharded as the moments are (the distributed optimizer, model/shard.h): a rank keeps fp32
 // master weights for its block and the remainder only, and frozen parameters exist in the
-// working copy alone. Under ZeRO-3 the master is sharded so in fp32 too, and the working copy
+// working copy alone. Under ZeRO-3 the master is sharded in fp32 runs too, and the working copy
 // (in fp32 too) is a window of the rest and two decoder layers (model/layer_window.h). The
 // planner's memory model prices exactly this
 // (parallel/memory_model.h) and a
