@@ -58,16 +58,15 @@ Model::Model(const ModelConfig& cfg, Backend& backend, const ParamGroups& groups
       table_(cfg_, groups),
       dtype_(ops_.dtype()),
       master_shard_{master, table_.trainable_total()},
+      weights_window_(window_weights && master.world > 1 ? LayerWindow::of_weights(table_, cfg_.layers)
+                                                         : LayerWindow::whole(table_.total())),
       // In fp32 the master is sharded only where ZeRO-3 gathers the layers (a working copy of
       // them whole would be the master itself).
-      sheds_(master.world > 1 &&
-             (dtype_ != DType::F32 || (window_weights && LayerWindow::of_weights(table_, cfg_.layers).windowed()))),
+      sheds_(master.world > 1 && (dtype_ != DType::F32 || weights_window_.windowed())),
       params_(backend, sheds_ ? 0 : sizeof(float) * size_t(table_.total())),
       master_(backend, sheds_ ? sizeof(float) * size_t(master_shard_.held_size()) : 0),
       window_(window_grads ? LayerWindow::of_grads(table_, cfg_.layers) : LayerWindow::whole(table_.trainable_total())),
       grads_(backend, sizeof(float) * size_t(window_.elements())),
-      weights_window_(window_weights && sheds_ ? LayerWindow::of_weights(table_, cfg_.layers)
-                                               : LayerWindow::whole(table_.total())),
       work_(backend, sheds_ || dtype_ != DType::F32 ? dtype_size(dtype_) * size_t(weights_window_.elements()) : 0),
       stats_(backend, sizeof(CrossEntropyStats)),
       w_(bind_weights(table_, cfg_, work_.bytes() > 0 ? Act(work_.data(), dtype_) : Act(params_.as<float>()),

@@ -199,12 +199,12 @@ class Model {
   ParamTable table_;
   DType dtype_;                  // storage of activations and working weights (Ops::dtype)
   CompactShard master_shard_;
+  LayerWindow weights_window_;   // how work_ holds the weight arena
   bool sheds_;                   // the fp32 master is this rank's shard alone (master_)
   DeviceBuffer params_;          // (n_params) fp32 master weights; empty when sheds_
   DeviceBuffer master_;          // (master_shard_.held_size()) fp32, when sheds_
   LayerWindow window_;            // how grads_ holds the gradient layout
   DeviceBuffer grads_;           // (window_.elements()) fp32
-  LayerWindow weights_window_;   // how work_ holds the weight arena
   // (weights_window_.elements()) working weights when dtype_ is not fp32 or the master is sharded
   DeviceBuffer work_;
   bool weights_stale_ = true;

@@ -66,7 +66,6 @@ void LayerGather::start(int layer) {
                 comm_.overlapping_collectives() ? &s.pending : nullptr);
   s.layer = layer;
   s.version = model_.weights_version();
-  ++gathers_;
 }
 
 void LayerGather::need(int layer, bool backward) {

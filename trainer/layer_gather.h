@@ -50,8 +50,6 @@ class LayerGather : public LayerFeed {
   LayerGather& operator=(const LayerGather&) = delete;
 
   void need(int layer, bool backward) override;
-  // Layers gathered so far.
-  int64_t gathers() const { return gathers_; }
 
  private:
   struct Slot {
@@ -66,7 +64,6 @@ class LayerGather : public LayerFeed {
   Model& model_;
   Communicator& comm_;
   Slot slots_[2];
-  int64_t gathers_ = 0;
 };
 
 }  // namespace dhp
