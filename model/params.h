@@ -5,6 +5,7 @@
 // layouts coincide, so one offset addresses a parameter in all arenas.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -51,6 +52,16 @@ class ParamTable {
   // Throws dhp::Error for an unknown name.
   const ParamSpec& get(const std::string& name) const;
   const ParamSpec* find(const std::string& name) const;
+  // f(weight offset, gradient-layout offset, count) for each trainable parameter's piece of
+  // gradient range [begin, end).
+  template <class F>
+  void for_each_trainable(int64_t begin, int64_t end, F&& f) const {
+    for (const ParamSpec& p : specs_) {
+      if (!p.trainable) continue;
+      const int64_t a = std::max(p.grad_offset, begin), b = std::min(p.grad_offset + p.numel(), end);
+      if (a < b) f(p.offset + (a - p.grad_offset), a, b - a);
+    }
+  }
 
   // Seeded initialisation of an arena of total() floats. Each parameter draws from a stream
   // keyed by its name, so the weights depend on (seed, name) only: the same on every rank and

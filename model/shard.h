@@ -34,6 +34,18 @@ struct CompactShard {
   std::array<Range, 2> held() const {
     return {Range{lo(), lo() + block(), 0}, Range{tail_begin(), n, block()}};
   }
+  // Calls f(rank, a, b) for each rank's block overlap [a, b) with [begin, end), in rank order;
+  // the tail, which every rank holds, is left out.
+  template <class F>
+  void for_each_block(int64_t begin, int64_t end, F&& f) const {
+    const int64_t stop = std::min(end, tail_begin());
+    for (int64_t a = std::max<int64_t>(begin, 0); block() > 0 && a < stop;) {
+      const int r = int(a / block());
+      const int64_t b = std::min(stop, int64_t(r + 1) * block());
+      f(r, a, b);
+      a = b;
+    }
+  }
   // Calls f(range, a, b) for each held range's overlap [a, b) with [begin, end).
   template <class F>
   void for_each_held(int64_t begin, int64_t end, F&& f) const {

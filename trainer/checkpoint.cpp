@@ -365,10 +365,9 @@ std::string CheckpointManager::save_with_every_rank(const Model& model, const Ad
     stages.run("reading its moments and weights", [&] {
       p->m.resize(size_t(end - begin)), p->v.resize(size_t(end - begin)), p->w.resize(size_t(end - begin));
       opt.download_compact(begin, end - begin, p->m.data(), p->v.data());
-      for (const ParamSpec& s : model.table().specs()) {
-        const int64_t a = std::max(begin, s.grad_offset), b = std::min(end, s.grad_offset + s.numel());
-        if (s.trainable && a < b) model.read_params(s.offset + (a - s.grad_offset), b - a, p->w.data() + (a - begin));
-      }
+      model.table().for_each_trainable(begin, end, [&](int64_t w, int64_t a, int64_t n) {
+        model.read_params(w, n, p->w.data() + (a - begin));
+      });
     });
     if (!stages.failed.empty()) return give_up(stages.failed, stages.error, stages.stage, step, last, p->part_path);
     const uint64_t mine[3] = {moment_checksum(p->m), moment_checksum(p->v), moment_checksum(p->w)};

@@ -29,11 +29,9 @@ void GradReducer::start(float* buf, int64_t begin, int64_t end) {
     // Every rank gets the sum; each keeps its parts.
     comm_.all_reduce_sum(buf, end - begin);
   } else if (begin < end) {
-    const int64_t block = layout_.block();
-    for (int r = 0; r < layout_.shard.world; ++r) {
-      const int64_t a = std::max(begin, r * block), e = std::min(end, (r + 1) * block);
-      if (a < e) s.parts.push_back(comm_.start_reduce(buf + (a - begin), e - a, DataType::F32, r));
-    }
+    layout_.for_each_block(begin, end, [&](int r, int64_t a, int64_t e) {
+      s.parts.push_back(comm_.start_reduce(buf + (a - begin), e - a, DataType::F32, r));
+    });
     if (const int64_t a = std::max(begin, layout_.tail_begin()); a < end)
       s.parts.push_back(comm_.start_all_reduce(buf + (a - begin), end - a, DataType::F32, ReduceOp::Sum));
   }

@@ -15,19 +15,13 @@ void gather_master(const Model& model, Communicator& comm, Act dst, int64_t begi
   lay.for_each_held(begin, end, [&](const CompactShard::Range& h, int64_t a, int64_t b) {
     ops.cast(dst + (a - begin), model.master() + h.local + (a - h.begin), b - a);
   });
-  const int64_t block = lay.block();
-  if (block == 0) return;  // all of it is the tail
   const DataType type = data_type_of(dst.t);
-  const int64_t stop = std::min(end, lay.tail_begin());
-  for (int64_t a = begin; a < stop;) {
-    const int owner = int(a / block);
-    const int64_t b = std::min(stop, int64_t(owner + 1) * block);
+  lay.for_each_block(begin, end, [&](int owner, int64_t a, int64_t b) {
     // The owner's rounding, in place above, is what the others receive.
     void* at = (dst + (a - begin)).p;
     if (pending) pending->push_back(comm.start_broadcast(at, b - a, type, owner));
     else comm.broadcast(at, b - a, type, owner);
-    a = b;
-  }
+  });
 }
 
 LayerGather::LayerGather(Model& model, Communicator& comm) : model_(model), comm_(comm) {

@@ -227,15 +227,6 @@ void AdamW::gather_blocks(Act staging, int64_t room, Communicator& comm, Mine&& 
   }
 }
 
-template <class F>
-void AdamW::for_each_weight_piece(int64_t begin, int64_t end, F&& f) const {
-  for (const auto& p : table_.specs()) {
-    if (!p.trainable) continue;
-    const int64_t a = std::max(p.grad_offset, begin), b = std::min(p.grad_offset + p.numel(), end);
-    if (a < b) f(p.offset + (a - p.grad_offset), a, b - a);
-  }
-}
-
 void AdamW::refresh_working(Model& model, Communicator& comm) const {
   const Ops& ops = backend_.ops();
   const Act work = model.working();
@@ -253,7 +244,7 @@ void AdamW::refresh_working(Model& model, Communicator& comm) const {
       gather_master(model, comm, staging + at, a, a + n, nullptr);
     });
     grads.for_each_in_rest(0, layout_.n, [&](int64_t a, int64_t at, int64_t n) {
-      for_each_weight_piece(a, a + n, [&](int64_t w, int64_t g, int64_t c) {
+      table_.for_each_trainable(a, a + n, [&](int64_t w, int64_t g, int64_t c) {
         backend_.copy((work + weights.at(w)).p, (staging + (at + (g - a))).p, es * size_t(c));
       });
     });
@@ -269,7 +260,7 @@ void AdamW::refresh_working(Model& model, Communicator& comm) const {
   // are spent), each piece then copied to its weight's place; the tail rounded in place.
   const size_t es = dtype_size(work.t);
   auto place = [&](CAct src, int64_t a, int64_t b) {
-    for_each_weight_piece(a, b, [&](int64_t w, int64_t at, int64_t n) {
+    table_.for_each_trainable(a, b, [&](int64_t w, int64_t at, int64_t n) {
       backend_.copy((work + w).p, (src + (at - a)).p, es * size_t(n));
     });
   };
@@ -279,7 +270,7 @@ void AdamW::refresh_working(Model& model, Communicator& comm) const {
                   place(dst, a, b);
                 },
                 place);
-  for_each_weight_piece(t0, layout_.n, [&](int64_t w, int64_t at, int64_t n) {
+  table_.for_each_trainable(t0, layout_.n, [&](int64_t w, int64_t at, int64_t n) {
     ops.cast(work + w, master + layout_.block() + (at - t0), n);
   });
 }
@@ -294,12 +285,12 @@ void AdamW::gather_params(float* params, float* staging, int64_t room, Communica
   // staging buffer (a gradient arena whose sums are spent).
   gather_blocks(Act(staging), room, comm,
                 [&](Act dst, int64_t a, int64_t b) {
-                  for_each_weight_piece(a, b, [&](int64_t w, int64_t at, int64_t n) {
+                  table_.for_each_trainable(a, b, [&](int64_t w, int64_t at, int64_t n) {
                     backend_.copy(static_cast<float*>(dst.p) + (at - a), params + w, sizeof(float) * size_t(n));
                   });
                 },
                 [&](CAct src, int64_t a, int64_t b) {
-                  for_each_weight_piece(a, b, [&](int64_t w, int64_t at, int64_t n) {
+                  table_.for_each_trainable(a, b, [&](int64_t w, int64_t at, int64_t n) {
                     backend_.copy(params + w, static_cast<const float*>(src.p) + (at - a), sizeof(float) * size_t(n));
                   });
                 });

@@ -165,10 +165,6 @@ class AdamW {
   // ZeRO-2 gradient window takes a few.
   template <class Mine, class Place>
   void gather_blocks(Act staging, int64_t room, Communicator& comm, Mine&& mine, Place&& place) const;
-  // f(weight offset, gradient-layout offset, count) for each trainable piece of gradient range
-  // [begin, end).
-  template <class F>
-  void for_each_weight_piece(int64_t begin, int64_t end, F&& f) const;
   const ParamTable& table_;
   OptimConfig cfg_;
   Backend& backend_;
