@@ -243,11 +243,10 @@ struct PartsRecord {
               "checkpoint records): it belongs to another save", at, path);
     return x;
   }
-  // The part holding compact offset a.
+  // The part holding compact offset a (AdamW::save_part: parts of n / world, the last to the end).
   int part_of(int64_t a) const {
-    for (int r = 0; r < world; ++r)
-      if (a < AdamW::save_part(n, r, world).second) return r;
-    return world - 1;
+    const int64_t s = n / world;
+    return s == 0 ? world - 1 : int(std::min<int64_t>(a / s, world - 1));
   }
 };
 

@@ -242,8 +242,6 @@ void AdamW::refresh_working(Model& model, Communicator& comm) const {
     const size_t es = dtype_size(work.t);
     grads.for_each_in_rest(0, layout_.n, [&](int64_t a, int64_t at, int64_t n) {
       gather_master(model, comm, staging + at, a, a + n, nullptr);
-    });
-    grads.for_each_in_rest(0, layout_.n, [&](int64_t a, int64_t at, int64_t n) {
       table_.for_each_trainable(a, a + n, [&](int64_t w, int64_t g, int64_t c) {
         backend_.copy((work + weights.at(w)).p, (staging + (at + (g - a))).p, es * size_t(c));
       });
